@@ -1,0 +1,263 @@
+"""The general path of the public functions: argument checks and canonical layouts.
+
+fastln._core handles the common case (C-contiguous float32/float64 normalized
+over the last axis) itself and calls here for everything else. This module
+turns any input into C-contiguous (N, H) rows of a kernel dtype, calls the row
+kernels in fastln._core, and puts the results back in the caller's shape and
+dtype (or into ``out``). Every error a user can trigger is raised here, and
+names the argument at fault.
+"""
+import operator
+
+import numpy as np
+
+from fastln import _core
+
+# storage dtypes computed in float32 (results cast back on the way out)
+_LOW_PRECISION = {np.dtype(np.float16)}
+try:  # bfloat16, where ml_dtypes is installed
+    import ml_dtypes as _ml_dtypes
+    _LOW_PRECISION.add(np.dtype(_ml_dtypes.bfloat16))
+except ImportError:  # pragma: no cover
+    pass
+
+
+def _array(a, name):
+    """a as an ndarray, and the kernel dtype (float32 or float64) for it."""
+    a = np.asarray(a)
+    dt = a.dtype
+    if dt in _LOW_PRECISION:
+        return a, np.dtype(np.float32)
+    if dt.kind == "f":
+        if dt.itemsize == 4:
+            return a, np.dtype(np.float32)
+        if dt.itemsize == 8:
+            return a, np.dtype(np.float64)
+        raise TypeError(f"{name}: unsupported floating dtype {dt}")
+    if dt.kind in "biu":
+        return a, np.dtype(np.float64)
+    raise TypeError(f"{name} must be a real floating, integer or bool array, got dtype {dt}")
+
+
+def _result_dtype(a, kernel_dtype):
+    """The dtype of outputs shaped like a: a's own for float types, else the kernel's."""
+    return a.dtype.newbyteorder("=") if a.dtype.kind == "f" or a.dtype in _LOW_PRECISION \
+        else kernel_dtype
+
+
+def _check_eps(eps):
+    try:
+        e = float(eps)
+    except (TypeError, ValueError):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}") from None
+    if not np.isfinite(e) or e < 0:
+        raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
+    return e
+
+
+def _normalize_axes(axis, ndim):
+    """axis (int or tuple of ints) as a tuple of non-negative axes, in order."""
+    try:
+        axes = (operator.index(axis),)
+    except TypeError:
+        try:
+            axes = tuple(operator.index(a) for a in axis)
+        except TypeError:
+            raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}") from None
+    if not axes:
+        raise ValueError("axis must name at least one axis")
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"axis {axis!r} contains a duplicate axis")
+    return tuple(out)
+
+
+class _Rows:
+    """How an array of x's shape maps to C-contiguous (N, H) rows.
+
+    The normalized axes move to the end, in the order given; the remaining
+    (batch) axes keep their order and flatten into N rows.
+    """
+
+    def __init__(self, x, axis):
+        if x.ndim == 0:
+            raise ValueError("x must have at least one dimension")
+        self.shape = x.shape
+        self.axes = _normalize_axes(axis, x.ndim)
+        self.dest = tuple(range(x.ndim - len(self.axes), x.ndim))
+        self.batch_shape = tuple(n for i, n in enumerate(x.shape) if i not in self.axes)
+        self.norm_shape = tuple(x.shape[a] for a in self.axes)
+        self.H = int(np.prod(self.norm_shape, dtype=np.int64))
+        self.N = int(np.prod(self.batch_shape, dtype=np.int64))
+        if self.H == 0:
+            raise ValueError(f"the normalized size is 0 (axes {self.axes} of shape {x.shape})")
+
+    def moved(self, a):
+        return np.moveaxis(a, self.axes, self.dest)
+
+    def rows(self, a, dtype):
+        """a (of x's shape) as C-contiguous (N, H) rows of dtype; a view when possible."""
+        m = np.require(self.moved(a), dtype=dtype, requirements=("C", "A"))
+        return m.reshape(self.N, self.H)
+
+    def unrows(self, r):
+        """(N, H) rows back to an array of x's shape (a view)."""
+        return np.moveaxis(r.reshape(self.batch_shape + self.norm_shape), self.dest, self.axes)
+
+    def check_shape(self, a, name):
+        if a.shape != self.shape:
+            raise ValueError(f"{name} has shape {a.shape}, expected x's shape {self.shape}")
+
+    def stats(self, a, name, dtype):
+        """mean / rstd: shape batch_shape, as (N,) contiguous dtype."""
+        a = np.asarray(a)
+        if a.dtype.kind not in "fiub" and a.dtype not in _LOW_PRECISION:
+            raise TypeError(f"{name} must be a real floating array, got dtype {a.dtype}")
+        if a.shape != self.batch_shape:
+            raise ValueError(f"{name} has shape {a.shape}, expected {self.batch_shape} "
+                             f"(x's shape without the normalized axes)")
+        return np.require(a, dtype=dtype, requirements=("C", "A")).reshape(self.N)
+
+    def param(self, p, name, dtype):
+        """weight / bias: None, or shape norm_shape, as (H,) contiguous dtype."""
+        if p is None:
+            return None
+        p = np.asarray(p)
+        if p.dtype.kind not in "fiub" and p.dtype not in _LOW_PRECISION:
+            raise TypeError(f"{name} must be a real floating array, got dtype {p.dtype}")
+        if p.shape != self.norm_shape:
+            raise ValueError(f"{name} has shape {p.shape}, expected the normalized shape "
+                             f"{self.norm_shape}")
+        return np.require(p, dtype=dtype, requirements=("C", "A")).reshape(self.H)
+
+    def output(self, out, name, result_dtype, kernel_dtype, inputs):
+        """Rows to write a result into, and a function that returns the result.
+
+        With out=None the rows are fresh. With out=, they are a view of out when
+        out's layout and dtype allow, else a temporary copied into out at the
+        end. ``inputs`` are the input rows; an out view that overlaps one of
+        them other than exactly forces a copy of that input (returned anew).
+        """
+        if out is None:
+            r = np.empty((self.N, self.H), kernel_dtype)
+            if result_dtype == kernel_dtype:
+                return r, (lambda: self.unrows(r)), inputs
+            return r, (lambda: self.unrows(r).astype(result_dtype)), inputs
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+        if out.shape != self.shape:
+            raise ValueError(f"{name} has shape {out.shape}, expected {self.shape}")
+        if out.dtype != result_dtype:
+            raise TypeError(f"{name} has dtype {out.dtype}, expected {result_dtype}")
+        if not out.flags.writeable:
+            raise ValueError(f"{name} is read-only")
+        m = self.moved(out)
+        if out.dtype == kernel_dtype and out.dtype.isnative and m.flags.c_contiguous \
+                and m.flags.aligned:
+            r = m.reshape(self.N, self.H)
+            inputs = [i.copy() if i is not None and _overlap_partly(r, i) else i
+                      for i in inputs]
+            return r, (lambda: out), inputs
+        r = np.empty((self.N, self.H), kernel_dtype)
+
+        def finish():
+            np.copyto(out, self.unrows(r), casting="unsafe")
+            return out
+        return r, finish, inputs
+
+
+def _overlap_partly(a, b):
+    """a and b share memory but are not the same buffer."""
+    if not np.may_share_memory(a, b):
+        return False
+    same = (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.strides == b.strides and a.shape == b.shape)
+    return not same
+
+
+def layer_norm(x, weight, bias, axis, eps, out, return_stats):
+    x, kt = _array(x, "x")
+    eps = _check_eps(eps)
+    L = _Rows(x, axis)
+    w = L.param(weight, "weight", kt)
+    b = L.param(bias, "bias", kt)
+    y, finish, (xr,) = L.output(out, "out", _result_dtype(x, kt), kt, [L.rows(x, kt)])
+    mean = np.empty(L.N, kt) if return_stats else None
+    rstd = np.empty(L.N, kt) if return_stats else None
+    _core._layer_norm_rows(xr, w, b, eps, y, mean, rstd)
+    if not return_stats:
+        return finish()
+    return finish(), mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)
+
+
+def layer_norm_backward(dy, x, mean, rstd, weight, axis, out):
+    x, kt = _array(x, "x")
+    dy, _ = _array(dy, "dy")
+    L = _Rows(x, axis)
+    L.check_shape(dy, "dy")
+    m = L.stats(mean, "mean", kt)
+    r = L.stats(rstd, "rstd", kt)
+    w = L.param(weight, "weight", kt)
+    dx, finish, (dyr, xr) = L.output(out, "out", _result_dtype(x, kt), kt,
+                                     [L.rows(dy, kt), L.rows(x, kt)])
+    dw, db = np.empty(L.H, kt), np.empty(L.H, kt)
+    _core._layer_norm_backward_rows(dyr, xr, m, r, w, dx, dw, db)
+    return finish(), dw.reshape(L.norm_shape), db.reshape(L.norm_shape)
+
+
+def rms_norm(x, weight, axis, eps, out, return_stats):
+    x, kt = _array(x, "x")
+    eps = _check_eps(eps)
+    L = _Rows(x, axis)
+    w = L.param(weight, "weight", kt)
+    y, finish, (xr,) = L.output(out, "out", _result_dtype(x, kt), kt, [L.rows(x, kt)])
+    rstd = np.empty(L.N, kt) if return_stats else None
+    _core._rms_norm_rows(xr, w, eps, y, rstd)
+    if not return_stats:
+        return finish()
+    return finish(), rstd.reshape(L.batch_shape)
+
+
+def rms_norm_backward(dy, x, rstd, weight, axis, out):
+    x, kt = _array(x, "x")
+    dy, _ = _array(dy, "dy")
+    L = _Rows(x, axis)
+    L.check_shape(dy, "dy")
+    r = L.stats(rstd, "rstd", kt)
+    w = L.param(weight, "weight", kt)
+    dx, finish, (dyr, xr) = L.output(out, "out", _result_dtype(x, kt), kt,
+                                     [L.rows(dy, kt), L.rows(x, kt)])
+    dw = np.empty(L.H, kt)
+    _core._rms_norm_backward_rows(dyr, xr, r, w, dx, dw)
+    return finish(), dw.reshape(L.norm_shape)
+
+
+def add_layer_norm(x, residual, weight, bias, axis, eps, out, return_stats):
+    x, kx = _array(x, "x")
+    residual, kr = _array(residual, "residual")
+    eps = _check_eps(eps)
+    L = _Rows(x, axis)
+    L.check_shape(residual, "residual")
+    kt = np.promote_types(kx, kr)
+    rdt = np.result_type(_result_dtype(x, kx), _result_dtype(residual, kr))
+    w = L.param(weight, "weight", kt)
+    b = L.param(bias, "bias", kt)
+    if out is None or isinstance(out, np.ndarray):
+        out_y, out_s = out, None
+    elif isinstance(out, tuple) and len(out) == 2:
+        out_y, out_s = out
+    else:
+        raise TypeError("out must be an ndarray (for y) or a tuple (y_out, s_out)")
+    inputs = [L.rows(x, kt), L.rows(residual, kt)]
+    y, finish_y, inputs = L.output(out_y, "out", rdt, kt, inputs)
+    s, finish_s, (xr, rr) = L.output(out_s, "out[1]", rdt, kt, inputs)
+    mean = np.empty(L.N, kt) if return_stats else None
+    rstd = np.empty(L.N, kt) if return_stats else None
+    _core._add_layer_norm_rows(xr, rr, w, b, eps, y, s, mean, rstd)
+    if not return_stats:
+        return finish_y(), finish_s()
+    return finish_y(), finish_s(), mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)

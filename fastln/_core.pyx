@@ -1,0 +1,425 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=True, embedsignature=True
+"""Thin Cython layer over the C kernels in src_c/.
+
+Each public function takes a fast path for the common case (C-contiguous,
+aligned, native float32/float64, normalized over the last axis), calls one C
+function with the GIL released, and otherwise hands over to fastln._api,
+which canonicalizes the arguments (axes, layouts, dtypes, out=) and raises
+the errors. No math lives here.
+"""
+from libc.stdint cimport int64_t
+cimport numpy as cnp
+
+cnp.import_array()
+
+from fastln import _api
+
+cdef extern from "fastln.h" nogil:
+    int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
+                              const float *weight, const float *bias, int64_t N, int64_t H,
+                              double eps)
+    int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
+                              const double *weight, const double *bias, int64_t N, int64_t H,
+                              double eps)
+    int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias,
+                                       const float *dy, const float *x, const float *mean,
+                                       const float *rstd, const float *weight,
+                                       int64_t N, int64_t H)
+    int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
+                                       const double *dy, const double *x, const double *mean,
+                                       const double *rstd, const double *weight,
+                                       int64_t N, int64_t H)
+    int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd,
+                                  const float *x, const float *residual,
+                                  const float *weight, const float *bias,
+                                  int64_t N, int64_t H, double eps)
+    int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
+                                  const double *x, const double *residual,
+                                  const double *weight, const double *bias,
+                                  int64_t N, int64_t H, double eps)
+    int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
+                            int64_t N, int64_t H, double eps)
+    int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
+                            int64_t N, int64_t H, double eps)
+    int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy,
+                                     const float *x, const float *rstd, const float *weight,
+                                     int64_t N, int64_t H)
+    int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
+                                     const double *x, const double *rstd,
+                                     const double *weight, int64_t N, int64_t H)
+    void fastln_set_num_threads(int n)
+    int fastln_get_num_threads()
+    int fastln_has_openmp()
+    const char *fastln_get_isa()
+    int fastln_set_isa(const char *name)
+    int fastln_isa_supported(const char *name)
+
+cdef extern from "math.h" nogil:
+    bint isfinite(double)
+
+
+# ---- fast-path predicates -------------------------------------------------
+
+cdef inline bint _fast(object a, int tn) noexcept:
+    """a is an aligned, C-contiguous, native-order ndarray of type number tn."""
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
+
+cdef inline int _float_type(object x) noexcept:
+    """NPY_FLOAT or NPY_DOUBLE when x takes the fast path (any rank >= 1), else -1."""
+    if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:
+        return -1
+    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    if (tn == cnp.NPY_FLOAT or tn == cnp.NPY_DOUBLE) and _fast(x, tn):
+        return tn
+    return -1
+
+cdef inline bint _fast_vec(object p, int tn, cnp.npy_intp H) noexcept:
+    """p is None, or a fast 1-D array of H elements."""
+    return p is None or (_fast(p, tn) and cnp.PyArray_NDIM(<cnp.ndarray>p) == 1
+                         and cnp.PyArray_DIM(<cnp.ndarray>p, 0) == H)
+
+cdef inline bint _same_shape(cnp.ndarray a, cnp.ndarray b, int nd) noexcept:
+    """The first nd dimensions of a and b agree, and b has exactly nd."""
+    if cnp.PyArray_NDIM(b) != nd:
+        return False
+    for i in range(nd):
+        if cnp.PyArray_DIM(a, i) != cnp.PyArray_DIM(b, i):
+            return False
+    return True
+
+cdef inline bint _fast_out(object out, cnp.ndarray x, int tn) noexcept:
+    """out is None, or a writable fast array of x's shape that is x itself or
+    does not overlap it."""
+    if out is None:
+        return True
+    if not (_fast(out, tn) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out)
+            and _same_shape(x, <cnp.ndarray>out, cnp.PyArray_NDIM(x))):
+        return False
+    return not _overlap_partly(<cnp.ndarray>out, x)
+
+cdef inline bint _overlap_partly(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """Contiguous a and b share memory without being the same buffer."""
+    cdef char *pa = <char *>cnp.PyArray_DATA(a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(b)
+    if pa == pb and cnp.PyArray_NBYTES(a) == cnp.PyArray_NBYTES(b):
+        return False
+    return pa < pb + cnp.PyArray_NBYTES(b) and pb < pa + cnp.PyArray_NBYTES(a)
+
+cdef inline bint _fast_eps(object eps) noexcept:
+    return type(eps) is float and isfinite(<double>eps) and <double>eps >= 0.0
+
+cdef inline bint _last_axis(object axis, int nd) noexcept:
+    return type(axis) is int and (<long>axis == -1 or <long>axis == nd - 1)
+
+cdef inline cnp.ndarray _empty_like(cnp.ndarray x, int nd, int tn):
+    """An uninitialized array with the first nd dimensions of x."""
+    return cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), tn, 0)
+
+cdef inline void *_ptr(object a) noexcept:
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+cdef inline int _check(int rc) except -1:
+    if rc != 0:
+        raise MemoryError("fastln: could not allocate scratch memory")
+    return 0
+
+
+# ---- row kernels on canonical arrays ---------------------------------------
+# Used by the fast paths below and by fastln._api. Every argument is a
+# C-contiguous array of one float type: x, y, dy, dx, s of N*H elements, mean
+# and rstd of N, weight, bias, dweight, dbias of H. The callers establish
+# this; _rows_ok re-checks it so that no caller can make a kernel write past
+# a buffer.
+
+cdef int _rows_ok(int tn, int64_t N, int64_t H, rows, stats, vecs) except -1:
+    for a in rows:
+        if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == N * H):
+            raise ValueError("internal: bad row array")
+    for a in stats:
+        if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == N):
+            raise ValueError("internal: bad stats array")
+    for a in vecs:
+        if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == H):
+            raise ValueError("internal: bad parameter array")
+    return 0
+
+
+cdef int _ln(int tn, y, mean, rstd, x, w, b, int64_t N, int64_t H, double eps) except -1:
+    cdef int rc
+    cdef void *py = _ptr(y)
+    cdef void *pm = _ptr(mean)
+    cdef void *pr = _ptr(rstd)
+    cdef void *px = _ptr(x)
+    cdef void *pw = _ptr(w)
+    cdef void *pb = _ptr(b)
+    if N == 0:
+        return 0
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            rc = fastln_layer_norm_f32(<float *>py, <float *>pm, <float *>pr, <float *>px,
+                                       <float *>pw, <float *>pb, N, H, eps)
+        else:
+            rc = fastln_layer_norm_f64(<double *>py, <double *>pm, <double *>pr, <double *>px,
+                                       <double *>pw, <double *>pb, N, H, eps)
+    return _check(rc)
+
+
+cdef int _ln_bwd(int tn, dx, dw, db, dy, x, mean, rstd, w, int64_t N, int64_t H) except -1:
+    cdef int rc
+    cdef void *pdx = _ptr(dx)
+    cdef void *pdw = _ptr(dw)
+    cdef void *pdb = _ptr(db)
+    cdef void *pdy = _ptr(dy)
+    cdef void *px = _ptr(x)
+    cdef void *pm = _ptr(mean)
+    cdef void *pr = _ptr(rstd)
+    cdef void *pw = _ptr(w)
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            rc = fastln_layer_norm_backward_f32(<float *>pdx, <float *>pdw, <float *>pdb,
+                                                <float *>pdy, <float *>px, <float *>pm,
+                                                <float *>pr, <float *>pw, N, H)
+        else:
+            rc = fastln_layer_norm_backward_f64(<double *>pdx, <double *>pdw, <double *>pdb,
+                                                <double *>pdy, <double *>px, <double *>pm,
+                                                <double *>pr, <double *>pw, N, H)
+    return _check(rc)
+
+
+cdef int _add_ln(int tn, y, s, mean, rstd, x, res, w, b, int64_t N, int64_t H,
+                 double eps) except -1:
+    cdef int rc
+    cdef void *py = _ptr(y)
+    cdef void *ps = _ptr(s)
+    cdef void *pm = _ptr(mean)
+    cdef void *pr = _ptr(rstd)
+    cdef void *px = _ptr(x)
+    cdef void *pres = _ptr(res)
+    cdef void *pw = _ptr(w)
+    cdef void *pb = _ptr(b)
+    if N == 0:
+        return 0
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            rc = fastln_add_layer_norm_f32(<float *>py, <float *>ps, <float *>pm, <float *>pr,
+                                           <float *>px, <float *>pres, <float *>pw,
+                                           <float *>pb, N, H, eps)
+        else:
+            rc = fastln_add_layer_norm_f64(<double *>py, <double *>ps, <double *>pm,
+                                           <double *>pr, <double *>px, <double *>pres,
+                                           <double *>pw, <double *>pb, N, H, eps)
+    return _check(rc)
+
+
+cdef int _rms(int tn, y, rstd, x, w, int64_t N, int64_t H, double eps) except -1:
+    cdef int rc
+    cdef void *py = _ptr(y)
+    cdef void *pr = _ptr(rstd)
+    cdef void *px = _ptr(x)
+    cdef void *pw = _ptr(w)
+    if N == 0:
+        return 0
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            rc = fastln_rms_norm_f32(<float *>py, <float *>pr, <float *>px, <float *>pw,
+                                     N, H, eps)
+        else:
+            rc = fastln_rms_norm_f64(<double *>py, <double *>pr, <double *>px, <double *>pw,
+                                     N, H, eps)
+    return _check(rc)
+
+
+cdef int _rms_bwd(int tn, dx, dw, dy, x, rstd, w, int64_t N, int64_t H) except -1:
+    cdef int rc
+    cdef void *pdx = _ptr(dx)
+    cdef void *pdw = _ptr(dw)
+    cdef void *pdy = _ptr(dy)
+    cdef void *px = _ptr(x)
+    cdef void *pr = _ptr(rstd)
+    cdef void *pw = _ptr(w)
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            rc = fastln_rms_norm_backward_f32(<float *>pdx, <float *>pdw, <float *>pdy,
+                                              <float *>px, <float *>pr, <float *>pw, N, H)
+        else:
+            rc = fastln_rms_norm_backward_f64(<double *>pdx, <double *>pdw, <double *>pdy,
+                                              <double *>px, <double *>pr, <double *>pw,
+                                              N, H)
+    return _check(rc)
+
+
+def _layer_norm_rows(x, w, b, double eps, y, mean, rstd):
+    """layer_norm on canonical (N, H) arrays; see the section comment."""
+    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+    _rows_ok(tn, N, H, (x, y), (mean, rstd), (w, b))
+    _ln(tn, y, mean, rstd, x, w, b, N, H, eps)
+
+
+def _layer_norm_backward_rows(dy, x, mean, rstd, w, dx, dw, db):
+    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+    _rows_ok(tn, N, H, (dy, x, dx), (mean, rstd), (w, dw, db))
+    _ln_bwd(tn, dx, dw, db, dy, x, mean, rstd, w, N, H)
+
+
+def _add_layer_norm_rows(x, res, w, b, double eps, y, s, mean, rstd):
+    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+    _rows_ok(tn, N, H, (x, res, y, s), (mean, rstd), (w, b))
+    _add_ln(tn, y, s, mean, rstd, x, res, w, b, N, H, eps)
+
+
+def _rms_norm_rows(x, w, double eps, y, rstd):
+    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+    _rows_ok(tn, N, H, (x, y), (rstd,), (w,))
+    _rms(tn, y, rstd, x, w, N, H, eps)
+
+
+def _rms_norm_backward_rows(dy, x, rstd, w, dx, dw):
+    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+    _rows_ok(tn, N, H, (dy, x, dx), (rstd,), (w, dw))
+    _rms_bwd(tn, dx, dw, dy, x, rstd, w, N, H)
+
+
+# ---- public functions: fast path, else fastln._api -------------------------
+
+def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
+               return_stats=False):
+    cdef int tn = _float_type(x)
+    cdef cnp.ndarray xa, y
+    cdef int nd
+    cdef cnp.npy_intp H
+    if tn >= 0:
+        xa = <cnp.ndarray>x
+        nd = cnp.PyArray_NDIM(xa)
+        H = cnp.PyArray_DIM(xa, nd - 1)
+        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
+                and _fast_vec(bias, tn, H) and _fast_out(out, xa, tn)):
+            y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
+            if not return_stats:
+                _ln(tn, y, None, None, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
+                return y
+            mean = _empty_like(xa, nd - 1, tn)
+            rstd = _empty_like(xa, nd - 1, tn)
+            _ln(tn, y, mean, rstd, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
+            return y, mean, rstd
+    return _api.layer_norm(x, weight, bias, axis, eps, out, return_stats)
+
+
+def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
+    cdef int tn = _float_type(x)
+    cdef cnp.ndarray xa, dx, dw, db
+    cdef int nd
+    cdef cnp.npy_intp H
+    if tn >= 0:
+        xa = <cnp.ndarray>x
+        nd = cnp.PyArray_NDIM(xa)
+        H = cnp.PyArray_DIM(xa, nd - 1)
+        if (H > 0 and _last_axis(axis, nd) and _fast(dy, tn) and _same_shape(xa, dy, nd)
+                and _fast(mean, tn) and _same_shape(xa, mean, nd - 1)
+                and _fast(rstd, tn) and _same_shape(xa, rstd, nd - 1)
+                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn)
+                and not (out is not None and _overlap_partly(<cnp.ndarray>out, dy))):
+            dx = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
+            dw = cnp.PyArray_EMPTY(1, &H, tn, 0)
+            db = cnp.PyArray_EMPTY(1, &H, tn, 0)
+            _ln_bwd(tn, dx, dw, db, dy, xa, mean, rstd, weight, cnp.PyArray_SIZE(xa) // H, H)
+            return dx, dw, db
+    return _api.layer_norm_backward(dy, x, mean, rstd, weight, axis, out)
+
+
+def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False):
+    cdef int tn = _float_type(x)
+    cdef cnp.ndarray xa, y
+    cdef int nd
+    cdef cnp.npy_intp H
+    if tn >= 0:
+        xa = <cnp.ndarray>x
+        nd = cnp.PyArray_NDIM(xa)
+        H = cnp.PyArray_DIM(xa, nd - 1)
+        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
+                and _fast_out(out, xa, tn)):
+            y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
+            if not return_stats:
+                _rms(tn, y, None, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
+                return y
+            rstd = _empty_like(xa, nd - 1, tn)
+            _rms(tn, y, rstd, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
+            return y, rstd
+    return _api.rms_norm(x, weight, axis, eps, out, return_stats)
+
+
+def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
+    cdef int tn = _float_type(x)
+    cdef cnp.ndarray xa, dx, dw
+    cdef int nd
+    cdef cnp.npy_intp H
+    if tn >= 0:
+        xa = <cnp.ndarray>x
+        nd = cnp.PyArray_NDIM(xa)
+        H = cnp.PyArray_DIM(xa, nd - 1)
+        if (H > 0 and _last_axis(axis, nd) and _fast(dy, tn) and _same_shape(xa, dy, nd)
+                and _fast(rstd, tn) and _same_shape(xa, rstd, nd - 1)
+                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn)
+                and not (out is not None and _overlap_partly(<cnp.ndarray>out, dy))):
+            dx = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
+            dw = cnp.PyArray_EMPTY(1, &H, tn, 0)
+            _rms_bwd(tn, dx, dw, dy, xa, rstd, weight, cnp.PyArray_SIZE(xa) // H, H)
+            return dx, dw
+    return _api.rms_norm_backward(dy, x, rstd, weight, axis, out)
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
+                   return_stats=False):
+    cdef int tn = _float_type(x)
+    cdef cnp.ndarray xa, y, s
+    cdef int nd
+    cdef cnp.npy_intp H
+    if tn >= 0 and out is None:
+        xa = <cnp.ndarray>x
+        nd = cnp.PyArray_NDIM(xa)
+        H = cnp.PyArray_DIM(xa, nd - 1)
+        if (H > 0 and _last_axis(axis, nd) and _fast(residual, tn)
+                and _same_shape(xa, residual, nd) and _fast_eps(eps)
+                and _fast_vec(weight, tn, H) and _fast_vec(bias, tn, H)):
+            y = _empty_like(xa, nd, tn)
+            s = _empty_like(xa, nd, tn)
+            if not return_stats:
+                _add_ln(tn, y, s, None, None, xa, residual, weight, bias,
+                        cnp.PyArray_SIZE(xa) // H, H, eps)
+                return y, s
+            mean = _empty_like(xa, nd - 1, tn)
+            rstd = _empty_like(xa, nd - 1, tn)
+            _add_ln(tn, y, s, mean, rstd, xa, residual, weight, bias,
+                    cnp.PyArray_SIZE(xa) // H, H, eps)
+            return y, s, mean, rstd
+    return _api.add_layer_norm(x, residual, weight, bias, axis, eps, out, return_stats)
+
+
+# ---- threads and instruction sets ------------------------------------------
+
+def get_num_threads():
+    return fastln_get_num_threads()
+
+def set_num_threads(int n):
+    fastln_set_num_threads(n)
+
+def has_openmp():
+    return bool(fastln_has_openmp())
+
+def get_isa():
+    return fastln_get_isa().decode()
+
+def isa_supported(name):
+    return bool(fastln_isa_supported(str(name).encode()))
+
+def _set_isa(name):
+    """Forces an instruction-set path (for tests and benchmarks); not to be
+    called while other threads run kernels."""
+    if fastln_set_isa(str(name).encode()) != 0:
+        raise ValueError(f"isa {name!r} is not supported on this CPU")

@@ -1,0 +1,80 @@
+"""Builds fastln._core: the Cython wrapper together with the C kernels in src_c/.
+
+Flags are portable (-O3, no -march=native): the AVX2 and AVX-512 kernels are
+compiled through target attributes and chosen at run time. OpenMP is probed
+with a test compile; without it the build is serial, with a warning.
+Environment: FASTLN_NO_OPENMP=1 skips OpenMP; FASTLN_NATIVE=1 adds
+-march=native (local experiments only).
+"""
+import os
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+C_SOURCES = ["src_c/dispatch.c", "src_c/kernels_generic.c", "src_c/kernels_avx2.c",
+             "src_c/kernels_avx512.c"]
+
+
+def openmp_flags(compiler):
+    """(compile, link) flags for OpenMP, or None when a test program fails to build."""
+    if os.environ.get("FASTLN_NO_OPENMP") == "1":
+        return None
+    if compiler.compiler_type == "msvc":
+        candidates = [(["/openmp"], [])]
+    elif sys.platform == "darwin":
+        candidates = [(["-Xpreprocessor", "-fopenmp"], ["-lomp"]), (["-fopenmp"], ["-fopenmp"])]
+    else:
+        candidates = [(["-fopenmp"], ["-fopenmp"])]
+    src = "#include <omp.h>\nint main(void) { return omp_get_max_threads() < 1; }\n"
+    for cflags, lflags in candidates:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "omp_probe.c")
+            with open(path, "w") as f:
+                f.write(src)
+            try:
+                objs = compiler.compile([path], output_dir=tmp, extra_postargs=cflags)
+                compiler.link_executable(objs, "omp_probe", output_dir=tmp,
+                                         extra_postargs=lflags)
+                return cflags, lflags
+            except Exception:
+                continue
+    return None
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        if self.compiler.compiler_type == "msvc":
+            cflags = ["/O2"]
+        else:
+            cflags = ["-O3", "-fopenmp-simd", "-Wno-unused-function"]
+            if os.environ.get("FASTLN_NATIVE") == "1":
+                cflags.append("-march=native")
+        omp = openmp_flags(self.compiler)
+        if omp is None:
+            warnings.warn("fastln: OpenMP was not found; building serial kernels "
+                          "(correct, but one thread only)")
+            lflags = []
+        else:
+            cflags += omp[0]
+            lflags = omp[1]
+        for ext in self.extensions:
+            ext.extra_compile_args = cflags
+            ext.extra_link_args = lflags
+        super().build_extensions()
+
+
+ext = Extension(
+    "fastln._core",
+    sources=["fastln/_core.pyx"] + C_SOURCES,
+    include_dirs=["src_c", np.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    depends=["src_c/fastln.h", "src_c/internal.h", "src_c/kernels_isa.h",
+             "src_c/kernels_impl.h"],
+)
+
+setup(ext_modules=cythonize([ext], language_level=3), cmdclass={"build_ext": BuildExt})

@@ -1,0 +1,184 @@
+/*
+ * Public entry points: pick the instruction-set path once, pick the thread
+ * count per call, and forward to that path's kernel.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+
+/* Below this many elements a call stays serial: an OpenMP fork/join costs
+ * microseconds, more than the whole kernel at small sizes (bench/threshold.py). */
+#ifndef FASTLN_PAR_MIN_WORK
+#define FASTLN_PAR_MIN_WORK 32768
+#endif
+
+/* ---- instruction-set dispatch ---- */
+
+static const fastln_kernel_table *table_for(const char *name)
+{
+    if (strcmp(name, "generic") == 0) return &fastln_kernels_generic;
+#ifdef FASTLN_X86
+    if (strcmp(name, "avx2") == 0) return &fastln_kernels_avx2;
+    if (strcmp(name, "avx512") == 0) return &fastln_kernels_avx512;
+#endif
+    return NULL;
+}
+
+int fastln_isa_supported(const char *name)
+{
+    if (!table_for(name)) return 0;
+#if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (strcmp(name, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (strcmp(name, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("fma");
+    return 1;
+#else
+    return strcmp(name, "generic") == 0;
+#endif
+}
+
+static const fastln_kernel_table *g_table = NULL;
+
+/* The best supported path, unless FASTLN_ISA names a supported one. */
+static const fastln_kernel_table *choose_table(void)
+{
+    const char *env = getenv("FASTLN_ISA");
+    if (env && *env && fastln_isa_supported(env)) return table_for(env);
+    if (fastln_isa_supported("avx512")) return table_for("avx512");
+    if (fastln_isa_supported("avx2")) return table_for("avx2");
+    return &fastln_kernels_generic;
+}
+
+static const fastln_kernel_table *kt(void)
+{
+    const fastln_kernel_table *t = __atomic_load_n(&g_table, __ATOMIC_ACQUIRE);
+    if (!t) {
+        t = choose_table();   /* idempotent: a race picks the same table */
+        __atomic_store_n(&g_table, t, __ATOMIC_RELEASE);
+    }
+    return t;
+}
+
+const char *fastln_get_isa(void) { return kt()->name; }
+
+int fastln_set_isa(const char *name)
+{
+    if (!fastln_isa_supported(name)) return -1;
+    __atomic_store_n(&g_table, table_for(name), __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* ---- threads ---- */
+
+static int g_num_threads = 0;   /* 0: the OpenMP default */
+static int g_default_threads = 0;
+
+int fastln_has_openmp(void)
+{
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void fastln_set_num_threads(int n)
+{
+    if (__atomic_load_n(&g_default_threads, __ATOMIC_RELAXED) == 0)
+        __atomic_store_n(&g_default_threads, omp_get_max_threads(), __ATOMIC_RELAXED);
+    __atomic_store_n(&g_num_threads, n > 0 ? n : 0, __ATOMIC_RELAXED);
+    /* also the calling thread's OpenMP default, which threadpoolctl reads and limits */
+    omp_set_num_threads(n > 0 ? n : __atomic_load_n(&g_default_threads, __ATOMIC_RELAXED));
+}
+
+int fastln_get_num_threads(void)
+{
+    int m = omp_get_max_threads(), n = __atomic_load_n(&g_num_threads, __ATOMIC_RELAXED);
+    return n > 0 && n < m ? n : m;
+}
+
+/* Threads for a call on N rows of H elements: 1 below the work threshold. */
+static int threads_for(int64_t N, int64_t H)
+{
+    if (N < 2 || N * H < FASTLN_PAR_MIN_WORK) return 1;
+    int nt = fastln_get_num_threads();
+    return nt < N ? nt : (int)N;
+}
+
+/* ---- kernels ---- */
+
+int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
+                          const float *weight, const float *bias, int64_t N, int64_t H,
+                          double eps)
+{
+    return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H));
+}
+
+int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
+                          const double *weight, const double *bias, int64_t N, int64_t H,
+                          double eps)
+{
+    return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H));
+}
+
+int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, const float *dy,
+                                   const float *x, const float *mean, const float *rstd,
+                                   const float *weight, int64_t N, int64_t H)
+{
+    return kt()->ln_bwd_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
+                            threads_for(N, H));
+}
+
+int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
+                                   const double *dy, const double *x, const double *mean,
+                                   const double *rstd, const double *weight, int64_t N,
+                                   int64_t H)
+{
+    return kt()->ln_bwd_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
+                            threads_for(N, H));
+}
+
+int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, const float *x,
+                              const float *residual, const float *weight, const float *bias,
+                              int64_t N, int64_t H, double eps)
+{
+    return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
+                            threads_for(N, H));
+}
+
+int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
+                              const double *x, const double *residual, const double *weight,
+                              const double *bias, int64_t N, int64_t H, double eps)
+{
+    return kt()->add_ln_f64(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
+                            threads_for(N, H));
+}
+
+int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
+                        int64_t N, int64_t H, double eps)
+{
+    return kt()->rms_f32(y, rstd, x, weight, N, H, eps, threads_for(N, H));
+}
+
+int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
+                        int64_t N, int64_t H, double eps)
+{
+    return kt()->rms_f64(y, rstd, x, weight, N, H, eps, threads_for(N, H));
+}
+
+int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, const float *x,
+                                 const float *rstd, const float *weight, int64_t N, int64_t H)
+{
+    return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H));
+}
+
+int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
+                                 const double *x, const double *rstd, const double *weight,
+                                 int64_t N, int64_t H)
+{
+    return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H));
+}

@@ -1,0 +1,102 @@
+/*
+ * fastln: Layer Normalization and RMS Normalization kernels for CPUs.
+ *
+ * Plain C99, no Python. Every kernel works on a row-major, contiguous (N, H)
+ * matrix: N rows (samples), H elements per row (the normalized size).
+ *
+ * Shape legend
+ *   x, y, dy, dx, residual, s   (N, H)
+ *   mean, rstd                  (N)       may be NULL in forward kernels
+ *   weight, bias                (H)       may be NULL: gain 1, bias 0
+ *   dweight, dbias              (H)       always written
+ *
+ * Math (Ba, Kiros & Hinton 2016):
+ *   mean = sum(x)/H; var = sum((x-mean)^2)/H; rstd = 1/sqrt(var+eps)
+ *   y = (x-mean)*rstd*weight + bias
+ *   RMSNorm: rstd = 1/sqrt(sum(x^2)/H + eps); y = x*rstd*weight
+ *
+ * Outputs come first in every signature, then inputs, then sizes.
+ * An output may alias an input of the same shape exactly (in place), never
+ * partially. Every function returns 0, or FASTLN_ENOMEM when scratch memory
+ * could not be allocated. All functions are thread-safe and may be called
+ * concurrently; each runs its own OpenMP team.
+ *
+ * Results are bitwise identical for any thread count: dweight and dbias are
+ * reduced over fixed row blocks in a fixed order.
+ */
+#ifndef FASTLN_H
+#define FASTLN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FASTLN_OK 0
+#define FASTLN_ENOMEM 1
+
+/* ---- LayerNorm ---- */
+int fastln_layer_norm_f32(float *y, float *mean, float *rstd,
+                          const float *x, const float *weight, const float *bias,
+                          int64_t N, int64_t H, double eps);
+int fastln_layer_norm_f64(double *y, double *mean, double *rstd,
+                          const double *x, const double *weight, const double *bias,
+                          int64_t N, int64_t H, double eps);
+
+/* dx = rstd*(g - mean(g) - xhat*mean(g*xhat)), g = dy*weight,
+ * xhat = (x - m)*rstd with m = mean + mean(x - mean) (repairs a rounded mean). */
+int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias,
+                                   const float *dy, const float *x, const float *mean,
+                                   const float *rstd, const float *weight,
+                                   int64_t N, int64_t H);
+int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
+                                   const double *dy, const double *x, const double *mean,
+                                   const double *rstd, const double *weight,
+                                   int64_t N, int64_t H);
+
+/* ---- Fused residual add + LayerNorm: s = x + residual; y = LN(s) ---- */
+int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd,
+                              const float *x, const float *residual,
+                              const float *weight, const float *bias,
+                              int64_t N, int64_t H, double eps);
+int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
+                              const double *x, const double *residual,
+                              const double *weight, const double *bias,
+                              int64_t N, int64_t H, double eps);
+
+/* ---- RMSNorm ---- */
+int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
+                        int64_t N, int64_t H, double eps);
+int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
+                        int64_t N, int64_t H, double eps);
+
+/* dx = rstd*(g - xhat*mean(g*xhat)), g = dy*weight, xhat = x*rstd */
+int fastln_rms_norm_backward_f32(float *dx, float *dweight,
+                                 const float *dy, const float *x, const float *rstd,
+                                 const float *weight, int64_t N, int64_t H);
+int fastln_rms_norm_backward_f64(double *dx, double *dweight,
+                                 const double *dy, const double *x, const double *rstd,
+                                 const double *weight, int64_t N, int64_t H);
+
+/* ---- Threads ---- */
+/* n > 0 sets the thread count for later calls (and the calling thread's
+ * OpenMP default); n <= 0 returns to the OpenMP default. */
+void fastln_set_num_threads(int n);
+/* Threads a large call would use now: min(set count, omp_get_max_threads()). */
+int fastln_get_num_threads(void);
+int fastln_has_openmp(void);
+
+/* ---- Instruction-set dispatch ---- */
+/* The path in use: "avx512", "avx2" or "generic". Chosen at first use from the
+ * CPU and the FASTLN_ISA environment variable. */
+const char *fastln_get_isa(void);
+/* Forces a path; returns 0, or -1 when the name is unknown or the CPU lacks it. */
+int fastln_set_isa(const char *name);
+/* 1 when this CPU (and OS) can run the named path. */
+int fastln_isa_supported(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FASTLN_H */

@@ -1,0 +1,62 @@
+/* Internal declarations shared by the dispatcher and the per-ISA kernel files. */
+#ifndef FASTLN_INTERNAL_H
+#define FASTLN_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fastln.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; }
+static inline int omp_get_num_threads(void) { return 1; }
+static inline int omp_get_max_threads(void) { return 1; }
+static inline void omp_set_num_threads(int n) { (void)n; }
+#endif
+
+/* Rows per backward block: depends on N only, never on the thread count,
+ * so that dweight/dbias are reduced in the same order on any thread count. */
+static inline int64_t fastln_row_block(int64_t N)
+{
+    int64_t rb = (N + 63) / 64;
+    return rb < 4 ? 4 : rb > 256 ? 256 : rb;
+}
+
+/* One instruction-set path: the same kernels compiled for one target.
+ * Sizes N, H; nt = threads to use (1 = serial, no OpenMP region). */
+typedef struct {
+    const char *name;
+    int (*ln_f32)(float *, float *, float *, const float *, const float *, const float *,
+                  int64_t, int64_t, double, int);
+    int (*ln_f64)(double *, double *, double *, const double *, const double *,
+                  const double *, int64_t, int64_t, double, int);
+    int (*ln_bwd_f32)(float *, float *, float *, const float *, const float *,
+                      const float *, const float *, const float *, int64_t, int64_t, int);
+    int (*ln_bwd_f64)(double *, double *, double *, const double *, const double *,
+                      const double *, const double *, const double *, int64_t, int64_t, int);
+    int (*add_ln_f32)(float *, float *, float *, float *, const float *, const float *,
+                      const float *, const float *, int64_t, int64_t, double, int);
+    int (*add_ln_f64)(double *, double *, double *, double *, const double *,
+                      const double *, const double *, const double *, int64_t, int64_t,
+                      double, int);
+    int (*rms_f32)(float *, float *, const float *, const float *, int64_t, int64_t,
+                   double, int);
+    int (*rms_f64)(double *, double *, const double *, const double *, int64_t, int64_t,
+                   double, int);
+    int (*rms_bwd_f32)(float *, float *, const float *, const float *, const float *,
+                       const float *, int64_t, int64_t, int);
+    int (*rms_bwd_f64)(double *, double *, const double *, const double *, const double *,
+                       const double *, int64_t, int64_t, int);
+} fastln_kernel_table;
+
+extern const fastln_kernel_table fastln_kernels_generic;
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#define FASTLN_X86 1
+extern const fastln_kernel_table fastln_kernels_avx2;
+extern const fastln_kernel_table fastln_kernels_avx512;
+#endif
+
+#endif

@@ -1,0 +1,11 @@
+/* The AVX-512 path (x86-64 only), chosen at run time. 512-bit vectors. */
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#define ISA avx512
+#if defined(__clang__)
+#define ISA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"
+#else
+#define ISA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"
+#endif
+#define ISA_HAS_FMA 1
+#include "kernels_isa.h"
+#endif

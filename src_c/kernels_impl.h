@@ -1,0 +1,383 @@
+/*
+ * Kernel bodies, written once and compiled once per (element type, ISA).
+ * Included by kernels_isa.h with:
+ *   T        float or double: the storage and vector-math type
+ *   SFX(f)   name mangling, e.g. f##_f32_avx512
+ *   FMA(a,b,c)  a*b + c, fused where the ISA has FMA
+ *
+ * Shape legend: x, y, dy, dx, residual, s (N, H) row-major contiguous;
+ * mean, rstd (N); weight, bias, dweight, dbias (H). weight/bias may be NULL.
+ * Rows are independent; a row is swept while it is hot in L1/L2:
+ *   forward:  sum(x - x0)  |  sum((x - x0 - dm)^2)  |  write y
+ *   backward: sum(d), sum(g), sum(g*d)  |  write dx, add dweight/dbias partials
+ * x0 = x[0] is a shift: x - x0 is exact for values close to each other, so a
+ * huge mean next to a small spread loses no precision (Sterbenz lemma).
+ */
+
+/* Sums are taken in NACC independent lanes (several vector registers), per
+ * chunk of CHUNK elements; chunk sums are added in double. */
+#define NACC ((int)(128 / sizeof(T)))
+#define CHUNK 1024
+
+/* ---- one-row helpers --------------------------------------------------- */
+
+/* sum over the row of (x[i] - shift) */
+static inline double SFX(sum_shifted)(const T *x, int64_t H, T shift)
+{
+    double total = 0;
+    for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+        int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK, i = 0;
+        const T *xc = x + c0;
+        T acc[NACC];
+        for (int k = 0; k < NACC; k++) acc[k] = 0;
+        for (; i + NACC <= n; i += NACC)
+            for (int k = 0; k < NACC; k++) acc[k] += xc[i + k] - shift;
+        for (; i < n; i++) acc[0] += xc[i] - shift;
+        T s = 0;
+        for (int k = 0; k < NACC; k++) s += acc[k];
+        total += s;
+    }
+    return total;
+}
+
+/* sum over the row of ((x[i] - shift) - dm)^2 */
+static inline double SFX(sumsq_centered)(const T *x, int64_t H, T shift, T dm)
+{
+    double total = 0;
+    for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+        int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK, i = 0;
+        const T *xc = x + c0;
+        T acc[NACC];
+        for (int k = 0; k < NACC; k++) acc[k] = 0;
+        for (; i + NACC <= n; i += NACC)
+            for (int k = 0; k < NACC; k++) {
+                T d = (xc[i + k] - shift) - dm;
+                acc[k] = FMA(d, d, acc[k]);
+            }
+        for (; i < n; i++) {
+            T d = (xc[i] - shift) - dm;
+            acc[0] = FMA(d, d, acc[0]);
+        }
+        T s = 0;
+        for (int k = 0; k < NACC; k++) s += acc[k];
+        total += s;
+    }
+    return total;
+}
+
+/* y = ((x - shift) - dm) * r * weight + bias: the normalize sweep */
+static inline void SFX(normalize_row)(T *y, const T *x, const T *w, const T *b,
+                                      int64_t H, T shift, T dm, T r)
+{
+    if (w && b) {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) y[i] = FMA(((x[i] - shift) - dm) * r, w[i], b[i]);
+    } else if (w) {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) y[i] = ((x[i] - shift) - dm) * r * w[i];
+    } else if (b) {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) y[i] = ((x[i] - shift) - dm) * r + b[i];
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) y[i] = ((x[i] - shift) - dm) * r;
+    }
+}
+
+/* Finishes one LayerNorm row given sum(x - shift): variance sweep, then y. */
+static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
+                                      const T *w, const T *b, int64_t H, double eps,
+                                      T shift, double sum_d)
+{
+    T dm = (T)(sum_d / (double)H);
+    double var = SFX(sumsq_centered)(x, H, shift, dm) / (double)H;
+    T r = (T)(1.0 / sqrt(var + eps));
+    if (mean) *mean = (T)((double)shift + (double)dm);
+    if (rstd) *rstd = r;
+    SFX(normalize_row)(y, x, w, b, H, shift, dm, r);
+}
+
+/* ---- forward row ranges ------------------------------------------------ */
+
+static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                         int64_t r0, int64_t r1, int64_t H, double eps)
+{
+    for (int64_t n = r0; n < r1; n++) {
+        const T *xr = x + n * H;   /* row n of x */
+        T shift = xr[0];
+        SFX(ln_finish_row)(y + n * H, mean ? mean + n : NULL, rstd ? rstd + n : NULL,
+                           xr, w, b, H, eps, shift, SFX(sum_shifted)(xr, H, shift));
+    }
+}
+
+static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
+                             const T *w, const T *b, int64_t r0, int64_t r1, int64_t H,
+                             double eps)
+{
+    for (int64_t n = r0; n < r1; n++) {
+        const T *xr = x + n * H, *rr = res + n * H;
+        T *sr = s + n * H;
+        T shift = xr[0] + rr[0];
+        /* sweep 1: s = x + residual, and sum(s - shift) on the fly */
+        double total = 0;
+        for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+            int64_t m = H - c0 < CHUNK ? H - c0 : CHUNK, i = c0;
+            T acc[NACC];
+            for (int k = 0; k < NACC; k++) acc[k] = 0;
+            for (; i + NACC <= c0 + m; i += NACC)
+                for (int k = 0; k < NACC; k++) {
+                    T v = xr[i + k] + rr[i + k];
+                    sr[i + k] = v;
+                    acc[k] += v - shift;
+                }
+            for (; i < c0 + m; i++) {
+                T v = xr[i] + rr[i];
+                sr[i] = v;
+                acc[0] += v - shift;
+            }
+            T t = 0;
+            for (int k = 0; k < NACC; k++) t += acc[k];
+            total += t;
+        }
+        SFX(ln_finish_row)(y + n * H, mean ? mean + n : NULL, rstd ? rstd + n : NULL,
+                           sr, w, b, H, eps, shift, total);
+    }
+}
+
+static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
+                          int64_t r0, int64_t r1, int64_t H, double eps)
+{
+    for (int64_t n = r0; n < r1; n++) {
+        const T *xr = x + n * H;
+        T *yr = y + n * H;
+        double ss = SFX(sumsq_centered)(xr, H, 0, 0);
+        T r = (T)(1.0 / sqrt(ss / (double)H + eps));
+        if (rstd) rstd[n] = r;
+        if (w) {
+#pragma omp simd
+            for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r * w[i];
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r;
+        }
+    }
+}
+
+/* ---- backward row ranges ----------------------------------------------- */
+
+/* LayerNorm backward over rows [r0, r1); adds dy*xhat to pw and dy to pb. */
+static void SFX(ln_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
+                             const T *mean, const T *rstd, const T *w,
+                             int64_t r0, int64_t r1, int64_t H)
+{
+    for (int64_t n = r0; n < r1; n++) {
+        const T *xr = x + n * H, *gr = dy + n * H;
+        T *dxr = dx + n * H;
+        T m = mean[n], r = rstd[n];
+        /* sweep 1: S_d = sum(d), S_g = sum(g), S_gd = sum(g*d); d = x - m, g = dy*w */
+        double S_d = 0, S_g = 0, S_gd = 0;
+        for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+            int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
+            T ad[NACC], ag[NACC], agd[NACC];
+            for (int k = 0; k < NACC; k++) ad[k] = ag[k] = agd[k] = 0;
+            for (; i + NACC <= e; i += NACC)
+                for (int k = 0; k < NACC; k++) {
+                    T d = xr[i + k] - m, g = w ? gr[i + k] * w[i + k] : gr[i + k];
+                    ad[k] += d;
+                    ag[k] += g;
+                    agd[k] = FMA(g, d, agd[k]);
+                }
+            for (; i < e; i++) {
+                T d = xr[i] - m, g = w ? gr[i] * w[i] : gr[i];
+                ad[0] += d;
+                ag[0] += g;
+                agd[0] = FMA(g, d, agd[0]);
+            }
+            T sd = 0, sg = 0, sgd = 0;
+            for (int k = 0; k < NACC; k++) { sd += ad[k]; sg += ag[k]; sgd += agd[k]; }
+            S_d += sd; S_g += sg; S_gd += sgd;
+        }
+        double dmd = S_d / (double)H;               /* residual of the saved mean */
+        T dm = (T)dmd;
+        T c1 = (T)(S_g / (double)H);                  /* mean(g) */
+        T c2 = (T)((double)r * (S_gd - dmd * S_g) / (double)H);  /* mean(g*xhat) */
+        /* sweep 2: dx = r*(g - c1 - xhat*c2); partials of dweight, dbias */
+        if (w) {
+#pragma omp simd
+            for (int64_t i = 0; i < H; i++) {
+                T xh = ((xr[i] - m) - dm) * r;
+                T g = gr[i] * w[i];
+                dxr[i] = r * FMA(-xh, c2, g - c1);
+                pw[i] = FMA(gr[i], xh, pw[i]);
+                pb[i] += gr[i];
+            }
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < H; i++) {
+                T xh = ((xr[i] - m) - dm) * r;
+                T g = gr[i];
+                dxr[i] = r * FMA(-xh, c2, g - c1);
+                pw[i] = FMA(g, xh, pw[i]);
+                pb[i] += g;
+            }
+        }
+    }
+}
+
+/* RMSNorm backward over rows [r0, r1); adds dy*xhat to pw (pb unused). */
+static void SFX(rms_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
+                              const T *unused_mean, const T *rstd, const T *w,
+                              int64_t r0, int64_t r1, int64_t H)
+{
+    (void)pb; (void)unused_mean;
+    for (int64_t n = r0; n < r1; n++) {
+        const T *xr = x + n * H, *gr = dy + n * H;
+        T *dxr = dx + n * H;
+        T r = rstd[n];
+        /* sweep 1: S_gx = sum(g*x) */
+        double S_gx = 0;
+        for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+            int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
+            T a[NACC];
+            for (int k = 0; k < NACC; k++) a[k] = 0;
+            for (; i + NACC <= e; i += NACC)
+                for (int k = 0; k < NACC; k++)
+                    a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
+            for (; i < e; i++) a[0] = FMA(w ? gr[i] * w[i] : gr[i], xr[i], a[0]);
+            T t = 0;
+            for (int k = 0; k < NACC; k++) t += a[k];
+            S_gx += t;
+        }
+        T c2 = (T)((double)r * S_gx / (double)H);    /* mean(g*xhat) */
+        /* sweep 2: dx = r*(g - xhat*c2); partial of dweight */
+        if (w) {
+#pragma omp simd
+            for (int64_t i = 0; i < H; i++) {
+                T xh = xr[i] * r;
+                dxr[i] = r * FMA(-xh, c2, gr[i] * w[i]);
+                pw[i] = FMA(gr[i], xh, pw[i]);
+            }
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < H; i++) {
+                T xh = xr[i] * r;
+                dxr[i] = r * FMA(-xh, c2, gr[i]);
+                pw[i] = FMA(gr[i], xh, pw[i]);
+            }
+        }
+    }
+}
+
+/* ---- drivers: split rows over threads ---------------------------------- */
+
+static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                           int64_t N, int64_t H, double eps, int nt)
+{
+    if (nt <= 1) {
+        SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps);
+        return FASTLN_OK;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+        SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps);
+    }
+    return FASTLN_OK;
+}
+
+static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
+                               const T *w, const T *b, int64_t N, int64_t H, double eps,
+                               int nt)
+{
+    if (nt <= 1) {
+        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps);
+        return FASTLN_OK;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H, eps);
+    }
+    return FASTLN_OK;
+}
+
+static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
+                         int64_t N, int64_t H, double eps, int nt)
+{
+    if (nt <= 1) {
+        SFX(rms_rows)(y, rstd, x, w, 0, N, H, eps);
+        return FASTLN_OK;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+        SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps);
+    }
+    return FASTLN_OK;
+}
+
+typedef void (*SFX(bwd_rows_fn))(T *, T *, T *, const T *, const T *, const T *,
+                                  const T *, const T *, int64_t, int64_t, int64_t);
+
+/* Backward driver shared by LayerNorm and RMSNorm. Rows go in blocks of
+ * fastln_row_block(N) rows (independent of the thread count); each block owns
+ * partial sums [dweight | dbias], which are then added in block order. */
+static int SFX(backward)(SFX(bwd_rows_fn) rows, T *dx, T *dw, T *db, const T *dy,
+                         const T *x, const T *mean, const T *rstd, const T *w,
+                         int64_t N, int64_t H, int nt)
+{
+    int64_t rb = fastln_row_block(N), nblk = N > 0 ? (N + rb - 1) / rb : 0;
+    int64_t np = db ? 2 : 1;                         /* partial vectors per block */
+    T *part = NULL;
+    if (nblk > 0) {
+        part = (T *)malloc((size_t)(nblk * np * H) * sizeof(T));
+        if (!part) return FASTLN_ENOMEM;
+    }
+    if (nt > nblk) nt = (int)nblk;
+    if (nt < 1) nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+        for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
+            T *pw = part + k * np * H, *pb = pw + (np - 1) * H;   /* block k's partials */
+            memset(pw, 0, (size_t)(np * H) * sizeof(T));
+            int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
+            rows(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H);
+        }
+#pragma omp barrier
+        /* dweight[j] = sum over blocks k in order of part[k][0][j]; same for dbias */
+        int64_t nc = (H + 255) / 256;                 /* column chunks */
+        for (int64_t c = nc * t / p; c < nc * (t + 1) / p; c++) {
+            int64_t j0 = c * 256, j1 = j0 + 256 < H ? j0 + 256 : H;
+            for (int64_t v = 0; v < np; v++) {
+                double acc[256];
+                for (int64_t j = j0; j < j1; j++) acc[j - j0] = 0;
+                for (int64_t k = 0; k < nblk; k++) {
+                    const T *pk = part + (k * np + v) * H;
+#pragma omp simd
+                    for (int64_t j = j0; j < j1; j++) acc[j - j0] += (double)pk[j];
+                }
+                T *dst = v == 0 ? dw : db;
+                for (int64_t j = j0; j < j1; j++) dst[j] = (T)acc[j - j0];
+            }
+        }
+    }
+    free(part);
+    return FASTLN_OK;
+}
+
+static int SFX(layer_norm_backward)(T *dx, T *dw, T *db, const T *dy, const T *x,
+                                    const T *mean, const T *rstd, const T *w,
+                                    int64_t N, int64_t H, int nt)
+{
+    return SFX(backward)(SFX(ln_bwd_rows), dx, dw, db, dy, x, mean, rstd, w, N, H, nt);
+}
+
+static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T *rstd,
+                                  const T *w, int64_t N, int64_t H, int nt)
+{
+    return SFX(backward)(SFX(rms_bwd_rows), dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt);
+}
+
+#undef NACC
+#undef CHUNK

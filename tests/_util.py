@@ -1,0 +1,143 @@
+"""Shared helpers for the fastln test suite (imported by the test modules).
+
+Kept out of conftest.py so that tests can import them by name; conftest.py
+puts this directory on sys.path.
+"""
+import re
+
+import numpy as np
+
+F16, F32, F64 = np.float16, np.float32, np.float64
+FLOAT_DTYPES = [F32, F64]
+
+
+def named(arg):
+    """Regex for ``pytest.raises(match=...)``: ``arg`` appears as a whole word."""
+    return r"(?<![A-Za-z0-9_])" + re.escape(arg) + r"(?![A-Za-z0-9_])"
+
+
+def result_dtype(dtype):
+    """dtype of y/dx for an input of ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype in (np.dtype(F16), np.dtype(F32), np.dtype(F64)):
+        return dtype
+    return np.dtype(F64)              # int, uint, bool
+
+
+def stats_dtype(dtype):
+    dtype = np.dtype(dtype)
+    return np.dtype(F32) if dtype in (np.dtype(F16), np.dtype(F32)) else np.dtype(F64)
+
+
+def norm_axes(axis, ndim):
+    axes = (axis,) if np.isscalar(axis) else tuple(axis)
+    return tuple(int(a) % ndim for a in axes)
+
+
+def normalized_shape(shape, axis):
+    """Shape of weight/bias: the normalized axes in the order given in ``axis``."""
+    return tuple(shape[a] for a in norm_axes(axis, len(shape)))
+
+
+def stats_shape(shape, axis):
+    """Shape of mean/rstd: ``shape`` with the normalized axes removed."""
+    axes = norm_axes(axis, len(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def base_tol(dtype):
+    """(rtol, atol) for outputs of magnitude O(1) in ``dtype``'s result type."""
+    dt = result_dtype(dtype)
+    if dt == np.dtype(F64):
+        return 1e-12, 1e-12
+    if dt == np.dtype(F32):
+        return 1e-5, 2e-5
+    return 2e-3, 4e-3                 # float16 output
+
+
+def assert_close(got, want, dtype, scale=None, err_msg="", rtol=None, atol=None):
+    """Compare ``got`` to the float64 ``want`` with tolerances of ``dtype``.
+
+    The absolute tolerance is scaled by ``scale`` (default: max(1, max|want|)),
+    so the check is relative to the magnitude of the result.
+    """
+    got = np.asarray(got)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape, err_msg)
+    r, a = base_tol(dtype)
+    if scale is None:
+        finite = want[np.isfinite(want)]
+        scale = max(1.0, float(np.max(np.abs(finite)))) if finite.size else 1.0
+    np.testing.assert_allclose(got.astype(np.float64), want,
+                               rtol=r if rtol is None else rtol,
+                               atol=(a if atol is None else atol) * scale,
+                               err_msg=err_msg)
+
+
+def randn(rng, shape, dtype=F32, loc=0.0, scale=1.0):
+    """Random normal array of ``dtype`` (values exactly representable in it)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        lo = 0 if dtype.kind == "u" else -5
+        return rng.integers(lo, 6, size=shape).astype(dtype)
+    return (loc + scale * rng.standard_normal(shape)).astype(dtype)
+
+
+def params(rng, nshape, dtype, kind):
+    """(weight, bias) for ``kind`` in 'none', 'weight', 'bias', 'both'."""
+    w = b = None
+    if kind in ("weight", "both"):
+        w = (1.0 + 0.5 * rng.standard_normal(nshape)).astype(dtype)
+    if kind in ("bias", "both"):
+        b = (0.5 * rng.standard_normal(nshape)).astype(dtype)
+    return w, b
+
+
+AFFINE = ["none", "weight", "bias", "both"]
+
+
+def as_f64(a, dtype):
+    """What the kernel sees: ``a`` cast to ``dtype`` and then read as float64."""
+    if a is None:
+        return None
+    return np.asarray(a).astype(dtype).astype(np.float64)
+
+
+# ---- layouts: same values, different memory layout ----------------------
+
+def _sliced(x):
+    big = np.zeros(tuple(2 * n + 1 for n in x.shape), dtype=x.dtype)
+    view = big[tuple(slice(1, None, 2) for _ in x.shape)]
+    view[...] = x
+    return view
+
+
+def _negstride(x):
+    return np.flip(np.flip(x).copy())
+
+
+def _readonly(x):
+    x = x.copy()
+    x.setflags(write=False)
+    return x
+
+
+LAYOUTS = {
+    "C": np.ascontiguousarray,
+    "F": np.asfortranarray,
+    "negstride": _negstride,
+    "sliced": _sliced,
+    "readonly": _readonly,
+}
+
+
+def relayout(x, kind):
+    y = LAYOUTS[kind](np.asarray(x))
+    assert np.array_equal(y, x)
+    if kind == "negstride" and y.size > 1:
+        assert any(s < 0 for s in y.strides)
+    if kind == "sliced" and y.size > 1:
+        assert not y.flags.c_contiguous and not y.flags.f_contiguous
+    return y
