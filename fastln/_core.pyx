@@ -54,6 +54,9 @@ cdef extern from "fastln.h" nogil:
     int fastln_set_isa(const char *name)
     int fastln_isa_supported(const char *name)
 
+cdef extern from "internal.h" nogil:
+    void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes)
+
 cdef extern from "math.h" nogil:
     bint isfinite(double)
 
@@ -423,3 +426,17 @@ def _set_isa(name):
     called while other threads run kernels."""
     if fastln_set_isa(str(name).encode()) != 0:
         raise ValueError(f"isa {name!r} is not supported on this CPU")
+
+
+def _parallel_copy(dst, src):
+    """dst[...] = src for two C-contiguous arrays of the same size in bytes, on
+    the threads a kernel would use: the bandwidth ceiling for benchmarks."""
+    if not (_fast(dst, cnp.PyArray_TYPE(<cnp.ndarray>dst)) and _fast(src, cnp.PyArray_TYPE(<cnp.ndarray>src))
+            and cnp.PyArray_NBYTES(<cnp.ndarray>dst) == cnp.PyArray_NBYTES(<cnp.ndarray>src)
+            and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>dst)):
+        raise ValueError("dst and src must be C-contiguous arrays of the same size, dst writable")
+    cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>dst)
+    cdef void *s = cnp.PyArray_DATA(<cnp.ndarray>src)
+    cdef int64_t n = cnp.PyArray_NBYTES(<cnp.ndarray>src)
+    with nogil:
+        fastln_parallel_copy(d, s, n)

@@ -17,6 +17,12 @@ static inline int omp_get_max_threads(void) { return 1; }
 static inline void omp_set_num_threads(int n) { (void)n; }
 #endif
 
+/* Outputs of at least this many bytes are written with non-temporal stores:
+ * they are far larger than the last-level cache and would only evict it. */
+#ifndef FASTLN_STREAM_BYTES
+#define FASTLN_STREAM_BYTES (48.0 * 1024 * 1024)
+#endif
+
 /* Rows per backward block: depends on N only, never on the thread count,
  * so that dweight/dbias are reduced in the same order on any thread count. */
 static inline int64_t fastln_row_block(int64_t N)
@@ -58,5 +64,8 @@ extern const fastln_kernel_table fastln_kernels_generic;
 extern const fastln_kernel_table fastln_kernels_avx2;
 extern const fastln_kernel_table fastln_kernels_avx512;
 #endif
+
+/* dst = src over the threads a kernel would use (the benchmarks' ceiling). */
+void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes);
 
 #endif

@@ -6,6 +6,7 @@
 #else
 #define ISA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"
 #endif
+#define VEC_BYTES 64
 #define ISA_HAS_FMA 1
 #include "kernels_isa.h"
 #endif

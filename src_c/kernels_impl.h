@@ -4,6 +4,8 @@
  *   T        float or double: the storage and vector-math type
  *   SFX(f)   name mangling, e.g. f##_f32_avx512
  *   FMA(a,b,c)  a*b + c, fused where the ISA has FMA
+ *   stream_copy(dst, src, nbytes), stream_fence()
+ *               copies with non-temporal stores (kernels_isa.h)
  *
  * Shape legend: x, y, dy, dx, residual, s (N, H) row-major contiguous;
  * mean, rstd (N); weight, bias, dweight, dbias (H). weight/bias may be NULL.
@@ -14,12 +16,21 @@
  * huge mean next to a small spread loses no precision (Sterbenz lemma).
  */
 
-/* Sums are taken in NACC independent lanes (several vector registers), per
- * chunk of CHUNK elements; chunk sums are added in double. */
-#define NACC ((int)(128 / sizeof(T)))
+/* Sums are taken in NACC independent lanes (four vector registers of
+ * VEC_BYTES), per chunk of CHUNK elements; chunk sums are added in double. */
+#define NACC ((int)(4 * VEC_BYTES / sizeof(T)))
 #define CHUNK 1024
 
 /* ---- one-row helpers --------------------------------------------------- */
+
+/* acc[0] + ... + acc[NACC-1] as a vector reduction, not a serial chain */
+static inline T SFX(hsum)(const T *acc)
+{
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int k = 0; k < NACC; k++) s += acc[k];
+    return s;
+}
 
 /* sum over the row of (x[i] - shift) */
 static inline double SFX(sum_shifted)(const T *x, int64_t H, T shift)
@@ -32,10 +43,8 @@ static inline double SFX(sum_shifted)(const T *x, int64_t H, T shift)
         for (int k = 0; k < NACC; k++) acc[k] = 0;
         for (; i + NACC <= n; i += NACC)
             for (int k = 0; k < NACC; k++) acc[k] += xc[i + k] - shift;
-        for (; i < n; i++) acc[0] += xc[i] - shift;
-        T s = 0;
-        for (int k = 0; k < NACC; k++) s += acc[k];
-        total += s;
+        for (int k = 0; k < n - i; k++) acc[k] += xc[i + k] - shift;
+        total += SFX(hsum)(acc);
     }
     return total;
 }
@@ -54,13 +63,11 @@ static inline double SFX(sumsq_centered)(const T *x, int64_t H, T shift, T dm)
                 T d = (xc[i + k] - shift) - dm;
                 acc[k] = FMA(d, d, acc[k]);
             }
-        for (; i < n; i++) {
-            T d = (xc[i] - shift) - dm;
-            acc[0] = FMA(d, d, acc[0]);
+        for (int k = 0; k < n - i; k++) {
+            T d = (xc[i + k] - shift) - dm;
+            acc[k] = FMA(d, d, acc[k]);
         }
-        T s = 0;
-        for (int k = 0; k < NACC; k++) s += acc[k];
-        total += s;
+        total += SFX(hsum)(acc);
     }
     return total;
 }
@@ -99,24 +106,39 @@ static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
 
 /* ---- forward row ranges ------------------------------------------------ */
 
-static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
-                         int64_t r0, int64_t r1, int64_t H, double eps)
+/* Rows of at most STREAM_MAX_H elements can be streamed: each is computed
+ * into an L1 buffer and then written with non-temporal stores, so a
+ * far-larger-than-cache output costs no read-for-ownership traffic. */
+#define STREAM_MAX_H ((int64_t)(32768 / sizeof(T)))
+
+static int SFX(use_stream)(int64_t N, int64_t H)
 {
+    return H <= STREAM_MAX_H && (double)N * (double)H * sizeof(T) >= FASTLN_STREAM_BYTES;
+}
+
+static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                         int64_t r0, int64_t r1, int64_t H, double eps, int stream)
+{
+    T buf[stream ? STREAM_MAX_H : 1];
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H;   /* row n of x */
+        T *yr = stream ? buf : y + n * H;
         T shift = xr[0];
-        SFX(ln_finish_row)(y + n * H, mean ? mean + n : NULL, rstd ? rstd + n : NULL,
+        SFX(ln_finish_row)(yr, mean ? mean + n : NULL, rstd ? rstd + n : NULL,
                            xr, w, b, H, eps, shift, SFX(sum_shifted)(xr, H, shift));
+        if (stream) stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
     }
+    if (stream) stream_fence();
 }
 
 static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
                              const T *w, const T *b, int64_t r0, int64_t r1, int64_t H,
-                             double eps)
+                             double eps, int stream)
 {
+    T sbuf[stream ? STREAM_MAX_H : 1], ybuf[stream ? STREAM_MAX_H : 1];
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H, *rr = res + n * H;
-        T *sr = s + n * H;
+        T *sr = stream ? sbuf : s + n * H, *yr = stream ? ybuf : y + n * H;
         T shift = xr[0] + rr[0];
         /* sweep 1: s = x + residual, and sum(s - shift) on the fly */
         double total = 0;
@@ -130,26 +152,30 @@ static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *
                     sr[i + k] = v;
                     acc[k] += v - shift;
                 }
-            for (; i < c0 + m; i++) {
-                T v = xr[i] + rr[i];
-                sr[i] = v;
-                acc[0] += v - shift;
+            for (int k = 0; k < c0 + m - i; k++) {
+                T v = xr[i + k] + rr[i + k];
+                sr[i + k] = v;
+                acc[k] += v - shift;
             }
-            T t = 0;
-            for (int k = 0; k < NACC; k++) t += acc[k];
-            total += t;
+            total += SFX(hsum)(acc);
         }
-        SFX(ln_finish_row)(y + n * H, mean ? mean + n : NULL, rstd ? rstd + n : NULL,
+        SFX(ln_finish_row)(yr, mean ? mean + n : NULL, rstd ? rstd + n : NULL,
                            sr, w, b, H, eps, shift, total);
+        if (stream) {
+            stream_copy(s + n * H, sr, (size_t)H * sizeof(T));
+            stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
+        }
     }
+    if (stream) stream_fence();
 }
 
 static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
-                          int64_t r0, int64_t r1, int64_t H, double eps)
+                          int64_t r0, int64_t r1, int64_t H, double eps, int stream)
 {
+    T buf[stream ? STREAM_MAX_H : 1];
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H;
-        T *yr = y + n * H;
+        T *yr = stream ? buf : y + n * H;
         double ss = SFX(sumsq_centered)(xr, H, 0, 0);
         T r = (T)(1.0 / sqrt(ss / (double)H + eps));
         if (rstd) rstd[n] = r;
@@ -160,7 +186,9 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
 #pragma omp simd
             for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r;
         }
+        if (stream) stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
     }
+    if (stream) stream_fence();
 }
 
 /* ---- backward row ranges ----------------------------------------------- */
@@ -168,11 +196,12 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
 /* LayerNorm backward over rows [r0, r1); adds dy*xhat to pw and dy to pb. */
 static void SFX(ln_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
                              const T *mean, const T *rstd, const T *w,
-                             int64_t r0, int64_t r1, int64_t H)
+                             int64_t r0, int64_t r1, int64_t H, int stream)
 {
+    T buf[stream ? STREAM_MAX_H : 1];
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H, *gr = dy + n * H;
-        T *dxr = dx + n * H;
+        T *dxr = stream ? buf : dx + n * H;
         T m = mean[n], r = rstd[n];
         /* sweep 1: S_d = sum(d), S_g = sum(g), S_gd = sum(g*d); d = x - m, g = dy*w */
         double S_d = 0, S_g = 0, S_gd = 0;
@@ -187,15 +216,15 @@ static void SFX(ln_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
                     ag[k] += g;
                     agd[k] = FMA(g, d, agd[k]);
                 }
-            for (; i < e; i++) {
-                T d = xr[i] - m, g = w ? gr[i] * w[i] : gr[i];
-                ad[0] += d;
-                ag[0] += g;
-                agd[0] = FMA(g, d, agd[0]);
+            for (int k = 0; k < e - i; k++) {
+                T d = xr[i + k] - m, g = w ? gr[i + k] * w[i + k] : gr[i + k];
+                ad[k] += d;
+                ag[k] += g;
+                agd[k] = FMA(g, d, agd[k]);
             }
-            T sd = 0, sg = 0, sgd = 0;
-            for (int k = 0; k < NACC; k++) { sd += ad[k]; sg += ag[k]; sgd += agd[k]; }
-            S_d += sd; S_g += sg; S_gd += sgd;
+            S_d += SFX(hsum)(ad);
+            S_g += SFX(hsum)(ag);
+            S_gd += SFX(hsum)(agd);
         }
         double dmd = S_d / (double)H;               /* residual of the saved mean */
         T dm = (T)dmd;
@@ -221,18 +250,21 @@ static void SFX(ln_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
                 pb[i] += g;
             }
         }
+        if (stream) stream_copy(dx + n * H, dxr, (size_t)H * sizeof(T));
     }
+    if (stream) stream_fence();
 }
 
 /* RMSNorm backward over rows [r0, r1); adds dy*xhat to pw (pb unused). */
 static void SFX(rms_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
                               const T *unused_mean, const T *rstd, const T *w,
-                              int64_t r0, int64_t r1, int64_t H)
+                              int64_t r0, int64_t r1, int64_t H, int stream)
 {
     (void)pb; (void)unused_mean;
+    T buf[stream ? STREAM_MAX_H : 1];
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H, *gr = dy + n * H;
-        T *dxr = dx + n * H;
+        T *dxr = stream ? buf : dx + n * H;
         T r = rstd[n];
         /* sweep 1: S_gx = sum(g*x) */
         double S_gx = 0;
@@ -243,10 +275,9 @@ static void SFX(rms_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
             for (; i + NACC <= e; i += NACC)
                 for (int k = 0; k < NACC; k++)
                     a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
-            for (; i < e; i++) a[0] = FMA(w ? gr[i] * w[i] : gr[i], xr[i], a[0]);
-            T t = 0;
-            for (int k = 0; k < NACC; k++) t += a[k];
-            S_gx += t;
+            for (int k = 0; k < e - i; k++)
+                a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
+            S_gx += SFX(hsum)(a);
         }
         T c2 = (T)((double)r * S_gx / (double)H);    /* mean(g*xhat) */
         /* sweep 2: dx = r*(g - xhat*c2); partial of dweight */
@@ -265,7 +296,9 @@ static void SFX(rms_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
                 pw[i] = FMA(gr[i], xh, pw[i]);
             }
         }
+        if (stream) stream_copy(dx + n * H, dxr, (size_t)H * sizeof(T));
     }
+    if (stream) stream_fence();
 }
 
 /* ---- drivers: split rows over threads ---------------------------------- */
@@ -273,14 +306,15 @@ static void SFX(rms_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
 static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
                            int64_t N, int64_t H, double eps, int nt)
 {
+    int stream = SFX(use_stream)(N, H);
     if (nt <= 1) {
-        SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps);
+        SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps, stream);
         return FASTLN_OK;
     }
 #pragma omp parallel num_threads(nt)
     {
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps);
+        SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps, stream);
     }
     return FASTLN_OK;
 }
@@ -289,14 +323,16 @@ static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T
                                const T *w, const T *b, int64_t N, int64_t H, double eps,
                                int nt)
 {
+    int stream = SFX(use_stream)(2 * N, H);
     if (nt <= 1) {
-        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps);
+        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps, stream);
         return FASTLN_OK;
     }
 #pragma omp parallel num_threads(nt)
     {
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H, eps);
+        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H, eps,
+                         stream);
     }
     return FASTLN_OK;
 }
@@ -304,62 +340,89 @@ static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T
 static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
                          int64_t N, int64_t H, double eps, int nt)
 {
+    int stream = SFX(use_stream)(N, H);
     if (nt <= 1) {
-        SFX(rms_rows)(y, rstd, x, w, 0, N, H, eps);
+        SFX(rms_rows)(y, rstd, x, w, 0, N, H, eps, stream);
         return FASTLN_OK;
     }
 #pragma omp parallel num_threads(nt)
     {
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps);
+        SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps, stream);
     }
     return FASTLN_OK;
 }
 
 typedef void (*SFX(bwd_rows_fn))(T *, T *, T *, const T *, const T *, const T *,
-                                  const T *, const T *, int64_t, int64_t, int64_t);
+                                  const T *, const T *, int64_t, int64_t, int64_t, int);
 
-/* Backward driver shared by LayerNorm and RMSNorm. Rows go in blocks of
- * fastln_row_block(N) rows (independent of the thread count); each block owns
- * partial sums [dweight | dbias], which are then added in block order. */
+/* Share t of p: the row blocks [k0, k1) with k0 = nblk*t/p, each into its own
+ * partial sums part[k] = [dweight | dbias]. */
+static void SFX(bwd_blocks)(SFX(bwd_rows_fn) rows, T *part, int64_t np, T *dx, const T *dy,
+                            const T *x, const T *mean, const T *rstd, const T *w,
+                            int64_t N, int64_t H, int64_t rb, int64_t nblk, int stream,
+                            int64_t t, int64_t p)
+{
+    for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
+        T *pw = part + k * np * H, *pb = pw + (np - 1) * H;   /* block k's partials */
+        memset(pw, 0, (size_t)(np * H) * sizeof(T));
+        int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
+        rows(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stream);
+    }
+}
+
+/* Share t of p of the columns: out_v[j] = sum over blocks k, in order, of
+ * part[k][v][j], summed in double (v = 0: dweight, v = 1: dbias). */
+static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t H,
+                            int64_t nblk, int64_t t, int64_t p)
+{
+    int64_t nc = (H + 255) / 256;                     /* column chunks of 256 */
+    for (int64_t c = nc * t / p; c < nc * (t + 1) / p; c++) {
+        int64_t j0 = c * 256, j1 = j0 + 256 < H ? j0 + 256 : H;
+        for (int64_t v = 0; v < np; v++) {
+            double acc[256];
+            for (int64_t j = j0; j < j1; j++) acc[j - j0] = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const T *pk = part + (k * np + v) * H;
+#pragma omp simd
+                for (int64_t j = j0; j < j1; j++) acc[j - j0] += (double)pk[j];
+            }
+            T *dst = v == 0 ? dw : db;
+            for (int64_t j = j0; j < j1; j++) dst[j] = (T)acc[j - j0];
+        }
+    }
+}
+
+/* Backward driver shared by LayerNorm and RMSNorm (db == NULL). Rows go in
+ * blocks of fastln_row_block(N) rows, independent of the thread count; each
+ * block owns partial sums of dweight and dbias, which are then added in
+ * block order: the result is bitwise the same on any number of threads. */
 static int SFX(backward)(SFX(bwd_rows_fn) rows, T *dx, T *dw, T *db, const T *dy,
                          const T *x, const T *mean, const T *rstd, const T *w,
                          int64_t N, int64_t H, int nt)
 {
-    int64_t rb = fastln_row_block(N), nblk = N > 0 ? (N + rb - 1) / rb : 0;
+    int64_t rb = fastln_row_block(N), nblk = (N + rb - 1) / rb;
     int64_t np = db ? 2 : 1;                         /* partial vectors per block */
-    T *part = NULL;
-    if (nblk > 0) {
-        part = (T *)malloc((size_t)(nblk * np * H) * sizeof(T));
-        if (!part) return FASTLN_ENOMEM;
+    int stream = SFX(use_stream)(N, H);
+    if (nblk == 0) {                                 /* no rows: zero gradients */
+        memset(dw, 0, (size_t)H * sizeof(T));
+        if (db) memset(db, 0, (size_t)H * sizeof(T));
+        return FASTLN_OK;
     }
+    T *part = (T *)malloc((size_t)(nblk * np * H) * sizeof(T));
+    if (!part) return FASTLN_ENOMEM;
     if (nt > nblk) nt = (int)nblk;
-    if (nt < 1) nt = 1;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
-            T *pw = part + k * np * H, *pb = pw + (np - 1) * H;   /* block k's partials */
-            memset(pw, 0, (size_t)(np * H) * sizeof(T));
-            int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
-            rows(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H);
-        }
+    if (nt <= 1) {
+        SFX(bwd_blocks)(rows, part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream, 0, 1);
+        SFX(bwd_reduce)(dw, db, part, np, H, nblk, 0, 1);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+            SFX(bwd_blocks)(rows, part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream,
+                            t, p);
 #pragma omp barrier
-        /* dweight[j] = sum over blocks k in order of part[k][0][j]; same for dbias */
-        int64_t nc = (H + 255) / 256;                 /* column chunks */
-        for (int64_t c = nc * t / p; c < nc * (t + 1) / p; c++) {
-            int64_t j0 = c * 256, j1 = j0 + 256 < H ? j0 + 256 : H;
-            for (int64_t v = 0; v < np; v++) {
-                double acc[256];
-                for (int64_t j = j0; j < j1; j++) acc[j - j0] = 0;
-                for (int64_t k = 0; k < nblk; k++) {
-                    const T *pk = part + (k * np + v) * H;
-#pragma omp simd
-                    for (int64_t j = j0; j < j1; j++) acc[j - j0] += (double)pk[j];
-                }
-                T *dst = v == 0 ? dw : db;
-                for (int64_t j = j0; j < j1; j++) dst[j] = (T)acc[j - j0];
-            }
+            SFX(bwd_reduce)(dw, db, part, np, H, nblk, t, p);
         }
     }
     free(part);
@@ -381,3 +444,4 @@ static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T
 
 #undef NACC
 #undef CHUNK
+#undef STREAM_MAX_H

@@ -4,6 +4,7 @@
  *   ISA          the path's suffix (generic, avx2, avx512)
  *   ISA_TARGET   the GCC/clang target string, or leaves it undefined (generic)
  *   ISA_HAS_FMA  1 when the target has fused multiply-add
+ *   VEC_BYTES    the vector register width in bytes
  */
 #include "internal.h"
 
@@ -20,6 +21,35 @@ PRAGMA(clang attribute push(__attribute__((target(ISA_TARGET))), apply_to = func
 #pragma GCC push_options
 PRAGMA(GCC target(ISA_TARGET))
 #endif
+#endif
+
+/* Non-temporal copy of nbytes: ordinary stores up to the first aligned
+ * vector, streaming stores for whole vectors, ordinary stores for the tail. */
+#if defined(FASTLN_X86) && VEC_BYTES >= 16
+#include <immintrin.h>
+static void stream_copy(void *dst, const void *src, size_t nbytes)
+{
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    size_t head = (size_t)(-(uintptr_t)d & (VEC_BYTES - 1));
+    if (head > nbytes) head = nbytes;
+    memcpy(d, s, head);
+    d += head; s += head; nbytes -= head;
+    for (; nbytes >= VEC_BYTES; nbytes -= VEC_BYTES, d += VEC_BYTES, s += VEC_BYTES) {
+#if VEC_BYTES == 64
+        _mm512_stream_si512((__m512i *)d, _mm512_loadu_si512((const void *)s));
+#elif VEC_BYTES == 32
+        _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+#else
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+#endif
+    }
+    memcpy(d, s, nbytes);
+}
+static void stream_fence(void) { _mm_sfence(); }
+#else
+static void stream_copy(void *dst, const void *src, size_t nbytes) { memcpy(dst, src, nbytes); }
+static void stream_fence(void) {}
 #endif
 
 #if ISA_HAS_FMA
