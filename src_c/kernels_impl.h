@@ -193,110 +193,132 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
 
 /* ---- backward row ranges ----------------------------------------------- */
 
-/* LayerNorm backward over rows [r0, r1); adds dy*xhat to pw and dy to pb. */
-static void SFX(ln_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
-                             const T *mean, const T *rstd, const T *w,
-                             int64_t r0, int64_t r1, int64_t H, int stream)
+/* The per-row scalars of a backward: xhat = ((x - m) - dm) * r and
+ * dx = r * (g - c1 - xhat * c2), g = dy * weight. RMSNorm is m = dm = c1 = 0. */
+typedef struct { T m, dm, r, c1, c2; } SFX(bwd_scalars);
+
+/* LayerNorm, sweep 1 over a row: S_d = sum(d), S_g = sum(g), S_gd = sum(g*d), d = x - m */
+static inline SFX(bwd_scalars) SFX(ln_bwd_scalars)(const T *xr, const T *gr, const T *w,
+                                                   T m, T r, int64_t H)
 {
-    T buf[stream ? STREAM_MAX_H : 1];
-    for (int64_t n = r0; n < r1; n++) {
-        const T *xr = x + n * H, *gr = dy + n * H;
-        T *dxr = stream ? buf : dx + n * H;
-        T m = mean[n], r = rstd[n];
-        /* sweep 1: S_d = sum(d), S_g = sum(g), S_gd = sum(g*d); d = x - m, g = dy*w */
-        double S_d = 0, S_g = 0, S_gd = 0;
-        for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
-            int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
-            T ad[NACC], ag[NACC], agd[NACC];
-            for (int k = 0; k < NACC; k++) ad[k] = ag[k] = agd[k] = 0;
-            for (; i + NACC <= e; i += NACC)
-                for (int k = 0; k < NACC; k++) {
-                    T d = xr[i + k] - m, g = w ? gr[i + k] * w[i + k] : gr[i + k];
-                    ad[k] += d;
-                    ag[k] += g;
-                    agd[k] = FMA(g, d, agd[k]);
-                }
-            for (int k = 0; k < e - i; k++) {
+    double S_d = 0, S_g = 0, S_gd = 0;
+    for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+        int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
+        T ad[NACC], ag[NACC], agd[NACC];
+        for (int k = 0; k < NACC; k++) ad[k] = ag[k] = agd[k] = 0;
+        for (; i + NACC <= e; i += NACC)
+            for (int k = 0; k < NACC; k++) {
                 T d = xr[i + k] - m, g = w ? gr[i + k] * w[i + k] : gr[i + k];
                 ad[k] += d;
                 ag[k] += g;
                 agd[k] = FMA(g, d, agd[k]);
             }
-            S_d += SFX(hsum)(ad);
-            S_g += SFX(hsum)(ag);
-            S_gd += SFX(hsum)(agd);
+        for (int k = 0; k < e - i; k++) {
+            T d = xr[i + k] - m, g = w ? gr[i + k] * w[i + k] : gr[i + k];
+            ad[k] += d;
+            ag[k] += g;
+            agd[k] = FMA(g, d, agd[k]);
         }
-        double dmd = S_d / (double)H;               /* residual of the saved mean */
-        T dm = (T)dmd;
-        T c1 = (T)(S_g / (double)H);                  /* mean(g) */
-        T c2 = (T)((double)r * (S_gd - dmd * S_g) / (double)H);  /* mean(g*xhat) */
-        /* sweep 2: dx = r*(g - c1 - xhat*c2); partials of dweight, dbias */
-        if (w) {
-#pragma omp simd
-            for (int64_t i = 0; i < H; i++) {
-                T xh = ((xr[i] - m) - dm) * r;
-                T g = gr[i] * w[i];
-                dxr[i] = r * FMA(-xh, c2, g - c1);
-                pw[i] = FMA(gr[i], xh, pw[i]);
-                pb[i] += gr[i];
-            }
-        } else {
-#pragma omp simd
-            for (int64_t i = 0; i < H; i++) {
-                T xh = ((xr[i] - m) - dm) * r;
-                T g = gr[i];
-                dxr[i] = r * FMA(-xh, c2, g - c1);
-                pw[i] = FMA(g, xh, pw[i]);
-                pb[i] += g;
-            }
-        }
-        if (stream) stream_copy(dx + n * H, dxr, (size_t)H * sizeof(T));
+        S_d += SFX(hsum)(ad);
+        S_g += SFX(hsum)(ag);
+        S_gd += SFX(hsum)(agd);
     }
-    if (stream) stream_fence();
+    double dm = S_d / (double)H;                     /* residual of the saved mean */
+    SFX(bwd_scalars) sc = {m, (T)dm, r, (T)(S_g / (double)H),             /* c1 = mean(g) */
+                           (T)((double)r * (S_gd - dm * S_g) / (double)H)};  /* c2 = mean(g*xhat) */
+    return sc;
 }
 
-/* RMSNorm backward over rows [r0, r1); adds dy*xhat to pw (pb unused). */
-static void SFX(rms_bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x,
-                              const T *unused_mean, const T *rstd, const T *w,
-                              int64_t r0, int64_t r1, int64_t H, int stream)
+/* RMSNorm, sweep 1 over a row: S_gx = sum(g*x) */
+static inline SFX(bwd_scalars) SFX(rms_bwd_scalars)(const T *xr, const T *gr, const T *w,
+                                                    T r, int64_t H)
 {
-    (void)pb; (void)unused_mean;
-    T buf[stream ? STREAM_MAX_H : 1];
-    for (int64_t n = r0; n < r1; n++) {
-        const T *xr = x + n * H, *gr = dy + n * H;
-        T *dxr = stream ? buf : dx + n * H;
-        T r = rstd[n];
-        /* sweep 1: S_gx = sum(g*x) */
-        double S_gx = 0;
-        for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
-            int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
-            T a[NACC];
-            for (int k = 0; k < NACC; k++) a[k] = 0;
-            for (; i + NACC <= e; i += NACC)
-                for (int k = 0; k < NACC; k++)
-                    a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
-            for (int k = 0; k < e - i; k++)
+    double S_gx = 0;
+    for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+        int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
+        T a[NACC];
+        for (int k = 0; k < NACC; k++) a[k] = 0;
+        for (; i + NACC <= e; i += NACC)
+            for (int k = 0; k < NACC; k++)
                 a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
-            S_gx += SFX(hsum)(a);
-        }
-        T c2 = (T)((double)r * S_gx / (double)H);    /* mean(g*xhat) */
-        /* sweep 2: dx = r*(g - xhat*c2); partial of dweight */
-        if (w) {
+        for (int k = 0; k < e - i; k++)
+            a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
+        S_gx += SFX(hsum)(a);
+    }
+    SFX(bwd_scalars) sc = {0, 0, r, 0, (T)((double)r * S_gx / (double)H)};  /* c2 = mean(g*xhat) */
+    return sc;
+}
+
+/* Sweep 2 over R rows at once: dx for each row, and one update of the
+ * dweight/dbias partials for all R (R-fold less partial traffic). R and
+ * has_b are constants after inlining. */
+static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
+    int R, int has_b, T *const *dxr, const T *const *xr, const T *const *gr,
+    const SFX(bwd_scalars) *sc, const T *w, T *pw, T *pb, int64_t H)
+{
+    if (w) {
 #pragma omp simd
-            for (int64_t i = 0; i < H; i++) {
-                T xh = xr[i] * r;
-                dxr[i] = r * FMA(-xh, c2, gr[i] * w[i]);
-                pw[i] = FMA(gr[i], xh, pw[i]);
+        for (int64_t i = 0; i < H; i++) {
+            T sw = 0, sb = 0;
+            for (int k = 0; k < R; k++) {
+                T xh = ((xr[k][i] - sc[k].m) - sc[k].dm) * sc[k].r;
+                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, gr[k][i] * w[i] - sc[k].c1);
+                sw = FMA(gr[k][i], xh, sw);
+                sb += gr[k][i];
             }
-        } else {
-#pragma omp simd
-            for (int64_t i = 0; i < H; i++) {
-                T xh = xr[i] * r;
-                dxr[i] = r * FMA(-xh, c2, gr[i]);
-                pw[i] = FMA(gr[i], xh, pw[i]);
-            }
+            pw[i] += sw;
+            if (has_b) pb[i] += sb;
         }
-        if (stream) stream_copy(dx + n * H, dxr, (size_t)H * sizeof(T));
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) {
+            T sw = 0, sb = 0;
+            for (int k = 0; k < R; k++) {
+                T xh = ((xr[k][i] - sc[k].m) - sc[k].dm) * sc[k].r;
+                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, gr[k][i] - sc[k].c1);
+                sw = FMA(gr[k][i], xh, sw);
+                sb += gr[k][i];
+            }
+            pw[i] += sw;
+            if (has_b) pb[i] += sb;
+        }
+    }
+}
+
+#define GROUP 4
+
+/* Backward over rows [r0, r1): LayerNorm when pb != NULL (adds dy*xhat to pw,
+ * dy to pb), RMSNorm when pb == NULL. Rows go in groups of GROUP from r0, the
+ * rest one by one: the order of the partial sums depends on r0, r1 only. */
+static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
+                          const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H,
+                          int stream)
+{
+    T buf[stream ? GROUP * STREAM_MAX_H : 1];
+    for (int64_t n = r0; n < r1;) {
+        int R = r1 - n >= GROUP ? GROUP : 1;
+        T *dxr[GROUP];
+        const T *xr[GROUP], *gr[GROUP];
+        SFX(bwd_scalars) sc[GROUP];
+        for (int k = 0; k < R; k++) {
+            xr[k] = x + (n + k) * H;
+            gr[k] = dy + (n + k) * H;
+            dxr[k] = stream ? buf + k * H : dx + (n + k) * H;
+            sc[k] = pb ? SFX(ln_bwd_scalars)(xr[k], gr[k], w, mean[n + k], rstd[n + k], H)
+                       : SFX(rms_bwd_scalars)(xr[k], gr[k], w, rstd[n + k], H);
+        }
+        if (R == GROUP && pb)
+            SFX(bwd_sweep2)(GROUP, 1, dxr, xr, gr, sc, w, pw, pb, H);
+        else if (R == GROUP)
+            SFX(bwd_sweep2)(GROUP, 0, dxr, xr, gr, sc, w, pw, pb, H);
+        else if (pb)
+            SFX(bwd_sweep2)(1, 1, dxr, xr, gr, sc, w, pw, pb, H);
+        else
+            SFX(bwd_sweep2)(1, 0, dxr, xr, gr, sc, w, pw, pb, H);
+        if (stream)
+            for (int k = 0; k < R; k++)
+                stream_copy(dx + (n + k) * H, dxr[k], (size_t)H * sizeof(T));
+        n += R;
     }
     if (stream) stream_fence();
 }
@@ -353,21 +375,18 @@ static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
     return FASTLN_OK;
 }
 
-typedef void (*SFX(bwd_rows_fn))(T *, T *, T *, const T *, const T *, const T *,
-                                  const T *, const T *, int64_t, int64_t, int64_t, int);
-
 /* Share t of p: the row blocks [k0, k1) with k0 = nblk*t/p, each into its own
  * partial sums part[k] = [dweight | dbias]. */
-static void SFX(bwd_blocks)(SFX(bwd_rows_fn) rows, T *part, int64_t np, T *dx, const T *dy,
+static void SFX(bwd_blocks)(T *part, int64_t np, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, int stream,
                             int64_t t, int64_t p)
 {
     for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
-        T *pw = part + k * np * H, *pb = pw + (np - 1) * H;   /* block k's partials */
+        T *pw = part + k * np * H, *pb = np == 2 ? pw + H : NULL;   /* block k's partials */
         memset(pw, 0, (size_t)(np * H) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
-        rows(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stream);
+        SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stream);
     }
 }
 
@@ -397,7 +416,7 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t H,
  * blocks of fastln_row_block(N) rows, independent of the thread count; each
  * block owns partial sums of dweight and dbias, which are then added in
  * block order: the result is bitwise the same on any number of threads. */
-static int SFX(backward)(SFX(bwd_rows_fn) rows, T *dx, T *dw, T *db, const T *dy,
+static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                          const T *x, const T *mean, const T *rstd, const T *w,
                          int64_t N, int64_t H, int nt)
 {
@@ -413,13 +432,13 @@ static int SFX(backward)(SFX(bwd_rows_fn) rows, T *dx, T *dw, T *db, const T *dy
     if (!part) return FASTLN_ENOMEM;
     if (nt > nblk) nt = (int)nblk;
     if (nt <= 1) {
-        SFX(bwd_blocks)(rows, part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream, 0, 1);
+        SFX(bwd_blocks)(part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream, 0, 1);
         SFX(bwd_reduce)(dw, db, part, np, H, nblk, 0, 1);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(bwd_blocks)(rows, part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream,
+            SFX(bwd_blocks)(part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream,
                             t, p);
 #pragma omp barrier
             SFX(bwd_reduce)(dw, db, part, np, H, nblk, t, p);
@@ -433,15 +452,16 @@ static int SFX(layer_norm_backward)(T *dx, T *dw, T *db, const T *dy, const T *x
                                     const T *mean, const T *rstd, const T *w,
                                     int64_t N, int64_t H, int nt)
 {
-    return SFX(backward)(SFX(ln_bwd_rows), dx, dw, db, dy, x, mean, rstd, w, N, H, nt);
+    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt);
 }
 
 static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T *rstd,
                                   const T *w, int64_t N, int64_t H, int nt)
 {
-    return SFX(backward)(SFX(rms_bwd_rows), dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt);
+    return SFX(backward)(dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt);
 }
 
 #undef NACC
 #undef CHUNK
 #undef STREAM_MAX_H
+#undef GROUP
