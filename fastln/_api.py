@@ -94,7 +94,8 @@ class _Rows:
         self.H = int(np.prod(self.norm_shape, dtype=np.int64))
         self.N = int(np.prod(self.batch_shape, dtype=np.int64))
         if self.H == 0:
-            raise ValueError(f"the normalized size is 0 (axes {self.axes} of shape {x.shape})")
+            raise ValueError(f"x has size 0 along the normalized axis {self.axes} "
+                             f"(shape {x.shape}); nothing to normalize")
 
     def moved(self, a):
         return np.moveaxis(a, self.axes, self.dest)

@@ -293,6 +293,34 @@ def _rms_norm_backward_rows(dy, x, rstd, w, dx, dw):
 
 def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
                return_stats=False):
+    """Layer normalization (Ba, Kiros & Hinton, 2016) over ``axis``.
+
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``, with the mean and the
+    (biased) variance of each sample taken over the normalized axes.
+
+    Parameters
+    ----------
+    x : array_like
+        Input. float32 and float64 keep their dtype; float16 (and bfloat16)
+        compute in float32 and return their own dtype; integers and bool
+        compute in float64.
+    weight, bias : array_like, optional
+        Gain and bias of the normalized shape (the sizes of ``axis``, in the
+        order given). Cast to the compute dtype. None means 1 and 0.
+    axis : int or tuple of int, default -1
+        The normalized axes; negative values count from the end.
+    eps : float, default 1e-5
+        Added to the variance; finite and >= 0.
+    out : ndarray, optional
+        Where to write y: x's shape and y's dtype, writable. May be ``x``.
+    return_stats : bool, default False
+        Also return ``mean`` and ``rstd = 1/sqrt(var + eps)``, of x's shape
+        without the normalized axes (float32 for float32 input, else float64).
+
+    Returns
+    -------
+    y, or (y, mean, rstd)
+    """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, y
     cdef int nd
@@ -315,6 +343,20 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
 
 
 def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
+    """Gradients of :func:`layer_norm`: ``(dx, dweight, dbias)``.
+
+    With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``::
+
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        dweight = sum over samples of dy * xhat;   dbias = sum of dy
+
+    ``mean`` and ``rstd`` are the ones ``layer_norm(..., return_stats=True)``
+    returned. The kernel uses ``mean + mean(x - mean)`` as the row mean, which
+    repairs the rounding of a float32 mean next to a large offset.
+    dweight and dbias always have the normalized shape (without ``weight``
+    they are the gradients of a unit gain and a zero bias), and are bitwise
+    the same for any thread count. ``out`` receives dx.
+    """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, dx, dw, db
     cdef int nd
@@ -337,6 +379,11 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
 
 
 def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False):
+    """RMS normalization over ``axis``: ``y = x / sqrt(mean(x**2) + eps) * weight``.
+
+    Arguments as in :func:`layer_norm` (no bias; eps defaults to 1e-6).
+    Returns y, or ``(y, rstd)`` with ``return_stats=True``.
+    """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, y
     cdef int nd
@@ -358,6 +405,12 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
 
 
 def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
+    """Gradients of :func:`rms_norm`: ``(dx, dweight)``.
+
+    With ``xhat = x * rstd`` and ``g = dy * weight``:
+    ``dx = rstd * (g - xhat * mean(g * xhat))``, ``dweight = sum of dy * xhat``.
+    ``out`` receives dx.
+    """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, dx, dw
     cdef int nd
@@ -379,6 +432,13 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
 
 def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
                    return_stats=False):
+    """Fused residual add and layer norm: ``s = x + residual``, ``y = layer_norm(s)``.
+
+    One pass over memory: s is written and normalized while it is in cache.
+    Arguments as in :func:`layer_norm`; ``residual`` has x's shape. ``out`` is
+    y's buffer, or a tuple ``(y_out, s_out)``.
+    Returns ``(y, s)``, or ``(y, s, mean, rstd)`` with ``return_stats=True``.
+    """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, y, s
     cdef int nd
@@ -407,18 +467,22 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
 # ---- threads and instruction sets ------------------------------------------
 
 def get_num_threads():
+    """Threads a large call uses now (see fastln.get_num_threads)."""
     return fastln_get_num_threads()
 
 def set_num_threads(int n):
     fastln_set_num_threads(n)
 
 def has_openmp():
+    """Whether this build of fastln has OpenMP (else every call is serial)."""
     return bool(fastln_has_openmp())
 
 def get_isa():
+    """The instruction-set path in use: "avx512", "avx2" or "generic"."""
     return fastln_get_isa().decode()
 
 def isa_supported(name):
+    """Whether this CPU can run the named instruction-set path."""
     return bool(fastln_isa_supported(str(name).encode()))
 
 def _set_isa(name):

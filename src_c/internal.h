@@ -28,7 +28,7 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 static inline int64_t fastln_row_block(int64_t N)
 {
     int64_t rb = (N + 63) / 64;
-    return rb < 4 ? 4 : rb > 256 ? 256 : rb;
+    return rb < 16 ? 16 : rb > 256 ? 256 : rb;
 }
 
 /* One instruction-set path: the same kernels compiled for one target.

@@ -261,10 +261,11 @@ static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
         for (int64_t i = 0; i < H; i++) {
             T sw = 0, sb = 0;
             for (int k = 0; k < R; k++) {
+                T g = gr[k][i];             /* read before dx is written: dx may be dy */
                 T xh = ((xr[k][i] - sc[k].m) - sc[k].dm) * sc[k].r;
-                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, gr[k][i] * w[i] - sc[k].c1);
-                sw = FMA(gr[k][i], xh, sw);
-                sb += gr[k][i];
+                sw = FMA(g, xh, sw);
+                sb += g;
+                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, g * w[i] - sc[k].c1);
             }
             pw[i] += sw;
             if (has_b) pb[i] += sb;
@@ -274,10 +275,11 @@ static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
         for (int64_t i = 0; i < H; i++) {
             T sw = 0, sb = 0;
             for (int k = 0; k < R; k++) {
+                T g = gr[k][i];             /* read before dx is written: dx may be dy */
                 T xh = ((xr[k][i] - sc[k].m) - sc[k].dm) * sc[k].r;
-                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, gr[k][i] - sc[k].c1);
-                sw = FMA(gr[k][i], xh, sw);
-                sb += gr[k][i];
+                sw = FMA(g, xh, sw);
+                sb += g;
+                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, g - sc[k].c1);
             }
             pw[i] += sw;
             if (has_b) pb[i] += sb;
@@ -426,6 +428,12 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     if (nblk == 0) {                                 /* no rows: zero gradients */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
+        return FASTLN_OK;
+    }
+    if (nblk == 1) {                                 /* one block: its partials are the result */
+        memset(dw, 0, (size_t)H * sizeof(T));
+        if (db) memset(db, 0, (size_t)H * sizeof(T));
+        SFX(bwd_rows)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, stream);
         return FASTLN_OK;
     }
     T *part = (T *)malloc((size_t)(nblk * np * H) * sizeof(T));
