@@ -141,3 +141,42 @@ def relayout(x, kind):
     if kind == "sliced" and y.size > 1:
         assert not y.flags.c_contiguous and not y.flags.f_contiguous
     return y
+
+
+# ---- inputs big enough for the non-temporal ("streaming") store path -------
+# Outputs of >= 48 MiB are written with streaming stores; these shapes are
+# just above that (odd H, so rows start unaligned).
+STREAM_SHAPES = {np.dtype(F32): (12300, 1031), np.dtype(F64): (6200, 1031)}
+
+_BIG = {}
+
+
+def big_inputs(dtype):
+    """Cached (x, r, w, b) of a streaming-sized shape for ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype not in _BIG:
+        rng = np.random.default_rng(99)
+        shape = STREAM_SHAPES[dtype]
+        x = (rng.standard_normal(shape, dtype=np.float32) * 2 + 0.5).astype(dtype)
+        r = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        w = (1 + 0.5 * rng.standard_normal(shape[-1])).astype(dtype)
+        b = rng.standard_normal(shape[-1]).astype(dtype)
+        _BIG[dtype] = (x, r, w, b)
+    return _BIG[dtype]
+
+
+def outlier_rows(rng, H, dtype):
+    """Rows whose first element lies far from the rest, e.g. sqrt(H) std away.
+
+    A variance computed in one pass around a shift of x[0] cancels badly here;
+    a centred (two-pass) variance does not.
+    """
+    x = randn(rng, (5, H), dtype)
+    x[0, 0] = np.sqrt(H)
+    x[1, 0] = 1e4
+    x[2, 0] = -300.0
+    x[3] += 1e3
+    x[3, 0] = 0.0
+    x[4] = x[4] * 1e-3 + 50.0
+    x[4, 0] = 0.0
+    return x

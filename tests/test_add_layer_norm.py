@@ -4,9 +4,9 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (AFFINE, F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close,
-                   normalized_shape, params, randn, relayout, result_dtype, stats_dtype,
-                   stats_shape)
+from _util import (AFFINE, F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, big_inputs,
+                   normalized_shape, outlier_rows, params, randn, relayout, result_dtype,
+                   stats_dtype, stats_shape)
 
 HS = [1, 2, 7, 64, 768, 4099]
 ROWS = [0, 1, 5]
@@ -199,6 +199,16 @@ def test_large_offset_float32(isa, H, rng):
     assert err <= 1e-5, err
 
 
+@pytest.mark.parametrize("H", [64, 1024, 4099])
+def test_outlier_first_element_float32(isa, H, rng):
+    """s rows whose first element lies far from the rest (see test_layer_norm)."""
+    s = outlier_rows(rng, H, F32)
+    x = randn(rng, s.shape, F32, scale=0.1)
+    r = s - x                                     # x + r == s up to rounding
+    y, s_ = fastln.add_layer_norm(x, r)
+    assert_close(y, ref.layer_norm(s_.astype(F64)), F32, scale=1.0)
+
+
 @pytest.mark.parametrize("H", [1, 7, 768, 1037])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_constant_sum_returns_bias_exactly(isa, dtype, H, rng):
@@ -226,3 +236,25 @@ def test_nan_inf_stay_in_their_row(isa, dtype, rng):
         assert not np.isfinite(y[i]).all()
     assert np.isfinite(y[good]).all() and np.isfinite(s[good]).all()
     assert_close(y[good], ref.layer_norm(x[good].astype(F64) + r[good]), dtype)
+
+
+_BIG_REF = {}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_streaming_sized(isa, dtype):
+    """y and s larger than the streaming-store threshold (48 MiB), incl. out=(x, residual)."""
+    x, r, w, b = big_inputs(dtype)
+    if dtype not in _BIG_REF:
+        _BIG_REF[dtype] = ref.add_layer_norm(x, r, w, b, return_stats=True)
+    ry, rs, rmean, rrstd = _BIG_REF[dtype]
+    y, s, mean, rstd = fastln.add_layer_norm(x, r, w, b, return_stats=True)
+    np.testing.assert_array_equal(s, x + r)
+    assert_close(y, ry, dtype)
+    assert_close(mean, rmean, dtype)
+    assert_close(rstd, rrstd, dtype)
+    xi, ri = x.copy(), r.copy()
+    yi, si = fastln.add_layer_norm(xi, ri, w, b, out=(xi, ri))
+    assert yi is xi and si is ri
+    np.testing.assert_array_equal(xi, y)
+    np.testing.assert_array_equal(ri, s)

@@ -4,9 +4,9 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (AFFINE, F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close,
-                   normalized_shape, params, randn, relayout, result_dtype, stats_dtype,
-                   stats_shape)
+from _util import (AFFINE, F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, big_inputs,
+                   normalized_shape, outlier_rows, params, randn, relayout, result_dtype,
+                   stats_dtype, stats_shape)
 
 HS = [1, 2, 7, 64, 768, 4099]
 ROWS = [0, 1, 5]
@@ -346,11 +346,40 @@ def test_large_offset_float32(isa, H, loc, rng):
     assert err <= 2e-5, err
 
 
+@pytest.mark.parametrize("k", [0.0, 3.0, 3.87, 3.95, 6.0, 30.0])
+def test_large_offset_first_element_k_sigma_out(isa, k, rng):
+    """The 1e-5 bound at mean 1e4, std 1, H=1024 also holds when x[0] sits k std from the mean
+    (the hard case for a variance computed around a shift of x[0])."""
+    H = 1024
+    z = rng.standard_normal((512, H))
+    z = (z - z.mean(axis=1, keepdims=True)) / z.std(axis=1, keepdims=True)
+    z[:, 0] = k
+    x = (z + 1e4).astype(F32)
+    err = np.max(np.abs(fastln.layer_norm(x).astype(F64) - ref.layer_norm(x.astype(F64))))
+    assert err <= 1e-5, err
+    x0 = z.astype(F32)                            # and without the offset
+    y, mean, rstd = fastln.layer_norm(x0, return_stats=True)
+    ry, rmean, rrstd = ref.layer_norm(x0.astype(F64), return_stats=True)
+    assert_close(y, ry, F32, scale=1.0)
+    assert_close(rstd, rrstd, F32, scale=1.0)
+
+
 def test_large_offset_float64(isa, rng):
     x = randn(rng, (64, 1024), F64, loc=1e4, scale=1.0)
     y = fastln.layer_norm(x)
     err = np.max(np.abs(y - ref.layer_norm(x)))
     assert err <= 1e-10, err
+
+
+@pytest.mark.parametrize("H", [64, 1024, 4099])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_outlier_first_element(isa, dtype, H, rng):
+    x = outlier_rows(rng, H, dtype)
+    y, mean, rstd = fastln.layer_norm(x, return_stats=True)
+    ry, rmean, rrstd = ref.layer_norm(x.astype(F64), return_stats=True)
+    assert_close(y, ry, dtype, scale=1.0, err_msg="y")
+    assert_close(rstd, rrstd, dtype, scale=1.0, err_msg="rstd")
+    assert_close(mean, rmean, dtype, err_msg="mean")
 
 
 CONSTANTS = [0.0, 1.0, 0.1, -7.77, 1e4 + 0.3, -3.3e-5, 1e30, 123456.789]
@@ -382,3 +411,22 @@ def test_constant_row_among_others(rng):
     y = fastln.layer_norm(x, None, b)
     np.testing.assert_array_equal(y[2], b)
     assert_close(y, ref.layer_norm(x, None, b), F32)
+
+
+_BIG_REF = {}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_streaming_sized(isa, dtype):
+    """Outputs larger than the streaming-store threshold (48 MiB), incl. in place."""
+    x, _, w, b = big_inputs(dtype)
+    if dtype not in _BIG_REF:
+        _BIG_REF[dtype] = ref.layer_norm(x, w, b, return_stats=True)
+    ry, rmean, rrstd = _BIG_REF[dtype]
+    y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+    assert_close(y, ry, dtype)
+    assert_close(mean, rmean, dtype)
+    assert_close(rstd, rrstd, dtype)
+    xi = x.copy()
+    assert fastln.layer_norm(xi, w, b, out=xi) is xi
+    np.testing.assert_array_equal(xi, y)

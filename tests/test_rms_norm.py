@@ -4,8 +4,8 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, normalized_shape,
-                   randn, relayout, result_dtype, stats_dtype, stats_shape)
+from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, big_inputs,
+                   normalized_shape, randn, relayout, result_dtype, stats_dtype, stats_shape)
 
 HS = [1, 2, 7, 64, 768, 4099]
 ROWS = [0, 1, 5]
@@ -194,3 +194,21 @@ def test_nan_inf_stay_in_their_row(isa, dtype, H, rng):
     ry, rr = ref.rms_norm(x[good].astype(F64), w, return_stats=True)
     assert_close(y[good], ry, dtype)
     assert_close(rstd[good], rr, dtype)
+
+
+_BIG_REF = {}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_streaming_sized(isa, dtype):
+    """Outputs larger than the streaming-store threshold (48 MiB), incl. in place."""
+    x, _, w, _ = big_inputs(dtype)
+    if dtype not in _BIG_REF:
+        _BIG_REF[dtype] = ref.rms_norm(x, w, return_stats=True)
+    ry, rrstd = _BIG_REF[dtype]
+    y, rstd = fastln.rms_norm(x, w, return_stats=True)
+    assert_close(y, ry, dtype)
+    assert_close(rstd, rrstd, dtype)
+    xi = x.copy()
+    assert fastln.rms_norm(xi, w, out=xi) is xi
+    np.testing.assert_array_equal(xi, y)

@@ -1,0 +1,97 @@
+"""Instruction-set dispatch: every path this CPU supports is selectable and agrees."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastln
+from fastln import reference as ref
+
+ALL_ISAS = ("avx512", "avx2", "generic")
+
+
+def test_supported_isas():
+    isas = fastln.supported_isas()
+    assert isinstance(isas, list)
+    assert "generic" in isas
+    assert set(isas) <= set(ALL_ISAS)
+    assert len(set(isas)) == len(isas)
+
+
+def test_current_isa_is_supported():
+    assert fastln.get_isa() in fastln.supported_isas()
+
+
+def test_default_is_best_supported():
+    """Without FASTLN_ISA the best path the CPU runs is chosen at import."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTLN_ISA"}
+    env["PYTHONPATH"] = _repo_root() + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [sys.executable, "-c", "import fastln; print(fastln.get_isa(), fastln.supported_isas())"],
+        env=env, cwd=_repo_root(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    isa = out.stdout.split()[0]
+    best = [i for i in ALL_ISAS if i in fastln.supported_isas()][0]
+    assert isa == best
+
+
+def _repo_root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(fastln.__file__)))
+
+
+@pytest.mark.parametrize("name", ALL_ISAS)
+def test_env_var_forces_path(name):
+    if name not in fastln.supported_isas():
+        pytest.skip("%s not supported on this CPU" % name)
+    env = dict(os.environ, FASTLN_ISA=name)
+    env["PYTHONPATH"] = _repo_root() + os.pathsep + env.get("PYTHONPATH", "")
+    code = ("import numpy as np, fastln; print(fastln.get_isa()); "
+            "x = np.arange(12.0).reshape(3, 4); print(float(abs(fastln.layer_norm(x)).sum()))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=_repo_root(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines[0] == name
+    expect = np.abs(ref.layer_norm(np.arange(12.0).reshape(3, 4))).sum()
+    np.testing.assert_allclose(float(lines[1]), expect)
+
+
+def test_set_isa_rejects_unknown_name():
+    before = fastln.get_isa()
+    with pytest.raises(ValueError):
+        fastln._core._set_isa("sse9000")
+    assert fastln.get_isa() == before
+
+
+def test_set_isa_rejects_unsupported_path():
+    missing = [i for i in ALL_ISAS if i not in fastln.supported_isas()]
+    if not missing:
+        pytest.skip("this CPU runs every path")
+    before = fastln.get_isa()
+    with pytest.raises(ValueError):
+        fastln._core._set_isa(missing[0])
+    assert fastln.get_isa() == before
+
+
+def test_isa_fixture_switches_path(isa):
+    assert fastln.get_isa() == isa
+
+
+def test_paths_agree(rng):
+    """All paths give the same answers up to rounding (each also checked vs reference elsewhere)."""
+    x = rng.standard_normal((64, 1037)).astype(np.float32)
+    w = rng.standard_normal(1037).astype(np.float32)
+    before = fastln.get_isa()
+    results = {}
+    try:
+        for name in fastln.supported_isas():
+            fastln._core._set_isa(name)
+            results[name] = (fastln.layer_norm(x, w, w), fastln.rms_norm(x, w))
+    finally:
+        fastln._core._set_isa(before)
+    base = results["generic"]
+    for name, res in results.items():
+        for a, b in zip(res, base):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5 * np.abs(w).max(), err_msg=name)

@@ -1,0 +1,108 @@
+"""Parity with torch.nn.functional.layer_norm / rms_norm, forward and autograd backward."""
+import numpy as np
+import pytest
+
+import fastln
+from _util import F32, F64, FLOAT_DTYPES, assert_close
+
+# (x shape, number of trailing normalized dims)
+CASES = [((1, 768), 1), ((32, 768), 1), ((5, 7, 64), 2), ((5, 7, 64), 1), ((3, 4099), 1)]
+
+
+def _axis(k):
+    return -1 if k == 1 else tuple(range(-k, 0))
+
+
+def _tensor(torch, a, grad=False):
+    t = torch.from_numpy(np.ascontiguousarray(a)).clone()
+    return t.requires_grad_(grad)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape,k", CASES, ids=repr)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_layer_norm_forward_backward(torch, dtype, shape, k, affine, rng):
+    F = torch.nn.functional
+    nshape = shape[len(shape) - k:]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    w = (1 + 0.5 * rng.standard_normal(nshape)).astype(dtype) if affine else None
+    b = rng.standard_normal(nshape).astype(dtype) if affine else None
+    eps = 1e-5
+    xt = _tensor(torch, x, True)
+    wt = _tensor(torch, w, True) if affine else None
+    bt = _tensor(torch, b, True) if affine else None
+    yt = F.layer_norm(xt, nshape, wt, bt, eps)
+    yt.backward(_tensor(torch, dy))
+
+    axis = _axis(k)
+    y, mean, rstd = fastln.layer_norm(x, w, b, axis=axis, eps=eps, return_stats=True)
+    assert y.dtype == dtype
+    assert_close(y, yt.detach().numpy(), dtype, err_msg="y")
+    dx, dw, db = fastln.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+    assert_close(dx, xt.grad.numpy(), dtype, err_msg="dx")
+    if affine:
+        assert_close(dw, wt.grad.numpy(), dtype, err_msg="dweight")
+        assert_close(db, bt.grad.numpy(), dtype, err_msg="dbias")
+    else:
+        # dweight/dbias are still returned: the grads torch gives an affine LN of ones/zeros
+        wt1 = torch.ones(nshape, dtype=xt.dtype, requires_grad=True)
+        bt1 = torch.zeros(nshape, dtype=xt.dtype, requires_grad=True)
+        F.layer_norm(_tensor(torch, x), nshape, wt1, bt1, eps).backward(_tensor(torch, dy))
+        assert_close(dw, wt1.grad.numpy(), dtype, err_msg="dweight")
+        assert_close(db, bt1.grad.numpy(), dtype, err_msg="dbias")
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape,k", CASES, ids=repr)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_rms_norm_forward_backward(torch, dtype, shape, k, affine, rng):
+    F = torch.nn.functional
+    nshape = shape[len(shape) - k:]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    w = (1 + 0.5 * rng.standard_normal(nshape)).astype(dtype) if affine else None
+    eps = 1e-6
+    xt = _tensor(torch, x, True)
+    wt = _tensor(torch, w, True) if affine else None
+    yt = F.rms_norm(xt, nshape, wt, eps)
+    yt.backward(_tensor(torch, dy))
+
+    axis = _axis(k)
+    y, rstd = fastln.rms_norm(x, w, axis=axis, eps=eps, return_stats=True)
+    assert y.dtype == dtype
+    assert_close(y, yt.detach().numpy(), dtype, err_msg="y")
+    dx, dw = fastln.rms_norm_backward(dy, x, rstd, w, axis=axis)
+    assert_close(dx, xt.grad.numpy(), dtype, err_msg="dx")
+    if affine:
+        assert_close(dw, wt.grad.numpy(), dtype, err_msg="dweight")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_add_layer_norm_matches_torch(torch, dtype, rng):
+    F = torch.nn.functional
+    x = rng.standard_normal((16, 768)).astype(dtype)
+    r = rng.standard_normal((16, 768)).astype(dtype)
+    w = (1 + rng.standard_normal(768)).astype(dtype)
+    b = rng.standard_normal(768).astype(dtype)
+    st = _tensor(torch, x) + _tensor(torch, r)
+    yt = F.layer_norm(st, (768,), _tensor(torch, w), _tensor(torch, b), 1e-5)
+    y, s = fastln.add_layer_norm(x, r, w, b)
+    np.testing.assert_array_equal(s, st.numpy())
+    assert_close(y, yt.numpy(), dtype)
+
+
+def test_stats_match_torch_native_layer_norm(torch, rng):
+    x = (rng.standard_normal((32, 768)) * 3 + 1).astype(F32)
+    _, mean_t, rstd_t = torch.native_layer_norm(_tensor(torch, x), (768,), None, None, 1e-5)
+    _, mean, rstd = fastln.layer_norm(x, return_stats=True)
+    assert_close(mean, mean_t.numpy().reshape(-1), F32)
+    assert_close(rstd, rstd_t.numpy().reshape(-1), F32)
+
+
+def test_large_offset_vs_torch_float64(torch, rng):
+    """float32 fastln at mean 1e4 is within 1e-5 of torch run in float64 on the same input."""
+    x = (rng.standard_normal((64, 1024)) + 1e4).astype(F32)
+    yt = torch.nn.functional.layer_norm(_tensor(torch, x.astype(F64)), (1024,), eps=1e-5)
+    y = fastln.layer_norm(x)
+    assert np.max(np.abs(y.astype(F64) - yt.numpy())) <= 1e-5
