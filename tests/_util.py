@@ -3,7 +3,10 @@
 Kept out of conftest.py so that tests can import them by name; conftest.py
 puts this directory on sys.path.
 """
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -180,3 +183,17 @@ def outlier_rows(rng, H, dtype):
     x[4] = x[4] * 1e-3 + 50.0
     x[4, 0] = 0.0
     return x
+
+
+def package_parent():
+    """The directory holding the fastln package under test (source tree or site-packages)."""
+    import fastln
+    return os.path.dirname(os.path.dirname(os.path.abspath(fastln.__file__)))
+
+
+def run_python(code, env=None):
+    """Runs ``python -c code`` importing the same fastln; returns the CompletedProcess."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = package_parent() + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=package_parent(),
+                          capture_output=True, text=True, timeout=120)

@@ -1,13 +1,12 @@
 """Instruction-set dispatch: every path this CPU supports is selectable and agrees."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import fastln
 from fastln import reference as ref
+from _util import run_python
 
 ALL_ISAS = ("avx512", "avx2", "generic")
 
@@ -27,18 +26,11 @@ def test_current_isa_is_supported():
 def test_default_is_best_supported():
     """Without FASTLN_ISA the best path the CPU runs is chosen at import."""
     env = {k: v for k, v in os.environ.items() if k != "FASTLN_ISA"}
-    env["PYTHONPATH"] = _repo_root() + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run(
-        [sys.executable, "-c", "import fastln; print(fastln.get_isa(), fastln.supported_isas())"],
-        env=env, cwd=_repo_root(), capture_output=True, text=True, timeout=120)
+    out = run_python("import fastln; print(fastln.get_isa(), fastln.supported_isas())", env)
     assert out.returncode == 0, out.stderr
     isa = out.stdout.split()[0]
     best = [i for i in ALL_ISAS if i in fastln.supported_isas()][0]
     assert isa == best
-
-
-def _repo_root():
-    return os.path.dirname(os.path.dirname(os.path.abspath(fastln.__file__)))
 
 
 @pytest.mark.parametrize("name", ALL_ISAS)
@@ -46,11 +38,9 @@ def test_env_var_forces_path(name):
     if name not in fastln.supported_isas():
         pytest.skip("%s not supported on this CPU" % name)
     env = dict(os.environ, FASTLN_ISA=name)
-    env["PYTHONPATH"] = _repo_root() + os.pathsep + env.get("PYTHONPATH", "")
     code = ("import numpy as np, fastln; print(fastln.get_isa()); "
             "x = np.arange(12.0).reshape(3, 4); print(float(abs(fastln.layer_norm(x)).sum()))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=_repo_root(),
-                         capture_output=True, text=True, timeout=120)
+    out = run_python(code, env)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert lines[0] == name
