@@ -193,6 +193,8 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
 
 /* ---- backward row ranges ----------------------------------------------- */
 
+#define GROUP 4   /* rows per backward sweep 2 */
+
 /* The per-row scalars of a backward: xhat = ((x - m) - dm) * r and
  * dx = r * (g - c1 - xhat * c2), g = dy * weight. RMSNorm is m = dm = c1 = 0. */
 typedef struct { T m, dm, r, c1, c2; } SFX(bwd_scalars);
@@ -250,44 +252,31 @@ static inline SFX(bwd_scalars) SFX(rms_bwd_scalars)(const T *xr, const T *gr, co
 }
 
 /* Sweep 2 over R rows at once: dx for each row, and one update of the
- * dweight/dbias partials for all R (R-fold less partial traffic). R and
- * has_b are constants after inlining. */
+ * dweight/dbias partials for all R (R-fold less partial traffic). All loads
+ * of a column come before its stores: dx may be x or dy, and rows H*sizeof(T)
+ * = 4096 bytes apart would otherwise make each load wait on the store before
+ * it (4K aliasing). R and has_b are constants after inlining. */
 static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
     int R, int has_b, T *const *dxr, const T *const *xr, const T *const *gr,
     const SFX(bwd_scalars) *sc, const T *w, T *pw, T *pb, int64_t H)
 {
-    if (w) {
 #pragma omp simd
-        for (int64_t i = 0; i < H; i++) {
-            T sw = 0, sb = 0;
-            for (int k = 0; k < R; k++) {
-                T g = gr[k][i];             /* read before dx is written: dx may be dy */
-                T xh = ((xr[k][i] - sc[k].m) - sc[k].dm) * sc[k].r;
-                sw = FMA(g, xh, sw);
-                sb += g;
-                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, g * w[i] - sc[k].c1);
-            }
-            pw[i] += sw;
-            if (has_b) pb[i] += sb;
+    for (int64_t i = 0; i < H; i++) {
+        T xv[GROUP], gv[GROUP], sw = 0, sb = 0, wi = w ? w[i] : (T)1;
+        for (int k = 0; k < R; k++) {
+            xv[k] = xr[k][i];
+            gv[k] = gr[k][i];
         }
-    } else {
-#pragma omp simd
-        for (int64_t i = 0; i < H; i++) {
-            T sw = 0, sb = 0;
-            for (int k = 0; k < R; k++) {
-                T g = gr[k][i];             /* read before dx is written: dx may be dy */
-                T xh = ((xr[k][i] - sc[k].m) - sc[k].dm) * sc[k].r;
-                sw = FMA(g, xh, sw);
-                sb += g;
-                dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, g - sc[k].c1);
-            }
-            pw[i] += sw;
-            if (has_b) pb[i] += sb;
+        for (int k = 0; k < R; k++) {
+            T xh = ((xv[k] - sc[k].m) - sc[k].dm) * sc[k].r;
+            sw = FMA(gv[k], xh, sw);
+            sb += gv[k];
+            dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, gv[k] * wi - sc[k].c1);
         }
+        pw[i] += sw;
+        if (has_b) pb[i] += sb;
     }
 }
-
-#define GROUP 4
 
 /* Backward over rows [r0, r1): LayerNorm when pb != NULL (adds dy*xhat to pw,
  * dy to pb), RMSNorm when pb == NULL. Rows go in groups of GROUP from r0, the
