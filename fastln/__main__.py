@@ -1,0 +1,153 @@
+"""``python -m fastln``: configuration, a self-check against fastln.reference, and a
+short benchmark against the peers installed (NumPy, PyTorch, ONNX Runtime).
+
+Exits with status 1 when the self-check fails. Takes under 30 s on two cores
+(``--quick``: about 10 s). The wider benchmark is bench/run.py.
+"""
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+import fastln
+from fastln import _bench, reference
+
+SHAPES = [(1, 768), (32, 768), (4096, 1024), (16384, 1024), (262144, 64)]
+
+# normwise error bound: max|got - ref| <= TOL * max(1, max|ref|), per output
+TOL = {np.float32: 2e-5, np.float64: 1e-11}
+CHECK_SHAPES = [(1, 768), (33, 1000), (4, 9, 64), (300, 4096)]
+
+
+def _err(got, want):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+    return float(np.max(np.abs(got - want), initial=0.0)) / scale
+
+
+def self_check():
+    """fastln against the float64 references; prints a line per function and dtype.
+    Returns (ok, results)."""
+    print("self-check against fastln.reference (float64); "
+          "error = max|fastln - ref| / max(1, max|ref|), worst over shapes "
+          + ", ".join(str(s) for s in CHECK_SHAPES), flush=True)
+    rng = np.random.default_rng(1234)
+    ok = True
+    results = []
+    for dtype in (np.float32, np.float64):
+        errs = {}   # (function, output) -> worst error
+
+        def note(fn, names, got, want):
+            for nm, g, r in zip(names, got, want):
+                errs[(fn, nm)] = max(errs.get((fn, nm), 0.0), _err(g, r))
+
+        for shape in CHECK_SHAPES:
+            H = shape[-1]
+            x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+            res = (rng.standard_normal(shape)).astype(dtype)
+            dy = rng.standard_normal(shape).astype(dtype)
+            w = (1 + 0.2 * rng.standard_normal(H)).astype(dtype)
+            b = (0.2 * rng.standard_normal(H)).astype(dtype)
+
+            y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+            note("layer_norm", ("y", "mean", "rstd"), (y, mean, rstd),
+                 reference.layer_norm(x, w, b, return_stats=True))
+            note("layer_norm_backward", ("dx", "dweight", "dbias"),
+                 fastln.layer_norm_backward(dy, x, mean, rstd, w),
+                 reference.layer_norm_backward(dy, x, mean, rstd, w))
+            yr, rr = fastln.rms_norm(x, w, eps=1e-6, return_stats=True)
+            note("rms_norm", ("y", "rstd"), (yr, rr),
+                 reference.rms_norm(x, w, eps=1e-6, return_stats=True))
+            note("rms_norm_backward", ("dx", "dweight"),
+                 fastln.rms_norm_backward(dy, x, rr, w),
+                 reference.rms_norm_backward(dy, x, rr, w))
+            note("add_layer_norm", ("y", "sum"), fastln.add_layer_norm(x, res, w, b),
+                 reference.add_layer_norm(x, res, w, b))
+
+        tol = TOL[dtype]
+        for fn in dict.fromkeys(k[0] for k in errs):
+            outs = [(nm, e) for (f, nm), e in errs.items() if f == fn]
+            passed = all(e <= tol for _, e in outs)
+            ok &= passed
+            detail = "  ".join(f"{nm} {e:.1e}" for nm, e in outs)
+            print(f"  {fn:<20} {np.dtype(dtype).name:<8} {detail:<46} "
+                  f"tol {tol:.0e}  {'PASS' if passed else 'FAIL'}", flush=True)
+            results.append({"function": fn, "dtype": np.dtype(dtype).name, "tol": tol,
+                            "errors": dict(outs), "pass": passed})
+    print(f"self-check: {'PASS' if ok else 'FAIL'}", flush=True)
+    return ok, results
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m fastln", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer samples (about 10 s in all)")
+    ap.add_argument("--threads", type=int, metavar="N",
+                    help="run fastln and the peers on N threads")
+    ap.add_argument("--json", metavar="PATH", help="write the results to PATH as JSON")
+    args = ap.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            ap.error("--threads must be >= 1")
+        fastln.set_num_threads(args.threads)
+
+    t_start = time.perf_counter()
+    info = _bench.machine_info()
+    v = info["versions"]
+    print(f"fastln {fastln.__version__} (python {v['python']}, numpy {v['numpy']})")
+    print(f"OpenMP: {'on' if info['openmp'] else 'off'}, threads: {info['threads']} "
+          f"(cpus: {info['cores']})")
+    print(f"ISA: {info['isa']} (supported: {', '.join(info['supported_isas'])})")
+    print(f"CPU: {info['cpu']}")
+    peers = [f"{p} {v[p]}" for p in ("torch", "onnxruntime") if v[p]]
+    missing = [p for p in ("torch", "onnxruntime") if not v[p]]
+    print("peers: numpy " + v["numpy"] + "".join(", " + p for p in peers)
+          + (f" (not installed: {', '.join(missing)})" if missing else ""), flush=True)
+    print()
+
+    ok, check = self_check()
+    print()
+
+    busy = _bench.cpu_busy()
+    info["cpu_busy_before"] = busy
+    print(f"benchmark: float32, {fastln.get_num_threads()} thread(s), medians of samples "
+          f"taken in turns{' (quick)' if args.quick else ''}", flush=True)
+    if busy is not None and busy > 0.2:
+        print(f"  warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
+              "timings (above all multithreaded ones) will be noisy", flush=True)
+    kw = (dict(repeats=5, budget=0.12, min_sample=1e-3) if args.quick
+          else dict(repeats=9, budget=0.4, min_sample=2e-3))
+    with _bench.OtherLoad() as load:
+        rows = _bench.run_grid(SHAPES, progress=lambda r: print(_bench.progress_line(r),
+                                                                flush=True), **kw)
+    info["cpu_other_load"] = load.fraction
+    print()
+    print("median us per call. fastln allocates its result like the peers; out= writes into a "
+          "preallocated array;\ncopy = fastln's parallel copy of x (the bandwidth ceiling); "
+          "vs P = fastln's speedup over P (t_P / t_fastln);\nfwd/copy, bwd/copy = out= "
+          "throughput as a fraction of the copy's (backward moves 3 arrays, the copy 2).")
+    for part, title in (("fwd", "forward"), ("bwd", "backward")):
+        print(f"\n{title}:")
+        print(_bench.format_table(rows, parts=(part,), detail=True), flush=True)
+    if load.fraction is not None:
+        print(f"other processes used {100 * load.fraction:.0f}% of the CPUs during the benchmark"
+              + ("; the timings are unreliable" if load.fraction > 0.1 else ""))
+    elapsed = time.perf_counter() - t_start
+    print(f"\n{'PASS' if ok else 'FAIL'} ({elapsed:.1f} s)")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "selfcheck": check, "rows": rows, "elapsed_s": elapsed},
+                      f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
