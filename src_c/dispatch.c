@@ -4,7 +4,6 @@
  */
 #include "internal.h"
 
-#include <stdio.h>
 
 /* Below this many elements a call stays serial: an OpenMP fork/join costs
  * microseconds, more than the whole kernel at small sizes (bench/threshold.py). */
@@ -109,20 +108,33 @@ static int threads_for(int64_t N, int64_t H)
     return nt < N ? nt : (int)N;
 }
 
+/* ---- streaming stores ---- */
+
+/* Whether a kernel writing N rows of H elements of elsize bytes should use
+ * non-temporal stores: the output is far larger than the cache and its rows
+ * fit the L1 staging buffer. */
+static int stream_for(int64_t N, int64_t H, size_t elsize)
+{
+    return (double)H * (double)elsize <= FASTLN_STREAM_ROW_BYTES &&
+           (double)N * (double)H * (double)elsize >= FASTLN_STREAM_BYTES;
+}
+
 /* ---- kernels ---- */
 
 int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
                           const float *weight, const float *bias, int64_t N, int64_t H,
                           double eps)
 {
-    return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H));
+    return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
+                            stream_for(N, H, sizeof(float)));
 }
 
 int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
                           const double *weight, const double *bias, int64_t N, int64_t H,
                           double eps)
 {
-    return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H));
+    return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
+                            stream_for(N, H, sizeof(double)));
 }
 
 int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, const float *dy,
@@ -130,7 +142,8 @@ int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, cons
                                    const float *weight, int64_t N, int64_t H)
 {
     return kt()->ln_bwd_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
-                            threads_for(N, H));
+                            threads_for(N, H),
+                            stream_for(N, H, sizeof(float)));
 }
 
 int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
@@ -139,7 +152,8 @@ int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
                                    int64_t H)
 {
     return kt()->ln_bwd_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
-                            threads_for(N, H));
+                            threads_for(N, H),
+                            stream_for(N, H, sizeof(double)));
 }
 
 int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, const float *x,
@@ -147,7 +161,8 @@ int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, cons
                               int64_t N, int64_t H, double eps)
 {
     return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
-                            threads_for(N, H));
+                            threads_for(N, H),
+                            stream_for(2 * N, H, sizeof(float)));
 }
 
 int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
@@ -155,32 +170,37 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
                               const double *bias, int64_t N, int64_t H, double eps)
 {
     return kt()->add_ln_f64(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
-                            threads_for(N, H));
+                            threads_for(N, H),
+                            stream_for(2 * N, H, sizeof(double)));
 }
 
 int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
                         int64_t N, int64_t H, double eps)
 {
-    return kt()->rms_f32(y, rstd, x, weight, N, H, eps, threads_for(N, H));
+    return kt()->rms_f32(y, rstd, x, weight, N, H, eps, threads_for(N, H),
+                            stream_for(N, H, sizeof(float)));
 }
 
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
                         int64_t N, int64_t H, double eps)
 {
-    return kt()->rms_f64(y, rstd, x, weight, N, H, eps, threads_for(N, H));
+    return kt()->rms_f64(y, rstd, x, weight, N, H, eps, threads_for(N, H),
+                            stream_for(N, H, sizeof(double)));
 }
 
 int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, const float *x,
                                  const float *rstd, const float *weight, int64_t N, int64_t H)
 {
-    return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H));
+    return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
+                            stream_for(N, H, sizeof(float)));
 }
 
 int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
                                  const double *x, const double *rstd, const double *weight,
                                  int64_t N, int64_t H)
 {
-    return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H));
+    return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
+                            stream_for(N, H, sizeof(double)));
 }
 
 /* ---- bandwidth ceiling for the benchmarks ---- */

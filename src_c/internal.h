@@ -18,10 +18,12 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #endif
 
 /* Outputs of at least this many bytes are written with non-temporal stores:
- * they are far larger than the last-level cache and would only evict it. */
+ * they are far larger than the last-level cache and would only evict it.
+ * Rows of at most FASTLN_STREAM_ROW_BYTES qualify (they are staged in L1). */
 #ifndef FASTLN_STREAM_BYTES
 #define FASTLN_STREAM_BYTES (48.0 * 1024 * 1024)
 #endif
+#define FASTLN_STREAM_ROW_BYTES 32768
 
 /* Rows per backward block: depends on N only, never on the thread count,
  * so that dweight/dbias are reduced in the same order on any thread count. */
@@ -32,30 +34,31 @@ static inline int64_t fastln_row_block(int64_t N)
 }
 
 /* One instruction-set path: the same kernels compiled for one target.
- * Sizes N, H; nt = threads to use (1 = serial, no OpenMP region). */
+ * Sizes N, H; nt = threads to use (1 = serial, no OpenMP region); the last
+ * argument, stream, asks for non-temporal stores of the outputs. */
 typedef struct {
     const char *name;
     int (*ln_f32)(float *, float *, float *, const float *, const float *, const float *,
-                  int64_t, int64_t, double, int);
+                  int64_t, int64_t, double, int, int);
     int (*ln_f64)(double *, double *, double *, const double *, const double *,
-                  const double *, int64_t, int64_t, double, int);
+                  const double *, int64_t, int64_t, double, int, int);
     int (*ln_bwd_f32)(float *, float *, float *, const float *, const float *,
-                      const float *, const float *, const float *, int64_t, int64_t, int);
+                      const float *, const float *, const float *, int64_t, int64_t, int, int);
     int (*ln_bwd_f64)(double *, double *, double *, const double *, const double *,
-                      const double *, const double *, const double *, int64_t, int64_t, int);
+                      const double *, const double *, const double *, int64_t, int64_t, int, int);
     int (*add_ln_f32)(float *, float *, float *, float *, const float *, const float *,
-                      const float *, const float *, int64_t, int64_t, double, int);
+                      const float *, const float *, int64_t, int64_t, double, int, int);
     int (*add_ln_f64)(double *, double *, double *, double *, const double *,
                       const double *, const double *, const double *, int64_t, int64_t,
-                      double, int);
+                      double, int, int);
     int (*rms_f32)(float *, float *, const float *, const float *, int64_t, int64_t,
-                   double, int);
+                   double, int, int);
     int (*rms_f64)(double *, double *, const double *, const double *, int64_t, int64_t,
-                   double, int);
+                   double, int, int);
     int (*rms_bwd_f32)(float *, float *, const float *, const float *, const float *,
-                       const float *, int64_t, int64_t, int);
+                       const float *, int64_t, int64_t, int, int);
     int (*rms_bwd_f64)(double *, double *, const double *, const double *, const double *,
-                       const double *, int64_t, int64_t, int);
+                       const double *, int64_t, int64_t, int, int);
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;

@@ -106,15 +106,9 @@ static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
 
 /* ---- forward row ranges ------------------------------------------------ */
 
-/* Rows of at most STREAM_MAX_H elements can be streamed: each is computed
- * into an L1 buffer and then written with non-temporal stores, so a
- * far-larger-than-cache output costs no read-for-ownership traffic. */
-#define STREAM_MAX_H ((int64_t)(32768 / sizeof(T)))
-
-static int SFX(use_stream)(int64_t N, int64_t H)
-{
-    return H <= STREAM_MAX_H && (double)N * (double)H * sizeof(T) >= FASTLN_STREAM_BYTES;
-}
+/* A streamed row is computed into an L1 buffer of STREAM_MAX_H elements and
+ * then written with non-temporal stores (the dispatcher decides when). */
+#define STREAM_MAX_H ((int64_t)(FASTLN_STREAM_ROW_BYTES / sizeof(T)))
 
 static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
                          int64_t r0, int64_t r1, int64_t H, double eps, int stream)
@@ -317,9 +311,8 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
 /* ---- drivers: split rows over threads ---------------------------------- */
 
 static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
-                           int64_t N, int64_t H, double eps, int nt)
+                           int64_t N, int64_t H, double eps, int nt, int stream)
 {
-    int stream = SFX(use_stream)(N, H);
     if (nt <= 1) {
         SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps, stream);
         return FASTLN_OK;
@@ -334,9 +327,8 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
 
 static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
                                const T *w, const T *b, int64_t N, int64_t H, double eps,
-                               int nt)
+                               int nt, int stream)
 {
-    int stream = SFX(use_stream)(2 * N, H);
     if (nt <= 1) {
         SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps, stream);
         return FASTLN_OK;
@@ -351,9 +343,8 @@ static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T
 }
 
 static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
-                         int64_t N, int64_t H, double eps, int nt)
+                         int64_t N, int64_t H, double eps, int nt, int stream)
 {
-    int stream = SFX(use_stream)(N, H);
     if (nt <= 1) {
         SFX(rms_rows)(y, rstd, x, w, 0, N, H, eps, stream);
         return FASTLN_OK;
@@ -409,11 +400,10 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t H,
  * block order: the result is bitwise the same on any number of threads. */
 static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                          const T *x, const T *mean, const T *rstd, const T *w,
-                         int64_t N, int64_t H, int nt)
+                         int64_t N, int64_t H, int nt, int stream)
 {
     int64_t rb = fastln_row_block(N), nblk = (N + rb - 1) / rb;
     int64_t np = db ? 2 : 1;                         /* partial vectors per block */
-    int stream = SFX(use_stream)(N, H);
     if (nblk == 0) {                                 /* no rows: zero gradients */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
@@ -447,15 +437,15 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
 
 static int SFX(layer_norm_backward)(T *dx, T *dw, T *db, const T *dy, const T *x,
                                     const T *mean, const T *rstd, const T *w,
-                                    int64_t N, int64_t H, int nt)
+                                    int64_t N, int64_t H, int nt, int stream)
 {
-    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt);
+    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt, stream);
 }
 
 static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T *rstd,
-                                  const T *w, int64_t N, int64_t H, int nt)
+                                  const T *w, int64_t N, int64_t H, int nt, int stream)
 {
-    return SFX(backward)(dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt);
+    return SFX(backward)(dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt, stream);
 }
 
 #undef NACC
