@@ -66,6 +66,19 @@ class BuildExt(build_ext):
             ext.extra_compile_args = cflags
             ext.extra_link_args = lflags
         super().build_extensions()
+        if not self.inplace:
+            self._copy_into_source_tree()
+
+    def _copy_into_source_tree(self):
+        """Also put the built extension in the checkout's package folder, so that
+        `python -m fastln` and `python -m pytest` run from the checkout (where
+        ./fastln shadows the installed package) import this same build."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        for ext in self.extensions:
+            built = self.get_ext_fullpath(ext.name)
+            target = os.path.join(here, *ext.name.split(".")[:-1], os.path.basename(built))
+            if os.path.abspath(built) != target and os.access(os.path.dirname(target), os.W_OK):
+                self.copy_file(built, target)
 
 
 ext = Extension(

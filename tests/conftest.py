@@ -16,19 +16,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def _test_the_installed_package():
-    """`python -m pytest` from the repository root puts the source tree first on
-    sys.path. Without a build in place (no fastln/_core*.so there, as after a
-    plain `pip install .`), drop it so that the installed package is tested."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    pkg = os.path.join(root, "fastln")
-    if any(f.startswith("_core") and f.endswith((".so", ".pyd")) for f in os.listdir(pkg)):
-        return
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != root]
-
-
-_test_the_installed_package()
-
 import fastln  # noqa: E402
 
 
