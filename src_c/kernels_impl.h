@@ -247,28 +247,32 @@ static inline SFX(bwd_scalars) SFX(rms_bwd_scalars)(const T *xr, const T *gr, co
 
 /* Sweep 2 over R rows at once: dx for each row, and one update of the
  * dweight/dbias partials for all R (R-fold less partial traffic). All loads
- * of a column come before its stores: dx may be x or dy, and rows H*sizeof(T)
- * = 4096 bytes apart would otherwise make each load wait on the store before
- * it (4K aliasing). R and has_b are constants after inlining. */
+ * of a column come before its stores: dx may be x or dy, and arrays at equal
+ * offsets modulo 4096 (as NumPy's large allocations are) would otherwise make
+ * loads wait on unrelated stores (4K aliasing). R and has_b are constants
+ * after inlining. */
 static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
     int R, int has_b, T *const *dxr, const T *const *xr, const T *const *gr,
     const SFX(bwd_scalars) *sc, const T *w, T *pw, T *pb, int64_t H)
 {
 #pragma omp simd
     for (int64_t i = 0; i < H; i++) {
-        T xv[GROUP], gv[GROUP], sw = 0, sb = 0, wi = w ? w[i] : (T)1;
+        T xv[GROUP], gv[GROUP], wi = w ? w[i] : (T)1;
+        T sw = pw[i], sb = has_b ? pb[i] : 0;
         for (int k = 0; k < R; k++) {
             xv[k] = xr[k][i];
             gv[k] = gr[k][i];
         }
+        T dxv[GROUP];
         for (int k = 0; k < R; k++) {
             T xh = ((xv[k] - sc[k].m) - sc[k].dm) * sc[k].r;
             sw = FMA(gv[k], xh, sw);
             sb += gv[k];
-            dxr[k][i] = sc[k].r * FMA(-xh, sc[k].c2, gv[k] * wi - sc[k].c1);
+            dxv[k] = sc[k].r * FMA(-xh, sc[k].c2, gv[k] * wi - sc[k].c1);
         }
-        pw[i] += sw;
-        if (has_b) pb[i] += sb;
+        pw[i] = sw;
+        if (has_b) pb[i] = sb;
+        for (int k = 0; k < R; k++) dxr[k][i] = dxv[k];
     }
 }
 
@@ -279,7 +283,11 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H,
                           int stream)
 {
-    T buf[stream ? GROUP * STREAM_MAX_H : 1];
+    /* dx rows are staged in buf when they fit (and copied out after the group):
+     * written in place, their stores stall the loads of x and dy, which sit at
+     * the same offsets modulo 4096 in NumPy's large allocations. */
+    int staged = H <= STREAM_MAX_H;
+    T buf[staged ? GROUP * STREAM_MAX_H : 1];
     for (int64_t n = r0; n < r1;) {
         int R = r1 - n >= GROUP ? GROUP : 1;
         T *dxr[GROUP];
@@ -288,7 +296,7 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
         for (int k = 0; k < R; k++) {
             xr[k] = x + (n + k) * H;
             gr[k] = dy + (n + k) * H;
-            dxr[k] = stream ? buf + k * H : dx + (n + k) * H;
+            dxr[k] = staged ? buf + k * H : dx + (n + k) * H;
             sc[k] = pb ? SFX(ln_bwd_scalars)(xr[k], gr[k], w, mean[n + k], rstd[n + k], H)
                        : SFX(rms_bwd_scalars)(xr[k], gr[k], w, rstd[n + k], H);
         }
@@ -300,9 +308,12 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
             SFX(bwd_sweep2)(1, 1, dxr, xr, gr, sc, w, pw, pb, H);
         else
             SFX(bwd_sweep2)(1, 0, dxr, xr, gr, sc, w, pw, pb, H);
-        if (stream)
-            for (int k = 0; k < R; k++)
+        for (int k = 0; staged && k < R; k++) {
+            if (stream)
                 stream_copy(dx + (n + k) * H, dxr[k], (size_t)H * sizeof(T));
+            else
+                memcpy(dx + (n + k) * H, dxr[k], (size_t)H * sizeof(T));
+        }
         n += R;
     }
     if (stream) stream_fence();
@@ -357,16 +368,25 @@ static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
     return FASTLN_OK;
 }
 
+/* Elements between partial vectors: H rounded up to a cache line, plus 1 KiB,
+ * so that dweight and dbias partials never sit at equal offsets modulo 4096
+ * (a store to one would stall the loads of the other: 4K aliasing). */
+static int64_t SFX(part_stride)(int64_t H)
+{
+    int64_t line = 64 / (int64_t)sizeof(T);
+    return (H + line - 1) / line * line + 1024 / (int64_t)sizeof(T);
+}
+
 /* Share t of p: the row blocks [k0, k1) with k0 = nblk*t/p, each into its own
  * partial sums part[k] = [dweight | dbias]. */
-static void SFX(bwd_blocks)(T *part, int64_t np, T *dx, const T *dy,
+static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, int stream,
                             int64_t t, int64_t p)
 {
     for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
-        T *pw = part + k * np * H, *pb = np == 2 ? pw + H : NULL;   /* block k's partials */
-        memset(pw, 0, (size_t)(np * H) * sizeof(T));
+        T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
+        memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
         SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stream);
     }
@@ -374,7 +394,7 @@ static void SFX(bwd_blocks)(T *part, int64_t np, T *dx, const T *dy,
 
 /* Share t of p of the columns: out_v[j] = sum over blocks k, in order, of
  * part[k][v][j], summed in double (v = 0: dweight, v = 1: dbias). */
-static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t H,
+static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps, int64_t H,
                             int64_t nblk, int64_t t, int64_t p)
 {
     int64_t nc = (H + 255) / 256;                     /* column chunks of 256 */
@@ -384,7 +404,7 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t H,
             double acc[256];
             for (int64_t j = j0; j < j1; j++) acc[j - j0] = 0;
             for (int64_t k = 0; k < nblk; k++) {
-                const T *pk = part + (k * np + v) * H;
+                const T *pk = part + (k * np + v) * ps;
 #pragma omp simd
                 for (int64_t j = j0; j < j1; j++) acc[j - j0] += (double)pk[j];
             }
@@ -409,26 +429,21 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
         if (db) memset(db, 0, (size_t)H * sizeof(T));
         return FASTLN_OK;
     }
-    if (nblk == 1) {                                 /* one block: its partials are the result */
-        memset(dw, 0, (size_t)H * sizeof(T));
-        if (db) memset(db, 0, (size_t)H * sizeof(T));
-        SFX(bwd_rows)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, stream);
-        return FASTLN_OK;
-    }
-    T *part = (T *)malloc((size_t)(nblk * np * H) * sizeof(T));
+    int64_t ps = SFX(part_stride)(H);
+    T *part = (T *)malloc((size_t)(nblk * np * ps) * sizeof(T));
     if (!part) return FASTLN_ENOMEM;
     if (nt > nblk) nt = (int)nblk;
     if (nt <= 1) {
-        SFX(bwd_blocks)(part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream, 0, 1);
-        SFX(bwd_reduce)(dw, db, part, np, H, nblk, 0, 1);
+        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream, 0, 1);
+        SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(bwd_blocks)(part, np, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream,
+            SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream,
                             t, p);
 #pragma omp barrier
-            SFX(bwd_reduce)(dw, db, part, np, H, nblk, t, p);
+            SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
         }
     }
     free(part);
