@@ -1,0 +1,15 @@
+"""README.md stays true: its API tour runs as written."""
+import os
+import re
+
+import pytest
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+@pytest.mark.skipif(not os.path.exists(README), reason="README.md not next to tests/")
+def test_api_tour_runs():
+    with open(README, encoding="utf-8") as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert blocks, "README.md has no python block"
+    exec(compile(blocks[0], "README.md", "exec"), {})
