@@ -24,9 +24,7 @@ def openmp_flags(compiler):
     """(compile, link) flags for OpenMP, or None when a test program fails to build."""
     if os.environ.get("FASTLN_NO_OPENMP") == "1":
         return None
-    if compiler.compiler_type == "msvc":
-        candidates = [(["/openmp"], [])]
-    elif sys.platform == "darwin":
+    if sys.platform == "darwin":
         candidates = [(["-Xpreprocessor", "-fopenmp"], ["-lomp"]), (["-fopenmp"], ["-fopenmp"])]
     else:
         candidates = [(["-fopenmp"], ["-fopenmp"])]
@@ -48,12 +46,10 @@ def openmp_flags(compiler):
 
 class BuildExt(build_ext):
     def build_extensions(self):
-        if self.compiler.compiler_type == "msvc":
-            cflags = ["/O2"]
-        else:
-            cflags = ["-O3", "-fopenmp-simd", "-Wno-unused-function"]
-            if os.environ.get("FASTLN_NATIVE") == "1":
-                cflags.append("-march=native")
+        # GCC or clang: the kernels use target attributes and __atomic builtins
+        cflags = ["-O3", "-fopenmp-simd", "-Wno-unused-function"]
+        if os.environ.get("FASTLN_NATIVE") == "1":
+            cflags.append("-march=native")
         omp = openmp_flags(self.compiler)
         if omp is None:
             warnings.warn("fastln: OpenMP was not found; building serial kernels "

@@ -7,6 +7,7 @@ kernels in fastln._core, and puts the results back in the caller's shape and
 dtype (or into ``out``). Every error a user can trigger is raised here, and
 names the argument at fault.
 """
+import numbers
 import operator
 
 import numpy as np
@@ -46,10 +47,9 @@ def _result_dtype(a, kernel_dtype):
 
 
 def _check_eps(eps):
-    try:
-        e = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}") from None
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    e = float(eps)
     if not np.isfinite(e) or e < 0:
         raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
     return e
@@ -186,7 +186,8 @@ def layer_norm(x, weight, bias, axis, eps, out, return_stats):
     L = _Rows(x, axis)
     w = L.param(weight, "weight", kt)
     b = L.param(bias, "bias", kt)
-    y, finish, (xr,) = L.output(out, "out", _result_dtype(x, kt), kt, [L.rows(x, kt)])
+    y, finish, (xr, w, b) = L.output(out, "out", _result_dtype(x, kt), kt,
+                                     [L.rows(x, kt), w, b])
     mean = np.empty(L.N, kt) if return_stats else None
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._layer_norm_rows(xr, w, b, eps, y, mean, rstd)
@@ -203,8 +204,8 @@ def layer_norm_backward(dy, x, mean, rstd, weight, axis, out):
     m = L.stats(mean, "mean", kt)
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    dx, finish, (dyr, xr) = L.output(out, "out", _result_dtype(x, kt), kt,
-                                     [L.rows(dy, kt), L.rows(x, kt)])
+    dx, finish, (dyr, xr, m, r, w) = L.output(out, "out", _result_dtype(x, kt), kt,
+                                              [L.rows(dy, kt), L.rows(x, kt), m, r, w])
     dw, db = np.empty(L.H, kt), np.empty(L.H, kt)
     _core._layer_norm_backward_rows(dyr, xr, m, r, w, dx, dw, db)
     return finish(), dw.reshape(L.norm_shape), db.reshape(L.norm_shape)
@@ -215,7 +216,7 @@ def rms_norm(x, weight, axis, eps, out, return_stats):
     eps = _check_eps(eps)
     L = _Rows(x, axis)
     w = L.param(weight, "weight", kt)
-    y, finish, (xr,) = L.output(out, "out", _result_dtype(x, kt), kt, [L.rows(x, kt)])
+    y, finish, (xr, w) = L.output(out, "out", _result_dtype(x, kt), kt, [L.rows(x, kt), w])
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._rms_norm_rows(xr, w, eps, y, rstd)
     if not return_stats:
@@ -230,8 +231,8 @@ def rms_norm_backward(dy, x, rstd, weight, axis, out):
     L.check_shape(dy, "dy")
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    dx, finish, (dyr, xr) = L.output(out, "out", _result_dtype(x, kt), kt,
-                                     [L.rows(dy, kt), L.rows(x, kt)])
+    dx, finish, (dyr, xr, r, w) = L.output(out, "out", _result_dtype(x, kt), kt,
+                                           [L.rows(dy, kt), L.rows(x, kt), r, w])
     dw = np.empty(L.H, kt)
     _core._rms_norm_backward_rows(dyr, xr, r, w, dx, dw)
     return finish(), dw.reshape(L.norm_shape)
@@ -253,9 +254,11 @@ def add_layer_norm(x, residual, weight, bias, axis, eps, out, return_stats):
         out_y, out_s = out
     else:
         raise TypeError("out must be an ndarray (for y) or a tuple (y_out, s_out)")
-    inputs = [L.rows(x, kt), L.rows(residual, kt)]
+    if out_y is not None and out_s is not None and np.may_share_memory(out_y, out_s):
+        raise ValueError("out: the y and s buffers overlap")
+    inputs = [L.rows(x, kt), L.rows(residual, kt), w, b]
     y, finish_y, inputs = L.output(out_y, "out", rdt, kt, inputs)
-    s, finish_s, (xr, rr) = L.output(out_s, "out[1]", rdt, kt, inputs)
+    s, finish_s, (xr, rr, w, b) = L.output(out_s, "out[1]", rdt, kt, inputs)
     mean = np.empty(L.N, kt) if return_stats else None
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._add_layer_norm_rows(xr, rr, w, b, eps, y, s, mean, rstd)

@@ -48,6 +48,7 @@ cdef extern from "fastln.h" nogil:
                                      const double *x, const double *rstd,
                                      const double *weight, int64_t N, int64_t H)
     void fastln_set_num_threads(int n)
+    int fastln_get_requested_threads()
     int fastln_get_num_threads()
     int fastln_has_openmp()
     const char *fastln_get_isa()
@@ -92,15 +93,26 @@ cdef inline bint _same_shape(cnp.ndarray a, cnp.ndarray b, int nd) noexcept:
             return False
     return True
 
-cdef inline bint _fast_out(object out, cnp.ndarray x, int tn) noexcept:
+cdef inline bint _fast_out(object out, cnp.ndarray x, int tn, object others=()) noexcept:
     """out is None, or a writable fast array of x's shape that is x itself or
-    does not overlap it."""
+    does not overlap it, and overlaps none of the (fast or None) others."""
     if out is None:
         return True
     if not (_fast(out, tn) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out)
             and _same_shape(x, <cnp.ndarray>out, cnp.PyArray_NDIM(x))):
         return False
-    return not _overlap_partly(<cnp.ndarray>out, x)
+    if _overlap_partly(<cnp.ndarray>out, x):
+        return False
+    for a in others:
+        if a is not None and _overlap_any(<cnp.ndarray>out, <cnp.ndarray>a):
+            return False
+    return True
+
+cdef inline bint _overlap_any(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """Contiguous a and b share any byte."""
+    cdef char *pa = <char *>cnp.PyArray_DATA(a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(b)
+    return pa < pb + cnp.PyArray_NBYTES(b) and pb < pa + cnp.PyArray_NBYTES(a)
 
 cdef inline bint _overlap_partly(cnp.ndarray a, cnp.ndarray b) noexcept:
     """Contiguous a and b share memory without being the same buffer."""
@@ -113,8 +125,8 @@ cdef inline bint _overlap_partly(cnp.ndarray a, cnp.ndarray b) noexcept:
 cdef inline bint _fast_eps(object eps) noexcept:
     return type(eps) is float and isfinite(<double>eps) and <double>eps >= 0.0
 
-cdef inline bint _last_axis(object axis, int nd) noexcept:
-    return type(axis) is int and (<long>axis == -1 or <long>axis == nd - 1)
+cdef inline bint _last_axis(object axis, int nd):
+    return type(axis) is int and (axis == -1 or axis == nd - 1)
 
 cdef inline cnp.ndarray _empty_like(cnp.ndarray x, int nd, int tn):
     """An uninitialized array with the first nd dimensions of x."""
@@ -124,8 +136,10 @@ cdef inline void *_ptr(object a) noexcept:
     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
 
 cdef inline int _check(int rc) except -1:
-    if rc != 0:
+    if rc == 1:
         raise MemoryError("fastln: could not allocate scratch memory")
+    if rc != 0:
+        raise ValueError("fastln: invalid sizes")
     return 0
 
 
@@ -133,10 +147,25 @@ cdef inline int _check(int rc) except -1:
 # Used by the fast paths below and by fastln._api. Every argument is a
 # C-contiguous array of one float type: x, y, dy, dx, s of N*H elements, mean
 # and rstd of N, weight, bias, dweight, dbias of H. The callers establish
-# this; _rows_ok re-checks it so that no caller can make a kernel write past
-# a buffer.
+# this; the _*_rows wrappers re-check it (_rows_ok) so that no caller can make
+# a kernel read or write past a buffer.
 
-cdef int _rows_ok(int tn, int64_t N, int64_t H, rows, stats, vecs) except -1:
+cdef int _rows_ok(x, outs, opt_outs, rows, stats, vecs) except -1:
+    """x: 2-D (N, H), H >= 1, float32/64; outs: writable, not None; opt_outs:
+    writable where not None; rows, stats, vecs (None where optional): N*H, N
+    and H elements of x's type. Returns x's type number."""
+    if not (_float_type(x) >= 0 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+            and cnp.PyArray_DIM(<cnp.ndarray>x, 1) >= 1):
+        raise ValueError("internal: x must be a C-contiguous 2-D float array with H >= 1")
+    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+    for a in outs:
+        if a is None:
+            raise ValueError("internal: a required output is missing")
+    for a in tuple(outs) + tuple(opt_outs):
+        if a is not None and not (type(a) is cnp.ndarray
+                                  and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a)):
+            raise ValueError("internal: outputs must be writable arrays")
     for a in rows:
         if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == N * H):
             raise ValueError("internal: bad row array")
@@ -146,7 +175,7 @@ cdef int _rows_ok(int tn, int64_t N, int64_t H, rows, stats, vecs) except -1:
     for a in vecs:
         if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == H):
             raise ValueError("internal: bad parameter array")
-    return 0
+    return tn
 
 
 cdef int _ln(int tn, y, mean, rstd, x, w, b, int64_t N, int64_t H, double eps) except -1:
@@ -255,38 +284,39 @@ cdef int _rms_bwd(int tn, dx, dw, dy, x, rstd, w, int64_t N, int64_t H) except -
 
 def _layer_norm_rows(x, w, b, double eps, y, mean, rstd):
     """layer_norm on canonical (N, H) arrays; see the section comment."""
-    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
-    _rows_ok(tn, N, H, (x, y), (mean, rstd), (w, b))
-    _ln(tn, y, mean, rstd, x, w, b, N, H, eps)
+    cdef int tn = _rows_ok(x, (y,), (mean, rstd), (y,), (mean, rstd), (w, b))
+    _ln(tn, y, mean, rstd, x, w, b, cnp.PyArray_DIM(<cnp.ndarray>x, 0),
+        cnp.PyArray_DIM(<cnp.ndarray>x, 1), eps)
 
 
 def _layer_norm_backward_rows(dy, x, mean, rstd, w, dx, dw, db):
-    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
-    _rows_ok(tn, N, H, (dy, x, dx), (mean, rstd), (w, dw, db))
-    _ln_bwd(tn, dx, dw, db, dy, x, mean, rstd, w, N, H)
+    if mean is None or rstd is None or dy is None:
+        raise ValueError("internal: dy, mean and rstd are required")
+    cdef int tn = _rows_ok(x, (dx, dw, db), (), (dy, dx), (mean, rstd), (w, dw, db))
+    _ln_bwd(tn, dx, dw, db, dy, x, mean, rstd, w, cnp.PyArray_DIM(<cnp.ndarray>x, 0),
+            cnp.PyArray_DIM(<cnp.ndarray>x, 1))
 
 
 def _add_layer_norm_rows(x, res, w, b, double eps, y, s, mean, rstd):
-    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
-    _rows_ok(tn, N, H, (x, res, y, s), (mean, rstd), (w, b))
-    _add_ln(tn, y, s, mean, rstd, x, res, w, b, N, H, eps)
+    if res is None:
+        raise ValueError("internal: residual is required")
+    cdef int tn = _rows_ok(x, (y, s), (mean, rstd), (res, y, s), (mean, rstd), (w, b))
+    _add_ln(tn, y, s, mean, rstd, x, res, w, b, cnp.PyArray_DIM(<cnp.ndarray>x, 0),
+            cnp.PyArray_DIM(<cnp.ndarray>x, 1), eps)
 
 
 def _rms_norm_rows(x, w, double eps, y, rstd):
-    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
-    _rows_ok(tn, N, H, (x, y), (rstd,), (w,))
-    _rms(tn, y, rstd, x, w, N, H, eps)
+    cdef int tn = _rows_ok(x, (y,), (rstd,), (y,), (rstd,), (w,))
+    _rms(tn, y, rstd, x, w, cnp.PyArray_DIM(<cnp.ndarray>x, 0),
+         cnp.PyArray_DIM(<cnp.ndarray>x, 1), eps)
 
 
 def _rms_norm_backward_rows(dy, x, rstd, w, dx, dw):
-    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
-    _rows_ok(tn, N, H, (dy, x, dx), (rstd,), (w, dw))
-    _rms_bwd(tn, dx, dw, dy, x, rstd, w, N, H)
+    if rstd is None or dy is None:
+        raise ValueError("internal: dy and rstd are required")
+    cdef int tn = _rows_ok(x, (dx, dw), (), (dy, dx), (rstd,), (w, dw))
+    _rms_bwd(tn, dx, dw, dy, x, rstd, w, cnp.PyArray_DIM(<cnp.ndarray>x, 0),
+             cnp.PyArray_DIM(<cnp.ndarray>x, 1))
 
 
 # ---- public functions: fast path, else fastln._api -------------------------
@@ -315,7 +345,8 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
         Where to write y: x's shape and y's dtype, writable. May be ``x``.
     return_stats : bool, default False
         Also return ``mean`` and ``rstd = 1/sqrt(var + eps)``, of x's shape
-        without the normalized axes (float32 for float32 input, else float64).
+        without the normalized axes (float64 for float64 and integer input,
+        else float32).
 
     Returns
     -------
@@ -330,7 +361,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
         if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
-                and _fast_vec(bias, tn, H) and _fast_out(out, xa, tn)):
+                and _fast_vec(bias, tn, H) and _fast_out(out, xa, tn, (weight, bias))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
                 _ln(tn, y, None, None, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
@@ -368,7 +399,7 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
         if (H > 0 and _last_axis(axis, nd) and _fast(dy, tn) and _same_shape(xa, dy, nd)
                 and _fast(mean, tn) and _same_shape(xa, mean, nd - 1)
                 and _fast(rstd, tn) and _same_shape(xa, rstd, nd - 1)
-                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn)
+                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn, (mean, rstd, weight))
                 and not (out is not None and _overlap_partly(<cnp.ndarray>out, dy))):
             dx = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             dw = cnp.PyArray_EMPTY(1, &H, tn, 0)
@@ -393,7 +424,7 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
         if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
-                and _fast_out(out, xa, tn)):
+                and _fast_out(out, xa, tn, (weight,))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
                 _rms(tn, y, None, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
@@ -421,7 +452,7 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
         H = cnp.PyArray_DIM(xa, nd - 1)
         if (H > 0 and _last_axis(axis, nd) and _fast(dy, tn) and _same_shape(xa, dy, nd)
                 and _fast(rstd, tn) and _same_shape(xa, rstd, nd - 1)
-                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn)
+                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn, (rstd, weight))
                 and not (out is not None and _overlap_partly(<cnp.ndarray>out, dy))):
             dx = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             dw = cnp.PyArray_EMPTY(1, &H, tn, 0)
@@ -472,6 +503,10 @@ def get_num_threads():
 
 def set_num_threads(int n):
     fastln_set_num_threads(n)
+
+def get_requested_threads():
+    """The last count given to set_num_threads, or 0 for the OpenMP default."""
+    return fastln_get_requested_threads()
 
 def has_openmp():
     """Whether this build of fastln has OpenMP (else every call is serial)."""

@@ -86,8 +86,10 @@ class LayerNorm(_Norm):
     dtype : dtype
         Parameter dtype.
 
-    ``forward(x)`` (or calling the layer) keeps what ``backward(dy)`` needs;
-    ``backward`` returns dx and fills ``grads`` ("weight", "bias").
+    ``forward(x)`` (or calling the layer) keeps what ``backward(dy)`` needs:
+    a reference to x (not a copy, so x must not change in between) and the
+    row statistics. ``backward`` returns dx and fills ``grads`` ("weight",
+    "bias"), float32 for float16 parameters.
     """
 
     _param_names = ("weight", "bias")

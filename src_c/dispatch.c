@@ -75,8 +75,15 @@ int fastln_set_isa(const char *name)
 
 /* ---- threads ---- */
 
-static int g_num_threads = 0;   /* 0: the OpenMP default */
-static int g_default_threads = 0;
+static int g_num_threads = 0;   /* from fastln_set_num_threads; 0: the OpenMP default */
+static int g_initial_max = 0;   /* omp_get_max_threads() when the library was loaded */
+
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((constructor)) static void capture_initial_max(void)
+{
+    g_initial_max = omp_get_max_threads();
+}
+#endif
 
 int fastln_has_openmp(void)
 {
@@ -89,17 +96,20 @@ int fastln_has_openmp(void)
 
 void fastln_set_num_threads(int n)
 {
-    if (__atomic_load_n(&g_default_threads, __ATOMIC_RELAXED) == 0)
-        __atomic_store_n(&g_default_threads, omp_get_max_threads(), __ATOMIC_RELAXED);
     __atomic_store_n(&g_num_threads, n > 0 ? n : 0, __ATOMIC_RELAXED);
-    /* also the calling thread's OpenMP default, which threadpoolctl reads and limits */
-    omp_set_num_threads(n > 0 ? n : __atomic_load_n(&g_default_threads, __ATOMIC_RELAXED));
+}
+
+int fastln_get_requested_threads(void)
+{
+    return __atomic_load_n(&g_num_threads, __ATOMIC_RELAXED);
 }
 
 int fastln_get_num_threads(void)
 {
     int m = omp_get_max_threads(), n = __atomic_load_n(&g_num_threads, __ATOMIC_RELAXED);
-    return n > 0 && n < m ? n : m;
+    if (n <= 0) return m;
+    /* a limit set on this thread after load (threadpoolctl, omp_set_num_threads) caps it */
+    return m < g_initial_max && m < n ? m : n;
 }
 
 /* Threads for a call on N rows of H elements: 1 below the work threshold. */
@@ -127,6 +137,7 @@ int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
                           const float *weight, const float *bias, int64_t N, int64_t H,
                           double eps)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
                             stream_for(N, H, sizeof(float)));
 }
@@ -135,6 +146,7 @@ int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x
                           const double *weight, const double *bias, int64_t N, int64_t H,
                           double eps)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
                             stream_for(N, H, sizeof(double)));
 }
@@ -143,6 +155,7 @@ int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, cons
                                    const float *x, const float *mean, const float *rstd,
                                    const float *weight, int64_t N, int64_t H)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_bwd_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
                             threads_for(N, H),
                             stream_for(N, H, sizeof(float)));
@@ -153,6 +166,7 @@ int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
                                    const double *rstd, const double *weight, int64_t N,
                                    int64_t H)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_bwd_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
                             threads_for(N, H),
                             stream_for(N, H, sizeof(double)));
@@ -162,6 +176,7 @@ int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, cons
                               const float *residual, const float *weight, const float *bias,
                               int64_t N, int64_t H, double eps)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
                             threads_for(N, H),
                             stream_for(2 * N, H, sizeof(float)));
@@ -171,6 +186,7 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
                               const double *x, const double *residual, const double *weight,
                               const double *bias, int64_t N, int64_t H, double eps)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->add_ln_f64(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
                             threads_for(N, H),
                             stream_for(2 * N, H, sizeof(double)));
@@ -179,6 +195,7 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
 int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
                         int64_t N, int64_t H, double eps)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_f32(y, rstd, x, weight, N, H, eps, threads_for(N, H),
                             stream_for(N, H, sizeof(float)));
 }
@@ -186,6 +203,7 @@ int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weig
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
                         int64_t N, int64_t H, double eps)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_f64(y, rstd, x, weight, N, H, eps, threads_for(N, H),
                             stream_for(N, H, sizeof(double)));
 }
@@ -193,6 +211,7 @@ int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *
 int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, const float *x,
                                  const float *rstd, const float *weight, int64_t N, int64_t H)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
                             stream_for(N, H, sizeof(float)));
 }
@@ -201,6 +220,7 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
                                  const double *x, const double *rstd, const double *weight,
                                  int64_t N, int64_t H)
 {
+    if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
                             stream_for(N, H, sizeof(double)));
 }

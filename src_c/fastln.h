@@ -17,8 +17,9 @@
  *
  * Outputs come first in every signature, then inputs, then sizes.
  * An output may alias an input of the same shape exactly (in place), never
- * partially. Every function returns 0, or FASTLN_ENOMEM when scratch memory
- * could not be allocated. All functions are thread-safe and may be called
+ * partially, and never weight, bias, mean or rstd. N >= 0 and H >= 1. Every
+ * function returns FASTLN_OK (0), FASTLN_EINVAL for bad sizes, or
+ * FASTLN_ENOMEM when scratch memory could not be allocated. All functions are thread-safe and may be called
  * concurrently; each runs its own OpenMP team.
  *
  * Results are bitwise identical for any thread count: dweight and dbias are
@@ -34,7 +35,8 @@ extern "C" {
 #endif
 
 #define FASTLN_OK 0
-#define FASTLN_ENOMEM 1
+#define FASTLN_ENOMEM 1   /* scratch memory could not be allocated */
+#define FASTLN_EINVAL 2   /* N < 0 or H < 1 */
 
 /* ---- LayerNorm ---- */
 int fastln_layer_norm_f32(float *y, float *mean, float *rstd,
@@ -80,10 +82,15 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight,
                                  const double *weight, int64_t N, int64_t H);
 
 /* ---- Threads ---- */
-/* n > 0 sets the thread count for later calls (and the calling thread's
- * OpenMP default); n <= 0 returns to the OpenMP default. */
+/* n > 0: later calls use n threads (process-wide); n <= 0: the OpenMP default,
+ * omp_get_max_threads(). The OpenMP setting itself is left alone. */
 void fastln_set_num_threads(int n);
-/* Threads a large call would use now: min(set count, omp_get_max_threads()). */
+/* The last n > 0 given to fastln_set_num_threads, or 0. */
+int fastln_get_requested_threads(void);
+/* Threads a large call would use now: the requested count, or the OpenMP
+ * default; where the calling thread's OpenMP limit was lowered after the
+ * library loaded (threadpoolctl's threadpool_limits, omp_set_num_threads),
+ * that limit caps it. Small calls run on one thread whatever this says. */
 int fastln_get_num_threads(void);
 int fastln_has_openmp(void);
 

@@ -92,12 +92,53 @@ static inline void SFX(normalize_row)(T *y, const T *x, const T *w, const T *b,
 }
 
 /* Finishes one LayerNorm row given sum(x - shift): variance sweep, then y. */
+/* The whole LayerNorm row in double, straight from x: for float rows whose
+ * float statistics overflow or underflow (|x| beyond about 1e19 or below
+ * about 1e-19), where the fast path would lose them. */
+static void SFX(ln_row_double)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                               int64_t H, double eps)
+{
+    double s = 0, ss = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < H; i++) s += (double)x[i];
+    double m = s / (double)H;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < H; i++) ss += ((double)x[i] - m) * ((double)x[i] - m);
+    double r = 1.0 / sqrt(ss / (double)H + eps);
+    if (mean) *mean = (T)m;
+    if (rstd) *rstd = (T)r;
+    for (int64_t i = 0; i < H; i++)
+        y[i] = (T)(((double)x[i] - m) * r * (w ? (double)w[i] : 1.0) + (b ? (double)b[i] : 0.0));
+}
+
+/* 1 when some x[i] differs from c */
+static inline int SFX(any_differs)(const T *x, int64_t H, T c)
+{
+    int d = 0;
+#pragma omp simd reduction(| : d)
+    for (int64_t i = 0; i < H; i++) d |= x[i] != c;
+    return d;
+}
+
+/* Whether float statistics may have lost the row: a mean square m2 of the
+ * values d_i = x_i - c that is not finite (overflow, or NaN/inf in x), tiny
+ * enough for squares to underflow, or 0 although some d_i is not. */
+static inline int SFX(stats_suspect)(double m2, const T *x, int64_t H, T c)
+{
+    if (sizeof(T) != 4 || (m2 >= 1e-30 && m2 <= 1e30)) return 0;
+    return m2 != 0 || SFX(any_differs)(x, H, c);
+}
+
 static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
                                       const T *w, const T *b, int64_t H, double eps,
                                       T shift, double sum_d)
 {
     T dm = (T)(sum_d / (double)H);
     double var = SFX(sumsq_centered)(x, H, shift, dm) / (double)H;
+    if (SFX(stats_suspect)(var, x, H, shift) || !isfinite(sum_d)) {
+        SFX(ln_row_double)(y, mean, rstd, x, w, b, H, eps);
+        return;
+    }
     T r = (T)(1.0 / sqrt(var + eps));
     if (mean) *mean = (T)((double)shift + (double)dm);
     if (rstd) *rstd = r;
@@ -106,14 +147,14 @@ static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
 
 /* ---- forward row ranges ------------------------------------------------ */
 
-/* A streamed row is computed into an L1 buffer of STREAM_MAX_H elements and
- * then written with non-temporal stores (the dispatcher decides when). */
-#define STREAM_MAX_H ((int64_t)(FASTLN_STREAM_ROW_BYTES / sizeof(T)))
+/* Streaming: with buf != NULL (the dispatcher asked for non-temporal stores
+ * and the driver gave each thread H elements of scratch per output), a row is
+ * computed into buf while it is in L1 and then streamed out. */
 
 static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
-                         int64_t r0, int64_t r1, int64_t H, double eps, int stream)
+                         int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
 {
-    T buf[stream ? STREAM_MAX_H : 1];
+    int stream = buf != NULL;
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H;   /* row n of x */
         T *yr = stream ? buf : y + n * H;
@@ -127,9 +168,10 @@ static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
 
 static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
                              const T *w, const T *b, int64_t r0, int64_t r1, int64_t H,
-                             double eps, int stream)
+                             double eps, T *buf)
 {
-    T sbuf[stream ? STREAM_MAX_H : 1], ybuf[stream ? STREAM_MAX_H : 1];
+    int stream = buf != NULL;
+    T *sbuf = buf, *ybuf = stream ? buf + H : NULL;
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H, *rr = res + n * H;
         T *sr = stream ? sbuf : s + n * H, *yr = stream ? ybuf : y + n * H;
@@ -164,13 +206,18 @@ static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *
 }
 
 static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
-                          int64_t r0, int64_t r1, int64_t H, double eps, int stream)
+                          int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
 {
-    T buf[stream ? STREAM_MAX_H : 1];
+    int stream = buf != NULL;
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H;
         T *yr = stream ? buf : y + n * H;
         double ss = SFX(sumsq_centered)(xr, H, 0, 0);
+        if (SFX(stats_suspect)(ss / (double)H, xr, H, 0)) {   /* float squares over/underflowed */
+            ss = 0;
+#pragma omp simd reduction(+ : ss)
+            for (int64_t i = 0; i < H; i++) ss += (double)xr[i] * (double)xr[i];
+        }
         T r = (T)(1.0 / sqrt(ss / (double)H + eps));
         if (rstd) rstd[n] = r;
         if (w) {
@@ -188,6 +235,9 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
 /* ---- backward row ranges ----------------------------------------------- */
 
 #define GROUP 4   /* rows per backward sweep 2 */
+/* dx rows are staged (and can be streamed) up to this length: the group's
+ * staging rows then stay within L1/L2 */
+#define STAGE_MAX_H ((int64_t)(FASTLN_STREAM_ROW_BYTES / sizeof(T)))
 
 /* The per-row scalars of a backward: xhat = ((x - m) - dm) * r and
  * dx = r * (g - c1 - xhat * c2), g = dy * weight. RMSNorm is m = dm = c1 = 0. */
@@ -281,13 +331,13 @@ static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
  * rest one by one: the order of the partial sums depends on r0, r1 only. */
 static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H,
-                          int stream)
+                          T *buf, int stream)
 {
-    /* dx rows are staged in buf when they fit (and copied out after the group):
-     * written in place, their stores stall the loads of x and dy, which sit at
-     * the same offsets modulo 4096 in NumPy's large allocations. */
-    int staged = H <= STREAM_MAX_H;
-    T buf[staged ? GROUP * STREAM_MAX_H : 1];
+    /* With buf (GROUP*H elements), dx rows are staged there and copied out
+     * after the group (streamed when asked): written in place, their stores
+     * stall the loads of x and dy, which sit at the same offsets modulo 4096
+     * in NumPy's large allocations. */
+    int staged = buf != NULL;
     for (int64_t n = r0; n < r1;) {
         int R = r1 - n >= GROUP ? GROUP : 1;
         T *dxr[GROUP];
@@ -321,18 +371,24 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
 
 /* ---- drivers: split rows over threads ---------------------------------- */
 
+/* Per-thread staging rows of n elements for streaming stores, or NULL (no
+ * streaming; also when the allocation fails, which only costs speed). */
+static T *SFX(stream_scratch)(int stream, int nt, int64_t n)
+{
+    return stream ? (T *)malloc((size_t)(nt * n) * sizeof(T)) : NULL;
+}
+
 static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
                            int64_t N, int64_t H, double eps, int nt, int stream)
 {
-    if (nt <= 1) {
-        SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps, stream);
-        return FASTLN_OK;
-    }
-#pragma omp parallel num_threads(nt)
+    T *scratch = SFX(stream_scratch)(stream, nt, H);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps, stream);
+        SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps,
+                     scratch ? scratch + t * H : NULL);
     }
+    free(scratch);
     return FASTLN_OK;
 }
 
@@ -340,55 +396,52 @@ static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T
                                const T *w, const T *b, int64_t N, int64_t H, double eps,
                                int nt, int stream)
 {
-    if (nt <= 1) {
-        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps, stream);
-        return FASTLN_OK;
-    }
-#pragma omp parallel num_threads(nt)
+    T *scratch = SFX(stream_scratch)(stream, nt, 2 * H);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
         SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H, eps,
-                         stream);
+                         scratch ? scratch + t * 2 * H : NULL);
     }
+    free(scratch);
     return FASTLN_OK;
 }
 
 static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
                          int64_t N, int64_t H, double eps, int nt, int stream)
 {
-    if (nt <= 1) {
-        SFX(rms_rows)(y, rstd, x, w, 0, N, H, eps, stream);
-        return FASTLN_OK;
-    }
-#pragma omp parallel num_threads(nt)
+    T *scratch = SFX(stream_scratch)(stream, nt, H);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps, stream);
+        SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps,
+                      scratch ? scratch + t * H : NULL);
     }
+    free(scratch);
     return FASTLN_OK;
 }
 
-/* Elements between partial vectors: H rounded up to a cache line, plus 1 KiB,
- * so that dweight and dbias partials never sit at equal offsets modulo 4096
- * (a store to one would stall the loads of the other: 4K aliasing). */
+/* Elements between partial vectors: H rounded up to a cache line, plus 1 KiB
+ * where that is a multiple of 4 KiB, so that dweight and dbias partials never
+ * sit at equal offsets modulo 4096 (4K aliasing). */
 static int64_t SFX(part_stride)(int64_t H)
 {
-    int64_t line = 64 / (int64_t)sizeof(T);
-    return (H + line - 1) / line * line + 1024 / (int64_t)sizeof(T);
+    int64_t line = 64 / (int64_t)sizeof(T), ps = (H + line - 1) / line * line;
+    return ps * (int64_t)sizeof(T) % 4096 == 0 ? ps + 1024 / (int64_t)sizeof(T) : ps;
 }
 
 /* Share t of p: the row blocks [k0, k1) with k0 = nblk*t/p, each into its own
  * partial sums part[k] = [dweight | dbias]. */
 static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
-                            int64_t N, int64_t H, int64_t rb, int64_t nblk, int stream,
-                            int64_t t, int64_t p)
+                            int64_t N, int64_t H, int64_t rb, int64_t nblk, T *stage,
+                            int stream, int64_t t, int64_t p)
 {
     for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
         T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
         memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
-        SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stream);
+        SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage, stream);
     }
 }
 
@@ -433,19 +486,17 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     T *part = (T *)malloc((size_t)(nblk * np * ps) * sizeof(T));
     if (!part) return FASTLN_ENOMEM;
     if (nt > nblk) nt = (int)nblk;
-    if (nt <= 1) {
-        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream, 0, 1);
-        SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
-    } else {
-#pragma omp parallel num_threads(nt)
-        {
-            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stream,
-                            t, p);
+    /* per-thread staging rows for dx (optional: NULL writes dx in place) */
+    T *stage = H <= STAGE_MAX_H ? (T *)malloc((size_t)(nt * GROUP * H) * sizeof(T)) : NULL;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
+                        stage ? stage + t * GROUP * H : NULL, stage && stream, t, p);
 #pragma omp barrier
-            SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
-        }
+        SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
     }
+    free(stage);
     free(part);
     return FASTLN_OK;
 }
@@ -465,5 +516,5 @@ static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T
 
 #undef NACC
 #undef CHUNK
-#undef STREAM_MAX_H
+#undef STAGE_MAX_H
 #undef GROUP

@@ -1,0 +1,126 @@
+"""Hazards found in review: small thread stacks, out= sharing memory with other
+arguments, thread-count state, the private row wrappers, extreme magnitudes."""
+import threading
+
+import numpy as np
+import pytest
+
+import fastln
+from fastln import _core
+from fastln import reference as ref
+
+
+def test_backward_on_a_thread_with_a_small_stack():
+    x = np.random.default_rng(0).random((64, 768)).astype(np.float32)
+    _, m, r = fastln.layer_norm(x, return_stats=True)
+    result = {}
+
+    def work():
+        result["dx"] = fastln.layer_norm_backward(np.ones_like(x), x, m, r)[0]
+        result["y"] = fastln.add_layer_norm(x, x)[0]
+
+    old = threading.stack_size(128 << 10)
+    try:
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old)
+    want = ref.layer_norm_backward(np.ones_like(x), x, m, r)[0]
+    np.testing.assert_allclose(result["dx"], want, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_out_overlapping_weight(dtype):
+    buf = (np.random.default_rng(1).standard_normal((4, 8)) + 2).astype(dtype)
+    x0, w0 = buf.copy(), buf[0].copy()
+    y = fastln.layer_norm(buf, buf[0], buf[1], out=buf)
+    assert y is buf
+    np.testing.assert_allclose(y, ref.layer_norm(x0, w0, x0[1]), atol=1e-5)
+
+
+def test_out_overlapping_rstd_in_backward():
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+    _, m, r = fastln.layer_norm(x, return_stats=True)
+    o = np.zeros((8, 8))
+    o[0] = r
+    dx = fastln.layer_norm_backward(dy, x, m, o[0], out=o)[0]
+    np.testing.assert_allclose(dx, ref.layer_norm_backward(dy, x, m, r)[0], atol=1e-12)
+    o = np.zeros((8, 8))
+    o[0] = r
+    dx = fastln.rms_norm_backward(dy, x, o[0], out=o)[0]
+    np.testing.assert_allclose(dx, ref.rms_norm_backward(dy, x, r)[0], atol=1e-12)
+
+
+def test_add_layer_norm_overlapping_outputs_raise():
+    rng = np.random.default_rng(3)
+    x, r = rng.standard_normal((4, 8)), rng.standard_normal((4, 8))
+    buf = np.zeros((5, 8))
+    with pytest.raises(ValueError, match="out"):
+        fastln.add_layer_norm(x, r, out=(buf[1:], buf[:-1]))
+
+
+def test_threads_inside_threadpool_limits_leave_no_trace():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if not fastln.has_openmp():
+        pytest.skip("built without OpenMP")
+    before = fastln.get_num_threads()
+    with threadpoolctl.threadpool_limits(1, "openmp"):
+        with fastln.threads(2):
+            assert fastln.get_num_threads() == 1
+    with fastln.threads(2):
+        assert fastln.get_num_threads() == 2
+    assert fastln.get_num_threads() == before
+
+
+def test_private_row_wrappers_check_their_arguments():
+    x = np.ones((4, 8), np.float32)
+    ro = np.frombuffer(bytes(128), np.float32).reshape(4, 8)
+    bad = [
+        lambda: _core._layer_norm_rows(x, None, None, 1e-5, None, None, None),
+        lambda: _core._layer_norm_rows([[1.0, 2.0]], None, None, 1e-5, None, None, None),
+        lambda: _core._layer_norm_rows(x, None, None, 1e-5, ro, None, None),
+        lambda: _core._layer_norm_rows(x, None, None, 1e-5, np.empty((4, 7), np.float32),
+                                       None, None),
+        lambda: _core._layer_norm_backward_rows(x, x, None, np.ones(4, np.float32), None,
+                                                x.copy(), None, None),
+        lambda: _core._rms_norm_backward_rows(x, x, None, None, x.copy(), None),
+    ]
+    for call in bad:
+        with pytest.raises(ValueError):
+            call()
+
+
+@pytest.mark.parametrize("row", [
+    [1e20, -1e20, 0, 5e19],       # float32 squares overflow
+    [3e38, -3e38, 1, 2],          # x - x[0] overflows
+    [1e-30, -1e-30, 2e-30, 5e-31],  # float32 squares underflow
+])
+def test_float32_extreme_magnitudes(isa, row):
+    x = np.array([row, [1.0, 2.0, 3.0, 4.0]], np.float32)
+    for eps in (0.0, 1e-5):
+        np.testing.assert_allclose(fastln.layer_norm(x, eps=eps), ref.layer_norm(x, eps=eps),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(fastln.rms_norm(x, eps=eps), ref.rms_norm(x, eps=eps),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_constant_and_zero_rows_stay_exact(isa):
+    x = np.zeros((3, 64), np.float32)
+    x[1] = 7.25
+    b = np.random.default_rng(4).standard_normal(64).astype(np.float32)
+    np.testing.assert_array_equal(fastln.layer_norm(x, None, b), np.broadcast_to(b, x.shape))
+    np.testing.assert_array_equal(fastln.rms_norm(x[[0]]), np.zeros((1, 64), np.float32))
+
+
+@pytest.mark.parametrize("eps", ["1e-5", True, None])
+def test_eps_must_be_a_real_number(eps):
+    with pytest.raises(TypeError, match="eps"):
+        fastln.layer_norm(np.ones((2, 3)), eps=eps)
+
+
+def test_huge_axis_is_a_clean_error(capfd):
+    with pytest.raises(ValueError, match="axis"):
+        fastln.layer_norm(np.ones((2, 3)), axis=2 ** 70)
+    assert "Exception ignored" not in capfd.readouterr().err
