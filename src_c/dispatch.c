@@ -125,10 +125,10 @@ static int threads_for(int64_t N, int64_t H)
 /* Whether a kernel writing N rows of H elements of elsize bytes should use
  * non-temporal stores: the output is far larger than the cache and its rows
  * fit the L1 staging buffer. */
-static int stream_for(int64_t N, int64_t H, size_t elsize)
+static int stream_for(int64_t N, int64_t H, size_t elsize, double min_bytes)
 {
     return (double)H * (double)elsize <= FASTLN_STREAM_ROW_BYTES &&
-           (double)N * (double)H * (double)elsize >= FASTLN_STREAM_BYTES;
+           (double)N * (double)H * (double)elsize >= min_bytes;
 }
 
 /* ---- kernels ---- */
@@ -139,7 +139,7 @@ int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(float)));
+                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES));
 }
 
 int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
@@ -148,7 +148,7 @@ int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(double)));
+                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES));
 }
 
 int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, const float *dy,
@@ -158,7 +158,7 @@ int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, cons
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_bwd_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
                             threads_for(N, H),
-                            stream_for(N, H, sizeof(float)));
+                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES_BWD));
 }
 
 int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
@@ -169,7 +169,7 @@ int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_bwd_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
                             threads_for(N, H),
-                            stream_for(N, H, sizeof(double)));
+                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES_BWD));
 }
 
 int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, const float *x,
@@ -179,7 +179,7 @@ int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, cons
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
                             threads_for(N, H),
-                            stream_for(2 * N, H, sizeof(float)));
+                            stream_for(2 * N, H, sizeof(float), FASTLN_STREAM_BYTES));
 }
 
 int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
@@ -189,7 +189,7 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->add_ln_f64(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
                             threads_for(N, H),
-                            stream_for(2 * N, H, sizeof(double)));
+                            stream_for(2 * N, H, sizeof(double), FASTLN_STREAM_BYTES));
 }
 
 int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
@@ -197,7 +197,7 @@ int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weig
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_f32(y, rstd, x, weight, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(float)));
+                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES));
 }
 
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
@@ -205,7 +205,7 @@ int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_f64(y, rstd, x, weight, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(double)));
+                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES));
 }
 
 int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, const float *x,
@@ -213,7 +213,7 @@ int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, con
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
-                            stream_for(N, H, sizeof(float)));
+                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES_BWD));
 }
 
 int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
@@ -222,7 +222,7 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
-                            stream_for(N, H, sizeof(double)));
+                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES_BWD));
 }
 
 /* ---- bandwidth ceiling for the benchmarks ---- */

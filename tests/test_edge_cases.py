@@ -124,3 +124,22 @@ def test_huge_axis_is_a_clean_error(capfd):
     with pytest.raises(ValueError, match="axis"):
         fastln.layer_norm(np.ones((2, 3)), axis=2 ** 70)
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_backward_streaming_size(isa, dtype):
+    """dx of 8 MiB or more is written with streaming stores; odd H exercises
+    the unaligned head and tail of each row."""
+    rng = np.random.default_rng(5)
+    shape = (2100, 1030) if dtype == np.float32 else (1050, 1030)
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    w = (1 + 0.3 * rng.standard_normal(shape[1])).astype(dtype)
+    _, m, r = fastln.layer_norm(x, w, return_stats=True)
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    got, want = fastln.layer_norm_backward(dy, x, m, r, w), ref.layer_norm_backward(dy, x, m, r, w)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, atol=tol * max(1.0, np.abs(e).max()))
+    got, want = fastln.rms_norm_backward(dy, x, r, w), ref.rms_norm_backward(dy, x, r, w)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, atol=tol * max(1.0, np.abs(e).max()))
