@@ -235,9 +235,6 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
 /* ---- backward row ranges ----------------------------------------------- */
 
 #define GROUP 4   /* rows per backward sweep 2 */
-/* dx rows are staged (and can be streamed) up to this length: the group's
- * staging rows then stay within L1/L2 */
-#define STAGE_MAX_H ((int64_t)(FASTLN_STREAM_ROW_BYTES / sizeof(T)))
 
 /* The per-row scalars of a backward: xhat = ((x - m) - dm) * r and
  * dx = r * (g - c1 - xhat * c2), g = dy * weight. RMSNorm is m = dm = c1 = 0. */
@@ -331,13 +328,11 @@ static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
  * rest one by one: the order of the partial sums depends on r0, r1 only. */
 static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H,
-                          T *buf, int stream)
+                          T *buf)
 {
-    /* With buf (GROUP*H elements), dx rows are staged there and copied out
-     * after the group (streamed when asked): written in place, their stores
-     * stall the loads of x and dy, which sit at the same offsets modulo 4096
-     * in NumPy's large allocations. */
-    int staged = buf != NULL;
+    /* With buf (GROUP*H elements), dx rows are computed there and streamed
+     * out after the group with non-temporal stores. */
+    int stream = buf != NULL;
     for (int64_t n = r0; n < r1;) {
         int R = r1 - n >= GROUP ? GROUP : 1;
         T *dxr[GROUP];
@@ -346,7 +341,7 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
         for (int k = 0; k < R; k++) {
             xr[k] = x + (n + k) * H;
             gr[k] = dy + (n + k) * H;
-            dxr[k] = staged ? buf + k * H : dx + (n + k) * H;
+            dxr[k] = stream ? buf + k * H : dx + (n + k) * H;
             sc[k] = pb ? SFX(ln_bwd_scalars)(xr[k], gr[k], w, mean[n + k], rstd[n + k], H)
                        : SFX(rms_bwd_scalars)(xr[k], gr[k], w, rstd[n + k], H);
         }
@@ -358,12 +353,8 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
             SFX(bwd_sweep2)(1, 1, dxr, xr, gr, sc, w, pw, pb, H);
         else
             SFX(bwd_sweep2)(1, 0, dxr, xr, gr, sc, w, pw, pb, H);
-        for (int k = 0; staged && k < R; k++) {
-            if (stream)
-                stream_copy(dx + (n + k) * H, dxr[k], (size_t)H * sizeof(T));
-            else
-                memcpy(dx + (n + k) * H, dxr[k], (size_t)H * sizeof(T));
-        }
+        for (int k = 0; stream && k < R; k++)
+            stream_copy(dx + (n + k) * H, dxr[k], (size_t)H * sizeof(T));
         n += R;
     }
     if (stream) stream_fence();
@@ -382,11 +373,15 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
                            int64_t N, int64_t H, double eps, int nt, int stream)
 {
     T *scratch = SFX(stream_scratch)(stream, nt, H);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps,
-                     scratch ? scratch + t * H : NULL);
+    if (nt <= 1) {          /* no OpenMP region at all: even an if(0) one costs a microsecond */
+        SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps, scratch);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+            SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps,
+                         scratch ? scratch + t * H : NULL);
+        }
     }
     free(scratch);
     return FASTLN_OK;
@@ -397,11 +392,15 @@ static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T
                                int nt, int stream)
 {
     T *scratch = SFX(stream_scratch)(stream, nt, 2 * H);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H, eps,
-                         scratch ? scratch + t * 2 * H : NULL);
+    if (nt <= 1) {
+        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps, scratch);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+            SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H,
+                             eps, scratch ? scratch + t * 2 * H : NULL);
+        }
     }
     free(scratch);
     return FASTLN_OK;
@@ -411,11 +410,15 @@ static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
                          int64_t N, int64_t H, double eps, int nt, int stream)
 {
     T *scratch = SFX(stream_scratch)(stream, nt, H);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps,
-                      scratch ? scratch + t * H : NULL);
+    if (nt <= 1) {
+        SFX(rms_rows)(y, rstd, x, w, 0, N, H, eps, scratch);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+            SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps,
+                          scratch ? scratch + t * H : NULL);
+        }
     }
     free(scratch);
     return FASTLN_OK;
@@ -435,13 +438,13 @@ static int64_t SFX(part_stride)(int64_t H)
 static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, T *stage,
-                            int stream, int64_t t, int64_t p)
+                            int64_t t, int64_t p)
 {
     for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
         T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
         memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
-        SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage, stream);
+        SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage);
     }
 }
 
@@ -486,15 +489,21 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     T *part = (T *)malloc((size_t)(nblk * np * ps) * sizeof(T));
     if (!part) return FASTLN_ENOMEM;
     if (nt > nblk) nt = (int)nblk;
-    /* per-thread staging rows for dx (optional: NULL writes dx in place) */
-    T *stage = H <= STAGE_MAX_H ? (T *)malloc((size_t)(nt * GROUP * H) * sizeof(T)) : NULL;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
-                        stage ? stage + t * GROUP * H : NULL, stage && stream, t, p);
+    /* per-thread staging rows for streamed dx (NULL: dx is written in place,
+     * also when the allocation fails, which only costs speed) */
+    T *stage = stream ? (T *)malloc((size_t)(nt * GROUP * H) * sizeof(T)) : NULL;
+    if (nt <= 1) {
+        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, 0, 1);
+        SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+            SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
+                            stage ? stage + t * GROUP * H : NULL, t, p);
 #pragma omp barrier
-        SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
+            SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
+        }
     }
     free(stage);
     free(part);
@@ -516,5 +525,4 @@ static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T
 
 #undef NACC
 #undef CHUNK
-#undef STAGE_MAX_H
 #undef GROUP
