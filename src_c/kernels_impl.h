@@ -485,6 +485,12 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
         if (db) memset(db, 0, (size_t)H * sizeof(T));
         return FASTLN_OK;
     }
+    if (nblk == 1 && !stream) {                      /* one block: sums straight into dw, db */
+        memset(dw, 0, (size_t)H * sizeof(T));
+        if (db) memset(db, 0, (size_t)H * sizeof(T));
+        SFX(bwd_rows)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL);
+        return FASTLN_OK;
+    }
     int64_t ps = SFX(part_stride)(H);
     T *part = (T *)malloc((size_t)(nblk * np * ps) * sizeof(T));
     if (!part) return FASTLN_ENOMEM;
