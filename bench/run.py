@@ -106,8 +106,10 @@ def main(argv=None):
     rows = []
     with _bench.OtherLoad() as load:
         for n in nthreads:
+            # peers first: torch may share fastln's libgomp, and its
+            # set_num_threads sets the OpenMP limit that fastln honours
+            _bench.set_peer_threads(n)
             with fastln.threads(n):
-                _bench.set_peer_threads(fastln.get_num_threads())
                 print(f"{fastln.get_num_threads()} thread(s):", flush=True)
                 for i, (N, H) in enumerate(SHAPES):
                     row = _bench.bench_shape(N, H, **kw)

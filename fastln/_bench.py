@@ -418,8 +418,9 @@ def run_grid(shapes, *, threads=None, progress=None, **kw):
     (None: the current setting). ``progress(row)`` is called after each row."""
     rows = []
     for n in (threads or [None]):
+        if n is not None:
+            set_peer_threads(n)   # first: torch may share fastln's libgomp (see bench/run.py)
         with fastln.threads(n) if n is not None else contextlib.nullcontext():
-            set_peer_threads(fastln.get_num_threads())
             for N, H in shapes:
                 row = bench_shape(N, H, **kw)
                 rows.append(row)

@@ -9,8 +9,9 @@ def get_num_threads():
 
     It is the count given to :func:`set_num_threads`, else OpenMP's default
     (``OMP_NUM_THREADS``, or the number of CPUs). A limit set later on the
-    calling thread, such as threadpoolctl's ``threadpool_limits(1, "openmp")``,
-    caps it. Small calls run on one thread whatever this says.
+    calling thread, such as threadpoolctl's ``threadpool_limits(1, "openmp")``
+    (or ``torch.set_num_threads`` where torch shares fastln's libgomp), caps
+    it. Small calls run on one thread whatever this says.
     """
     return _core.get_num_threads()
 

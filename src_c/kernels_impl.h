@@ -91,7 +91,6 @@ static inline void SFX(normalize_row)(T *y, const T *x, const T *w, const T *b,
     }
 }
 
-/* Finishes one LayerNorm row given sum(x - shift): variance sweep, then y. */
 /* The whole LayerNorm row in double, straight from x: for float rows whose
  * float statistics overflow or underflow (|x| beyond about 1e19 or below
  * about 1e-19), where the fast path would lose them. */
@@ -129,6 +128,7 @@ static inline int SFX(stats_suspect)(double m2, const T *x, int64_t H, T c)
     return m2 != 0 || SFX(any_differs)(x, H, c);
 }
 
+/* Finishes one LayerNorm row given sum(x - shift): variance sweep, then y. */
 static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
                                       const T *w, const T *b, int64_t H, double eps,
                                       T shift, double sum_d)
