@@ -361,7 +361,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
         if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
-                and _fast_vec(bias, tn, H) and _fast_out(out, xa, tn, (weight, bias))):
+                and _fast_vec(bias, tn, H) and (out is None or _fast_out(out, xa, tn, (weight, bias)))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
                 _ln(tn, y, None, None, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
@@ -399,7 +399,7 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
         if (H > 0 and _last_axis(axis, nd) and _fast(dy, tn) and _same_shape(xa, dy, nd)
                 and _fast(mean, tn) and _same_shape(xa, mean, nd - 1)
                 and _fast(rstd, tn) and _same_shape(xa, rstd, nd - 1)
-                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn, (mean, rstd, weight))
+                and _fast_vec(weight, tn, H) and (out is None or _fast_out(out, xa, tn, (mean, rstd, weight)))
                 and not (out is not None and _overlap_partly(<cnp.ndarray>out, dy))):
             dx = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             dw = cnp.PyArray_EMPTY(1, &H, tn, 0)
@@ -424,7 +424,7 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
         if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
-                and _fast_out(out, xa, tn, (weight,))):
+                and (out is None or _fast_out(out, xa, tn, (weight,)))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
                 _rms(tn, y, None, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
@@ -452,7 +452,7 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
         H = cnp.PyArray_DIM(xa, nd - 1)
         if (H > 0 and _last_axis(axis, nd) and _fast(dy, tn) and _same_shape(xa, dy, nd)
                 and _fast(rstd, tn) and _same_shape(xa, rstd, nd - 1)
-                and _fast_vec(weight, tn, H) and _fast_out(out, xa, tn, (rstd, weight))
+                and _fast_vec(weight, tn, H) and (out is None or _fast_out(out, xa, tn, (rstd, weight)))
                 and not (out is not None and _overlap_partly(<cnp.ndarray>out, dy))):
             dx = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             dw = cnp.PyArray_EMPTY(1, &H, tn, 0)
