@@ -26,10 +26,14 @@
 /* acc[0] + ... + acc[NACC-1] as a vector reduction, not a serial chain */
 static inline T SFX(hsum)(const T *acc)
 {
+#ifdef HSUM_BY_COMPILER
     T s = 0;
 #pragma omp simd reduction(+ : s)
     for (int k = 0; k < NACC; k++) s += acc[k];
     return s;
+#else
+    return HSUM(acc);
+#endif
 }
 
 /* sum over the row of (x[i] - shift) */

@@ -52,6 +52,42 @@ static void stream_copy(void *dst, const void *src, size_t nbytes) { memcpy(dst,
 static void stream_fence(void) {}
 #endif
 
+/* Horizontal sum of the 4 * VEC_BYTES bytes of accumulators of the kernels
+ * (four vector registers): add the four, then reduce one register. The
+ * generic path leaves the reduction to the compiler. */
+#if defined(FASTLN_X86) && VEC_BYTES == 64
+static inline float hsum_f32(const float *a)
+{
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)),
+                             _mm512_add_ps(_mm512_loadu_ps(a + 32), _mm512_loadu_ps(a + 48)));
+    return _mm512_reduce_add_ps(s);
+}
+static inline double hsum_f64(const double *a)
+{
+    __m512d s = _mm512_add_pd(_mm512_add_pd(_mm512_loadu_pd(a), _mm512_loadu_pd(a + 8)),
+                              _mm512_add_pd(_mm512_loadu_pd(a + 16), _mm512_loadu_pd(a + 24)));
+    return _mm512_reduce_add_pd(s);
+}
+#elif defined(FASTLN_X86) && VEC_BYTES == 32
+static inline float hsum_f32(const float *a)
+{
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8)),
+                             _mm256_add_ps(_mm256_loadu_ps(a + 16), _mm256_loadu_ps(a + 24)));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+static inline double hsum_f64(const double *a)
+{
+    __m256d s = _mm256_add_pd(_mm256_add_pd(_mm256_loadu_pd(a), _mm256_loadu_pd(a + 4)),
+                              _mm256_add_pd(_mm256_loadu_pd(a + 8), _mm256_loadu_pd(a + 12)));
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+#else
+#define HSUM_BY_COMPILER 1
+#endif
+
 #if ISA_HAS_FMA
 #define FMA_f32(a, b, c) __builtin_fmaf((a), (b), (c))
 #define FMA_f64(a, b, c) __builtin_fma((a), (b), (c))
@@ -63,18 +99,22 @@ static void stream_fence(void) {}
 #define T float
 #define SFX(f) CAT3(f, _f32_, ISA)
 #define FMA FMA_f32
+#define HSUM hsum_f32
 #include "kernels_impl.h"
 #undef T
 #undef SFX
 #undef FMA
+#undef HSUM
 
 #define T double
 #define SFX(f) CAT3(f, _f64_, ISA)
 #define FMA FMA_f64
+#define HSUM hsum_f64
 #include "kernels_impl.h"
 #undef T
 #undef SFX
 #undef FMA
+#undef HSUM
 
 #ifdef ISA_TARGET
 #if defined(__clang__)
