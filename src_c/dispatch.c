@@ -4,6 +4,10 @@
  */
 #include "internal.h"
 
+#if defined(__unix__)
+#include <pthread.h>
+#endif
+
 
 /* Below this many elements a call stays serial: an OpenMP fork/join costs
  * microseconds. Measured here (2 cores, H=768, from Python, warm threads):
@@ -77,11 +81,21 @@ int fastln_set_isa(const char *name)
 
 static int g_num_threads = 0;   /* from fastln_set_num_threads; 0: the OpenMP default */
 static int g_initial_max = 0;   /* omp_get_max_threads() when the library was loaded */
+static int g_forked = 0;        /* 1 in a child forked from the process that loaded us */
+
+/* libgomp cannot restart its thread pool in a forked child: a parallel region
+ * there waits for the parent's workers forever. A child runs serially. */
+static void on_fork_child(void) { g_forked = 1; }
 
 #if defined(__GNUC__) || defined(__clang__)
-__attribute__((constructor)) static void capture_initial_max(void)
+__attribute__((constructor)) static void at_load(void)
 {
     g_initial_max = omp_get_max_threads();
+#if defined(_OPENMP) && defined(__unix__)
+    pthread_atfork(NULL, NULL, on_fork_child);
+#else
+    (void)on_fork_child;
+#endif
 }
 #endif
 
@@ -106,6 +120,7 @@ int fastln_get_requested_threads(void)
 
 int fastln_get_num_threads(void)
 {
+    if (__atomic_load_n(&g_forked, __ATOMIC_RELAXED)) return 1;
     int m = omp_get_max_threads(), n = __atomic_load_n(&g_num_threads, __ATOMIC_RELAXED);
     if (n <= 0) return m;
     /* a limit set on this thread after load (threadpoolctl, omp_set_num_threads) caps it */

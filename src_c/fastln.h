@@ -90,7 +90,9 @@ int fastln_get_requested_threads(void);
 /* Threads a large call would use now: the requested count, or the OpenMP
  * default; where the calling thread's OpenMP limit was lowered after the
  * library loaded (threadpoolctl's threadpool_limits, omp_set_num_threads),
- * that limit caps it. Small calls run on one thread whatever this says. */
+ * that limit caps it. Small calls run on one thread whatever this says, and
+ * so does every call in a child process forked after the library loaded
+ * (libgomp's thread pool does not survive fork). */
 int fastln_get_num_threads(void);
 int fastln_has_openmp(void);
 

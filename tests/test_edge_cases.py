@@ -144,3 +144,32 @@ def test_backward_streaming_size(isa, dtype):
     got, want = fastln.rms_norm_backward(dy, x, r, w), ref.rms_norm_backward(dy, x, r, w)
     for g, e in zip(got, want):
         np.testing.assert_allclose(g, e, atol=tol * max(1.0, np.abs(e).max()))
+
+
+def _child_layer_norm(x, q):
+    q.put((fastln.get_num_threads(), fastln.layer_norm(x).tobytes()))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_forked_child_after_openmp_use_does_not_hang():
+    """libgomp's pool does not survive fork: a child must run serially, not hang."""
+    import multiprocessing as mp
+    x = np.random.default_rng(6).random((4096, 256)).astype(np.float32)
+    with fastln.threads(2):
+        y = fastln.layer_norm(x)          # the parent starts its OpenMP pool
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_child_layer_norm, args=(x, q))
+        p.start()
+        try:
+            nthreads, yc = q.get(timeout=60)   # before join: the child flushes its queue
+        except Exception:
+            nthreads = yc = None
+        p.join(10)
+        hung = p.is_alive()
+        if hung:
+            p.kill()
+    assert not hung and yc is not None, "forked child hung in an OpenMP region"
+    assert p.exitcode == 0
+    assert nthreads == 1
+    assert yc == y.tobytes()
