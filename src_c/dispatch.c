@@ -246,11 +246,16 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
  * kernel would use: the copy of the same bytes that the benchmarks compare with. */
 void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes)
 {
-    int nt = threads_for(nbytes / 4096, 4096 / 4);
-#pragma omp parallel num_threads(nt) if (nt > 1)
+    int nt = threads_for(nbytes / 4096, 1024);   /* as a kernel on rows of 1024 floats */
+    if (nt <= 1) {
+        memcpy(dst, src, (size_t)nbytes);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
     {
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-        int64_t b0 = (nbytes * t / p) & ~(int64_t)63, b1 = t + 1 == p ? nbytes : (nbytes * (t + 1) / p) & ~(int64_t)63;
+        int64_t b0 = (nbytes * t / p) & ~(int64_t)63;               /* cache-line bounds */
+        int64_t b1 = t + 1 == p ? nbytes : (nbytes * (t + 1) / p) & ~(int64_t)63;
         memcpy((char *)dst + b0, (const char *)src + b0, (size_t)(b1 - b0));
     }
 }
