@@ -4,6 +4,8 @@
  *   T        float or double: the storage and vector-math type
  *   SFX(f)   name mangling, e.g. f##_f32_avx512
  *   FMA(a,b,c)  a*b + c, fused where the ISA has FMA
+ *   HSUM(acc)   the horizontal sum of NACC accumulators, where the ISA has
+ *               one (else HSUM_BY_COMPILER is defined)
  *   stream_copy(dst, src, nbytes), stream_fence()
  *               copies with non-temporal stores (kernels_isa.h)
  *
@@ -11,7 +13,11 @@
  * mean, rstd (N); weight, bias, dweight, dbias (H). weight/bias may be NULL.
  * Rows are independent; a row is swept while it is hot in L1/L2:
  *   forward:  sum(x - x0)  |  sum((x - x0 - dm)^2)  |  write y
+ *             (rows of up to SHORT_H elements four at a time, phase by phase)
  *   backward: sum(d), sum(g), sum(g*d)  |  write dx, add dweight/dbias partials
+ *             (sweep 2 over groups of GROUP rows)
+ * Threads take contiguous row ranges (forward) or row blocks (backward); the
+ * dispatcher (dispatch.c) chooses their number and whether to stream.
  * x0 = x[0] is a shift: x - x0 is exact for values close to each other, so a
  * huge mean next to a small spread loses no precision (Sterbenz lemma).
  */
