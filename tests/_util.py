@@ -197,3 +197,14 @@ def run_python(code, env=None):
     env["PYTHONPATH"] = package_parent() + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=package_parent(),
                           capture_output=True, text=True, timeout=120)
+
+
+def out_like(kind, shape, dtype):
+    """A fresh out= buffer of ``shape``: "C", "F", "sliced" or "negstride" layout."""
+    if kind == "C":
+        return np.empty(shape, dtype)
+    if kind == "F":
+        return np.empty(shape, dtype, order="F")
+    if kind in ("sliced", "negstride"):
+        return relayout(np.zeros(shape, dtype), kind)
+    raise AssertionError(kind)

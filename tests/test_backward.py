@@ -4,7 +4,7 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, normalized_shape,
+from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, out_like, assert_close, normalized_shape,
                    randn, relayout, result_dtype)
 
 HS = [1, 2, 7, 64, 768, 4099]
@@ -199,12 +199,8 @@ def test_out(dtype, axis, kind, rng):
 
     def make():
         x, dy = x0.copy(), dy0.copy()
-        if kind == "C":
-            out = np.empty(shape, dtype)
-        elif kind == "F":
-            out = np.empty(shape, dtype, order="F")
-        elif kind == "sliced":
-            out = relayout(np.zeros(shape, dtype), "sliced")
+        if kind in ("C", "F", "sliced"):
+            out = out_like(kind, shape, dtype)
         else:
             out = dy if kind == "dy" else x
         return x, dy, out

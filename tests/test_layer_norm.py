@@ -4,7 +4,7 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (AFFINE, F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, big_inputs,
+from _util import (AFFINE, F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, out_like, assert_close, big_inputs,
                    normalized_shape, outlier_rows, params, randn, relayout, result_dtype,
                    stats_dtype, stats_shape)
 
@@ -225,18 +225,6 @@ def test_weight_cast_to_x_dtype(rng):
 
 # ---------------------------------------------------------------- out=
 
-def _out_like(kind, shape, dtype):
-    if kind == "C":
-        return np.empty(shape, dtype)
-    if kind == "F":
-        return np.empty(shape, dtype, order="F")
-    if kind == "sliced":
-        return relayout(np.zeros(shape, dtype), "sliced")
-    if kind == "negstride":
-        return relayout(np.zeros(shape, dtype), "negstride")
-    raise AssertionError(kind)
-
-
 @pytest.mark.parametrize("axis", [-1, 0, (0, 2)], ids=repr)
 @pytest.mark.parametrize("kind", ["C", "F", "sliced", "negstride"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -245,11 +233,11 @@ def test_out(dtype, kind, axis, rng):
     x = randn(rng, shape, dtype)
     w, b = params(rng, normalized_shape(shape, axis), dtype, "both")
     expect = fastln.layer_norm(x, w, b, axis=axis)
-    out = _out_like(kind, shape, dtype)
+    out = out_like(kind, shape, dtype)
     got = fastln.layer_norm(x, w, b, axis=axis, out=out)
     assert got is out
     np.testing.assert_array_equal(out, expect)
-    out2 = _out_like(kind, shape, dtype)
+    out2 = out_like(kind, shape, dtype)
     y, mean, rstd = fastln.layer_norm(x, w, b, axis=axis, out=out2, return_stats=True)
     assert y is out2
     np.testing.assert_array_equal(out2, expect)

@@ -4,7 +4,7 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, big_inputs,
+from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, out_like, assert_close, big_inputs,
                    normalized_shape, randn, relayout, result_dtype, stats_dtype, stats_shape)
 
 HS = [1, 2, 7, 64, 768, 4099]
@@ -130,12 +130,8 @@ def test_out(dtype, axis, kind, rng):
     x = randn(rng, shape, dtype)
     w = weight_for(rng, normalized_shape(shape, axis), dtype)
     expect = fastln.rms_norm(x, w, axis=axis)
-    if kind == "C":
-        out = np.empty(shape, dtype)
-    elif kind == "F":
-        out = np.empty(shape, dtype, order="F")
-    elif kind == "sliced":
-        out = relayout(np.zeros(shape, dtype), "sliced")
+    if kind in ("C", "F", "sliced"):
+        out = out_like(kind, shape, dtype)
     elif kind == "inplace":
         out = x
     else:
