@@ -40,6 +40,14 @@ def _array(a, name):
     raise TypeError(f"{name} must be a real floating, integer or bool array, got dtype {dt}")
 
 
+def _real_array(a, name):
+    """a as an ndarray of a real (float, int, bool) dtype, else TypeError naming it."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "fiub" and a.dtype not in _LOW_PRECISION:
+        raise TypeError(f"{name} must be a real floating array, got dtype {a.dtype}")
+    return a
+
+
 def _result_dtype(a, kernel_dtype):
     """The dtype of outputs shaped like a: a's own for float types, else the kernel's."""
     return a.dtype.newbyteorder("=") if a.dtype.kind == "f" or a.dtype in _LOW_PRECISION \
@@ -115,9 +123,7 @@ class _Rows:
 
     def stats(self, a, name, dtype):
         """mean / rstd: shape batch_shape, as (N,) contiguous dtype."""
-        a = np.asarray(a)
-        if a.dtype.kind not in "fiub" and a.dtype not in _LOW_PRECISION:
-            raise TypeError(f"{name} must be a real floating array, got dtype {a.dtype}")
+        a = _real_array(a, name)
         if a.shape != self.batch_shape:
             raise ValueError(f"{name} has shape {a.shape}, expected {self.batch_shape} "
                              f"(x's shape without the normalized axes)")
@@ -127,9 +133,7 @@ class _Rows:
         """weight / bias: None, or shape norm_shape, as (H,) contiguous dtype."""
         if p is None:
             return None
-        p = np.asarray(p)
-        if p.dtype.kind not in "fiub" and p.dtype not in _LOW_PRECISION:
-            raise TypeError(f"{name} must be a real floating array, got dtype {p.dtype}")
+        p = _real_array(p, name)
         if p.shape != self.norm_shape:
             raise ValueError(f"{name} has shape {p.shape}, expected the normalized shape "
                              f"{self.norm_shape}")
