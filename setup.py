@@ -17,7 +17,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 C_SOURCES = ["src_c/dispatch.c", "src_c/kernels_generic.c", "src_c/kernels_avx2.c",
-             "src_c/kernels_avx512.c"]
+             "src_c/kernels_avx512.c", "src_c/rnn.c"]
 
 
 def openmp_flags(compiler):
@@ -82,8 +82,8 @@ ext = Extension(
     sources=["fastln/_core.pyx"] + C_SOURCES,
     include_dirs=["src_c", np.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    depends=["src_c/fastln.h", "src_c/internal.h", "src_c/kernels_isa.h",
-             "src_c/kernels_impl.h"],
+    depends=["src_c/fastln.h", "src_c/fastln_rnn.h", "src_c/internal.h",
+             "src_c/kernels_isa.h", "src_c/kernels_impl.h", "src_c/rnn_impl.h"],
 )
 
 setup(ext_modules=cythonize([ext], language_level=3), cmdclass={"build_ext": BuildExt})

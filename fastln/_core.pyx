@@ -8,6 +8,7 @@ which canonicalizes the arguments (axes, layouts, dtypes, out=) and raises
 the errors. No math lives here.
 """
 from libc.stdint cimport int64_t
+from libc.string cimport memset
 cimport numpy as cnp
 
 cnp.import_array()
@@ -539,3 +540,160 @@ def _parallel_copy(dst, src):
     cdef int64_t n = cnp.PyArray_NBYTES(<cnp.ndarray>src)
     with nogil:
         fastln_parallel_copy(d, s, n)
+
+
+# ---- LN-RNN engine (src_c/fastln_rnn.h) ------------------------------------
+# fastln.rnn calls these with canonical arrays (time-major, C-contiguous, the
+# model's dtype); the sizes are re-checked here so that no caller can make the
+# engine read or write past a buffer. BLAS is SciPy's, found on first use.
+
+cdef extern from "fastln_rnn.h" nogil:
+    ctypedef void (*fastln_sgemm_fn)(char *, char *, int *, int *, int *, float *, float *,
+                                     int *, float *, int *, float *, float *, int *)
+    ctypedef void (*fastln_dgemm_fn)(char *, char *, int *, int *, int *, double *, double *,
+                                     int *, double *, int *, double *, double *, int *)
+    ctypedef struct fastln_rnn_args:
+        int cell
+        int64_t steps, batch, input, hidden
+        double eps
+        const void *params[10]
+        const int64_t *lengths
+        void *h
+        void *c
+        void *dh
+        void *dc
+        const void *x
+        void *y
+        void *cache
+        const void *dy
+        void *dx
+        void *grads[10]
+        int (*interrupt)(void *ctx) noexcept
+        void *interrupt_ctx
+    int FASTLN_EINTR
+    int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
+    int fastln_rnn_forward_f32(const fastln_rnn_args *a)
+    int fastln_rnn_forward_f64(const fastln_rnn_args *a)
+    int fastln_rnn_backward_f32(const fastln_rnn_args *a)
+    int fastln_rnn_backward_f64(const fastln_rnn_args *a)
+    void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals_raw "PyErr_CheckSignals" () nogil
+    void *PyCapsule_GetPointer(object capsule, const char *name) except? NULL
+    const char *PyCapsule_GetName(object capsule) except? NULL
+
+cdef bint _blas_ready = False
+
+cdef int _init_blas() except -1:
+    """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
+    global _blas_ready
+    if _blas_ready:
+        return 0
+    from scipy.linalg import cython_blas
+    capi = cython_blas.__pyx_capi__
+    s, d = capi["sgemm"], capi["dgemm"]
+    fastln_rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
+                        <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
+    _blas_ready = True
+    return 0
+
+cdef int _poll_signals(void *ctx) noexcept nogil:
+    """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
+    with gil:
+        return PyErr_CheckSignals_raw()
+
+cdef int _pending() except -1:
+    return -1   # re-raises the exception _poll_signals left set
+
+_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
+
+def _rnn_param_sizes(str cell, int64_t I, int64_t H):
+    """Element counts of one layer's parameters, in fastln_rnn.h order."""
+    if cell == "lstm":
+        return [4 * H * I, 4 * H * H] + [4 * H] * 5 + [H] * 2
+    if cell == "gru":
+        return [3 * H * I, 3 * H * H] + [2 * H] * 4 + [H] * 4
+    return [H * I, H * H, H, H]
+
+def _rnn_cache_size(str cell, int64_t T, int64_t B, int64_t H):
+    return fastln_rnn_cache_size(_CELLS[cell], T, B, H)
+
+cdef int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
+    if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n
+            and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))):
+        raise ValueError("internal: bad array for " + what)
+    return 0
+
+cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+                    int64_t H, double eps, x, params, lengths, cache, bint cache_required) except -1:
+    """Fills the sizes, parameters, x, lengths and cache of a; returns the type number."""
+    cdef int tn = _float_type(x)
+    if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
+        raise ValueError("internal: bad x or sizes")
+    _arr(x, tn, T * B * I, False, "x")
+    sizes = _rnn_param_sizes(cell, I, H)
+    if len(params) != len(sizes):
+        raise ValueError("internal: wrong number of parameters")
+    for k in range(len(sizes)):
+        _arr(params[k], tn, sizes[k], False, "params")
+        a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>params[k])
+    if lengths is not None:
+        _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
+    if cache is not None or cache_required:
+        _arr(cache, tn, fastln_rnn_cache_size(_CELLS[cell], T, B, H), True, "cache")
+    a.cell = _CELLS[cell]
+    a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
+    a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
+    a.lengths = <const int64_t *>_ptr(lengths)
+    a.cache = _ptr(cache)
+    a.interrupt = _poll_signals
+    return tn
+
+cdef int _rnn_status(int rc) except -1:
+    if rc == FASTLN_EINTR:
+        return _pending()
+    return _check(rc)
+
+def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                 x, params, lengths, cache, y, h, c):
+    """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place."""
+    cdef fastln_rnn_args a
+    memset(&a, 0, sizeof(a))
+    _init_blas()
+    cdef int tn = _rnn_setup(&a, cell, T, B, I, H, eps, x, params, lengths, cache, False)
+    _arr(y, tn, T * B * H, True, "y")
+    _arr(h, tn, B * H, True, "h")
+    if cell == "lstm":
+        _arr(c, tn, B * H, True, "c")
+    a.y, a.h, a.c = _ptr(y), _ptr(h), _ptr(c)
+    cdef int rc
+    with nogil:
+        rc = fastln_rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_forward_f64(&a)
+    return _rnn_status(rc)
+
+def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                  x, params, lengths, cache, dy, dh, dc, dx, grads):
+    """One layer backward: dh, dc (B,H) from the final to the initial state's
+    gradient in place; dx (T,B,I) or None; grads filled (params' sizes)."""
+    cdef fastln_rnn_args a
+    memset(&a, 0, sizeof(a))
+    _init_blas()
+    cdef int tn = _rnn_setup(&a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
+    _arr(dy, tn, T * B * H, False, "dy")
+    _arr(dh, tn, B * H, True, "dh")
+    if cell == "lstm":
+        _arr(dc, tn, B * H, True, "dc")
+    if dx is not None:
+        _arr(dx, tn, T * B * I, True, "dx")
+    sizes = _rnn_param_sizes(cell, I, H)
+    if len(grads) != len(sizes):
+        raise ValueError("internal: wrong number of gradients")
+    for k in range(len(sizes)):
+        _arr(grads[k], tn, sizes[k], True, "grads")
+        a.grads[k] = cnp.PyArray_DATA(<cnp.ndarray>grads[k])
+    a.dy, a.dh, a.dc, a.dx = _ptr(dy), _ptr(dh), _ptr(dc), _ptr(dx)
+    cdef int rc
+    with nogil:
+        rc = fastln_rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward_f64(&a)
+    return _rnn_status(rc)

@@ -70,6 +70,8 @@ static const fastln_kernel_table *kt(void)
 
 const char *fastln_get_isa(void) { return kt()->name; }
 
+const fastln_kernel_table *fastln_kernels(void) { return kt(); }
+
 int fastln_set_isa(const char *name)
 {
     if (!fastln_isa_supported(name)) return -1;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "fastln.h"
+#include "fastln_rnn.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -65,6 +66,11 @@ typedef struct {
                        const float *, int64_t, int64_t, int, int);
     int (*rms_bwd_f64)(double *, double *, const double *, const double *, const double *,
                        const double *, int64_t, int64_t, int, int);
+    /* LN-RNN layer (rnn_impl.h); nt as above */
+    int (*rnn_fwd_f32)(const fastln_rnn_args *, int);
+    int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
+    int (*rnn_bwd_f32)(const fastln_rnn_args *, int);
+    int (*rnn_bwd_f64)(const fastln_rnn_args *, int);
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;
@@ -73,6 +79,38 @@ extern const fastln_kernel_table fastln_kernels_generic;
 extern const fastln_kernel_table fastln_kernels_avx2;
 extern const fastln_kernel_table fastln_kernels_avx512;
 #endif
+
+/* The path in use (dispatch.c). */
+const fastln_kernel_table *fastln_kernels(void);
+
+/* ---- LN-RNN helpers shared by every path (rnn.c) ---- */
+
+/* Where each cached array of one layer starts, in elements, or -1 if unused:
+ * xih, xhh, act (T, B, G): normalized A_ih, normalized A_hh, activations;
+ * hseq, cseq (T+1, B, H): h_{t-1} and c_{t-1} at index t; xc (T, B, H): the
+ * normalized c (LSTM); rstd (T, B, nrstd). */
+typedef struct {
+    int gates, nrstd;
+    int64_t G, xih, xhh, act, hseq, cseq, xc, rstd, size;
+} fastln_rnn_layout;
+void fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
+
+/* Row-major C (M, N) = alpha * op(A) op(B) + beta * C through BLAS, or a C
+ * loop when none is set. ta, tb: 'N' or 'T'. Sizes must fit in int. */
+void fastln_gemm_f32(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                     float *C, int64_t ldc);
+void fastln_gemm_f64(char ta, char tb, int64_t M, int64_t N, int64_t K, double alpha,
+                     const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                     double *C, int64_t ldc);
+
+/* Packed weights for the recurrent kernels: panels of FASTLN_NR columns of
+ * the product, each (K, FASTLN_NR) row-major, zero-padded past N.
+ * pack_nt: W is (N, K), for C = A W^T;  pack_nn: W is (K, N), for C = A W. */
+#define FASTLN_NR 32
+int64_t fastln_packed_size(int64_t N, int64_t K);
+void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K);
+void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N);
 
 /* dst = src over the threads a kernel would use (the benchmarks' ceiling). */
 void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes);

@@ -100,7 +100,12 @@ static inline double hsum_f64(const double *a)
 #define SFX(f) CAT3(f, _f32_, ISA)
 #define FMA FMA_f32
 #define HSUM hsum_f32
+#define IS_F32 1
+#define GEMM fastln_gemm_f32
 #include "kernels_impl.h"
+#include "rnn_impl.h"
+#undef IS_F32
+#undef GEMM
 #undef T
 #undef SFX
 #undef FMA
@@ -110,7 +115,12 @@ static inline double hsum_f64(const double *a)
 #define SFX(f) CAT3(f, _f64_, ISA)
 #define FMA FMA_f64
 #define HSUM hsum_f64
+#define IS_F32 0
+#define GEMM fastln_gemm_f64
 #include "kernels_impl.h"
+#include "rnn_impl.h"
+#undef IS_F32
+#undef GEMM
 #undef T
 #undef SFX
 #undef FMA
@@ -134,4 +144,6 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(add_layer_norm, _f32_, ISA),      CAT3(add_layer_norm, _f64_, ISA),
     CAT3(rms_norm, _f32_, ISA),            CAT3(rms_norm, _f64_, ISA),
     CAT3(rms_norm_backward, _f32_, ISA),   CAT3(rms_norm_backward, _f64_, ISA),
+    CAT3(rnn_forward, _f32_, ISA),         CAT3(rnn_forward, _f64_, ISA),
+    CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),
 };

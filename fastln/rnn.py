@@ -1,0 +1,423 @@
+"""Layer-normalized recurrent networks: LNRNN, LNLSTM and LNGRU.
+
+The cells of Ba, Kiros & Hinton, "Layer Normalization" (2016): eq. 4 for the
+plain RNN and supplementary eqs. 20-28 for the LSTM and GRU, with one set of
+gains and biases shared by every time step. The exact equations are in
+DESIGN.md section 3 and in :mod:`fastln.rnn_reference`, the slow float64
+reference these models are tested against.
+
+Each layer runs in the C engine (src_c/fastln_rnn.h): one BLAS product for the
+input projections of all time steps, then per step one recurrent product and
+one fused row kernel (LN statistics, gates, state update, LN(c), output).
+Backward runs the steps in reverse the same way and ends with BLAS products
+for the weight gradients and dx. Python here only checks arguments and moves
+arrays between layers; nothing depends on the sequence length beyond the
+cache kept for backward, so a model runs on sequences of any length.
+
+Example
+-------
+>>> import numpy as np
+>>> from fastln.rnn import LNLSTM
+>>> m = LNLSTM(input_size=8, hidden_size=16, num_layers=2, seed=0)
+>>> x = np.ones((5, 3, 8), np.float32)            # (T, B, I)
+>>> y, (h, c) = m.forward(x)
+>>> y.shape, h.shape
+((5, 3, 16), (2, 3, 16))
+>>> dx, (dh0, dc0) = m.backward(np.ones_like(y))
+>>> sorted(m.grads) == sorted(m.params)
+True
+"""
+import numbers
+
+import numpy as np
+
+from . import _core
+
+__all__ = ["LNRNN", "LNLSTM", "LNGRU"]
+
+# per cell: the parameters of layer k in engine order, as (name, size in
+# units of H or None for a weight matrix, init), and the gate blocks G / H
+_LAYOUTS = {
+    "lstm": (4, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                 ("bias", 4, "zeros"),
+                 ("ln_ih_weight", 4, "ones"), ("ln_ih_bias", 4, "zeros"),
+                 ("ln_hh_weight", 4, "ones"), ("ln_hh_bias", 4, "zeros"),
+                 ("ln_c_weight", 1, "ones"), ("ln_c_bias", 1, "zeros")]),
+    "gru": (3, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                ("ln_ih_weight", 2, "ones"), ("ln_ih_bias", 2, "zeros"),
+                ("ln_hh_weight", 2, "ones"), ("ln_hh_bias", 2, "zeros"),
+                ("ln_in_weight", 1, "ones"), ("ln_in_bias", 1, "zeros"),
+                ("ln_hn_weight", 1, "ones"), ("ln_hn_bias", 1, "zeros")]),
+    "rnn": (1, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                ("ln_weight", 1, "ones"), ("ln_bias", 1, "zeros")]),
+}
+
+
+def _positive_int(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+class _LNRecurrent:
+    """The engine shared by LNRNN, LNLSTM and LNGRU (see their docstrings)."""
+
+    _kind = None       # "lstm", "gru" or "rnn"
+    _has_cell = False  # the state is (h, c)
+
+    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False, eps=1e-5,
+                 dtype=np.float32, seed=None):
+        self.input_size = _positive_int(input_size, "input_size")
+        self.hidden_size = _positive_int(hidden_size, "hidden_size")
+        self.num_layers = _positive_int(num_layers, "num_layers")
+        self.batch_first = bool(batch_first)
+        if (isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real)
+                or not np.isfinite(eps) or eps < 0):
+            raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
+        self.eps = float(eps)
+        dt = np.dtype(dtype)
+        if dt not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+        self.dtype = dt
+        H = self.hidden_size
+        gates, layout = _LAYOUTS[self._kind]
+        rng = np.random.default_rng(seed)
+        bound = 1.0 / np.sqrt(H)
+        self.params = {}
+        self._shapes = {}
+        for k in range(self.num_layers):
+            I = self.input_size if k == 0 else H
+            for name, units, init in layout:
+                key = f"{name}_l{k}"
+                if units is None:
+                    shape = (gates * H, I if name == "weight_ih" else H)
+                    value = rng.uniform(-bound, bound, shape)
+                else:
+                    shape = (units * H,)
+                    value = np.ones(shape) if init == "ones" else np.zeros(shape)
+                self.params[key] = np.ascontiguousarray(value, dtype=dt)
+                self._shapes[key] = shape
+        self.grads = {key: np.zeros(shape, dt) for key, shape in self._shapes.items()}
+        self._cache = None
+
+    # ---- parameters ----
+
+    def _layer_keys(self, k):
+        return [f"{name}_l{k}" for name, _, _ in _LAYOUTS[self._kind][1]]
+
+    def _layer_params(self, k):
+        """Layer k's parameters as C-contiguous arrays of the model's dtype."""
+        out = []
+        for key in self._layer_keys(k):
+            p = self.params.get(key)
+            if p is None:
+                raise ValueError(f"params[{key!r}] is missing")
+            p = np.ascontiguousarray(p, dtype=self.dtype)
+            if p.shape != self._shapes[key]:
+                raise ValueError(f"params[{key!r}] has shape {p.shape}, "
+                                 f"expected {self._shapes[key]}")
+            out.append(p)
+        return out
+
+    def _layer_grads(self, k):
+        out = []
+        for key in self._layer_keys(k):
+            g = self.grads.get(key)
+            if not (isinstance(g, np.ndarray) and g.dtype == self.dtype
+                    and g.shape == self._shapes[key] and g.flags.c_contiguous
+                    and g.flags.writeable):
+                g = self.grads[key] = np.empty(self._shapes[key], self.dtype)
+            out.append(g)
+        return out
+
+    def state_dict(self):
+        """A dict of copies of the parameters (plain ndarrays, ``np.savez``-friendly)."""
+        return {key: np.array(value, dtype=self.dtype) for key, value in self.params.items()}
+
+    def load_state_dict(self, state_dict):
+        """Copies every parameter from ``state_dict`` (as written by :meth:`state_dict`,
+        or loaded with ``np.load``), casting to the model's dtype. The keys must
+        match exactly and the shapes must agree; on error nothing is changed."""
+        keys = set(state_dict.keys())
+        missing = sorted(set(self._shapes) - keys)
+        unexpected = sorted(keys - set(self._shapes))
+        if missing or unexpected:
+            raise ValueError(f"state_dict keys do not match: missing {missing}, "
+                             f"unexpected {unexpected}")
+        new = {}
+        for key, shape in self._shapes.items():
+            value = np.asarray(state_dict[key])
+            if value.shape != shape:
+                raise ValueError(f"state_dict[{key!r}] has shape {value.shape}, "
+                                 f"expected {shape}")
+            if not (np.issubdtype(value.dtype, np.floating)
+                    or np.issubdtype(value.dtype, np.integer)):
+                raise TypeError(f"state_dict[{key!r}] has dtype {value.dtype}, "
+                                f"expected a real number type")
+            new[key] = np.array(value, dtype=self.dtype)
+        self.params.update(new)
+
+    # ---- argument checks ----
+
+    def _input(self, x, name, last, T=None, B=None):
+        """x as a time-major C-contiguous (T, B, last) array of the model's dtype."""
+        if isinstance(x, np.ndarray):
+            if x.dtype != self.dtype:
+                raise TypeError(f"{name} has dtype {x.dtype}, but the model is {self.dtype}; "
+                                f"convert it with {name}.astype(np.{self.dtype})")
+        else:
+            x = np.asarray(x, dtype=self.dtype)
+        order = "(B, T, {})" if self.batch_first else "(T, B, {})"
+        if x.ndim != 3 or x.shape[2] != last:
+            raise ValueError(f"{name} must have shape {order.format(last)}, got {x.shape}")
+        if self.batch_first:
+            x = x.transpose(1, 0, 2)
+        if x.shape[0] < 1 or x.shape[1] < 1:
+            raise ValueError(f"{name} must have at least one time step and one sequence, "
+                             f"got shape {x.shape}")
+        if T is not None and x.shape[:2] != (T, B):
+            want = (B, T) if self.batch_first else (T, B)
+            raise ValueError(f"{name} must have shape {order.format(last)} = "
+                             f"{want + (last,)} to match the forward, got "
+                             f"{(x.transpose(1, 0, 2) if self.batch_first else x).shape}")
+        return np.ascontiguousarray(x)
+
+    def _states(self, state, B, name):
+        """The state as a list of (num_layers, B, H) arrays (copies): [h] or [h, c]."""
+        shape = (self.num_layers, B, self.hidden_size)
+        n = 2 if self._has_cell else 1
+        if state is None:
+            return [np.zeros(shape, self.dtype) for _ in range(n)]
+        if self._has_cell:
+            if not isinstance(state, (tuple, list)) or len(state) != 2:
+                raise TypeError(f"{name} must be a tuple (h, c) for {type(self).__name__}, "
+                                f"got {type(state).__name__}")
+            parts = list(state)
+        else:
+            parts = [state]
+        out = []
+        for part in parts:
+            if part is None:
+                out.append(np.zeros(shape, self.dtype))
+                continue
+            a = np.asarray(part)
+            if a.dtype != self.dtype and isinstance(part, np.ndarray):
+                raise TypeError(f"{name} has dtype {a.dtype}, but the model is {self.dtype}")
+            if a.shape != shape:
+                raise ValueError(f"{name} must have shape (num_layers, B, H) = {shape}, "
+                                 f"got {a.shape}")
+            out.append(np.array(a, dtype=self.dtype, order="C"))
+        return out
+
+    @staticmethod
+    def _lengths(lengths, T, B):
+        if lengths is None:
+            return None
+        a = np.asarray(lengths)
+        if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"lengths must hold integers, got dtype {a.dtype}")
+        if a.shape != (B,):
+            raise ValueError(f"lengths must have shape (B,) = ({B},), got {a.shape}")
+        if a.size and (a.min() < 1 or a.max() > T):
+            raise ValueError(f"lengths must lie in [1, T] = [1, {T}], "
+                             f"got values from {a.min()} to {a.max()}")
+        return np.ascontiguousarray(a, dtype=np.int64)
+
+    def _pack_state(self, parts):
+        return tuple(parts) if self._has_cell else parts[0]
+
+    # ---- forward / backward ----
+
+    def forward(self, x, state=None, lengths=None, cache=True):
+        """Runs the model over a sequence.
+
+        Parameters
+        ----------
+        x : ndarray, (T, B, input_size), or (B, T, input_size) with batch_first
+            The input, of the model's dtype.
+        state : the initial state, or None for zeros
+            LNLSTM: a tuple (h, c); LNRNN, LNGRU: h; each (num_layers, B, H).
+        lengths : array of ints, (B,), optional
+            The length of each sequence of a padded batch, in [1, T]. After its
+            length a sequence holds its state and its output is 0.
+        cache : bool
+            Keep what :meth:`backward` needs (about 15 H values per sequence,
+            step and layer for LNLSTM). With False nothing is kept.
+
+        Returns
+        -------
+        y : ndarray, (T, B, H) or (B, T, H)
+            The top layer's output at every step.
+        state : the final state, in the form of ``state``; with lengths, each
+            sequence's state at its own last step.
+        """
+        xs = self._input(x, "x", self.input_size)
+        T, B = xs.shape[:2]
+        states = self._states(state, B, "state")
+        lens = self._lengths(lengths, T, B)
+        self._cache = None
+        H, cell = self.hidden_size, self._cell_name()
+        inputs, caches = [], []
+        for k in range(self.num_layers):
+            I = xs.shape[2]
+            y = np.empty((T, B, H), self.dtype)
+            c = states[1][k] if self._has_cell else None
+            store = (np.empty(_core._rnn_cache_size(cell, T, B, H), self.dtype)
+                     if cache else None)
+            _core._rnn_forward(cell, T, B, I, H, self.eps, xs, self._layer_params(k), lens,
+                               store, y, states[0][k], c)
+            if cache:
+                inputs.append(xs)
+                caches.append(store)
+            xs = y
+        if cache:
+            self._cache = (T, B, inputs, caches, lens)
+        y = xs.transpose(1, 0, 2).copy() if self.batch_first else xs
+        return y, self._pack_state(states)
+
+    __call__ = forward
+
+    def backward(self, dy, dstate=None):
+        """Back-propagates through the last forward (with cache=True) in time.
+
+        Parameters
+        ----------
+        dy : ndarray, the shape of the forward's y
+            The gradient of the loss with respect to y.
+        dstate : the gradient with respect to the final state, in the form of
+            the state, or None for zeros.
+
+        Returns
+        -------
+        dx : ndarray, the shape of the forward's x
+        dstate0 : the gradient with respect to the initial state.
+
+        The parameter gradients are written to ``self.grads`` (same keys and
+        shapes as ``self.params``), replacing the previous ones. The cache is
+        released: a second backward needs a new forward.
+        """
+        if self._cache is None:
+            raise RuntimeError("backward needs the cache of a forward: call "
+                               "forward(x) with cache=True (the default) first; a cache "
+                               "is used by one backward only")
+        T, B, inputs, caches, lens = self._cache
+        H, cell = self.hidden_size, self._cell_name()
+        g = self._input(dy, "dy", H, T, B)
+        dstates = self._states(dstate, B, "dstate")
+        for k in reversed(range(self.num_layers)):
+            I = inputs[k].shape[2]
+            dx = np.empty((T, B, I), self.dtype)
+            dc = dstates[1][k] if self._has_cell else None
+            _core._rnn_backward(cell, T, B, I, H, self.eps, inputs[k], self._layer_params(k),
+                                lens, caches[k], g, dstates[0][k], dc, dx, self._layer_grads(k))
+            g = dx
+        self._cache = None
+        dx = g.transpose(1, 0, 2).copy() if self.batch_first else g
+        return dx, self._pack_state(dstates)
+
+    def step(self, x_t, state=None):
+        """One time step, for streaming inference: x_t (B, input_size) -> the top
+        layer's h (B, H) and the new state. Keeps no cache. Equivalent to
+        ``forward(x_t[None], state, cache=False)`` (time-major)."""
+        x = np.asarray(x_t) if not isinstance(x_t, np.ndarray) else x_t
+        if x.ndim != 2:
+            raise ValueError(f"x_t must have shape (B, input_size), got {x.shape}")
+        if isinstance(x_t, np.ndarray) and x.dtype != self.dtype:
+            raise TypeError(f"x_t has dtype {x.dtype}, but the model is {self.dtype}")
+        if x.shape[1] != self.input_size or x.shape[0] < 1:
+            raise ValueError(f"x_t must have shape (B, {self.input_size}) with B >= 1, "
+                             f"got {x.shape}")
+        xs = np.ascontiguousarray(x, dtype=self.dtype)
+        B, H, cell = xs.shape[0], self.hidden_size, self._cell_name()
+        states = self._states(state, B, "state")
+        for k in range(self.num_layers):
+            y = np.empty((B, H), self.dtype)
+            _core._rnn_forward(cell, 1, B, xs.shape[1], H, self.eps, xs, self._layer_params(k),
+                               None, None, y, states[0][k],
+                               states[1][k] if self._has_cell else None)
+            xs = y
+        return xs, self._pack_state(states)
+
+    def _cell_name(self):
+        return self._kind
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(input_size={self.input_size}, "
+                f"hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
+                f"batch_first={self.batch_first}, eps={self.eps}, dtype={self.dtype})")
+
+
+class LNLSTM(_LNRecurrent):
+    """Layer-normalized LSTM (Ba et al. 2016, supplementary eqs. 20-22).
+
+    ``gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias`` (each LN over all
+    4H gates, order i, f, g, o), ``c' = f*c + i*g``, ``h' = o*tanh(LN(c'; ln_c))``.
+
+    Parameters
+    ----------
+    input_size, hidden_size, num_layers : int
+    batch_first : bool
+        x and y are (B, T, features) instead of (T, B, features).
+    eps : float
+        Added to the variance in every LayerNorm.
+    dtype : float32 or float64
+    seed : int or None
+        Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
+        LN gains start at 1, LN biases and ``bias`` at 0.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}``,
+        ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``, ``ln_hh_weight_l{k}``,
+        ``ln_hh_bias_l{k}`` (4H), ``ln_c_weight_l{k}``, ``ln_c_bias_l{k}`` (H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    The state is a tuple (h, c), each (num_layers, B, H).
+    """
+    _kind = "lstm"
+    _has_cell = True
+
+
+class LNGRU(_LNRecurrent):
+    """Layer-normalized GRU (Ba et al. 2016, supplementary eqs. 23-28).
+
+    ``[z; r] = LN(x W_ih[z,r]^T; ln_ih) + LN(h W_hh[z,r]^T; ln_hh)`` (each LN over
+    2H), ``n = tanh(LN(x W_ih[n]^T; ln_in) + sigmoid(r) * LN(h W_hh[n]^T; ln_hn))``,
+    ``h' = (1 - sigmoid(z)) * h + sigmoid(z) * n``.
+
+    Parameters are as for :class:`LNLSTM`. ``params``: ``weight_ih_l{k}`` (3H, I_k)
+    and ``weight_hh_l{k}`` (3H, H) with rows in blocks [z, r, n];
+    ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``, ``ln_hh_weight_l{k}``,
+    ``ln_hh_bias_l{k}`` (2H); ``ln_in_weight_l{k}``, ``ln_in_bias_l{k}``,
+    ``ln_hn_weight_l{k}``, ``ln_hn_bias_l{k}`` (H). The state is h,
+    (num_layers, B, H).
+    """
+    _kind = "gru"
+
+
+class LNRNN(_LNRecurrent):
+    """Layer-normalized Elman RNN (Ba et al. 2016, eq. 4):
+    ``h' = f(LN(x W_ih^T + h W_hh^T; ln))``, f = tanh or relu.
+
+    Parameters are as for :class:`LNLSTM`, plus ``nonlinearity`` ("tanh" or
+    "relu"). ``params``: ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H),
+    ``ln_weight_l{k}``, ``ln_bias_l{k}`` (H). The state is h, (num_layers, B, H).
+    """
+    _kind = "rnn"
+
+    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False, eps=1e-5,
+                 dtype=np.float32, seed=None, nonlinearity="tanh"):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        self.nonlinearity = nonlinearity
+        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed)
+
+    def _cell_name(self):
+        return "rnn_" + self.nonlinearity
+
+    def __repr__(self):
+        return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"

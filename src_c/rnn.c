@@ -1,0 +1,147 @@
+/*
+ * LN-RNN engine, the parts every instruction-set path shares: argument
+ * checks and dispatch, the cache layout, BLAS (or a C loop) for the large
+ * products, and weight packing for the recurrent kernels. The per-step work
+ * is in rnn_impl.h.
+ */
+#include <limits.h>
+#include "internal.h"
+
+/* ---- cache layout ---- */
+
+void fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H)
+{
+    int lstm = cell == FASTLN_CELL_LSTM, gru = cell == FASTLN_CELL_GRU;
+    L->gates = lstm ? 4 : gru ? 3 : 1;
+    L->nrstd = lstm ? 3 : gru ? 4 : 1;
+    L->G = L->gates * H;
+    int64_t tbg = T * B * L->G, seq = (T + 1) * B * H, off = 0;
+    L->xih = off;                      off += tbg;
+    L->xhh = lstm || gru ? off : -1;   off += lstm || gru ? tbg : 0;
+    L->act = lstm || gru ? off : -1;   off += lstm || gru ? tbg : 0;
+    L->hseq = off;                     off += seq;
+    L->cseq = lstm ? off : -1;         off += lstm ? seq : 0;
+    L->xc = lstm ? off : -1;           off += lstm ? T * B * H : 0;
+    L->rstd = off;                     off += T * B * L->nrstd;
+    L->size = off;
+}
+
+int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
+{
+    fastln_rnn_layout L;
+    if (cell < 0 || cell > FASTLN_CELL_GRU || T < 0 || B < 0 || H < 0) return -1;
+    fastln_rnn_layout_for(&L, cell, T, B, H);
+    return L.size;
+}
+
+/* ---- BLAS, or a C loop ---- */
+
+static fastln_sgemm_fn g_sgemm = NULL;
+static fastln_dgemm_fn g_dgemm = NULL;
+
+void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
+{
+    g_sgemm = sgemm;
+    g_dgemm = dgemm;
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the same
+ * call with the operands (and M, N) swapped. */
+#define GEMM_BODY(T, blas)                                                                  \
+    if (M == 0 || N == 0) return;                                                           \
+    if (blas) {                                                                             \
+        int m = (int)M, n = (int)N, k = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc; \
+        blas(&tb, &ta, &n, &m, &k, &alpha, (T *)B, &lb, (T *)A, &la, &beta, C, &lc);         \
+        return;                                                                             \
+    }                                                                                       \
+    for (int64_t i = 0; i < M; i++)                                                         \
+        for (int64_t j = 0; j < N; j++) {                                                   \
+            double s = 0;                                                                   \
+            for (int64_t p = 0; p < K; p++)                                                 \
+                s += (double)(ta == 'N' ? A[i * lda + p] : A[p * lda + i]) *                \
+                     (double)(tb == 'N' ? B[p * ldb + j] : B[j * ldb + p]);                 \
+            T *c = C + i * ldc + j;                                                         \
+            *c = (T)(alpha * s + (beta == 0 ? 0.0 : (double)beta * (double)*c));            \
+        }
+
+void fastln_gemm_f32(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                     float *C, int64_t ldc)
+{
+    GEMM_BODY(float, g_sgemm)
+}
+
+void fastln_gemm_f64(char ta, char tb, int64_t M, int64_t N, int64_t K, double alpha,
+                     const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
+                     double *C, int64_t ldc)
+{
+    GEMM_BODY(double, g_dgemm)
+}
+
+/* ---- packing ---- */
+
+int64_t fastln_packed_size(int64_t N, int64_t K)
+{
+    return (N + FASTLN_NR - 1) / FASTLN_NR * K * FASTLN_NR;
+}
+
+void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
+{
+    for (int64_t p = 0; p * FASTLN_NR < N; p++) {
+        float *panel = P + p * K * FASTLN_NR;
+        for (int j = 0; j < FASTLN_NR; j++) {
+            int64_t n = p * FASTLN_NR + j;
+            for (int64_t k = 0; k < K; k++)   /* row n of W becomes column j */
+                panel[k * FASTLN_NR + j] = n < N ? W[n * K + k] : 0.0f;
+        }
+    }
+}
+
+void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N)
+{
+    for (int64_t p = 0; p * FASTLN_NR < N; p++) {
+        float *panel = P + p * K * FASTLN_NR;
+        for (int64_t k = 0; k < K; k++)
+            for (int j = 0; j < FASTLN_NR; j++) {
+                int64_t n = p * FASTLN_NR + j;
+                panel[k * FASTLN_NR + j] = n < N ? W[k * N + n] : 0.0f;
+            }
+    }
+}
+
+/* ---- entry points ---- */
+
+/* Sizes every product (and its BLAS int arguments) can take. */
+static int check_args(const fastln_rnn_args *a, int backward)
+{
+    if (!a || a->cell < 0 || a->cell > FASTLN_CELL_GRU) return FASTLN_EINVAL;
+    if (a->steps < 1 || a->batch < 1 || a->input < 1 || a->hidden < 1) return FASTLN_EINVAL;
+    int64_t G = (a->cell == FASTLN_CELL_LSTM ? 4 : a->cell == FASTLN_CELL_GRU ? 3 : 1) * a->hidden;
+    int64_t big = a->steps * a->batch;
+    if (big > INT_MAX || G > INT_MAX || a->input > INT_MAX) return FASTLN_EINVAL;
+    if (backward ? !a->cache || !a->dy || !a->dh || !a->x
+                 : !a->x || !a->y || !a->h)
+        return FASTLN_EINVAL;
+    if (a->cell == FASTLN_CELL_LSTM && !(backward ? a->dc : a->c)) return FASTLN_EINVAL;
+    return FASTLN_OK;
+}
+
+/* Threads for a layer: one below the per-step work threshold (a fork/join per
+ * step would cost more than it saves). */
+static int rnn_threads(const fastln_rnn_args *a)
+{
+    int64_t G = (a->cell == FASTLN_CELL_LSTM ? 4 : a->cell == FASTLN_CELL_GRU ? 3 : 1) * a->hidden;
+    if (a->batch * G * a->hidden < (1 << 17)) return 1;
+    return fastln_get_num_threads();
+}
+
+#define ENTRY(name, fn, backward)                          \
+    int name(const fastln_rnn_args *a)                     \
+    {                                                      \
+        int rc = check_args(a, backward);                  \
+        return rc ? rc : fastln_kernels()->fn(a, rnn_threads(a)); \
+    }
+ENTRY(fastln_rnn_forward_f32, rnn_fwd_f32, 0)
+ENTRY(fastln_rnn_forward_f64, rnn_fwd_f64, 0)
+ENTRY(fastln_rnn_backward_f32, rnn_bwd_f32, 1)
+ENTRY(fastln_rnn_backward_f64, rnn_bwd_f64, 1)
