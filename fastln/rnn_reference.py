@@ -1,0 +1,139 @@
+"""Slow, obviously-correct float64 NumPy references for :mod:`fastln.rnn`.
+
+The yardstick the tests hold LNRNN, LNLSTM and LNGRU to (forward only).  Each
+function follows the equations of DESIGN.md section 3 line by line, with a plain
+Python loop over time and layers and every value in float64:
+
+* ``lnrnn_forward``:  h_t = f(LN(x_t W_ih^T + h_{t-1} W_hh^T; ln))
+* ``lnlstm_forward``: gates = LN(x_t W_ih^T; ln_ih) + LN(h_{t-1} W_hh^T; ln_hh) + bias
+  (gate order i, f, g, o);  c_t = f*c_{t-1} + i*g;  h_t = o*tanh(LN(c_t; ln_c))
+* ``lngru_forward``:  [z;r] = LN(x_t W_ih[z,r]^T; ln_ih) + LN(h_{t-1} W_hh[z,r]^T; ln_hh);
+  n = tanh(LN(x_t W_ih[n]^T; ln_in) + sigmoid(r)*LN(h_{t-1} W_hh[n]^T; ln_hn));
+  h_t = (1-sigmoid(z))*h_{t-1} + sigmoid(z)*n
+
+All take ``params`` (the model's dict, names as in ``param_shapes``), ``x`` of
+shape (T, B, I) (or (B, T, I) with ``batch_first=True``), an initial ``state``
+(None means zeros; LSTM: a tuple (h, c)), optional ``lengths`` (B,), and return
+``(y, final_state)`` as float64 arrays.  With ``lengths``, sequence b holds its
+state after step lengths[b] and its y there is 0; layer k+1 reads layer k's
+(zeroed) output, which does not matter because its state holds too.
+"""
+import numpy as np
+
+__all__ = ["param_shapes", "layer_norm", "lnrnn_forward", "lnlstm_forward", "lngru_forward"]
+
+
+def param_shapes(cell, input_size, hidden_size, num_layers):
+    """{name: shape} of the parameters of ``cell`` in "rnn", "lstm", "gru"."""
+    H = hidden_size
+    shapes = {}
+    for k in range(num_layers):
+        I = input_size if k == 0 else H
+        if cell == "rnn":
+            layer = {"weight_ih": (H, I), "weight_hh": (H, H), "ln_weight": (H,), "ln_bias": (H,)}
+        elif cell == "lstm":
+            layer = {"weight_ih": (4 * H, I), "weight_hh": (4 * H, H), "bias": (4 * H,),
+                     "ln_ih_weight": (4 * H,), "ln_ih_bias": (4 * H,),
+                     "ln_hh_weight": (4 * H,), "ln_hh_bias": (4 * H,),
+                     "ln_c_weight": (H,), "ln_c_bias": (H,)}
+        elif cell == "gru":
+            layer = {"weight_ih": (3 * H, I), "weight_hh": (3 * H, H),
+                     "ln_ih_weight": (2 * H,), "ln_ih_bias": (2 * H,),
+                     "ln_hh_weight": (2 * H,), "ln_hh_bias": (2 * H,),
+                     "ln_in_weight": (H,), "ln_in_bias": (H,),
+                     "ln_hn_weight": (H,), "ln_hn_bias": (H,)}
+        else:
+            raise ValueError("cell must be 'rnn', 'lstm' or 'gru', got %r" % (cell,))
+        shapes.update({"%s_l%d" % (name, k): shape for name, shape in layer.items()})
+    return shapes
+
+
+def layer_norm(a, weight, bias, eps):
+    """LN over the last axis: (a - mean)/sqrt(var + eps)*weight + bias (biased variance)."""
+    mean = a.mean(axis=-1, keepdims=True)
+    var = ((a - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (a - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def _sigmoid(a):
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+def _layer_params(params, k):
+    """Layer k's parameters as float64, without the "_l{k}" suffix."""
+    suffix = "_l%d" % k
+    return {name[:-len(suffix)]: np.asarray(p, np.float64)
+            for name, p in params.items() if name.endswith(suffix)}
+
+
+def _run(step, nstates, params, x, state, lengths, num_layers, batch_first):
+    """Generic multi-layer loop.  ``step(p, x_t, states) -> new states`` (a tuple; states[0] is h)."""
+    x = np.asarray(x, np.float64)
+    if batch_first:
+        x = x.transpose(1, 0, 2)
+    T, B, _ = x.shape
+    H = params["weight_hh_l0"].shape[1]
+    if state is None:
+        state = tuple(np.zeros((num_layers, B, H)) for _ in range(nstates))
+    elif nstates == 1:
+        state = (state,)
+    state = [np.array(s, np.float64) for s in state]          # copies: (num_layers, B, H) each
+    alive = np.ones((T, B, 1), bool) if lengths is None else \
+        (np.arange(T)[:, None] < np.asarray(lengths)[None, :])[:, :, None]
+    inp = x
+    for k in range(num_layers):
+        p = _layer_params(params, k)
+        out = np.zeros((T, B, H))
+        for t in range(T):
+            new = step(p, inp[t], tuple(s[k] for s in state))
+            for s, n in zip(state, new):
+                s[k] = np.where(alive[t], n, s[k])            # a finished sequence holds its state
+            out[t] = np.where(alive[t], state[0][k], 0.0)     # ... and outputs 0
+        inp = out
+    y = inp.transpose(1, 0, 2) if batch_first else inp
+    return y, (state[0] if nstates == 1 else tuple(state))
+
+
+def lnrnn_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
+                  nonlinearity="tanh", batch_first=False):
+    """LN-RNN: returns y (T, B, H) and h_n (num_layers, B, H)."""
+    f = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}[nonlinearity]
+
+    def step(p, x_t, states):
+        (h,) = states
+        a = x_t @ p["weight_ih"].T + h @ p["weight_hh"].T
+        return (f(layer_norm(a, p["ln_weight"], p["ln_bias"], eps)),)
+
+    return _run(step, 1, params, x, state, lengths, num_layers, batch_first)
+
+
+def lnlstm_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, batch_first=False):
+    """LN-LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H)."""
+    def step(p, x_t, states):
+        h, c = states
+        gates = (layer_norm(x_t @ p["weight_ih"].T, p["ln_ih_weight"], p["ln_ih_bias"], eps)
+                 + layer_norm(h @ p["weight_hh"].T, p["ln_hh_weight"], p["ln_hh_bias"], eps)
+                 + p["bias"])
+        gi, gf, gg, go = np.split(gates, 4, axis=-1)
+        i, f, g, o = _sigmoid(gi), _sigmoid(gf), np.tanh(gg), _sigmoid(go)
+        c_new = f * c + i * g
+        h_new = o * np.tanh(layer_norm(c_new, p["ln_c_weight"], p["ln_c_bias"], eps))
+        return h_new, c_new
+
+    return _run(step, 2, params, x, state, lengths, num_layers, batch_first)
+
+
+def lngru_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, batch_first=False):
+    """LN-GRU: returns y (T, B, H) and h_n (num_layers, B, H)."""
+    def step(p, x_t, states):
+        (h,) = states
+        H = h.shape[-1]
+        w_ih, w_hh = p["weight_ih"], p["weight_hh"]
+        zr = (layer_norm(x_t @ w_ih[:2 * H].T, p["ln_ih_weight"], p["ln_ih_bias"], eps)
+              + layer_norm(h @ w_hh[:2 * H].T, p["ln_hh_weight"], p["ln_hh_bias"], eps))
+        z, r = _sigmoid(zr[:, :H]), _sigmoid(zr[:, H:])
+        n = np.tanh(layer_norm(x_t @ w_ih[2 * H:].T, p["ln_in_weight"], p["ln_in_bias"], eps)
+                    + r * layer_norm(h @ w_hh[2 * H:].T, p["ln_hn_weight"], p["ln_hn_bias"], eps))
+        return ((1.0 - z) * h + z * n,)
+
+    return _run(step, 1, params, x, state, lengths, num_layers, batch_first)

@@ -1,0 +1,124 @@
+"""A plain PyTorch (autograd) reference of fastln.rnn's LNRNN, LNLSTM and LNGRU.
+
+The equations of DESIGN.md section 3 written with torch ops (no torch.nn.LSTM/GRU),
+multi-layer, with ``lengths`` masking by torch.where.  Used by tests/test_rnn.py:
+
+    out = torch_rnn(torch, "lstm", params, x, state, lengths, num_layers=2, dy=dy, dstate=dstate)
+    out.y, out.state, out.grads, out.dx, out.dstate      # NumPy float64 arrays
+
+``grads`` etc. are the gradients of  sum(y*dy) + sum(h_n*dh_n) [+ sum(c_n*dc_n)],
+i.e. what ``m.backward(dy, dstate)`` must return/fill.
+"""
+from types import SimpleNamespace
+
+import numpy as np
+
+
+def _tensor(torch, a, dtype, grad):
+    t = torch.from_numpy(np.array(a, dtype=np.float64)).to(dtype)
+    return t.requires_grad_(grad)
+
+
+def _step_rnn(torch, p, x_t, h, c, eps, act):
+    F = torch.nn.functional
+    H = h.shape[-1]
+    a = x_t @ p["weight_ih"].T + h @ p["weight_hh"].T
+    return act(F.layer_norm(a, (H,), p["ln_weight"], p["ln_bias"], eps)), None
+
+
+def _step_lstm(torch, p, x_t, h, c, eps, act):
+    F = torch.nn.functional
+    H = h.shape[-1]
+    gates = (F.layer_norm(x_t @ p["weight_ih"].T, (4 * H,), p["ln_ih_weight"], p["ln_ih_bias"], eps)
+             + F.layer_norm(h @ p["weight_hh"].T, (4 * H,), p["ln_hh_weight"], p["ln_hh_bias"], eps)
+             + p["bias"])
+    gi, gf, gg, go = gates.chunk(4, dim=-1)
+    c_new = torch.sigmoid(gf) * c + torch.sigmoid(gi) * torch.tanh(gg)
+    h_new = torch.sigmoid(go) * torch.tanh(F.layer_norm(c_new, (H,), p["ln_c_weight"], p["ln_c_bias"], eps))
+    return h_new, c_new
+
+
+def _step_gru(torch, p, x_t, h, c, eps, act):
+    F = torch.nn.functional
+    H = h.shape[-1]
+    w_ih, w_hh = p["weight_ih"], p["weight_hh"]
+    zr = (F.layer_norm(x_t @ w_ih[:2 * H].T, (2 * H,), p["ln_ih_weight"], p["ln_ih_bias"], eps)
+          + F.layer_norm(h @ w_hh[:2 * H].T, (2 * H,), p["ln_hh_weight"], p["ln_hh_bias"], eps))
+    z, r = torch.sigmoid(zr[:, :H]), torch.sigmoid(zr[:, H:])
+    n = torch.tanh(F.layer_norm(x_t @ w_ih[2 * H:].T, (H,), p["ln_in_weight"], p["ln_in_bias"], eps)
+                   + r * F.layer_norm(h @ w_hh[2 * H:].T, (H,), p["ln_hn_weight"], p["ln_hn_bias"], eps))
+    return (1 - z) * h + z * n, None
+
+
+_STEPS = {"rnn": _step_rnn, "lstm": _step_lstm, "gru": _step_gru}
+
+
+def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
+              nonlinearity="tanh", batch_first=False, dy=None, dstate=None, dtype=None):
+    """Forward (and, with ``dy`` given, backward) of ``cell`` in "rnn", "lstm", "gru".
+
+    ``params``, ``x``, ``state`` (None, an array, or (h, c) for "lstm") and ``dy``/``dstate``
+    are NumPy arrays.  Computes in ``dtype`` (default torch.float64).  Returns a namespace
+    with NumPy float64 ``y``, ``state`` (same form as the model's) and, if ``dy`` is
+    given, ``grads`` (dict like params), ``dx`` and ``dstate`` (same form as the state).
+    """
+    dtype = torch.float64 if dtype is None else dtype
+    lstm = cell == "lstm"
+    step = _STEPS[cell]
+    act = {"tanh": torch.tanh, "relu": torch.relu}[nonlinearity]
+    want_grad = dy is not None
+
+    P = {name: _tensor(torch, a, dtype, want_grad) for name, a in params.items()}
+    xt = _tensor(torch, x, dtype, want_grad)
+    xs = xt.transpose(0, 1) if batch_first else xt                  # (T, B, I)
+    T, B = xs.shape[0], xs.shape[1]
+    H = params["weight_hh_l0"].shape[1]
+    if state is None:
+        state = (np.zeros((num_layers, B, H)),) * (2 if lstm else 1)
+    elif not lstm:
+        state = (state,)
+    S0 = [_tensor(torch, s, dtype, want_grad) for s in state]
+    if lengths is None:
+        alive = torch.ones((T, B, 1), dtype=torch.bool)
+    else:
+        alive = (torch.arange(T)[:, None] < torch.as_tensor(np.asarray(lengths))[None, :])[:, :, None]
+
+    inp = xs
+    h_n, c_n = [], []
+    for k in range(num_layers):
+        suffix = "_l%d" % k
+        p = {name[:-len(suffix)]: t for name, t in P.items() if name.endswith(suffix)}
+        h = S0[0][k]
+        c = S0[1][k] if lstm else None
+        outs = []
+        for t in range(T):
+            h_new, c_new = step(torch, p, inp[t], h, c, eps, act)
+            h = torch.where(alive[t], h_new, h)
+            if lstm:
+                c = torch.where(alive[t], c_new, c)
+            outs.append(torch.where(alive[t], h, torch.zeros_like(h)))
+        inp = torch.stack(outs)
+        h_n.append(h)
+        c_n.append(c)
+    y = inp.transpose(0, 1) if batch_first else inp
+    finals = [torch.stack(h_n)] + ([torch.stack(c_n)] if lstm else [])
+
+    def np64(t):
+        return t.detach().to(torch.float64).numpy().copy()
+
+    out = SimpleNamespace(y=np64(y), state=tuple(np64(s) for s in finals) if lstm else np64(finals[0]))
+    if not want_grad:
+        return out
+    loss = (y * _tensor(torch, dy, dtype, False)).sum()
+    if dstate is not None:
+        dstate = tuple(dstate) if lstm else (dstate,)
+        for s, ds in zip(finals, dstate):
+            if ds is not None:
+                loss = loss + (s * _tensor(torch, ds, dtype, False)).sum()
+    leaves = list(P.values()) + [xt] + S0
+    gs = torch.autograd.grad(loss, leaves, allow_unused=True)
+    gs = [np.zeros(tuple(leaf.shape)) if g is None else np64(g) for leaf, g in zip(leaves, gs)]
+    out.grads = dict(zip(P.keys(), gs[:len(P)]))
+    out.dx = gs[len(P)]
+    out.dstate = tuple(gs[len(P) + 1:]) if lstm else gs[len(P) + 1]
+    return out
