@@ -85,9 +85,13 @@ int64_t fastln_packed_size(int64_t N, int64_t K)
     return (N + FASTLN_NR - 1) / FASTLN_NR * K * FASTLN_NR;
 }
 
+/* Panels are shared among the threads of an enclosing parallel region
+ * (orphaned omp for, with its barrier); serial outside one. */
 void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
 {
-    for (int64_t p = 0; p * FASTLN_NR < N; p++) {
+    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; p++) {
         float *panel = P + p * K * FASTLN_NR;
         for (int j = 0; j < FASTLN_NR; j++) {
             int64_t n = p * FASTLN_NR + j;
@@ -99,7 +103,9 @@ void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
 
 void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N)
 {
-    for (int64_t p = 0; p * FASTLN_NR < N; p++) {
+    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; p++) {
         float *panel = P + p * K * FASTLN_NR;
         for (int64_t k = 0; k < K; k++)
             for (int j = 0; j < FASTLN_NR; j++) {

@@ -29,7 +29,8 @@
 static inline float SFX(expf_poly)(float x)
 {
     x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    /* n = round(x / ln2) by the 1.5 * 2^23 trick: vectorizes on every ISA */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = FMA(p, r, 1.3981999507e-3f);
@@ -38,10 +39,9 @@ static inline float SFX(expf_poly)(float x)
     p = FMA(p, r, 1.6666665459e-1f);
     p = FMA(p, r, 5.0000001201e-1f);
     p = FMA(p, r * r, r) + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;   /* 2^n, n in [-126, 127] */
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
+    union { int32_t i; float f; } scale;   /* 2^n, n in [-126, 127]; a union vectorizes */
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
 }
 
 static inline float SFX(sigmoid1)(float x) { return 1.0f / (1.0f + SFX(expf_poly)(-x)); }
@@ -214,8 +214,8 @@ typedef __m256 SFX(vf);
 /* One tile: rows [0, mr) of A and C, ncols (<= 32) columns of C. mr is a
  * constant after inlining, so the accumulators live in registers. */
 static inline __attribute__((always_inline)) void SFX(tile)(
-    float *C, int64_t ldc, const float *A, int64_t lda, const float *P, int64_t K, int mr,
-    int ncols, int acc)
+    float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks, const float *P, int64_t K,
+    int mr, int ncols, int acc)
 {
     SFX(vf) c[MR][NV];
     for (int r = 0; r < mr; r++)
@@ -224,7 +224,7 @@ static inline __attribute__((always_inline)) void SFX(tile)(
         SFX(vf) b[NV];
         for (int v = 0; v < NV; v++) b[v] = VLOAD(P + k * FASTLN_NR + v * VL);
         for (int r = 0; r < mr; r++) {
-            SFX(vf) a = VSET1(A[r * lda + k]);
+            SFX(vf) a = VSET1(A[r * ars + k * aks]);
             for (int v = 0; v < NV; v++) c[r][v] = VFMA(a, b[v], c[r][v]);
         }
     }
@@ -241,30 +241,87 @@ static inline __attribute__((always_inline)) void SFX(tile)(
     }
 }
 
-/* Panels are shared among the threads of the enclosing parallel region
- * (orphaned omp for; serial outside one): each thread keeps its panels of
- * the weights in its own L2 from step to step. */
-static void SFX(packed_gemm)(float *C, const float *A, const float *P, int64_t M, int64_t N,
-                             int64_t K, int acc)
+/* C (M, N) (+)= op(A) (M, K) P, element (m, k) of op(A) at A[m*ars + k*aks],
+ * or, with ars == 0, A packed by pack_at: blocks of MR rows, k-major.
+ * The (panel, block of MB rows) tiles are shared among the threads of the
+ * enclosing parallel region (orphaned omp for; serial outside one) in a
+ * static schedule: in the recurrent products each thread keeps the same
+ * panels of the weights in its own L2 from step to step. */
+#define MB ((64 / MR) * MR)
+#define KC 256   /* k per pass: a panel's slice (32 KiB) and A's stay in L1/L2 */
+static void SFX(packed_gemm)(float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks,
+                             const float *P, int64_t M, int64_t N, int64_t K, int acc)
 {
-    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; p++) {
-        int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
-        const float *Pp = P + p * K * FASTLN_NR;
-        float *Cp = C + p * FASTLN_NR;
-        int64_t m = 0;
-        for (; m + MR <= M; m += MR) SFX(tile)(Cp + m * N, N, A + m * K, K, Pp, K, MR, ncols, acc);
-        switch (M - m) {
-#define TAIL(k) case k: SFX(tile)(Cp + m * N, N, A + m * K, K, Pp, K, k, ncols, acc); break;
-            TAIL(1) TAIL(2)
+    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + MB - 1) / MB;
+    int64_t rs = ars ? ars : 1, ks = ars ? aks : MR;
+    /* The same static schedule in every pass: a thread owns its C tiles, so
+     * the passes need no barrier, and the k order never depends on threads. */
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        int64_t kn = K - k0 < KC ? K - k0 : KC;
+        int ac = acc || k0 > 0;
+#pragma omp for schedule(static) nowait
+        for (int64_t q = 0; q < np * nmb; q++) {
+            int64_t p = q % np, m = q / np * MB, m1 = m + MB < M ? m + MB : M;
+            int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
+            const float *Pp = P + (p * K + k0) * FASTLN_NR;
+            float *Cp = C + p * FASTLN_NR;
+#define A_AT(m) ((ars ? A + (m) * ars : A + (m) / MR * K * MR) + k0 * ks)
+            for (; m + MR <= m1; m += MR)
+                SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, kn, MR, ncols, ac);
+            switch (m1 - m) {
+#define TAIL(k) case k: SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, kn, k, ncols, ac); break;
+                TAIL(1) TAIL(2)
 #if MR > 3
-            TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
+                TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
 #endif
 #undef TAIL
-            default: break;
+                default: break;
+            }
+#undef A_AT
         }
     }
+#pragma omp barrier
+}
+#undef KC
+#undef MB
+
+/* Ap = A^T (M, K) of A (K, M) in blocks of MR rows, k-major, zero-padded:
+ * the tiles then read op(A) sequentially instead of one row of A per k.
+ * Rows of A are read whole; the team shares them (orphaned omp for). */
+static void SFX(pack_at)(float *Ap, const float *A, int64_t M, int64_t K)
+{
+    int64_t nb = (M + MR - 1) / MR;
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < K; k++) {
+        const float *src = A + k * M;
+        for (int64_t b = 0; b < nb; b++) {
+            float *dst = Ap + (b * K + k) * MR;
+            int64_t n = M - b * MR < MR ? M - b * MR : MR;
+            for (int r = 0; r < MR; r++) dst[r] = r < n ? src[b * MR + r] : 0.0f;
+        }
+    }
+}
+
+/* Row-major C (M, N) = op(A) op(B) on the packed kernel with nt threads, for
+ * the large products of a layer (contiguous operands: lda, ldb are the row
+ * lengths). Returns FASTLN_ENOMEM when the packed copy cannot be allocated. */
+static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A,
+                         const float *B, float *C, int nt)
+{
+    int64_t np = fastln_packed_size(N, K), na = ta == 'T' ? (M + MR - 1) / MR * MR * K : 0;
+    float *P = (float *)malloc((size_t)(np + na) * sizeof(float));
+    if (!P) return FASTLN_ENOMEM;
+    float *Ap = ta == 'T' ? P + np : NULL;
+    int64_t ars = ta == 'N' ? K : 0;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        if (tb == 'T') fastln_pack_nt(P, B, N, K);
+        else fastln_pack_nn(P, B, K, N);
+        if (Ap) SFX(pack_at)(Ap, A, M, K);   /* ends with a barrier */
+        SFX(packed_gemm)(C, N, Ap ? Ap : A, ars, 1, P, M, N, K, 0);
+    }
+    free(P);
+    return FASTLN_OK;
 }
 #undef VL
 #undef MR
@@ -279,31 +336,59 @@ static void SFX(packed_gemm)(float *C, const float *A, const float *P, int64_t M
 #define HAVE_PACKED 0
 #endif
 
+/* The large products of a layer: C (M, N) = op(A) op(B), contiguous
+ * operands, on the packed kernel and fastln's threads where there is one
+ * (BLAS's own threads would compete with fastln's for the cores between
+ * steps), else through BLAS. */
+static int SFX(gemm_layer)(char ta, char tb, int64_t M, int64_t N, int64_t K, const T *A,
+                           const T *B, T *C, int nt)
+{
+#if HAVE_PACKED
+    return SFX(gemm_big)(ta, tb, M, N, K, A, B, C, nt);
+#else
+    (void)nt;
+    GEMM(ta, tb, M, N, K, 1, A, ta == 'N' ? K : M, B, tb == 'N' ? N : K, 0, C, N);
+    return FASTLN_OK;
+#endif
+}
+
 /* How a layer does its recurrent products. */
 typedef struct {
     int kind;        /* 0: BLAS, 1: packed (float, x86), 2: small (B == 1) */
     float *packed;   /* kind 1: the packed W_hh (forward) or W_hh^T (backward) */
+    float *packed_ih;   /* forward on the packed path: W_ih packed, else NULL */
 } SFX(rec);
 
-static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, int64_t B, int64_t G, int64_t H,
-                         int backward)
+/* Packs what the products of a layer need: W_hh for the recurrent kernel
+ * when B > 1, and (forward, with_ih) W_ih for the input projections. */
+static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, const T *w_ih, int64_t B, int64_t G,
+                         int64_t H, int64_t I, int backward, int with_ih)
 {
     rc->kind = B == 1 ? 2 : 0;
-    rc->packed = NULL;
+    rc->packed = rc->packed_ih = NULL;
 #if HAVE_PACKED
+    int64_t N = backward ? H : G, K = backward ? G : H;
+    int64_t nh = B > 1 ? fastln_packed_size(N, K) : 0, ni = with_ih ? fastln_packed_size(G, I) : 0;
+    if (nh + ni == 0) return FASTLN_OK;
+    float *buf = (float *)malloc((size_t)(nh + ni) * sizeof(float));
+    if (!buf) return FASTLN_ENOMEM;
     if (B > 1) {
-        int64_t N = backward ? H : G, K = backward ? G : H;
-        rc->packed = (float *)malloc((size_t)fastln_packed_size(N, K) * sizeof(float));
-        if (!rc->packed) return FASTLN_ENOMEM;
+        rc->packed = buf;
         if (backward) fastln_pack_nn(rc->packed, w_hh, K, N);
         else fastln_pack_nt(rc->packed, w_hh, N, K);
         rc->kind = 1;
     }
+    if (with_ih) {
+        rc->packed_ih = buf + nh;
+        fastln_pack_nt(rc->packed_ih, w_ih, G, I);
+    }
 #else
-    (void)w_hh; (void)G; (void)H; (void)backward;
+    (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih;
 #endif
     return FASTLN_OK;
 }
+
+static void SFX(rec_free)(SFX(rec) *rc) { free(rc->packed ? rc->packed : rc->packed_ih); }
 
 /* Whether the per-step product runs inside the step's parallel region. */
 static inline int SFX(rec_in_region)(const SFX(rec) *rc) { return rc->kind != 0; }
@@ -316,7 +401,7 @@ static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh
     int64_t N = backward ? H : G, K = backward ? G : H;
 #if HAVE_PACKED
     if (rc->kind == 1) {
-        SFX(packed_gemm)(C, A, rc->packed, B, N, K, backward);
+        SFX(packed_gemm)(C, N, A, K, 1, rc->packed, B, N, K, backward);
         return;
     }
 #endif
@@ -489,13 +574,10 @@ static void SFX(bwd_row)(const SFX(layer) *ly, int active, T *dai, T *dah, T *dg
 
 /* ---- layer drivers ----------------------------------------------------- */
 
-/* Steps between polls of interrupt(): about 2^27 multiply-adds of recurrent
- * product, a few milliseconds. Also the most steps in one parallel region. */
-static inline int64_t SFX(poll_steps)(const SFX(layer) *ly)
-{
-    int64_t per = ly->B * ly->G * ly->H, n = ((int64_t)1 << 27) / (per > 0 ? per : 1);
-    return n < 1 ? 1 : n;
-}
+/* Steps per chunk: about 256 rows, so that a chunk's input projections
+ * stay in L2 until its steps use them. interrupt() is polled between chunks,
+ * and a chunk runs in one parallel region. */
+static inline int64_t SFX(chunk_steps)(int64_t B) { return B >= 256 ? 1 : (256 + B - 1) / B; }
 
 static int SFX(layer_init)(SFX(layer) *ly, const fastln_rnn_args *a)
 {
@@ -549,28 +631,38 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
                      f->y + (t * B + b) * H);
 }
 
-/* Steps [t0, t1) on nt threads: one parallel region when the recurrent
- * product can run inside it, else BLAS between regions. */
-static void SFX(fwd_steps)(SFX(fwd_ctx) *f, int64_t t0, int64_t t1, int nt)
+/* The input projections of steps [c0, c1) into f->aih, then those steps:
+ * one parallel region when the products can run inside it (the packed and
+ * small kernels), else BLAS between regions. */
+static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I, int64_t c0,
+                          int64_t c1, int nt)
 {
+    const int64_t B = f->ly.B, G = f->ly.G, M = (c1 - c0) * B;
+    const T *xc = x + c0 * B * I;
+    f->c0 = c0;
     if (SFX(rec_in_region)(&f->rc)) {
-        if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-            for (int64_t t = t0; t < t1; t++) SFX(fwd_step)(f, t, 1);
-        } else {
-            for (int64_t t = t0; t < t1; t++) SFX(fwd_step)(f, t, 1);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+#if HAVE_PACKED
+            if (f->rc.packed_ih) SFX(packed_gemm)(f->aih, G, xc, I, 1, f->rc.packed_ih, M, G, I, 0);
+            else
+#endif
+            {
+#pragma omp single
+                SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0);
+            }
+            for (int64_t t = c0; t < c1; t++) SFX(fwd_step)(f, t, 1);
         }
-        return;
+        return FASTLN_OK;
     }
-    for (int64_t t = t0; t < t1; t++) {
+    if (M <= 4) SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0);
+    else GEMM('N', 'T', M, G, I, 1, xc, I, w_ih, I, 0, f->aih, G);
+    for (int64_t t = c0; t < c1; t++) {
         SFX(fwd_step)(f, t, 2);
-        if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-            SFX(fwd_step)(f, t, 0);
-        } else {
-            SFX(fwd_step)(f, t, 0);
-        }
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        SFX(fwd_step)(f, t, 0);
     }
+    return FASTLN_OK;
 }
 
 static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
@@ -589,8 +681,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     f.h = (T *)a->h;
     f.c = lstm ? (T *)a->c : NULL;
 
-    /* Without a cache, A_ih goes in chunks of about 4096 rows. */
-    int64_t Tc = cache ? Ts : (4096 + B - 1) / B;
+    int64_t Tc = SFX(chunk_steps)(B);
     if (Tc > Ts) Tc = Ts;
     int64_t n_aih = cache ? 0 : Tc * B * G, n_ahh = !cache || !gated ? B * G : 0;
     int64_t n_act = !cache && gated ? B * G : 0, n_xc = !cache && lstm ? B * H : 0;
@@ -602,7 +693,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     f.act_s = n_act ? aih_s + n_aih + n_ahh : NULL;
     f.xc_s = n_xc ? aih_s + n_aih + n_ahh + n_act : NULL;
     f.rs_s = n_rs ? aih_s + n_aih + n_ahh + n_act + n_xc : NULL;
-    int rc = SFX(rec_init)(&f.rc, f.w_hh, B, G, H, 0);
+    int rc = SFX(rec_init)(&f.rc, f.w_hh, w_ih, B, G, H, I, 0, Ts * B > 4);
     if (rc) {
         free(scratch);
         return rc;
@@ -611,28 +702,17 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
         memcpy(cache + L->hseq, f.h, (size_t)(B * H) * sizeof(T));
         if (lstm) memcpy(cache + L->cseq, f.c, (size_t)(B * H) * sizeof(T));
     }
-
-    int64_t poll = SFX(poll_steps)(ly);
     for (int64_t c0 = 0; c0 < Ts && rc == FASTLN_OK; c0 += Tc) {
-        int64_t c1 = c0 + Tc < Ts ? c0 + Tc : Ts, M = (c1 - c0) * B;
-        f.c0 = c0;
+        int64_t c1 = c0 + Tc < Ts ? c0 + Tc : Ts;
         f.aih = cache ? cache + L->xih + c0 * B * G : aih_s;
-        if (M <= 4) SFX(small_nt)(f.aih, x + c0 * B * I, w_ih, M, G, I, 0);
-        else GEMM('N', 'T', M, G, I, 1, x + c0 * B * I, I, w_ih, I, 0, f.aih, G);
-        for (int64_t t0 = c0; t0 < c1; t0 += poll) {
-            int64_t t1 = t0 + poll < c1 ? t0 + poll : c1;
-            SFX(fwd_steps)(&f, t0, t1, nt);
-            if (a->interrupt && t1 < Ts && a->interrupt(a->interrupt_ctx)) {
-                rc = FASTLN_EINTR;
-                break;
-            }
-        }
+        rc = SFX(fwd_chunk)(&f, x, w_ih, I, c0, c1, nt);
+        if (!rc && a->interrupt && c1 < Ts && a->interrupt(a->interrupt_ctx)) rc = FASTLN_EINTR;
     }
     if (cache && rc == FASTLN_OK) {   /* the final state */
         memcpy(f.h, cache + L->hseq + Ts * B * H, (size_t)(B * H) * sizeof(T));
         if (lstm) memcpy(f.c, cache + L->cseq + Ts * B * H, (size_t)(B * H) * sizeof(T));
     }
-    free(f.rc.packed);
+    SFX(rec_free)(&f.rc);
     free(scratch);
     return rc;
 }
@@ -704,21 +784,13 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
 static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
 {   /* steps t1-1 down to t0 */
     if (SFX(rec_in_region)(&k->rc)) {
-        if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-            for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1);
-        } else {
-            for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1);
-        }
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1);
         return;
     }
     for (int64_t t = t1 - 1; t >= t0; t--) {
-        if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-            SFX(bwd_step)(k, t, 0);
-        } else {
-            SFX(bwd_step)(k, t, 0);
-        }
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        SFX(bwd_step)(k, t, 0);
         SFX(bwd_step)(k, t, 2);
     }
 }
@@ -763,7 +835,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     int64_t n_da = (lstm || gru ? 2 : 1) * TB * G, n_dg = B * ly->gw;
     T *buf = (T *)malloc((size_t)(n_da + n_dg) * sizeof(T));
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
-    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, B, G, H, 1) : FASTLN_ENOMEM;
+    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0) : FASTLN_ENOMEM;
     if (rc) {
         free(buf);
         free(k.acc);
@@ -773,9 +845,9 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     k.dah = lstm || gru ? buf + TB * G : buf;
     k.dg = buf + n_da;
 
-    int64_t poll = SFX(poll_steps)(ly);
-    for (int64_t t1 = Ts; t1 > 0; t1 -= poll) {
-        int64_t t0 = t1 - poll > 0 ? t1 - poll : 0;
+    int64_t Tc = SFX(chunk_steps)(B);
+    for (int64_t t1 = Ts; t1 > 0; t1 -= Tc) {
+        int64_t t0 = t1 - Tc > 0 ? t1 - Tc : 0;
         SFX(bwd_steps)(&k, t1, t0, nt);
         if (a->interrupt && t0 > 0 && a->interrupt(a->interrupt_ctx)) {
             rc = FASTLN_EINTR;
@@ -784,9 +856,11 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     }
     if (rc == FASTLN_OK) {
         const T *hseq = ly->cache + L->hseq;   /* h_{t-1} for t = 0..T-1 */
-        GEMM('T', 'N', G, I, TB, 1, k.dai, G, x, I, 0, grads[0], I);      /* dW_ih */
-        GEMM('T', 'N', G, H, TB, 1, k.dah, G, hseq, H, 0, grads[1], H);   /* dW_hh */
-        if (a->dx) GEMM('N', 'N', TB, I, G, 1, k.dai, G, p[0], I, 0, (T *)a->dx, I);
+        rc = SFX(gemm_layer)('T', 'N', G, I, TB, k.dai, x, grads[0], nt);          /* dW_ih */
+        if (!rc) rc = SFX(gemm_layer)('T', 'N', G, H, TB, k.dah, hseq, grads[1], nt);  /* dW_hh */
+        if (!rc && a->dx) rc = SFX(gemm_layer)('N', 'N', TB, I, G, k.dai, p[0], (T *)a->dx, nt);
+    }
+    if (rc == FASTLN_OK) {
         /* grads[idx] <- n sums from acc[off] (LSTM, GRU: the biases share one sum) */
         const double *acc = k.acc;
 #define GRAD(idx, off, n)                                                         \
@@ -802,7 +876,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         }
 #undef GRAD
     }
-    free(k.rc.packed);
+    SFX(rec_free)(&k.rc);
     free(buf);
     free(k.acc);
     return rc;
