@@ -101,6 +101,7 @@ class _LNRecurrent:
                 self._shapes[key] = shape
         self.grads = {key: np.zeros(shape, dt) for key, shape in self._shapes.items()}
         self._cache = None
+        self._spare = []   # cache arrays of a finished forward, reused by the next
 
     # ---- parameters ----
 
@@ -225,6 +226,20 @@ class _LNRecurrent:
                              f"got values from {a.min()} to {a.max()}")
         return np.ascontiguousarray(a, dtype=np.int64)
 
+    def _release_cache(self):
+        """Drops the cache; its arrays serve the next forward (fresh pages of a
+        new allocation of that size would cost as much as a few steps)."""
+        if self._cache is not None:
+            self._spare = self._cache[3]
+        self._cache = None
+
+    def _cache_array(self, size):
+        for i, a in enumerate(self._spare):
+            if a.size == size:
+                return self._spare.pop(i)
+        self._spare = []   # a different shape: let the old arrays go
+        return np.empty(size, self.dtype)
+
     def _pack_state(self, parts):
         return tuple(parts) if self._has_cell else parts[0]
 
@@ -257,15 +272,16 @@ class _LNRecurrent:
         T, B = xs.shape[:2]
         states = self._states(state, B, "state")
         lens = self._lengths(lengths, T, B)
-        self._cache = None
+        self._release_cache()
+        if not cache:
+            self._spare = []   # inference keeps nothing
         H, cell = self.hidden_size, self._cell_name()
         inputs, caches = [], []
         for k in range(self.num_layers):
             I = xs.shape[2]
             y = np.empty((T, B, H), self.dtype)
             c = states[1][k] if self._has_cell else None
-            store = (np.empty(_core._rnn_cache_size(cell, T, B, H), self.dtype)
-                     if cache else None)
+            store = self._cache_array(_core._rnn_cache_size(cell, T, B, H)) if cache else None
             _core._rnn_forward(cell, T, B, I, H, self.eps, xs, self._layer_params(k), lens,
                                store, y, states[0][k], c)
             if cache:
@@ -313,7 +329,7 @@ class _LNRecurrent:
             _core._rnn_backward(cell, T, B, I, H, self.eps, inputs[k], self._layer_params(k),
                                 lens, caches[k], g, dstates[0][k], dc, dx, self._layer_grads(k))
             g = dx
-        self._cache = None
+        self._release_cache()
         dx = g.transpose(1, 0, 2).copy() if self.batch_first else g
         return dx, self._pack_state(dstates)
 
