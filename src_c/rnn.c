@@ -107,11 +107,11 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N)
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < np; p++) {
         float *panel = P + p * K * FASTLN_NR;
-        for (int64_t k = 0; k < K; k++)
-            for (int j = 0; j < FASTLN_NR; j++) {
-                int64_t n = p * FASTLN_NR + j;
-                panel[k * FASTLN_NR + j] = n < N ? W[k * N + n] : 0.0f;
-            }
+        int64_t n0 = p * FASTLN_NR, w = N - n0 < FASTLN_NR ? N - n0 : FASTLN_NR;
+        for (int64_t k = 0; k < K; k++) {   /* a slice of row k of W */
+            memcpy(panel + k * FASTLN_NR, W + k * N + n0, (size_t)w * sizeof(float));
+            for (int64_t j = w; j < FASTLN_NR; j++) panel[k * FASTLN_NR + j] = 0.0f;
+        }
     }
 }
 

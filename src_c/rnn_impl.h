@@ -308,17 +308,34 @@ static void SFX(pack_at)(float *Ap, const float *A, int64_t M, int64_t K)
 static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A,
                          const float *B, float *C, int nt)
 {
+    /* C = A^T B (the weight gradients, K = T*B large): transposing A costs
+     * M*K, so with M > N compute C^T = B^T A instead (transposing B, N*K)
+     * and transpose the small result. */
+    int swap = ta == 'T' && tb == 'N' && M > N;
+    if (swap) {
+        const float *t = A;
+        A = B;
+        B = t;
+        int64_t n = M;
+        M = N;
+        N = n;
+    }
     int64_t np = fastln_packed_size(N, K), na = ta == 'T' ? (M + MR - 1) / MR * MR * K : 0;
-    float *P = (float *)malloc((size_t)(np + na) * sizeof(float));
+    float *P = (float *)malloc((size_t)(np + na + (swap ? M * N : 0)) * sizeof(float));
     if (!P) return FASTLN_ENOMEM;
-    float *Ap = ta == 'T' ? P + np : NULL;
+    float *Ap = ta == 'T' ? P + np : NULL, *Ct = swap ? P + np + na : C;
     int64_t ars = ta == 'N' ? K : 0;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (tb == 'T') fastln_pack_nt(P, B, N, K);
         else fastln_pack_nn(P, B, K, N);
         if (Ap) SFX(pack_at)(Ap, A, M, K);   /* ends with a barrier */
-        SFX(packed_gemm)(C, N, Ap ? Ap : A, ars, 1, P, M, N, K, 0);
+        SFX(packed_gemm)(Ct, N, Ap ? Ap : A, ars, 1, P, M, N, K, 0);
+        if (swap) {
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < N; j++)   /* C (N, M) = Ct^T */
+                for (int64_t i = 0; i < M; i++) C[j * M + i] = Ct[i * N + j];
+        }
     }
     free(P);
     return FASTLN_OK;
