@@ -379,7 +379,7 @@ typedef struct {
 /* Packs what the products of a layer need: W_hh for the recurrent kernel
  * when B > 1, and (forward, with_ih) W_ih for the input projections. */
 static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, const T *w_ih, int64_t B, int64_t G,
-                         int64_t H, int64_t I, int backward, int with_ih)
+                         int64_t H, int64_t I, int backward, int with_ih, int nt)
 {
     rc->kind = B == 1 ? 2 : 0;
     rc->packed = rc->packed_ih = NULL;
@@ -391,16 +391,17 @@ static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, const T *w_ih, int64_t B, 
     if (!buf) return FASTLN_ENOMEM;
     if (B > 1) {
         rc->packed = buf;
-        if (backward) fastln_pack_nn(rc->packed, w_hh, K, N);
-        else fastln_pack_nt(rc->packed, w_hh, N, K);
         rc->kind = 1;
     }
-    if (with_ih) {
-        rc->packed_ih = buf + nh;
-        fastln_pack_nt(rc->packed_ih, w_ih, G, I);
+    rc->packed_ih = with_ih ? buf + nh : NULL;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        if (rc->packed && backward) fastln_pack_nn(rc->packed, w_hh, K, N);
+        else if (rc->packed) fastln_pack_nt(rc->packed, w_hh, N, K);
+        if (rc->packed_ih) fastln_pack_nt(rc->packed_ih, w_ih, G, I);
     }
 #else
-    (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih;
+    (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih; (void)nt;
 #endif
     return FASTLN_OK;
 }
@@ -710,7 +711,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     f.act_s = n_act ? aih_s + n_aih + n_ahh : NULL;
     f.xc_s = n_xc ? aih_s + n_aih + n_ahh + n_act : NULL;
     f.rs_s = n_rs ? aih_s + n_aih + n_ahh + n_act + n_xc : NULL;
-    int rc = SFX(rec_init)(&f.rc, f.w_hh, w_ih, B, G, H, I, 0, Ts * B > 4);
+    int rc = SFX(rec_init)(&f.rc, f.w_hh, w_ih, B, G, H, I, 0, Ts * B > 4, nt);
     if (rc) {
         free(scratch);
         return rc;
@@ -852,7 +853,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     int64_t n_da = (lstm || gru ? 2 : 1) * TB * G, n_dg = B * ly->gw;
     T *buf = (T *)malloc((size_t)(n_da + n_dg) * sizeof(T));
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
-    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0) : FASTLN_ENOMEM;
+    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, nt) : FASTLN_ENOMEM;
     if (rc) {
         free(buf);
         free(k.acc);
