@@ -608,13 +608,22 @@ cdef int _pending() except -1:
 
 _CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
 
+_SIZES = {}
+
 def _rnn_param_sizes(str cell, int64_t I, int64_t H):
     """Element counts of one layer's parameters, in fastln_rnn.h order."""
-    if cell == "lstm":
-        return [4 * H * I, 4 * H * H] + [4 * H] * 5 + [H] * 2
-    if cell == "gru":
-        return [3 * H * I, 3 * H * H] + [2 * H] * 4 + [H] * 4
-    return [H * I, H * H, H, H]
+    key = (cell, I, H)
+    sizes = _SIZES.get(key)
+    if sizes is None:
+        if cell == "lstm":
+            sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
+        elif cell == "gru":
+            sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
+        else:
+            sizes = (H * I, H * H, H, H)
+        if len(_SIZES) < 64:
+            _SIZES[key] = sizes
+    return sizes
 
 def _rnn_cache_size(str cell, int64_t T, int64_t B, int64_t H):
     return fastln_rnn_cache_size(_CELLS[cell], T, B, H)
@@ -640,9 +649,10 @@ cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t 
         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>params[k])
     if lengths is not None:
         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
+    cdef int code = _CELLS[cell]
     if cache is not None or cache_required:
-        _arr(cache, tn, fastln_rnn_cache_size(_CELLS[cell], T, B, H), True, "cache")
-    a.cell = _CELLS[cell]
+        _arr(cache, tn, fastln_rnn_cache_size(code, T, B, H), True, "cache")
+    a.cell = code
     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
     a.lengths = <const int64_t *>_ptr(lengths)

@@ -87,6 +87,8 @@ class _LNRecurrent:
         bound = 1.0 / np.sqrt(H)
         self.params = {}
         self._shapes = {}
+        self._keys = [[f"{name}_l{k}" for name, _, _ in layout] for k in range(self.num_layers)]
+        self._checked = {}
         for k in range(self.num_layers):
             I = self.input_size if k == 0 else H
             for name, units, init in layout:
@@ -106,10 +108,16 @@ class _LNRecurrent:
     # ---- parameters ----
 
     def _layer_keys(self, k):
-        return [f"{name}_l{k}" for name, _, _ in _LAYOUTS[self._kind][1]]
+        return self._keys[k]
 
     def _layer_params(self, k):
-        """Layer k's parameters as C-contiguous arrays of the model's dtype."""
+        """Layer k's parameters as C-contiguous arrays of the model's dtype
+        (the last good list is reused while params holds the same arrays; the
+        engine re-checks sizes on every call anyway)."""
+        current = [self.params.get(key) for key in self._layer_keys(k)]
+        last = self._checked.get(k)
+        if last is not None and all(a is b for a, b in zip(current, last)):
+            return last
         out = []
         for key in self._layer_keys(k):
             p = self.params.get(key)
@@ -120,6 +128,8 @@ class _LNRecurrent:
                 raise ValueError(f"params[{key!r}] has shape {p.shape}, "
                                  f"expected {self._shapes[key]}")
             out.append(p)
+        if all(a is b for a, b in zip(current, out)):
+            self._checked[k] = out
         return out
 
     def _layer_grads(self, k):
@@ -203,8 +213,8 @@ class _LNRecurrent:
             if part is None:
                 out.append(np.zeros(shape, self.dtype))
                 continue
-            a = np.asarray(part)
-            if a.dtype != self.dtype and isinstance(part, np.ndarray):
+            a = part if type(part) is np.ndarray else np.asarray(part)
+            if a.dtype is not self.dtype and a.dtype != self.dtype and isinstance(part, np.ndarray):
                 raise TypeError(f"{name} has dtype {a.dtype}, but the model is {self.dtype}")
             if a.shape != shape:
                 raise ValueError(f"{name} must have shape (num_layers, B, H) = {shape}, "
@@ -337,15 +347,18 @@ class _LNRecurrent:
         """One time step, for streaming inference: x_t (B, input_size) -> the top
         layer's h (B, H) and the new state. Keeps no cache. Equivalent to
         ``forward(x_t[None], state, cache=False)`` (time-major)."""
-        x = np.asarray(x_t) if not isinstance(x_t, np.ndarray) else x_t
-        if x.ndim != 2:
-            raise ValueError(f"x_t must have shape (B, input_size), got {x.shape}")
-        if isinstance(x_t, np.ndarray) and x.dtype != self.dtype:
-            raise TypeError(f"x_t has dtype {x.dtype}, but the model is {self.dtype}")
-        if x.shape[1] != self.input_size or x.shape[0] < 1:
+        dt = self.dtype
+        if isinstance(x_t, np.ndarray):
+            if x_t.dtype is not dt and x_t.dtype != dt:
+                raise TypeError(f"x_t has dtype {x_t.dtype}, but the model is {dt}")
+            xs = x_t
+        else:
+            xs = np.asarray(x_t, dtype=dt)
+        if xs.ndim != 2 or xs.shape[1] != self.input_size or xs.shape[0] < 1:
             raise ValueError(f"x_t must have shape (B, {self.input_size}) with B >= 1, "
-                             f"got {x.shape}")
-        xs = np.ascontiguousarray(x, dtype=self.dtype)
+                             f"got {xs.shape}")
+        if not xs.flags.c_contiguous:
+            xs = np.ascontiguousarray(xs)
         B, H, cell = xs.shape[0], self.hidden_size, self._cell_name()
         states = self._states(state, B, "state")
         for k in range(self.num_layers):

@@ -124,6 +124,44 @@ static inline void SFX(col_acc)(double *aw, double *ab, const T *g, int64_t ldg,
 
 /* ---- recurrent products ------------------------------------------------ */
 
+#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#define HAVE_GEMV16 1
+/* c[j] (+)= dot(W row n0+j, a) for j < 16, K elements: one accumulator per
+ * row, then a transposing reduction tree (16 vectors -> one vector of the 16
+ * sums) instead of 16 horizontal sums. */
+static inline void SFX(gemv16)(float *c, const float *a, const float *W, int64_t K, int acc)
+{
+    __m512 s[16];
+    for (int j = 0; j < 16; j++) s[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+        __m512 av = _mm512_maskz_loadu_ps(m, a + k);
+        for (int j = 0; j < 16; j++)
+            s[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, W + j * K + k), av, s[j]);
+    }
+    __m512 b[8], d[4];
+    for (int q = 0; q < 8; q++)   /* per 128-bit lane: rows 2q, 2q+1, even and odd halves */
+        b[q] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * q], s[2 * q + 1]),
+                             _mm512_unpackhi_ps(s[2 * q], s[2 * q + 1]));
+    for (int r = 0; r < 4; r++) { /* per 128-bit lane: rows 4r .. 4r+3 */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * r]), _mm512_castps_pd(b[2 * r + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * r]), _mm512_castps_pd(b[2 * r + 1]));
+        d[r] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* add the four 128-bit lanes of each d[r] and put them in lane r */
+    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 r = _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+    if (acc) r = _mm512_add_ps(r, _mm512_loadu_ps(c));
+    _mm512_storeu_ps(c, r);
+}
+#else
+#define HAVE_GEMV16 0
+#endif
+
 /* B == 1 and other tiny M, unpacked W:
  * nt:  C (M, N) (+)= A (M, K) W^T, W (N, K): four dot products at a time
  * nn:  C (M, K) (+)= A (M, N) W,   W (N, K): four axpys at a time */
@@ -134,6 +172,9 @@ static void SFX(small_nt)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
         const T *a = A + m * K;
         T *c = C + m * N;
         int64_t n = 0;
+#if HAVE_GEMV16
+        for (; n + 16 <= N; n += 16) SFX(gemv16)(c + n, a, W + n * K, K, acc);
+#endif
         for (; n + 4 <= N; n += 4) {
             const T *w0 = W + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
             T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -901,4 +942,5 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
 }
 
 #undef HAVE_PACKED
+#undef HAVE_GEMV16
 #undef COLBLK
