@@ -1,11 +1,13 @@
 """The wide benchmark: LayerNorm forward and backward, fastln against its peers.
 
-    python bench/run.py [--quick] [--threads 1,2]
+    python bench/run.py [--quick] [--threads 1,2] [--no-rnn]
 
 Measures every (rows, H) in the grid below at each thread count with the
 machinery of fastln/_bench.py (medians, peers timed in turns, ratios of
 medians, fastln's out= throughput as a fraction of the parallel copy), then
-writes bench/results/latest.json and regenerates bench/RESULTS.md.
+writes bench/results/latest.json and regenerates bench/RESULTS.md. Then the
+LN-RNN cases of bench/rnn.py (skipped with --no-rnn) add a "## LN-RNN"
+section to both.
 """
 import argparse
 import json
@@ -78,11 +80,42 @@ def results_md(info, rows, args, elapsed):
     return "\n".join(out)
 
 
+# ---- the LN-RNN section (bench/rnn.py); optional, and its failure is not fatal
+
+def _rnn_module():
+    import importlib.util
+    if "fastln_bench_rnn" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("fastln_bench_rnn",
+                                                      os.path.join(HERE, "rnn.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["fastln_bench_rnn"] = mod
+    return sys.modules["fastln_bench_rnn"]
+
+
+def _run_rnn(nthreads, quick):
+    """bench/rnn.py's run() as a JSON-friendly dict, or {"error": message}."""
+    print("LN-RNN (bench/rnn.py) ...", flush=True)
+    try:
+        return _rnn_module().run(threads=nthreads, quick=quick)
+    except Exception as e:  # e.g. a failed check: reported, the LN results are still written
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _rnn_md(rnn_result):
+    if rnn_result is None:
+        return ""
+    if "error" in rnn_result:
+        return f"\n## LN-RNN\n\n`bench/rnn.py` failed: {rnn_result['error']}\n"
+    return "\n" + _rnn_module().results_md(rnn_result) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--no-rnn", action="store_true", help="skip the LN-RNN section (bench/rnn.py)")
     args = ap.parse_args(argv)
     try:
         nthreads = [int(t) for t in args.threads.split(",")]
@@ -117,14 +150,19 @@ def main(argv=None):
                     print(f"[{i + 1}/{len(SHAPES)}]" + _bench.progress_line(row), flush=True)
     elapsed = time.perf_counter() - t0
     info["cpu_other_load"] = load.fraction
+    rnn_result = None if args.no_rnn else _run_rnn(nthreads, args.quick)
 
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     _write(os.path.join(HERE, "results", "latest.json"),
-           json.dumps({"info": info, "quick": args.quick, "elapsed_s": elapsed, "rows": rows},
-                      indent=1) + "\n")
-    _write(os.path.join(HERE, "RESULTS.md"), results_md(info, rows, args, elapsed) + "\n")
+           json.dumps({"info": info, "quick": args.quick, "elapsed_s": elapsed, "rows": rows,
+                       "rnn": rnn_result}, indent=1) + "\n")
+    _write(os.path.join(HERE, "RESULTS.md"), results_md(info, rows, args, elapsed)
+           + _rnn_md(rnn_result) + "\n")
     print()
     print(_bench.format_table(rows))
+    if rnn_result is not None:
+        print("\nLN-RNN:\n" + (_rnn_module().format_table(rnn_result) if "error" not in rnn_result
+                                else "failed: " + rnn_result["error"]))
     if load.fraction is not None:
         print(f"other processes used {100 * load.fraction:.0f}% of the CPUs during the run")
     print(f"\nwrote bench/results/latest.json and bench/RESULTS.md ({elapsed:.0f} s)")

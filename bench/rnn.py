@@ -1,0 +1,567 @@
+"""The LN-RNN benchmark: fastln.rnn.LNLSTM against PyTorch, float32.
+
+    python bench/rnn.py [--quick] [--threads 1,2] [--json PATH]
+
+Cases (the "Speed to reach" section of issue 3):
+
+- LNLSTM, T=100, B=32, I=128, H=256, one layer: forward (cache=True and
+  cache=False) and forward+backward, against
+  * a PyTorch eager LN-LSTM of exactly the same equations (DESIGN.md section 3),
+    written as a typical user would: a torch.nn.Module with a Python loop over
+    time, F.layer_norm for the three LNs, and the input projection and its LN
+    done for all steps at once (they do not depend on h);
+  * torch.nn.LSTM(128, 256), which has no LN at all (oneDNN/MKL underneath).
+  Forward-only peers run under torch.no_grad(); forward+backward is
+  loss = (y * dy).sum(); loss.backward() with x requiring grad (fastln's
+  backward returns dx too), grads reset to None each call.
+- Streaming, T=1000, B=1, I=64, H=128: forward (fastln cache=False, torch
+  no_grad) and the per-call time of fastln's m.step(x_t, state) on B=1 (the
+  eager peer's one-step cell is shown for context).
+
+Timing follows fastln/_bench.py (DESIGN.md section 6): medians per call, the
+peers timed in turns in one process on the same thread count, ratios of
+medians. torch.set_num_threads(n) is called before fastln's thread count is
+set (torch may share fastln's libgomp). Before timing, the eager peer is
+loaded with fastln's weights (LN gains/biases and the gate bias perturbed
+away from their init so they matter) and fastln's y must match it, else
+AssertionError: float32 over the first 10 steps at rtol = atol = 1e-4 (the
+recurrence amplifies float32 rounding, ~1.07x a step with these weights, so
+two correct float32 implementations differ by ~2e-4 at step 100), and a
+float64 copy over all steps at 1e-6. In float64, fastln's gradients (and dx),
+cache=False output and step() are checked too; disagreements are printed.
+
+If fastln.rnn cannot be imported, only the torch peers are timed.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))   # the repository root, for an in-place build
+
+import numpy as np              # noqa: E402
+
+import fastln                   # noqa: E402
+from fastln import _bench       # noqa: E402
+
+torch = _bench._torch           # None when torch is not installed
+
+try:
+    from fastln.rnn import LNLSTM   # noqa: E402
+    RNN_IMPORT_ERROR = None
+except Exception as e:          # not landed yet, or broken
+    LNLSTM = None
+    RNN_IMPORT_ERROR = f"{type(e).__name__}: {e}"
+
+EPS = 1e-5
+LSTM_CASE = dict(T=100, B=32, I=128, H=256)
+STREAM_CASE = dict(T=1000, B=1, I=64, H=128)
+RTOL = ATOL = 1e-4              # float32 y agreement, first CHECK_STEPS steps (see _check_lstm)
+CHECK_STEPS = 10
+RTOL64 = 1e-6                   # float64: y, states, step(), gradients (normwise), all steps
+STEP_CHECK_STEPS = 50
+
+# (label, ratio key, comparison, target); "ge": ratio >= target is met
+TARGETS = {
+    "fwd_eager_over_fastln": ("ge", 2.5),
+    "fwd_fastln_over_lstm": ("le", 1.1),
+    "fwdbwd_eager_over_fastln": ("ge", 1.7),
+    "fwdbwd_fastln_over_lstm": ("le", 1.0),
+    "stream_eager_over_fastln": ("ge", 10.0),
+    "step_us": ("le", 10.0),
+}
+
+
+# ---- the PyTorch eager LN-LSTM peer -------------------------------------------
+
+if torch is not None:
+    import torch.nn.functional as F
+
+    class EagerLNLSTM(torch.nn.Module):
+        """One-layer LN-LSTM, DESIGN.md section 3, gate order i,f,g,o:
+
+            gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias   (LNs over all 4H)
+            c_t = f*c + i*g ;  h_t = o*tanh(LN(c_t; ln_c))
+        """
+
+        def __init__(self, input_size, hidden_size, eps=EPS):
+            super().__init__()
+            H = hidden_size
+            self.input_size, self.hidden_size, self.eps = input_size, H, eps
+            k = 1.0 / math.sqrt(H)
+            P = torch.nn.Parameter
+            self.weight_ih = P(torch.empty(4 * H, input_size).uniform_(-k, k))
+            self.weight_hh = P(torch.empty(4 * H, H).uniform_(-k, k))
+            self.bias = P(torch.zeros(4 * H))
+            self.ln_ih_weight = P(torch.ones(4 * H))
+            self.ln_ih_bias = P(torch.zeros(4 * H))
+            self.ln_hh_weight = P(torch.ones(4 * H))
+            self.ln_hh_bias = P(torch.zeros(4 * H))
+            self.ln_c_weight = P(torch.ones(H))
+            self.ln_c_bias = P(torch.zeros(H))
+
+        def _cell(self, gx_t, h, c):
+            """One step given gx_t = LN(x_t W_ih^T; ln_ih) + bias."""
+            H = self.hidden_size
+            gates = gx_t + F.layer_norm(F.linear(h, self.weight_hh), (4 * H,),
+                                        self.ln_hh_weight, self.ln_hh_bias, self.eps)
+            i, f, g, o = gates.chunk(4, 1)
+            i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+            c = f * c + i * g
+            h = o * torch.tanh(F.layer_norm(c, (H,), self.ln_c_weight, self.ln_c_bias,
+                                            self.eps))
+            return h, c
+
+        def _input_gates(self, x):
+            return F.layer_norm(F.linear(x, self.weight_ih), (4 * self.hidden_size,),
+                                self.ln_ih_weight, self.ln_ih_bias, self.eps) + self.bias
+
+        def forward(self, x, state=None):
+            """x (T,B,I) -> y (T,B,H), (h_T, c_T) each (B,H)."""
+            T, B, _ = x.shape
+            if state is None:
+                h = x.new_zeros(B, self.hidden_size)
+                c = x.new_zeros(B, self.hidden_size)
+            else:
+                h, c = state
+            gx = self._input_gates(x)      # all steps at once: it does not depend on h
+            ys = []
+            # unbind, not gx[t]: the backward of T selects would zero-fill T copies of gx
+            for gx_t in gx.unbind(0):
+                h, c = self._cell(gx_t, h, c)
+                ys.append(h)
+            return torch.stack(ys), (h, c)
+
+        def step(self, x_t, state):
+            """One time step: x_t (B,I) -> h (B,H), (h, c)."""
+            h, c = self._cell(self._input_gates(x_t), *state)
+            return h, (h, c)
+
+        def load_fastln(self, params):
+            """Copy a fastln LNLSTM's layer-0 params (weight_ih_l0, ..., ln_c_bias_l0)."""
+            with torch.no_grad():
+                for name, p in self.named_parameters():
+                    p.copy_(torch.from_numpy(np.ascontiguousarray(params[name + "_l0"])))
+else:
+    EagerLNLSTM = None
+
+
+# ---- checks -------------------------------------------------------------------
+
+def _max_err(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)),
+                        initial=0.0))
+
+
+def _perturbed_fastln(I, H, seed):
+    """A float32 fastln LNLSTM whose LN gains/biases and gate bias are moved off their
+    init (so that they matter in the checks), and a float64 one with the same params."""
+    m = LNLSTM(I, H, num_layers=1, dtype=np.float32, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    d = {k: np.array(v, copy=True) for k, v in m.state_dict().items()}
+    for k, v in d.items():
+        if k.startswith("ln_") or k.startswith("bias"):
+            base = 1.0 if "_weight_" in k else 0.0
+            d[k] = (base + 0.1 * rng.standard_normal(v.shape)).astype(np.float32)
+    m.load_state_dict(d)
+    m64 = LNLSTM(I, H, num_layers=1, dtype=np.float64, seed=seed)
+    m64.load_state_dict({k: v.astype(np.float64) for k, v in d.items()})
+    return m, m64
+
+
+def _eager_like(m, dtype):
+    e = EagerLNLSTM(m.params["weight_ih_l0"].shape[1], m.params["weight_hh_l0"].shape[1])
+    e = e.to(dtype)
+    e.load_fastln(m.params)
+    return e
+
+
+def _check_lstm(m, m64, x, dy, checks, label):
+    """Checks fastln against the eager peer loaded with the same weights.
+
+    With random weights the LN-LSTM recurrence amplifies rounding differences
+    (about 1.07x per step here: two correct float32 implementations drift apart
+    to ~2e-4 by step 100 and fully by step 1000), so:
+    - float32 (the model timed): y of the first CHECK_STEPS steps must match at
+      rtol = atol = 1e-4 (AssertionError otherwise); the whole-sequence max|diff|
+      is recorded in the returned dict;
+    - float64, same params: y over the whole sequence must match at 1e-6
+      (AssertionError otherwise); h_n/c_n, dx and every gradient (normwise),
+      forward(cache=False) and step() are compared there and any disagreement is
+      appended to ``checks``.
+    """
+    out = {}
+    ns = min(CHECK_STEPS, x.shape[0])
+    e32 = _eager_like(m, torch.float32)
+    with torch.no_grad():
+        ye = e32(torch.from_numpy(x[:ns]))[0].numpy()
+    y, _ = m.forward(np.ascontiguousarray(x[:ns]), cache=False)
+    if not np.allclose(y, ye, rtol=RTOL, atol=ATOL):
+        raise AssertionError(f"{label}: float32 fastln LNLSTM y (first {ns} steps) disagrees "
+                             f"with the eager LN-LSTM peer: max|diff| = {_max_err(y, ye):.3g} "
+                             f"(rtol=atol={RTOL:g}); not timing it")
+    with torch.no_grad():
+        ye = e32(torch.from_numpy(x))[0].numpy()
+    out["f32_y_maxdiff_full"] = _max_err(m.forward(x, cache=False)[0], ye)
+
+    x64 = x.astype(np.float64)
+    dy64 = dy.astype(np.float64)
+    e64 = _eager_like(m64, torch.float64)
+    xt = torch.from_numpy(x64).requires_grad_(True)
+    y_e, (h_e, c_e) = e64(xt)
+    (y_e * torch.from_numpy(dy64)).sum().backward()
+    y_e = y_e.detach().numpy()
+    y, (h_n, c_n) = m64.forward(x64, cache=True)
+    err = _max_err(y, y_e)
+    out["f64_y_maxdiff"] = err
+    if not np.allclose(y, y_e, rtol=RTOL64, atol=RTOL64):
+        raise AssertionError(f"{label}: float64 fastln LNLSTM y disagrees with the eager LN-LSTM "
+                             f"peer: max|diff| = {err:.3g} (rtol=atol={RTOL64:g}); not timing it")
+    for nm, a, b in (("h_n", h_n[0], h_e.detach().numpy()), ("c_n", c_n[0], c_e.detach().numpy())):
+        if not np.allclose(a, b, rtol=RTOL64, atol=RTOL64):
+            checks.append(f"{label} float64 {nm}: max|diff|={_max_err(a, b):.3g}")
+    dx, _ = m64.backward(dy64)
+    got = dict(m64.grads)
+    got["dx"] = dx
+    want = {n + "_l0": p.grad.numpy() for n, p in e64.named_parameters()}
+    want["dx"] = xt.grad.numpy()
+    worst = 0.0
+    for k, b in want.items():
+        if k not in got:
+            checks.append(f"{label} float64 grad {k}: missing from fastln's grads")
+            continue
+        g = np.asarray(got[k])
+        if g.shape != b.shape:
+            checks.append(f"{label} float64 grad {k}: shape {g.shape}, want {b.shape}")
+            continue
+        rel = float(_max_err(g, b) / max(np.max(np.abs(b), initial=0.0), 1e-30))
+        worst = max(worst, rel)
+        if rel > RTOL64:
+            checks.append(f"{label} float64 grad {k}: max|diff|={_max_err(g, b):.3g} "
+                          f"(max|ref|={np.max(np.abs(b)):.3g})")
+    out["f64_grad_maxreldiff"] = worst
+    y0, _ = m64.forward(x64, cache=False)
+    if not np.allclose(y0, y, rtol=RTOL64, atol=RTOL64):
+        checks.append(f"{label} float64 forward(cache=False) y differs from cache=True: "
+                      f"max|diff|={_max_err(y0, y):.3g}")
+    state = None
+    for t in range(min(STEP_CHECK_STEPS, x.shape[0])):
+        h, state = m64.step(x64[t], state)
+        if not np.allclose(h, y[t], rtol=RTOL64, atol=RTOL64):
+            checks.append(f"{label} float64 step() at t={t} differs from forward's y: "
+                          f"max|diff|={_max_err(h, y[t]):.3g}")
+            break
+    return out
+
+
+# ---- one thread count ---------------------------------------------------------
+
+def _bench_threads(n, kw, seed=0):
+    """All cases on the current thread setting (n threads). Returns a dict of
+    median seconds per call ('times'), 'ratios', 'checks' (disagreements)."""
+    res = {"threads": n, "fastln": LNLSTM is not None, "times": {}, "checks": [],
+           "check_info": {}}
+    tm = res["times"]
+    checks = res["checks"]
+    gap = _bench.SPIN_GAP if n > 1 else 0.0
+    have_torch = torch is not None
+    if not have_torch:
+        checks.append("torch is not installed: no peers")
+
+    # ---- LNLSTM T=100, B=32, I=128, H=256
+    T, B, I, H = (LSTM_CASE[k] for k in "TBIH")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, B, I), dtype=np.float32)
+    dy = rng.standard_normal((T, B, H), dtype=np.float32)
+    fns = {}
+    if have_torch:
+        torch.manual_seed(seed)
+        eager = EagerLNLSTM(I, H)
+        lstm = torch.nn.LSTM(I, H)
+        xt = torch.from_numpy(x)
+        xg = torch.from_numpy(x.copy()).requires_grad_(True)
+        dyt = torch.from_numpy(dy)
+    if LNLSTM is not None:
+        m, m64 = _perturbed_fastln(I, H, seed)
+        if have_torch:
+            res["check_info"]["lstm"] = _check_lstm(m, m64, x, dy, checks, "LNLSTM(T=100,B=32)")
+        fns["fastln_fwd"] = lambda: m.forward(x, cache=True)
+        fns["fastln_fwd_nocache"] = lambda: m.forward(x, cache=False)
+
+        def fastln_fwdbwd():
+            m.forward(x, cache=True)
+            return m.backward(dy)
+        fns["fastln_fwdbwd"] = fastln_fwdbwd
+    if have_torch:
+        def eager_fwd():
+            with torch.no_grad():
+                return eager(xt)
+
+        def lstm_fwd():
+            with torch.no_grad():
+                return lstm(xt)
+
+        def fwdbwd(mod):
+            params = list(mod.parameters())
+
+            def f():
+                for p in params:
+                    p.grad = None
+                xg.grad = None
+                y, _ = mod(xg)
+                (y * dyt).sum().backward()
+            return f
+        fns["eager_fwd"] = eager_fwd
+        fns["eager_fwdbwd"] = fwdbwd(eager)
+        fns["lstm_fwd"] = lstm_fwd
+        fns["lstm_fwdbwd"] = fwdbwd(lstm)
+    groups = {k: ("fastln" if k.startswith("fastln") else "torch") for k in fns}
+    # forward-only and forward+backward timed as two sets of peers in turns
+    for part in ("fwd", "fwdbwd"):
+        sub = {k: f for k, f in fns.items() if (k.endswith("_fwdbwd") == (part == "fwdbwd"))}
+        if sub:
+            tm.update(_bench.time_peers(sub, gap=gap, groups=groups, **kw))
+
+    # ---- streaming T=1000, B=1, I=64, H=128
+    T, B, I, H = (STREAM_CASE[k] for k in "TBIH")
+    rng = np.random.default_rng(seed + 2)
+    x = rng.standard_normal((T, B, I), dtype=np.float32)
+    fns = {}
+    steps = {}
+    if have_torch:
+        torch.manual_seed(seed + 2)
+        eager = EagerLNLSTM(I, H)
+        lstm = torch.nn.LSTM(I, H)
+        xt = torch.from_numpy(x)
+    if LNLSTM is not None:
+        ms, ms64 = _perturbed_fastln(I, H, seed + 2)
+        if have_torch:
+            dys = rng.standard_normal((T, B, H), dtype=np.float32)
+            res["check_info"]["stream"] = _check_lstm(ms, ms64, x, dys, checks,
+                                                      "stream LNLSTM(T=1000,B=1)")
+        fns["fastln_stream"] = lambda: ms.forward(x, cache=False)
+        x0 = np.ascontiguousarray(x[0])
+        sstate = [ms.step(x0, None)[1]]
+
+        def fastln_step():
+            h, sstate[0] = ms.step(x0, sstate[0])
+            return h
+        steps["fastln_step"] = fastln_step
+    if have_torch:
+        def eager_stream():
+            with torch.no_grad():
+                return eager(xt)
+
+        def lstm_stream():
+            with torch.no_grad():
+                return lstm(xt)
+        fns["eager_stream"] = eager_stream
+        fns["lstm_stream"] = lstm_stream
+        x0t = xt[0]
+        with torch.no_grad():
+            estate = [(torch.zeros(B, H), torch.zeros(B, H))]
+
+        def eager_step():
+            with torch.no_grad():
+                h, estate[0] = eager.step(x0t, estate[0])
+            return h
+        steps["eager_step"] = eager_step
+    groups = {k: ("fastln" if k.startswith("fastln") else "torch") for k in list(fns) + list(steps)}
+    if fns:
+        tm.update(_bench.time_peers(fns, gap=gap, groups=groups, **kw))
+    if steps:
+        tm.update(_bench.time_peers(steps, gap=gap, groups=groups, **kw))
+
+    res["ratios"] = _ratios(tm)
+    return res
+
+
+def _ratios(tm):
+    def div(a, b):
+        return tm[a] / tm[b] if tm.get(a) is not None and tm.get(b) is not None else None
+    r = {
+        "fwd_eager_over_fastln": div("eager_fwd", "fastln_fwd"),
+        "fwd_fastln_over_lstm": div("fastln_fwd", "lstm_fwd"),
+        "fwd_nocache_eager_over_fastln": div("eager_fwd", "fastln_fwd_nocache"),
+        "fwd_nocache_fastln_over_lstm": div("fastln_fwd_nocache", "lstm_fwd"),
+        "fwdbwd_eager_over_fastln": div("eager_fwdbwd", "fastln_fwdbwd"),
+        "fwdbwd_fastln_over_lstm": div("fastln_fwdbwd", "lstm_fwdbwd"),
+        "stream_eager_over_fastln": div("eager_stream", "fastln_stream"),
+        "stream_fastln_over_lstm": div("fastln_stream", "lstm_stream"),
+        "step_us": tm["fastln_step"] * 1e6 if tm.get("fastln_step") is not None else None,
+    }
+    return r
+
+
+def run(threads=(1, 2), quick=False):
+    """Time every case at each thread count. Returns a JSON-friendly dict:
+    {'info', 'quick', 'fastln_rnn' (import error or None), 'cases', 'targets',
+     'results': [{'threads', 'fastln', 'times' (median s/call), 'ratios', 'checks'}]}."""
+    kw = (dict(repeats=5, budget=0.5, min_sample=1e-3, min_repeats=3) if quick
+          else dict(repeats=15, budget=2.0, min_sample=2e-3, min_repeats=5))
+    info = _bench.machine_info()
+    results = []
+    t0 = time.perf_counter()
+    with _bench.OtherLoad() as load:
+        for n in threads:
+            _bench.set_peer_threads(n)      # first: torch may share fastln's libgomp
+            with fastln.threads(n):
+                results.append(_bench_threads(n, kw))
+    info["cpu_other_load"] = load.fraction
+    return {"info": info, "quick": quick, "elapsed_s": time.perf_counter() - t0,
+            "fastln_rnn": RNN_IMPORT_ERROR, "cases": {"lstm": LSTM_CASE, "stream": STREAM_CASE},
+            "targets": {k: list(v) for k, v in TARGETS.items()}, "results": results}
+
+
+# ---- formatting ---------------------------------------------------------------
+
+def _ms(t):
+    return "-" if t is None else f"{t * 1e3:.2f}"
+
+
+def _us(t):
+    return "-" if t is None else f"{t * 1e6:.1f}"
+
+
+def _ratio(key, r):
+    """'2.63x (>=2.5 ok)' or '- (>=2.5)'."""
+    if key not in TARGETS:
+        return "-" if r is None else f"{r:.2f}x"
+    op, tgt = TARGETS[key]
+    want = f"{'≥' if op == 'ge' else '≤'}{tgt:g}"
+    if r is None:
+        return f"- ({want})"
+    ok = r >= tgt if op == "ge" else r <= tgt
+    return f"{r:.2f}x ({want} {'ok' if ok else 'MISS'})"
+
+
+def format_table(result, markdown=False):
+    """The results of run() as one table per thread count (plain text or markdown)."""
+    heads = ["case", "fastln", "eager LN-LSTM", "nn.LSTM", "eager/fastln", "fastln/nn.LSTM"]
+    lines = []
+    if result.get("fastln_rnn"):
+        lines.append(f"fastln.rnn not available ({result['fastln_rnn']}): torch peers only.")
+        lines.append("")
+    for res in result["results"]:
+        t, r = res["times"], res["ratios"]
+        n = res["threads"]
+        rows = [
+            ["LSTM T=100 B=32 I=128 H=256 fwd, ms", _ms(t.get("fastln_fwd")),
+             _ms(t.get("eager_fwd")), _ms(t.get("lstm_fwd")),
+             _ratio("fwd_eager_over_fastln", r["fwd_eager_over_fastln"]),
+             _ratio("fwd_fastln_over_lstm", r["fwd_fastln_over_lstm"])],
+            ["same, fastln cache=False, ms", _ms(t.get("fastln_fwd_nocache")),
+             _ms(t.get("eager_fwd")), _ms(t.get("lstm_fwd")),
+             _ratio("", r["fwd_nocache_eager_over_fastln"]),
+             _ratio("", r["fwd_nocache_fastln_over_lstm"])],
+            ["LSTM T=100 B=32 I=128 H=256 fwd+bwd, ms", _ms(t.get("fastln_fwdbwd")),
+             _ms(t.get("eager_fwdbwd")), _ms(t.get("lstm_fwdbwd")),
+             _ratio("fwdbwd_eager_over_fastln", r["fwdbwd_eager_over_fastln"]),
+             _ratio("fwdbwd_fastln_over_lstm", r["fwdbwd_fastln_over_lstm"])],
+            ["stream T=1000 B=1 I=64 H=128 fwd, ms", _ms(t.get("fastln_stream")),
+             _ms(t.get("eager_stream")), _ms(t.get("lstm_stream")),
+             _ratio("stream_eager_over_fastln", r["stream_eager_over_fastln"]),
+             _ratio("", r["stream_fastln_over_lstm"])],
+            ["stream step() B=1, µs/call", _us(t.get("fastln_step")),
+             _us(t.get("eager_step")), "-",
+             "step " + ("-" if r["step_us"] is None else f"{r['step_us']:.1f} µs")
+             + f" (≤{TARGETS['step_us'][1]:g}"
+             + ("" if r["step_us"] is None
+                else (" ok" if r["step_us"] <= TARGETS["step_us"][1] else " MISS")) + ")",
+             ""],
+        ]
+        title = f"{n} thread{'s' if n > 1 else ''}"
+        if markdown:
+            lines.append(f"### {title}")
+            lines.append("")
+            lines.append("| " + " | ".join(heads) + " |")
+            lines.append("|" + "|".join(["---"] + ["---:"] * (len(heads) - 1)) + "|")
+            lines.extend("| " + " | ".join(c) + " |" for c in rows)
+        else:
+            lines.append(title + ":")
+            widths = [max(len(h), *(len(c[i]) for c in rows)) for i, h in enumerate(heads)]
+            fmt = lambda vals: "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                                         for i, (v, w) in enumerate(zip(vals, widths)))
+            lines.append(fmt(heads))
+            lines.append("  ".join("-" * w for w in widths))
+            lines.extend(fmt(c) for c in rows)
+        for case, ci in res.get("check_info", {}).items():
+            lines.append("")
+            lines.append(f"checked ({case}): float64 y max|diff| {ci['f64_y_maxdiff']:.1e}, "
+                         f"gradients max rel. diff {ci['f64_grad_maxreldiff']:.1e}; float32 y "
+                         f"first {CHECK_STEPS} steps ok, whole sequence max|diff| "
+                         f"{ci['f32_y_maxdiff_full']:.1e} (rounding drift)")
+        if res["checks"]:
+            lines.append("")
+            lines.extend(f"!! CHECK: {c}" for c in res["checks"])
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
+
+
+def results_md(result):
+    """The '## LN-RNN' section for bench/RESULTS.md."""
+    load = result["info"].get("cpu_other_load")
+    out = [
+        "## LN-RNN",
+        "",
+        "`bench/rnn.py` (issue 3's cases), float32, one layer. Times are medians per call, the "
+        "peers timed in turns on the same number of threads. \"eager LN-LSTM\" is a PyTorch "
+        "nn.Module of DESIGN.md section 3's equations with a Python loop over time "
+        "(F.layer_norm; input projection and its LN for all steps at once); nn.LSTM has no LN "
+        "(oneDNN). Forward-only torch runs under no_grad; fwd+bwd is (y*dy).sum().backward() "
+        "with dx. \"eager/fastln\" is fastln's speedup, \"fastln/nn.LSTM\" its time relative to "
+        "nn.LSTM; the issue's targets in parentheses. "
+        f"Run took {result['elapsed_s']:.0f} s"
+        + (f"; other processes used {100 * load:.0f}% of the CPUs meanwhile"
+           + (" (timings unreliable)" if load > 0.1 else "") if load is not None else "") + ".",
+        "",
+        format_table(result, markdown=True),
+    ]
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer samples")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = ap.parse_args(argv)
+    try:
+        nthreads = [int(t) for t in args.threads.split(",")]
+        if any(t < 1 for t in nthreads):
+            raise ValueError
+    except ValueError:
+        ap.error("--threads must be a comma-separated list of positive integers")
+    if RNN_IMPORT_ERROR is not None:
+        print(f"fastln.rnn cannot be imported ({RNN_IMPORT_ERROR}); timing the torch peers only",
+              flush=True)
+    if torch is None:
+        print("torch is not installed: no peers to time", flush=True)
+    busy = _bench.cpu_busy()
+    if busy is not None and busy > 0.2:
+        print(f"warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
+              "timings will be noisy", flush=True)
+    print(f"fastln {fastln.__version__}, LN-RNN benchmark, threads {nthreads}"
+          f"{' (quick)' if args.quick else ''} ...", flush=True)
+    result = run(threads=nthreads, quick=args.quick)
+    print()
+    print(format_table(result))
+    load = result["info"].get("cpu_other_load")
+    if load is not None:
+        print(f"\nother processes used {100 * load:.0f}% of the CPUs during the run "
+              f"({result['elapsed_s']:.0f} s)" + ("; timings unreliable, rerun when the "
+                                                  "machine is quiet" if load > 0.1 else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
