@@ -132,12 +132,18 @@ static int check_args(const fastln_rnn_args *a, int backward)
     return FASTLN_OK;
 }
 
-/* Threads for a layer: one below the per-step work threshold (a fork/join per
- * step would cost more than it saves). */
+/* Threads for a layer: one below the per-step work threshold, where the two
+ * barriers of a step would cost more than a second thread saves; a single
+ * sequence (B = 1) gains from splitting the weights of its matrix-vector
+ * product over two L2 caches once they pass 128 KiB, given enough steps to
+ * pay for the parallel region. */
 static int rnn_threads(const fastln_rnn_args *a)
 {
-    int64_t G = (a->cell == FASTLN_CELL_LSTM ? 4 : a->cell == FASTLN_CELL_GRU ? 3 : 1) * a->hidden;
-    if (a->batch * G * a->hidden < (1 << 17)) return 1;
+    int64_t G = (a->cell == FASTLN_CELL_LSTM ? 4 : a->cell == FASTLN_CELL_GRU ? 3 : 1) *
+                a->hidden;
+    int64_t work = a->batch * G * a->hidden;
+    if (work < (1 << 17) && !(a->batch == 1 && a->steps >= 16 && work >= (1 << 15)))
+        return 1;
     return fastln_get_num_threads();
 }
 

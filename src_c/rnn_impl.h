@@ -166,12 +166,13 @@ static inline void SFX(gemv16)(float *c, const float *a, const float *W, int64_t
  * nt:  C (M, N) (+)= A (M, K) W^T, W (N, K): four dot products at a time
  * nn:  C (M, K) (+)= A (M, N) W,   W (N, K): four axpys at a time */
 static void SFX(small_nt)(T *C, const T *A, const T *W, int64_t M, int64_t N, int64_t K,
-                          int acc)
-{
+                          int acc, int64_t n0, int64_t n1)
+{   /* output columns [n0, n1) */
     for (int64_t m = 0; m < M; m++) {
         const T *a = A + m * K;
         T *c = C + m * N;
-        int64_t n = 0;
+        int64_t n = n0;
+        N = n1;
 #if HAVE_GEMV16
         for (; n + 16 <= N; n += 16) SFX(gemv16)(c + n, a, W + n * K, K, acc);
 #endif
@@ -201,25 +202,25 @@ static void SFX(small_nt)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
 }
 
 static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, int64_t K,
-                          int acc)
-{
+                          int acc, int64_t k0, int64_t k1)
+{   /* output columns [k0, k1) */
     for (int64_t m = 0; m < M; m++) {
         const T *a = A + m * N;
         T *c = C + m * K;
-        if (!acc) memset(c, 0, (size_t)K * sizeof(T));
+        if (!acc) memset(c + k0, 0, (size_t)(k1 - k0) * sizeof(T));
         int64_t n = 0;
         for (; n + 4 <= N; n += 4) {
             const T *w0 = W + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
             T a0 = a[n], a1 = a[n + 1], a2 = a[n + 2], a3 = a[n + 3];
 #pragma omp simd
-            for (int64_t k = 0; k < K; k++)
+            for (int64_t k = k0; k < k1; k++)
                 c[k] = FMA(a0, w0[k], FMA(a1, w1[k], FMA(a2, w2[k], FMA(a3, w3[k], c[k]))));
         }
         for (; n < N; n++) {
             const T *w0 = W + n * K;
             T a0 = a[n];
 #pragma omp simd
-            for (int64_t k = 0; k < K; k++) c[k] = FMA(a0, w0[k], c[k]);
+            for (int64_t k = k0; k < k1; k++) c[k] = FMA(a0, w0[k], c[k]);
         }
     }
 }
@@ -464,11 +465,13 @@ static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh
         return;
     }
 #endif
-    if (rc->kind == 2) {
-#pragma omp single
-        {
-            if (backward) SFX(small_nn)(C, A, w_hh, B, G, H, 1);
-            else SFX(small_nt)(C, A, w_hh, B, G, H, 0);
+    if (rc->kind == 2) {   /* blocks of 64 output columns over the team */
+        int64_t nb = (N + 63) / 64;
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < nb; j++) {
+            int64_t j1 = j * 64 + 64 < N ? j * 64 + 64 : N;
+            if (backward) SFX(small_nn)(C, A, w_hh, B, G, H, 1, j * 64, j1);
+            else SFX(small_nt)(C, A, w_hh, B, G, H, 0, j * 64, j1);
         }
         return;
     }
@@ -708,13 +711,13 @@ static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I,
 #endif
             {
 #pragma omp single
-                SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0);
+                SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0, 0, G);
             }
             for (int64_t t = c0; t < c1; t++) SFX(fwd_step)(f, t, 1);
         }
         return FASTLN_OK;
     }
-    if (M <= 4) SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0);
+    if (M <= 4) SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0, 0, G);
     else GEMM('N', 'T', M, G, I, 1, xc, I, w_ih, I, 0, f->aih, G);
     for (int64_t t = c0; t < c1; t++) {
         SFX(fwd_step)(f, t, 2);
