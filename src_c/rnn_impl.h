@@ -674,23 +674,35 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
     const fastln_rnn_layout *L = &ly->L;
     const int64_t B = ly->B, H = ly->H, G = ly->G, R = L->nrstd;
     T *cache = ly->cache;
-    T *ahh = cache && L->xhh >= 0 ? cache + L->xhh + t * B * G : f->ahh_s;
     const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
-    if (mode != 0) SFX(rec_product)(&f->rc, ahh, hp, f->w_hh, B, G, H, 0);
+    if (mode != 0) SFX(rec_product)(&f->rc, f->ahh_s, hp, f->w_hh, B, G, H, 0);
     if (mode == 2) return;
     T *aih = f->aih + (t - f->c0) * B * G;
-    T *act = cache && L->act >= 0 ? cache + L->act + t * B * G : f->act_s;
-    T *xc = cache && L->xc >= 0 ? cache + L->xc + t * B * H : f->xc_s;
     T *rs = cache ? cache + L->rstd + t * B * R : f->rs_s;
     T *hn = cache ? cache + L->hseq + (t + 1) * B * H : f->h;
     const T *cp = !f->c ? NULL : cache ? cache + L->cseq + t * B * H : f->c;
     T *cn = !f->c ? NULL : cache ? cache + L->cseq + (t + 1) * B * H : f->c;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        SFX(fwd_row)(ly, SFX(active)(ly, t, b), aih + b * G, ahh + b * G,
-                     act ? act + b * G : NULL, xc ? xc + b * H : NULL, rs + b * R,
-                     hp + b * H, cp ? cp + b * H : NULL, hn + b * H, cn ? cn + b * H : NULL,
-                     f->y + (t * B + b) * H);
+    for (int64_t b = 0; b < B; b++) {
+        int on = SFX(active)(ly, t, b);
+        T *ai = aih + b * G, *ah = f->ahh_s + b * G;
+        T *act = f->act_s ? f->act_s + b * G : NULL, *xc = f->xc_s ? f->xc_s + b * H : NULL;
+        SFX(fwd_row)(ly, on, ai, ah, act, xc, rs + b * R, hp + b * H, cp ? cp + b * H : NULL,
+                     hn + b * H, cn ? cn + b * H : NULL, f->y + (t * B + b) * H);
+        if (cache && on) {
+            /* The row was computed in scratch that stays in L1/L2; the cache
+             * (about 15 H values a row) goes out with non-temporal stores, so
+             * that writing it costs no read-for-ownership traffic: backward
+             * reads it long after it has left the caches anyway. */
+            size_t row = (size_t)G * sizeof(T);
+            int64_t at = (t * B + b) * G;
+            stream_copy(cache + L->xih + at, ai, row);
+            if (L->xhh >= 0) stream_copy(cache + L->xhh + at, ah, row);
+            if (L->act >= 0) stream_copy(cache + L->act + at, act, row);
+            if (L->xc >= 0) stream_copy(cache + L->xc + (t * B + b) * H, xc, (size_t)H * sizeof(T));
+        }
+    }
+    if (cache) stream_fence();
 }
 
 /* The input projections of steps [c0, c1) into f->aih, then those steps:
@@ -743,10 +755,11 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     f.h = (T *)a->h;
     f.c = lstm ? (T *)a->c : NULL;
 
+    /* scratch for a chunk of A_ih and a step's rows (copied to the cache) */
     int64_t Tc = SFX(chunk_steps)(B);
     if (Tc > Ts) Tc = Ts;
-    int64_t n_aih = cache ? 0 : Tc * B * G, n_ahh = !cache || !gated ? B * G : 0;
-    int64_t n_act = !cache && gated ? B * G : 0, n_xc = !cache && lstm ? B * H : 0;
+    int64_t n_aih = Tc * B * G, n_ahh = B * G;
+    int64_t n_act = gated ? B * G : 0, n_xc = lstm ? B * H : 0;
     int64_t n_rs = cache ? 0 : B * L->nrstd;
     T *scratch = (T *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + 1) * sizeof(T));
     if (!scratch) return FASTLN_ENOMEM;
@@ -766,7 +779,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     }
     for (int64_t c0 = 0; c0 < Ts && rc == FASTLN_OK; c0 += Tc) {
         int64_t c1 = c0 + Tc < Ts ? c0 + Tc : Ts;
-        f.aih = cache ? cache + L->xih + c0 * B * G : aih_s;
+        f.aih = aih_s;
         rc = SFX(fwd_chunk)(&f, x, w_ih, I, c0, c1, nt);
         if (!rc && a->interrupt && c1 < Ts && a->interrupt(a->interrupt_ctx)) rc = FASTLN_EINTR;
     }
