@@ -256,15 +256,15 @@ typedef __m256 SFX(vf);
 /* One tile: rows [0, mr) of A and C, ncols (<= 32) columns of C. mr is a
  * constant after inlining, so the accumulators live in registers. */
 static inline __attribute__((always_inline)) void SFX(tile)(
-    float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks, const float *P, int64_t K,
-    int mr, int ncols, int acc)
+    float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks, const float *P,
+    int64_t ldp, int64_t K, int mr, int ncols, int acc)
 {
     SFX(vf) c[MR][NV];
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < NV; v++) c[r][v] = VZERO();
     for (int64_t k = 0; k < K; k++) {
         SFX(vf) b[NV];
-        for (int v = 0; v < NV; v++) b[v] = VLOAD(P + k * FASTLN_NR + v * VL);
+        for (int v = 0; v < NV; v++) b[v] = VLOAD(P + k * ldp + v * VL);
         for (int r = 0; r < mr; r++) {
             SFX(vf) a = VSET1(A[r * ars + k * aks]);
             for (int v = 0; v < NV; v++) c[r][v] = VFMA(a, b[v], c[r][v]);
@@ -284,7 +284,9 @@ static inline __attribute__((always_inline)) void SFX(tile)(
 }
 
 /* C (M, N) (+)= op(A) (M, K) P, element (m, k) of op(A) at A[m*ars + k*aks],
- * or, with ars == 0, A packed by pack_at: blocks of MR rows, k-major.
+ * or, with ars == 0, A packed by pack_at: blocks of MR rows, k-major. P is
+ * packed in panels (ldp == FASTLN_NR), or a row-major (K, N) matrix with
+ * N % FASTLN_NR == 0 (ldp == N) read in place.
  * The (panel, block of MB rows) tiles are shared among the threads of the
  * enclosing parallel region (orphaned omp for; serial outside one) in a
  * static schedule: in the recurrent products each thread keeps the same
@@ -292,8 +294,10 @@ static inline __attribute__((always_inline)) void SFX(tile)(
 #define MB ((64 / MR) * MR)
 #define KC 256   /* k per pass: a panel's slice (32 KiB) and A's stay in L1/L2 */
 static void SFX(packed_gemm)(float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks,
-                             const float *P, int64_t M, int64_t N, int64_t K, int acc)
+                             const float *P, int64_t ldp, int64_t M, int64_t N, int64_t K,
+                             int acc)
 {
+    int64_t pst = ldp == FASTLN_NR ? K * FASTLN_NR : FASTLN_NR;   /* panel to panel */
     int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + MB - 1) / MB;
     int64_t rs = ars ? ars : 1, ks = ars ? aks : MR;
     /* The same static schedule in every pass: a thread owns its C tiles, so
@@ -305,13 +309,13 @@ static void SFX(packed_gemm)(float *C, int64_t ldc, const float *A, int64_t ars,
         for (int64_t q = 0; q < np * nmb; q++) {
             int64_t p = q % np, m = q / np * MB, m1 = m + MB < M ? m + MB : M;
             int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
-            const float *Pp = P + (p * K + k0) * FASTLN_NR;
+            const float *Pp = P + p * pst + k0 * ldp;
             float *Cp = C + p * FASTLN_NR;
 #define A_AT(m) ((ars ? A + (m) * ars : A + (m) / MR * K * MR) + k0 * ks)
             for (; m + MR <= m1; m += MR)
-                SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, kn, MR, ncols, ac);
+                SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, ldp, kn, MR, ncols, ac);
             switch (m1 - m) {
-#define TAIL(k) case k: SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, kn, k, ncols, ac); break;
+#define TAIL(k) case k: SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, ldp, kn, k, ncols, ac); break;
                 TAIL(1) TAIL(2)
 #if MR > 3
                 TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
@@ -362,17 +366,21 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
         M = N;
         N = n;
     }
-    int64_t np = fastln_packed_size(N, K), na = ta == 'T' ? (M + MR - 1) / MR * MR * K : 0;
-    float *P = (float *)malloc((size_t)(np + na + (swap ? M * N : 0)) * sizeof(float));
+    /* B (K, N) row-major with whole panels is read in place */
+    int in_place = tb == 'N' && N % FASTLN_NR == 0;
+    int64_t np = in_place ? 0 : fastln_packed_size(N, K);
+    int64_t na = ta == 'T' ? (M + MR - 1) / MR * MR * K : 0;
+    float *P = (float *)malloc((size_t)(np + na + (swap ? M * N : 0) + 1) * sizeof(float));
     if (!P) return FASTLN_ENOMEM;
     float *Ap = ta == 'T' ? P + np : NULL, *Ct = swap ? P + np + na : C;
     int64_t ars = ta == 'N' ? K : 0;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         if (tb == 'T') fastln_pack_nt(P, B, N, K);
-        else fastln_pack_nn(P, B, K, N);
+        else if (!in_place) fastln_pack_nn(P, B, K, N);
         if (Ap) SFX(pack_at)(Ap, A, M, K);   /* ends with a barrier */
-        SFX(packed_gemm)(Ct, N, Ap ? Ap : A, ars, 1, P, M, N, K, 0);
+        SFX(packed_gemm)(Ct, N, Ap ? Ap : A, ars, 1, in_place ? B : P,
+                         in_place ? N : FASTLN_NR, M, N, K, 0);
         if (swap) {
 #pragma omp for schedule(static)
             for (int64_t j = 0; j < N; j++)   /* C (N, M) = Ct^T */
@@ -461,7 +469,7 @@ static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh
     int64_t N = backward ? H : G, K = backward ? G : H;
 #if HAVE_PACKED
     if (rc->kind == 1) {
-        SFX(packed_gemm)(C, N, A, K, 1, rc->packed, B, N, K, backward);
+        SFX(packed_gemm)(C, N, A, K, 1, rc->packed, FASTLN_NR, B, N, K, backward);
         return;
     }
 #endif
@@ -718,7 +726,8 @@ static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I,
 #pragma omp parallel num_threads(nt) if (nt > 1)
         {
 #if HAVE_PACKED
-            if (f->rc.packed_ih) SFX(packed_gemm)(f->aih, G, xc, I, 1, f->rc.packed_ih, M, G, I, 0);
+            if (f->rc.packed_ih)
+                SFX(packed_gemm)(f->aih, G, xc, I, 1, f->rc.packed_ih, FASTLN_NR, M, G, I, 0);
             else
 #endif
             {
