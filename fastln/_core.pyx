@@ -568,10 +568,12 @@ cdef extern from "fastln_rnn.h" nogil:
         const void *dy
         void *dx
         void *grads[10]
+        void *work
         int (*interrupt)(void *ctx) noexcept
         void *interrupt_ctx
     int FASTLN_EINTR
     int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
+    int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
     int fastln_rnn_forward_f32(const fastln_rnn_args *a)
     int fastln_rnn_forward_f64(const fastln_rnn_args *a)
     int fastln_rnn_backward_f32(const fastln_rnn_args *a)
@@ -628,6 +630,9 @@ def _rnn_param_sizes(str cell, int64_t I, int64_t H):
 def _rnn_cache_size(str cell, int64_t T, int64_t B, int64_t H):
     return fastln_rnn_cache_size(_CELLS[cell], T, B, H)
 
+def _rnn_work_size(str cell, int64_t T, int64_t B, int64_t H):
+    return fastln_rnn_work_size(_CELLS[cell], T, B, H)
+
 cdef int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
     if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n
             and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))):
@@ -683,9 +688,10 @@ def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double ep
     return _rnn_status(rc)
 
 def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                  x, params, lengths, cache, dy, dh, dc, dx, grads):
+                  x, params, lengths, cache, dy, dh, dc, dx, grads, work=None):
     """One layer backward: dh, dc (B,H) from the final to the initial state's
-    gradient in place; dx (T,B,I) or None; grads filled (params' sizes)."""
+    gradient in place; dx (T,B,I) or None; grads filled (params' sizes);
+    work: None or scratch of _rnn_work_size elements."""
     cdef fastln_rnn_args a
     memset(&a, 0, sizeof(a))
     _init_blas()
@@ -702,7 +708,9 @@ def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double e
     for k in range(len(sizes)):
         _arr(grads[k], tn, sizes[k], True, "grads")
         a.grads[k] = cnp.PyArray_DATA(<cnp.ndarray>grads[k])
-    a.dy, a.dh, a.dc, a.dx = _ptr(dy), _ptr(dh), _ptr(dc), _ptr(dx)
+    if work is not None:
+        _arr(work, tn, fastln_rnn_work_size(a.cell, T, B, H), True, "work")
+    a.dy, a.dh, a.dc, a.dx, a.work = _ptr(dy), _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
     cdef int rc
     with nogil:
         rc = fastln_rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward_f64(&a)

@@ -104,6 +104,7 @@ class _LNRecurrent:
         self.grads = {key: np.zeros(shape, dt) for key, shape in self._shapes.items()}
         self._cache = None
         self._spare = []   # cache arrays of a finished forward, reused by the next
+        self._work = None  # backward scratch, likewise
 
     # ---- parameters ----
 
@@ -237,8 +238,9 @@ class _LNRecurrent:
         return np.ascontiguousarray(a, dtype=np.int64)
 
     def _release_cache(self):
-        """Drops the cache; its arrays serve the next forward (fresh pages of a
-        new allocation of that size would cost as much as a few steps)."""
+        """Drops the cache; its arrays serve the next forward, as the backward
+        scratch serves the next backward (the page faults of fresh allocations
+        of these sizes cost milliseconds)."""
         if self._cache is not None:
             self._spare = self._cache[3]
         self._cache = None
@@ -284,7 +286,7 @@ class _LNRecurrent:
         lens = self._lengths(lengths, T, B)
         self._release_cache()
         if not cache:
-            self._spare = []   # inference keeps nothing
+            self._spare, self._work = [], None   # inference keeps nothing
         H, cell = self.hidden_size, self._cell_name()
         inputs, caches = [], []
         for k in range(self.num_layers):
@@ -332,12 +334,17 @@ class _LNRecurrent:
         H, cell = self.hidden_size, self._cell_name()
         g = self._input(dy, "dy", H, T, B)
         dstates = self._states(dstate, B, "dstate")
+        size = _core._rnn_work_size(cell, T, B, H)
+        if self._work is None or self._work.size != size:
+            self._work = np.empty(size, self.dtype)
+        work = self._work
         for k in reversed(range(self.num_layers)):
             I = inputs[k].shape[2]
             dx = np.empty((T, B, I), self.dtype)
             dc = dstates[1][k] if self._has_cell else None
             _core._rnn_backward(cell, T, B, I, H, self.eps, inputs[k], self._layer_params(k),
-                                lens, caches[k], g, dstates[0][k], dc, dx, self._layer_grads(k))
+                                lens, caches[k], g, dstates[0][k], dc, dx, self._layer_grads(k),
+                                work)
             g = dx
         self._release_cache()
         dx = g.transpose(1, 0, 2).copy() if self.batch_first else g

@@ -67,12 +67,16 @@ typedef struct {
     const void *dy;               /* backward (T, B, H) */
     void *dx;                     /* backward (T, B, I) or NULL */
     void *grads[10];              /* backward, shaped like params */
+    void *work;                   /* backward: NULL, or fastln_rnn_work_size elements of
+                                     scratch (a caller that reuses it saves page faults) */
     int (*interrupt)(void *ctx);  /* NULL, or polled between chunks of steps */
     void *interrupt_ctx;
 } fastln_rnn_args;
 
-/* Elements of the forward cache of one layer (same type as the data). */
+/* Elements of the forward cache of one layer (same type as the data), and of
+ * the optional backward scratch. */
 int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H);
+int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H);
 
 int fastln_rnn_forward_f32(const fastln_rnn_args *a);
 int fastln_rnn_forward_f64(const fastln_rnn_args *a);

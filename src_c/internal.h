@@ -91,7 +91,7 @@ const fastln_kernel_table *fastln_kernels(void);
  * normalized c (LSTM); rstd (T, B, nrstd). */
 typedef struct {
     int gates, nrstd;
-    int64_t G, xih, xhh, act, hseq, cseq, xc, rstd, size;
+    int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see rnn_impl.h */
 } fastln_rnn_layout;
 void fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
 

@@ -13,6 +13,7 @@ void fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B,
 {
     int lstm = cell == FASTLN_CELL_LSTM, gru = cell == FASTLN_CELL_GRU;
     L->gates = lstm ? 4 : gru ? 3 : 1;
+    L->gw = (lstm ? 5 : gru ? 4 : 1) * H;
     L->nrstd = lstm ? 3 : gru ? 4 : 1;
     L->G = L->gates * H;
     int64_t tbg = T * B * L->G, seq = (T + 1) * B * H, off = 0;
@@ -32,6 +33,15 @@ int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
     if (cell < 0 || cell > FASTLN_CELL_GRU || T < 0 || B < 0 || H < 0) return -1;
     fastln_rnn_layout_for(&L, cell, T, B, H);
     return L.size;
+}
+
+/* dA_ih and dA_hh (one array for the RNN) and a step's LN-output gradients */
+int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
+{
+    fastln_rnn_layout L;
+    if (cell < 0 || cell > FASTLN_CELL_GRU || T < 0 || B < 0 || H < 0) return -1;
+    fastln_rnn_layout_for(&L, cell, T, B, H);
+    return (L.gates > 1 ? 2 : 1) * T * B * L.G + B * L.gw;
 }
 
 /* ---- BLAS, or a C loop ---- */

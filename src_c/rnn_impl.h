@@ -659,7 +659,7 @@ static int SFX(layer_init)(SFX(layer) *ly, const fastln_rnn_args *a)
     ly->len = a->lengths;
     fastln_rnn_layout_for(&ly->L, a->cell, a->steps, a->batch, a->hidden);
     ly->G = ly->L.G;
-    ly->gw = a->cell == FASTLN_CELL_LSTM ? 5 * a->hidden : a->cell == FASTLN_CELL_GRU ? 4 * a->hidden : a->hidden;
+    ly->gw = ly->L.gw;
     return FASTLN_OK;
 }
 
@@ -916,12 +916,13 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         k.nseg = 1;
         nacc = 2 * H;
     }
-    int64_t n_da = (lstm || gru ? 2 : 1) * TB * G, n_dg = B * ly->gw;
-    T *buf = (T *)malloc((size_t)(n_da + n_dg) * sizeof(T));
+    int64_t n_da = (lstm || gru ? 2 : 1) * TB * G;   /* see fastln_rnn_work_size */
+    T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * ly->gw) * sizeof(T));
+    T *buf = a->work ? (T *)a->work : own;
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
     int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, nt) : FASTLN_ENOMEM;
     if (rc) {
-        free(buf);
+        free(own);
         free(k.acc);
         return rc;
     }
@@ -961,7 +962,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
 #undef GRAD
     }
     SFX(rec_free)(&k.rc);
-    free(buf);
+    free(own);
     free(k.acc);
     return rc;
 }
