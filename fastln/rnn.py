@@ -28,6 +28,7 @@ Example
 True
 """
 import numbers
+import operator
 
 import numpy as np
 
@@ -115,9 +116,9 @@ class _LNRecurrent:
         """Layer k's parameters as C-contiguous arrays of the model's dtype
         (the last good list is reused while params holds the same arrays; the
         engine re-checks sizes on every call anyway)."""
-        current = [self.params.get(key) for key in self._layer_keys(k)]
+        current = list(map(self.params.get, self._layer_keys(k)))
         last = self._checked.get(k)
-        if last is not None and all(a is b for a, b in zip(current, last)):
+        if last is not None and all(map(operator.is_, current, last)):
             return last
         out = []
         for key in self._layer_keys(k):
@@ -129,7 +130,7 @@ class _LNRecurrent:
                 raise ValueError(f"params[{key!r}] has shape {p.shape}, "
                                  f"expected {self._shapes[key]}")
             out.append(p)
-        if all(a is b for a, b in zip(current, out)):
+        if all(map(operator.is_, current, out)):
             self._checked[k] = out
         return out
 
@@ -202,6 +203,10 @@ class _LNRecurrent:
         n = 2 if self._has_cell else 1
         if state is None:
             return [np.zeros(shape, self.dtype) for _ in range(n)]
+        parts = state if self._has_cell and type(state) is tuple else (state,)
+        if (len(parts) == n and all(type(a) is np.ndarray and a.dtype is self.dtype
+                                    and a.shape == shape for a in parts)):
+            return [a.copy() for a in parts]   # the common case, quickly
         if self._has_cell:
             if not isinstance(state, (tuple, list)) or len(state) != 2:
                 raise TypeError(f"{name} must be a tuple (h, c) for {type(self).__name__}, "

@@ -21,6 +21,21 @@
  * order, so that they do not depend on the thread count.
  */
 
+/* Runs the statements on a team of nt threads, or directly when nt == 1: an
+ * OpenMP region costs about a microsecond to set up even for one thread,
+ * which matters to step(). The orphaned omp for/single/barrier constructs in
+ * the statements bind to the team, or run serially without one. */
+#ifndef ON_TEAM
+#define ON_TEAM(nt, ...)                                  \
+    do {                                                  \
+        if ((nt) > 1) {                                   \
+            _Pragma("omp parallel num_threads(nt)") { __VA_ARGS__ } \
+        } else {                                          \
+            __VA_ARGS__                                   \
+        }                                                 \
+    } while (0)
+#endif
+
 /* ---- elementwise activations ------------------------------------------- */
 
 #if IS_F32
@@ -374,19 +389,17 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
     if (!P) return FASTLN_ENOMEM;
     float *Ap = ta == 'T' ? P + np : NULL, *Ct = swap ? P + np + na : C;
     int64_t ars = ta == 'N' ? K : 0;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
+    ON_TEAM(nt,
         if (tb == 'T') fastln_pack_nt(P, B, N, K);
         else if (!in_place) fastln_pack_nn(P, B, K, N);
         if (Ap) SFX(pack_at)(Ap, A, M, K);   /* ends with a barrier */
         SFX(packed_gemm)(Ct, N, Ap ? Ap : A, ars, 1, in_place ? B : P,
                          in_place ? N : FASTLN_NR, M, N, K, 0);
         if (swap) {
-#pragma omp for schedule(static)
+            _Pragma("omp for schedule(static)")
             for (int64_t j = 0; j < N; j++)   /* C (N, M) = Ct^T */
                 for (int64_t i = 0; i < M; i++) C[j * M + i] = Ct[i * N + j];
-        }
-    }
+        });
     free(P);
     return FASTLN_OK;
 }
@@ -444,12 +457,10 @@ static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, const T *w_ih, int64_t B, 
         rc->kind = 1;
     }
     rc->packed_ih = with_ih ? buf + nh : NULL;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
+    ON_TEAM(nt,
         if (rc->packed && backward) fastln_pack_nn(rc->packed, w_hh, K, N);
         else if (rc->packed) fastln_pack_nt(rc->packed, w_hh, N, K);
-        if (rc->packed_ih) fastln_pack_nt(rc->packed_ih, w_ih, G, I);
-    }
+        if (rc->packed_ih) fastln_pack_nt(rc->packed_ih, w_ih, G, I););
 #else
     (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih; (void)nt;
 #endif
@@ -713,6 +724,21 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
     if (cache) stream_fence();
 }
 
+/* f->aih (M, G) = x (M, I) W_ih^T on the packed kernel or, for tiny M, the
+ * dot kernel (on one thread of the team). */
+static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t M, int64_t I)
+{
+    const int64_t G = f->ly.G;
+#if HAVE_PACKED
+    if (f->rc.packed_ih) {
+        SFX(packed_gemm)(f->aih, G, x, I, 1, f->rc.packed_ih, FASTLN_NR, M, G, I, 0);
+        return;
+    }
+#endif
+#pragma omp single
+    SFX(small_nt)(f->aih, x, w_ih, M, G, I, 0, 0, G);
+}
+
 /* The input projections of steps [c0, c1) into f->aih, then those steps:
  * one parallel region when the products can run inside it (the packed and
  * small kernels), else BLAS between regions. */
@@ -723,27 +749,16 @@ static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I,
     const T *xc = x + c0 * B * I;
     f->c0 = c0;
     if (SFX(rec_in_region)(&f->rc)) {
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        {
-#if HAVE_PACKED
-            if (f->rc.packed_ih)
-                SFX(packed_gemm)(f->aih, G, xc, I, 1, f->rc.packed_ih, FASTLN_NR, M, G, I, 0);
-            else
-#endif
-            {
-#pragma omp single
-                SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0, 0, G);
-            }
-            for (int64_t t = c0; t < c1; t++) SFX(fwd_step)(f, t, 1);
-        }
+        ON_TEAM(nt,
+            SFX(input_proj)(f, xc, w_ih, M, I);
+            for (int64_t t = c0; t < c1; t++) SFX(fwd_step)(f, t, 1););
         return FASTLN_OK;
     }
     if (M <= 4) SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0, 0, G);
     else GEMM('N', 'T', M, G, I, 1, xc, I, w_ih, I, 0, f->aih, G);
     for (int64_t t = c0; t < c1; t++) {
         SFX(fwd_step)(f, t, 2);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        SFX(fwd_step)(f, t, 0);
+        ON_TEAM(nt, SFX(fwd_step)(f, t, 0););
     }
     return FASTLN_OK;
 }
@@ -868,13 +883,11 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
 static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
 {   /* steps t1-1 down to t0 */
     if (SFX(rec_in_region)(&k->rc)) {
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1);
+        ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1););
         return;
     }
     for (int64_t t = t1 - 1; t >= t0; t--) {
-#pragma omp parallel num_threads(nt) if (nt > 1)
-        SFX(bwd_step)(k, t, 0);
+        ON_TEAM(nt, SFX(bwd_step)(k, t, 0););
         SFX(bwd_step)(k, t, 2);
     }
 }
