@@ -104,6 +104,43 @@ static inline void SFX(ln_vec)(T *xhat, T *rstd, const T *a, int64_t n, double e
     SFX(ln_finish_row)(xhat, NULL, rstd, a, NULL, NULL, n, eps, shift, s1, dm, var);
 }
 
+/* The statistics of ln_vec without its sweep: xhat = ((a - *sh) - *dm) * *r.
+ * A row whose float statistics are suspect is normalized in place in double
+ * (ln_finish_row's fallback), and then *sh = *dm = 0, *r = 1. */
+static inline void SFX(ln_prep)(T *a, T *sh, T *dm, T *r, T *rstd, int64_t n, double eps)
+{
+    *sh = a[0];
+    double s1 = SFX(sum_shifted)(a, n, *sh);
+    *dm = (T)(s1 / (double)n);
+    double var = SFX(sumsq_centered)(a, n, *sh, *dm) / (double)n;
+    if (SFX(stats_suspect)(var, a, n, *sh) || !isfinite(s1)) {
+        SFX(ln_row_double)(a, NULL, rstd, a, NULL, NULL, n, eps);
+        *sh = *dm = 0;
+        *r = 1;
+        return;
+    }
+    *r = *rstd = (T)(1.0 / sqrt(var + eps));
+}
+
+/* LSTM gates over columns [j0, j1): act = f(LN(ai) + LN(ah) + bias), f the
+ * sigmoid or tanh, one sweep; with keep (a constant after inlining) the
+ * normalized ai, ah are stored back for the cache. */
+static inline __attribute__((always_inline)) void SFX(lstm_gates)(
+    T *act, T *ai, T *ah, const T *const *p, T si, T di, T ri, T sh, T dh, T rh, int64_t j0,
+    int64_t j1, int tanh_gate, int keep)
+{
+#pragma omp simd
+    for (int64_t j = j0; j < j1; j++) {
+        T xi = ((ai[j] - si) - di) * ri, xh = ((ah[j] - sh) - dh) * rh;
+        if (keep) {
+            ai[j] = xi;
+            ah[j] = xh;
+        }
+        T v = FMA(xi, p[3][j], p[4][j]) + FMA(xh, p[5][j], p[6][j]) + p[2][j];
+        act[j] = tanh_gate ? SFX(tanh1)(v) : SFX(sigmoid1)(v);
+    }
+}
+
 /* da = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = d * w: the gradient
  * of LN(a) = xhat * w + b with respect to a, given d = dLoss/dLN(a). */
 static inline void SFX(ln_vec_bwd)(T *da, const T *d, const T *w, const T *xhat, T rstd,
@@ -533,14 +570,18 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
     }
     if (ly->cell == FASTLN_CELL_LSTM) {
         /* p: 0 W_ih, 1 W_hh, 2 bias, 3-4 ln_ih, 5-6 ln_hh, 7-8 ln_c */
-        SFX(ln_vec)(ai, &rs[0], ai, G, ly->eps);
-        SFX(ln_vec)(ah, &rs[1], ah, G, ly->eps);
-#pragma omp simd
-        for (int64_t j = 0; j < G; j++)
-            act[j] = FMA(ai[j], p[3][j], p[4][j]) + FMA(ah[j], p[5][j], p[6][j]) + p[2][j];
-        SFX(sigmoid_n)(act, 2 * H);          /* i, f */
-        SFX(tanh_n)(act + 2 * H, H);         /* g */
-        SFX(sigmoid_n)(act + 3 * H, H);      /* o */
+        T si, di, ri, sh, dh, rh;
+        SFX(ln_prep)(ai, &si, &di, &ri, &rs[0], G, ly->eps);
+        SFX(ln_prep)(ah, &sh, &dh, &rh, &rs[1], G, ly->eps);
+        if (ly->cache) {   /* i, f: sigmoid; g: tanh; o: sigmoid */
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 0, 2 * H, 0, 1);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 2 * H, 3 * H, 1, 1);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 3 * H, G, 0, 1);
+        } else {
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 0, 2 * H, 0, 0);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 2 * H, 3 * H, 1, 0);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 3 * H, G, 0, 0);
+        }
 #pragma omp simd
         for (int64_t j = 0; j < H; j++) cn[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
         SFX(ln_vec)(xc, &rs[2], cn, H, ly->eps);
