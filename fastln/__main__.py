@@ -1,5 +1,5 @@
-"""``python -m fastln``: configuration, a self-check against fastln.reference, and a
-short benchmark against the peers installed (NumPy, PyTorch, ONNX Runtime).
+"""``python -m fastln``: configuration, a self-check against fastln.reference (and
+of the LN-RNN forward against fastln.rnn_reference), and a short benchmark against the peers installed (NumPy, PyTorch, ONNX Runtime).
 
 Exits with status 1 when the self-check fails. Takes under 30 s on two cores
 (``--quick``: about 10 s). The wider benchmark is bench/run.py.
@@ -81,8 +81,33 @@ def self_check():
                   f"tol {tol:.0e}  {'PASS' if passed else 'FAIL'}", flush=True)
             results.append({"function": fn, "dtype": np.dtype(dtype).name, "tol": tol,
                             "errors": dict(outs), "pass": passed})
+    ok &= _rnn_check(rng, results)
     print(f"self-check: {'PASS' if ok else 'FAIL'}", flush=True)
     return ok, results
+
+
+def _rnn_check(rng, results):
+    """fastln.rnn forward (2 layers, a padded batch) against fastln.rnn_reference."""
+    from fastln import rnn, rnn_reference
+    ok = True
+    T, B, I, H = 7, 5, 6, 33
+    lengths = np.array([7, 3, 1, 7, 5])
+    for name, cls, ref in (("LNLSTM", rnn.LNLSTM, rnn_reference.lnlstm_forward),
+                           ("LNGRU", rnn.LNGRU, rnn_reference.lngru_forward),
+                           ("LNRNN", rnn.LNRNN, rnn_reference.lnrnn_forward)):
+        for dtype in (np.float32, np.float64):
+            m = cls(I, H, num_layers=2, dtype=dtype, seed=3)
+            x = rng.standard_normal((T, B, I)).astype(dtype)
+            y, _ = m.forward(x, lengths=lengths, cache=False)
+            err = _err(y, ref(m.params, x, lengths=lengths, num_layers=2)[0])
+            tol = 10 * TOL[dtype]   # a recurrence compounds rounding
+            passed = err <= tol
+            ok &= passed
+            print(f"  {name + ' forward':<20} {np.dtype(dtype).name:<8} {'y ' + format(err, '.1e'):<46} "
+                  f"tol {tol:.0e}  {'PASS' if passed else 'FAIL'}", flush=True)
+            results.append({"function": name + " forward", "dtype": np.dtype(dtype).name,
+                            "tol": tol, "errors": {"y": err}, "pass": passed})
+    return ok
 
 
 def main(argv=None):
