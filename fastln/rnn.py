@@ -204,9 +204,15 @@ class _LNRecurrent:
         if state is None:
             return [np.zeros(shape, self.dtype) for _ in range(n)]
         parts = state if self._has_cell and type(state) is tuple else (state,)
-        if (len(parts) == n and all(type(a) is np.ndarray and a.dtype is self.dtype
-                                    and a.shape == shape for a in parts)):
-            return [a.copy() for a in parts]   # the common case, quickly
+        if len(parts) == n:   # the common case, quickly
+            dt = self.dtype
+            a = parts[0]
+            if type(a) is np.ndarray and a.dtype is dt and a.shape == shape:
+                if n == 1:
+                    return [a.copy()]
+                b = parts[1]
+                if type(b) is np.ndarray and b.dtype is dt and b.shape == shape:
+                    return [a.copy(), b.copy()]
         if self._has_cell:
             if not isinstance(state, (tuple, list)) or len(state) != 2:
                 raise TypeError(f"{name} must be a tuple (h, c) for {type(self).__name__}, "
@@ -359,27 +365,29 @@ class _LNRecurrent:
         """One time step, for streaming inference: x_t (B, input_size) -> the top
         layer's h (B, H) and the new state. Keeps no cache. Equivalent to
         ``forward(x_t[None], state, cache=False)`` (time-major)."""
-        dt = self.dtype
-        if isinstance(x_t, np.ndarray):
-            if x_t.dtype is not dt and x_t.dtype != dt:
-                raise TypeError(f"x_t has dtype {x_t.dtype}, but the model is {dt}")
-            xs = x_t
-        else:
-            xs = np.asarray(x_t, dtype=dt)
-        if xs.ndim != 2 or xs.shape[1] != self.input_size or xs.shape[0] < 1:
+        dt, xs = self.dtype, x_t
+        if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous):
+            if isinstance(xs, np.ndarray):
+                if xs.dtype != dt:
+                    raise TypeError(f"x_t has dtype {xs.dtype}, but the model is {dt}")
+                xs = np.ascontiguousarray(xs)
+            else:
+                xs = np.asarray(xs, dtype=dt)
+        shape = xs.shape
+        if len(shape) != 2 or shape[1] != self.input_size or shape[0] < 1:
             raise ValueError(f"x_t must have shape (B, {self.input_size}) with B >= 1, "
-                             f"got {xs.shape}")
-        if not xs.flags.c_contiguous:
-            xs = np.ascontiguousarray(xs)
-        B, H, cell = xs.shape[0], self.hidden_size, self._cell_name()
+                             f"got {shape}")
+        B, H, cell, eps = shape[0], self.hidden_size, self._cell_name(), self.eps
         states = self._states(state, B, "state")
+        h = states[0]
+        c = states[1] if self._has_cell else (None,) * self.num_layers
+        forward = _core._rnn_forward
         for k in range(self.num_layers):
-            y = np.empty((B, H), self.dtype)
-            _core._rnn_forward(cell, 1, B, xs.shape[1], H, self.eps, xs, self._layer_params(k),
-                               None, None, y, states[0][k],
-                               states[1][k] if self._has_cell else None)
+            y = np.empty((B, H), dt)
+            forward(cell, 1, B, xs.shape[1], H, eps, xs, self._layer_params(k), None, None, y,
+                    h[k], c[k])
             xs = y
-        return xs, self._pack_state(states)
+        return xs, (h, states[1]) if self._has_cell else h
 
     def _cell_name(self):
         return self._kind
