@@ -35,13 +35,14 @@ int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
     return L.size;
 }
 
-/* dA_ih and dA_hh (one array for the RNN) and a step's LN-output gradients */
+/* dA_ih and dA_hh (one array for the RNN), a step's LN-output gradients and
+ * a step's rows of dA_ih in L1/L2 before they are streamed out */
 int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
 {
     fastln_rnn_layout L;
     if (cell < 0 || cell > FASTLN_CELL_GRU || T < 0 || B < 0 || H < 0) return -1;
     fastln_rnn_layout_for(&L, cell, T, B, H);
-    return (L.gates > 1 ? 2 : 1) * T * B * L.G + B * L.gw;
+    return (L.gates > 1 ? 2 : 1) * T * B * L.G + B * (L.gw + L.G);
 }
 
 /* ---- BLAS, or a C loop ---- */

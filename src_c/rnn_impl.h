@@ -870,6 +870,7 @@ typedef struct {
     SFX(rec) rc;
     const T *w_hh, *dy;
     T *dai, *dah, *dg, *dh, *dc;
+    T *dai_s;   /* (B, G) scratch for a step's dA_ih rows, or NULL (RNN: dA_ih is dA_hh) */
     double *acc;
     int nseg;
     SFX(seg) seg[4];
@@ -897,12 +898,19 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
     const T *hp = cache + L->hseq + t * B * H, *hc = hp + B * H;
     const T *cp = L->cseq >= 0 ? cache + L->cseq + t * B * H : NULL;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        SFX(bwd_row)(ly, SFX(active)(ly, t, b), dai + b * G, dah + b * G, k->dg + b * gw,
+    for (int64_t b = 0; b < B; b++) {
+        /* dA_ih is read only by the products after the loop: its rows go out
+         * with non-temporal stores (no read-for-ownership traffic); dA_hh
+         * feeds this step's recurrent product and stays in cache. */
+        T *di = k->dai_s ? k->dai_s + b * G : dai + b * G;
+        SFX(bwd_row)(ly, SFX(active)(ly, t, b), di, dah + b * G, k->dg + b * gw,
                      k->dh + b * H, k->dc ? k->dc + b * H : NULL, k->dy + (t * B + b) * H,
                      xi + b * G, xh ? xh + b * G : NULL, act ? act + b * G : NULL,
                      xc ? xc + b * H : NULL, rs + b * R, hp + b * H, hc + b * H,
                      cp ? cp + b * H : NULL);
+        if (k->dai_s) stream_copy(dai + b * G, di, (size_t)G * sizeof(T));
+    }
+    if (k->dai_s) stream_fence();
     for (int s = 0; s < k->nseg; s++) {
         const SFX(seg) *sg = &k->seg[s];
         const T *xs = sg->src == 0 ? xi : sg->src == 1 ? xh : xc;
@@ -971,7 +979,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         nacc = 2 * H;
     }
     int64_t n_da = (lstm || gru ? 2 : 1) * TB * G;   /* see fastln_rnn_work_size */
-    T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * ly->gw) * sizeof(T));
+    T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + G)) * sizeof(T));
     T *buf = a->work ? (T *)a->work : own;
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
     int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, nt) : FASTLN_ENOMEM;
@@ -983,6 +991,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     k.dai = buf;
     k.dah = lstm || gru ? buf + TB * G : buf;
     k.dg = buf + n_da;
+    k.dai_s = lstm || gru ? k.dg + B * ly->gw : NULL;
 
     int64_t Tc = SFX(chunk_steps)(B);
     for (int64_t t1 = Ts; t1 > 0; t1 -= Tc) {
