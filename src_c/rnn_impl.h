@@ -6,19 +6,21 @@
  *
  * Shape legend (one layer, time-major; G = gates * H; see fastln_rnn.h):
  *   x (T, B, I), y (T, B, H); state h, c (B, H)
- *   A_ih (T, B, G) = x W_ih^T, all steps in one product (chunks of steps
- *     without a cache); A_hh (B, G) = h_{t-1} W_hh^T, one product per step
- *   cache (fastln_rnn_layout): xih/xhh = A_ih/A_hh normalized in place,
- *     act = gate activations, hseq/cseq = h/c at t-1, xc, rstd
+ *   A_ih = x W_ih^T, one product per chunk of about 256 rows (chunk_steps);
+ *   A_hh (B, G) = h_{t-1} W_hh^T, one product per step
+ *   cache (fastln_rnn_layout): xih/xhh = A_ih/A_hh normalized, act = gate
+ *     activations, hseq/cseq = h/c at t-1, xc = LN(c) normalized, rstd
  *   backward: dA_ih, dA_hh (T, B, G) = gradients of A_ih, A_hh (RNN: one
- *     array, the two are equal); dg (B, GW) per-step gradients of the LN
+ *     array, the two are equal); dg (B, gw) per-step gradients of the LN
  *     outputs, reduced over rows into the LN gains and biases
  *
- * A step is: the recurrent product (packed-weight kernel, dot kernel at
- * B == 1, or BLAS), then one fused row kernel per row (all LN statistics,
- * gates, state update, output), parallel over rows. Backward adds a
- * column-parallel reduction of the LN parameter gradients in double, rows in
- * order, so that they do not depend on the thread count.
+ * A chunk runs in one parallel region: its input product, then per step the
+ * recurrent product (packed-weight kernel, or a dot kernel at B == 1; BLAS,
+ * between regions, for double and on the generic path), then one fused row
+ * kernel per row (all LN statistics, gates, state update, output), rows
+ * shared by the team. Backward adds a column-parallel reduction of the LN
+ * parameter gradients in double, rows in order, so that they do not depend
+ * on the thread count, and ends with the products for dW_ih, dW_hh, dx.
  */
 
 /* Runs the statements on a team of nt threads, or directly when nt == 1: an
@@ -178,7 +180,7 @@ static inline void SFX(col_acc)(double *aw, double *ab, const T *g, int64_t ldg,
 
 #if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
 #define HAVE_GEMV16 1
-/* c[j] (+)= dot(W row n0+j, a) for j < 16, K elements: one accumulator per
+/* c[j] (+)= dot(row j of W, a) for j < 16, K elements: one accumulator per
  * row, then a transposing reduction tree (16 vectors -> one vector of the 16
  * sums) instead of 16 horizontal sums. */
 static inline void SFX(gemv16)(float *c, const float *a, const float *W, int64_t K, int acc)
@@ -224,11 +226,10 @@ static void SFX(small_nt)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
         const T *a = A + m * K;
         T *c = C + m * N;
         int64_t n = n0;
-        N = n1;
 #if HAVE_GEMV16
-        for (; n + 16 <= N; n += 16) SFX(gemv16)(c + n, a, W + n * K, K, acc);
+        for (; n + 16 <= n1; n += 16) SFX(gemv16)(c + n, a, W + n * K, K, acc);
 #endif
-        for (; n + 4 <= N; n += 4) {
+        for (; n + 4 <= n1; n += 4) {
             const T *w0 = W + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
             T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
@@ -243,7 +244,7 @@ static void SFX(small_nt)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
             c[n + 2] = acc ? c[n + 2] + s2 : s2;
             c[n + 3] = acc ? c[n + 3] + s3 : s3;
         }
-        for (; n < N; n++) {
+        for (; n < n1; n++) {
             const T *w0 = W + n * K;
             T s0 = 0;
 #pragma omp simd reduction(+ : s0)
@@ -510,7 +511,8 @@ static void SFX(rec_free)(SFX(rec) *rc) { free(rc->packed ? rc->packed : rc->pac
 static inline int SFX(rec_in_region)(const SFX(rec) *rc) { return rc->kind != 0; }
 
 /* forward: C (B, G) = h (B, H) W_hh^T.  backward: C (B, H) += dA (B, G) W_hh.
- * Kinds 1 and 2 may run inside a parallel region (kind 2 on one thread). */
+ * Kinds 1 and 2 share the work among the enclosing team; kind 0 (BLAS) runs
+ * outside any parallel region. */
 static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh, int64_t B,
                              int64_t G, int64_t H, int backward)
 {
@@ -721,7 +723,7 @@ typedef struct {
     const T *w_hh;
     T *aih;                         /* A_ih of the current chunk, step c0 first */
     int64_t c0;
-    T *ahh_s, *act_s, *xc_s, *rs_s; /* per-step scratch where the cache has no place */
+    T *ahh_s, *act_s, *xc_s, *rs_s; /* a step's rows (copied to the cache if any); rs_s: no cache */
     T *h, *c;                       /* the state (updated in place without a cache) */
     T *y;
 } SFX(fwd_ctx);
