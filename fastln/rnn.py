@@ -63,7 +63,13 @@ def _positive_int(value, name):
 
 
 class _LNRecurrent:
-    """The engine shared by LNRNN, LNLSTM and LNGRU (see their docstrings)."""
+    """The engine shared by LNRNN, LNLSTM and LNGRU (see their docstrings).
+
+    Threads: the C engine releases the GIL. One model may serve ``step()`` and
+    ``forward(..., cache=False)`` from several threads at once; a forward with
+    a cache and its backward hold state in the model and must not overlap
+    other calls on the same model.
+    """
 
     _kind = None       # "lstm", "gru" or "rnn"
     _has_cell = False  # the state is (h, c)
@@ -335,7 +341,9 @@ class _LNRecurrent:
 
         The parameter gradients are written to ``self.grads`` (same keys and
         shapes as ``self.params``), replacing the previous ones. The cache is
-        released: a second backward needs a new forward.
+        released: a second backward needs a new forward. The cache refers to
+        the forward's x (without a copy where x was already time-major and
+        contiguous) and its parameters: change neither in between.
         """
         if self._cache is None:
             raise RuntimeError("backward needs the cache of a forward: call "
