@@ -139,3 +139,34 @@ def test_engine_rechecks_sizes():
     with pytest.raises(ValueError, match="internal"):
         _core._rnn_backward("lstm", T, B, I, H, 1e-5, x, params, None, None, y, h, c, None,
                             [np.zeros_like(p) for p in params])
+
+
+def test_one_model_serves_threads():
+    """step() and forward(cache=False) on one model from 4 threads at once give
+    the serial results (the engine releases the GIL and keeps no shared state)."""
+    import threading
+    m = model(LNLSTM, {}, np.float32, I=8, H=64)
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((12, 3, 8)).astype(np.float32) for _ in range(4)]
+    want = [m.forward(x, cache=False)[0] for x in xs]
+    want_step = [m.step(x[0])[0] for x in xs]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(50):
+                y, _ = m.forward(xs[i], cache=False)
+                h, _ = m.step(xs[i][0])
+                if not (np.array_equal(y, want[i]) and np.array_equal(h, want_step[i])):
+                    errors.append(i)
+                    return
+        except Exception as e:   # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
