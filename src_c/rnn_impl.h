@@ -419,8 +419,10 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
         M = N;
         N = n;
     }
-    /* B (K, N) row-major with whole panels is read in place */
-    int in_place = tb == 'N' && N % FASTLN_NR == 0;
+    /* B (K, N) row-major with whole panels and short rows is read in place;
+     * with long rows a pass of KC rows would touch KC pages (TLB misses),
+     * and a packed copy is faster (measured: dW_ih 6.5 -> 5.8 ms) */
+    int in_place = tb == 'N' && N % FASTLN_NR == 0 && N <= 256;
     int64_t np = in_place ? 0 : fastln_packed_size(N, K);
     int64_t na = ta == 'T' ? (M + MR - 1) / MR * MR * K : 0;
     float *P = (float *)malloc((size_t)(np + na + (swap ? M * N : 0) + 1) * sizeof(float));
