@@ -287,7 +287,7 @@ class _LNRecurrent:
             The length of each sequence of a padded batch, in [1, T]. After its
             length a sequence holds its state and its output is 0.
         cache : bool
-            Keep what :meth:`backward` needs (about 15 H values per sequence,
+            Keep what :meth:`backward` needs (about 11 H values per sequence,
             step and layer for LNLSTM). With False nothing is kept.
 
         Returns

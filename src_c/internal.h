@@ -86,7 +86,9 @@ const fastln_kernel_table *fastln_kernels(void);
 /* ---- LN-RNN helpers shared by every path (rnn.c) ---- */
 
 /* Where each cached array of one layer starts, in elements, or -1 if unused:
- * xih, xhh, act (T, B, G): normalized A_ih, normalized A_hh, activations;
+ * xih, xhh, act (T, B, G): normalized A_ih, normalized A_hh, activations
+ * (GRU only: LSTM backward recomputes its gates from xih and xhh, which costs
+ * less than writing and reading 4H more values per row and step);
  * hseq, cseq (T+1, B, H): h_{t-1} and c_{t-1} at index t; xc (T, B, H): the
  * normalized c (LSTM); rstd (T, B, nrstd). */
 typedef struct {

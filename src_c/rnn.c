@@ -19,7 +19,7 @@ void fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B,
     int64_t tbg = T * B * L->G, seq = (T + 1) * B * H, off = 0;
     L->xih = off;                      off += tbg;
     L->xhh = lstm || gru ? off : -1;   off += lstm || gru ? tbg : 0;
-    L->act = lstm || gru ? off : -1;   off += lstm || gru ? tbg : 0;
+    L->act = gru ? off : -1;           off += gru ? tbg : 0;   /* LSTM: recomputed */
     L->hseq = off;                     off += seq;
     L->cseq = lstm ? off : -1;         off += lstm ? seq : 0;
     L->xc = lstm ? off : -1;           off += lstm ? T * B * H : 0;
@@ -35,14 +35,15 @@ int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
     return L.size;
 }
 
-/* dA_ih and dA_hh (one array for the RNN), a step's LN-output gradients and
- * a step's rows of dA_ih in L1/L2 before they are streamed out */
+/* dA_ih and dA_hh (one array for the RNN), a step's LN-output gradients, a
+ * step's rows of dA_ih in L1/L2 before they are streamed out, and a step's
+ * recomputed LSTM gate activations */
 int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
 {
     fastln_rnn_layout L;
     if (cell < 0 || cell > FASTLN_CELL_GRU || T < 0 || B < 0 || H < 0) return -1;
     fastln_rnn_layout_for(&L, cell, T, B, H);
-    return (L.gates > 1 ? 2 : 1) * T * B * L.G + B * (L.gw + L.G);
+    return (L.gates > 1 ? 2 : 1) * T * B * L.G + B * (L.gw + 2 * L.G);
 }
 
 /* ---- BLAS, or a C loop ---- */

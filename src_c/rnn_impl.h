@@ -8,7 +8,7 @@
  *   x (T, B, I), y (T, B, H); state h, c (B, H)
  *   A_ih = x W_ih^T, one product per chunk of about 256 rows (chunk_steps);
  *   A_hh (B, G) = h_{t-1} W_hh^T, one product per step
- *   cache (fastln_rnn_layout): xih/xhh = A_ih/A_hh normalized, act = gate
+ *   cache (fastln_rnn_layout): xih/xhh = A_ih/A_hh normalized, act = GRU gate
  *     activations, hseq/cseq = h/c at t-1, xc = LN(c) normalized, rstd
  *   backward: dA_ih, dA_hh (T, B, G) = gradients of A_ih, A_hh (RNN: one
  *     array, the two are equal); dg (B, gw) per-step gradients of the LN
@@ -646,7 +646,12 @@ static void SFX(bwd_row)(const SFX(layer) *ly, int active, T *dai, T *dah, T *dg
         return;
     }
     if (ly->cell == FASTLN_CELL_LSTM) {
-        /* dg: [dgates (G) | dn (H)], dn = dL/dLN(c) */
+        /* dg: [dgates (G) | dn (H)], dn = dL/dLN(c); act: scratch for the
+         * gates, recomputed from the cached xih, xhh as forward did */
+        T *a = (T *)act;
+        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 0, 2 * H, 0, 0);
+        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 2 * H, 3 * H, 1, 0);
+        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 3 * H, G, 0, 0);
         T *dn = dg + G;
 #pragma omp simd
         for (int64_t j = 0; j < H; j++) dn[j] = FMA(xc[j], p[7][j], p[8][j]);
@@ -755,7 +760,7 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
                      hn + b * H, cn ? cn + b * H : NULL, f->y + (t * B + b) * H);
         if (cache && on) {
             /* The row was computed in scratch that stays in L1/L2; the cache
-             * (about 15 H values a row) goes out with non-temporal stores, so
+             * (about 11 H values a row) goes out with non-temporal stores, so
              * that writing it costs no read-for-ownership traffic: backward
              * reads it long after it has left the caches anyway. */
             size_t row = (size_t)G * sizeof(T);
@@ -875,6 +880,7 @@ typedef struct {
     const T *w_hh, *dy;
     T *dai, *dah, *dg, *dh, *dc;
     T *dai_s;   /* (B, G) scratch for a step's dA_ih rows, or NULL (RNN: dA_ih is dA_hh) */
+    T *act_s;   /* (B, G) scratch for the LSTM's recomputed gates */
     double *acc;
     int nseg;
     SFX(seg) seg[4];
@@ -896,7 +902,7 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
     T *dai = k->dai + t * B * G;
     const T *xi = cache + L->xih + t * B * G;
     const T *xh = L->xhh >= 0 ? cache + L->xhh + t * B * G : NULL;
-    const T *act = L->act >= 0 ? cache + L->act + t * B * G : NULL;
+    const T *act = L->act >= 0 ? cache + L->act + t * B * G : k->act_s;   /* LSTM: scratch */
     const T *xc = L->xc >= 0 ? cache + L->xc + t * B * H : NULL;
     const T *rs = cache + L->rstd + t * B * R;
     const T *hp = cache + L->hseq + t * B * H, *hc = hp + B * H;
@@ -983,7 +989,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         nacc = 2 * H;
     }
     int64_t n_da = (lstm || gru ? 2 : 1) * TB * G;   /* see fastln_rnn_work_size */
-    T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + G)) * sizeof(T));
+    T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + 2 * G)) * sizeof(T));
     T *buf = a->work ? (T *)a->work : own;
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
     int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, nt) : FASTLN_ENOMEM;
@@ -996,6 +1002,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     k.dah = lstm || gru ? buf + TB * G : buf;
     k.dg = buf + n_da;
     k.dai_s = lstm || gru ? k.dg + B * ly->gw : NULL;
+    k.act_s = lstm ? k.dg + B * (ly->gw + G) : NULL;
 
     int64_t Tc = SFX(chunk_steps)(B);
     for (int64_t t1 = Ts; t1 > 0; t1 -= Tc) {
