@@ -1,8 +1,9 @@
-"""The LN-RNN engine under AddressSanitizer and UndefinedBehaviorSanitizer:
-tests/c/rnn_sanitize.c drives the C API (every cell, ISA path, dtype; odd
-sizes, B = 1, lengths, 1 and 3 threads, with and without a cache and a
-caller's scratch), built here from src_c/ with -fsanitize=address,undefined.
-Any invalid access, undefined behaviour or leak fails the run."""
+"""fastln's C core under AddressSanitizer, UndefinedBehaviorSanitizer and
+LeakSanitizer: tests/c/sanitize.c drives the whole C API (every normalization
+kernel and the LN-RNN engine; every ISA path and dtype; odd sizes, empties,
+in place, the streaming sizes, 1 and 3 threads), built here from src_c/ with
+-fsanitize=address,undefined. Any invalid access, undefined behaviour or leak
+fails the run."""
 import os
 import shutil
 import subprocess
@@ -10,17 +11,17 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["tests/c/rnn_sanitize.c", "src_c/rnn.c", "src_c/dispatch.c",
+SOURCES = ["tests/c/sanitize.c", "src_c/rnn.c", "src_c/dispatch.c",
            "src_c/kernels_generic.c", "src_c/kernels_avx2.c", "src_c/kernels_avx512.c"]
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "src_c", "rnn.c")),
                     reason="the C sources are not next to tests/")
-def test_rnn_engine_is_clean_under_sanitizers(tmp_path):
+def test_c_core_is_clean_under_sanitizers(tmp_path):
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler")
-    exe = str(tmp_path / "rnn_sanitize")
+    exe = str(tmp_path / "sanitize")
     build = subprocess.run(
         [cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
          "-fno-sanitize-recover=undefined", "-fopenmp", "-fopenmp-simd",

@@ -1,0 +1,122 @@
+/* A driver of fastln's C API for AddressSanitizer/UBSan builds
+ * (tests/test_sanitize.py). Values are arbitrary: the Python tests check the
+ * results, this checks memory and undefined behaviour.
+ *  - the normalization kernels (fastln.h): every function, dtype and ISA
+ *    path; rows of 1 to 4099 elements, 0 to 3100 rows (the largest past the
+ *    streaming-store threshold), in place and not, 1 and 3 threads;
+ *  - the LN-RNN engine (fastln_rnn.h): every cell, ISA path and dtype; odd
+ *    sizes, B = 1, lengths, 1 and 3 threads; forward with and without a
+ *    cache, backward with and without the caller's scratch. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fastln_rnn.h"
+
+static void *fill(size_t n, size_t es, unsigned seed) {
+    void *p = malloc(n * es);
+    for (size_t i = 0; i < n; i++) {
+        double v = ((seed * 2654435761u + i * 40503u) % 1000) / 1000.0 - 0.5;
+        if (es == 4) ((float *)p)[i] = (float)v; else ((double *)p)[i] = v;
+    }
+    return p;
+}
+
+static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, int lens) {
+    size_t es = f64 ? 8 : 4;
+    int64_t G = (cell == FASTLN_CELL_LSTM ? 4 : cell == FASTLN_CELL_GRU ? 3 : 1) * H;
+    int64_t sizes[10]; int np;
+    if (cell == FASTLN_CELL_LSTM) { int64_t s[] = {G*I, G*H, G, G, G, G, G, H, H}; np = 9; memcpy(sizes, s, sizeof s); }
+    else if (cell == FASTLN_CELL_GRU) { int64_t s[] = {G*I, G*H, 2*H, 2*H, 2*H, 2*H, H, H, H, H}; np = 10; memcpy(sizes, s, sizeof s); }
+    else { int64_t s[] = {G*I, G*H, H, H}; np = 4; memcpy(sizes, s, sizeof s); }
+    fastln_rnn_args a; memset(&a, 0, sizeof a);
+    a.cell = cell; a.steps = T; a.batch = B; a.input = I; a.hidden = H; a.eps = 1e-5;
+    void *params[10], *grads[10];
+    for (int k = 0; k < np; k++) { params[k] = fill(sizes[k], es, k + 1); grads[k] = malloc(sizes[k] * es); a.params[k] = params[k]; a.grads[k] = grads[k]; }
+    int64_t *len = NULL;
+    if (lens) { len = malloc(B * 8); for (int64_t b = 0; b < B; b++) len[b] = 1 + (b * 7) % T; a.lengths = len; }
+    void *x = fill(T * B * I, es, 11), *y = malloc(T * B * H * es), *h = fill(B * H, es, 12), *c = fill(B * H, es, 13);
+    int64_t cs = fastln_rnn_cache_size(cell, T, B, H);
+    void *cache = malloc(cs * es);
+    a.x = x; a.y = y; a.h = h; a.c = c; a.cache = NULL;
+    int rc = f64 ? fastln_rnn_forward_f64(&a) : fastln_rnn_forward_f32(&a);   /* inference */
+    { void *h0 = fill(B * H, es, 12); memcpy(h, h0, B * H * es); free(h0); }
+    a.cache = cache;
+    rc |= f64 ? fastln_rnn_forward_f64(&a) : fastln_rnn_forward_f32(&a);
+    void *dy = fill(T * B * H, es, 14), *dx = malloc(T * B * I * es), *dh = fill(B * H, es, 15), *dc = fill(B * H, es, 16);
+    int64_t ws = fastln_rnn_work_size(cell, T, B, H);
+    void *work = malloc(ws * es);
+    a.dy = dy; a.dx = dx; a.dh = dh; a.dc = dc;
+    for (int w = 0; w < 2; w++) {
+        a.work = w ? work : NULL;
+        rc |= f64 ? fastln_rnn_backward_f64(&a) : fastln_rnn_backward_f32(&a);
+    }
+    for (int k = 0; k < np; k++) { free(params[k]); free(grads[k]); }
+    free(len); free(x); free(y); free(h); free(c); free(cache); free(dy); free(dx); free(dh); free(dc); free(work);
+    return rc;
+}
+
+/* Every normalization kernel on (N, H), out of place and in place. */
+#define LN_CASES(T, SFX)                                                                     \
+    static int ln_##SFX(int64_t N, int64_t H) {                                              \
+        size_t n = (size_t)(N * H);                                                          \
+        T *x = fill(n + 1, sizeof(T), 1), *r = fill(n + 1, sizeof(T), 2);                    \
+        T *dy = fill(n + 1, sizeof(T), 3), *w = fill(H, sizeof(T), 4), *b = fill(H, sizeof(T), 5); \
+        T *y = malloc((n + 1) * sizeof(T)), *s = malloc((n + 1) * sizeof(T));                \
+        T *mean = malloc((N + 1) * sizeof(T)), *rstd = malloc((N + 1) * sizeof(T));          \
+        T *dw = malloc(H * sizeof(T)), *db = malloc(H * sizeof(T));                          \
+        int rc = 0;                                                                          \
+        rc |= fastln_layer_norm_##SFX(y, mean, rstd, x, w, b, N, H, 1e-5);                   \
+        rc |= fastln_layer_norm_##SFX(y, NULL, NULL, x, NULL, NULL, N, H, 1e-5);             \
+        rc |= fastln_layer_norm_backward_##SFX(s, dw, db, dy, x, mean, rstd, w, N, H);       \
+        rc |= fastln_layer_norm_backward_##SFX(s, dw, db, dy, x, mean, rstd, NULL, N, H);    \
+        rc |= fastln_add_layer_norm_##SFX(y, s, mean, rstd, x, r, w, b, N, H, 1e-5);         \
+        rc |= fastln_rms_norm_##SFX(y, rstd, x, w, N, H, 1e-6);                              \
+        rc |= fastln_rms_norm_backward_##SFX(s, dw, dy, x, rstd, w, N, H);                   \
+        memcpy(y, x, n * sizeof(T));   /* in place: y is the input and the output */          \
+        rc |= fastln_layer_norm_##SFX(y, mean, rstd, y, w, b, N, H, 1e-5);                   \
+        rc |= fastln_layer_norm_backward_##SFX(dy, dw, db, dy, x, mean, rstd, w, N, H);      \
+        rc |= fastln_rms_norm_##SFX(y, rstd, y, w, N, H, 1e-6);                              \
+        free(x); free(r); free(dy); free(w); free(b); free(y); free(s);                      \
+        free(mean); free(rstd); free(dw); free(db);                                          \
+        return rc;                                                                           \
+    }
+LN_CASES(float, f32)
+LN_CASES(double, f64)
+
+int main(void) {
+    const char *isas[] = {"generic", "avx2", "avx512"};
+    int bad = 0, n = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!fastln_isa_supported(isas[i])) continue;
+        fastln_set_isa(isas[i]);
+        for (int cell = 0; cell < 4; cell++)
+            for (int f64 = 0; f64 < 2; f64++)
+                for (int lens = 0; lens < 2; lens++) {
+                    int64_t cfg[][4] = {{1, 1, 1, 1}, {5, 1, 3, 40}, {7, 3, 5, 37}, {3, 9, 2, 33}, {9, 34, 17, 64}, {2, 2, 300, 8}};
+                    for (int q = 0; q < 6; q++) {
+                        for (int nt = 1; nt <= 3; nt += 2) {
+                            fastln_set_num_threads(nt);
+                            bad |= run(cell, cfg[q][0], cfg[q][1], cfg[q][2], cfg[q][3], f64, lens);
+                            n++;
+                        }
+                    }
+                }
+    }
+    for (int i = 0; i < 3; i++) {
+        if (!fastln_isa_supported(isas[i])) continue;
+        fastln_set_isa(isas[i]);
+        int64_t cfg[][2] = {{0, 8}, {1, 1}, {1, 768}, {7, 4099}, {33, 64}, {300, 17}, {16, 1024}};
+        for (int nt = 1; nt <= 3; nt += 2) {
+            fastln_set_num_threads(nt);
+            for (int q = 0; q < 7; q++) {
+                bad |= ln_f32(cfg[q][0], cfg[q][1]) | ln_f64(cfg[q][0], cfg[q][1]);
+                n += 2;
+            }
+        }
+        /* past the streaming thresholds (48 MiB forward, 8 MiB backward) */
+        bad |= ln_f32(3100, 4096);
+        n++;
+    }
+    printf("%d runs, rc %d\n", n, bad);
+    return bad;
+}
