@@ -11,7 +11,7 @@ import fastln
 from _util import F32, F64, FLOAT_DTYPES, big_inputs, run_python
 
 SHAPES = [(4096, 256), (3000, 1000)]
-THREAD_COUNTS = (1, 2, 3)
+THREAD_COUNTS = (1, 2, 3, 8)
 
 _DATA = {}
 
@@ -61,7 +61,7 @@ def assert_bitwise(a, b, what):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_bitwise_identical_for_1_2_3_threads(isa, dtype, shape, restore_threads):
+def test_bitwise_identical_for_1_2_3_8_threads(isa, dtype, shape, restore_threads):
     d = data(dtype, shape)
     results = {}
     for n in THREAD_COUNTS:
