@@ -23,9 +23,17 @@ except ImportError:  # pragma: no cover
     pass
 
 
+def _asarray(a, name):
+    """np.asarray(a), with NumPy's errors for non-arrays (ragged lists, ...) naming the argument."""
+    try:
+        return np.asarray(a)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{name} cannot be read as an array: {e}") from None
+
+
 def _array(a, name):
     """a as an ndarray, and the kernel dtype (float32 or float64) for it."""
-    a = np.asarray(a)
+    a = _asarray(a, name)
     dt = a.dtype
     if dt in _LOW_PRECISION:
         return a, np.dtype(np.float32)
@@ -42,7 +50,7 @@ def _array(a, name):
 
 def _real_array(a, name):
     """a as an ndarray of a real (float, int, bool) dtype, else TypeError naming it."""
-    a = np.asarray(a)
+    a = _asarray(a, name)
     if a.dtype.kind not in "fiub" and a.dtype not in _LOW_PRECISION:
         raise TypeError(f"{name} must be a real floating array, got dtype {a.dtype}")
     return a
@@ -152,7 +160,7 @@ class _Rows:
             if result_dtype == kernel_dtype:
                 return r, (lambda: self.unrows(r)), inputs
             return r, (lambda: self.unrows(r).astype(result_dtype)), inputs
-        if not isinstance(out, np.ndarray):
+        if type(out) is not np.ndarray:   # subclasses (np.matrix, masked arrays) too
             raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
         if out.shape != self.shape:
             raise ValueError(f"{name} has shape {out.shape}, expected {self.shape}")

@@ -1,7 +1,12 @@
 """Thread-count control for fastln's OpenMP kernels."""
 import contextlib
+import numbers
+
+import numpy as np
 
 from fastln import _core
+
+MAX_THREADS = 4096   # more would only ask OpenMP for an absurd thread pool
 
 
 def get_num_threads():
@@ -21,11 +26,11 @@ def set_num_threads(n):
     if n is None:
         _core.set_num_threads(0)
         return
-    if isinstance(n, bool) or not isinstance(n, int):
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
         raise TypeError(f"n must be an int or None, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    _core.set_num_threads(n)
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"n must be between 1 and {MAX_THREADS}, got {n}")
+    _core.set_num_threads(int(n))
 
 
 @contextlib.contextmanager

@@ -3,14 +3,20 @@ import numbers
 
 import numpy as np
 
-from fastln import _core
+from fastln import _api, _core
 
 
 def _shape(normalized_shape):
-    if isinstance(normalized_shape, numbers.Integral):
+    """normalized_shape (an int or a sequence of ints) as a tuple of positive ints."""
+    def is_int(n):
+        return isinstance(n, numbers.Integral) and not isinstance(n, (bool, np.bool_))
+    if is_int(normalized_shape):
         shape = (int(normalized_shape),)
-    else:
+    elif (isinstance(normalized_shape, (tuple, list)) and all(map(is_int, normalized_shape))):
         shape = tuple(int(n) for n in normalized_shape)
+    else:
+        raise TypeError(f"normalized_shape must be an int or a tuple of ints, "
+                        f"got {normalized_shape!r}")
     if not shape or any(n < 1 for n in shape):
         raise ValueError(f"normalized_shape must be positive sizes, got {normalized_shape!r}")
     return shape
@@ -34,7 +40,7 @@ class _Norm:
 
     def __init__(self, normalized_shape, eps, dtype):
         self.normalized_shape = _shape(normalized_shape)
-        self.eps = float(eps)
+        self.eps = _api._check_eps(eps)
         self.dtype = np.dtype(dtype)
         if self.dtype.kind != "f":
             raise TypeError(f"dtype must be a floating dtype, got {self.dtype}")
@@ -50,17 +56,36 @@ class _Norm:
                 if getattr(self, k) is not None}
 
     def load_state_dict(self, state):
-        """Loads parameters by PyTorch name; values may be arrays or torch tensors."""
+        """Loads parameters by PyTorch name; values may be arrays or torch tensors.
+        On error nothing is changed."""
+        if not hasattr(state, "keys"):
+            raise TypeError(f"state_dict must be a mapping, got {type(state).__name__}")
         expected = {k for k in self._param_names if getattr(self, k) is not None}
-        missing, unexpected = expected - set(state), set(state) - expected
+        missing, unexpected = expected - set(state.keys()), set(state.keys()) - expected
         if missing or unexpected:
             raise KeyError(f"state_dict mismatch: missing {sorted(missing)}, "
                            f"unexpected {sorted(unexpected)}")
+        new = {}
         for k in expected:
-            v = _as_numpy(state[k])
+            v = _api._real_array(_as_numpy(state[k]), f"state_dict[{k!r}]")
             if v.shape != self.normalized_shape:
-                raise ValueError(f"{k} has shape {v.shape}, expected {self.normalized_shape}")
-            setattr(self, k, v.astype(self.dtype, copy=True))
+                raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, "
+                                 f"expected {self.normalized_shape}")
+            new[k] = v.astype(self.dtype, copy=True)
+        for k, v in new.items():
+            setattr(self, k, v)
+
+    def _check_input(self, x):
+        """x's trailing axes must be normalized_shape (also without weights)."""
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            x = np.asarray(x)
+            shape = x.shape
+        n = len(self.normalized_shape)
+        if tuple(shape[len(shape) - n:]) != self.normalized_shape or len(shape) < n:
+            raise ValueError(f"x must end in the normalized shape {self.normalized_shape}, "
+                             f"got shape {tuple(shape)}")
+        return x
 
     def __call__(self, x):
         return self.forward(x)
@@ -103,6 +128,7 @@ class LayerNorm(_Norm):
                      if elementwise_affine and bias else None)
 
     def forward(self, x):
+        x = self._check_input(x)
         y, mean, rstd = _core.layer_norm(x, self.weight, self.bias, axis=self._axis(),
                                          eps=self.eps, return_stats=True)
         self._cache = (x, mean, rstd)
@@ -136,6 +162,7 @@ class RMSNorm(_Norm):
         self.weight = np.ones(self.normalized_shape, self.dtype) if elementwise_affine else None
 
     def forward(self, x):
+        x = self._check_input(x)
         y, rstd = _core.rms_norm(x, self.weight, axis=self._axis(), eps=self.eps,
                                  return_stats=True)
         self._cache = (x, rstd)

@@ -32,7 +32,7 @@ import operator
 
 import numpy as np
 
-from . import _core
+from . import _api, _core
 
 __all__ = ["LNRNN", "LNLSTM", "LNGRU"]
 
@@ -80,10 +80,7 @@ class _LNRecurrent:
         self.hidden_size = _positive_int(hidden_size, "hidden_size")
         self.num_layers = _positive_int(num_layers, "num_layers")
         self.batch_first = bool(batch_first)
-        if (isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real)
-                or not np.isfinite(eps) or eps < 0):
-            raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
-        self.eps = float(eps)
+        self.eps = _api._check_eps(eps)
         dt = np.dtype(dtype)
         if dt not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dt}")
@@ -131,7 +128,7 @@ class _LNRecurrent:
             p = self.params.get(key)
             if p is None:
                 raise ValueError(f"params[{key!r}] is missing")
-            p = np.ascontiguousarray(p, dtype=self.dtype)
+            p = self._array(p, f"params[{key!r}]")
             if p.shape != self._shapes[key]:
                 raise ValueError(f"params[{key!r}] has shape {p.shape}, "
                                  f"expected {self._shapes[key]}")
@@ -159,6 +156,8 @@ class _LNRecurrent:
         """Copies every parameter from ``state_dict`` (as written by :meth:`state_dict`,
         or loaded with ``np.load``), casting to the model's dtype. The keys must
         match exactly and the shapes must agree; on error nothing is changed."""
+        if not hasattr(state_dict, "keys"):
+            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
         keys = set(state_dict.keys())
         missing = sorted(set(self._shapes) - keys)
         unexpected = sorted(keys - set(self._shapes))
@@ -182,12 +181,7 @@ class _LNRecurrent:
 
     def _input(self, x, name, last, T=None, B=None):
         """x as a time-major C-contiguous (T, B, last) array of the model's dtype."""
-        if isinstance(x, np.ndarray):
-            if x.dtype != self.dtype:
-                raise TypeError(f"{name} has dtype {x.dtype}, but the model is {self.dtype}; "
-                                f"convert it with {name}.astype(np.{self.dtype})")
-        else:
-            x = np.asarray(x, dtype=self.dtype)
+        x = self._array(x, name, strict=True, layout=False)
         order = "(B, T, {})" if self.batch_first else "(T, B, {})"
         if x.ndim != 3 or x.shape[2] != last:
             raise ValueError(f"{name} must have shape {order.format(last)}, got {x.shape}")
@@ -201,7 +195,29 @@ class _LNRecurrent:
             raise ValueError(f"{name} must have shape {order.format(last)} = "
                              f"{want + (last,)} to match the forward, got "
                              f"{(x.transpose(1, 0, 2) if self.batch_first else x).shape}")
-        return np.ascontiguousarray(x)
+        return np.require(x, requirements=["C", "A"])
+
+    def _array(self, a, name, strict=False, layout=True):
+        """a as an array of the model's dtype (native byte order, aligned and
+        C-contiguous unless layout is False). Another real type is cast, or
+        with strict (data: x, dy, states) a TypeError; non-numbers raise a
+        TypeError naming the argument."""
+        dt = self.dtype
+        if isinstance(a, np.ndarray):
+            kind = a.dtype.kind
+            if kind not in "fiub":
+                raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}")
+            if strict and (kind != "f" or a.dtype.itemsize != dt.itemsize):
+                raise TypeError(f"{name} has dtype {a.dtype}, but the model is {dt}; "
+                                f"convert it with .astype(np.{dt})")
+        else:
+            try:
+                a = np.asarray(a, dtype=dt)
+            except (ValueError, TypeError) as e:
+                raise TypeError(f"{name} must be an array of numbers: {e}") from None
+        if layout:
+            return np.require(a, dt, ["C", "A"])
+        return a if a.dtype == dt else a.astype(dt)
 
     def _states(self, state, B, name):
         """The state as a list of (num_layers, B, H) arrays (copies): [h] or [h, c]."""
@@ -231,9 +247,7 @@ class _LNRecurrent:
             if part is None:
                 out.append(np.zeros(shape, self.dtype))
                 continue
-            a = part if type(part) is np.ndarray else np.asarray(part)
-            if a.dtype is not self.dtype and a.dtype != self.dtype and isinstance(part, np.ndarray):
-                raise TypeError(f"{name} has dtype {a.dtype}, but the model is {self.dtype}")
+            a = self._array(part, name, strict=True, layout=False)
             if a.shape != shape:
                 raise ValueError(f"{name} must have shape (num_layers, B, H) = {shape}, "
                                  f"got {a.shape}")
@@ -252,7 +266,7 @@ class _LNRecurrent:
         if a.size and (a.min() < 1 or a.max() > T):
             raise ValueError(f"lengths must lie in [1, T] = [1, {T}], "
                              f"got values from {a.min()} to {a.max()}")
-        return np.ascontiguousarray(a, dtype=np.int64)
+        return np.require(a, np.int64, ["C", "A"])
 
     def _release_cache(self):
         """Drops the cache; its arrays serve the next forward, as the backward
@@ -374,13 +388,9 @@ class _LNRecurrent:
         layer's h (B, H) and the new state. Keeps no cache. Equivalent to
         ``forward(x_t[None], state, cache=False)`` (time-major)."""
         dt, xs = self.dtype, x_t
-        if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous):
-            if isinstance(xs, np.ndarray):
-                if xs.dtype != dt:
-                    raise TypeError(f"x_t has dtype {xs.dtype}, but the model is {dt}")
-                xs = np.ascontiguousarray(xs)
-            else:
-                xs = np.asarray(xs, dtype=dt)
+        if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
+                and xs.flags.aligned):
+            xs = self._array(xs, "x_t", strict=True)
         shape = xs.shape
         if len(shape) != 2 or shape[1] != self.input_size or shape[0] < 1:
             raise ValueError(f"x_t must have shape (B, {self.input_size}) with B >= 1, "
