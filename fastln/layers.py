@@ -23,7 +23,8 @@ def _shape(normalized_shape):
 
 
 def _axes(shape):
-    return tuple(range(-len(shape), 0))
+    """The trailing axes: -1 itself for one axis (the kernels' fast path takes a plain int)."""
+    return -1 if len(shape) == 1 else tuple(range(-len(shape), 0))
 
 
 def _as_numpy(v):
