@@ -249,9 +249,14 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
 #pragma omp simd reduction(+ : ss)
             for (int64_t i = 0; i < H; i++) ss += (double)xr[i] * (double)xr[i];
         }
-        T r = (T)(1.0 / sqrt(ss / (double)H + eps));
+        double rd = 1.0 / sqrt(ss / (double)H + eps);
+        T r = (T)rd;
         if (rstd) rstd[n] = r;
-        if (w) {
+        if (isinf(r) && !isinf(rd)) {
+            /* float rstd overflows (rms below ~3e-39 with eps = 0): y in double */
+            for (int64_t i = 0; i < H; i++)
+                yr[i] = (T)((double)xr[i] * rd * (w ? (double)w[i] : 1.0));
+        } else if (w) {
 #pragma omp simd
             for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r * w[i];
         } else {
@@ -297,6 +302,17 @@ static inline SFX(bwd_scalars) SFX(ln_bwd_scalars)(const T *xr, const T *gr, con
         S_g += SFX(hsum)(ag);
         S_gd += SFX(hsum)(agd);
     }
+    if (sizeof(T) == 4 && !(isfinite(S_d) && isfinite(S_g) && isfinite(S_gd))) {
+        /* float lanes overflowed (|x - m| * |dy| near 1e38): the sums in double
+         * (they stay non-finite where x or dy hold inf or NaN) */
+        S_d = S_g = S_gd = 0;
+        for (int64_t i = 0; i < H; i++) {
+            double d = (double)xr[i] - (double)m, g = (double)gr[i] * (w ? (double)w[i] : 1.0);
+            S_d += d;
+            S_g += g;
+            S_gd += g * d;
+        }
+    }
     double dm = S_d / (double)H;                     /* residual of the saved mean */
     SFX(bwd_scalars) sc = {m, (T)dm, r, (T)(S_g / (double)H),             /* c1 = mean(g) */
                            (T)((double)r * (S_gd - dm * S_g) / (double)H)};  /* c2 = mean(g*xhat) */
@@ -318,6 +334,11 @@ static inline SFX(bwd_scalars) SFX(rms_bwd_scalars)(const T *xr, const T *gr, co
         for (int k = 0; k < e - i; k++)
             a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
         S_gx += SFX(hsum)(a);
+    }
+    if (sizeof(T) == 4 && !isfinite(S_gx)) {   /* float lanes overflowed: in double */
+        S_gx = 0;
+        for (int64_t i = 0; i < H; i++)
+            S_gx += (double)gr[i] * (w ? (double)w[i] : 1.0) * (double)xr[i];
     }
     SFX(bwd_scalars) sc = {0, 0, r, 0, (T)((double)r * S_gx / (double)H)};  /* c2 = mean(g*xhat) */
     return sc;
