@@ -294,7 +294,7 @@ class _LNRecurrent:
         Parameters
         ----------
         x : ndarray, (T, B, input_size), or (B, T, input_size) with batch_first
-            The input, of the model's dtype.
+            The input, of the model's float type (either byte order; lists are converted).
         state : the initial state, or None for zeros
             LNLSTM: a tuple (h, c); LNRNN, LNGRU: h; each (num_layers, B, H).
         lengths : array of ints, (B,), optional
