@@ -639,6 +639,15 @@ cdef int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
         raise ValueError("internal: bad array for " + what)
     return 0
 
+cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
+    """dst[k] = the data of arrays[k], each checked against sizes[k]."""
+    if len(arrays) != len(sizes):
+        raise ValueError("internal: wrong number of " + what)
+    for k in range(len(sizes)):
+        _arr(arrays[k], tn, sizes[k], writable, what)
+        dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
+    return 0
+
 cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                     int64_t H, double eps, x, params, lengths, cache, bint cache_required) except -1:
     """Fills the sizes, parameters, x, lengths and cache of a; returns the type number."""
@@ -646,12 +655,7 @@ cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t 
     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
         raise ValueError("internal: bad x or sizes")
     _arr(x, tn, T * B * I, False, "x")
-    sizes = _rnn_param_sizes(cell, I, H)
-    if len(params) != len(sizes):
-        raise ValueError("internal: wrong number of parameters")
-    for k in range(len(sizes)):
-        _arr(params[k], tn, sizes[k], False, "params")
-        a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>params[k])
+    _arr_list(<void **>a.params, params, tn, _rnn_param_sizes(cell, I, H), False, "params")
     if lengths is not None:
         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
     cdef int code = _CELLS[cell]
@@ -702,12 +706,7 @@ def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double e
         _arr(dc, tn, B * H, True, "dc")
     if dx is not None:
         _arr(dx, tn, T * B * I, True, "dx")
-    sizes = _rnn_param_sizes(cell, I, H)
-    if len(grads) != len(sizes):
-        raise ValueError("internal: wrong number of gradients")
-    for k in range(len(sizes)):
-        _arr(grads[k], tn, sizes[k], True, "grads")
-        a.grads[k] = cnp.PyArray_DATA(<cnp.ndarray>grads[k])
+    _arr_list(a.grads, grads, tn, _rnn_param_sizes(cell, I, H), True, "grads")
     if work is not None:
         _arr(work, tn, fastln_rnn_work_size(a.cell, T, B, H), True, "work")
     a.dy, a.dh, a.dc, a.dx, a.work = _ptr(dy), _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
