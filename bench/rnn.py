@@ -477,17 +477,9 @@ def format_table(result, markdown=False):
         if markdown:
             lines.append(f"### {title}")
             lines.append("")
-            lines.append("| " + " | ".join(heads) + " |")
-            lines.append("|" + "|".join(["---"] + ["---:"] * (len(heads) - 1)) + "|")
-            lines.extend("| " + " | ".join(c) + " |" for c in rows)
         else:
             lines.append(title + ":")
-            widths = [max(len(h), *(len(c[i]) for c in rows)) for i, h in enumerate(heads)]
-            fmt = lambda vals: "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                         for i, (v, w) in enumerate(zip(vals, widths)))
-            lines.append(fmt(heads))
-            lines.append("  ".join("-" * w for w in widths))
-            lines.extend(fmt(c) for c in rows)
+        lines.extend(_bench.table_lines(heads, rows, markdown))
         for case, ci in res.get("check_info", {}).items():
             lines.append("")
             lines.append(f"checked ({case}): float64 y max|diff| {ci['f64_y_maxdiff']:.1e}, "
@@ -530,12 +522,7 @@ def main(argv=None):
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args(argv)
-    try:
-        nthreads = [int(t) for t in args.threads.split(",")]
-        if any(t < 1 for t in nthreads):
-            raise ValueError
-    except ValueError:
-        ap.error("--threads must be a comma-separated list of positive integers")
+    nthreads = _bench.parse_threads(ap, args.threads)
     if RNN_IMPORT_ERROR is not None:
         print(f"fastln.rnn cannot be imported ({RNN_IMPORT_ERROR}); timing the torch peers only",
               flush=True)

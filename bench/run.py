@@ -117,12 +117,7 @@ def main(argv=None):
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--no-rnn", action="store_true", help="skip the LN-RNN section (bench/rnn.py)")
     args = ap.parse_args(argv)
-    try:
-        nthreads = [int(t) for t in args.threads.split(",")]
-        if any(t < 1 for t in nthreads):
-            raise ValueError
-    except ValueError:
-        ap.error("--threads must be a comma-separated list of positive integers")
+    nthreads = _bench.parse_threads(ap, args.threads)
 
     kw = (dict(repeats=5, budget=0.1, min_sample=1e-3, min_repeats=2) if args.quick
           else dict(repeats=15, budget=1.0, min_sample=2e-3, min_repeats=3))

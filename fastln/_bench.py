@@ -484,6 +484,31 @@ def _columns(rows, parts=("fwd", "bwd"), detail=False):
     return cols
 
 
+def table_lines(heads, cells, markdown=False):
+    """A table as lines: Markdown, or aligned text (first column left, the rest right)."""
+    if markdown:
+        return (["| " + " | ".join(heads) + " |",
+                 "|" + "|".join(["---"] + ["---:"] * (len(heads) - 1)) + "|"]
+                + ["| " + " | ".join(c) + " |" for c in cells])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+
+    def fmt(vals):
+        return "  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
+                         for i, (v, wd) in enumerate(zip(vals, widths)))
+    return [fmt(heads), "  ".join("-" * wd for wd in widths)] + [fmt(c) for c in cells]
+
+
+def parse_threads(ap, text):
+    """A comma-separated list of positive thread counts, or argparse's error."""
+    try:
+        counts = [int(t) for t in text.split(",")]
+        if any(t < 1 for t in counts):
+            raise ValueError
+    except ValueError:
+        ap.error("--threads must be a comma-separated list of positive integers")
+    return counts
+
+
 def format_table(rows, markdown=False, parts=("fwd", "bwd"), detail=False):
     """A plain-text (or markdown) table of rows from bench_shape, then any mismatches.
 
@@ -496,19 +521,7 @@ def format_table(rows, markdown=False, parts=("fwd", "bwd"), detail=False):
     cols = _columns(rows, parts, detail)
     cells = [[f(r) for _, f in cols] for r in rows]
     heads = [h for h, _ in cols]
-    lines = []
-    if markdown:
-        lines.append("| " + " | ".join(heads) + " |")
-        lines.append("|" + "|".join(["---"] + ["---:"] * (len(heads) - 1)) + "|")
-        for c in cells:
-            lines.append("| " + " | ".join(c) + " |")
-    else:
-        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-        fmt = lambda vals: "  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
-                                     for i, (v, wd) in enumerate(zip(vals, widths)))
-        lines.append(fmt(heads))
-        lines.append("  ".join("-" * wd for wd in widths))
-        lines.extend(fmt(c) for c in cells)
+    lines = table_lines(heads, cells, markdown)
     bad = [(r, m) for r in rows for m in r["mismatch"] if m.split()[1] in tuple(parts)]
     if bad:
         lines.append("")
