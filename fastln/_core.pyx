@@ -608,7 +608,9 @@ cdef int _poll_signals(void *ctx) noexcept nogil:
 cdef int _pending() except -1:
     return -1   # re-raises the exception _poll_signals left set
 
-_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
+# the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
+_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,
+          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10}
 
 _SIZES = {}
 
@@ -621,6 +623,10 @@ def _rnn_param_sizes(str cell, int64_t I, int64_t H):
             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
         elif cell == "gru":
             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
+        elif cell == "lstm_plain":
+            sizes = (4 * H * I, 4 * H * H, 4 * H)
+        elif cell.endswith("_plain"):
+            sizes = (H * I, H * H, H)
         else:
             sizes = (H * I, H * H, H, H)
         if len(_SIZES) < 64:
@@ -683,7 +689,7 @@ def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double ep
     cdef int tn = _rnn_setup(&a, cell, T, B, I, H, eps, x, params, lengths, cache, False)
     _arr(y, tn, T * B * H, True, "y")
     _arr(h, tn, B * H, True, "h")
-    if cell == "lstm":
+    if cell.startswith("lstm"):
         _arr(c, tn, B * H, True, "c")
     a.y, a.h, a.c = _ptr(y), _ptr(h), _ptr(c)
     cdef int rc
@@ -702,7 +708,7 @@ def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double e
     cdef int tn = _rnn_setup(&a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
     _arr(dy, tn, T * B * H, False, "dy")
     _arr(dh, tn, B * H, True, "dh")
-    if cell == "lstm":
+    if cell.startswith("lstm"):
         _arr(dc, tn, B * H, True, "dc")
     if dx is not None:
         _arr(dx, tn, T * B * I, True, "dx")

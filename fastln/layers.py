@@ -3,7 +3,7 @@ import numbers
 
 import numpy as np
 
-from fastln import _api, _core
+from fastln import _api, _core, _torch
 
 
 def _shape(normalized_shape):
@@ -27,13 +27,6 @@ def _axes(shape):
     return -1 if len(shape) == 1 else tuple(range(-len(shape), 0))
 
 
-def _as_numpy(v):
-    """An ndarray from an array-like or a torch tensor."""
-    if hasattr(v, "detach"):
-        v = v.detach().cpu().numpy()
-    return np.asarray(v)
-
-
 class _Norm:
     """What LayerNorm and RMSNorm share: parameters, state_dict, the cache."""
 
@@ -43,7 +36,7 @@ class _Norm:
         self.normalized_shape = _shape(normalized_shape)
         self.eps = _api._check_eps(eps)
         self.dtype = np.dtype(dtype)
-        if self.dtype.kind != "f":
+        if self.dtype.kind != "f" and self.dtype not in _api._LOW_PRECISION:
             raise TypeError(f"dtype must be a floating dtype, got {self.dtype}")
         self.grads = {}
         self._cache = None
@@ -68,7 +61,7 @@ class _Norm:
                            f"unexpected {sorted(unexpected)}")
         new = {}
         for k in expected:
-            v = _api._real_array(_as_numpy(state[k]), f"state_dict[{k!r}]")
+            v = _api._real_array(_torch.to_numpy(state[k]), f"state_dict[{k!r}]")
             if v.shape != self.normalized_shape:
                 raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, "
                                  f"expected {self.normalized_shape}")
@@ -128,6 +121,35 @@ class LayerNorm(_Norm):
         self.bias = (np.zeros(self.normalized_shape, self.dtype)
                      if elementwise_affine and bias else None)
 
+    @classmethod
+    def from_torch(cls, module):
+        """A LayerNorm with the configuration and parameters of a torch module.
+
+        Parameters
+        ----------
+        module : torch.nn.LayerNorm
+
+        Returns
+        -------
+        LayerNorm
+            The same ``normalized_shape``, ``eps``, affine parameters (copied)
+            and dtype as ``module``; its output matches ``module(x)`` to
+            rounding.
+
+        Examples
+        --------
+        >>> import torch, fastln
+        >>> t = torch.nn.LayerNorm(8)
+        >>> fastln.LayerNorm.from_torch(t)
+        LayerNorm((8,), eps=1e-05, dtype=float32)
+        """
+        _torch.check_module(module, "LayerNorm")
+        layer = cls(tuple(module.normalized_shape), eps=module.eps,
+                    elementwise_affine=module.elementwise_affine,
+                    bias=module.bias is not None, dtype=_torch.module_dtype(module))
+        layer.load_state_dict(module.state_dict())
+        return layer
+
     def forward(self, x):
         x = self._check_input(x)
         y, mean, rstd = _core.layer_norm(x, self.weight, self.bias, axis=self._axis(),
@@ -161,6 +183,37 @@ class RMSNorm(_Norm):
         super().__init__(normalized_shape, eps, dtype)
         self.elementwise_affine = bool(elementwise_affine)
         self.weight = np.ones(self.normalized_shape, self.dtype) if elementwise_affine else None
+
+    @classmethod
+    def from_torch(cls, module):
+        """An RMSNorm with the configuration and parameters of a torch module.
+
+        Parameters
+        ----------
+        module : torch.nn.RMSNorm
+            With ``eps=None`` torch uses the machine epsilon of the input's
+            dtype; the layer takes that of the module's parameter dtype
+            (float32 when it has none), ``np.finfo(dtype).eps``.
+
+        Returns
+        -------
+        RMSNorm
+            The same ``normalized_shape``, ``eps``, weight (copied) and dtype
+            as ``module``.
+
+        Examples
+        --------
+        >>> import torch, fastln
+        >>> fastln.RMSNorm.from_torch(torch.nn.RMSNorm(8, eps=1e-6))
+        RMSNorm((8,), eps=1e-06, dtype=float32)
+        """
+        _torch.check_module(module, "RMSNorm")
+        dtype = _torch.module_dtype(module)
+        eps = module.eps if module.eps is not None else float(np.finfo(dtype).eps)
+        layer = cls(tuple(module.normalized_shape), eps=eps,
+                    elementwise_affine=module.elementwise_affine, dtype=dtype)
+        layer.load_state_dict(module.state_dict())
+        return layer
 
     def forward(self, x):
         x = self._check_input(x)

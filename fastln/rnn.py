@@ -1,4 +1,5 @@
-"""Layer-normalized recurrent networks: LNRNN, LNLSTM and LNGRU.
+"""Layer-normalized recurrent networks: LNRNN, LNLSTM and LNGRU, and the
+plain LSTM and RNN (the same engine without LayerNorm) as their baselines.
 
 The cells of Ba, Kiros & Hinton, "Layer Normalization" (2016): eq. 4 for the
 plain RNN and supplementary eqs. 20-28 for the LSTM and GRU, with one set of
@@ -29,12 +30,14 @@ True
 """
 import numbers
 import operator
+import re
+import warnings
 
 import numpy as np
 
-from . import _api, _core
+from . import _api, _core, _torch
 
-__all__ = ["LNRNN", "LNLSTM", "LNGRU"]
+__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN"]
 
 # per cell: the parameters of layer k in engine order, as (name, size in
 # units of H or None for a weight matrix, init), and the gate blocks G / H
@@ -51,6 +54,10 @@ _LAYOUTS = {
                 ("ln_hn_weight", 1, "ones"), ("ln_hn_bias", 1, "zeros")]),
     "rnn": (1, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
                 ("ln_weight", 1, "ones"), ("ln_bias", 1, "zeros")]),
+    "lstm_plain": (4, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                       ("bias", 4, "zeros")]),
+    "rnn_plain": (1, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                      ("bias", 1, "zeros")]),
 }
 
 
@@ -63,7 +70,7 @@ def _positive_int(value, name):
 
 
 class _LNRecurrent:
-    """The engine shared by LNRNN, LNLSTM and LNGRU (see their docstrings).
+    """The engine shared by LNRNN, LNLSTM, LNGRU, LSTM and RNN (see their docstrings).
 
     Threads: the C engine releases the GIL. One model may serve ``step()`` and
     ``forward(..., cache=False)`` from several threads at once; a forward with
@@ -411,9 +418,10 @@ class _LNRecurrent:
         return self._kind
 
     def __repr__(self):
+        eps = "" if self._kind.endswith("_plain") else f"eps={self.eps}, "
         return (f"{type(self).__name__}(input_size={self.input_size}, "
                 f"hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
-                f"batch_first={self.batch_first}, eps={self.eps}, dtype={self.dtype})")
+                f"batch_first={self.batch_first}, {eps}dtype={self.dtype})")
 
 
 class LNLSTM(_LNRecurrent):
@@ -448,6 +456,40 @@ class LNLSTM(_LNRecurrent):
     _kind = "lstm"
     _has_cell = True
 
+    @classmethod
+    def from_torch(cls, module, eps=None):
+        """An LNLSTM with the weights of PyTorch's benchmark LN-LSTM.
+
+        Loads modules built from ``LayerNormLSTMCell`` of PyTorch's
+        ``benchmarks/fastrnns/custom_lstms.py``: a cell, an ``LSTMLayer`` or a
+        ``StackedLSTM``, or their ``state_dict()``. The names map as
+        ``weight_ih``, ``weight_hh`` -> ``weight_ih_l{k}``, ``weight_hh_l{k}``;
+        ``layernorm_i``, ``layernorm_h``, ``layernorm_c`` -> ``ln_ih_*``,
+        ``ln_hh_*``, ``ln_c_*`` (weight and bias); ``bias_l{k}``, which the
+        benchmark lacks, is 0.
+
+        Parameters
+        ----------
+        module : torch.nn.Module or mapping
+            The module or its state_dict (names optionally under ``layers.{k}.cell.``).
+        eps : float, optional
+            Defaults to the eps of the module's ``layernorm_i`` (0 for the
+            benchmark's decomposed LayerNorm, which has none), or 1e-5 for a
+            state_dict.
+
+        Returns
+        -------
+        LNLSTM
+
+        Notes
+        -----
+        The benchmark cell carries ``LN(c')`` as its cell state, where the
+        paper (and fastln) carries ``c'`` and normalizes only inside
+        ``h' = o * tanh(LN(c'))``. The first step's output is therefore the
+        same, and later steps differ unless the torch cell follows the paper.
+        """
+        return _lnlstm_from_torch(cls, module, eps)
+
 
 class LNGRU(_LNRecurrent):
     """Layer-normalized GRU (Ba et al. 2016, supplementary eqs. 23-28).
@@ -478,9 +520,7 @@ class LNRNN(_LNRecurrent):
 
     def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False, eps=1e-5,
                  dtype=np.float32, seed=None, nonlinearity="tanh"):
-        if nonlinearity not in ("tanh", "relu"):
-            raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
-        self.nonlinearity = nonlinearity
+        self.nonlinearity = _nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed)
 
     def _cell_name(self):
@@ -488,3 +528,196 @@ class LNRNN(_LNRecurrent):
 
     def __repr__(self):
         return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"
+
+
+def _nonlinearity(value):
+    if value not in ("tanh", "relu"):
+        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {value!r}")
+    return value
+
+
+# ---- the plain cells, and loading torch modules ----
+
+class _Plain(_LNRecurrent):
+    """LSTM and RNN: the engine's cells without LayerNorm (hence no eps)."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False,
+                 dtype=np.float32, seed=None):
+        super().__init__(input_size, hidden_size, num_layers, batch_first, 0.0, dtype, seed)
+
+    @classmethod
+    def _torch_model(cls, module, extra):
+        """A model of module's sizes whose parameters are module's, the two
+        biases of each layer summed (in float64, then rounded once)."""
+        if module.bidirectional or getattr(module, "proj_size", 0):
+            raise ValueError("module must be unidirectional and without proj_size")
+        dtype = _torch.module_dtype(module)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32 or "
+                            f"float64: convert it first, e.g. module.float()")
+        if module.num_layers > 1 and module.dropout:
+            warnings.warn(f"module has dropout={module.dropout} between layers; fastln's "
+                          f"RNNs apply no dropout (as torch in eval mode)", stacklevel=3)
+        model = cls(module.input_size, module.hidden_size, module.num_layers,
+                    module.batch_first, dtype=dtype, **extra)
+        sd = {k: _torch.to_numpy(v) for k, v in module.state_dict().items()}
+        state = {}
+        for k in range(model.num_layers):
+            state[f"weight_ih_l{k}"] = sd[f"weight_ih_l{k}"]
+            state[f"weight_hh_l{k}"] = sd[f"weight_hh_l{k}"]
+            bias = np.zeros(model._shapes[f"bias_l{k}"])
+            if module.bias:
+                bias = sd[f"bias_ih_l{k}"].astype(np.float64) + sd[f"bias_hh_l{k}"]
+            state[f"bias_l{k}"] = bias
+        model.load_state_dict(state)
+        return model
+
+
+class LSTM(_Plain):
+    """Plain LSTM (no LayerNorm) in the same engine: the baseline of LNLSTM.
+
+    ``gates = x W_ih^T + h W_hh^T + bias`` (order i, f, g, o),
+    ``c' = sigmoid(f)*c + sigmoid(i)*tanh(g)``, ``h' = sigmoid(o)*tanh(c')``:
+    torch.nn.LSTM's equations with its two biases summed into one.
+
+    Parameters
+    ----------
+    input_size, hidden_size, num_layers : int
+    batch_first : bool
+        x and y are (B, T, features) instead of (T, B, features).
+    dtype : float32 or float64
+    seed : int or None
+        Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
+        ``bias`` starts at 0 (as in LNLSTM, so that the two compare fairly).
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}`` (4H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Methods and state are those of :class:`LNLSTM`: ``forward``, ``backward``,
+    ``step``, ``state_dict``, ``load_state_dict``; the state is (h, c).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LSTM
+    >>> m = LSTM(input_size=4, hidden_size=8, seed=0)
+    >>> y, (h, c) = m.forward(np.zeros((3, 2, 4), np.float32))
+    >>> y.shape
+    (3, 2, 8)
+    """
+    _kind = "lstm_plain"
+    _has_cell = True
+
+    @classmethod
+    def from_torch(cls, module):
+        """An LSTM with the sizes and weights of a ``torch.nn.LSTM``.
+
+        Parameters
+        ----------
+        module : torch.nn.LSTM
+            Unidirectional, without ``proj_size``, float32 or float64. Its
+            ``bias_ih_l{k} + bias_hh_l{k}`` become ``bias_l{k}``; ``batch_first``
+            is kept; dropout between layers is not applied (a warning says so).
+
+        Returns
+        -------
+        LSTM
+            Its forward matches ``module(x)`` (in eval mode) to rounding.
+        """
+        _torch.check_module(module, "LSTM")
+        return cls._torch_model(module, {})
+
+
+class RNN(_Plain):
+    """Plain Elman RNN (no LayerNorm) in the same engine: the baseline of LNRNN.
+
+    ``h' = f(x W_ih^T + h W_hh^T + bias)``, f = tanh or relu: torch.nn.RNN's
+    equation with its two biases summed into one.
+
+    Parameters are as for :class:`LSTM`, plus ``nonlinearity`` ("tanh" or
+    "relu"). ``params``: ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H),
+    ``bias_l{k}`` (H). The state is h, (num_layers, B, H).
+    """
+    _kind = "rnn_plain"
+
+    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False,
+                 dtype=np.float32, seed=None, nonlinearity="tanh"):
+        self.nonlinearity = _nonlinearity(nonlinearity)
+        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed)
+
+    def _cell_name(self):
+        return f"rnn_{self.nonlinearity}_plain"
+
+    def __repr__(self):
+        return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"
+
+    @classmethod
+    def from_torch(cls, module):
+        """An RNN with the sizes, nonlinearity and weights of a ``torch.nn.RNN``.
+
+        Parameters
+        ----------
+        module : torch.nn.RNN
+            As for :meth:`LSTM.from_torch`.
+
+        Returns
+        -------
+        RNN
+        """
+        _torch.check_module(module, "RNN")
+        return cls._torch_model(module, {"nonlinearity": module.nonlinearity})
+
+
+# PyTorch's benchmark LayerNormLSTMCell (benchmarks/fastrnns/custom_lstms.py)
+# names, with their optional "layers.{k}.cell." prefix, and LNLSTM's.
+_BENCH_KEY = re.compile(r"^(?:layers\.(\d+)\.)?(?:cell\.)?"
+                        r"(weight_ih|weight_hh|layernorm_[ihc]\.(?:weight|bias))$")
+_BENCH_NAMES = {"weight_ih": "weight_ih", "weight_hh": "weight_hh",
+                "layernorm_i.weight": "ln_ih_weight", "layernorm_i.bias": "ln_ih_bias",
+                "layernorm_h.weight": "ln_hh_weight", "layernorm_h.bias": "ln_hh_bias",
+                "layernorm_c.weight": "ln_c_weight", "layernorm_c.bias": "ln_c_bias"}
+
+
+def _lnlstm_from_torch(cls, module, eps=None):
+    if hasattr(module, "state_dict") and callable(module.state_dict):
+        state = module.state_dict()
+        if eps is None:   # a torch LayerNorm's eps; the benchmark's own LayerNorm has none
+            lns = [m for n, m in module.named_modules() if n.endswith("layernorm_i")]
+            eps = getattr(lns[0], "eps", 0.0) if lns else 1e-5
+    elif hasattr(module, "keys"):
+        state = module
+    else:
+        raise TypeError(f"module must be a torch module or a state_dict mapping, "
+                        f"got {type(module).__name__}")
+    layers = {}
+    unmapped = []
+    for key, value in state.items():
+        m = _BENCH_KEY.match(key)
+        if m is None:
+            unmapped.append(key)
+            continue
+        layers.setdefault(int(m.group(1) or 0), {})[_BENCH_NAMES[m.group(2)]] = value
+    if unmapped or not layers:
+        raise ValueError(f"module's parameters do not map to LNLSTM's: unmapped keys "
+                         f"{sorted(unmapped)}; expected the names of the benchmark "
+                         f"LayerNormLSTMCell (weight_ih, weight_hh, layernorm_i/h/c.weight, "
+                         f".bias), optionally under layers.{{k}}.cell.")
+    if sorted(layers) != list(range(len(layers))):
+        raise ValueError(f"module's layers must be numbered 0..n-1, got {sorted(layers)}")
+    first = {k: _torch.to_numpy(v) for k, v in layers[0].items()}
+    if "weight_ih" not in first or "weight_hh" not in first:
+        raise ValueError("module must have weight_ih and weight_hh")
+    dtype = first["weight_ih"].dtype
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"module has dtype {dtype}; the RNN engine runs float32 or float64")
+    H, I = first["weight_hh"].shape[1], first["weight_ih"].shape[1]
+    model = cls(I, H, len(layers), eps=1e-5 if eps is None else eps, dtype=dtype)
+    new = model.state_dict()   # starts from the defaults: LNLSTM's bias (none there) is 0
+    for k, params in layers.items():
+        new.update({f"{name}_l{k}": _torch.to_numpy(v) for name, v in params.items()})
+    model.load_state_dict(new)
+    return model

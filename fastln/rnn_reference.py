@@ -10,6 +10,9 @@ Python loop over time and layers and every value in float64:
 * ``lngru_forward``:  [z;r] = LN(x_t W_ih[z,r]^T; ln_ih) + LN(h_{t-1} W_hh[z,r]^T; ln_hh);
   n = tanh(LN(x_t W_ih[n]^T; ln_in) + sigmoid(r)*LN(h_{t-1} W_hh[n]^T; ln_hn));
   h_t = (1-sigmoid(z))*h_{t-1} + sigmoid(z)*n
+* ``lstm_forward`` (the plain LSTM, no LN): gates = x_t W_ih^T + h_{t-1} W_hh^T + bias;
+  c_t = f*c_{t-1} + i*g;  h_t = o*tanh(c_t)
+* ``rnn_forward`` (the plain RNN, no LN): h_t = f(x_t W_ih^T + h_{t-1} W_hh^T + bias)
 
 All take ``params`` (the model's dict, names as in ``param_shapes``), ``x`` of
 shape (T, B, I) (or (B, T, I) with ``batch_first=True``), an initial ``state``
@@ -20,11 +23,13 @@ state after step lengths[b] and its y there is 0; layer k+1 reads layer k's
 """
 import numpy as np
 
-__all__ = ["param_shapes", "layer_norm", "lnrnn_forward", "lnlstm_forward", "lngru_forward"]
+__all__ = ["param_shapes", "layer_norm", "lnrnn_forward", "lnlstm_forward", "lngru_forward",
+           "lstm_forward", "rnn_forward"]
 
 
 def param_shapes(cell, input_size, hidden_size, num_layers):
-    """{name: shape} of the parameters of ``cell`` in "rnn", "lstm", "gru"."""
+    """{name: shape} of the parameters of ``cell`` in "rnn", "lstm", "gru" (the LN cells)
+    and "rnn_plain", "lstm_plain" (the plain ones)."""
     H = hidden_size
     shapes = {}
     for k in range(num_layers):
@@ -42,8 +47,12 @@ def param_shapes(cell, input_size, hidden_size, num_layers):
                      "ln_hh_weight": (2 * H,), "ln_hh_bias": (2 * H,),
                      "ln_in_weight": (H,), "ln_in_bias": (H,),
                      "ln_hn_weight": (H,), "ln_hn_bias": (H,)}
+        elif cell in ("rnn_plain", "lstm_plain"):
+            G = (4 if cell == "lstm_plain" else 1) * H
+            layer = {"weight_ih": (G, I), "weight_hh": (G, H), "bias": (G,)}
         else:
-            raise ValueError("cell must be 'rnn', 'lstm' or 'gru', got %r" % (cell,))
+            raise ValueError("cell must be 'rnn', 'lstm', 'gru', 'rnn_plain' or 'lstm_plain', "
+                             "got %r" % (cell,))
         shapes.update({"%s_l%d" % (name, k): shape for name, shape in layer.items()})
     return shapes
 
@@ -114,9 +123,7 @@ def lnlstm_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, 
         gates = (layer_norm(x_t @ p["weight_ih"].T, p["ln_ih_weight"], p["ln_ih_bias"], eps)
                  + layer_norm(h @ p["weight_hh"].T, p["ln_hh_weight"], p["ln_hh_bias"], eps)
                  + p["bias"])
-        gi, gf, gg, go = np.split(gates, 4, axis=-1)
-        i, f, g, o = _sigmoid(gi), _sigmoid(gf), np.tanh(gg), _sigmoid(go)
-        c_new = f * c + i * g
+        o, c_new = _lstm_update(gates, c)
         h_new = o * np.tanh(layer_norm(c_new, p["ln_c_weight"], p["ln_c_bias"], eps))
         return h_new, c_new
 
@@ -135,5 +142,33 @@ def lngru_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, b
         n = np.tanh(layer_norm(x_t @ w_ih[2 * H:].T, p["ln_in_weight"], p["ln_in_bias"], eps)
                     + r * layer_norm(h @ w_hh[2 * H:].T, p["ln_hn_weight"], p["ln_hn_bias"], eps))
         return ((1.0 - z) * h + z * n,)
+
+    return _run(step, 1, params, x, state, lengths, num_layers, batch_first)
+
+
+def _lstm_update(gates, c):
+    gi, gf, gg, go = np.split(gates, 4, axis=-1)
+    i, f, g, o = _sigmoid(gi), _sigmoid(gf), np.tanh(gg), _sigmoid(go)
+    return o, f * c + i * g
+
+
+def lstm_forward(params, x, state=None, lengths=None, num_layers=1, batch_first=False):
+    """Plain LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H)."""
+    def step(p, x_t, states):
+        h, c = states
+        o, c_new = _lstm_update(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"], c)
+        return o * np.tanh(c_new), c_new
+
+    return _run(step, 2, params, x, state, lengths, num_layers, batch_first)
+
+
+def rnn_forward(params, x, state=None, lengths=None, num_layers=1, nonlinearity="tanh",
+                batch_first=False):
+    """Plain RNN: returns y (T, B, H) and h_n (num_layers, B, H)."""
+    f = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}[nonlinearity]
+
+    def step(p, x_t, states):
+        (h,) = states
+        return (f(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"]),)
 
     return _run(step, 1, params, x, state, lengths, num_layers, batch_first)

@@ -13,6 +13,12 @@
  *                                     ln_hh_b (2H), ln_in_w, ln_in_b, ln_hn_w,
  *                                     ln_hn_b (H)
  *       RNN (G = H):                  W_ih, W_hh, ln_w, ln_b (H)
+ *     Plain cells (cell | FASTLN_CELL_PLAIN; LSTM and RNN only) have no LN:
+ *       LSTM (G = 4H):                W_ih, W_hh, bias (4H)
+ *         gates = x W_ih^T + h W_hh^T + bias, c' = f c + i g, h' = o tanh(c')
+ *       RNN (G = H):                  W_ih, W_hh, bias (H)
+ *         h' = f(x W_ih^T + h W_hh^T + bias)
+ *       (torch.nn.LSTM and nn.RNN with bias = b_ih + b_hh)
  *   lengths (B) or NULL: row b is active at step t while t < lengths[b]; an
  *     inactive row holds its state, its y is 0 and its dy is ignored.
  *
@@ -52,11 +58,13 @@ extern "C" {
 
 enum { FASTLN_CELL_RNN_TANH = 0, FASTLN_CELL_RNN_RELU = 1, FASTLN_CELL_LSTM = 2,
        FASTLN_CELL_GRU = 3 };
+/* Or'ed into an LSTM or RNN cell: the same cell without LayerNorm. */
+#define FASTLN_CELL_PLAIN 8
 
 typedef struct {
     int cell;                     /* FASTLN_CELL_* */
     int64_t steps, batch, input, hidden;   /* T, B, I, H of the legend: all >= 1 */
-    double eps;
+    double eps;                   /* unused by plain cells */
     const void *params[10];       /* float * or double *, per the legend */
     const int64_t *lengths;       /* (B) or NULL */
     void *h, *c;                  /* forward: state, in and out (c: LSTM only) */

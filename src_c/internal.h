@@ -90,12 +90,15 @@ const fastln_kernel_table *fastln_kernels(void);
  * (GRU only: LSTM backward recomputes its gates from xih and xhh, which costs
  * less than writing and reading 4H more values per row and step);
  * hseq, cseq (T+1, B, H): h_{t-1} and c_{t-1} at index t; xc (T, B, H): the
- * normalized c (LSTM); rstd (T, B, nrstd). */
+ * normalized c (LSTM); rstd (T, B, nrstd). A plain LSTM keeps its gates'
+ * pre-activations in xih, and h, c; a plain RNN only h.
+ * fastln_rnn_layout_for returns FASTLN_EINVAL for an unknown cell. */
 typedef struct {
-    int gates, nrstd;
+    int cell, plain;   /* the cell without FASTLN_CELL_PLAIN, and that flag */
+    int gates, nrstd, split;   /* split: dA_ih and dA_hh are separate arrays */
     int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see rnn_impl.h */
 } fastln_rnn_layout;
-void fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
+int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
 
 /* Row-major C (M, N) = alpha * op(A) op(B) + beta * C through BLAS, or a C
  * loop when none is set. ta, tb: 'N' or 'T'. Sizes must fit in int. */

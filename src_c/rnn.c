@@ -9,41 +9,48 @@
 
 /* ---- cache layout ---- */
 
-void fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H)
+int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H)
 {
-    int lstm = cell == FASTLN_CELL_LSTM, gru = cell == FASTLN_CELL_GRU;
+    int plain = (cell & FASTLN_CELL_PLAIN) != 0;
+    cell &= ~FASTLN_CELL_PLAIN;
+    if (cell < 0 || cell > FASTLN_CELL_GRU || (plain && cell == FASTLN_CELL_GRU))
+        return FASTLN_EINVAL;
+    int lstm = cell == FASTLN_CELL_LSTM, gru = cell == FASTLN_CELL_GRU, ln = !plain;
+    L->cell = cell;
+    L->plain = plain;
     L->gates = lstm ? 4 : gru ? 3 : 1;
     L->gw = (lstm ? 5 : gru ? 4 : 1) * H;
-    L->nrstd = lstm ? 3 : gru ? 4 : 1;
+    L->nrstd = plain ? 0 : lstm ? 3 : gru ? 4 : 1;
+    L->split = ln && (lstm || gru);
     L->G = L->gates * H;
     int64_t tbg = T * B * L->G, seq = (T + 1) * B * H, off = 0;
-    L->xih = off;                      off += tbg;
-    L->xhh = lstm || gru ? off : -1;   off += lstm || gru ? tbg : 0;
+    int xih = ln || lstm, xhh = L->split;
+    L->xih = xih ? off : -1;           off += xih ? tbg : 0;
+    L->xhh = xhh ? off : -1;           off += xhh ? tbg : 0;
     L->act = gru ? off : -1;           off += gru ? tbg : 0;   /* LSTM: recomputed */
     L->hseq = off;                     off += seq;
     L->cseq = lstm ? off : -1;         off += lstm ? seq : 0;
-    L->xc = lstm ? off : -1;           off += lstm ? T * B * H : 0;
+    L->xc = lstm && ln ? off : -1;     off += lstm && ln ? T * B * H : 0;
     L->rstd = off;                     off += T * B * L->nrstd;
     L->size = off;
+    return FASTLN_OK;
 }
 
 int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
 {
     fastln_rnn_layout L;
-    if (cell < 0 || cell > FASTLN_CELL_GRU || T < 0 || B < 0 || H < 0) return -1;
-    fastln_rnn_layout_for(&L, cell, T, B, H);
+    if (T < 0 || B < 0 || H < 0 || fastln_rnn_layout_for(&L, cell, T, B, H)) return -1;
     return L.size;
 }
 
-/* dA_ih and dA_hh (one array for the RNN), a step's LN-output gradients, a
+/* dA_ih and dA_hh (one array unless split), a step's LN-output gradients, a
  * step's rows of dA_ih in L1/L2 before they are streamed out, and a step's
  * recomputed LSTM gate activations */
 int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
 {
     fastln_rnn_layout L;
-    if (cell < 0 || cell > FASTLN_CELL_GRU || T < 0 || B < 0 || H < 0) return -1;
-    fastln_rnn_layout_for(&L, cell, T, B, H);
-    return (L.gates > 1 ? 2 : 1) * T * B * L.G + B * (L.gw + 2 * L.G);
+    if (T < 0 || B < 0 || H < 0 || fastln_rnn_layout_for(&L, cell, T, B, H)) return -1;
+    return (L.split ? 2 : 1) * T * B * L.G + B * (L.gw + 2 * L.G);
 }
 
 /* ---- BLAS, or a C loop ---- */
@@ -132,15 +139,16 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N)
 /* Sizes every product (and its BLAS int arguments) can take. */
 static int check_args(const fastln_rnn_args *a, int backward)
 {
-    if (!a || a->cell < 0 || a->cell > FASTLN_CELL_GRU) return FASTLN_EINVAL;
-    if (a->steps < 1 || a->batch < 1 || a->input < 1 || a->hidden < 1) return FASTLN_EINVAL;
-    int64_t G = (a->cell == FASTLN_CELL_LSTM ? 4 : a->cell == FASTLN_CELL_GRU ? 3 : 1) * a->hidden;
+    fastln_rnn_layout L;
+    if (!a || a->steps < 1 || a->batch < 1 || a->input < 1 || a->hidden < 1 ||
+        fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden))
+        return FASTLN_EINVAL;
     int64_t big = a->steps * a->batch;
-    if (big > INT_MAX || G > INT_MAX || a->input > INT_MAX) return FASTLN_EINVAL;
+    if (big > INT_MAX || L.G > INT_MAX || a->input > INT_MAX) return FASTLN_EINVAL;
     if (backward ? !a->cache || !a->dy || !a->dh || !a->x
                  : !a->x || !a->y || !a->h)
         return FASTLN_EINVAL;
-    if (a->cell == FASTLN_CELL_LSTM && !(backward ? a->dc : a->c)) return FASTLN_EINVAL;
+    if (L.cell == FASTLN_CELL_LSTM && !(backward ? a->dc : a->c)) return FASTLN_EINVAL;
     return FASTLN_OK;
 }
 
@@ -151,9 +159,9 @@ static int check_args(const fastln_rnn_args *a, int backward)
  * pay for the parallel region. */
 static int rnn_threads(const fastln_rnn_args *a)
 {
-    int64_t G = (a->cell == FASTLN_CELL_LSTM ? 4 : a->cell == FASTLN_CELL_GRU ? 3 : 1) *
-                a->hidden;
-    int64_t work = a->batch * G * a->hidden;
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);   /* checked: a valid cell */
+    int64_t work = a->batch * L.G * a->hidden;
     if (work < (1 << 17) && !(a->batch == 1 && a->steps >= 16 && work >= (1 << 15)))
         return 1;
     return fastln_get_num_threads();

@@ -143,6 +143,19 @@ static inline __attribute__((always_inline)) void SFX(lstm_gates)(
     }
 }
 
+/* Plain LSTM: act = the gates (i, f: sigmoid; g: tanh; o: sigmoid) of the
+ * pre-activations pre (4H); forward and backward share it, so the gates
+ * backward recomputes are bitwise those of forward. */
+static inline void SFX(plain_gates)(T *act, const T *pre, int64_t H)
+{
+#pragma omp simd
+    for (int64_t j = 0; j < 2 * H; j++) act[j] = SFX(sigmoid1)(pre[j]);
+#pragma omp simd
+    for (int64_t j = 2 * H; j < 3 * H; j++) act[j] = SFX(tanh1)(pre[j]);
+#pragma omp simd
+    for (int64_t j = 3 * H; j < 4 * H; j++) act[j] = SFX(sigmoid1)(pre[j]);
+}
+
 /* da = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = d * w: the gradient
  * of LN(a) = xhat * w + b with respect to a, given d = dLoss/dLN(a). */
 static inline void SFX(ln_vec_bwd)(T *da, const T *d, const T *w, const T *xhat, T rstd,
@@ -160,15 +173,18 @@ static inline void SFX(ln_vec_bwd)(T *da, const T *d, const T *w, const T *xhat,
     for (int64_t i = 0; i < n; i++) da[i] = rstd * FMA(-xhat[i], mgx, d[i] * w[i] - mg);
 }
 
-/* aw[j] += sum_b g[b][j] * xh[b][j], ab[j] += sum_b g[b][j] (ab may be NULL),
+/* aw[j] += sum_b g[b][j] * xh[b][j], ab[j] += sum_b g[b][j] (aw or ab may be NULL),
  * for columns [j0, j1), rows in order: the same sums on any thread count. */
 static inline void SFX(col_acc)(double *aw, double *ab, const T *g, int64_t ldg, const T *xh,
                                 int64_t ldx, int64_t B, int64_t j0, int64_t j1)
 {
     for (int64_t b = 0; b < B; b++) {
-        const T *gr = g + b * ldg, *xr = xh + b * ldx;
+        const T *gr = g + b * ldg;
+        if (aw) {
+            const T *xr = xh + b * ldx;
 #pragma omp simd
-        for (int64_t j = j0; j < j1; j++) aw[j] += (double)(gr[j] * xr[j]);
+            for (int64_t j = j0; j < j1; j++) aw[j] += (double)(gr[j] * xr[j]);
+        }
         if (ab) {
 #pragma omp simd
             for (int64_t j = j0; j < j1; j++) ab[j] += (double)gr[j];
@@ -544,7 +560,7 @@ static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh
 
 /* One layer's sizes and parameters, and where step t's rows live. */
 typedef struct {
-    int cell;
+    int cell, plain;       /* plain: no LayerNorm (FASTLN_CELL_PLAIN) */
     int64_t B, H, G, gw;   /* gw: width of a dg row (backward scratch) */
     double eps;
     const T *const *p;     /* parameters, fastln_rnn.h order */
@@ -572,7 +588,25 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
         memset(y, 0, (size_t)H * sizeof(T));
         return;
     }
-    if (ly->cell == FASTLN_CELL_LSTM) {
+    if (ly->plain) {
+        /* p: 0 W_ih, 1 W_hh, 2 bias; ai <- the pre-activations (the cache) */
+#pragma omp simd
+        for (int64_t j = 0; j < G; j++) ai[j] = (ai[j] + ah[j]) + p[2][j];
+        if (ly->cell == FASTLN_CELL_LSTM) {
+            SFX(plain_gates)(act, ai, H);
+#pragma omp simd
+            for (int64_t j = 0; j < H; j++) hn[j] = cn[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
+            SFX(tanh_n)(hn, H);
+#pragma omp simd
+            for (int64_t j = 0; j < H; j++) hn[j] *= act[3 * H + j];
+        } else if (ly->cell == FASTLN_CELL_RNN_TANH) {
+            memcpy(hn, ai, (size_t)H * sizeof(T));
+            SFX(tanh_n)(hn, H);
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < H; j++) hn[j] = ai[j] > 0 ? ai[j] : 0;
+        }
+    } else if (ly->cell == FASTLN_CELL_LSTM) {
         /* p: 0 W_ih, 1 W_hh, 2 bias, 3-4 ln_ih, 5-6 ln_hh, 7-8 ln_c */
         T si, di, ri, sh, dh, rh;
         SFX(ln_prep)(ai, &si, &di, &ri, &rs[0], G, ly->eps);
@@ -645,7 +679,34 @@ static void SFX(bwd_row)(const SFX(layer) *ly, int active, T *dai, T *dah, T *dg
         if (dah != dai) memset(dah, 0, (size_t)G * sizeof(T));
         return;
     }
-    if (ly->cell == FASTLN_CELL_LSTM) {
+    if (ly->plain && ly->cell == FASTLN_CELL_LSTM) {
+        /* xi: the cached pre-activations; dg: [dgates (G) | tanh(c) (H)] */
+        T *a = (T *)act, *th = dg + G;
+        SFX(plain_gates)(a, xi, H);
+#pragma omp simd
+        for (int64_t j = 0; j < H; j++) th[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
+        SFX(tanh_n)(th, H);
+#pragma omp simd
+        for (int64_t j = 0; j < H; j++) {
+            T i = act[j], f = act[H + j], g = act[2 * H + j], o = act[3 * H + j];
+            T d = dy[j] + dh[j], t = th[j], dcc = dc[j] + d * o * (1 - t * t);
+            dg[j] = dcc * g * i * (1 - i);
+            dg[H + j] = dcc * cp[j] * f * (1 - f);
+            dg[2 * H + j] = dcc * i * (1 - g * g);
+            dg[3 * H + j] = d * t * o * (1 - o);
+            dc[j] = dcc * f;
+            dh[j] = 0;
+        }
+        memcpy(dai, dg, (size_t)G * sizeof(T));   /* dA_ih is dA_hh */
+    } else if (ly->plain) {
+        int relu = ly->cell == FASTLN_CELL_RNN_RELU;
+#pragma omp simd
+        for (int64_t j = 0; j < H; j++) {
+            T d = dy[j] + dh[j], h = hcur[j];
+            dai[j] = dg[j] = relu ? (h > 0 ? d : 0) : d * (1 - h * h);
+            dh[j] = 0;
+        }
+    } else if (ly->cell == FASTLN_CELL_LSTM) {
         /* dg: [dgates (G) | dn (H)], dn = dL/dLN(c); act: scratch for the
          * gates, recomputed from the cached xih, xhh as forward did */
         T *a = (T *)act;
@@ -712,13 +773,14 @@ static inline int64_t SFX(chunk_steps)(int64_t B) { return B >= 256 ? 1 : (256 +
 
 static int SFX(layer_init)(SFX(layer) *ly, const fastln_rnn_args *a)
 {
-    ly->cell = a->cell;
+    fastln_rnn_layout_for(&ly->L, a->cell, a->steps, a->batch, a->hidden);
+    ly->cell = ly->L.cell;
+    ly->plain = ly->L.plain;
     ly->B = a->batch;
     ly->H = a->hidden;
     ly->eps = a->eps;
     ly->p = (const T *const *)a->params;
     ly->len = a->lengths;
-    fastln_rnn_layout_for(&ly->L, a->cell, a->steps, a->batch, a->hidden);
     ly->G = ly->L.G;
     ly->gw = ly->L.gw;
     return FASTLN_OK;
@@ -756,7 +818,7 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
         int on = SFX(active)(ly, t, b);
         T *ai = aih + b * G, *ah = f->ahh_s + b * G;
         T *act = f->act_s ? f->act_s + b * G : NULL, *xc = f->xc_s ? f->xc_s + b * H : NULL;
-        SFX(fwd_row)(ly, on, ai, ah, act, xc, rs + b * R, hp + b * H, cp ? cp + b * H : NULL,
+        SFX(fwd_row)(ly, on, ai, ah, act, xc, R ? rs + b * R : NULL, hp + b * H, cp ? cp + b * H : NULL,
                      hn + b * H, cn ? cn + b * H : NULL, f->y + (t * B + b) * H);
         if (cache && on) {
             /* The row was computed in scratch that stays in L1/L2; the cache
@@ -765,7 +827,7 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
              * reads it long after it has left the caches anyway. */
             size_t row = (size_t)G * sizeof(T);
             int64_t at = (t * B + b) * G;
-            stream_copy(cache + L->xih + at, ai, row);
+            if (L->xih >= 0) stream_copy(cache + L->xih + at, ai, row);
             if (L->xhh >= 0) stream_copy(cache + L->xhh + at, ah, row);
             if (L->act >= 0) stream_copy(cache + L->act + at, act, row);
             if (L->xc >= 0) stream_copy(cache + L->xc + (t * B + b) * H, xc, (size_t)H * sizeof(T));
@@ -826,7 +888,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     const int64_t Ts = a->steps, B = a->batch, I = a->input, H = a->hidden, G = ly->G;
     const T *x = (const T *)a->x, *w_ih = ly->p[0];
     T *cache = ly->cache = (T *)a->cache;
-    int lstm = a->cell == FASTLN_CELL_LSTM, gated = lstm || a->cell == FASTLN_CELL_GRU;
+    int lstm = ly->cell == FASTLN_CELL_LSTM, gated = lstm || ly->cell == FASTLN_CELL_GRU;
     f.w_hh = ly->p[1];
     f.y = (T *)a->y;
     f.h = (T *)a->h;
@@ -903,7 +965,7 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
         return;
     }
     T *dai = k->dai + t * B * G;
-    const T *xi = cache + L->xih + t * B * G;
+    const T *xi = L->xih >= 0 ? cache + L->xih + t * B * G : NULL;
     const T *xh = L->xhh >= 0 ? cache + L->xhh + t * B * G : NULL;
     const T *act = L->act >= 0 ? cache + L->act + t * B * G : k->act_s;   /* LSTM: scratch */
     const T *xc = L->xc >= 0 ? cache + L->xc + t * B * H : NULL;
@@ -918,24 +980,24 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
         T *di = k->dai_s ? k->dai_s + b * G : dai + b * G;
         SFX(bwd_row)(ly, SFX(active)(ly, t, b), di, dah + b * G, k->dg + b * gw,
                      k->dh + b * H, k->dc ? k->dc + b * H : NULL, k->dy + (t * B + b) * H,
-                     xi + b * G, xh ? xh + b * G : NULL, act ? act + b * G : NULL,
-                     xc ? xc + b * H : NULL, rs + b * R, hp + b * H, hc + b * H,
+                     xi ? xi + b * G : NULL, xh ? xh + b * G : NULL, act ? act + b * G : NULL,
+                     xc ? xc + b * H : NULL, R ? rs + b * R : NULL, hp + b * H, hc + b * H,
                      cp ? cp + b * H : NULL);
         if (k->dai_s) stream_copy(dai + b * G, di, (size_t)G * sizeof(T));
     }
     if (k->dai_s) stream_fence();
     for (int s = 0; s < k->nseg; s++) {
         const SFX(seg) *sg = &k->seg[s];
-        const T *xs = sg->src == 0 ? xi : sg->src == 1 ? xh : xc;
+        const T *xs = sg->aw < 0 ? NULL : sg->src == 0 ? xi : sg->src == 1 ? xh : xc;
         int64_t ldx = sg->src == 2 ? H : G, nb = (sg->n + COLBLK - 1) / COLBLK;
 #pragma omp for schedule(static) nowait
         for (int64_t jb = 0; jb < nb; jb++) {
             int64_t j0 = jb * COLBLK, j1 = j0 + COLBLK < sg->n ? j0 + COLBLK : sg->n;
             for (int64_t b = 0; b < B; b++) {   /* rows in order: deterministic sums */
                 if (!SFX(active)(ly, t, b)) continue;
-                SFX(col_acc)(k->acc + sg->aw, sg->ab >= 0 ? k->acc + sg->ab : NULL,
-                             k->dg + b * gw + sg->goff, gw, xs + b * ldx + sg->xoff, ldx, 1,
-                             j0, j1);
+                SFX(col_acc)(xs ? k->acc + sg->aw : NULL, sg->ab >= 0 ? k->acc + sg->ab : NULL,
+                             k->dg + b * gw + sg->goff, gw, xs ? xs + b * ldx + sg->xoff : NULL,
+                             ldx, 1, j0, j1);
             }
         }
     }
@@ -965,7 +1027,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     const T *x = (const T *)a->x, *const *p = ly->p;
     T **grads = (T **)a->grads;
     ly->cache = (T *)a->cache;
-    int lstm = a->cell == FASTLN_CELL_LSTM, gru = a->cell == FASTLN_CELL_GRU;
+    int lstm = ly->cell == FASTLN_CELL_LSTM, gru = ly->cell == FASTLN_CELL_GRU;
     k.w_hh = p[1];
     k.dy = (const T *)a->dy;
     k.dh = (T *)a->dh;
@@ -973,7 +1035,12 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
 
     /* parameter sums (double): see the grads assignment at the end */
     int64_t nacc;
-    if (lstm) {          /* sum dgates, ih w, hh w (G); c w, c b (H) */
+    if (ly->plain) {     /* bias (G) */
+        SFX(seg) s[1] = {{0, G, -1, 0, 0, 0}};
+        memcpy(k.seg, s, sizeof s);
+        k.nseg = 1;
+        nacc = G;
+    } else if (lstm) {          /* sum dgates, ih w, hh w (G); c w, c b (H) */
         SFX(seg) s[3] = {{0, G, G, 0, 0, 0}, {0, G, 2 * G, -1, 1, 0},
                          {G, H, 3 * G, 3 * G + H, 2, 0}};
         memcpy(k.seg, s, sizeof s);
@@ -991,7 +1058,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         k.nseg = 1;
         nacc = 2 * H;
     }
-    int64_t n_da = (lstm || gru ? 2 : 1) * TB * G;   /* see fastln_rnn_work_size */
+    int64_t n_da = (L->split ? 2 : 1) * TB * G;   /* see fastln_rnn_work_size */
     T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + 2 * G)) * sizeof(T));
     T *buf = a->work ? (T *)a->work : own;
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
@@ -1002,9 +1069,9 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         return rc;
     }
     k.dai = buf;
-    k.dah = lstm || gru ? buf + TB * G : buf;
+    k.dah = L->split ? buf + TB * G : buf;
     k.dg = buf + n_da;
-    k.dai_s = lstm || gru ? k.dg + B * ly->gw : NULL;
+    k.dai_s = L->split ? k.dg + B * ly->gw : NULL;
     k.act_s = lstm ? k.dg + B * (ly->gw + G) : NULL;
 
     int64_t Tc = SFX(chunk_steps)(B);
@@ -1027,7 +1094,9 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         const double *acc = k.acc;
 #define GRAD(idx, off, n)                                                         \
     for (int64_t j = 0; j < (n); j++) grads[idx][j] = (T)acc[(off) + j];
-        if (lstm) {
+        if (ly->plain) {
+            GRAD(2, 0, G)
+        } else if (lstm) {
             GRAD(2, 0, G) GRAD(3, G, G) GRAD(4, 0, G) GRAD(5, 2 * G, G) GRAD(6, 0, G)
             GRAD(7, 3 * G, H) GRAD(8, 3 * G + H, H)
         } else if (gru) {

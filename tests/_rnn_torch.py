@@ -1,4 +1,4 @@
-"""A plain PyTorch (autograd) reference of fastln.rnn's LNRNN, LNLSTM and LNGRU.
+"""A plain PyTorch (autograd) reference of fastln.rnn's LNRNN, LNLSTM, LNGRU, LSTM and RNN.
 
 The equations of DESIGN.md section 3 written with torch ops (no torch.nn.LSTM/GRU),
 multi-layer, with ``lengths`` masking by torch.where.  Used by tests/test_rnn.py:
@@ -50,12 +50,24 @@ def _step_gru(torch, p, x_t, h, c, eps, act):
     return (1 - z) * h + z * n, None
 
 
-_STEPS = {"rnn": _step_rnn, "lstm": _step_lstm, "gru": _step_gru}
+def _step_lstm_plain(torch, p, x_t, h, c, eps, act):
+    gi, gf, gg, go = (x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"]).chunk(4, dim=-1)
+    c_new = torch.sigmoid(gf) * c + torch.sigmoid(gi) * torch.tanh(gg)
+    return torch.sigmoid(go) * torch.tanh(c_new), c_new
+
+
+def _step_rnn_plain(torch, p, x_t, h, c, eps, act):
+    return act(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"]), None
+
+
+_STEPS = {"rnn": _step_rnn, "lstm": _step_lstm, "gru": _step_gru,
+          "lstm_plain": _step_lstm_plain, "rnn_plain": _step_rnn_plain}
 
 
 def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
               nonlinearity="tanh", batch_first=False, dy=None, dstate=None, dtype=None):
-    """Forward (and, with ``dy`` given, backward) of ``cell`` in "rnn", "lstm", "gru".
+    """Forward (and, with ``dy`` given, backward) of ``cell`` in "rnn", "lstm", "gru",
+    "rnn_plain", "lstm_plain" (the plain cells ignore eps).
 
     ``params``, ``x``, ``state`` (None, an array, or (h, c) for "lstm") and ``dy``/``dstate``
     are NumPy arrays.  Computes in ``dtype`` (default torch.float64).  Returns a namespace
@@ -63,7 +75,7 @@ def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, ep
     given, ``grads`` (dict like params), ``dx`` and ``dstate`` (same form as the state).
     """
     dtype = torch.float64 if dtype is None else dtype
-    lstm = cell == "lstm"
+    lstm = cell.startswith("lstm")
     step = _STEPS[cell]
     act = {"tanh": torch.tanh, "relu": torch.relu}[nonlinearity]
     want_grad = dy is not None

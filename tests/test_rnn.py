@@ -1,4 +1,4 @@
-"""fastln.rnn (LNRNN, LNLSTM, LNGRU): forward against fastln/rnn_reference.py, forward and all
+"""fastln.rnn (LNRNN, LNLSTM, LNGRU, and the plain LSTM and RNN): forward against fastln/rnn_reference.py, forward and all
 gradients against a plain PyTorch autograd reference (tests/_rnn_torch.py) and against float64
 central finite differences; lengths, batch_first, cache=False, step(), chunking, long sequences,
 state_dict, init, dtypes and errors, per the API of issue 3.
@@ -7,16 +7,18 @@ import numpy as np
 import pytest
 
 from fastln import rnn_reference as ref
-from fastln.rnn import LNGRU, LNLSTM, LNRNN
+from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN
 from _rnn_torch import torch_rnn
 from _util import F32, F64, FLOAT_DTYPES, named
 
 # (cell, nonlinearity): every model variant
-VARIANTS = [("rnn", "tanh"), ("rnn", "relu"), ("lstm", None), ("gru", None)]
-VIDS = ["rnn-tanh", "rnn-relu", "lstm", "gru"]
-CELLS = ["rnn", "lstm", "gru"]
-CLASSES = {"rnn": LNRNN, "lstm": LNLSTM, "gru": LNGRU}
-REF = {"rnn": ref.lnrnn_forward, "lstm": ref.lnlstm_forward, "gru": ref.lngru_forward}
+VARIANTS = [("rnn", "tanh"), ("rnn", "relu"), ("lstm", None), ("gru", None),
+            ("rnn_plain", "tanh"), ("rnn_plain", "relu"), ("lstm_plain", None)]
+VIDS = ["rnn-tanh", "rnn-relu", "lstm", "gru", "plain-rnn-tanh", "plain-rnn-relu", "plain-lstm"]
+CELLS = ["rnn", "lstm", "gru", "rnn_plain", "lstm_plain"]
+CLASSES = {"rnn": LNRNN, "lstm": LNLSTM, "gru": LNGRU, "rnn_plain": RNN, "lstm_plain": LSTM}
+REF = {"rnn": ref.lnrnn_forward, "lstm": ref.lnlstm_forward, "gru": ref.lngru_forward,
+       "rnn_plain": ref.rnn_forward, "lstm_plain": ref.lstm_forward}
 
 variants = pytest.mark.parametrize("variant", VARIANTS, ids=VIDS)
 dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=["f32", "f64"])
@@ -26,9 +28,11 @@ dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=["f32", "f64"])
 
 def make(variant, I, H, L=1, dtype=F64, batch_first=False, seed=0, eps=1e-5):
     cell, nl = variant
-    kw = dict(input_size=I, hidden_size=H, num_layers=L, batch_first=batch_first, eps=eps,
+    kw = dict(input_size=I, hidden_size=H, num_layers=L, batch_first=batch_first,
               dtype=dtype, seed=seed)
-    if cell == "rnn":
+    if not is_plain(variant):
+        kw["eps"] = eps
+    if nl is not None:
         kw["nonlinearity"] = nl
     return CLASSES[cell](**kw)
 
@@ -54,16 +58,25 @@ def randomized(rng, variant, I, H, L=1, dtype=F64, batch_first=False, eps=1e-5):
     return m
 
 
+def is_plain(variant):
+    return variant[0].endswith("_plain")
+
+
+def has_cell(variant):
+    """The state is (h, c)."""
+    return variant[0].startswith("lstm")
+
+
 def as_tuple(variant, s):
-    return tuple(s) if variant[0] == "lstm" else (s,)
+    return tuple(s) if has_cell(variant) else (s,)
 
 
 def from_tuple(variant, t):
-    return tuple(t) if variant[0] == "lstm" else t[0]
+    return tuple(t) if has_cell(variant) else t[0]
 
 
 def rand_state(rng, variant, L, B, H, dtype):
-    n = 2 if variant[0] == "lstm" else 1
+    n = 2 if has_cell(variant) else 1
     return from_tuple(variant, [rng.standard_normal((L, B, H)).astype(dtype) for _ in range(n)])
 
 
@@ -80,8 +93,10 @@ def rand_lengths(rng, T, B):
 
 
 def ref_forward(m, variant, x, state=None, lengths=None):
-    kw = dict(num_layers=m.num_layers, eps=m.eps, batch_first=m.batch_first)
-    if variant[0] == "rnn":
+    kw = dict(num_layers=m.num_layers, batch_first=m.batch_first)
+    if not is_plain(variant):
+        kw["eps"] = m.eps
+    if variant[1] is not None:
         kw["nonlinearity"] = variant[1]
     return REF[variant[0]](m.params, x, state, lengths, **kw)
 
@@ -108,7 +123,7 @@ def check(got, want, dtype, what):
 
 
 def check_state(variant, got, want, dtype, what="state"):
-    if variant[0] == "lstm":
+    if has_cell(variant):
         assert isinstance(got, tuple) and len(got) == 2, (what, type(got))
     for i, (g, w) in enumerate(zip(as_tuple(variant, got), as_tuple(variant, want))):
         check(g, w, dtype, "%s[%d]" % (what, i))
@@ -130,7 +145,8 @@ def test_param_names_shapes_and_attributes(variant, L):
     I, H = 6, 5
     for dtype in FLOAT_DTYPES:
         m = make(variant, I, H, L, dtype, batch_first=True, eps=1e-3)
-        assert (m.input_size, m.hidden_size, m.num_layers, m.batch_first, m.eps) == (I, H, L, True, 1e-3)
+        assert (m.input_size, m.hidden_size, m.num_layers, m.batch_first) == (I, H, L, True)
+        assert m.eps == (0.0 if is_plain(variant) else 1e-3)
         assert np.dtype(m.dtype) == np.dtype(dtype)
         want = ref.param_shapes(variant[0], I, H, L)
         assert sorted(m.params) == sorted(want)
@@ -452,13 +468,13 @@ def test_dtype_preserved(variant, dtype, rng):
     x = rand_x(rng, T, B, I, dtype)
     y, s = m.forward(x)
     assert y.dtype == dtype and y.shape == (T, B, H)
-    if variant[0] == "lstm":
+    if has_cell(variant):
         assert isinstance(s, tuple) and len(s) == 2
     for a in as_tuple(variant, s):
         assert a.dtype == dtype and a.shape == (L, B, H)
     dx, ds = m.backward(rng.standard_normal((T, B, H)).astype(dtype))
     assert dx.dtype == dtype and dx.shape == x.shape
-    if variant[0] == "lstm":
+    if has_cell(variant):
         assert isinstance(ds, tuple) and len(ds) == 2
     for a in as_tuple(variant, ds):
         assert a.dtype == dtype and a.shape == (L, B, H)
@@ -503,7 +519,7 @@ def test_dstate_none_means_zeros(variant, rng):
     m = randomized(rng, variant, I, H, L, F64)
     x = rand_x(rng, T, B, I, F64)
     dy = rng.standard_normal((T, B, H))
-    zeros = from_tuple(variant, [np.zeros((L, B, H))] * (2 if variant[0] == "lstm" else 1))
+    zeros = from_tuple(variant, [np.zeros((L, B, H))] * (2 if has_cell(variant) else 1))
     m.forward(x)
     dx1, ds1 = m.backward(dy)
     g1 = {k: g.copy() for k, g in m.grads.items()}
@@ -542,14 +558,14 @@ def _x(T=T0, B=B0, I=I0, dtype=F32):
 
 def _state(cell, L=L0, B=B0, H=H0):
     h = np.zeros((L, B, H), F32)
-    return (h, h.copy()) if cell == "lstm" else h
+    return (h, h.copy()) if cell.startswith("lstm") else h
 
 
 def _with_bad(cell, i, bad):
     """The good state with component ``i`` replaced by ``bad``."""
-    s = list(_state(cell)) if cell == "lstm" else [_state(cell)]
+    s = list(_state(cell)) if cell.startswith("lstm") else [_state(cell)]
     s[i] = bad
-    return tuple(s) if cell == "lstm" else s[0]
+    return tuple(s) if cell.startswith("lstm") else s[0]
 
 
 def _forwarded(m, cell, **kw):
@@ -590,11 +606,11 @@ ERROR_CASES = [
      lambda m, c: m.forward(_x(), _with_bad(c, 0, np.zeros((L0, B0, H0 - 1), F32)))),
     ("state 2-D", "all", ValueError, "state",
      lambda m, c: m.forward(_x(), _with_bad(c, 0, np.zeros((B0, H0), F32)))),
-    ("lstm c shape", ("lstm",), ValueError, "state",
+    ("lstm c shape", ("lstm", "lstm_plain"), ValueError, "state",
      lambda m, c: m.forward(_x(), _with_bad(c, 1, np.zeros((L0, B0, H0 + 1), F32)))),
-    ("lstm state not a tuple", ("lstm",), TypeError, "state",
+    ("lstm state not a tuple", ("lstm", "lstm_plain"), TypeError, "state",
      lambda m, c: m.forward(_x(), np.zeros((L0, B0, H0), F32))),
-    ("lstm state 3-tuple", ("lstm",), TypeError, "state",
+    ("lstm state 3-tuple", ("lstm", "lstm_plain"), TypeError, "state",
      lambda m, c: m.forward(_x(), _state(c) + (np.zeros((L0, B0, H0), F32),))),
     ("lengths float", "all", TypeError, "lengths",
      lambda m, c: m.forward(_x(), lengths=np.array([5.0, 3.0]))),
@@ -618,7 +634,7 @@ ERROR_CASES = [
      lambda m, c: _forwarded(m, c).backward(_dy(), _with_bad(c, 0, np.zeros((L0 - 1, B0, H0), F32)))),
     ("dstate hidden", "all", ValueError, "dstate",
      lambda m, c: _forwarded(m, c).backward(_dy(), _with_bad(c, 0, np.zeros((L0, B0, H0 + 1), F32)))),
-    ("lstm dc shape", ("lstm",), ValueError, "dstate",
+    ("lstm dc shape", ("lstm", "lstm_plain"), ValueError, "dstate",
      lambda m, c: _forwarded(m, c).backward(_dy(), _with_bad(c, 1, np.zeros((L0, B0 + 1, H0), F32)))),
     ("backward before forward", "all", RuntimeError, "forward", lambda m, c: m.backward(_dy())),
     ("backward after cache=False", "all", RuntimeError, "forward",
@@ -641,7 +657,7 @@ ERROR_PARAMS = [pytest.param(cell, case, id="%s-%s" % (cell, case[0]))
 @pytest.mark.parametrize("cell,case", ERROR_PARAMS)
 def test_errors(cell, case):
     _, _, exc, arg, fn = case
-    m = make((cell, "tanh" if cell == "rnn" else None), I0, H0, L0, F32)
+    m = make((cell, "tanh" if cell.startswith("rnn") else None), I0, H0, L0, F32)
     with pytest.raises(exc, match=named(arg)):
         fn(m, cell)
 
@@ -649,7 +665,7 @@ def test_errors(cell, case):
 @pytest.mark.parametrize("cell", CELLS)
 def test_errors_batch_first_dy(cell):
     """With batch_first, dy is (B, T, H): a time-major dy is the wrong shape."""
-    m = make((cell, "tanh" if cell == "rnn" else None), I0, H0, L0, F32, batch_first=True)
+    m = make((cell, "tanh" if cell.startswith("rnn") else None), I0, H0, L0, F32, batch_first=True)
     m.forward(np.ones((B0, T0, I0), F32))
     with pytest.raises(ValueError, match=named("dy")):
         m.backward(_dy())

@@ -6,12 +6,13 @@ import pytest
 
 import fastln
 from fastln import _core
-from fastln.rnn import LNGRU, LNLSTM, LNRNN
+from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN
 
 from _util import run_python
 
-CELLS = [(LNLSTM, {}), (LNGRU, {}), (LNRNN, {}), (LNRNN, {"nonlinearity": "relu"})]
-IDS = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
+CELLS = [(LNLSTM, {}), (LNGRU, {}), (LNRNN, {}), (LNRNN, {"nonlinearity": "relu"}),
+         (LSTM, {}), (RNN, {}), (RNN, {"nonlinearity": "relu"})]
+IDS = ["lstm", "gru", "rnn_tanh", "rnn_relu", "plain_lstm", "plain_rnn_tanh", "plain_rnn_relu"]
 
 
 def model(cls, kw, dtype, I=5, H=40, L=2, seed=3):
@@ -77,12 +78,13 @@ def test_bitwise_identical_on_any_thread_count(restore_threads, cls, kw, dtype):
             assert np.array_equal(results[0][key], other[key]), key
 
 
-@pytest.mark.parametrize("cls, kw, per_h", [(LNLSTM, {}, 12), (LNGRU, {}, 11), (LNRNN, {}, 3)],
-                         ids=["lstm", "gru", "rnn"])
+@pytest.mark.parametrize("cls, kw, per_h", [(LNLSTM, {}, 12), (LNGRU, {}, 11), (LNRNN, {}, 3),
+                                           (LSTM, {}, 7), (RNN, {}, 2)],
+                         ids=["lstm", "gru", "rnn", "plain_lstm", "plain_rnn"])
 def test_cache_size(cls, kw, per_h):
     """The cache kept for backward, per row and step: LNLSTM 11 H + 3 (the
-    issue's bound is 16 H), LNGRU 10 H + 4, LNRNN 2 H + 1, plus one step for
-    the initial state; nothing at all with cache=False."""
+    issue's bound is 16 H), LNGRU 10 H + 4, LNRNN 2 H + 1, LSTM 6 H, RNN H,
+    plus one step for the initial state; nothing at all with cache=False."""
     T, B, H = 50, 4, 64
     cell = cls(8, H)._cell_name()
     size = _core._rnn_cache_size(cell, T, B, H)

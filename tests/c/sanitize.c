@@ -23,9 +23,11 @@ static void *fill(size_t n, size_t es, unsigned seed) {
 
 static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, int lens) {
     size_t es = f64 ? 8 : 4;
-    int64_t G = (cell == FASTLN_CELL_LSTM ? 4 : cell == FASTLN_CELL_GRU ? 3 : 1) * H;
+    int base = cell & ~FASTLN_CELL_PLAIN;
+    int64_t G = (base == FASTLN_CELL_LSTM ? 4 : base == FASTLN_CELL_GRU ? 3 : 1) * H;
     int64_t sizes[10]; int np;
-    if (cell == FASTLN_CELL_LSTM) { int64_t s[] = {G*I, G*H, G, G, G, G, G, H, H}; np = 9; memcpy(sizes, s, sizeof s); }
+    if (cell & FASTLN_CELL_PLAIN) { int64_t s[] = {G*I, G*H, G}; np = 3; memcpy(sizes, s, sizeof s); }
+    else if (cell == FASTLN_CELL_LSTM) { int64_t s[] = {G*I, G*H, G, G, G, G, G, H, H}; np = 9; memcpy(sizes, s, sizeof s); }
     else if (cell == FASTLN_CELL_GRU) { int64_t s[] = {G*I, G*H, 2*H, 2*H, 2*H, 2*H, H, H, H, H}; np = 10; memcpy(sizes, s, sizeof s); }
     else { int64_t s[] = {G*I, G*H, H, H}; np = 4; memcpy(sizes, s, sizeof s); }
     fastln_rnn_args a; memset(&a, 0, sizeof a);
@@ -89,7 +91,8 @@ int main(void) {
     for (int i = 0; i < 3; i++) {
         if (!fastln_isa_supported(isas[i])) continue;
         fastln_set_isa(isas[i]);
-        for (int cell = 0; cell < 4; cell++)
+        /* the LN cells, then the plain RNN (tanh, relu) and LSTM */
+        for (int cell = 0; cell < 11; cell = cell == 3 ? 8 : cell + 1)
             for (int f64 = 0; f64 < 2; f64++)
                 for (int lens = 0; lens < 2; lens++) {
                     int64_t cfg[][4] = {{1, 1, 1, 1}, {5, 1, 3, 40}, {7, 3, 5, 37}, {3, 9, 2, 33}, {9, 34, 17, 64}, {2, 2, 300, 8}};
