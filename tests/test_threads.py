@@ -1,5 +1,6 @@
 """Threads: bitwise determinism across thread counts, thread-count control,
 threadpoolctl / OMP_NUM_THREADS compatibility and concurrent calls."""
+import json
 import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -140,8 +141,36 @@ def test_threads_context_manager_restores(restore_threads):
     assert fastln.get_num_threads() == 2
 
 
+def _threadpoolctl():
+    """threadpoolctl, a test dependency: a failure under CI, a skip elsewhere."""
+    if os.environ.get("CI"):
+        import threadpoolctl
+        return threadpoolctl
+    return pytest.importorskip("threadpoolctl")
+
+
+@pytest.mark.skipif(not fastln.has_openmp(), reason="built without OpenMP")
+def test_threadpoolctl_sees_fastlns_openmp():
+    """threadpool_info() lists the OpenMP runtime fastln's module is linked to;
+    its num_threads is OpenMP's limit, fastln's default count (set_num_threads
+    is fastln's own and is not written into OpenMP), and a threadpool_limits
+    on it shows there and caps fastln."""
+    _threadpoolctl()
+    code = ("import fastln, json, threadpoolctl as t; a = t.threadpool_info(); "
+            "n = fastln.get_num_threads()\n"
+            "with t.threadpool_limits(1, 'openmp'): b = t.threadpool_info(); "
+            "m = fastln.get_num_threads()\n"
+            "print(json.dumps([a, n, b, m]))")
+    before, n, inside, m = json.loads(_run_python(code))   # a fresh process: no torch beside it
+    omp = [d for d in before if d["user_api"] == "openmp"]
+    assert len(omp) == 1 and omp[0]["prefix"] == "libgomp", before
+    assert omp[0]["num_threads"] == n
+    assert [d["num_threads"] for d in inside if d["user_api"] == "openmp"] == [1]
+    assert m == 1
+
+
 def test_threadpoolctl_limits_openmp(restore_threads):
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    threadpoolctl = _threadpoolctl()
     if not fastln.has_openmp():
         pytest.skip("built without OpenMP")
     fastln.set_num_threads(2)
