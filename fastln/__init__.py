@@ -3,6 +3,28 @@
 C kernels with OpenMP and run-time instruction-set dispatch, behind a NumPy
 API. See README.md for a tour; ``python -m fastln`` runs a self-check and a
 benchmark against the peers installed.
+
+Functions: :func:`layer_norm`, :func:`layer_norm_backward`,
+:func:`rms_norm`, :func:`rms_norm_backward` and :func:`add_layer_norm` (from
+:mod:`fastln._core`). Layers: :class:`LayerNorm` and :class:`RMSNorm` (from
+:mod:`fastln.layers`). Threads: :func:`get_num_threads`,
+:func:`set_num_threads` and :func:`threads`. Instruction sets:
+:func:`get_isa`, :func:`supported_isas`; :func:`has_openmp`. Recurrent
+networks are in :mod:`fastln.rnn`, dask arrays in :mod:`fastln.dask` (not
+imported by ``import fastln``), float64 references in :mod:`fastln.reference`
+and :mod:`fastln.rnn_reference`.
+
+The environment variable ``FASTLN_ISA`` ("avx512", "avx2" or "generic")
+forces an instruction-set path; one this CPU cannot run is ignored, with a
+RuntimeWarning at import.
+
+Examples
+--------
+>>> import numpy as np, fastln
+>>> x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+>>> y = fastln.layer_norm(x)
+>>> y.dtype, bool(np.allclose(y.mean(axis=-1), 0, atol=1e-6))
+(dtype('float32'), True)
 """
 import os as _os
 import warnings as _warnings
@@ -25,7 +47,20 @@ ISAS = ("avx512", "avx2", "generic")
 
 
 def supported_isas():
-    """The instruction-set paths this CPU can run, fastest first."""
+    """The instruction-set paths this CPU can run, fastest first.
+
+    Returns
+    -------
+    list of str
+        A subset of ``["avx512", "avx2", "generic"]``, in that order;
+        "generic" runs everywhere. :func:`get_isa` is the one in use.
+
+    Examples
+    --------
+    >>> import fastln
+    >>> fastln.supported_isas()[-1]
+    'generic'
+    """
     return [name for name in ISAS if _core.isa_supported(name)]
 
 

@@ -1,11 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, binding=True, embedsignature=True
 """Thin Cython layer over the C kernels in src_c/.
 
-Each public function takes a fast path for the common case (C-contiguous,
-aligned, native float32/float64, normalized over the last axis), calls one C
-function with the GIL released, and otherwise hands over to fastln._api,
-which canonicalizes the arguments (axes, layouts, dtypes, out=) and raises
-the errors. No math lives here.
+The public functions here are re-exported by :mod:`fastln`:
+:func:`layer_norm`, :func:`layer_norm_backward`, :func:`rms_norm`,
+:func:`rms_norm_backward`, :func:`add_layer_norm`, :func:`get_isa` and
+:func:`has_openmp`.
+
+Each normalization function takes a fast path for the common case
+(C-contiguous, aligned, native float32/float64, normalized over the last
+axis), calls one C function with the GIL released, and otherwise hands over
+to fastln._api, which canonicalizes the arguments (axes, layouts, dtypes,
+out=) and raises the errors. No math lives here.
 """
 from libc.stdint cimport int64_t
 from libc.string cimport memset
@@ -332,26 +337,79 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     Parameters
     ----------
     x : array_like
-        Input. float32 and float64 keep their dtype; float16 (and bfloat16)
-        compute in float32 and return their own dtype; integers and bool
-        compute in float64.
+        Input, at least 1-D, in any layout (strided, Fortran-order, read-only
+        and byte-swapped arrays and lists are accepted). float32 and float64
+        keep their dtype; float16 and bfloat16 compute in float32 and return
+        their own dtype; integers and bool compute in float64 and return
+        float64.
     weight, bias : array_like, optional
-        Gain and bias of the normalized shape (the sizes of ``axis``, in the
-        order given). Cast to the compute dtype. None means 1 and 0.
+        Gain and bias with the normalized shape (the sizes of ``axis``, in the
+        order given), of a real dtype; cast to the compute dtype. None means
+        1 and 0.
     axis : int or tuple of int, default -1
-        The normalized axes; negative values count from the end.
+        The normalized axes; negative values count from the end. The other
+        (batch) axes are independent samples.
     eps : float, default 1e-5
         Added to the variance; finite and >= 0.
     out : ndarray, optional
-        Where to write y: x's shape and y's dtype, writable. May be ``x``.
+        Where to write y: a plain ndarray of x's shape and y's dtype,
+        writable. May be ``x`` itself (in place).
     return_stats : bool, default False
-        Also return ``mean`` and ``rstd = 1/sqrt(var + eps)``, of x's shape
-        without the normalized axes (float64 for float64 and integer input,
-        else float32).
+        Also return the statistics ``mean`` and ``rstd`` that
+        :func:`layer_norm_backward` takes.
 
     Returns
     -------
-    y, or (y, mean, rstd)
+    y : ndarray
+        x's shape, in the dtype given above; ``out`` itself when given.
+    mean, rstd : ndarray
+        Only with ``return_stats=True``: each sample's mean and
+        ``1 / sqrt(var + eps)``, of x's shape without the normalized axes, in
+        the compute dtype (float32 for float16, bfloat16 and float32 input;
+        float64 for float64, integer and bool input).
+
+    Raises
+    ------
+    TypeError
+        x, weight or bias of a dtype that is not a real number type (complex,
+        object, str, ...); eps not a real number (or a bool); axis not an int
+        or a tuple of ints; ``out`` not a plain ndarray, or of another dtype
+        than y's.
+    ValueError
+        x 0-d, or of size 0 along a normalized axis; an axis out of range or
+        repeated; weight or bias not of the normalized shape; eps negative or
+        not finite; ``out`` of another shape than x's, or read-only.
+
+    Notes
+    -----
+    C-contiguous, aligned, native-order float32/float64 input normalized over
+    the last axis (with weight, bias and out of the same dtype and layout)
+    takes the fast path without a copy. The variance is centered (two passes
+    over each row); a row holding a NaN or inf gives NaN in that row only.
+    An x without samples (a batch axis of size 0) gives empty results.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> x = np.array([[1., 2., 3.], [2., 4., 6.]], np.float32)
+    >>> np.round(fastln.layer_norm(x), 4)
+    array([[-1.2247,  0.    ,  1.2247],
+           [-1.2247,  0.    ,  1.2247]], dtype=float32)
+    >>> y, mean, rstd = fastln.layer_norm(x, return_stats=True)
+    >>> mean
+    array([2., 4.], dtype=float32)
+
+    Several axes, with a gain of their shape; integer input gives float64:
+
+    >>> x3 = np.arange(24).reshape(2, 3, 4)
+    >>> y3 = fastln.layer_norm(x3, np.ones((3, 4)), axis=(1, 2))
+    >>> y3.shape, y3.dtype
+    ((2, 3, 4), dtype('float64'))
+
+    In place:
+
+    >>> fastln.layer_norm(x, out=x) is x
+    True
     """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, y
@@ -377,17 +435,69 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
 def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
     """Gradients of :func:`layer_norm`: ``(dx, dweight, dbias)``.
 
-    With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``::
+    With ``xhat = (x - mean) * rstd`` and ``g = dy * weight``, per sample::
 
         dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
         dweight = sum over samples of dy * xhat;   dbias = sum of dy
 
-    ``mean`` and ``rstd`` are the ones ``layer_norm(..., return_stats=True)``
-    returned. The kernel uses ``mean + mean(x - mean)`` as the row mean, which
-    repairs the rounding of a float32 mean next to a large offset.
-    dweight and dbias always have the normalized shape (without ``weight``
-    they are the gradients of a unit gain and a zero bias), and are bitwise
-    the same for any thread count. ``out`` receives dx.
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of the loss with respect to y, of x's shape; any real dtype
+        (cast to the compute dtype of x).
+    x : array_like
+        The input of the forward call; its dtype sets the compute and result
+        dtypes as in :func:`layer_norm`.
+    mean, rstd : array_like
+        The statistics ``layer_norm(..., return_stats=True)`` returned: x's
+        shape without the normalized axes.
+    weight : array_like, optional
+        The forward's gain, of the normalized shape; None means 1.
+    axis : int or tuple of int, default -1
+        The forward's normalized axes.
+    out : ndarray, optional
+        Where to write dx: a plain ndarray of x's shape and dx's dtype,
+        writable. May be ``dy`` itself.
+
+    Returns
+    -------
+    dx : ndarray
+        x's shape; x's dtype for float input, float64 for integers and bool
+        (``out`` itself when given).
+    dweight, dbias : ndarray
+        The normalized shape, in the compute dtype (float32 for float16,
+        bfloat16 and float32 x; else float64). Always returned: without
+        ``weight`` they are the gradients of a unit gain and a zero bias.
+
+    Raises
+    ------
+    TypeError
+        dy, x, mean, rstd or weight of a dtype that is not a real number
+        type; a bad ``axis`` type; ``out`` not a plain ndarray or of the
+        wrong dtype.
+    ValueError
+        dy not of x's shape; mean or rstd not of x's shape without the
+        normalized axes; weight not of the normalized shape; a bad axis or a
+        normalized size of 0; ``out`` of the wrong shape or read-only.
+
+    Notes
+    -----
+    The kernel uses ``mean + mean(x - mean)`` as the row mean, which repairs
+    the rounding of a float32 mean next to a large offset. dweight and dbias
+    are summed in a fixed order: bitwise the same for any thread count.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> x = np.array([[1., 2., 3.], [2., 4., 6.]])
+    >>> y, mean, rstd = fastln.layer_norm(x, return_stats=True)
+    >>> dx, dweight, dbias = fastln.layer_norm_backward(np.ones_like(x), x, mean, rstd)
+    >>> np.allclose(dx, 0)      # a uniform dy does not reach x through the mean
+    True
+    >>> dbias
+    array([2., 2., 2.])
+    >>> np.round(dweight, 4)
+    array([-2.4495,  0.    ,  2.4495])
     """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, dx, dw, db
@@ -413,8 +523,48 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
 def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False):
     """RMS normalization over ``axis``: ``y = x / sqrt(mean(x**2) + eps) * weight``.
 
-    Arguments as in :func:`layer_norm` (no bias; eps defaults to 1e-6).
-    Returns y, or ``(y, rstd)`` with ``return_stats=True``.
+    Parameters
+    ----------
+    x : array_like
+        Input, at least 1-D, any layout; dtypes as in :func:`layer_norm`
+        (float32/float64 kept; float16 and bfloat16 computed in float32 and
+        returned in their dtype; integers and bool give float64).
+    weight : array_like, optional
+        Gain of the normalized shape (the sizes of ``axis``, in the order
+        given); None means 1.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    eps : float, default 1e-6
+        Added to the mean square; finite and >= 0.
+    out : ndarray, optional
+        Where to write y: a plain ndarray of x's shape and y's dtype,
+        writable. May be ``x`` itself.
+    return_stats : bool, default False
+        Also return ``rstd``, which :func:`rms_norm_backward` takes.
+
+    Returns
+    -------
+    y : ndarray
+        x's shape and dtype as above (``out`` itself when given).
+    rstd : ndarray
+        Only with ``return_stats=True``: ``1 / sqrt(mean(x**2) + eps)`` of
+        each sample, x's shape without the normalized axes, in the compute
+        dtype (float32 or float64).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`layer_norm` (weight in place of weight and bias).
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> x = np.array([[3., 4.]], np.float32)
+    >>> np.round(fastln.rms_norm(x, eps=0.0), 4)
+    array([[0.8485, 1.1314]], dtype=float32)
+    >>> y, rstd = fastln.rms_norm(x, np.full(2, 2., np.float32), return_stats=True)
+    >>> rstd.shape
+    (1,)
     """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, y
@@ -439,9 +589,51 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
 def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
     """Gradients of :func:`rms_norm`: ``(dx, dweight)``.
 
-    With ``xhat = x * rstd`` and ``g = dy * weight``:
-    ``dx = rstd * (g - xhat * mean(g * xhat))``, ``dweight = sum of dy * xhat``.
-    ``out`` receives dx.
+    With ``xhat = x * rstd`` and ``g = dy * weight``, per sample:
+    ``dx = rstd * (g - xhat * mean(g * xhat))``, ``dweight`` = the sum over
+    samples of ``dy * xhat``.
+
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of the loss with respect to y, of x's shape (any real dtype).
+    x : array_like
+        The input of the forward call; its dtype sets the compute and result
+        dtypes as in :func:`rms_norm`.
+    rstd : array_like
+        What ``rms_norm(..., return_stats=True)`` returned: x's shape without
+        the normalized axes.
+    weight : array_like, optional
+        The forward's gain, of the normalized shape; None means 1.
+    axis : int or tuple of int, default -1
+        The forward's normalized axes.
+    out : ndarray, optional
+        Where to write dx: a plain ndarray of x's shape and dx's dtype,
+        writable. May be ``dy`` itself.
+
+    Returns
+    -------
+    dx : ndarray
+        x's shape; x's dtype for float input, float64 for integers and bool.
+    dweight : ndarray
+        The normalized shape, in the compute dtype (float32 or float64);
+        returned also without ``weight``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`layer_norm_backward` (rstd in place of mean and rstd).
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> x = np.array([[3., 4.]])
+    >>> y, rstd = fastln.rms_norm(x, eps=0.0, return_stats=True)
+    >>> dx, dweight = fastln.rms_norm_backward(np.ones_like(x), x, rstd)
+    >>> dx.shape, dweight.shape
+    ((1, 2), (2,))
+    >>> np.allclose(dweight, y[0])
+    True
     """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, dx, dw
@@ -467,9 +659,58 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
     """Fused residual add and layer norm: ``s = x + residual``, ``y = layer_norm(s)``.
 
     One pass over memory: s is written and normalized while it is in cache.
-    Arguments as in :func:`layer_norm`; ``residual`` has x's shape. ``out`` is
-    y's buffer, or a tuple ``(y_out, s_out)``.
-    Returns ``(y, s)``, or ``(y, s, mean, rstd)`` with ``return_stats=True``.
+
+    Parameters
+    ----------
+    x, residual : array_like
+        The two summands, of the same shape. Each takes the dtype rules of
+        :func:`layer_norm`; where they differ, the sum is computed in the
+        promotion of their compute dtypes, and y and s take
+        ``np.result_type`` of the dtypes each alone would give (float16 with
+        float32 gives float32; float32 with an integer array gives float64).
+    weight, bias : array_like, optional
+        Gain and bias of the normalized shape; None means 1 and 0.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    eps : float, default 1e-5
+        Added to the variance; finite and >= 0.
+    out : ndarray or tuple, optional
+        y's buffer, or a tuple ``(y_out, s_out)`` (either may be None). Each
+        must be a writable plain ndarray of x's shape and the result dtype;
+        the two must not overlap each other, but may be ``x`` and
+        ``residual`` (``out=(x, residual)`` works in place).
+    return_stats : bool, default False
+        Also return the ``mean`` and ``rstd`` of s, as :func:`layer_norm`.
+
+    Returns
+    -------
+    y : ndarray
+        ``layer_norm(s)``.
+    s : ndarray
+        ``x + residual``, of x's shape, in y's dtype.
+    mean, rstd : ndarray
+        Only with ``return_stats=True``: s's statistics, of x's shape without
+        the normalized axes, in the compute dtype.
+
+    Raises
+    ------
+    TypeError
+        As :func:`layer_norm`, for residual too; ``out`` neither an ndarray
+        nor a 2-tuple.
+    ValueError
+        As :func:`layer_norm`; residual not of x's shape; y_out and s_out
+        overlapping each other.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> x = np.array([[1., 2., 3.]])
+    >>> residual = np.array([[0., 2., 4.]])
+    >>> y, s = fastln.add_layer_norm(x, residual)
+    >>> s
+    array([[1., 4., 7.]])
+    >>> np.allclose(y, fastln.layer_norm(s))
+    True
     """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, y, s
@@ -499,26 +740,81 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
 # ---- threads and instruction sets ------------------------------------------
 
 def get_num_threads():
-    """Threads a large call uses now (see fastln.get_num_threads)."""
+    """Threads a large call uses now (see :func:`fastln.get_num_threads`).
+
+    Returns
+    -------
+    int
+    """
     return fastln_get_num_threads()
 
 def set_num_threads(int n):
+    """Sets the thread count unchecked; 0 means OpenMP's default.
+
+    The public, checked version is :func:`fastln.set_num_threads`.
+
+    Parameters
+    ----------
+    n : int
+    """
     fastln_set_num_threads(n)
 
 def get_requested_threads():
-    """The last count given to set_num_threads, or 0 for the OpenMP default."""
+    """The last count given to set_num_threads, or 0 for the OpenMP default.
+
+    Returns
+    -------
+    int
+    """
     return fastln_get_requested_threads()
 
 def has_openmp():
-    """Whether this build of fastln has OpenMP (else every call is serial)."""
+    """Whether this build of fastln has OpenMP (else every call is serial).
+
+    Returns
+    -------
+    bool
+        False where the build found no OpenMP, or ``FASTLN_NO_OPENMP=1`` was
+        set at build time.
+
+    Examples
+    --------
+    >>> import fastln
+    >>> isinstance(fastln.has_openmp(), bool)
+    True
+    """
     return bool(fastln_has_openmp())
 
 def get_isa():
-    """The instruction-set path in use: "avx512", "avx2" or "generic"."""
+    """The instruction-set path in use: "avx512", "avx2" or "generic".
+
+    The fastest path the CPU supports is chosen at import, unless the
+    environment variable ``FASTLN_ISA`` names another supported one.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> import fastln
+    >>> fastln.get_isa() in fastln.supported_isas()
+    True
+    """
     return fastln_get_isa().decode()
 
 def isa_supported(name):
-    """Whether this CPU can run the named instruction-set path."""
+    """Whether this CPU can run the named instruction-set path.
+
+    Parameters
+    ----------
+    name : str
+        "avx512", "avx2" or "generic"; another name gives False.
+
+    Returns
+    -------
+    bool
+    """
     return bool(fastln_isa_supported(str(name).encode()))
 
 def _set_isa(name):

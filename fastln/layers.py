@@ -1,4 +1,20 @@
-"""Layer objects over the functional kernels: LayerNorm and RMSNorm."""
+"""Layer objects over the functional kernels: LayerNorm and RMSNorm.
+
+Each layer holds its parameters (``weight``, and ``bias`` for LayerNorm)
+under PyTorch's names, normalizes the trailing ``normalized_shape`` axes of
+its input with :func:`fastln.layer_norm` / :func:`fastln.rms_norm`, keeps
+what ``backward`` needs, and fills ``grads``. Both are re-exported by
+:mod:`fastln`.
+
+Examples
+--------
+>>> import numpy as np, fastln
+>>> ln = fastln.LayerNorm(4)
+>>> y = ln(np.arange(8, dtype=np.float32).reshape(2, 4))
+>>> dx = ln.backward(np.ones_like(y))
+>>> sorted(ln.grads)
+['bias', 'weight']
+"""
 import numbers
 
 import numpy as np
@@ -45,13 +61,57 @@ class _Norm:
         return _axes(self.normalized_shape)
 
     def state_dict(self):
-        """Parameters under PyTorch's names: a dict of ndarray copies."""
+        """The parameters under PyTorch's names, as copies.
+
+        Returns
+        -------
+        dict of str to ndarray
+            ``"weight"`` (and ``"bias"`` for a LayerNorm with one): copies of
+            the parameters, of ``normalized_shape`` and the layer's dtype.
+            Empty without ``elementwise_affine``.
+
+        Examples
+        --------
+        >>> import fastln
+        >>> sd = fastln.LayerNorm(3).state_dict()
+        >>> sorted(sd), sd["weight"]
+        (['bias', 'weight'], array([1., 1., 1.], dtype=float32))
+        """
         return {k: getattr(self, k).copy() for k in self._param_names
                 if getattr(self, k) is not None}
 
     def load_state_dict(self, state):
-        """Loads parameters by PyTorch name; values may be arrays or torch tensors.
-        On error nothing is changed."""
+        """Loads the parameters by PyTorch name (a torch module's state_dict too).
+
+        Parameters
+        ----------
+        state : mapping of str to array_like
+            Exactly the keys of :meth:`state_dict`. Values are arrays, array
+            likes or torch tensors (bfloat16 tensors need ml_dtypes) of a
+            real dtype and of ``normalized_shape``; they are copied and cast
+            to the layer's dtype.
+
+        Raises
+        ------
+        TypeError
+            state is not a mapping, or a value is not of a real number type.
+        KeyError
+            A key is missing or unexpected (as in PyTorch).
+        ValueError
+            A value is not of ``normalized_shape``.
+
+        Notes
+        -----
+        On error nothing is changed.
+
+        Examples
+        --------
+        >>> import numpy as np, fastln
+        >>> ln = fastln.RMSNorm(3)
+        >>> ln.load_state_dict({"weight": [1, 2, 3]})
+        >>> ln.weight
+        array([1., 2., 3.], dtype=float32)
+        """
         if not hasattr(state, "keys"):
             raise TypeError(f"state_dict must be a mapping, got {type(state).__name__}")
         expected = {k for k in self._param_names if getattr(self, k) is not None}
@@ -82,6 +142,18 @@ class _Norm:
         return x
 
     def __call__(self, x):
+        """Same as :meth:`forward`: ``layer(x)`` is ``layer.forward(x)``.
+
+        Parameters
+        ----------
+        x : array_like
+            As for :meth:`forward`.
+
+        Returns
+        -------
+        ndarray
+            y, as :meth:`forward` returns it.
+        """
         return self.forward(x)
 
     def __repr__(self):
@@ -92,23 +164,63 @@ class _Norm:
 class LayerNorm(_Norm):
     """Layer normalization over the trailing ``normalized_shape`` axes.
 
+    The counterpart of ``torch.nn.LayerNorm``, with the same arguments,
+    defaults and parameter names, over :func:`fastln.layer_norm`.
+
     Parameters
     ----------
     normalized_shape : int or tuple of int
-        The trailing shape normalized together.
-    eps : float
-        Added to the variance.
-    elementwise_affine : bool
-        Learn a gain ``weight`` (ones) and, with ``bias=True``, a ``bias`` (zeros).
-    bias : bool
+        The trailing shape normalized together (positive sizes).
+    eps : float, default 1e-5
+        Added to the variance; finite and >= 0.
+    elementwise_affine : bool, default True
+        Learn a gain ``weight`` (ones) and, with ``bias=True``, a ``bias``
+        (zeros); else both are None.
+    bias : bool, default True
         Whether the affine part has a bias.
-    dtype : dtype
-        Parameter dtype.
+    dtype : dtype, default numpy.float32
+        The parameters' dtype: a floating dtype (float16, bfloat16 where
+        ml_dtypes is installed, float32, float64).
 
+    Attributes
+    ----------
+    weight, bias : ndarray or None
+        The parameters, of ``normalized_shape`` and ``dtype``.
+    grads : dict of str to ndarray
+        Filled by :meth:`backward`: ``"weight"`` and ``"bias"``, those the
+        layer has.
+    normalized_shape : tuple of int
+    eps : float
+    dtype : numpy.dtype
+
+    Raises
+    ------
+    TypeError
+        normalized_shape is not an int or a tuple/list of ints; dtype is not
+        a floating dtype; eps is not a real number.
+    ValueError
+        A size in normalized_shape is below 1, or eps is negative or not
+        finite.
+
+    Notes
+    -----
     ``forward(x)`` (or calling the layer) keeps what ``backward(dy)`` needs:
     a reference to x (not a copy, so x must not change in between) and the
-    row statistics. ``backward`` returns dx and fills ``grads`` ("weight",
-    "bias"), float32 for float16 parameters.
+    row statistics. The output follows x's dtype (the parameters are cast to
+    x's compute dtype, see :func:`fastln.layer_norm`), and so do dx and the
+    gradients: float32 for float16 and bfloat16 x.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> ln = fastln.LayerNorm(4)
+    >>> ln
+    LayerNorm((4,), eps=1e-05, dtype=float32)
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> y = ln(x)
+    >>> dx = ln.backward(np.ones_like(y))
+    >>> ln.grads["bias"]
+    array([2., 2., 2., 2.], dtype=float32)
     """
 
     _param_names = ("weight", "bias")
@@ -128,13 +240,19 @@ class LayerNorm(_Norm):
         Parameters
         ----------
         module : torch.nn.LayerNorm
+            Or a subclass. torch itself is not imported by fastln.
 
         Returns
         -------
         LayerNorm
             The same ``normalized_shape``, ``eps``, affine parameters (copied)
-            and dtype as ``module``; its output matches ``module(x)`` to
-            rounding.
+            and dtype as ``module`` (float32 where it has no parameters); its
+            output matches ``module(x)`` to rounding.
+
+        Raises
+        ------
+        TypeError
+            module is not a ``torch.nn.LayerNorm``.
 
         Examples
         --------
@@ -151,6 +269,32 @@ class LayerNorm(_Norm):
         return layer
 
     def forward(self, x):
+        """Normalizes x over its trailing ``normalized_shape`` axes.
+
+        Parameters
+        ----------
+        x : array_like
+            Any shape ending in ``normalized_shape``; any real dtype.
+
+        Returns
+        -------
+        y : ndarray
+            x's shape. The dtype is x's for float input and float64 for
+            integers and bool, as :func:`fastln.layer_norm` (not the layer's
+            dtype: the parameters are cast instead).
+
+        Raises
+        ------
+        ValueError
+            x does not end in ``normalized_shape``.
+        TypeError
+            x has a dtype that is not a real number type.
+
+        Notes
+        -----
+        Keeps a reference to x and the row statistics for :meth:`backward`
+        (replacing those of an earlier call): do not change x in between.
+        """
         x = self._check_input(x)
         y, mean, rstd = _core.layer_norm(x, self.weight, self.bias, axis=self._axis(),
                                          eps=self.eps, return_stats=True)
@@ -158,6 +302,32 @@ class LayerNorm(_Norm):
         return y
 
     def backward(self, dy):
+        """Back-propagates through the last :meth:`forward`.
+
+        Parameters
+        ----------
+        dy : array_like
+            Gradient of the loss with respect to the forward's y: its shape,
+            any real dtype.
+
+        Returns
+        -------
+        dx : ndarray
+            Gradient with respect to the forward's x: its shape, and y's dtype.
+
+        Raises
+        ------
+        RuntimeError
+            No forward has run yet.
+        ValueError
+            dy does not have the forward's x's shape.
+
+        Notes
+        -----
+        Replaces ``grads`` with ``{"weight": dweight, "bias": dbias}`` (the
+        parameters the layer has), of ``normalized_shape`` in the compute
+        dtype of x (float32 for float16, bfloat16 and float32; else float64).
+        """
         if self._cache is None:
             raise RuntimeError("backward called before forward")
         x, mean, rstd = self._cache
@@ -174,7 +344,40 @@ class LayerNorm(_Norm):
 class RMSNorm(_Norm):
     """RMS normalization over the trailing ``normalized_shape`` axes.
 
-    Same interface as :class:`LayerNorm`, with a gain ``weight`` only.
+    The counterpart of ``torch.nn.RMSNorm`` over :func:`fastln.rms_norm`:
+    ``y = x / sqrt(mean(x**2) + eps) * weight``. Same interface as
+    :class:`LayerNorm`, with a gain ``weight`` only.
+
+    Parameters
+    ----------
+    normalized_shape : int or tuple of int
+        The trailing shape normalized together (positive sizes).
+    eps : float, default 1e-6
+        Added to the mean square; finite and >= 0.
+    elementwise_affine : bool, default True
+        Learn a gain ``weight`` (ones); else it is None.
+    dtype : dtype, default numpy.float32
+        The parameter's dtype: a floating dtype.
+
+    Attributes
+    ----------
+    weight : ndarray or None
+        The gain, of ``normalized_shape`` and ``dtype``.
+    grads : dict of str to ndarray
+        Filled by :meth:`backward`: ``"weight"`` where the layer has one.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LayerNorm`.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> rms = fastln.RMSNorm((2, 3))
+    >>> y = rms(np.ones((5, 2, 3)))
+    >>> y.shape, bool(np.allclose(y, 1.0, atol=1e-5))
+    ((5, 2, 3), True)
     """
 
     _param_names = ("weight",)
@@ -191,15 +394,21 @@ class RMSNorm(_Norm):
         Parameters
         ----------
         module : torch.nn.RMSNorm
-            With ``eps=None`` torch uses the machine epsilon of the input's
-            dtype; the layer takes that of the module's parameter dtype
-            (float32 when it has none), ``np.finfo(dtype).eps``.
+            Or a subclass. With ``eps=None`` torch uses the machine epsilon
+            of the input's dtype; the layer takes that of the module's
+            parameter dtype (float32 when it has none),
+            ``np.finfo(dtype).eps``.
 
         Returns
         -------
         RMSNorm
             The same ``normalized_shape``, ``eps``, weight (copied) and dtype
             as ``module``.
+
+        Raises
+        ------
+        TypeError
+            module is not a ``torch.nn.RMSNorm``.
 
         Examples
         --------
@@ -216,6 +425,31 @@ class RMSNorm(_Norm):
         return layer
 
     def forward(self, x):
+        """RMS-normalizes x over its trailing ``normalized_shape`` axes.
+
+        Parameters
+        ----------
+        x : array_like
+            Any shape ending in ``normalized_shape``; any real dtype.
+
+        Returns
+        -------
+        y : ndarray
+            x's shape; x's dtype for float input, float64 for integers and
+            bool (as :func:`fastln.rms_norm`).
+
+        Raises
+        ------
+        ValueError
+            x does not end in ``normalized_shape``.
+        TypeError
+            x has a dtype that is not a real number type.
+
+        Notes
+        -----
+        Keeps a reference to x and the row statistics for :meth:`backward`:
+        do not change x in between.
+        """
         x = self._check_input(x)
         y, rstd = _core.rms_norm(x, self.weight, axis=self._axis(), eps=self.eps,
                                  return_stats=True)
@@ -223,6 +457,30 @@ class RMSNorm(_Norm):
         return y
 
     def backward(self, dy):
+        """Back-propagates through the last :meth:`forward`.
+
+        Parameters
+        ----------
+        dy : array_like
+            Gradient of the loss with respect to the forward's y (its shape).
+
+        Returns
+        -------
+        dx : ndarray
+            Gradient with respect to the forward's x: its shape, y's dtype.
+
+        Raises
+        ------
+        RuntimeError
+            No forward has run yet.
+        ValueError
+            dy does not have the forward's x's shape.
+
+        Notes
+        -----
+        Replaces ``grads`` with ``{"weight": dweight}`` (empty without a
+        weight), dweight of ``normalized_shape`` in x's compute dtype.
+        """
         if self._cache is None:
             raise RuntimeError("backward called before forward")
         x, rstd = self._cache

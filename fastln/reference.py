@@ -5,8 +5,17 @@ bottleneck's ``slow`` module).  They favour clarity over speed: every
 computation is done in float64, with a two-pass (centered) variance.
 
 All functions take the same arguments as their fast counterparts in
-:mod:`fastln` (``axis`` is an int or a tuple of ints) and return float64
-arrays.
+:mod:`fastln` (``axis`` is an int or a tuple of ints), except ``out``, and
+return float64 arrays whatever the input dtype. They do not check their
+arguments the way fastln does: bad input fails with NumPy's errors, if at
+all.
+
+Examples
+--------
+>>> import numpy as np, fastln, fastln.reference as ref
+>>> x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+>>> bool(np.allclose(fastln.layer_norm(x), ref.layer_norm(x), atol=1e-5))
+True
 """
 import numpy as np
 
@@ -38,7 +47,41 @@ def _param(p, H):
 
 
 def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, return_stats=False):
-    """y = (x - mean) / sqrt(var + eps) * weight + bias over ``axis``."""
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over ``axis``.
+
+    The reference of :func:`fastln.layer_norm`, in float64 with a two-pass
+    (centered) biased variance.
+
+    Parameters
+    ----------
+    x : array_like
+        Input, at least 1-D; any real dtype.
+    weight, bias : array_like, optional
+        Gain and bias of the normalized shape (the sizes of ``axis``, in the
+        order given); None means 1 and 0.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    eps : float, default 1e-5
+        Added to the variance.
+    return_stats : bool, default False
+        Also return ``mean`` and ``rstd``.
+
+    Returns
+    -------
+    y : ndarray of float64
+        x's shape.
+    mean, rstd : ndarray of float64
+        Only with ``return_stats=True``: x's shape without the normalized
+        axes; ``rstd = 1 / sqrt(var + eps)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln import reference
+    >>> y, mean, rstd = reference.layer_norm([[1, 2, 3]], return_stats=True)
+    >>> np.round(y, 4), mean
+    (array([[-1.2247,  0.    ,  1.2247]]), array([2.]))
+    """
     x = np.asarray(x)
     axes = _axes(axis, x.ndim)
     r, moved = _to_rows(x, axes)
@@ -59,9 +102,43 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, return_stats=Fal
 def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1):
     """Gradients (dx, dweight, dbias) of layer_norm.
 
+    The reference of :func:`fastln.layer_norm_backward`.
+
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of the loss with respect to y, of x's shape.
+    x : array_like
+        The forward's input.
+    mean, rstd : array_like
+        The forward's statistics: x's shape without the normalized axes.
+    weight : array_like, optional
+        The forward's gain, of the normalized shape; None means 1.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+
+    Returns
+    -------
+    dx : ndarray of float64
+        x's shape.
+    dweight, dbias : ndarray of float64
+        The normalized shape.
+
+    Notes
+    -----
     The row mean is taken as ``mean + mean(x - mean)``: this repairs the
     rounding of a low-precision saved mean (as fastln's kernel does) and is
     the identity when ``mean`` is exact.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln import reference
+    >>> x = np.array([[1., 2., 3.], [2., 4., 6.]])
+    >>> y, mean, rstd = reference.layer_norm(x, return_stats=True)
+    >>> dx, dweight, dbias = reference.layer_norm_backward(np.ones_like(x), x, mean, rstd)
+    >>> dbias
+    array([2., 2., 2.])
     """
     x = np.asarray(x)
     axes = _axes(axis, x.ndim)
@@ -82,7 +159,37 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1):
 
 
 def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, return_stats=False):
-    """y = x / sqrt(mean(x**2) + eps) * weight over ``axis``."""
+    """y = x / sqrt(mean(x**2) + eps) * weight over ``axis``.
+
+    The reference of :func:`fastln.rms_norm`.
+
+    Parameters
+    ----------
+    x : array_like
+        Input, at least 1-D; any real dtype.
+    weight : array_like, optional
+        Gain of the normalized shape; None means 1.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    eps : float, default 1e-6
+        Added to the mean square.
+    return_stats : bool, default False
+        Also return ``rstd``.
+
+    Returns
+    -------
+    y : ndarray of float64
+        x's shape.
+    rstd : ndarray of float64
+        Only with ``return_stats=True``: ``1 / sqrt(mean(x**2) + eps)``, of
+        x's shape without the normalized axes.
+
+    Examples
+    --------
+    >>> from fastln import reference
+    >>> reference.rms_norm([[3., 4.]], eps=0.0).round(4)
+    array([[0.8485, 1.1314]])
+    """
     x = np.asarray(x)
     axes = _axes(axis, x.ndim)
     r, moved = _to_rows(x, axes)
@@ -95,7 +202,40 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, return_stats=False):
 
 
 def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1):
-    """Gradients (dx, dweight) of rms_norm."""
+    """Gradients (dx, dweight) of rms_norm.
+
+    The reference of :func:`fastln.rms_norm_backward`.
+
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of the loss with respect to y, of x's shape.
+    x : array_like
+        The forward's input.
+    rstd : array_like
+        The forward's statistic: x's shape without the normalized axes.
+    weight : array_like, optional
+        The forward's gain; None means 1.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+
+    Returns
+    -------
+    dx : ndarray of float64
+        x's shape.
+    dweight : ndarray of float64
+        The normalized shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln import reference
+    >>> x = np.array([[3., 4.]])
+    >>> y, rstd = reference.rms_norm(x, return_stats=True)
+    >>> dx, dweight = reference.rms_norm_backward(np.ones_like(x), x, rstd)
+    >>> dx.shape, dweight.shape
+    ((1, 2), (2,))
+    """
     x = np.asarray(x)
     axes = _axes(axis, x.ndim)
     r, moved = _to_rows(x, axes)
@@ -111,7 +251,39 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1):
 
 def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5,
                    return_stats=False):
-    """(layer_norm(x + residual), x + residual), computed in float64."""
+    """(layer_norm(x + residual), x + residual), computed in float64.
+
+    The reference of :func:`fastln.add_layer_norm`.
+
+    Parameters
+    ----------
+    x, residual : array_like
+        The two summands, of the same shape.
+    weight, bias : array_like, optional
+        Gain and bias of the normalized shape; None means 1 and 0.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    eps : float, default 1e-5
+        Added to the variance.
+    return_stats : bool, default False
+        Also return the ``mean`` and ``rstd`` of the sum.
+
+    Returns
+    -------
+    y : ndarray of float64
+        ``layer_norm(x + residual)``.
+    s : ndarray of float64
+        ``x + residual``.
+    mean, rstd : ndarray of float64
+        Only with ``return_stats=True``.
+
+    Examples
+    --------
+    >>> from fastln import reference
+    >>> y, s = reference.add_layer_norm([[1., 2., 3.]], [[0., 2., 4.]])
+    >>> s
+    array([[1., 4., 7.]])
+    """
     s = np.asarray(x, np.float64) + np.asarray(residual, np.float64)
     res = layer_norm(s, weight, bias, axis=axis, eps=eps, return_stats=return_stats)
     if not return_stats:

@@ -15,8 +15,13 @@ for the weight gradients and dx. Python here only checks arguments and moves
 arrays between layers; nothing depends on the sequence length beyond the
 cache kept for backward, so a model runs on sequences of any length.
 
-Example
--------
+All five models share one interface: ``forward`` (also ``model(x)``),
+``backward``, ``step``, ``state_dict`` and ``load_state_dict``, with the
+parameters in the dict ``params`` and their gradients in ``grads``; LNLSTM,
+LSTM and RNN also have a ``from_torch`` constructor.
+
+Examples
+--------
 >>> import numpy as np
 >>> from fastln.rnn import LNLSTM
 >>> m = LNLSTM(input_size=8, hidden_size=16, num_layers=2, seed=0)
@@ -156,13 +161,53 @@ class _LNRecurrent:
         return out
 
     def state_dict(self):
-        """A dict of copies of the parameters (plain ndarrays, ``np.savez``-friendly)."""
+        """A dict of copies of the parameters (plain ndarrays, ``np.savez``-friendly).
+
+        Returns
+        -------
+        dict of str to ndarray
+            The keys of ``params`` (such as ``weight_ih_l0``), each a copy in
+            the model's dtype.
+
+        Examples
+        --------
+        >>> from fastln.rnn import LNRNN
+        >>> sorted(LNRNN(input_size=2, hidden_size=3).state_dict())
+        ['ln_bias_l0', 'ln_weight_l0', 'weight_hh_l0', 'weight_ih_l0']
+        """
         return {key: np.array(value, dtype=self.dtype) for key, value in self.params.items()}
 
     def load_state_dict(self, state_dict):
-        """Copies every parameter from ``state_dict`` (as written by :meth:`state_dict`,
-        or loaded with ``np.load``), casting to the model's dtype. The keys must
-        match exactly and the shapes must agree; on error nothing is changed."""
+        """Copies every parameter from ``state_dict``, casting to the model's dtype.
+
+        Parameters
+        ----------
+        state_dict : mapping of str to array_like
+            As written by :meth:`state_dict` (or loaded with ``np.load``): the
+            keys must match exactly, the shapes must agree, and the values
+            must be floating or integer numbers.
+
+        Raises
+        ------
+        TypeError
+            state_dict is not a mapping, or a value is of another type than
+            floating or integer (bool included).
+        ValueError
+            A key is missing or unexpected, or a value has the wrong shape.
+
+        Notes
+        -----
+        On error nothing is changed.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fastln.rnn import LNGRU
+        >>> a, b = LNGRU(2, 3, seed=0), LNGRU(2, 3, seed=1)
+        >>> b.load_state_dict(a.state_dict())
+        >>> bool(np.array_equal(a.params["weight_hh_l0"], b.params["weight_hh_l0"]))
+        True
+        """
         if not hasattr(state_dict, "keys"):
             raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
         keys = set(state_dict.keys())
@@ -296,27 +341,61 @@ class _LNRecurrent:
     # ---- forward / backward ----
 
     def forward(self, x, state=None, lengths=None, cache=True):
-        """Runs the model over a sequence.
+        """Runs the model over a batch of sequences (``model(x)`` is the same).
 
         Parameters
         ----------
-        x : ndarray, (T, B, input_size), or (B, T, input_size) with batch_first
-            The input, of the model's float type (either byte order; lists are converted).
-        state : the initial state, or None for zeros
-            LNLSTM: a tuple (h, c); LNRNN, LNGRU: h; each (num_layers, B, H).
-        lengths : array of ints, (B,), optional
+        x : array_like, shape (T, B, input_size), or (B, T, input_size) with batch_first
+            The input sequences, T >= 1 steps of B >= 1 sequences. An ndarray
+            must have the model's float type (in either byte order); lists
+            and other array-likes are converted.
+        state : ndarray or tuple of ndarray, optional
+            The initial state, None for zeros. LNLSTM and LSTM: a tuple
+            ``(h, c)`` (either may be None); LNRNN, LNGRU and RNN: ``h``.
+            Each of shape (num_layers, B, hidden_size) and the model's float
+            type. It is not modified.
+        lengths : array_like of int, shape (B,), optional
             The length of each sequence of a padded batch, in [1, T]. After its
             length a sequence holds its state and its output is 0.
-        cache : bool
+        cache : bool, default True
             Keep what :meth:`backward` needs (about 11 H values per sequence,
-            step and layer for LNLSTM). With False nothing is kept.
+            step and layer for LNLSTM), replacing the cache of an earlier
+            forward. With False nothing is kept (and an earlier cache is
+            dropped).
 
         Returns
         -------
-        y : ndarray, (T, B, H) or (B, T, H)
-            The top layer's output at every step.
-        state : the final state, in the form of ``state``; with lengths, each
-            sequence's state at its own last step.
+        y : ndarray, shape (T, B, hidden_size), or (B, T, hidden_size) with batch_first
+            The top layer's output at every step, in the model's dtype.
+        state : ndarray or tuple of ndarray
+            The final state, in the form of ``state`` (h, or (h, c) for
+            LNLSTM and LSTM), each (num_layers, B, hidden_size), new arrays.
+            With lengths, each sequence's state at its own last step.
+
+        Raises
+        ------
+        TypeError
+            x or a state array of another float type than the model's (or not
+            numbers); an LNLSTM/LSTM state that is not an (h, c) tuple;
+            lengths not integers; a parameter in ``params`` that is not
+            numbers.
+        ValueError
+            x not 3-D with ``input_size`` features, or without a step or a
+            sequence; a state not of shape (num_layers, B, hidden_size);
+            lengths not of shape (B,) or outside [1, T]; a parameter in
+            ``params`` missing or of the wrong shape.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fastln.rnn import LNGRU
+        >>> m = LNGRU(input_size=3, hidden_size=4, num_layers=2, seed=0)
+        >>> x = np.zeros((5, 2, 3), np.float32)
+        >>> y, h = m.forward(x, lengths=[5, 2])
+        >>> y.shape, h.shape
+        ((5, 2, 4), (2, 2, 4))
+        >>> bool(np.all(y[2:, 1] == 0))          # sequence 1 ended after 2 steps
+        True
         """
         xs = self._input(x, "x", self.input_size)
         T, B = xs.shape[:2]
@@ -350,21 +429,51 @@ class _LNRecurrent:
 
         Parameters
         ----------
-        dy : ndarray, the shape of the forward's y
-            The gradient of the loss with respect to y.
-        dstate : the gradient with respect to the final state, in the form of
-            the state, or None for zeros.
+        dy : array_like, the shape of the forward's y
+            The gradient of the loss with respect to y, of the model's float
+            type (as x in :meth:`forward`).
+        dstate : ndarray or tuple of ndarray, optional
+            The gradient with respect to the forward's final state, in the
+            form of the state (h, or (h, c) for LNLSTM and LSTM, either part
+            may be None), each (num_layers, B, hidden_size); None for zeros.
 
         Returns
         -------
         dx : ndarray, the shape of the forward's x
-        dstate0 : the gradient with respect to the initial state.
+            The gradient with respect to x, in the model's dtype.
+        dstate0 : ndarray or tuple of ndarray
+            The gradient with respect to the initial state, in the form of
+            the state.
 
+        Raises
+        ------
+        RuntimeError
+            No cached forward: none ran with ``cache=True``, or its cache was
+            used by a backward already.
+        TypeError, ValueError
+            dy or dstate of the wrong type or shape, as x and state in
+            :meth:`forward`.
+
+        Notes
+        -----
         The parameter gradients are written to ``self.grads`` (same keys and
-        shapes as ``self.params``), replacing the previous ones. The cache is
-        released: a second backward needs a new forward. The cache refers to
-        the forward's x (without a copy where x was already time-major and
-        contiguous) and its parameters: change neither in between.
+        shapes as ``self.params``), replacing the previous values; the
+        arrays there are reused and overwritten in place, so copy them to
+        keep them. The cache is released: a second backward needs a new
+        forward. The cache refers to the forward's x (without a copy where x
+        was already time-major and contiguous) and its parameters: change
+        neither in between.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fastln.rnn import LNRNN
+        >>> m = LNRNN(input_size=3, hidden_size=4, seed=0)
+        >>> x = np.ones((5, 2, 3), np.float32)
+        >>> y, h = m.forward(x)
+        >>> dx, dh0 = m.backward(np.ones_like(y))
+        >>> dx.shape, dh0.shape, m.grads["weight_ih_l0"].shape
+        ((5, 2, 3), (1, 2, 4), (4, 3))
         """
         if self._cache is None:
             raise RuntimeError("backward needs the cache of a forward: call "
@@ -391,9 +500,48 @@ class _LNRecurrent:
         return dx, self._pack_state(dstates)
 
     def step(self, x_t, state=None):
-        """One time step, for streaming inference: x_t (B, input_size) -> the top
-        layer's h (B, H) and the new state. Keeps no cache. Equivalent to
-        ``forward(x_t[None], state, cache=False)`` (time-major)."""
+        """One time step, for streaming inference.
+
+        Computes what ``forward(x_t[None], state, cache=False)`` computes for
+        a time-major model, with less overhead per call.
+
+        Parameters
+        ----------
+        x_t : array_like, shape (B, input_size)
+            The inputs of one step (whatever ``batch_first`` is), of the
+            model's float type (as x in :meth:`forward`).
+        state : ndarray or tuple of ndarray, optional
+            The state before the step, as in :meth:`forward`; None for zeros.
+
+        Returns
+        -------
+        h : ndarray, shape (B, hidden_size)
+            The top layer's output.
+        state : ndarray or tuple of ndarray
+            The state after the step, in the form of :meth:`forward`'s (new
+            arrays; the given state is not modified).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`forward`, for x_t and state.
+
+        Notes
+        -----
+        Keeps no cache, and leaves the cache of an earlier forward as it is.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fastln.rnn import LNLSTM
+        >>> m = LNLSTM(input_size=3, hidden_size=4, seed=0)
+        >>> state = None
+        >>> for x_t in np.ones((6, 2, 3), np.float32):
+        ...     h, state = m.step(x_t, state)
+        >>> y, final = m.forward(np.ones((6, 2, 3), np.float32), cache=False)
+        >>> bool(np.allclose(h, y[-1], atol=1e-6))
+        True
+        """
         dt, xs = self.dtype, x_t
         if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
                 and xs.flags.aligned):
@@ -432,13 +580,20 @@ class LNLSTM(_LNRecurrent):
 
     Parameters
     ----------
-    input_size, hidden_size, num_layers : int
-    batch_first : bool
-        x and y are (B, T, features) instead of (T, B, features).
-    eps : float
-        Added to the variance in every LayerNorm.
-    dtype : float32 or float64
-    seed : int or None
+    input_size : int
+        The features I of x (I_0; the layers above read H features).
+    hidden_size : int
+        The features H of the state and of y.
+    num_layers : int, default 1
+        Stacked layers; layer k+1 reads layer k's output.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features). States
+        are (num_layers, B, H) either way.
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm; finite and >= 0.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        The dtype of the parameters and of the data (x, dy, states).
+    seed : int or None, default None
         Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
         LN gains start at 1, LN biases and ``bias`` at 0.
 
@@ -448,10 +603,32 @@ class LNLSTM(_LNRecurrent):
         ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}``,
         ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``, ``ln_hh_weight_l{k}``,
         ``ln_hh_bias_l{k}`` (4H), ``ln_c_weight_l{k}``, ``ln_c_bias_l{k}`` (H).
+        May be updated in place or replaced (by arrays of these shapes).
     grads : dict of ndarray
-        Filled by :meth:`backward`.
+        Filled by :meth:`backward` (zeros before).
 
+    Raises
+    ------
+    TypeError
+        A size that is not an int, eps that is not a real number, or a dtype
+        other than float32 and float64.
+    ValueError
+        A size below 1, or eps negative or not finite.
+
+    Notes
+    -----
     The state is a tuple (h, c), each (num_layers, B, H).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LNLSTM
+    >>> m = LNLSTM(input_size=8, hidden_size=16, seed=0)
+    >>> m
+    LNLSTM(input_size=8, hidden_size=16, num_layers=1, batch_first=False, eps=1e-05, dtype=float32)
+    >>> y, (h, c) = m(np.zeros((5, 3, 8), np.float32))
+    >>> y.shape, h.shape, c.shape
+    ((5, 3, 16), (1, 3, 16), (1, 3, 16))
     """
     _kind = "lstm"
     _has_cell = True
@@ -480,6 +657,17 @@ class LNLSTM(_LNRecurrent):
         Returns
         -------
         LNLSTM
+            Of the sizes of the weights, the number of layers found and the
+            dtype of ``weight_ih`` (float32 or float64).
+
+        Raises
+        ------
+        TypeError
+            module is neither a torch module nor a mapping, or its weights are
+            not float32 or float64.
+        ValueError
+            Keys that do not map to LNLSTM's, layers not numbered 0..n-1, no
+            ``weight_ih``/``weight_hh``, or shapes that disagree.
 
         Notes
         -----
@@ -487,6 +675,19 @@ class LNLSTM(_LNRecurrent):
         paper (and fastln) carries ``c'`` and normalizes only inside
         ``h' = o * tanh(LN(c'))``. The first step's output is therefore the
         same, and later steps differ unless the torch cell follows the paper.
+
+        Examples
+        --------
+        A state_dict of the benchmark cell's names (without the LayerNorm
+        entries, which then keep their defaults):
+
+        >>> import numpy as np
+        >>> from fastln.rnn import LNLSTM
+        >>> rng = np.random.default_rng(0)
+        >>> sd = {"weight_ih": rng.standard_normal((16, 3)).astype(np.float32),
+        ...       "weight_hh": rng.standard_normal((16, 4)).astype(np.float32)}
+        >>> LNLSTM.from_torch(sd)
+        LNLSTM(input_size=3, hidden_size=4, num_layers=1, batch_first=False, eps=1e-05, dtype=float32)
         """
         return _lnlstm_from_torch(cls, module, eps)
 
@@ -498,12 +699,47 @@ class LNGRU(_LNRecurrent):
     2H), ``n = tanh(LN(x W_ih[n]^T; ln_in) + sigmoid(r) * LN(h W_hh[n]^T; ln_hn))``,
     ``h' = (1 - sigmoid(z)) * h + sigmoid(z) * n``.
 
-    Parameters are as for :class:`LNLSTM`. ``params``: ``weight_ih_l{k}`` (3H, I_k)
-    and ``weight_hh_l{k}`` (3H, H) with rows in blocks [z, r, n];
-    ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``, ``ln_hh_weight_l{k}``,
-    ``ln_hh_bias_l{k}`` (2H); ``ln_in_weight_l{k}``, ``ln_in_bias_l{k}``,
-    ``ln_hn_weight_l{k}``, ``ln_hn_bias_l{k}`` (H). The state is h,
-    (num_layers, B, H).
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LNLSTM`.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (3H, I_k) and ``weight_hh_l{k}`` (3H, H) with rows
+        in blocks [z, r, n]; ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``,
+        ``ln_hh_weight_l{k}``, ``ln_hh_bias_l{k}`` (2H); ``ln_in_weight_l{k}``,
+        ``ln_in_bias_l{k}``, ``ln_hn_weight_l{k}``, ``ln_hn_bias_l{k}`` (H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`.
+
+    Notes
+    -----
+    The state is h, (num_layers, B, H).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LNGRU
+    >>> m = LNGRU(input_size=3, hidden_size=4, batch_first=True, seed=0)
+    >>> y, h = m(np.zeros((2, 5, 3), np.float32))      # (B, T, I)
+    >>> y.shape, h.shape
+    ((2, 5, 4), (1, 2, 4))
     """
     _kind = "gru"
 
@@ -512,9 +748,47 @@ class LNRNN(_LNRecurrent):
     """Layer-normalized Elman RNN (Ba et al. 2016, eq. 4):
     ``h' = f(LN(x W_ih^T + h W_hh^T; ln))``, f = tanh or relu.
 
-    Parameters are as for :class:`LNLSTM`, plus ``nonlinearity`` ("tanh" or
-    "relu"). ``params``: ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H),
-    ``ln_weight_l{k}``, ``ln_bias_l{k}`` (H). The state is h, (num_layers, B, H).
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LNLSTM`.
+    nonlinearity : {"tanh", "relu"}, default "tanh"
+        The f above.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H),
+        ``ln_weight_l{k}``, ``ln_bias_l{k}`` (H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`; ValueError also for another nonlinearity.
+
+    Notes
+    -----
+    The state is h, (num_layers, B, H).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LNRNN
+    >>> m = LNRNN(3, 4, nonlinearity="relu", dtype=np.float64, seed=0)
+    >>> y, h = m(np.ones((5, 2, 3)))
+    >>> y.dtype, bool((y >= 0).all())
+    (dtype('float64'), True)
     """
     _kind = "rnn"
 
@@ -582,11 +856,14 @@ class LSTM(_Plain):
 
     Parameters
     ----------
-    input_size, hidden_size, num_layers : int
-    batch_first : bool
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
         x and y are (B, T, features) instead of (T, B, features).
-    dtype : float32 or float64
-    seed : int or None
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    seed : int or None, default None
         Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
         ``bias`` starts at 0 (as in LNLSTM, so that the two compare fairly).
 
@@ -597,6 +874,13 @@ class LSTM(_Plain):
     grads : dict of ndarray
         Filled by :meth:`backward`.
 
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`.
+
+    Notes
+    -----
     Methods and state are those of :class:`LNLSTM`: ``forward``, ``backward``,
     ``step``, ``state_dict``, ``load_state_dict``; the state is (h, c).
 
@@ -627,6 +911,32 @@ class LSTM(_Plain):
         -------
         LSTM
             Its forward matches ``module(x)`` (in eval mode) to rounding.
+
+        Raises
+        ------
+        TypeError
+            module is not a ``torch.nn.LSTM``, or not float32 or float64.
+        ValueError
+            module is bidirectional or has ``proj_size``.
+
+        Warns
+        -----
+        UserWarning
+            module has dropout between layers, which fastln does not apply.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from fastln.rnn import LSTM
+        >>> t = torch.nn.LSTM(4, 8, num_layers=2)
+        >>> m = LSTM.from_torch(t)
+        >>> m
+        LSTM(input_size=4, hidden_size=8, num_layers=2, batch_first=False, dtype=float32)
+        >>> x = np.random.default_rng(0).standard_normal((5, 3, 4)).astype(np.float32)
+        >>> with torch.no_grad():
+        ...     want = t(torch.from_numpy(x))[0].numpy()
+        >>> bool(np.allclose(m.forward(x)[0], want, atol=1e-5))
+        True
         """
         _torch.check_module(module, "LSTM")
         return cls._torch_model(module, {})
@@ -638,9 +948,44 @@ class RNN(_Plain):
     ``h' = f(x W_ih^T + h W_hh^T + bias)``, f = tanh or relu: torch.nn.RNN's
     equation with its two biases summed into one.
 
-    Parameters are as for :class:`LSTM`, plus ``nonlinearity`` ("tanh" or
-    "relu"). ``params``: ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H),
-    ``bias_l{k}`` (H). The state is h, (num_layers, B, H).
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LSTM`.
+    nonlinearity : {"tanh", "relu"}, default "tanh"
+        The f above.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H), ``bias_l{k}`` (H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`; ValueError also for another nonlinearity.
+
+    Notes
+    -----
+    The state is h, (num_layers, B, H).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import RNN
+    >>> m = RNN(input_size=3, hidden_size=4, seed=0)
+    >>> y, h = m.forward(np.zeros((5, 2, 3), np.float32))
+    >>> bool(np.all(y == 0))        # zero input, zero state and zero bias
+    True
     """
     _kind = "rnn_plain"
 
@@ -662,11 +1007,24 @@ class RNN(_Plain):
         Parameters
         ----------
         module : torch.nn.RNN
-            As for :meth:`LSTM.from_torch`.
+            As for :meth:`LSTM.from_torch`; its ``nonlinearity`` is kept.
 
         Returns
         -------
         RNN
+            Its forward matches ``module(x)`` (in eval mode) to rounding.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`LSTM.from_torch`, for a ``torch.nn.RNN``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from fastln.rnn import RNN
+        >>> RNN.from_torch(torch.nn.RNN(4, 8, nonlinearity="relu", batch_first=True))
+        RNN(input_size=4, hidden_size=8, num_layers=1, batch_first=True, dtype=float32, nonlinearity='relu')
         """
         _torch.check_module(module, "RNN")
         return cls._torch_model(module, {"nonlinearity": module.nonlinearity})

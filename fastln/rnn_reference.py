@@ -14,12 +14,25 @@ Python loop over time and layers and every value in float64:
   c_t = f*c_{t-1} + i*g;  h_t = o*tanh(c_t)
 * ``rnn_forward`` (the plain RNN, no LN): h_t = f(x_t W_ih^T + h_{t-1} W_hh^T + bias)
 
-All take ``params`` (the model's dict, names as in ``param_shapes``), ``x`` of
-shape (T, B, I) (or (B, T, I) with ``batch_first=True``), an initial ``state``
-(None means zeros; LSTM: a tuple (h, c)), optional ``lengths`` (B,), and return
-``(y, final_state)`` as float64 arrays.  With ``lengths``, sequence b holds its
-state after step lengths[b] and its y there is 0; layer k+1 reads layer k's
-(zeroed) output, which does not matter because its state holds too.
+The five ``*_forward`` functions take ``params`` (the model's dict, names as
+in ``param_shapes``), ``x`` of shape (T, B, I) (or (B, T, I) with
+``batch_first=True``), an initial ``state`` (None means zeros; LSTM: a tuple
+(h, c)), optional ``lengths`` (B,), and return ``(y, final_state)`` as
+float64 arrays.  With ``lengths``, sequence b holds its state after step
+lengths[b] and its y there is 0; layer k+1 reads layer k's (zeroed) output,
+which does not matter because its state holds too.
+
+Examples
+--------
+>>> import numpy as np
+>>> from fastln.rnn import LNLSTM
+>>> from fastln import rnn_reference
+>>> m = LNLSTM(input_size=3, hidden_size=4, num_layers=2, dtype=np.float64, seed=0)
+>>> x = np.random.default_rng(0).standard_normal((6, 2, 3))
+>>> y, (h, c) = m.forward(x)
+>>> y_ref, (h_ref, c_ref) = rnn_reference.lnlstm_forward(m.params, x, num_layers=2)
+>>> bool(np.allclose(y, y_ref)), bool(np.allclose(c, c_ref))
+(True, True)
 """
 import numpy as np
 
@@ -29,7 +42,32 @@ __all__ = ["param_shapes", "layer_norm", "lnrnn_forward", "lnlstm_forward", "lng
 
 def param_shapes(cell, input_size, hidden_size, num_layers):
     """{name: shape} of the parameters of ``cell`` in "rnn", "lstm", "gru" (the LN cells)
-    and "rnn_plain", "lstm_plain" (the plain ones)."""
+    and "rnn_plain", "lstm_plain" (the plain ones).
+
+    Parameters
+    ----------
+    cell : {"rnn", "lstm", "gru", "rnn_plain", "lstm_plain"}
+        The cell: LNRNN, LNLSTM, LNGRU, RNN or LSTM of :mod:`fastln.rnn`.
+    input_size, hidden_size, num_layers : int
+        I, H and the number of layers.
+
+    Returns
+    -------
+    dict of str to tuple of int
+        The parameter names with their ``_l{k}`` suffix, as in the models'
+        ``params``.
+
+    Raises
+    ------
+    ValueError
+        An unknown cell.
+
+    Examples
+    --------
+    >>> from fastln.rnn_reference import param_shapes
+    >>> param_shapes("rnn_plain", 3, 4, 1)
+    {'weight_ih_l0': (4, 3), 'weight_hh_l0': (4, 4), 'bias_l0': (4,)}
+    """
     H = hidden_size
     shapes = {}
     for k in range(num_layers):
@@ -58,7 +96,30 @@ def param_shapes(cell, input_size, hidden_size, num_layers):
 
 
 def layer_norm(a, weight, bias, eps):
-    """LN over the last axis: (a - mean)/sqrt(var + eps)*weight + bias (biased variance)."""
+    """LN over the last axis: (a - mean)/sqrt(var + eps)*weight + bias (biased variance).
+
+    Parameters
+    ----------
+    a : ndarray
+        Rows to normalize over the last axis (a NumPy array: ``a.mean`` is
+        used).
+    weight, bias : array_like
+        Gain and bias, broadcast against a's rows (no None).
+    eps : float
+        Added to the variance.
+
+    Returns
+    -------
+    ndarray
+        a's shape, in the dtype of the arithmetic (float64 for float64 input).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn_reference import layer_norm
+    >>> layer_norm(np.array([[1., 2., 3.]]), 1.0, 0.0, 0.0).round(4)
+    array([[-1.2247,  0.    ,  1.2247]])
+    """
     mean = a.mean(axis=-1, keepdims=True)
     var = ((a - mean) ** 2).mean(axis=-1, keepdims=True)
     return (a - mean) / np.sqrt(var + eps) * weight + bias
@@ -105,7 +166,40 @@ def _run(step, nstates, params, x, state, lengths, num_layers, batch_first):
 
 def lnrnn_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
                   nonlinearity="tanh", batch_first=False):
-    """LN-RNN: returns y (T, B, H) and h_n (num_layers, B, H)."""
+    """LN-RNN: returns y (T, B, H) and h_n (num_layers, B, H).
+
+    Parameters
+    ----------
+    params : mapping of str to ndarray
+        The model's parameters, as :func:`param_shapes` names them for
+        ``"rnn"``.
+    x : array_like, shape (T, B, I), or (B, T, I) with batch_first
+        The input.
+    state : ndarray, optional
+        The initial state h, (num_layers, B, H); None means zeros.
+    lengths : array_like of int, shape (B,), optional
+        The length of each sequence of a padded batch.
+    num_layers : int, default 1
+        The number of layers in ``params``.
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm.
+    nonlinearity : {"tanh", "relu"}, default "tanh"
+        The f of ``h_t = f(...)``.
+    batch_first : bool, default False
+        x and y are (B, T, ...) instead of (T, B, ...).
+
+    Returns
+    -------
+    y : ndarray of float64, shape (T, B, H), or (B, T, H) with batch_first
+        The top layer's output.
+    h_n : ndarray of float64, shape (num_layers, B, H)
+        The final state.
+
+    Raises
+    ------
+    KeyError
+        Another nonlinearity.
+    """
     f = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}[nonlinearity]
 
     def step(p, x_t, states):
@@ -117,7 +211,33 @@ def lnrnn_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
 
 
 def lnlstm_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, batch_first=False):
-    """LN-LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H)."""
+    """LN-LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H).
+
+    Parameters
+    ----------
+    params : mapping of str to ndarray
+        The model's parameters, as :func:`param_shapes` names them for
+        ``"lstm"``.
+    x : array_like, shape (T, B, I), or (B, T, I) with batch_first
+        The input.
+    state : tuple of ndarray, optional
+        The initial state (h, c), each (num_layers, B, H); None means zeros.
+    lengths : array_like of int, shape (B,), optional
+        The length of each sequence of a padded batch.
+    num_layers : int, default 1
+        The number of layers in ``params``.
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm.
+    batch_first : bool, default False
+        x and y are (B, T, ...) instead of (T, B, ...).
+
+    Returns
+    -------
+    y : ndarray of float64, shape (T, B, H), or (B, T, H) with batch_first
+        The top layer's output.
+    state : tuple of ndarray of float64
+        The final state (h_n, c_n), each (num_layers, B, H).
+    """
     def step(p, x_t, states):
         h, c = states
         gates = (layer_norm(x_t @ p["weight_ih"].T, p["ln_ih_weight"], p["ln_ih_bias"], eps)
@@ -131,7 +251,33 @@ def lnlstm_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, 
 
 
 def lngru_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, batch_first=False):
-    """LN-GRU: returns y (T, B, H) and h_n (num_layers, B, H)."""
+    """LN-GRU: returns y (T, B, H) and h_n (num_layers, B, H).
+
+    Parameters
+    ----------
+    params : mapping of str to ndarray
+        The model's parameters, as :func:`param_shapes` names them for
+        ``"gru"``.
+    x : array_like, shape (T, B, I), or (B, T, I) with batch_first
+        The input.
+    state : ndarray, optional
+        The initial state h, (num_layers, B, H); None means zeros.
+    lengths : array_like of int, shape (B,), optional
+        The length of each sequence of a padded batch.
+    num_layers : int, default 1
+        The number of layers in ``params``.
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm.
+    batch_first : bool, default False
+        x and y are (B, T, ...) instead of (T, B, ...).
+
+    Returns
+    -------
+    y : ndarray of float64, shape (T, B, H), or (B, T, H) with batch_first
+        The top layer's output.
+    h_n : ndarray of float64, shape (num_layers, B, H)
+        The final state.
+    """
     def step(p, x_t, states):
         (h,) = states
         H = h.shape[-1]
@@ -153,7 +299,31 @@ def _lstm_update(gates, c):
 
 
 def lstm_forward(params, x, state=None, lengths=None, num_layers=1, batch_first=False):
-    """Plain LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H)."""
+    """Plain LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H).
+
+    Parameters
+    ----------
+    params : mapping of str to ndarray
+        The model's parameters, as :func:`param_shapes` names them for
+        ``"lstm_plain"``.
+    x : array_like, shape (T, B, I), or (B, T, I) with batch_first
+        The input.
+    state : tuple of ndarray, optional
+        The initial state (h, c), each (num_layers, B, H); None means zeros.
+    lengths : array_like of int, shape (B,), optional
+        The length of each sequence of a padded batch.
+    num_layers : int, default 1
+        The number of layers in ``params``.
+    batch_first : bool, default False
+        x and y are (B, T, ...) instead of (T, B, ...).
+
+    Returns
+    -------
+    y : ndarray of float64, shape (T, B, H), or (B, T, H) with batch_first
+        The top layer's output.
+    state : tuple of ndarray of float64
+        The final state (h_n, c_n), each (num_layers, B, H).
+    """
     def step(p, x_t, states):
         h, c = states
         o, c_new = _lstm_update(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"], c)
@@ -164,7 +334,38 @@ def lstm_forward(params, x, state=None, lengths=None, num_layers=1, batch_first=
 
 def rnn_forward(params, x, state=None, lengths=None, num_layers=1, nonlinearity="tanh",
                 batch_first=False):
-    """Plain RNN: returns y (T, B, H) and h_n (num_layers, B, H)."""
+    """Plain RNN: returns y (T, B, H) and h_n (num_layers, B, H).
+
+    Parameters
+    ----------
+    params : mapping of str to ndarray
+        The model's parameters, as :func:`param_shapes` names them for
+        ``"rnn_plain"``.
+    x : array_like, shape (T, B, I), or (B, T, I) with batch_first
+        The input.
+    state : ndarray, optional
+        The initial state h, (num_layers, B, H); None means zeros.
+    lengths : array_like of int, shape (B,), optional
+        The length of each sequence of a padded batch.
+    num_layers : int, default 1
+        The number of layers in ``params``.
+    nonlinearity : {"tanh", "relu"}, default "tanh"
+        The f of ``h_t = f(...)``.
+    batch_first : bool, default False
+        x and y are (B, T, ...) instead of (T, B, ...).
+
+    Returns
+    -------
+    y : ndarray of float64, shape (T, B, H), or (B, T, H) with batch_first
+        The top layer's output.
+    h_n : ndarray of float64, shape (num_layers, B, H)
+        The final state.
+
+    Raises
+    ------
+    KeyError
+        Another nonlinearity.
+    """
     f = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}[nonlinearity]
 
     def step(p, x_t, states):
