@@ -86,4 +86,9 @@ ext = Extension(
              "src_c/kernels_isa.h", "src_c/kernels_impl.h", "src_c/rnn_impl.h"],
 )
 
-setup(ext_modules=cythonize([ext], language_level=3), cmdclass={"build_ext": BuildExt})
+setup(
+    ext_modules=cythonize([ext], language_level=3),
+    cmdclass={"build_ext": BuildExt},
+    # PEP 561: the stubs of the compiled module and the marker that the package is typed
+    package_data={"fastln": ["py.typed", "*.pyi"]},
+)

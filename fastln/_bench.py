@@ -231,7 +231,7 @@ def set_peer_threads(n):
         _torch.set_num_threads(n)
 
 
-_ORT_CACHE = {}
+_ORT_CACHE: dict = {}
 # ONNX Runtime's intra-op workers spin for tens of ms after each run by default,
 # which starves whichever peer is timed next on a small machine: they are told
 # not to spin (session.intra_op.allow_spinning = 0). This costs ORT a worker

@@ -19,8 +19,8 @@ import numpy as np
 try:
     import dask
     import dask.array as da
-except ImportError as e:  # pragma: no cover
-    raise ImportError('fastln.dask needs dask: pip install "dask[array]"') from e
+except ImportError as _e:  # pragma: no cover
+    raise ImportError('fastln.dask needs dask: pip install "dask[array]"') from _e
 
 import fastln
 from fastln._api import _normalize_axes

@@ -46,7 +46,7 @@ def _axes(shape):
 class _Norm:
     """What LayerNorm and RMSNorm share: parameters, state_dict, the cache."""
 
-    _param_names = ()
+    _param_names: "tuple[str, ...]" = ()
 
     def __init__(self, normalized_shape, eps, dtype):
         self.normalized_shape = _shape(normalized_shape)

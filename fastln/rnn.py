@@ -83,7 +83,7 @@ class _LNRecurrent:
     other calls on the same model.
     """
 
-    _kind = None       # "lstm", "gru" or "rnn"
+    _kind = ""         # a key of _LAYOUTS: "lstm", "gru", "rnn", "lstm_plain", "rnn_plain"
     _has_cell = False  # the state is (h, c)
 
     def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False, eps=1e-5,

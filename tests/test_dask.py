@@ -211,6 +211,10 @@ def test_missing_dask_says_how_to_install():
 @pytest.fixture(scope="module")
 def client():
     distributed = _require("distributed")
+    # distributed writes its workers' OMP_NUM_THREADS=1 (and MKL_..., ...) into
+    # this process's os.environ too; a torch imported later would take it and
+    # cap OpenMP, fastln included, at one thread for the rest of the session
+    environ = dict(os.environ)
     cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
                                        host="127.0.0.1", dashboard_address=None)
     client = distributed.Client(cluster)
@@ -219,6 +223,8 @@ def client():
     finally:
         client.close()
         cluster.close()
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.mark.parametrize("name", FUNCS)

@@ -1,0 +1,237 @@
+"""Type stubs for the compiled module fastln._core (source: fastln/_core.pyx).
+
+Checked against the built module by ``python -m mypy.stubtest fastln``
+(tests/test_typing.py).
+"""
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, Literal, SupportsIndex, overload
+
+import numpy as np
+import numpy.typing as npt
+from typing_extensions import TypeAlias
+
+_Array: TypeAlias = npt.NDArray[Any]
+# an int, or a sequence of ints (operator.index is applied to each)
+_Axis: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
+# a real number: Python float or int, or a NumPy floating scalar
+_Eps: TypeAlias = float | np.floating[Any]
+
+_api: ModuleType
+# Cython's table of docstrings for doctest (empty)
+__test__: dict[str, str]
+
+# ---- public functions --------------------------------------------------------
+
+@overload
+def layer_norm(
+    x: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-05,
+    out: _Array | None = None,
+    return_stats: Literal[False] = False,
+) -> _Array: ...
+@overload
+def layer_norm(
+    x: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-05,
+    out: _Array | None = None,
+    return_stats: Literal[True],
+) -> tuple[_Array, _Array, _Array]: ...
+@overload
+def layer_norm(
+    x: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-05,
+    out: _Array | None = None,
+    return_stats: bool = False,
+) -> _Array | tuple[_Array, _Array, _Array]: ...
+def layer_norm_backward(
+    dy: npt.ArrayLike,
+    x: npt.ArrayLike,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+) -> tuple[_Array, _Array, _Array]: ...
+@overload
+def rms_norm(
+    x: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-06,
+    out: _Array | None = None,
+    return_stats: Literal[False] = False,
+) -> _Array: ...
+@overload
+def rms_norm(
+    x: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-06,
+    out: _Array | None = None,
+    return_stats: Literal[True],
+) -> tuple[_Array, _Array]: ...
+@overload
+def rms_norm(
+    x: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-06,
+    out: _Array | None = None,
+    return_stats: bool = False,
+) -> _Array | tuple[_Array, _Array]: ...
+def rms_norm_backward(
+    dy: npt.ArrayLike,
+    x: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+) -> tuple[_Array, _Array]: ...
+@overload
+def add_layer_norm(
+    x: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-05,
+    out: _Array | tuple[_Array | None, _Array | None] | None = None,
+    return_stats: Literal[False] = False,
+) -> tuple[_Array, _Array]: ...
+@overload
+def add_layer_norm(
+    x: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-05,
+    out: _Array | tuple[_Array | None, _Array | None] | None = None,
+    return_stats: Literal[True],
+) -> tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm(
+    x: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    bias: npt.ArrayLike | None = None,
+    *,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-05,
+    out: _Array | tuple[_Array | None, _Array | None] | None = None,
+    return_stats: bool = False,
+) -> tuple[_Array, _Array] | tuple[_Array, _Array, _Array, _Array]: ...
+
+# ---- threads and instruction sets --------------------------------------------
+
+def get_num_threads() -> int: ...
+def set_num_threads(n: int) -> None: ...
+def get_requested_threads() -> int: ...
+def has_openmp() -> bool: ...
+def get_isa() -> str: ...
+def isa_supported(name: str) -> bool: ...
+def _set_isa(name: str) -> None: ...
+def _parallel_copy(dst: _Array, src: _Array) -> None: ...
+
+# ---- row kernels on canonical (N, H) arrays (used by fastln._api) ------------
+
+def _layer_norm_rows(
+    x: _Array,
+    w: _Array | None,
+    b: _Array | None,
+    eps: float,
+    y: _Array,
+    mean: _Array | None,
+    rstd: _Array | None,
+) -> None: ...
+def _layer_norm_backward_rows(
+    dy: _Array,
+    x: _Array,
+    mean: _Array,
+    rstd: _Array,
+    w: _Array | None,
+    dx: _Array,
+    dw: _Array,
+    db: _Array,
+) -> None: ...
+def _add_layer_norm_rows(
+    x: _Array,
+    res: _Array,
+    w: _Array | None,
+    b: _Array | None,
+    eps: float,
+    y: _Array,
+    s: _Array,
+    mean: _Array | None,
+    rstd: _Array | None,
+) -> None: ...
+def _rms_norm_rows(
+    x: _Array, w: _Array | None, eps: float, y: _Array, rstd: _Array | None
+) -> None: ...
+def _rms_norm_backward_rows(
+    dy: _Array, x: _Array, rstd: _Array, w: _Array | None, dx: _Array, dw: _Array
+) -> None: ...
+
+# ---- LN-RNN engine (used by fastln.rnn) ---------------------------------------
+
+# cell name -> the engine's cell code
+_CELLS: dict[str, int]
+# (cell, input size, hidden size) -> _rnn_param_sizes' result
+_SIZES: dict[tuple[str, int, int], tuple[int, ...]]
+
+def _rnn_param_sizes(cell: str, I: int, H: int) -> tuple[int, ...]: ...
+def _rnn_cache_size(cell: str, T: int, B: int, H: int) -> int: ...
+def _rnn_work_size(cell: str, T: int, B: int, H: int) -> int: ...
+def _rnn_forward(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params: Sequence[_Array],
+    lengths: _Array | None,
+    cache: _Array | None,
+    y: _Array,
+    h: _Array,
+    c: _Array | None,
+) -> int: ...
+def _rnn_backward(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params: Sequence[_Array],
+    lengths: _Array | None,
+    cache: _Array,
+    dy: _Array,
+    dh: _Array,
+    dc: _Array | None,
+    dx: _Array | None,
+    grads: Sequence[_Array],
+    work: _Array | None = None,
+) -> int: ...
