@@ -412,6 +412,41 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
     if (stream) stream_fence();
 }
 
+#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#include "short_rows.h"
+#define HAVE_SHORT16 1
+#else
+#define HAVE_SHORT16 0
+#endif
+
+/* Forward rows [r0, r1): sixteen at a time where rows are short (AVX-512,
+ * float), else ln_rows. */
+static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                          int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
+{
+#if HAVE_SHORT16
+    if (H <= SHORT16_H) {
+        SFX(ln_rows16)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf != NULL);
+        return;
+    }
+#endif
+    SFX(ln_rows)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf);
+}
+
+/* Backward rows [r0, r1): sixteen at a time where rows are short (AVX-512,
+ * float), else bwd_rows. */
+static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
+                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H, T *buf)
+{
+#if HAVE_SHORT16
+    if (H <= SHORT16_H) {
+        SFX(bwd_rows16)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf != NULL);
+        return;
+    }
+#endif
+    SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf);
+}
+
 /* ---- drivers: split rows over threads ---------------------------------- */
 
 /* Per-thread staging rows of n elements for streaming stores, or NULL (no
@@ -426,13 +461,13 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
 {
     T *scratch = SFX(stream_scratch)(stream, nt, H);
     if (nt <= 1) {          /* no OpenMP region at all: even an if(0) one costs a microsecond */
-        SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps, scratch);
+        SFX(ln_range)(y, mean, rstd, x, w, b, 0, N, H, eps, scratch);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps,
-                         scratch ? scratch + t * H : NULL);
+            SFX(ln_range)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps,
+                          scratch ? scratch + t * H : NULL);
         }
     }
     free(scratch);
@@ -496,7 +531,7 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
         T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
         memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
-        SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage);
+        SFX(bwd_range)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage);
     }
 }
 
@@ -540,7 +575,7 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     if (nblk == 1 && !stream) {                      /* one block: sums straight into dw, db */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
-        SFX(bwd_rows)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL);
+        SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL);
         return FASTLN_OK;
     }
     int64_t ps = SFX(part_stride)(H);
@@ -586,3 +621,4 @@ static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T
 #undef GROUP
 #undef ROWS
 #undef SHORT_H
+#undef HAVE_SHORT16
