@@ -114,6 +114,23 @@ cdef inline int _float_type(object x) noexcept:
         return tn
     return -1
 
+cdef inline int _kernel_code(object x, int *tn, int *vt) noexcept:
+    """The code _ln and the like take for x on the fast path: x's type number
+    (float32/64), or _HALF_BASE + kind for float16/bfloat16; -1 when x takes
+    the general path. tn: x's type number; vt: that of weight, bias and the
+    stats (float32 for 16-bit storage)."""
+    tn[0] = vt[0] = _float_type(x)
+    if tn[0] >= 0:
+        return tn[0]
+    if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:
+        return -1
+    tn[0] = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    vt[0] = cnp.NPY_FLOAT
+    kind = _HALF.get(tn[0])
+    if kind is None or not _fast(x, tn[0]):
+        return -1
+    return _HALF_BASE + <int>kind
+
 cdef inline bint _fast_vec(object p, int tn, cnp.npy_intp H) noexcept:
     """p is None, or a fast 1-D array of H elements."""
     return p is None or (_fast(p, tn) and cnp.PyArray_NDIM(<cnp.ndarray>p) == 1
@@ -464,23 +481,24 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     >>> fastln.layer_norm(x, out=x) is x
     True
     """
-    cdef int tn = _float_type(x)
+    cdef int tn, vt
+    cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
     cdef int nd
     cdef cnp.npy_intp H
-    if tn >= 0:
+    if code >= 0:
         xa = <cnp.ndarray>x
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
-        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
-                and _fast_vec(bias, tn, H) and (out is None or _fast_out(out, xa, tn, (weight, bias)))):
+        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, vt, H)
+                and _fast_vec(bias, vt, H) and (out is None or _fast_out(out, xa, tn, (weight, bias)))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
-                _ln(tn, y, None, None, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
+                _ln(code, y, None, None, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
                 return y
-            mean = _empty_like(xa, nd - 1, tn)
-            rstd = _empty_like(xa, nd - 1, tn)
-            _ln(tn, y, mean, rstd, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
+            mean = _empty_like(xa, nd - 1, vt)
+            rstd = _empty_like(xa, nd - 1, vt)
+            _ln(code, y, mean, rstd, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
             return y, mean, rstd
     return _api.layer_norm(x, weight, bias, axis, eps, out, return_stats)
 
@@ -619,22 +637,23 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
     >>> rstd.shape
     (1,)
     """
-    cdef int tn = _float_type(x)
+    cdef int tn, vt
+    cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
     cdef int nd
     cdef cnp.npy_intp H
-    if tn >= 0:
+    if code >= 0:
         xa = <cnp.ndarray>x
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
-        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
+        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, vt, H)
                 and (out is None or _fast_out(out, xa, tn, (weight,)))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
-                _rms(tn, y, None, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
+                _rms(code, y, None, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
                 return y
-            rstd = _empty_like(xa, nd - 1, tn)
-            _rms(tn, y, rstd, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
+            rstd = _empty_like(xa, nd - 1, vt)
+            _rms(code, y, rstd, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
             return y, rstd
     return _api.rms_norm(x, weight, axis, eps, out, return_stats)
 

@@ -720,15 +720,26 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
     const int64_t H = a->H, m = SFX(lp_block)(H);
     float *xb = buf, *rb = buf + m * H;
     uint16_t *stage = (uint16_t *)(rb + m * H);
+#if HAVE_SHORT16
+    if (H > SHORT16_H && a->op != FASTLN_OP_ADD) {   /* conversions in registers */
+        for (int64_t r = r0; r < r1; r++)
+            SFX(half_row)(a->kind, a->op == FASTLN_OP_RMS, a->y + r * H,
+                          a->mean ? a->mean + r : NULL, a->rstd ? a->rstd + r : NULL,
+                          a->x + r * H, a->w, a->b, H, a->eps, buf, a->stream ? stage : NULL);
+        if (a->stream) stream_fence();
+        return;
+    }
+#endif
     for (int64_t r = r0; r < r1; r += m) {
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
         float *mean = a->mean ? a->mean + r : NULL, *rstd = a->rstd ? a->rstd + r : NULL;
         widen_half(a->kind, xb, a->x + r * H, e);
-        if (a->op == FASTLN_OP_ADD) {   /* s = x + res in float, stored rounded */
+        if (a->op == FASTLN_OP_ADD) {   /* s over x, y over res */
             widen_half(a->kind, rb, a->res + r * H, e);
-#pragma omp simd
-            for (int64_t i = 0; i < e; i++) xb[i] += rb[i];
+            SFX(add_ln_rows)(rb, xb, mean, rstd, xb, rb, a->w, a->b, 0, n, H, a->eps, NULL);
             SFX(lp_put)(a->kind, a->s + r * H, xb, e, stage, a->stream);
+            SFX(lp_put)(a->kind, a->y + r * H, rb, e, stage, a->stream);
+            continue;
         }
         if (a->op == FASTLN_OP_RMS) SFX(rms_rows)(xb, rstd, xb, a->w, 0, n, H, a->eps, NULL);
         else SFX(ln_range)(xb, mean, rstd, xb, a->w, a->b, 0, n, H, a->eps, NULL);

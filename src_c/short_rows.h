@@ -283,3 +283,138 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
     }
     if (stream) stream_fence();
 }
+
+/* ---- rows in 16-bit storage, converted in registers -------------------
+ * LayerNorm and RMSNorm forward of one row of kind FASTLN_F16/FASTLN_BF16,
+ * for rows longer than SHORT16_H: each sweep reads the 16-bit values and
+ * widens them in registers, and the last narrows y in registers. The sums
+ * follow sum_shifted/sumsq_centered lane for lane (four vectors, chunks of
+ * 1024 added in double), so the results are those of the float32 kernels on
+ * the widened row, rounded once. Rows whose statistics need the fallbacks
+ * are widened into scratch and go through the float32 row code. */
+
+static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return kind == FASTLN_F16 ? _mm512_cvtph_ps(h)
+                              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m)
+{
+    __m256i h = kind == FASTLN_F16 ? f16_round512(v) : bf16_round512(v);
+    if (m == (__mmask16)0xFFFF) _mm256_storeu_si256((__m256i *)p, h);
+    else _mm256_mask_storeu_epi16(p, m, h);
+}
+
+/* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a 16-bit row */
+static inline __attribute__((always_inline)) double SFX(half_sum)(int kind, const uint16_t *x, int64_t H, float shift, float dm,
+                                   int sq)
+{
+    const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
+    double total = 0;
+    for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+        int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
+        const uint16_t *xc = x + c0;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#define ACC(a, off, m)                                                          \
+    do {                                                                        \
+        __m512 v_ = _mm512_sub_ps(SFX(ld_half)(kind, xc + (off), (m)), sh);     \
+        if (sq) {                                                               \
+            v_ = _mm512_sub_ps(v_, d);                                          \
+            a = _mm512_mask3_fmadd_ps(v_, v_, a, (m));                          \
+        } else {                                                                \
+            a = _mm512_mask_add_ps(a, (m), a, v_);                              \
+        }                                                                       \
+    } while (0)
+        int64_t i = 0;
+        for (; i + 64 <= n; i += 64) {   /* lanes as sum_shifted's acc[64] */
+            ACC(a0, i, 0xFFFF);
+            ACC(a1, i + 16, 0xFFFF);
+            ACC(a2, i + 32, 0xFFFF);
+            ACC(a3, i + 48, 0xFFFF);
+        }
+#define TAILMASK(k) (n - i - 16 * (k) >= 16 ? (__mmask16)0xFFFF                    \
+                     : n - i <= 16 * (k) ? (__mmask16)0                             \
+                     : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
+        if (i < n) {
+            ACC(a0, i, TAILMASK(0));
+            ACC(a1, i + 16, TAILMASK(1));
+            ACC(a2, i + 32, TAILMASK(2));
+            ACC(a3, i + 48, TAILMASK(3));
+        }
+#undef TAILMASK
+#undef ACC
+        float acc[64];
+        _mm512_storeu_ps(acc, a0);
+        _mm512_storeu_ps(acc + 16, a1);
+        _mm512_storeu_ps(acc + 32, a2);
+        _mm512_storeu_ps(acc + 48, a3);
+        total += SFX(hsum)(acc);
+    }
+    return total;
+}
+
+/* The normalize sweep, y = (x - shift - dm) * r * w + b as normalize_row
+ * computes it (w, b NULL or not: WB = 2 * !!w + !!b), in 16-bit storage. */
+static inline __attribute__((always_inline)) void SFX(half_norm)(
+    int kind, int WB, uint16_t *y, const uint16_t *x, const float *w, const float *b,
+    int64_t H, float shift, float dm, float r)
+{
+    const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
+    for (int64_t i = 0; i < H; i += 16) {
+        __mmask16 m = H - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - i)) - 1);
+        __m512 c = _mm512_sub_ps(_mm512_sub_ps(SFX(ld_half)(kind, x + i, m), sh), d), v;
+        if (WB == 3)
+            v = _mm512_fmadd_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + i),
+                                _mm512_maskz_loadu_ps(m, b + i));
+        else if (WB == 2)
+            v = _mm512_mul_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + i));
+        else if (WB == 1)
+            v = _mm512_fmadd_ps(c, rv, _mm512_maskz_loadu_ps(m, b + i));
+        else
+            v = _mm512_mul_ps(c, rv);
+        SFX(st_half)(kind, y + i, v, m);
+    }
+}
+
+/* y (H, kind) of one row; rms: RMSNorm (mean unused, b NULL). buf: 2H floats
+ * of scratch for the fallbacks, stage: H values when the output streams. */
+static inline __attribute__((always_inline)) void SFX(half_row_k)(
+    int kind, int rms, uint16_t *y, float *mean, float *rstd, const uint16_t *x,
+    const float *w, const float *b, int64_t H, double eps, float *buf, uint16_t *stage)
+{
+    float shift = rms ? 0.0f : kind == FASTLN_F16 ? f16_to_f32(x[0]) : bf16_to_f32(x[0]);
+    double s1 = rms ? 0 : SFX(half_sum)(kind, x, H, shift, 0, 0);
+    float dm = (float)(s1 / (double)H);
+    double var = SFX(half_sum)(kind, x, H, shift, dm, 1) / (double)H;
+    double rd = 1.0 / sqrt(var + eps);
+    float r = (float)rd;
+    if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
+        widen_half(kind, buf, x, H);
+        if (rms) SFX(rms_rows)(buf + H, rstd, buf, w, 0, 1, H, eps, NULL);
+        else SFX(ln_finish_row)(buf + H, mean, rstd, buf, w, b, H, eps, shift, s1, dm, var);
+        narrow_half(kind, y, buf + H, H);
+        return;
+    }
+    if (mean) *mean = (float)((double)shift + (double)dm);
+    if (rstd) *rstd = r;
+    uint16_t *out = stage ? stage : y;
+    switch (2 * (w != NULL) + (b != NULL)) {   /* rms_rows is WB 2 or 0 (shift, dm = 0) */
+    case 3: SFX(half_norm)(kind, 3, out, x, w, b, H, shift, dm, r); break;
+    case 2: SFX(half_norm)(kind, 2, out, x, w, b, H, shift, dm, r); break;
+    case 1: SFX(half_norm)(kind, 1, out, x, w, b, H, shift, dm, r); break;
+    default: SFX(half_norm)(kind, 0, out, x, w, b, H, shift, dm, r); break;
+    }
+    if (stage) stream_copy(y, stage, (size_t)H * sizeof(uint16_t));
+}
+
+static void SFX(half_row)(int kind, int rms, uint16_t *y, float *mean, float *rstd,
+                          const uint16_t *x, const float *w, const float *b, int64_t H,
+                          double eps, float *buf, uint16_t *stage)
+{
+    if (kind == FASTLN_F16)
+        SFX(half_row_k)(FASTLN_F16, rms, y, mean, rstd, x, w, b, H, eps, buf, stage);
+    else
+        SFX(half_row_k)(FASTLN_BF16, rms, y, mean, rstd, x, w, b, H, eps, buf, stage);
+}
