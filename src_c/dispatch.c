@@ -47,6 +47,22 @@ int fastln_isa_supported(const char *name)
 #endif
 }
 
+int fastln_cpu_has_avx512bf16(void)
+{
+#if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
+    static int has = -1;
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h;
+#else
+    return 0;
+#endif
+}
+
 static const fastln_kernel_table *g_table = NULL;
 
 /* The best supported path, unless FASTLN_ISA names a supported one. */

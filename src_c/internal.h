@@ -93,6 +93,9 @@ extern const fastln_kernel_table fastln_kernels_avx2;
 extern const fastln_kernel_table fastln_kernels_avx512;
 #endif
 
+/* Whether the CPU has AVX512-BF16 (dispatch.c). */
+int fastln_cpu_has_avx512bf16(void);
+
 /* The path in use (dispatch.c). */
 const fastln_kernel_table *fastln_kernels(void);
 

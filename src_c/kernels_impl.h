@@ -722,11 +722,8 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
     uint16_t *stage = (uint16_t *)(rb + m * H);
 #if HAVE_SHORT16
     if (H > SHORT16_H && a->op != FASTLN_OP_ADD) {   /* conversions in registers */
-        for (int64_t r = r0; r < r1; r++)
-            SFX(half_row)(a->kind, a->op == FASTLN_OP_RMS, a->y + r * H,
-                          a->mean ? a->mean + r : NULL, a->rstd ? a->rstd + r : NULL,
-                          a->x + r * H, a->w, a->b, H, a->eps, buf, a->stream ? stage : NULL);
-        if (a->stream) stream_fence();
+        SFX(half_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->mean, a->rstd, a->x, a->w,
+                       a->b, r0, r1, H, a->eps, buf, a->stream);
         return;
     }
 #endif

@@ -300,11 +300,28 @@ static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
                               : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m)
+/* kind, or for bfloat16 on a CPU with AVX512-BF16, KIND_BF16_INSN: its
+ * VCVTNEPS2BF16 rounds to nearest even in one instruction, but reads
+ * subnormal inputs as 0 and flushes subnormal results, so a vector holding a
+ * subnormal float takes the integer rounding (bf16_round512) instead. */
+#define KIND_BF16_INSN 3
+
+static inline __m256i SFX(bf16_insn)(__m512 v)
 {
-    __m256i h = kind == FASTLN_F16 ? f16_round512(v) : bf16_round512(v);
-    if (m == (__mmask16)0xFFFF) _mm256_storeu_si256((__m256i *)p, h);
-    else _mm256_mask_storeu_epi16(p, m, h);
+    if (_mm512_fpclass_ps_mask(v, 0x20)) return bf16_round512(v);   /* 0x20: subnormal */
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    IN_REGISTER(h);
+    return h;
+}
+
+/* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
+static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
+{
+    __m256i h = kind == FASTLN_F16 ? f16_round512(v)
+                : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
+    if (m != (__mmask16)0xFFFF) _mm256_mask_storeu_epi16(p, m, h);
+    else if (nt && !((uintptr_t)p & 31)) _mm256_stream_si256((__m256i *)p, h);
+    else _mm256_storeu_si256((__m256i *)p, h);
 }
 
 /* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a 16-bit row */
@@ -359,7 +376,7 @@ static inline __attribute__((always_inline)) double SFX(half_sum)(int kind, cons
  * computes it (w, b NULL or not: WB = 2 * !!w + !!b), in 16-bit storage. */
 static inline __attribute__((always_inline)) void SFX(half_norm)(
     int kind, int WB, uint16_t *y, const uint16_t *x, const float *w, const float *b,
-    int64_t H, float shift, float dm, float r)
+    int64_t H, float shift, float dm, float r, int nt)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
     for (int64_t i = 0; i < H; i += 16) {
@@ -374,15 +391,16 @@ static inline __attribute__((always_inline)) void SFX(half_norm)(
             v = _mm512_fmadd_ps(c, rv, _mm512_maskz_loadu_ps(m, b + i));
         else
             v = _mm512_mul_ps(c, rv);
-        SFX(st_half)(kind, y + i, v, m);
+        SFX(st_half)(kind, y + i, v, m, nt);
     }
 }
 
 /* y (H, kind) of one row; rms: RMSNorm (mean unused, b NULL). buf: 2H floats
- * of scratch for the fallbacks, stage: H values when the output streams. */
+ * of scratch for the fallbacks; stream: non-temporal stores of y (the caller
+ * fences). */
 static inline __attribute__((always_inline)) void SFX(half_row_k)(
     int kind, int rms, uint16_t *y, float *mean, float *rstd, const uint16_t *x,
-    const float *w, const float *b, int64_t H, double eps, float *buf, uint16_t *stage)
+    const float *w, const float *b, int64_t H, double eps, float *buf, int stream)
 {
     float shift = rms ? 0.0f : kind == FASTLN_F16 ? f16_to_f32(x[0]) : bf16_to_f32(x[0]);
     double s1 = rms ? 0 : SFX(half_sum)(kind, x, H, shift, 0, 0);
@@ -399,22 +417,30 @@ static inline __attribute__((always_inline)) void SFX(half_row_k)(
     }
     if (mean) *mean = (float)((double)shift + (double)dm);
     if (rstd) *rstd = r;
-    uint16_t *out = stage ? stage : y;
     switch (2 * (w != NULL) + (b != NULL)) {   /* rms_rows is WB 2 or 0 (shift, dm = 0) */
-    case 3: SFX(half_norm)(kind, 3, out, x, w, b, H, shift, dm, r); break;
-    case 2: SFX(half_norm)(kind, 2, out, x, w, b, H, shift, dm, r); break;
-    case 1: SFX(half_norm)(kind, 1, out, x, w, b, H, shift, dm, r); break;
-    default: SFX(half_norm)(kind, 0, out, x, w, b, H, shift, dm, r); break;
+    case 3: SFX(half_norm)(kind, 3, y, x, w, b, H, shift, dm, r, stream); break;
+    case 2: SFX(half_norm)(kind, 2, y, x, w, b, H, shift, dm, r, stream); break;
+    case 1: SFX(half_norm)(kind, 1, y, x, w, b, H, shift, dm, r, stream); break;
+    default: SFX(half_norm)(kind, 0, y, x, w, b, H, shift, dm, r, stream); break;
     }
-    if (stage) stream_copy(y, stage, (size_t)H * sizeof(uint16_t));
 }
 
-static void SFX(half_row)(int kind, int rms, uint16_t *y, float *mean, float *rstd,
-                          const uint16_t *x, const float *w, const float *b, int64_t H,
-                          double eps, float *buf, uint16_t *stage)
+/* Rows [r0, r1) of half_row_k, n elements apart. */
+static void SFX(half_rows)(int kind, int rms, uint16_t *y, float *mean, float *rstd,
+                           const uint16_t *x, const float *w, const float *b, int64_t r0,
+                           int64_t r1, int64_t H, double eps, float *buf, int stream)
 {
-    if (kind == FASTLN_F16)
-        SFX(half_row_k)(FASTLN_F16, rms, y, mean, rstd, x, w, b, H, eps, buf, stage);
-    else
-        SFX(half_row_k)(FASTLN_BF16, rms, y, mean, rstd, x, w, b, H, eps, buf, stage);
+    for (int64_t r = r0; r < r1; r++) {
+        float *mr = mean ? mean + r : NULL, *rr = rstd ? rstd + r : NULL;
+        if (kind == FASTLN_F16)
+            SFX(half_row_k)(FASTLN_F16, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps, buf,
+                            stream);
+        else if (fastln_cpu_has_avx512bf16())
+            SFX(half_row_k)(KIND_BF16_INSN, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps,
+                            buf, stream);
+        else
+            SFX(half_row_k)(FASTLN_BF16, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps, buf,
+                            stream);
+    }
+    if (stream) stream_fence();
 }
