@@ -83,7 +83,8 @@ ext = Extension(
     include_dirs=["src_c", np.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     depends=["src_c/fastln.h", "src_c/fastln_rnn.h", "src_c/internal.h",
-             "src_c/kernels_isa.h", "src_c/kernels_impl.h", "src_c/rnn_impl.h"],
+             "src_c/kernels_isa.h", "src_c/kernels_impl.h", "src_c/rnn_impl.h",
+             "src_c/short_rows.h"],
 )
 
 setup(

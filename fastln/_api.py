@@ -56,6 +56,16 @@ def _real_array(a, name):
     return a
 
 
+def _storage(kernel_dtype, *arrays):
+    """The dtype the row kernels read and write: float16/bfloat16 itself where
+    every array has that one dtype (the kernels convert in registers and
+    compute in float32), else the kernel dtype."""
+    dt = arrays[0].dtype
+    if dt in _LOW_PRECISION and all(a.dtype == dt for a in arrays):
+        return dt.newbyteorder("=")
+    return kernel_dtype
+
+
 def _result_dtype(a, kernel_dtype):
     """The dtype of outputs shaped like a: a's own for float types, else the kernel's."""
     return a.dtype.newbyteorder("=") if a.dtype.kind == "f" or a.dtype in _LOW_PRECISION \
@@ -198,8 +208,9 @@ def layer_norm(x, weight, bias, axis, eps, out, return_stats):
     L = _Rows(x, axis)
     w = L.param(weight, "weight", kt)
     b = L.param(bias, "bias", kt)
-    y, finish, (xr, w, b) = L.output(out, "out", _result_dtype(x, kt), kt,
-                                     [L.rows(x, kt), w, b])
+    st = _storage(kt, x)
+    y, finish, (xr, w, b) = L.output(out, "out", _result_dtype(x, kt), st,
+                                     [L.rows(x, st), w, b])
     mean = np.empty(L.N, kt) if return_stats else None
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._layer_norm_rows(xr, w, b, eps, y, mean, rstd)
@@ -216,8 +227,9 @@ def layer_norm_backward(dy, x, mean, rstd, weight, axis, out):
     m = L.stats(mean, "mean", kt)
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    dx, finish, (dyr, xr, m, r, w) = L.output(out, "out", _result_dtype(x, kt), kt,
-                                              [L.rows(dy, kt), L.rows(x, kt), m, r, w])
+    st = _storage(kt, x, dy)
+    dx, finish, (dyr, xr, m, r, w) = L.output(out, "out", _result_dtype(x, kt), st,
+                                              [L.rows(dy, st), L.rows(x, st), m, r, w])
     dw, db = np.empty(L.H, kt), np.empty(L.H, kt)
     _core._layer_norm_backward_rows(dyr, xr, m, r, w, dx, dw, db)
     return finish(), dw.reshape(L.norm_shape), db.reshape(L.norm_shape)
@@ -228,7 +240,8 @@ def rms_norm(x, weight, axis, eps, out, return_stats):
     eps = _check_eps(eps)
     L = _Rows(x, axis)
     w = L.param(weight, "weight", kt)
-    y, finish, (xr, w) = L.output(out, "out", _result_dtype(x, kt), kt, [L.rows(x, kt), w])
+    st = _storage(kt, x)
+    y, finish, (xr, w) = L.output(out, "out", _result_dtype(x, kt), st, [L.rows(x, st), w])
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._rms_norm_rows(xr, w, eps, y, rstd)
     if not return_stats:
@@ -243,8 +256,9 @@ def rms_norm_backward(dy, x, rstd, weight, axis, out):
     L.check_shape(dy, "dy")
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    dx, finish, (dyr, xr, r, w) = L.output(out, "out", _result_dtype(x, kt), kt,
-                                           [L.rows(dy, kt), L.rows(x, kt), r, w])
+    st = _storage(kt, x, dy)
+    dx, finish, (dyr, xr, r, w) = L.output(out, "out", _result_dtype(x, kt), st,
+                                           [L.rows(dy, st), L.rows(x, st), r, w])
     dw = np.empty(L.H, kt)
     _core._rms_norm_backward_rows(dyr, xr, r, w, dx, dw)
     return finish(), dw.reshape(L.norm_shape)
@@ -268,9 +282,10 @@ def add_layer_norm(x, residual, weight, bias, axis, eps, out, return_stats):
         raise TypeError("out must be an ndarray (for y) or a tuple (y_out, s_out)")
     if out_y is not None and out_s is not None and np.may_share_memory(out_y, out_s):
         raise ValueError("out: the y and s buffers overlap")
-    inputs = [L.rows(x, kt), L.rows(residual, kt), w, b]
-    y, finish_y, inputs = L.output(out_y, "out", rdt, kt, inputs)
-    s, finish_s, (xr, rr, w, b) = L.output(out_s, "out[1]", rdt, kt, inputs)
+    st = _storage(kt, x, residual)
+    inputs = [L.rows(x, st), L.rows(residual, st), w, b]
+    y, finish_y, inputs = L.output(out_y, "out", rdt, st, inputs)
+    s, finish_s, (xr, rr, w, b) = L.output(out_s, "out[1]", rdt, st, inputs)
     mean = np.empty(L.N, kt) if return_stats else None
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._add_layer_norm_rows(xr, rr, w, b, eps, y, s, mean, rstd)

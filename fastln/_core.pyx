@@ -12,7 +12,7 @@ axis), calls one C function with the GIL released, and otherwise hands over
 to fastln._api, which canonicalizes the arguments (axes, layouts, dtypes,
 out=) and raises the errors. No math lives here.
 """
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint16_t
 from libc.string cimport memset
 cimport numpy as cnp
 
@@ -61,6 +61,24 @@ cdef extern from "fastln.h" nogil:
     int fastln_set_isa(const char *name)
     int fastln_isa_supported(const char *name)
 
+    int FASTLN_F16, FASTLN_BF16
+    int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd,
+                               const uint16_t *x, const float *weight, const float *bias,
+                               int64_t N, int64_t H, double eps)
+    int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,
+                                        const uint16_t *dy, const uint16_t *x, const float *mean,
+                                        const float *rstd, const float *weight, int64_t N,
+                                        int64_t H)
+    int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean,
+                                   float *rstd, const uint16_t *x, const uint16_t *residual,
+                                   const float *weight, const float *bias, int64_t N, int64_t H,
+                                   double eps)
+    int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
+                             const float *weight, int64_t N, int64_t H, double eps)
+    int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight,
+                                      const uint16_t *dy, const uint16_t *x, const float *rstd,
+                                      const float *weight, int64_t N, int64_t H)
+
 cdef extern from "internal.h" nogil:
     void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes)
 
@@ -69,6 +87,17 @@ cdef extern from "math.h" nogil:
 
 
 # ---- fast-path predicates -------------------------------------------------
+
+# 16-bit storage types the kernels read and write directly: type number -> kind;
+# _rows_ok returns _HALF_BASE + kind for them (type numbers are far below)
+cdef enum:
+    _HALF_BASE = 1 << 20
+_HALF = {cnp.NPY_FLOAT16: FASTLN_F16}
+try:
+    import ml_dtypes as _ml_dtypes
+    _HALF[_ml_dtypes.bfloat16(0).dtype.num] = FASTLN_BF16
+except ImportError:  # pragma: no cover
+    pass
 
 cdef inline bint _fast(object a, int tn) noexcept:
     """a is an aligned, C-contiguous, native-order ndarray of type number tn."""
@@ -84,6 +113,23 @@ cdef inline int _float_type(object x) noexcept:
     if (tn == cnp.NPY_FLOAT or tn == cnp.NPY_DOUBLE) and _fast(x, tn):
         return tn
     return -1
+
+cdef inline int _kernel_code(object x, int *tn, int *vt) noexcept:
+    """The code _ln and the like take for x on the fast path: x's type number
+    (float32/64), or _HALF_BASE + kind for float16/bfloat16; -1 when x takes
+    the general path. tn: x's type number; vt: that of weight, bias and the
+    stats (float32 for 16-bit storage)."""
+    tn[0] = vt[0] = _float_type(x)
+    if tn[0] >= 0:
+        return tn[0]
+    if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:
+        return -1
+    tn[0] = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    vt[0] = cnp.NPY_FLOAT
+    kind = _HALF.get(tn[0])
+    if kind is None or not _fast(x, tn[0]):
+        return -1
+    return _HALF_BASE + <int>kind
 
 cdef inline bint _fast_vec(object p, int tn, cnp.npy_intp H) noexcept:
     """p is None, or a fast 1-D array of H elements."""
@@ -157,13 +203,19 @@ cdef inline int _check(int rc) except -1:
 # a kernel read or write past a buffer.
 
 cdef int _rows_ok(x, outs, opt_outs, rows, stats, vecs) except -1:
-    """x: 2-D (N, H), H >= 1, float32/64; outs: writable, not None; opt_outs:
-    writable where not None; rows, stats, vecs (None where optional): N*H, N
-    and H elements of x's type. Returns x's type number."""
-    if not (_float_type(x) >= 0 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+    """x: 2-D (N, H), H >= 1, float32/64, or float16/bfloat16 (16-bit storage,
+    float32 math); outs: writable, not None; opt_outs: writable where not None;
+    rows, stats, vecs (None where optional): N*H elements of x's type, and N
+    and H elements of x's type (float32 for 16-bit storage). Returns x's type
+    number, or _HALF_BASE + the kind (FASTLN_F16, FASTLN_BF16) for 16-bit storage."""
+    cdef int tn = _float_type(x), kind = 0
+    if tn < 0 and type(x) is cnp.ndarray and _fast(x, cnp.PyArray_TYPE(<cnp.ndarray>x)):
+        kind = _HALF.get(cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
+    if not ((tn >= 0 or kind) and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
             and cnp.PyArray_DIM(<cnp.ndarray>x, 1) >= 1):
         raise ValueError("internal: x must be a C-contiguous 2-D float array with H >= 1")
-    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    cdef int st = cnp.NPY_FLOAT if kind else tn   # stats and vectors
     cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
     for a in outs:
         if a is None:
@@ -176,12 +228,12 @@ cdef int _rows_ok(x, outs, opt_outs, rows, stats, vecs) except -1:
         if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == N * H):
             raise ValueError("internal: bad row array")
     for a in stats:
-        if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == N):
+        if a is not None and not (_fast(a, st) and cnp.PyArray_SIZE(<cnp.ndarray>a) == N):
             raise ValueError("internal: bad stats array")
     for a in vecs:
-        if a is not None and not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == H):
+        if a is not None and not (_fast(a, st) and cnp.PyArray_SIZE(<cnp.ndarray>a) == H):
             raise ValueError("internal: bad parameter array")
-    return tn
+    return _HALF_BASE + kind if kind else tn
 
 
 cdef int _ln(int tn, y, mean, rstd, x, w, b, int64_t N, int64_t H, double eps) except -1:
@@ -195,7 +247,10 @@ cdef int _ln(int tn, y, mean, rstd, x, w, b, int64_t N, int64_t H, double eps) e
     if N == 0:
         return 0
     with nogil:
-        if tn == cnp.NPY_FLOAT:
+        if tn >= _HALF_BASE:
+            rc = fastln_layer_norm_half(tn - _HALF_BASE, <uint16_t *>py, <float *>pm, <float *>pr,
+                                        <uint16_t *>px, <float *>pw, <float *>pb, N, H, eps)
+        elif tn == cnp.NPY_FLOAT:
             rc = fastln_layer_norm_f32(<float *>py, <float *>pm, <float *>pr, <float *>px,
                                        <float *>pw, <float *>pb, N, H, eps)
         else:
@@ -215,7 +270,11 @@ cdef int _ln_bwd(int tn, dx, dw, db, dy, x, mean, rstd, w, int64_t N, int64_t H)
     cdef void *pr = _ptr(rstd)
     cdef void *pw = _ptr(w)
     with nogil:
-        if tn == cnp.NPY_FLOAT:
+        if tn >= _HALF_BASE:
+            rc = fastln_layer_norm_backward_half(tn - _HALF_BASE, <uint16_t *>pdx, <float *>pdw,
+                                                 <float *>pdb, <uint16_t *>pdy, <uint16_t *>px,
+                                                 <float *>pm, <float *>pr, <float *>pw, N, H)
+        elif tn == cnp.NPY_FLOAT:
             rc = fastln_layer_norm_backward_f32(<float *>pdx, <float *>pdw, <float *>pdb,
                                                 <float *>pdy, <float *>px, <float *>pm,
                                                 <float *>pr, <float *>pw, N, H)
@@ -240,7 +299,11 @@ cdef int _add_ln(int tn, y, s, mean, rstd, x, res, w, b, int64_t N, int64_t H,
     if N == 0:
         return 0
     with nogil:
-        if tn == cnp.NPY_FLOAT:
+        if tn >= _HALF_BASE:
+            rc = fastln_add_layer_norm_half(tn - _HALF_BASE, <uint16_t *>py, <uint16_t *>ps, <float *>pm,
+                                            <float *>pr, <uint16_t *>px, <uint16_t *>pres,
+                                            <float *>pw, <float *>pb, N, H, eps)
+        elif tn == cnp.NPY_FLOAT:
             rc = fastln_add_layer_norm_f32(<float *>py, <float *>ps, <float *>pm, <float *>pr,
                                            <float *>px, <float *>pres, <float *>pw,
                                            <float *>pb, N, H, eps)
@@ -260,7 +323,10 @@ cdef int _rms(int tn, y, rstd, x, w, int64_t N, int64_t H, double eps) except -1
     if N == 0:
         return 0
     with nogil:
-        if tn == cnp.NPY_FLOAT:
+        if tn >= _HALF_BASE:
+            rc = fastln_rms_norm_half(tn - _HALF_BASE, <uint16_t *>py, <float *>pr, <uint16_t *>px,
+                                      <float *>pw, N, H, eps)
+        elif tn == cnp.NPY_FLOAT:
             rc = fastln_rms_norm_f32(<float *>py, <float *>pr, <float *>px, <float *>pw,
                                      N, H, eps)
         else:
@@ -278,7 +344,11 @@ cdef int _rms_bwd(int tn, dx, dw, dy, x, rstd, w, int64_t N, int64_t H) except -
     cdef void *pr = _ptr(rstd)
     cdef void *pw = _ptr(w)
     with nogil:
-        if tn == cnp.NPY_FLOAT:
+        if tn >= _HALF_BASE:
+            rc = fastln_rms_norm_backward_half(tn - _HALF_BASE, <uint16_t *>pdx, <float *>pdw,
+                                               <uint16_t *>pdy, <uint16_t *>px, <float *>pr,
+                                               <float *>pw, N, H)
+        elif tn == cnp.NPY_FLOAT:
             rc = fastln_rms_norm_backward_f32(<float *>pdx, <float *>pdw, <float *>pdy,
                                               <float *>px, <float *>pr, <float *>pw, N, H)
         else:
@@ -411,23 +481,24 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     >>> fastln.layer_norm(x, out=x) is x
     True
     """
-    cdef int tn = _float_type(x)
+    cdef int tn, vt
+    cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
     cdef int nd
     cdef cnp.npy_intp H
-    if tn >= 0:
+    if code >= 0:
         xa = <cnp.ndarray>x
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
-        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
-                and _fast_vec(bias, tn, H) and (out is None or _fast_out(out, xa, tn, (weight, bias)))):
+        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, vt, H)
+                and _fast_vec(bias, vt, H) and (out is None or _fast_out(out, xa, tn, (weight, bias)))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
-                _ln(tn, y, None, None, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
+                _ln(code, y, None, None, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
                 return y
-            mean = _empty_like(xa, nd - 1, tn)
-            rstd = _empty_like(xa, nd - 1, tn)
-            _ln(tn, y, mean, rstd, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
+            mean = _empty_like(xa, nd - 1, vt)
+            rstd = _empty_like(xa, nd - 1, vt)
+            _ln(code, y, mean, rstd, xa, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
             return y, mean, rstd
     return _api.layer_norm(x, weight, bias, axis, eps, out, return_stats)
 
@@ -566,22 +637,23 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
     >>> rstd.shape
     (1,)
     """
-    cdef int tn = _float_type(x)
+    cdef int tn, vt
+    cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
     cdef int nd
     cdef cnp.npy_intp H
-    if tn >= 0:
+    if code >= 0:
         xa = <cnp.ndarray>x
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
-        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, tn, H)
+        if (H > 0 and _last_axis(axis, nd) and _fast_eps(eps) and _fast_vec(weight, vt, H)
                 and (out is None or _fast_out(out, xa, tn, (weight,)))):
             y = _empty_like(xa, nd, tn) if out is None else <cnp.ndarray>out
             if not return_stats:
-                _rms(tn, y, None, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
+                _rms(code, y, None, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
                 return y
-            rstd = _empty_like(xa, nd - 1, tn)
-            _rms(tn, y, rstd, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
+            rstd = _empty_like(xa, nd - 1, vt)
+            _rms(code, y, rstd, xa, weight, cnp.PyArray_SIZE(xa) // H, H, eps)
             return y, rstd
     return _api.rms_norm(x, weight, axis, eps, out, return_stats)
 

@@ -35,7 +35,8 @@ int fastln_isa_supported(const char *name)
 #if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
     if (strcmp(name, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
@@ -43,6 +44,22 @@ int fastln_isa_supported(const char *name)
     return 1;
 #else
     return strcmp(name, "generic") == 0;
+#endif
+}
+
+int fastln_cpu_has_avx512bf16(void)
+{
+#if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
+    static int has = -1;
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h;
+#else
+    return 0;
 #endif
 }
 
@@ -240,6 +257,59 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
                             stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES_BWD));
+}
+
+/* ---- float16 and bfloat16 storage ---- */
+
+#define HALF_OK(kind) ((kind) == FASTLN_F16 || (kind) == FASTLN_BF16)
+
+int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd, const uint16_t *x,
+                           const float *weight, const float *bias, int64_t N, int64_t H,
+                           double eps)
+{
+    if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    if (N == 0) return FASTLN_OK;
+    return kt()->half_fwd(FASTLN_OP_LN, kind, y, NULL, mean, rstd, x, NULL, weight, bias, N, H,
+                          eps, threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES));
+}
+
+int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
+                         const float *weight, int64_t N, int64_t H, double eps)
+{
+    if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    if (N == 0) return FASTLN_OK;
+    return kt()->half_fwd(FASTLN_OP_RMS, kind, y, NULL, NULL, rstd, x, NULL, weight, NULL, N,
+                          H, eps, threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES));
+}
+
+int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                               const uint16_t *x, const uint16_t *residual, const float *weight,
+                               const float *bias, int64_t N, int64_t H, double eps)
+{
+    if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    if (N == 0) return FASTLN_OK;
+    return kt()->half_fwd(FASTLN_OP_ADD, kind, y, s, mean, rstd, x, residual, weight, bias, N,
+                          H, eps, threads_for(N, H),
+                          stream_for(2 * N, H, 2, FASTLN_STREAM_BYTES));
+}
+
+int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,
+                                    const uint16_t *dy, const uint16_t *x, const float *mean,
+                                    const float *rstd, const float *weight, int64_t N,
+                                    int64_t H)
+{
+    if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    return kt()->half_bwd(kind, dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
+                          threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES_BWD));
+}
+
+int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, const uint16_t *dy,
+                                  const uint16_t *x, const float *rstd, const float *weight,
+                                  int64_t N, int64_t H)
+{
+    if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    return kt()->half_bwd(kind, dx, dweight, NULL, dy, x, NULL, rstd, weight, N, H,
+                          threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES_BWD));
 }
 
 /* ---- bandwidth ceiling for the benchmarks ---- */

@@ -81,6 +81,32 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight,
                                  const double *dy, const double *x, const double *rstd,
                                  const double *weight, int64_t N, int64_t H);
 
+/* ---- float16 and bfloat16 storage ---- */
+/* The same five kernels with x, y, dy, dx, residual and s in 16-bit storage:
+ * kind FASTLN_F16 (IEEE binary16) or FASTLN_BF16 (bfloat16), as bit patterns.
+ * The math is float32; mean, rstd, weight, bias, dweight and dbias are float.
+ * Outputs are rounded to nearest even (add_layer_norm normalizes the float
+ * sum x + residual, and returns it rounded). FASTLN_EINVAL also for an
+ * unknown kind. */
+#define FASTLN_F16 1
+#define FASTLN_BF16 2
+
+int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd, const uint16_t *x,
+                           const float *weight, const float *bias, int64_t N, int64_t H,
+                           double eps);
+int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,
+                                    const uint16_t *dy, const uint16_t *x, const float *mean,
+                                    const float *rstd, const float *weight, int64_t N,
+                                    int64_t H);
+int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                               const uint16_t *x, const uint16_t *residual, const float *weight,
+                               const float *bias, int64_t N, int64_t H, double eps);
+int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
+                         const float *weight, int64_t N, int64_t H, double eps);
+int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, const uint16_t *dy,
+                                  const uint16_t *x, const float *rstd, const float *weight,
+                                  int64_t N, int64_t H);
+
 /* ---- Threads ---- */
 /* n > 0: later calls use n threads (process-wide); n <= 0: the OpenMP default,
  * omp_get_max_threads(). The OpenMP setting itself is left alone. */

@@ -40,6 +40,11 @@ static inline int64_t fastln_row_block(int64_t N)
     return rb < 16 ? 16 : rb > 256 ? 256 : rb;
 }
 
+/* Forward operations of the 16-bit storage kernels */
+#define FASTLN_OP_LN 0
+#define FASTLN_OP_RMS 1
+#define FASTLN_OP_ADD 2
+
 /* One instruction-set path: the same kernels compiled for one target.
  * Sizes N, H; nt = threads to use (1 = serial, no OpenMP region); the last
  * argument, stream, asks for non-temporal stores of the outputs. */
@@ -66,6 +71,14 @@ typedef struct {
                        const float *, int64_t, int64_t, int, int);
     int (*rms_bwd_f64)(double *, double *, const double *, const double *, const double *,
                        const double *, int64_t, int64_t, int, int);
+    /* float16/bfloat16 storage (kind FASTLN_F16 or FASTLN_BF16), float math:
+     * forward op FASTLN_OP_*; backward: RMSNorm when dbias is NULL */
+    int (*half_fwd)(int op, int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                    const uint16_t *x, const uint16_t *res, const float *w, const float *b,
+                    int64_t N, int64_t H, double eps, int nt, int stream);
+    int (*half_bwd)(int kind, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
+                    const uint16_t *x, const float *mean, const float *rstd, const float *w,
+                    int64_t N, int64_t H, int nt, int stream);
     /* LN-RNN layer (rnn_impl.h); nt as above */
     int (*rnn_fwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
@@ -79,6 +92,9 @@ extern const fastln_kernel_table fastln_kernels_generic;
 extern const fastln_kernel_table fastln_kernels_avx2;
 extern const fastln_kernel_table fastln_kernels_avx512;
 #endif
+
+/* Whether the CPU has AVX512-BF16 (dispatch.c). */
+int fastln_cpu_has_avx512bf16(void);
 
 /* The path in use (dispatch.c). */
 const fastln_kernel_table *fastln_kernels(void);

@@ -412,6 +412,41 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
     if (stream) stream_fence();
 }
 
+#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#include "short_rows.h"
+#define HAVE_SHORT16 1
+#else
+#define HAVE_SHORT16 0
+#endif
+
+/* Forward rows [r0, r1): sixteen at a time where rows are short (AVX-512,
+ * float), else ln_rows. */
+static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                          int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
+{
+#if HAVE_SHORT16
+    if (H <= SHORT16_H) {
+        SFX(ln_rows16)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf != NULL);
+        return;
+    }
+#endif
+    SFX(ln_rows)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf);
+}
+
+/* Backward rows [r0, r1): sixteen at a time where rows are short (AVX-512,
+ * float), else bwd_rows. */
+static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
+                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H, T *buf)
+{
+#if HAVE_SHORT16
+    if (H <= SHORT16_H) {
+        SFX(bwd_rows16)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf != NULL);
+        return;
+    }
+#endif
+    SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf);
+}
+
 /* ---- drivers: split rows over threads ---------------------------------- */
 
 /* Per-thread staging rows of n elements for streaming stores, or NULL (no
@@ -426,13 +461,13 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
 {
     T *scratch = SFX(stream_scratch)(stream, nt, H);
     if (nt <= 1) {          /* no OpenMP region at all: even an if(0) one costs a microsecond */
-        SFX(ln_rows)(y, mean, rstd, x, w, b, 0, N, H, eps, scratch);
+        SFX(ln_range)(y, mean, rstd, x, w, b, 0, N, H, eps, scratch);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(ln_rows)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps,
-                         scratch ? scratch + t * H : NULL);
+            SFX(ln_range)(y, mean, rstd, x, w, b, N * t / p, N * (t + 1) / p, H, eps,
+                          scratch ? scratch + t * H : NULL);
         }
     }
     free(scratch);
@@ -485,18 +520,84 @@ static int64_t SFX(part_stride)(int64_t H)
     return ps * (int64_t)sizeof(T) % 4096 == 0 ? ps + 1024 / (int64_t)sizeof(T) : ps;
 }
 
+/* ---- float16 and bfloat16 storage (compiled for float only) ------------
+ * Blocks of about 8192 elements are widened into float scratch that stays in
+ * L1/L2 (F16C/AVX-512 conversions), run through the float row kernels, and
+ * rounded back (nearest even) on the way out: half the bytes of float32 in
+ * and out, the same float math. Blocks are a multiple of 16 rows where more
+ * than 16 fit; rows never depend on their block, so neither do results. */
+
+/* x, dy, dx of a backward in 16-bit storage (kind FASTLN_F16 or FASTLN_BF16) */
+typedef struct {
+    int kind, stream;
+    uint16_t *dx;
+    const uint16_t *dy, *x;
+} SFX(lp_bwd);
+
+#if IS_F32
+static int64_t SFX(lp_block)(int64_t H)
+{
+    int64_t m = 8192 / H;
+    return m >= 16 ? m / 16 * 16 : m > 0 ? m : 1;
+}
+
+/* floats of per-thread scratch: two float blocks and a 16-bit staging block */
+static int64_t SFX(lp_scratch)(int64_t H)
+{
+    int64_t e = SFX(lp_block)(H) * H;
+    return 2 * e + (e + 1) / 2;
+}
+
+/* dst = src (n values) rounded to kind; with stream through stage and
+ * non-temporal stores (the caller fences). */
+static void SFX(lp_put)(int kind, uint16_t *dst, const float *src, int64_t n, uint16_t *stage,
+                        int stream)
+{
+    if (!stream) {
+        narrow_half(kind, dst, src, n);
+        return;
+    }
+    narrow_half(kind, stage, src, n);
+    stream_copy(dst, stage, (size_t)n * sizeof(uint16_t));
+}
+
+/* Backward rows [r0, r1) in 16-bit storage: bwd_range on widened blocks. */
+static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const float *mean,
+                             const float *rstd, const float *w, int64_t r0, int64_t r1,
+                             int64_t H, float *buf)
+{
+    const int64_t m = SFX(lp_block)(H);
+    float *xb = buf, *gb = buf + m * H;
+    uint16_t *stage = (uint16_t *)(gb + m * H);
+    for (int64_t r = r0; r < r1; r += m) {
+        int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
+        widen_half(a->kind, xb, a->x + r * H, e);
+        widen_half(a->kind, gb, a->dy + r * H, e);
+        SFX(bwd_range)(gb, pw, pb, gb, xb, mean ? mean + r : NULL, rstd + r, w, 0, n, H, NULL);
+        SFX(lp_put)(a->kind, a->dx + r * H, gb, e, stage, a->stream);
+    }
+    if (a->stream) stream_fence();
+}
+#endif
+
 /* Share t of p: the row blocks [k0, k1) with k0 = nblk*t/p, each into its own
  * partial sums part[k] = [dweight | dbias]. */
 static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, T *stage,
-                            int64_t t, int64_t p)
+                            const SFX(lp_bwd) *lp, int64_t t, int64_t p)
 {
     for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
         T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
         memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
-        SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage);
+#if IS_F32
+        if (lp) {
+            SFX(lp_bwd_rows)(lp, pw, pb, mean, rstd, w, k * rb, r1, H, stage);
+            continue;
+        }
+#endif
+        SFX(bwd_range)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage);
     }
 }
 
@@ -525,10 +626,11 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps,
 /* Backward driver shared by LayerNorm and RMSNorm (db == NULL). Rows go in
  * blocks of fastln_row_block(N) rows, independent of the thread count; each
  * block owns partial sums of dweight and dbias, which are then added in
- * block order: the result is bitwise the same on any number of threads. */
+ * block order: the result is bitwise the same on any number of threads.
+ * With lp, x, dy and dx are lp's (16-bit storage), and dx, dy, x are unused. */
 static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                          const T *x, const T *mean, const T *rstd, const T *w,
-                         int64_t N, int64_t H, int nt, int stream)
+                         int64_t N, int64_t H, int nt, int stream, const SFX(lp_bwd) *lp)
 {
     int64_t rb = fastln_row_block(N), nblk = (N + rb - 1) / rb;
     int64_t np = db ? 2 : 1;                         /* partial vectors per block */
@@ -537,10 +639,10 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
         if (db) memset(db, 0, (size_t)H * sizeof(T));
         return FASTLN_OK;
     }
-    if (nblk == 1 && !stream) {                      /* one block: sums straight into dw, db */
+    if (nblk == 1 && !stream && !lp) {               /* one block: sums straight into dw, db */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
-        SFX(bwd_rows)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL);
+        SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL);
         return FASTLN_OK;
     }
     int64_t ps = SFX(part_stride)(H);
@@ -548,17 +650,26 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     if (!part) return FASTLN_ENOMEM;
     if (nt > nblk) nt = (int)nblk;
     /* per-thread staging rows for streamed dx (NULL: dx is written in place,
-     * also when the allocation fails, which only costs speed) */
-    T *stage = stream ? (T *)malloc((size_t)(nt * GROUP * H) * sizeof(T)) : NULL;
+     * also when the allocation fails, which only costs speed); with lp, the
+     * scratch it needs */
+    int64_t sn = stream ? GROUP * H : 0;
+#if IS_F32
+    if (lp) sn = SFX(lp_scratch)(H);
+#endif
+    T *stage = sn ? (T *)malloc((size_t)(nt * sn) * sizeof(T)) : NULL;
+    if (lp && !stage) {
+        free(part);
+        return FASTLN_ENOMEM;
+    }
     if (nt <= 1) {
-        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, 0, 1);
+        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, lp, 0, 1);
         SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
             SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
-                            stage ? stage + t * GROUP * H : NULL, t, p);
+                            stage ? stage + t * sn : NULL, lp, t, p);
 #pragma omp barrier
             SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
         }
@@ -572,17 +683,93 @@ static int SFX(layer_norm_backward)(T *dx, T *dw, T *db, const T *dy, const T *x
                                     const T *mean, const T *rstd, const T *w,
                                     int64_t N, int64_t H, int nt, int stream)
 {
-    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt, stream);
+    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt, stream, NULL);
 }
 
 static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T *rstd,
                                   const T *w, int64_t N, int64_t H, int nt, int stream)
 {
-    return SFX(backward)(dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt, stream);
+    return SFX(backward)(dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt, stream, NULL);
 }
+
+#if IS_F32
+/* LayerNorm (db != NULL) or RMSNorm backward in 16-bit storage. */
+static int SFX(half_bwd)(int kind, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
+                         const uint16_t *x, const float *mean, const float *rstd,
+                         const float *w, int64_t N, int64_t H, int nt, int stream)
+{
+    SFX(lp_bwd) lp = {kind, stream, dx, dy, x};
+    return SFX(backward)(NULL, dw, db, NULL, NULL, mean, rstd, w, N, H, nt, stream, &lp);
+}
+
+/* Forward in 16-bit storage: op FASTLN_OP_LN (y = LN(x)), FASTLN_OP_RMS, or
+ * FASTLN_OP_ADD (s = x + res and y = LN(s) in float, both stored rounded, as
+ * the float32 kernels do). */
+typedef struct {
+    int op, kind, stream;
+    uint16_t *y, *s;
+    float *mean, *rstd;
+    const uint16_t *x, *res;
+    const float *w, *b;
+    int64_t H;
+    double eps;
+} SFX(lp_fwd);
+
+static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float *buf)
+{
+    const int64_t H = a->H, m = SFX(lp_block)(H);
+    float *xb = buf, *rb = buf + m * H;
+    uint16_t *stage = (uint16_t *)(rb + m * H);
+#if HAVE_SHORT16
+    if (H > SHORT16_H && a->op != FASTLN_OP_ADD) {   /* conversions in registers */
+        SFX(half_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->mean, a->rstd, a->x, a->w,
+                       a->b, r0, r1, H, a->eps, buf, a->stream);
+        return;
+    }
+#endif
+    for (int64_t r = r0; r < r1; r += m) {
+        int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
+        float *mean = a->mean ? a->mean + r : NULL, *rstd = a->rstd ? a->rstd + r : NULL;
+        widen_half(a->kind, xb, a->x + r * H, e);
+        if (a->op == FASTLN_OP_ADD) {   /* s over x, y over res */
+            widen_half(a->kind, rb, a->res + r * H, e);
+            SFX(add_ln_rows)(rb, xb, mean, rstd, xb, rb, a->w, a->b, 0, n, H, a->eps, NULL);
+            SFX(lp_put)(a->kind, a->s + r * H, xb, e, stage, a->stream);
+            SFX(lp_put)(a->kind, a->y + r * H, rb, e, stage, a->stream);
+            continue;
+        }
+        if (a->op == FASTLN_OP_RMS) SFX(rms_rows)(xb, rstd, xb, a->w, 0, n, H, a->eps, NULL);
+        else SFX(ln_range)(xb, mean, rstd, xb, a->w, a->b, 0, n, H, a->eps, NULL);
+        SFX(lp_put)(a->kind, a->y + r * H, xb, e, stage, a->stream);
+    }
+    if (a->stream) stream_fence();
+}
+
+static int SFX(half_fwd)(int op, int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                         const uint16_t *x, const uint16_t *res, const float *w,
+                         const float *b, int64_t N, int64_t H, double eps, int nt, int stream)
+{
+    SFX(lp_fwd) a = {op, kind, stream, y, s, mean, rstd, x, res, w, b, H, eps};
+    int64_t sn = SFX(lp_scratch)(H);
+    float *scratch = (float *)malloc((size_t)(nt * sn) * sizeof(float));
+    if (!scratch) return FASTLN_ENOMEM;
+    if (nt <= 1) {
+        SFX(lp_fwd_rows)(&a, 0, N, scratch);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+            SFX(lp_fwd_rows)(&a, N * t / p, N * (t + 1) / p, scratch + t * sn);
+        }
+    }
+    free(scratch);
+    return FASTLN_OK;
+}
+#endif
 
 #undef NACC
 #undef CHUNK
 #undef GROUP
 #undef ROWS
 #undef SHORT_H
+#undef HAVE_SHORT16

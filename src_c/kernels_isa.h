@@ -88,6 +88,149 @@ static inline double hsum_f64(const double *a)
 #define HSUM_BY_COMPILER 1
 #endif
 
+/* ---- float16 and bfloat16 storage <-> float -------------------------- */
+
+/* One value, round to nearest even (the tails of the vector loops, and the
+ * generic path). NaN stays NaN (quiet), infinities and subnormals are kept. */
+static inline float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    float f;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (m << 13);          /* inf, NaN */
+    } else if (e) {
+        u = sign | ((e + 112) << 23) | (m << 13);   /* normal: rebias 15 -> 127 */
+    } else {
+        f = (float)m * 0x1p-24f;                     /* zero, subnormal: exact */
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));   /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* 65520 and up: inf */
+    if (a >= 0x38800000u)                                       /* a normal half, 2^-14 up */
+        return (uint16_t)(sign | ((a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13));
+    float v;                                                    /* subnormal half or 0 */
+    memcpy(&v, &a, 4);
+    return (uint16_t)(sign | (uint32_t)nearbyintf(v * 0x1p24f));
+}
+
+static inline float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* d[i] = s[i] as float, n values of kind FASTLN_F16 or FASTLN_BF16. */
+static void widen_half(int kind, float *d, const uint16_t *s, int64_t n)
+{
+    int64_t i = 0;
+#if defined(FASTLN_X86) && VEC_BYTES == 64
+    if (kind == FASTLN_F16)
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+    else
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_si512(d + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                           _mm256_loadu_si256((const __m256i *)(s + i))), 16));
+#elif defined(FASTLN_X86) && VEC_BYTES == 32
+    if (kind == FASTLN_F16)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    else
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_si256((__m256i *)(d + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(
+                                    _mm_loadu_si128((const __m128i *)(s + i))), 16));
+#endif
+    for (; i < n; i++) d[i] = kind == FASTLN_F16 ? f16_to_f32(s[i]) : bf16_to_f32(s[i]);
+}
+
+#if defined(FASTLN_X86) && VEC_BYTES == 64
+/* Keeps v in a register: stops the compiler from folding a conversion into a
+ * memory-destination form (VPMOVDW, VCVTPS2PH to memory: slow on AMD Zen 4). */
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+
+/* 16 floats to bfloat16, nearest even (NaN stays NaN): the high halves of
+ * u + 0x7fff + lsb (of a NaN: u | quiet bit), gathered by VPERMW. */
+static inline __m256i bf16_round512(__m512 f)
+{
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i odd = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __m512i u = _mm512_castps_si512(f);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs), inf);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, half),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+    __m256i h = _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd, r));
+    IN_REGISTER(h);
+    return h;
+}
+
+static inline __m256i f16_round512(__m512 f)
+{
+    __m256i h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    IN_REGISTER(h);
+    return h;
+}
+#endif
+
+/* d[i] = s[i] rounded to kind (nearest even). bfloat16 by integer rounding:
+ * AVX512-BF16's VCVTNEPS2BF16 would flush subnormals to zero. */
+static void narrow_half(int kind, uint16_t *d, const float *s, int64_t n)
+{
+    int64_t i = 0;
+#if defined(FASTLN_X86) && VEC_BYTES == 64
+    if (kind == FASTLN_F16) {
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(d + i), f16_round512(_mm512_loadu_ps(s + i)));
+    } else {
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(d + i), bf16_round512(_mm512_loadu_ps(s + i)));
+    }
+#elif defined(FASTLN_X86) && VEC_BYTES == 32
+    if (kind == FASTLN_F16) {
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(d + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(s + i),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+        const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+        const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+        for (; i + 8 <= n; i += 8) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(s + i));
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+            __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, half),
+                                          _mm256_and_si256(_mm256_srli_epi32(u, 16), one)), 16);
+            __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+            r = _mm256_blendv_epi8(r, q, nan);
+            _mm_storeu_si128((__m128i *)(d + i), _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                                                  _mm256_extracti128_si256(r, 1)));
+        }
+    }
+#endif
+    for (; i < n; i++) d[i] = kind == FASTLN_F16 ? f32_to_f16(s[i]) : f32_to_bf16(s[i]);
+}
+
 #if ISA_HAS_FMA
 #define FMA_f32(a, b, c) __builtin_fmaf((a), (b), (c))
 #define FMA_f64(a, b, c) __builtin_fma((a), (b), (c))
@@ -144,6 +287,7 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(add_layer_norm, _f32_, ISA),      CAT3(add_layer_norm, _f64_, ISA),
     CAT3(rms_norm, _f32_, ISA),            CAT3(rms_norm, _f64_, ISA),
     CAT3(rms_norm_backward, _f32_, ISA),   CAT3(rms_norm_backward, _f64_, ISA),
+    CAT3(half_fwd, _f32_, ISA),            CAT3(half_bwd, _f32_, ISA),
     CAT3(rnn_forward, _f32_, ISA),         CAT3(rnn_forward, _f64_, ISA),
     CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),
 };

@@ -197,8 +197,8 @@ static inline void SFX(col_acc)(double *aw, double *ab, const T *g, int64_t ldg,
 #if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
 #define HAVE_GEMV16 1
 /* c[j] (+)= dot(row j of W, a) for j < 16, K elements: one accumulator per
- * row, then a transposing reduction tree (16 vectors -> one vector of the 16
- * sums) instead of 16 horizontal sums. */
+ * row, then a transposing reduction tree (reduce16: 16 vectors -> one vector
+ * of the 16 sums) instead of 16 horizontal sums. */
 static inline void SFX(gemv16)(float *c, const float *a, const float *W, int64_t K, int acc)
 {
     __m512 s[16];
@@ -209,22 +209,7 @@ static inline void SFX(gemv16)(float *c, const float *a, const float *W, int64_t
         for (int j = 0; j < 16; j++)
             s[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, W + j * K + k), av, s[j]);
     }
-    __m512 b[8], d[4];
-    for (int q = 0; q < 8; q++)   /* per 128-bit lane: rows 2q, 2q+1, even and odd halves */
-        b[q] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * q], s[2 * q + 1]),
-                             _mm512_unpackhi_ps(s[2 * q], s[2 * q + 1]));
-    for (int r = 0; r < 4; r++) { /* per 128-bit lane: rows 4r .. 4r+3 */
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * r]), _mm512_castps_pd(b[2 * r + 1]));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * r]), _mm512_castps_pd(b[2 * r + 1]));
-        d[r] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    /* add the four 128-bit lanes of each d[r] and put them in lane r */
-    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 r = _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 r = SFX(reduce16)(s);   /* short_rows.h */
     if (acc) r = _mm512_add_ps(r, _mm512_loadu_ps(c));
     _mm512_storeu_ps(c, r);
 }

@@ -1,8 +1,8 @@
 /* A driver of fastln's C API for AddressSanitizer/UBSan builds
  * (tests/test_sanitize.py). Values are arbitrary: the Python tests check the
  * results, this checks memory and undefined behaviour.
- *  - the normalization kernels (fastln.h): every function, dtype and ISA
- *    path; rows of 1 to 4099 elements, 0 to 3100 rows (the largest past the
+ *  - the normalization kernels (fastln.h): every function, dtype (float16
+ *    and bfloat16 storage too) and ISA path; rows of 1 to 4099 elements, 0 to 3100 rows (the largest past the
  *    streaming-store threshold), in place and not, 1 and 3 threads;
  *  - the LN-RNN engine (fastln_rnn.h): every cell, ISA path and dtype; odd
  *    sizes, B = 1, lengths, 1 and 3 threads; forward with and without a
@@ -85,6 +85,34 @@ static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, in
 LN_CASES(float, f32)
 LN_CASES(double, f64)
 
+/* The 16-bit storage kernels (kind FASTLN_F16 or FASTLN_BF16) on (N, H). */
+static int ln_half(int kind, int64_t N, int64_t H) {
+    size_t n = (size_t)(N * H);
+    uint16_t *x = malloc((n + 1) * 2), *r = malloc((n + 1) * 2), *dy = malloc((n + 1) * 2);
+    uint16_t *y = malloc((n + 1) * 2), *s = malloc((n + 1) * 2);
+    float *xf = fill(n + 1, 4, 1), *w = fill(H, 4, 4), *b = fill(H, 4, 5);
+    for (size_t i = 0; i <= n; i++) {   /* bit patterns of small values, both kinds */
+        x[i] = (uint16_t)(0x3c00 + (i * 37) % 1024 - (kind == FASTLN_BF16 ? 0x0400 : 0));
+        r[i] = (uint16_t)(x[i] ^ 0x8000);
+        dy[i] = (uint16_t)(x[i] + 3);
+    }
+    float *mean = malloc((N + 1) * 4), *rstd = malloc((N + 1) * 4), *dw = malloc(H * 4), *db = malloc(H * 4);
+    int rc = 0;
+    rc |= fastln_layer_norm_half(kind, y, mean, rstd, x, w, b, N, H, 1e-5);
+    rc |= fastln_layer_norm_half(kind, y, NULL, NULL, x, NULL, NULL, N, H, 1e-5);
+    rc |= fastln_layer_norm_backward_half(kind, s, dw, db, dy, x, mean, rstd, w, N, H);
+    rc |= fastln_add_layer_norm_half(kind, y, s, mean, rstd, x, r, w, b, N, H, 1e-5);
+    rc |= fastln_rms_norm_half(kind, y, rstd, x, w, N, H, 1e-6);
+    rc |= fastln_rms_norm_backward_half(kind, s, dw, dy, x, rstd, w, N, H);
+    memcpy(y, x, n * 2);   /* in place */
+    rc |= fastln_layer_norm_half(kind, y, mean, rstd, y, w, b, N, H, 1e-5);
+    rc |= fastln_layer_norm_backward_half(kind, dy, dw, db, dy, x, mean, rstd, w, N, H);
+    rc |= fastln_rms_norm_half(kind, y, rstd, y, w, N, H, 1e-6);
+    free(x); free(r); free(dy); free(y); free(s); free(xf); free(w); free(b);
+    free(mean); free(rstd); free(dw); free(db);
+    return rc;
+}
+
 int main(void) {
     const char *isas[] = {"generic", "avx2", "avx512"};
     int bad = 0, n = 0;
@@ -113,12 +141,15 @@ int main(void) {
             fastln_set_num_threads(nt);
             for (int q = 0; q < 7; q++) {
                 bad |= ln_f32(cfg[q][0], cfg[q][1]) | ln_f64(cfg[q][0], cfg[q][1]);
-                n += 2;
+                bad |= ln_half(FASTLN_F16, cfg[q][0], cfg[q][1]);
+                bad |= ln_half(FASTLN_BF16, cfg[q][0], cfg[q][1]);
+                n += 4;
             }
         }
         /* past the streaming thresholds (48 MiB forward, 8 MiB backward) */
         bad |= ln_f32(3100, 4096);
-        n++;
+        bad |= ln_half(FASTLN_BF16, 6200, 4096);
+        n += 2;
     }
     printf("%d runs, rc %d\n", n, bad);
     return bad;

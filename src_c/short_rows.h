@@ -1,0 +1,446 @@
+/*
+ * Short rows (H <= SHORT16_H) in float32 on AVX-512: sixteen rows at once.
+ * Included by kernels_impl.h for (float, avx512) only.
+ *
+ * One row's vector is at most SHORT16_H / 16 registers, so per-row
+ * horizontal sums and scalar statistics would dominate. Here each row's sums
+ * stay in one vector accumulator, a transposing reduction tree (reduce16)
+ * turns sixteen of them into one vector holding the sixteen row sums, and
+ * the statistics are computed for the sixteen rows in vector lanes. A group
+ * short of sixteen rows repeats its last row in the spare lanes (their
+ * results are dropped), so a row's arithmetic does not depend on its group:
+ * results are bitwise the same for any split of the rows over threads.
+ *
+ * The statistics follow the row kernels of kernels_impl.h: shifted two-pass
+ * forward (x - x0, then the centred squares), rstd in double, and for float
+ * sums that may have lost the row (not finite, or a variance outside
+ * [1e-30, 1e30]) the row is redone by the one-row code with its double
+ * fallback.
+ */
+#include <float.h>
+
+#define SHORT16_H 128
+#define NV16 (SHORT16_H / 16)   /* vectors in a row, at most */
+
+/* Lane k of the result = the sum of the 16 lanes of s[k]. */
+static inline __m512 SFX(reduce16)(const __m512 *s)
+{
+    __m512 b[8], d[4];
+    for (int q = 0; q < 8; q++)   /* per 128-bit lane: rows 2q, 2q+1, even and odd halves */
+        b[q] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * q], s[2 * q + 1]),
+                             _mm512_unpackhi_ps(s[2 * q], s[2 * q + 1]));
+    for (int r = 0; r < 4; r++) { /* per 128-bit lane: rows 4r .. 4r+3 */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * r]), _mm512_castps_pd(b[2 * r + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * r]), _mm512_castps_pd(b[2 * r + 1]));
+        d[r] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* add the four 128-bit lanes of each d[r] and put them in lane r */
+    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* f(a) lane by lane in double: the lanes of a widened, f applied to both halves, narrowed. */
+#define IN_DOUBLE(a, f)                                                             \
+    _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(f(_mm512_cvtps_pd(   \
+                           _mm512_castps512_ps256(a))))),                           \
+                       _mm512_cvtpd_ps(f(_mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1)))), 1)
+
+/* The mask of the last vector of a row of H elements. */
+static inline __mmask16 SFX(tail16)(int64_t H)
+{
+    return H % 16 ? (__mmask16)((1u << (H % 16)) - 1) : (__mmask16)0xFFFF;
+}
+
+/* Rows [n, n + 16) of x, the spare ones (from r1 on) repeating row r1 - 1. */
+static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int64_t r1, int64_t H)
+{
+    for (int k = 0; k < 16; k++) xr[k] = x + (n + k < r1 ? n + k : r1 - 1) * H;
+}
+
+/* One group of 16 rows (R of them real) of the LayerNorm forward, rows of
+ * NV vectors (a constant after inlining: the loops unroll, w and b stay in
+ * registers). Returns the mask of the rows it did not finish: their float
+ * statistics are suspect, and the caller redoes them with the one-row code. */
+static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
+    float *const *yr, float *mean, float *rstd, const float *const *xr, const __m512 *wv,
+    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps)
+{
+    const __m512 Hv = _mm512_set1_ps((float)H);
+#define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
+    float sh[16] __attribute__((aligned(64))), dm[16] __attribute__((aligned(64)));
+    float r[16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    for (int k = 0; k < 16; k++) {   /* sum(x - x0) */
+        sh[k] = xr[k][0];
+        __m512 s = _mm512_set1_ps(sh[k]), a = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++)
+            a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v), s));
+        acc[k] = a;
+    }
+    __m512 s1 = SFX(reduce16)(acc), dmv = _mm512_div_ps(s1, Hv);
+    _mm512_store_ps(dm, dmv);
+    for (int k = 0; k < 16; k++) {   /* sum((x - x0 - dm)^2) */
+        __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), a = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++) {
+            __m512 c = _mm512_maskz_sub_ps(
+                MASK(v), _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v), s), d);
+            a = _mm512_fmadd_ps(c, c, a);
+        }
+        acc[k] = a;
+    }
+    __m512 var = _mm512_div_ps(SFX(reduce16)(acc), Hv);
+    __mmask16 ok = _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e-30f), _CMP_GE_OQ) &
+                   _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e30f), _CMP_LE_OQ) &
+                   _mm512_cmp_ps_mask(_mm512_abs_ps(s1), _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
+    __m512d e = _mm512_set1_pd(eps), one = _mm512_set1_pd(1.0);
+#define RSTD(v) _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_add_pd((v), e)))
+    __m512 rv = IN_DOUBLE(var, RSTD);
+#undef RSTD
+    _mm512_store_ps(r, rv);
+    __mmask16 done = ok & (__mmask16)((1u << R) - 1);
+    if (mean) {   /* x0 + dm, rounded once */
+        __m512 shv = _mm512_load_ps(sh);
+        __m512d lo = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(shv)),
+                                   _mm512_cvtps_pd(_mm512_castps512_ps256(dmv)));
+        __m512d hi = _mm512_add_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(shv, 1)),
+                                   _mm512_cvtps_pd(_mm512_extractf32x8_ps(dmv, 1)));
+        _mm512_mask_storeu_ps(mean, done, _mm512_insertf32x8(
+            _mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1));
+    }
+    if (rstd) _mm512_mask_storeu_ps(rstd, done, rv);
+    for (int k = 0; k < R; k++) {   /* y = (x - x0 - dm) * r * w + b */
+        if (!((ok >> k) & 1)) continue;
+        __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
+        for (int v = 0; v < NV; v++) {
+            __m512 c = _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v), s), d);
+            _mm512_mask_storeu_ps(yr[k] + 16 * v, MASK(v), _mm512_fmadd_ps(_mm512_mul_ps(c, rk), wv[v], bv[v]));
+        }
+    }
+#undef MASK
+    return (__mmask16)(~ok & ((1u << R) - 1));
+}
+
+/* LayerNorm forward of rows [r0, r1), H <= SHORT16_H. With stream, a group's
+ * rows are written to a staging block and streamed out together. */
+static void SFX(ln_rows16)(float *y, float *mean, float *rstd, const float *x, const float *w,
+                           const float *b, int64_t r0, int64_t r1, int64_t H, double eps,
+                           int stream)
+{
+    const int nv = (int)((H + 15) / 16);
+    const __mmask16 tail = SFX(tail16)(H);
+    __m512 wv[NV16], bv[NV16];
+    for (int v = 0; v < nv; v++) {
+        __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xFFFF;
+        wv[v] = w ? _mm512_maskz_loadu_ps(m, w + 16 * v) : _mm512_set1_ps(1.0f);
+        bv[v] = b ? _mm512_maskz_loadu_ps(m, b + 16 * v) : _mm512_setzero_ps();
+    }
+    float stage[16 * SHORT16_H];
+    for (int64_t n = r0; n < r1; n += 16) {
+        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
+        const float *xr[16];
+        float *yr[16];
+        SFX(rows16)(xr, x, n, r1, H);
+        for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
+        float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
+        __mmask16 redo;
+        switch (nv) {
+#define CASE(NV) case NV: redo = SFX(ln_group16)(yr, mn, rs, xr, wv, bv, R, NV, H, tail, eps); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8)
+#undef CASE
+        }
+        for (int k = 0; redo && k < R; k++)
+            if ((redo >> k) & 1)
+                SFX(ln_rows)(yr[k], mn ? mn + k : NULL, rs ? rs + k : NULL, xr[k], w, b, 0, 1,
+                             H, eps, NULL);
+        if (stream) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
+    }
+    if (stream) stream_fence();
+}
+
+/* Backward of one group of 16 rows (R real), rows of NV vectors, LayerNorm
+ * (LN = 1: sums of d = x - mean, g = dy*w and g*d) or RMSNorm (LN = 0: the
+ * sum of g*x). Sweep 1 keeps each row's sums in vectors and reduces them with
+ * reduce16; the scalars follow ln_bwd_scalars/rms_bwd_scalars in double
+ * lanes, and a row whose float sums are not finite gets them from that
+ * one-row code (its double fallback). Sweep 2 as bwd_sweep2: per column
+ * vector, the rows in order add to the dweight/dbias partials pw, pb, and
+ * every row's dx is stored after all loads of that column. */
+static inline __attribute__((always_inline)) void SFX(bwd_group16)(
+    float *const *dxr, float *pw, float *pb, const float *const *xr, const float *const *gr,
+    const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
+    __mmask16 tail)
+{
+#define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
+    float m[16] __attribute__((aligned(64))), r[16] __attribute__((aligned(64)));
+    float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
+    float c2[16] __attribute__((aligned(64)));
+    for (int k = 0; k < 16; k++) {
+        m[k] = LN ? mean[k < R ? k : R - 1] : 0.0f;
+        r[k] = rstd[k < R ? k : R - 1];
+    }
+    __m512 wv[NV16];
+    for (int v = 0; v < NV; v++)
+        wv[v] = w ? _mm512_maskz_loadu_ps(MASK(v), w + 16 * v) : _mm512_maskz_mov_ps(MASK(v), _mm512_set1_ps(1.0f));
+    __m512 sd[16], sg[16], sgd[16];
+    for (int k = 0; k < 16; k++) {   /* sweep 1 */
+        __m512 mk = _mm512_set1_ps(m[k]), ad = _mm512_setzero_ps(), ag = ad, agd = ad;
+        for (int v = 0; v < NV; v++) {
+            __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
+            __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(MASK(v), gr[k] + 16 * v), wv[v]);
+            if (LN) {
+                __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);
+                ad = _mm512_add_ps(ad, d);
+                ag = _mm512_add_ps(ag, g);
+                agd = _mm512_fmadd_ps(g, d, agd);
+            } else {
+                agd = _mm512_fmadd_ps(g, xv, agd);
+            }
+        }
+        sd[k] = ad;
+        sg[k] = ag;
+        sgd[k] = agd;
+    }
+    __m512 S_gd = SFX(reduce16)(sgd);
+    __m512 S_d = LN ? SFX(reduce16)(sd) : _mm512_setzero_ps();
+    __m512 S_g = LN ? SFX(reduce16)(sg) : _mm512_setzero_ps();
+    __m512 big = _mm512_set1_ps(FLT_MAX);
+    __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(S_gd), big, _CMP_LE_OQ);
+    if (LN)
+        ok &= _mm512_cmp_ps_mask(_mm512_abs_ps(S_d), big, _CMP_LE_OQ) &
+              _mm512_cmp_ps_mask(_mm512_abs_ps(S_g), big, _CMP_LE_OQ);
+    /* the scalars in double lanes, eight rows at a time */
+    __m512d Hd = _mm512_set1_pd((double)H);
+    for (int h = 0; h < 2; h++) {
+#define HALF(v) _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps((v), 1) : _mm512_castps512_ps256(v))
+        __m512d sd_ = HALF(S_d), sg_ = HALF(S_g), sgd_ = HALF(S_gd);
+        __m512d rd = HALF(_mm512_load_ps(r));
+#undef HALF
+        __m512d dmd = _mm512_div_pd(sd_, Hd);
+        __m512d c2d = _mm512_div_pd(_mm512_mul_pd(rd, _mm512_fnmadd_pd(dmd, sg_, sgd_)), Hd);
+        _mm256_store_ps(dm + 8 * h, _mm512_cvtpd_ps(dmd));
+        _mm256_store_ps(c1 + 8 * h, _mm512_cvtpd_ps(_mm512_div_pd(sg_, Hd)));
+        _mm256_store_ps(c2 + 8 * h, _mm512_cvtpd_ps(c2d));
+    }
+    for (int k = 0; k < R; k++) {
+        if ((ok >> k) & 1) continue;
+        SFX(bwd_scalars) sc = LN ? SFX(ln_bwd_scalars)(xr[k], gr[k], w, m[k], r[k], H)
+                                 : SFX(rms_bwd_scalars)(xr[k], gr[k], w, r[k], H);
+        dm[k] = sc.dm;
+        c1[k] = sc.c1;
+        c2[k] = sc.c2;
+    }
+    for (int v = 0; v < NV; v++) {   /* sweep 2 */
+        __m512 sw = _mm512_maskz_loadu_ps(MASK(v), pw + 16 * v);
+        __m512 sb = LN ? _mm512_maskz_loadu_ps(MASK(v), pb + 16 * v) : sw;
+        __m512 dx[16];
+        for (int k = 0; k < R; k++) {
+            __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
+            __m512 g = _mm512_maskz_loadu_ps(MASK(v), gr[k] + 16 * v);
+            __m512 xh = _mm512_mul_ps(
+                _mm512_sub_ps(_mm512_sub_ps(xv, _mm512_set1_ps(m[k])), _mm512_set1_ps(dm[k])),
+                _mm512_set1_ps(r[k]));
+            sw = _mm512_fmadd_ps(g, xh, sw);
+            if (LN) sb = _mm512_add_ps(sb, g);
+            __m512 t = _mm512_fmsub_ps(g, wv[v], _mm512_set1_ps(c1[k]));
+            dx[k] = _mm512_mul_ps(_mm512_set1_ps(r[k]),
+                                  _mm512_fnmadd_ps(xh, _mm512_set1_ps(c2[k]), t));
+        }
+        _mm512_mask_storeu_ps(pw + 16 * v, MASK(v), sw);
+        if (LN) _mm512_mask_storeu_ps(pb + 16 * v, MASK(v), sb);
+        for (int k = 0; k < R; k++) _mm512_mask_storeu_ps(dxr[k] + 16 * v, MASK(v), dx[k]);
+    }
+#undef MASK
+}
+
+/* Backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <= SHORT16_H. */
+static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, const float *x,
+                            const float *mean, const float *rstd, const float *w, int64_t r0,
+                            int64_t r1, int64_t H, int stream)
+{
+    const int nv = (int)((H + 15) / 16);
+    const __mmask16 tail = SFX(tail16)(H);
+    float stage[16 * SHORT16_H];
+    for (int64_t n = r0; n < r1; n += 16) {
+        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
+        const float *xr[16], *gr[16];
+        float *dxr[16];
+        SFX(rows16)(xr, x, n, r1, H);
+        SFX(rows16)(gr, dy, n, r1, H);
+        for (int k = 0; k < 16; k++) dxr[k] = stream ? stage + k * H : dx + (n + k) * H;
+        const float *mn = pb ? mean + n : NULL, *rs = rstd + n;
+        switch (nv * 2 + (pb != NULL)) {
+#define CASE(NV)                                                                              \
+    case 2 * NV: SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, 0, H, tail); break;  \
+    case 2 * NV + 1: SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, 1, H, tail); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+        }
+        if (stream) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(float));
+    }
+    if (stream) stream_fence();
+}
+
+/* ---- rows in 16-bit storage, converted in registers -------------------
+ * LayerNorm and RMSNorm forward of one row of kind FASTLN_F16/FASTLN_BF16,
+ * for rows longer than SHORT16_H: each sweep reads the 16-bit values and
+ * widens them in registers, and the last narrows y in registers. The sums
+ * follow sum_shifted/sumsq_centered lane for lane (four vectors, chunks of
+ * 1024 added in double), so the results are those of the float32 kernels on
+ * the widened row, rounded once. Rows whose statistics need the fallbacks
+ * are widened into scratch and go through the float32 row code. */
+
+static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return kind == FASTLN_F16 ? _mm512_cvtph_ps(h)
+                              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* kind, or for bfloat16 on a CPU with AVX512-BF16, KIND_BF16_INSN: its
+ * VCVTNEPS2BF16 rounds to nearest even in one instruction, but reads
+ * subnormal inputs as 0 and flushes subnormal results, so a vector holding a
+ * subnormal float takes the integer rounding (bf16_round512) instead. */
+#define KIND_BF16_INSN 3
+
+static inline __m256i SFX(bf16_insn)(__m512 v)
+{
+    if (_mm512_fpclass_ps_mask(v, 0x20)) return bf16_round512(v);   /* 0x20: subnormal */
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    IN_REGISTER(h);
+    return h;
+}
+
+/* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
+static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
+{
+    __m256i h = kind == FASTLN_F16 ? f16_round512(v)
+                : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
+    if (m != (__mmask16)0xFFFF) _mm256_mask_storeu_epi16(p, m, h);
+    else if (nt && !((uintptr_t)p & 31)) _mm256_stream_si256((__m256i *)p, h);
+    else _mm256_storeu_si256((__m256i *)p, h);
+}
+
+/* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a 16-bit row */
+static inline __attribute__((always_inline)) double SFX(half_sum)(int kind, const uint16_t *x, int64_t H, float shift, float dm,
+                                   int sq)
+{
+    const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
+    double total = 0;
+    for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+        int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
+        const uint16_t *xc = x + c0;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#define ACC(a, off, m)                                                          \
+    do {                                                                        \
+        __m512 v_ = _mm512_sub_ps(SFX(ld_half)(kind, xc + (off), (m)), sh);     \
+        if (sq) {                                                               \
+            v_ = _mm512_sub_ps(v_, d);                                          \
+            a = _mm512_mask3_fmadd_ps(v_, v_, a, (m));                          \
+        } else {                                                                \
+            a = _mm512_mask_add_ps(a, (m), a, v_);                              \
+        }                                                                       \
+    } while (0)
+        int64_t i = 0;
+        for (; i + 64 <= n; i += 64) {   /* lanes as sum_shifted's acc[64] */
+            ACC(a0, i, 0xFFFF);
+            ACC(a1, i + 16, 0xFFFF);
+            ACC(a2, i + 32, 0xFFFF);
+            ACC(a3, i + 48, 0xFFFF);
+        }
+#define TAILMASK(k) (n - i - 16 * (k) >= 16 ? (__mmask16)0xFFFF                    \
+                     : n - i <= 16 * (k) ? (__mmask16)0                             \
+                     : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
+        if (i < n) {
+            ACC(a0, i, TAILMASK(0));
+            ACC(a1, i + 16, TAILMASK(1));
+            ACC(a2, i + 32, TAILMASK(2));
+            ACC(a3, i + 48, TAILMASK(3));
+        }
+#undef TAILMASK
+#undef ACC
+        float acc[64];
+        _mm512_storeu_ps(acc, a0);
+        _mm512_storeu_ps(acc + 16, a1);
+        _mm512_storeu_ps(acc + 32, a2);
+        _mm512_storeu_ps(acc + 48, a3);
+        total += SFX(hsum)(acc);
+    }
+    return total;
+}
+
+/* The normalize sweep, y = (x - shift - dm) * r * w + b as normalize_row
+ * computes it (w, b NULL or not: WB = 2 * !!w + !!b), in 16-bit storage. */
+static inline __attribute__((always_inline)) void SFX(half_norm)(
+    int kind, int WB, uint16_t *y, const uint16_t *x, const float *w, const float *b,
+    int64_t H, float shift, float dm, float r, int nt)
+{
+    const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
+    for (int64_t i = 0; i < H; i += 16) {
+        __mmask16 m = H - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - i)) - 1);
+        __m512 c = _mm512_sub_ps(_mm512_sub_ps(SFX(ld_half)(kind, x + i, m), sh), d), v;
+        if (WB == 3)
+            v = _mm512_fmadd_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + i),
+                                _mm512_maskz_loadu_ps(m, b + i));
+        else if (WB == 2)
+            v = _mm512_mul_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + i));
+        else if (WB == 1)
+            v = _mm512_fmadd_ps(c, rv, _mm512_maskz_loadu_ps(m, b + i));
+        else
+            v = _mm512_mul_ps(c, rv);
+        SFX(st_half)(kind, y + i, v, m, nt);
+    }
+}
+
+/* y (H, kind) of one row; rms: RMSNorm (mean unused, b NULL). buf: 2H floats
+ * of scratch for the fallbacks; stream: non-temporal stores of y (the caller
+ * fences). */
+static inline __attribute__((always_inline)) void SFX(half_row_k)(
+    int kind, int rms, uint16_t *y, float *mean, float *rstd, const uint16_t *x,
+    const float *w, const float *b, int64_t H, double eps, float *buf, int stream)
+{
+    float shift = rms ? 0.0f : kind == FASTLN_F16 ? f16_to_f32(x[0]) : bf16_to_f32(x[0]);
+    double s1 = rms ? 0 : SFX(half_sum)(kind, x, H, shift, 0, 0);
+    float dm = (float)(s1 / (double)H);
+    double var = SFX(half_sum)(kind, x, H, shift, dm, 1) / (double)H;
+    double rd = 1.0 / sqrt(var + eps);
+    float r = (float)rd;
+    if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
+        widen_half(kind, buf, x, H);
+        if (rms) SFX(rms_rows)(buf + H, rstd, buf, w, 0, 1, H, eps, NULL);
+        else SFX(ln_finish_row)(buf + H, mean, rstd, buf, w, b, H, eps, shift, s1, dm, var);
+        narrow_half(kind, y, buf + H, H);
+        return;
+    }
+    if (mean) *mean = (float)((double)shift + (double)dm);
+    if (rstd) *rstd = r;
+    switch (2 * (w != NULL) + (b != NULL)) {   /* rms_rows is WB 2 or 0 (shift, dm = 0) */
+    case 3: SFX(half_norm)(kind, 3, y, x, w, b, H, shift, dm, r, stream); break;
+    case 2: SFX(half_norm)(kind, 2, y, x, w, b, H, shift, dm, r, stream); break;
+    case 1: SFX(half_norm)(kind, 1, y, x, w, b, H, shift, dm, r, stream); break;
+    default: SFX(half_norm)(kind, 0, y, x, w, b, H, shift, dm, r, stream); break;
+    }
+}
+
+/* Rows [r0, r1) of half_row_k, n elements apart. */
+static void SFX(half_rows)(int kind, int rms, uint16_t *y, float *mean, float *rstd,
+                           const uint16_t *x, const float *w, const float *b, int64_t r0,
+                           int64_t r1, int64_t H, double eps, float *buf, int stream)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        float *mr = mean ? mean + r : NULL, *rr = rstd ? rstd + r : NULL;
+        if (kind == FASTLN_F16)
+            SFX(half_row_k)(FASTLN_F16, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps, buf,
+                            stream);
+        else if (fastln_cpu_has_avx512bf16())
+            SFX(half_row_k)(KIND_BF16_INSN, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps,
+                            buf, stream);
+        else
+            SFX(half_row_k)(FASTLN_BF16, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps, buf,
+                            stream);
+    }
+    if (stream) stream_fence();
+}

@@ -1,0 +1,131 @@
+"""float16 and bfloat16 storage: the kernels read and write 16-bit values and
+compute in float32 (src_c/kernels_impl.h, "float16 and bfloat16 storage").
+
+The float32 kernels on the widened input, rounded to nearest even by NumPy
+(float16) or ml_dtypes (bfloat16), are the yardstick: every result must equal
+them bitwise, on every ISA path (AVX-512 and F16C conversions, the integer
+bfloat16 rounding, the portable C of the generic path), also for outputs that
+are subnormal, infinite or NaN in the 16-bit type, at any thread count and
+when large outputs are streamed."""
+import numpy as np
+import pytest
+
+import fastln
+
+from _util import F16, F32
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+HALVES = [np.dtype(F16), BF16]
+IDS = ["f16", "bf16"]
+
+
+def _same(got, want, what):
+    assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
+    g, w = got.view(np.uint16), want.view(np.uint16)
+    nan = np.isnan(want.astype(F32))
+    assert np.array_equal(np.isnan(got.astype(F32)), nan), what
+    np.testing.assert_array_equal(g[~nan], w[~nan], err_msg=what)
+
+
+def _inputs(dt, N, H, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((N, H)) * 3 + 1).astype(dt)
+    dy = rng.standard_normal((N, H)).astype(dt)
+    res = rng.standard_normal((N, H)).astype(dt)
+    w = (1 + 0.5 * rng.standard_normal(H)).astype(F32)
+    b = rng.standard_normal(H).astype(F32)
+    return x, dy, res, w, b
+
+
+def _all_results(x, dy, res, w, b):
+    """Every output of the five functions (x, dy, res in one dtype)."""
+    y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+    dx, dw, db = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+    ry, rr = fastln.rms_norm(x, w, return_stats=True)
+    rdx, rdw = fastln.rms_norm_backward(dy, x, rr, w)
+    ay, s, am, ar = fastln.add_layer_norm(x, res, w, b, return_stats=True)
+    return dict(y=y, mean=mean, rstd=rstd, dx=dx, dw=dw, db=db, ry=ry, rr=rr, rdx=rdx, rdw=rdw,
+                ay=ay, s=s, am=am, ar=ar)
+
+
+def _check_all(x, dy, res, w, b):
+    dt = x.dtype
+    got = _all_results(x, dy, res, w, b)
+    want = _all_results(x.astype(F32), dy.astype(F32), res.astype(F32), w, b)
+    for k, v in want.items():
+        if v.shape == x.shape:          # a 16-bit result: float32's, rounded once
+            with np.errstate(over="ignore"):
+                _same(got[k], v.astype(dt), k)
+        else:                           # stats and parameter gradients: float32
+            assert got[k].dtype == F32, k
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+@pytest.mark.parametrize("N, H", [(1, 1), (7, 5), (33, 16), (40, 100), (5, 768), (300, 64),
+                                  (3, 9000)])
+def test_equals_float32_rounded(isa, dt, N, H):
+    _check_all(*_inputs(dt, N, H))
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_special_values(isa, dt):
+    """Subnormal, overflowing and NaN outputs round as NumPy/ml_dtypes round."""
+    x, dy, res, w, b = _inputs(dt, 50, 40, seed=1)
+    info = np.finfo(F16) if dt == F16 else ml_dtypes.finfo(dt)
+    w_small = (np.linspace(0.01, 3, 40) * float(info.smallest_normal)).astype(F32)  # subnormal
+    w_big = np.full(40, float(info.max) / 2, F32)                    # outputs overflow to inf
+    x[3, 5] = np.nan
+    x[7, :] = np.inf * (1 - 2 * (np.arange(40) % 2))
+    x[9, :] = 0
+    for weight in (w, w_small, w_big):
+        _check_all(x, dy, res, weight, b)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_any_thread_count(restore_threads, dt):
+    x, dy, res, w, b = _inputs(dt, 3000, 96, seed=2)
+    results = []
+    for n in (1, 2, 3):
+        fastln.set_num_threads(n)
+        results.append(_all_results(x, dy, res, w, b))
+    for other in results[1:]:
+        for k in results[0]:
+            np.testing.assert_array_equal(results[0][k].view(np.uint8), other[k].view(np.uint8),
+                                          err_msg=k)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_streamed_outputs(dt):
+    """Outputs past the streaming thresholds (48 MiB forward, 8 MiB backward)."""
+    N, H = (1 << 15) + 3, 768          # 50 MB of 16-bit values
+    x, dy, _, w, b = _inputs(dt, N, H, seed=3)
+    y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+    dx, _, _ = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+    for a, z in ((0, 5000), (N - 5000, N)):   # small calls: not streamed
+        ya, ma, ra = fastln.layer_norm(x[a:z], w, b, return_stats=True)
+        _same(y[a:z], ya, "y")
+        np.testing.assert_array_equal(rstd[a:z], ra)
+        da, _, _ = fastln.layer_norm_backward(dy[a:z], x[a:z], ma, ra, w)
+        _same(dx[a:z], da, "dx")
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=IDS)
+def test_out_and_layouts(dt):
+    x, dy, res, w, b = _inputs(dt, 12, 32, seed=4)
+    want = fastln.layer_norm(x, w, b)
+    out = np.empty_like(x)
+    assert fastln.layer_norm(x, w, b, out=out) is out
+    _same(out, want, "out=")
+    xc = x.copy()
+    fastln.layer_norm(xc, w, b, out=xc)                       # in place
+    _same(xc, want, "in place")
+    _same(fastln.layer_norm(np.asfortranarray(x), w, b), want, "Fortran order")
+    w16 = w.astype(dt)                                        # a 16-bit weight is widened
+    _same(fastln.layer_norm(x.T, w16, b, axis=0).T, fastln.layer_norm(x, w16.astype(F32), b),
+          "axis 0, 16-bit weight")
+    # a float32 dy next to a 16-bit x takes the float32 path: dx is still x's dtype
+    _, m, r = fastln.layer_norm(x, w, b, return_stats=True)
+    dx, _, _ = fastln.layer_norm_backward(dy.astype(F32), x, m, r, w)
+    assert dx.dtype == dt

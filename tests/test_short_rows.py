@@ -1,0 +1,117 @@
+"""Short rows (H <= 128): the AVX-512 float32 kernels normalize sixteen rows at
+once (src_c/short_rows.h). Checked on every ISA path against the float64
+reference, at group tails and odd H; and since a group short of sixteen rows
+repeats its last row, each row's result must not depend on its neighbours:
+a row computed inside a batch equals the same row computed alone, bitwise,
+also next to rows that take the one-row fallback (huge, tiny, constant, inf,
+NaN)."""
+import numpy as np
+import pytest
+
+import fastln
+from fastln import reference as ref
+
+F32 = np.float32
+
+HS = [1, 5, 15, 16, 17, 31, 48, 64, 100, 127, 128, 129]
+NS = [1, 15, 16, 17, 33, 200]
+
+
+def _data(N, H, seed=0):
+    rng = np.random.default_rng(seed + 1000 * H + N)
+    x = (rng.standard_normal((N, H)) * 2 + 3).astype(F32)
+    return x, rng.standard_normal((N, H)).astype(F32), \
+        (1 + 0.3 * rng.standard_normal(H)).astype(F32), rng.standard_normal(H).astype(F32)
+
+
+def _close(got, want, scale=None):
+    want = np.asarray(want, np.float64)
+    s = max(1.0, float(np.abs(want).max())) if scale is None else scale
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=2e-5 * s)
+
+
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("H", HS)
+def test_short_rows_against_reference(isa, N, H):
+    x, dy, w, b = _data(N, H)
+    y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+    ry, rmean, rrstd = ref.layer_norm(x, w, b, return_stats=True)
+    _close(y, ry)
+    _close(mean, rmean)
+    _close(rstd, rrstd)
+    dx, dw, db = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+    rdx, rdw, rdb = ref.layer_norm_backward(dy, x, rmean, rrstd, w)
+    # dx = rstd * (dy*w - mean(dy*w) - ...): rounding of dy*w, scaled by rstd
+    # (316 at H = 1, where x - mean is 0 and eps alone sets rstd)
+    _close(dx, rdx, max(1.0, float(np.abs(rdx).max()), float(rrstd.max() * np.abs(dy * w).max())))
+    _close(dw, rdw)
+    _close(db, rdb)
+    y2, r2 = fastln.rms_norm(x, w, return_stats=True)
+    ry2, rr2 = ref.rms_norm(x, w, return_stats=True)
+    _close(y2, ry2)
+    _close(r2, rr2)
+    dx2, dw2 = fastln.rms_norm_backward(dy, x, r2, w)
+    rdx2, rdw2 = ref.rms_norm_backward(dy, x, rr2, w)
+    _close(dx2, rdx2)
+    _close(dw2, rdw2)
+
+
+def _odd_rows(H):
+    """Normal rows with, among them, rows that take the one-row fallback."""
+    x, dy, w, b = _data(40, H, seed=7)
+    x[3] *= 1e17          # variance past 1e30: the double fallback
+    x[5] = 2.5            # constant: variance 0
+    x[9] *= 1e-18         # variance below 1e-30
+    x[12, 0] = np.inf
+    x[20, -1] = np.nan
+    x[21] = 1e37          # sums overflow float
+    dy[30] *= 1e30        # backward sums past FLT_MAX
+    return x, dy, w, b
+
+
+@pytest.mark.parametrize("H", [1, 16, 17, 64, 128])
+def test_each_row_as_if_alone(isa, H):
+    x, dy, w, b = _odd_rows(H)
+    with np.errstate(all="ignore"):
+        y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+        dx, _, _ = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+        ry, rr = fastln.rms_norm(x, w, return_stats=True)
+        rdx, _ = fastln.rms_norm_backward(dy, x, rr, w)
+        for n in range(len(x)):
+            y1, m1, r1 = fastln.layer_norm(x[n:n + 1], w, b, return_stats=True)
+            np.testing.assert_array_equal(y[n:n + 1], y1, err_msg=f"y of row {n}")
+            np.testing.assert_array_equal(mean[n:n + 1], m1, err_msg=f"mean of row {n}")
+            np.testing.assert_array_equal(rstd[n:n + 1], r1, err_msg=f"rstd of row {n}")
+            d1, _, _ = fastln.layer_norm_backward(dy[n:n + 1], x[n:n + 1], m1, r1, w)
+            np.testing.assert_array_equal(dx[n:n + 1], d1, err_msg=f"dx of row {n}")
+            y2, r2 = fastln.rms_norm(x[n:n + 1], w, return_stats=True)
+            np.testing.assert_array_equal(ry[n:n + 1], y2, err_msg=f"rms y of row {n}")
+            d2, _ = fastln.rms_norm_backward(dy[n:n + 1], x[n:n + 1], r2, w)
+            np.testing.assert_array_equal(rdx[n:n + 1], d2, err_msg=f"rms dx of row {n}")
+    # and the fallback rows are right, not merely consistent
+    for n in (3, 9, 21):
+        _close(y[n], ref.layer_norm(x[n:n + 1], w, b)[0])
+    assert np.all(y[5] == b)
+    assert np.isnan(y[12]).all() and np.isnan(y[20]).all()
+
+
+def test_streamed_short_rows_equal_unstreamed(restore_threads):
+    """Past the streaming threshold (48 MiB forward, 8 MiB backward) the rows go
+    through a staging block and non-temporal stores: the same values."""
+    N, H = (1 << 19) + 5, 32          # 64 MiB of float32
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((N, H), dtype=F32)
+    w = rng.standard_normal(H, dtype=F32)
+    y, mean, rstd = fastln.layer_norm(x, w, None, return_stats=True)
+    half = N // 2 + 3                 # each half below the threshold
+    for a, z in ((0, half), (half, N)):
+        ya, ma, ra = fastln.layer_norm(x[a:z], w, None, return_stats=True)
+        np.testing.assert_array_equal(y[a:z], ya)
+        np.testing.assert_array_equal(rstd[a:z], ra)
+    dy = rng.standard_normal((N, H), dtype=F32)
+    dx, _, _ = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+    part = 100_000                    # 12.8 MB: streamed too; 50_000 (6.4 MB) is not
+    for a in (0, 400_000):
+        da, _, _ = fastln.layer_norm_backward(dy[a:a + part // 2], x[a:a + part // 2],
+                                              mean[a:a + part // 2], rstd[a:a + part // 2], w)
+        np.testing.assert_array_equal(dx[a:a + part // 2], da)
