@@ -1,0 +1,179 @@
+"""The benchmark machinery (fastln/_bench.py, bench/run.py, bench/plots.py), fast:
+two tiny shapes on one thread for every case, the peer-output checks, the
+RESULTS.md text and the PNG plots. matplotlib is skipped where missing, except
+under CI (the environment variable CI set), where that is a failure."""
+import importlib
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import fastln
+from fastln import _bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPES = [(3, 16), (5, 64)]
+CASES = [("layer_norm", "float32"), ("rms_norm", "float32"), ("add_layer_norm", "float32"),
+         ("layer_norm", "float16"), ("layer_norm", "bfloat16")]
+TINY = dict(repeats=2, min_sample=1e-4, budget=0.005, min_repeats=1, gap=0.0)
+
+
+def _load(name, filename):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", filename))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _matplotlib():
+    if os.environ.get("CI"):
+        return importlib.import_module("matplotlib")   # CI: a missing matplotlib fails
+    return pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    cases = [(N, H, op, dt) for op, dt in CASES for N, H in SHAPES]
+    if _bench._ml_dtypes is None:
+        cases = [c for c in cases if c[3] != "bfloat16"]
+    return _bench.run_grid(cases, threads=[1], peers=_bench.PEERS, **TINY)
+
+
+def test_rows(rows):
+    common = {"op", "dtype", "N", "H", "threads", "isa", "nbytes", "itemsize", "fwd_bytes",
+              "bwd_bytes", "copy", "copy_GBps", "fwd_copy_frac", "bwd_copy_frac",
+              "fwd_fastln_out", "bwd_fastln_out", "fwd_fastln_f32", "fwd_fastln_f32_out",
+              "elems_vs_f32", "elems_vs_f32_alloc", "jax_threads", "jax_threads_exact",
+              "mismatch"}
+    common |= {f"fwd_{p}" for p in _bench.FWD_PEERS} | {f"bwd_{p}" for p in _bench.BWD_PEERS}
+    common |= {f"fwd_speedup_{p}" for p in _bench.FWD_PEERS}
+    common |= {f"bwd_speedup_{p}" for p in _bench.BWD_PEERS}
+    assert len(rows) == len({(r["op"], r["dtype"]) for r in rows}) * len(SHAPES)
+    for r in rows:
+        assert common <= set(r), common - set(r)
+        assert r["threads"] == 1
+        assert r["mismatch"] == [], r["mismatch"]
+        assert r["fwd_fastln"] > 0 and r["fwd_fastln_out"] > 0 and r["copy"] > 0
+        assert r["fwd_numpy"] is not None or r["dtype"] == "bfloat16"
+        ln32 = (r["op"], r["dtype"]) == ("layer_norm", "float32")
+        assert (r["bwd_fastln"] is not None) == ln32
+        assert (r["fwd_onnxruntime"] is not None) == (ln32 and _bench.have_peer("onnxruntime"))
+        assert (r["elems_vs_f32"] is not None) == (r["dtype"] != "float32")
+        assert (r["fwd_jax"] is not None) == _bench.have_peer("jax")
+        if r["fwd_jax"] is not None:
+            assert r["jax_threads"] == 1
+        for p in ("torch", "jax"):
+            if _bench.have_peer(p):
+                assert r[f"fwd_{p}"] is not None and r[f"fwd_speedup_{p}"] > 0
+        assert r["fwd_bytes"] == _bench.STREAMS[r["op"]] * r["N"] * r["H"] * r["itemsize"]
+    text = _bench.format_table(rows, parts=("fwd",), detail=True)
+    assert "MISMATCH" not in text and "16-bit/f32 elem/s" in text
+    bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
+    assert not bf16 or "| bf16/f32 elem/s |" in _bench.format_table(bf16, markdown=True)
+    assert all(_bench.progress_line(r) for r in rows)
+
+
+def test_thread_settings_restored(rows):
+    if _bench._torch is not None:
+        saved = _bench._torch.get_num_threads()
+        _bench.run_grid([(2, 16)], threads=[1], peers=("torch",), **TINY)
+        assert _bench._torch.get_num_threads() == saved
+
+
+def test_check_outputs():
+    row = {"mismatch": []}
+    y = np.linspace(-3, 3, 64, dtype=np.float32).reshape(4, 16)
+    assert _bench.check_outputs(row, "peer", "fwd", [y + 1e-6], [y], ("y",))
+    assert row["mismatch"] == []
+    assert not _bench.check_outputs(row, "peer", "fwd", [y * 1.01], [y], ("y",))
+    assert not _bench.check_outputs(row, "peer", "fwd", [y[:2]], [y], ("y",))
+    assert not _bench.check_outputs(row, "peer", "fwd", [y], [y, y], ("y", "s"))
+    assert len(row["mismatch"]) == 3 and row["mismatch"][0].startswith("peer fwd y: max|diff|")
+    # 16-bit tolerances: one bfloat16 ulp passes, 5% does not
+    row = {"mismatch": []}
+    assert _bench.check_outputs(row, "p", "fwd", [y * (1 + 2 ** -8)], [y], ("y",), "bfloat16")
+    assert not _bench.check_outputs(row, "p", "fwd", [y * 1.05], [y], ("y",), "bfloat16")
+    assert not _bench.check_outputs(row, "p", "fwd", [y * (1 + 2 ** -6)], [y], ("y",), "float16")
+    # dweight / dbias: normwise
+    row = {"mismatch": []}
+    assert _bench.check_outputs(row, "p", "bwd", [y, y[0] + 1e-4 * 3, y[1]], [y, y[0], y[1]],
+                                ("dx", "dweight", "dbias"))
+    assert not _bench.check_outputs(row, "p", "bwd", [y, y[0] + 0.1, y[1]], [y, y[0], y[1]],
+                                    ("dx", "dweight", "dbias"))
+    assert row["mismatch"] == ["p bwd dweight: max|diff|=0.1"]
+
+
+def test_wrong_peer_is_reported(monkeypatch):
+    """A peer whose output is wrong is listed in the row and in the table; its time is kept."""
+    monkeypatch.setattr(_bench, "numpy_rms_norm", lambda x, w, eps=1e-6: x * w)
+    with fastln.threads(1):
+        row = _bench.bench_shape(4, 32, op="rms_norm", peers=("numpy",), **TINY)
+    assert len(row["mismatch"]) == 1 and row["mismatch"][0].startswith("numpy fwd y:")
+    assert row["fwd_numpy"] is not None
+    text = _bench.format_table([row], parts=("fwd",))
+    assert "!! MISMATCH" in text and "rms_norm (4, 32) t=1: numpy fwd y" in text
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        _bench.bench_shape(2, 8, op="rms_norm", dtype="float16")
+    with pytest.raises(ValueError):
+        _bench.bench_shape(2, 8, op="softmax")
+
+
+def test_results_md(rows):
+    run = _load("fastln_bench_run_test", "run.py")
+    assert len(run.cases(list(run.OPS), quick=False)) == len(run.SHAPES) + 4 * len(
+        run.EXTRA_SHAPES)
+    assert {(n, h) for n, h, *_ in run.cases(["ln"], quick=False)} >= {
+        (1, 16), (16384, 8192), (262144, 16), (262144, 64)}
+    info = _bench.machine_info()
+    info["cpu_other_load"] = 0.0
+    results = {"info": info, "quick": True, "elapsed_s": 1.0, "rows": rows}
+    md = run.results_md(results, "python bench/run.py --test", plots=None, plots_note="none")
+    for title in ("LayerNorm forward, float32", "LayerNorm backward, float32",
+                  "RMSNorm forward, float32", "add + LayerNorm forward, float32",
+                  "LayerNorm forward, float16"):
+        assert f"### {title}" in md
+    assert "## 1 thread" in md and "- threads: 1" in md
+    if _bench.have_peer("jax"):
+        assert "JAX: 1 thread" in md and "| jax us |" in md
+
+
+def _synthetic_results():
+    """A results dict like bench/run.py's, with made-up times."""
+    rows = []
+    for threads in (1, 2):
+        for H in (64, 1024):
+            for N in (1, 32, 4096):
+                nb = N * H * 4
+                t = 1e-6 + nb * 1e-10 / threads
+                r = {"op": "layer_norm", "dtype": "float32", "N": N, "H": H,
+                     "threads": threads, "nbytes": nb, "fwd_bytes": 2 * nb, "bwd_bytes": 3 * nb,
+                     "fwd_fastln": t, "fwd_fastln_out": 0.9 * t, "bwd_fastln": 2 * t,
+                     "bwd_fastln_out": 1.8 * t, "copy": 0.5 * t, "copy_GBps": 2 * nb / t / 1e9,
+                     "fwd_numpy": 5 * t, "fwd_torch": 0.8 * t if N == 4096 else 2 * t,
+                     "fwd_onnxruntime": None, "fwd_jax": 3 * t,
+                     "bwd_numpy": 9 * t, "bwd_torch": 3 * t, "bwd_jax": None, "mismatch": []}
+                rows.append(r)
+    rows.append(dict(rows[0], op="rms_norm"))      # other cases are ignored by the plots
+    return {"info": {"cpu": "test CPU", "cores": 2}, "rows": rows}
+
+
+def test_plots(tmp_path):
+    _matplotlib()
+    plots = _load("fastln_bench_plots_test", "plots.py")
+    res = _synthetic_results()
+    paths = plots.render(res, str(tmp_path))
+    assert set(paths) == {"throughput", "heatmap"}
+    for p in paths.values():
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert os.path.getsize(p) > 10000
+    hs, ns, grid, names = plots.speedup_grid(
+        [r for r in res["rows"] if r["threads"] == 2 and r["op"] == "layer_norm"], "fwd")
+    assert hs == [64, 1024] and ns == [1, 32, 4096]
+    assert grid[0][2] == pytest.approx(0.8) and names[0][2] == "torch"
+    assert grid[0][0] == pytest.approx(2.0)
+    assert plots.render({"info": {}, "rows": []}, str(tmp_path / "none")) == {}
