@@ -700,6 +700,7 @@ def bench_shape(N, H, *, op="layer_norm", dtype="float32", repeats=15, min_sampl
         fwd["fastln_out"] = lambda: fastln.add_layer_norm(x, r, w, b, eps=EPS, out=(y_out, s_out))
         got_out = lambda: list(fwd["fastln_out"]())   # noqa: E731
     fwd["copy"] = lambda: _core._parallel_copy(y_out, x)
+    fwd["copy_nt"] = lambda: _core._parallel_copy(y_out, x, nt=True)
     check("fastln", "fwd", got_out(), ref)     # out= path agrees with the allocating one
     if dtype != "float32":
         x32 = c["x32"]
@@ -747,12 +748,12 @@ def bench_shape(N, H, *, op="layer_norm", dtype="float32", repeats=15, min_sampl
 
     if gap is None:     # spinning pools only matter when something runs in parallel
         gap = SPIN_GAP if nthreads > 1 else 0.0
-    groups = {"fastln_out": "fastln", "copy": "fastln", "fastln_f32": "fastln",
-              "fastln_f32_out": "fastln"}
+    groups = {"fastln_out": "fastln", "copy": "fastln", "copy_nt": "fastln",
+              "fastln_f32": "fastln", "fastln_f32_out": "fastln"}
     # Every peer ran once in its check; fastln's own callables run once here. That
     # is their warm-up (JAX compiled, ORT allocated), so time_peers adds none: for
     # the largest shapes a call of a slow peer takes a second.
-    for f in [f for k, f in fwd.items() if k.startswith("fastln") or k == "copy"] + [
+    for f in [f for k, f in fwd.items() if k.startswith(("fastln", "copy"))] + [
             f for k, f in bwd.items() if k.startswith("fastln")]:
         f()
     # NumPy runs on one thread and ONNX Runtime's workers are told not to spin:
@@ -775,16 +776,17 @@ def bench_shape(N, H, *, op="layer_norm", dtype="float32", repeats=15, min_sampl
                                    if t is not None and p != "fastln" and backward else None)
     row["fwd_fastln_out"] = tf["fastln_out"]
     row["bwd_fastln_out"] = tb.get("fastln_out")
-    row["copy"] = tf["copy"]
+    # the ceiling: the faster of memcpy and a copy with non-temporal stores
+    row["copy"] = min(tf["copy"], tf["copy_nt"])
     # The copy reads nbytes and writes nbytes. Forward with out= moves ``streams``
     # arrays of nbytes (LayerNorm, RMSNorm: read x, write y; add_layer_norm: read x
     # and r, write y and s), so its fraction of the copy's bandwidth is
     # (streams * nbytes / t_fwd_out) / (2 * nbytes / t_copy).
-    row["fwd_copy_frac"] = streams / 2 * tf["copy"] / tf["fastln_out"]
+    row["fwd_copy_frac"] = streams / 2 * row["copy"] / tf["fastln_out"]
     # Backward with out= moves 3*nbytes (read x, read dy, write dx; dweight/dbias and
     # mean/rstd are O(H + N) and ignored): 1.5 * t_copy / t_bwd_out.
-    row["bwd_copy_frac"] = 1.5 * tf["copy"] / tb["fastln_out"] if backward else None
-    row["copy_GBps"] = 2 * x.nbytes / tf["copy"] / 1e9
+    row["bwd_copy_frac"] = 1.5 * row["copy"] / tb["fastln_out"] if backward else None
+    row["copy_GBps"] = 2 * x.nbytes / row["copy"] / 1e9
     # 16-bit: fastln's elements/s relative to its own float32 forward on the same
     # values, timed in the same turns (same element count, so a ratio of times)
     row["fwd_fastln_f32"] = tf.get("fastln_f32")

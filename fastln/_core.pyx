@@ -80,7 +80,7 @@ cdef extern from "fastln.h" nogil:
                                       const float *weight, int64_t N, int64_t H)
 
 cdef extern from "internal.h" nogil:
-    void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes)
+    void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
 
 cdef extern from "math.h" nogil:
     bint isfinite(double)
@@ -896,9 +896,10 @@ def _set_isa(name):
         raise ValueError(f"isa {name!r} is not supported on this CPU")
 
 
-def _parallel_copy(dst, src):
+def _parallel_copy(dst, src, bint nt=False):
     """dst[...] = src for two C-contiguous arrays of the same size in bytes, on
-    the threads a kernel would use: the bandwidth ceiling for benchmarks."""
+    the threads a kernel would use: the bandwidth ceiling for benchmarks.
+    With nt, by non-temporal stores (as the kernels write large outputs)."""
     if not (_fast(dst, cnp.PyArray_TYPE(<cnp.ndarray>dst)) and _fast(src, cnp.PyArray_TYPE(<cnp.ndarray>src))
             and cnp.PyArray_NBYTES(<cnp.ndarray>dst) == cnp.PyArray_NBYTES(<cnp.ndarray>src)
             and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>dst)):
@@ -907,7 +908,7 @@ def _parallel_copy(dst, src):
     cdef void *s = cnp.PyArray_DATA(<cnp.ndarray>src)
     cdef int64_t n = cnp.PyArray_NBYTES(<cnp.ndarray>src)
     with nogil:
-        fastln_parallel_copy(d, s, n)
+        fastln_parallel_copy(d, s, n, nt)
 
 
 # ---- LN-RNN engine (src_c/fastln_rnn.h) ------------------------------------

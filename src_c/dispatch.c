@@ -3,6 +3,9 @@
  * count per call, and forward to that path's kernel.
  */
 #include "internal.h"
+#ifdef FASTLN_X86
+#include <emmintrin.h>
+#endif
 
 #if defined(__unix__)
 #include <pthread.h>
@@ -314,13 +317,36 @@ int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, const 
 
 /* ---- bandwidth ceiling for the benchmarks ---- */
 
+/* memcpy, or with nt a copy with non-temporal stores (SSE2, every x86-64) */
+static void copy_bytes(char *dst, const char *src, size_t n, int nt)
+{
+#ifdef FASTLN_X86
+    if (nt) {
+        size_t head = (size_t)(-(uintptr_t)dst & 15);
+        if (head > n) head = n;
+        memcpy(dst, src, head);
+        size_t i = head;
+        for (; i + 64 <= n; i += 64)
+            for (int k = 0; k < 64; k += 16)
+                _mm_stream_si128((__m128i *)(dst + i + k),
+                                 _mm_loadu_si128((const __m128i *)(src + i + k)));
+        _mm_sfence();
+        memcpy(dst + i, src + i, n - i);
+        return;
+    }
+#endif
+    (void)nt;
+    memcpy(dst, src, n);
+}
+
 /* dst = src (nbytes), split in contiguous static blocks over the threads that a
- * kernel would use: the copy of the same bytes that the benchmarks compare with. */
-void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes)
+ * kernel would use: the copy of the same bytes that the benchmarks compare with
+ * (with nt, by non-temporal stores, as the kernels write large outputs). */
+void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
 {
     int nt = threads_for(nbytes / 4096, 1024);   /* as a kernel on rows of 1024 floats */
     if (nt <= 1) {
-        memcpy(dst, src, (size_t)nbytes);
+        copy_bytes((char *)dst, (const char *)src, (size_t)nbytes, nt_stores);
         return;
     }
 #pragma omp parallel num_threads(nt)
@@ -328,6 +354,6 @@ void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes)
         int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
         int64_t b0 = (nbytes * t / p) & ~(int64_t)63;               /* cache-line bounds */
         int64_t b1 = t + 1 == p ? nbytes : (nbytes * (t + 1) / p) & ~(int64_t)63;
-        memcpy((char *)dst + b0, (const char *)src + b0, (size_t)(b1 - b0));
+        copy_bytes((char *)dst + b0, (const char *)src + b0, (size_t)(b1 - b0), nt_stores);
     }
 }

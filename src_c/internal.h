@@ -134,6 +134,6 @@ void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K);
 void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N);
 
 /* dst = src over the threads a kernel would use (the benchmarks' ceiling). */
-void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes);
+void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores);
 
 #endif
