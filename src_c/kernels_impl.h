@@ -726,6 +726,11 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
                        a->b, r0, r1, H, a->eps, buf, a->stream);
         return;
     }
+    if (a->op == FASTLN_OP_LN) {   /* short rows, sixteen at a time, converted in registers */
+        SFX(ln_rows16_half)(a->kind, a->y, a->mean, a->rstd, a->x, a->w, a->b, r0, r1, H,
+                            a->eps, a->stream, buf);
+        return;
+    }
 #endif
     for (int64_t r = r0; r < r1; r += m) {
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;

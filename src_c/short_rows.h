@@ -61,24 +61,64 @@ static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int6
     for (int k = 0; k < 16; k++) xr[k] = x + (n + k < r1 ? n + k : r1 - 1) * H;
 }
 
+/* 16-bit loads and stores, converted in registers (kind FASTLN_F16 or
+ * FASTLN_BF16, or KIND_BF16_INSN below) */
+static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return kind == FASTLN_F16 ? _mm512_cvtph_ps(h)
+                              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* kind, or for bfloat16 on a CPU with AVX512-BF16, KIND_BF16_INSN: its
+ * VCVTNEPS2BF16 rounds to nearest even in one instruction, but reads
+ * subnormal inputs as 0 and flushes subnormal results, so a vector holding a
+ * subnormal float takes the integer rounding (bf16_round512) instead. */
+#define KIND_BF16_INSN 3
+
+static inline __m256i SFX(bf16_insn)(__m512 v)
+{
+    if (_mm512_fpclass_ps_mask(v, 0x20)) return bf16_round512(v);   /* 0x20: subnormal */
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    IN_REGISTER(h);
+    return h;
+}
+
+/* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
+static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
+{
+    __m256i h = kind == FASTLN_F16 ? f16_round512(v)
+                : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
+    if (m != (__mmask16)0xFFFF) _mm256_mask_storeu_epi16(p, m, h);
+    else if (nt && !((uintptr_t)p & 31)) _mm256_stream_si256((__m256i *)p, h);
+    else _mm256_storeu_si256((__m256i *)p, h);
+}
+
 /* One group of 16 rows (R of them real) of the LayerNorm forward, rows of
  * NV vectors (a constant after inlining: the loops unroll, w and b stay in
- * registers). Returns the mask of the rows it did not finish: their float
- * statistics are suspect, and the caller redoes them with the one-row code. */
+ * registers). Rows of float, or with KIND (a constant too) of 16-bit values
+ * converted in registers (nt: non-temporal stores where aligned). Returns the
+ * mask of the rows it did not finish: their float statistics are suspect, and
+ * the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
-    float *const *yr, float *mean, float *rstd, const float *const *xr, const __m512 *wv,
-    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps)
+    void *const *yr, float *mean, float *rstd, const void *const *xr, const __m512 *wv,
+    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int nt)
 {
     const __m512 Hv = _mm512_set1_ps((float)H);
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
+#define LD(k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
+                       : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
+#define X0(k) (!KIND ? ((const float *)xr[k])[0]                                           \
+               : KIND == FASTLN_F16 ? f16_to_f32(((const uint16_t *)xr[k])[0])            \
+                                    : bf16_to_f32(((const uint16_t *)xr[k])[0]))
     float sh[16] __attribute__((aligned(64))), dm[16] __attribute__((aligned(64)));
     float r[16] __attribute__((aligned(64)));
     __m512 acc[16];
     for (int k = 0; k < 16; k++) {   /* sum(x - x0) */
-        sh[k] = xr[k][0];
+        sh[k] = X0(k);
         __m512 s = _mm512_set1_ps(sh[k]), a = _mm512_setzero_ps();
         for (int v = 0; v < NV; v++)
-            a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v), s));
+            a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), LD(k, v), s));
         acc[k] = a;
     }
     __m512 s1 = SFX(reduce16)(acc), dmv = _mm512_div_ps(s1, Hv);
@@ -86,8 +126,7 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     for (int k = 0; k < 16; k++) {   /* sum((x - x0 - dm)^2) */
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), a = _mm512_setzero_ps();
         for (int v = 0; v < NV; v++) {
-            __m512 c = _mm512_maskz_sub_ps(
-                MASK(v), _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v), s), d);
+            __m512 c = _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_sub_ps(MASK(v), LD(k, v), s), d);
             a = _mm512_fmadd_ps(c, c, a);
         }
         acc[k] = a;
@@ -116,11 +155,15 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
         if (!((ok >> k) & 1)) continue;
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
         for (int v = 0; v < NV; v++) {
-            __m512 c = _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v), s), d);
-            _mm512_mask_storeu_ps(yr[k] + 16 * v, MASK(v), _mm512_fmadd_ps(_mm512_mul_ps(c, rk), wv[v], bv[v]));
+            __m512 c = _mm512_sub_ps(_mm512_sub_ps(LD(k, v), s), d);
+            __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(c, rk), wv[v], bv[v]);
+            if (KIND) SFX(st_half)(KIND, (uint16_t *)yr[k] + 16 * v, y, MASK(v), nt);
+            else _mm512_mask_storeu_ps((float *)yr[k] + 16 * v, MASK(v), y);
         }
     }
 #undef MASK
+#undef LD
+#undef X0
     return (__mmask16)(~ok & ((1u << R) - 1));
 }
 
@@ -148,7 +191,11 @@ static void SFX(ln_rows16)(float *y, float *mean, float *rstd, const float *x, c
         float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
         __mmask16 redo;
         switch (nv) {
-#define CASE(NV) case NV: redo = SFX(ln_group16)(yr, mn, rs, xr, wv, bv, R, NV, H, tail, eps); break;
+#define CASE(NV)                                                                      \
+    case NV:                                                                          \
+        redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
+                               H, tail, eps, 0, 0);                                   \
+        break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8)
 #undef CASE
         }
@@ -157,6 +204,54 @@ static void SFX(ln_rows16)(float *y, float *mean, float *rstd, const float *x, c
                 SFX(ln_rows)(yr[k], mn ? mn + k : NULL, rs ? rs + k : NULL, xr[k], w, b, 0, 1,
                              H, eps, NULL);
         if (stream) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
+    }
+    if (stream) stream_fence();
+}
+
+/* ln_rows16 on rows of 16-bit values of kind, converted in registers: the
+ * float32 arithmetic of ln_rows16 exactly. buf: 2H floats for the rows that
+ * take the one-row code; stream: non-temporal stores (fenced here). */
+static void SFX(ln_rows16_half)(int kind, uint16_t *y, float *mean, float *rstd,
+                                const uint16_t *x, const float *w, const float *b, int64_t r0,
+                                int64_t r1, int64_t H, double eps, int stream, float *buf)
+{
+    const int nv = (int)((H + 15) / 16);
+    const __mmask16 tail = SFX(tail16)(H);
+    if (kind == FASTLN_BF16 && fastln_cpu_has_avx512bf16()) kind = KIND_BF16_INSN;
+    __m512 wv[NV16], bv[NV16];
+    for (int v = 0; v < nv; v++) {
+        __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xFFFF;
+        wv[v] = w ? _mm512_maskz_loadu_ps(m, w + 16 * v) : _mm512_set1_ps(1.0f);
+        bv[v] = b ? _mm512_maskz_loadu_ps(m, b + 16 * v) : _mm512_setzero_ps();
+    }
+    for (int64_t n = r0; n < r1; n += 16) {
+        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
+        const uint16_t *xr[16];
+        uint16_t *yr[16];
+        for (int k = 0; k < 16; k++) {
+            xr[k] = x + (n + k < r1 ? n + k : r1 - 1) * H;
+            yr[k] = y + (n + k) * H;
+        }
+        float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
+        __mmask16 redo = 0;
+#define CASE(NV, K)                                                                       \
+    case NV * 4 + K:                                                                      \
+        redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, \
+                               NV, H, tail, eps, K, stream);                              \
+        break;
+#define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
+        switch (nv * 4 + kind) {
+            KINDS(1) KINDS(2) KINDS(3) KINDS(4) KINDS(5) KINDS(6) KINDS(7) KINDS(8)
+        }
+#undef KINDS
+#undef CASE
+        for (int k = 0; redo && k < R; k++) {
+            if (!((redo >> k) & 1)) continue;
+            widen_half(kind, buf, xr[k], H);
+            SFX(ln_rows)(buf + H, mn ? mn + k : NULL, rs ? rs + k : NULL, buf, w, b, 0, 1, H,
+                         eps, NULL);
+            narrow_half(kind, yr[k], buf + H, H);
+        }
     }
     if (stream) stream_fence();
 }
@@ -292,37 +387,6 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * 1024 added in double), so the results are those of the float32 kernels on
  * the widened row, rounded once. Rows whose statistics need the fallbacks
  * are widened into scratch and go through the float32 row code. */
-
-static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
-{
-    __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return kind == FASTLN_F16 ? _mm512_cvtph_ps(h)
-                              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* kind, or for bfloat16 on a CPU with AVX512-BF16, KIND_BF16_INSN: its
- * VCVTNEPS2BF16 rounds to nearest even in one instruction, but reads
- * subnormal inputs as 0 and flushes subnormal results, so a vector holding a
- * subnormal float takes the integer rounding (bf16_round512) instead. */
-#define KIND_BF16_INSN 3
-
-static inline __m256i SFX(bf16_insn)(__m512 v)
-{
-    if (_mm512_fpclass_ps_mask(v, 0x20)) return bf16_round512(v);   /* 0x20: subnormal */
-    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-    IN_REGISTER(h);
-    return h;
-}
-
-/* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
-static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
-{
-    __m256i h = kind == FASTLN_F16 ? f16_round512(v)
-                : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
-    if (m != (__mmask16)0xFFFF) _mm256_mask_storeu_epi16(p, m, h);
-    else if (nt && !((uintptr_t)p & 31)) _mm256_stream_si256((__m256i *)p, h);
-    else _mm256_storeu_si256((__m256i *)p, h);
-}
 
 /* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a 16-bit row */
 static inline __attribute__((always_inline)) double SFX(half_sum)(int kind, const uint16_t *x, int64_t H, float shift, float dm,
