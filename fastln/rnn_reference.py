@@ -125,6 +125,9 @@ def layer_norm(a, weight, bias, eps):
     return (a - mean) / np.sqrt(var + eps) * weight + bias
 
 
+_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}
+
+
 def _sigmoid(a):
     return 1.0 / (1.0 + np.exp(-a))
 
@@ -200,7 +203,7 @@ def lnrnn_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
     KeyError
         Another nonlinearity.
     """
-    f = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}[nonlinearity]
+    f = _ACTIVATIONS[nonlinearity]
 
     def step(p, x_t, states):
         (h,) = states
@@ -366,7 +369,7 @@ def rnn_forward(params, x, state=None, lengths=None, num_layers=1, nonlinearity=
     KeyError
         Another nonlinearity.
     """
-    f = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}[nonlinearity]
+    f = _ACTIVATIONS[nonlinearity]
 
     def step(p, x_t, states):
         (h,) = states
