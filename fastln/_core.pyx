@@ -160,6 +160,13 @@ cdef inline bint _fast_out(object out, cnp.ndarray x, int tn, object others=()) 
             return False
     return True
 
+cdef inline bint _fast_add_out(object o, cnp.ndarray x, object res, int tn, object w,
+                               object b) noexcept:
+    """An output of add_layer_norm's fast path: None, or a fast out of x's shape
+    that is x or the residual itself or overlaps neither, nor weight or bias."""
+    return o is None or (_fast_out(o, x, tn, (w, b))
+                         and not _overlap_partly(<cnp.ndarray>o, <cnp.ndarray>res))
+
 cdef inline bint _overlap_any(cnp.ndarray a, cnp.ndarray b) noexcept:
     """Contiguous a and b share any byte."""
     cdef char *pa = <char *>cnp.PyArray_DATA(a)
@@ -788,15 +795,26 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
     cdef cnp.ndarray xa, y, s
     cdef int nd
     cdef cnp.npy_intp H
-    if tn >= 0 and out is None:
+    y_out = s_out = None
+    if out is None or type(out) is cnp.ndarray:
+        y_out = out
+    elif type(out) is tuple and len(out) == 2:
+        y_out, s_out = out
+    else:
+        tn = -1
+    if tn >= 0:
         xa = <cnp.ndarray>x
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
         if (H > 0 and _last_axis(axis, nd) and _fast(residual, tn)
                 and _same_shape(xa, residual, nd) and _fast_eps(eps)
-                and _fast_vec(weight, tn, H) and _fast_vec(bias, tn, H)):
-            y = _empty_like(xa, nd, tn)
-            s = _empty_like(xa, nd, tn)
+                and _fast_vec(weight, tn, H) and _fast_vec(bias, tn, H)
+                and _fast_add_out(y_out, xa, residual, tn, weight, bias)
+                and _fast_add_out(s_out, xa, residual, tn, weight, bias)
+                and (y_out is None or s_out is None
+                     or not _overlap_any(<cnp.ndarray>y_out, <cnp.ndarray>s_out))):
+            y = _empty_like(xa, nd, tn) if y_out is None else <cnp.ndarray>y_out
+            s = _empty_like(xa, nd, tn) if s_out is None else <cnp.ndarray>s_out
             if not return_stats:
                 _add_ln(tn, y, s, None, None, xa, residual, weight, bias,
                         cnp.PyArray_SIZE(xa) // H, H, eps)
