@@ -48,7 +48,7 @@ cache_dir = {cache_dir}
 
 # Optional dependencies, imported only where present; not analyzed where
 # present either (dask alone would double the run time).
-[mypy-ml_dtypes.*,dask.*,onnx.*,onnxruntime.*,torch.*]
+[mypy-ml_dtypes.*,dask.*,onnx.*,onnxruntime.*,torch.*,jax,jax.*]
 ignore_missing_imports = True
 follow_imports = skip
 """
@@ -60,7 +60,7 @@ SNIPPET_CONFIG = """\
 cache_dir = {cache_dir}
 [mypy-fastln.*]
 follow_imports = silent
-[mypy-ml_dtypes.*,dask.*,onnx.*,onnxruntime.*,torch.*]
+[mypy-ml_dtypes.*,dask.*,onnx.*,onnxruntime.*,torch.*,jax,jax.*]
 ignore_missing_imports = True
 follow_imports = skip
 """
