@@ -521,11 +521,13 @@ static int64_t SFX(part_stride)(int64_t H)
 }
 
 /* ---- float16 and bfloat16 storage (compiled for float only) ------------
- * Blocks of about 8192 elements are widened into float scratch that stays in
- * L1/L2 (F16C/AVX-512 conversions), run through the float row kernels, and
- * rounded back (nearest even) on the way out: half the bytes of float32 in
- * and out, the same float math. Blocks are a multiple of 16 rows where more
- * than 16 fit; rows never depend on their block, so neither do results. */
+ * Half the bytes of float32 in and out, the same float math. On AVX-512 the
+ * LayerNorm forward (and RMSNorm past 128 elements) converts in registers
+ * (short_rows.h). Everything else goes in blocks of about 8192 elements,
+ * widened into float scratch that stays in L1/L2 (F16C/AVX-512 conversions),
+ * run through the float row kernels, and rounded back (nearest even) on the
+ * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
+ * never depend on their block, so neither do results. */
 
 /* x, dy, dx of a backward in 16-bit storage (kind FASTLN_F16 or FASTLN_BF16) */
 typedef struct {
