@@ -173,3 +173,21 @@ def test_forked_child_after_openmp_use_does_not_hang():
     assert p.exitcode == 0
     assert nthreads == 1
     assert yc == y.tobytes()
+
+
+@pytest.mark.parametrize("nt", [False, True], ids=["memcpy", "non-temporal"])
+@pytest.mark.parametrize("nbytes, offset", [(0, 0), (3, 1), (63, 5), (4096 + 17, 3),
+                                            (3 << 20, 0), ((3 << 20) + 7, 9)])
+def test_parallel_copy(restore_threads, nt, nbytes, offset):
+    """The benchmarks' copy ceiling copies every byte, at odd sizes and
+    misaligned starts, on 1 and 2 threads, and checks its arguments."""
+    src = np.frombuffer(np.random.default_rng(nbytes).bytes(nbytes + offset), np.uint8)[offset:]
+    for n in (1, 2):
+        fastln.set_num_threads(n)
+        buf = np.zeros(nbytes + offset, np.uint8)
+        dst = buf[offset:]
+        fastln._core._parallel_copy(dst, src, nt=nt)
+        assert np.array_equal(dst, src)
+        assert not buf[:offset].any()
+    with pytest.raises(ValueError):
+        fastln._core._parallel_copy(np.zeros(nbytes + 1, np.uint8), src, nt=nt)
