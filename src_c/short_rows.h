@@ -55,6 +55,17 @@ static inline __mmask16 SFX(tail16)(int64_t H)
     return H % 16 ? (__mmask16)((1u << (H % 16)) - 1) : (__mmask16)0xFFFF;
 }
 
+/* w and b (NULL: ones, zeros) as nv vectors, the last one masked by tail */
+static inline void SFX(load_wb16)(__m512 *wv, __m512 *bv, const float *w, const float *b,
+                                  int nv, __mmask16 tail)
+{
+    for (int v = 0; v < nv; v++) {
+        __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xFFFF;
+        wv[v] = w ? _mm512_maskz_loadu_ps(m, w + 16 * v) : _mm512_set1_ps(1.0f);
+        bv[v] = b ? _mm512_maskz_loadu_ps(m, b + 16 * v) : _mm512_setzero_ps();
+    }
+}
+
 /* Rows [n, n + 16) of x, the spare ones (from r1 on) repeating row r1 - 1. */
 static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int64_t r1, int64_t H)
 {
@@ -75,6 +86,12 @@ static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
  * subnormal inputs as 0 and flushes subnormal results, so a vector holding a
  * subnormal float takes the integer rounding (bf16_round512) instead. */
 #define KIND_BF16_INSN 3
+
+/* The kind the stores of this CPU use for kind */
+static inline int SFX(store_kind)(int kind)
+{
+    return kind == FASTLN_BF16 && fastln_cpu_has_avx512bf16() ? KIND_BF16_INSN : kind;
+}
 
 static inline __m256i SFX(bf16_insn)(__m512 v)
 {
@@ -176,11 +193,7 @@ static void SFX(ln_rows16)(float *y, float *mean, float *rstd, const float *x, c
     const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
     __m512 wv[NV16], bv[NV16];
-    for (int v = 0; v < nv; v++) {
-        __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xFFFF;
-        wv[v] = w ? _mm512_maskz_loadu_ps(m, w + 16 * v) : _mm512_set1_ps(1.0f);
-        bv[v] = b ? _mm512_maskz_loadu_ps(m, b + 16 * v) : _mm512_setzero_ps();
-    }
+    SFX(load_wb16)(wv, bv, w, b, nv, tail);
     float stage[16 * SHORT16_H];
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
@@ -217,13 +230,9 @@ static void SFX(ln_rows16_half)(int kind, uint16_t *y, float *mean, float *rstd,
 {
     const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
-    if (kind == FASTLN_BF16 && fastln_cpu_has_avx512bf16()) kind = KIND_BF16_INSN;
+    kind = SFX(store_kind)(kind);
     __m512 wv[NV16], bv[NV16];
-    for (int v = 0; v < nv; v++) {
-        __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xFFFF;
-        wv[v] = w ? _mm512_maskz_loadu_ps(m, w + 16 * v) : _mm512_set1_ps(1.0f);
-        bv[v] = b ? _mm512_maskz_loadu_ps(m, b + 16 * v) : _mm512_setzero_ps();
-    }
+    SFX(load_wb16)(wv, bv, w, b, nv, tail);
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
         const uint16_t *xr[16];
@@ -494,12 +503,13 @@ static void SFX(half_rows)(int kind, int rms, uint16_t *y, float *mean, float *r
                            const uint16_t *x, const float *w, const float *b, int64_t r0,
                            int64_t r1, int64_t H, double eps, float *buf, int stream)
 {
+    kind = SFX(store_kind)(kind);
     for (int64_t r = r0; r < r1; r++) {
         float *mr = mean ? mean + r : NULL, *rr = rstd ? rstd + r : NULL;
         if (kind == FASTLN_F16)
             SFX(half_row_k)(FASTLN_F16, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps, buf,
                             stream);
-        else if (fastln_cpu_has_avx512bf16())
+        else if (kind == KIND_BF16_INSN)
             SFX(half_row_k)(KIND_BF16_INSN, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps,
                             buf, stream);
         else
