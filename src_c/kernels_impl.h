@@ -13,7 +13,9 @@
  * mean, rstd (N); weight, bias, dweight, dbias (H). weight/bias may be NULL.
  * Rows are independent; a row is swept while it is hot in L1/L2:
  *   forward:  sum(x - x0)  |  sum((x - x0 - dm)^2)  |  write y
- *             (rows of up to SHORT_H elements four at a time, phase by phase)
+ *             (rows of up to SHORT_H elements four at a time, phase by phase;
+ *             AVX-512 float: short rows in short_rows.h, and long ones in two
+ *             sweeps there, the y sweep also summing the next row)
  *   backward: sum(d), sum(g), sum(g*d)  |  write dx, add dweight/dbias partials
  *             (sweep 2 over groups of GROUP rows)
  * Threads take contiguous row ranges (forward) or row blocks (backward); the
@@ -419,8 +421,10 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
 #define HAVE_SHORT16 0
 #endif
 
-/* Forward rows [r0, r1): sixteen at a time where rows are short (AVX-512,
- * float), else ln_rows. */
+/* Forward rows [r0, r1) (buf != NULL: streaming stores). On AVX-512 in
+ * float: sixteen at a time where rows are short, with long_rows where they
+ * are longer than SHORT_H (rows in between: four at a time in ln_rows
+ * measured faster). Elsewhere ln_rows. */
 static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
                           int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
 {
@@ -429,8 +433,26 @@ static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const 
         SFX(ln_rows16)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf != NULL);
         return;
     }
+    if (H > SHORT_H) {
+        SFX(long_rows)(KIND_F32, 0, y, mean, rstd, x, w, b, r0, r1, H, eps, NULL, buf != NULL);
+        return;
+    }
 #endif
     SFX(ln_rows)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf);
+}
+
+/* RMSNorm forward rows [r0, r1): rows longer than SHORT_H on AVX-512 in float
+ * with long_rows, else rms_rows. */
+static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, int64_t r1,
+                           int64_t H, double eps, T *buf)
+{
+#if HAVE_SHORT16
+    if (H > SHORT_H) {
+        SFX(long_rows)(KIND_F32, 1, y, NULL, rstd, x, w, NULL, r0, r1, H, eps, NULL, buf != NULL);
+        return;
+    }
+#endif
+    SFX(rms_rows)(y, rstd, x, w, r0, r1, H, eps, buf);
 }
 
 /* Backward rows [r0, r1): sixteen at a time where rows are short (AVX-512,
@@ -498,12 +520,12 @@ static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
 {
     T *scratch = SFX(stream_scratch)(stream, nt, H);
     if (nt <= 1) {
-        SFX(rms_rows)(y, rstd, x, w, 0, N, H, eps, scratch);
+        SFX(rms_range)(y, rstd, x, w, 0, N, H, eps, scratch);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(rms_rows)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps,
+            SFX(rms_range)(y, rstd, x, w, N * t / p, N * (t + 1) / p, H, eps,
                           scratch ? scratch + t * H : NULL);
         }
     }
@@ -724,7 +746,7 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
     uint16_t *stage = (uint16_t *)(rb + m * H);
 #if HAVE_SHORT16
     if (H > SHORT16_H && a->op != FASTLN_OP_ADD) {   /* conversions in registers */
-        SFX(half_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->mean, a->rstd, a->x, a->w,
+        SFX(long_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->mean, a->rstd, a->x, a->w,
                        a->b, r0, r1, H, a->eps, buf, a->stream);
         return;
     }

@@ -1,5 +1,6 @@
 /*
- * Short rows (H <= SHORT16_H) in float32 on AVX-512: sixteen rows at once.
+ * Short rows (H <= SHORT16_H) in float32 on AVX-512: sixteen rows at once;
+ * and at the end, long rows' forward in registers (long_rows).
  * Included by kernels_impl.h for (float, avx512) only.
  *
  * One row's vector is at most SHORT16_H / 16 registers, so per-row
@@ -388,28 +389,63 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
     if (stream) stream_fence();
 }
 
-/* ---- rows in 16-bit storage, converted in registers -------------------
- * LayerNorm and RMSNorm forward of one row of kind FASTLN_F16/FASTLN_BF16,
- * for rows longer than SHORT16_H: each sweep reads the 16-bit values and
- * widens them in registers, and the last narrows y in registers. The sums
- * follow sum_shifted/sumsq_centered lane for lane (four vectors, chunks of
- * 1024 added in double), so the results are those of the float32 kernels on
- * the widened row, rounded once. Rows whose statistics need the fallbacks
- * are widened into scratch and go through the float32 row code. */
+/* ---- long rows in registers, any storage -------------------------------
+ * LayerNorm and RMSNorm forward of rows longer than SHORT16_H, stored as
+ * float (KIND_F32) or 16-bit (FASTLN_F16, FASTLN_BF16, KIND_BF16_INSN),
+ * widened and narrowed in registers. Two sweeps a row: the centred squares,
+ * then y, which also sums the next row (x - x0): the next row's loads from
+ * memory overlap this row's arithmetic in cache. With nt, y goes out by
+ * non-temporal stores, the row's first vector masked up to the store
+ * alignment. The sums follow sum_shifted/sumsq_centered lane for lane (four
+ * vectors, chunks of 1024 added in double), so a row's results do not depend
+ * on where its range starts, and 16-bit rows get those of the float kernels
+ * on the widened row, rounded once. Rows whose statistics need the fallbacks
+ * go through the one-row float code (16-bit ones widened into scratch). */
+#define KIND_F32 0
 
-/* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a 16-bit row */
-static inline __attribute__((always_inline)) double SFX(half_sum)(int kind, const uint16_t *x, int64_t H, float shift, float dm,
-                                   int sq)
+static inline __m512 SFX(ld_k)(int kind, const void *p, int64_t i, __mmask16 m)
+{
+    return kind == KIND_F32 ? _mm512_maskz_loadu_ps(m, (const float *)p + i)
+                            : SFX(ld_half)(kind, (const uint16_t *)p + i, m);
+}
+
+/* lanes m of v to element i of p; nt: non-temporal where aligned */
+static inline void SFX(st_k)(int kind, void *p, int64_t i, __m512 v, __mmask16 m, int nt)
+{
+    if (kind != KIND_F32) {
+        SFX(st_half)(kind, (uint16_t *)p + i, v, m, nt);
+        return;
+    }
+    float *q = (float *)p + i;
+    if (m != (__mmask16)0xFFFF) _mm512_mask_storeu_ps(q, m, v);
+    else if (nt && !((uintptr_t)q & 63)) _mm512_stream_ps(q, v);
+    else _mm512_storeu_ps(q, v);
+}
+
+static inline float SFX(first_k)(int kind, const void *p)
+{
+    return kind == KIND_F32 ? *(const float *)p
+         : kind == FASTLN_F16 ? f16_to_f32(*(const uint16_t *)p) : bf16_to_f32(*(const uint16_t *)p);
+}
+
+/* Lanes of a chunk of n elements: ACC4 adds 64 elements at i (lanes as
+ * sum_shifted's acc[64]), f(a, i, mask) adding 16 of them to accumulator a. */
+#define TAILMASK(n, i, k) (n - i - 16 * (k) >= 16 ? (__mmask16)0xFFFF                 \
+                           : n - i <= 16 * (k) ? (__mmask16)0                          \
+                           : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
+
+/* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row */
+static inline __attribute__((always_inline)) double SFX(row_sum)(
+    int kind, const void *x, int64_t H, float shift, float dm, int sq)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
     double total = 0;
     for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
         int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
-        const uint16_t *xc = x + c0;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 #define ACC(a, off, m)                                                          \
     do {                                                                        \
-        __m512 v_ = _mm512_sub_ps(SFX(ld_half)(kind, xc + (off), (m)), sh);     \
+        __m512 v_ = _mm512_sub_ps(SFX(ld_k)(kind, x, c0 + (off), (m)), sh);     \
         if (sq) {                                                               \
             v_ = _mm512_sub_ps(v_, d);                                          \
             a = _mm512_mask3_fmadd_ps(v_, v_, a, (m));                          \
@@ -418,22 +454,18 @@ static inline __attribute__((always_inline)) double SFX(half_sum)(int kind, cons
         }                                                                       \
     } while (0)
         int64_t i = 0;
-        for (; i + 64 <= n; i += 64) {   /* lanes as sum_shifted's acc[64] */
+        for (; i + 64 <= n; i += 64) {
             ACC(a0, i, 0xFFFF);
             ACC(a1, i + 16, 0xFFFF);
             ACC(a2, i + 32, 0xFFFF);
             ACC(a3, i + 48, 0xFFFF);
         }
-#define TAILMASK(k) (n - i - 16 * (k) >= 16 ? (__mmask16)0xFFFF                    \
-                     : n - i <= 16 * (k) ? (__mmask16)0                             \
-                     : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
         if (i < n) {
-            ACC(a0, i, TAILMASK(0));
-            ACC(a1, i + 16, TAILMASK(1));
-            ACC(a2, i + 32, TAILMASK(2));
-            ACC(a3, i + 48, TAILMASK(3));
+            ACC(a0, i, TAILMASK(n, i, 0));
+            ACC(a1, i + 16, TAILMASK(n, i, 1));
+            ACC(a2, i + 32, TAILMASK(n, i, 2));
+            ACC(a3, i + 48, TAILMASK(n, i, 3));
         }
-#undef TAILMASK
 #undef ACC
         float acc[64];
         _mm512_storeu_ps(acc, a0);
@@ -445,76 +477,143 @@ static inline __attribute__((always_inline)) double SFX(half_sum)(int kind, cons
     return total;
 }
 
-/* The normalize sweep, y = (x - shift - dm) * r * w + b as normalize_row
- * computes it (w, b NULL or not: WB = 2 * !!w + !!b), in 16-bit storage. */
-static inline __attribute__((always_inline)) void SFX(half_norm)(
-    int kind, int WB, uint16_t *y, const uint16_t *x, const float *w, const float *b,
-    int64_t H, float shift, float dm, float r, int nt)
+/* Lanes m of y at element j, as normalize_row computes it (w, b NULL or not:
+ * WB = 2 * !!w + !!b); c = (x - shift) - dm. */
+static inline __attribute__((always_inline)) __m512 SFX(norm16)(
+    int kind, int WB, const void *x, const float *w, const float *b, int64_t j, __mmask16 m,
+    __m512 sh, __m512 d, __m512 rv)
+{
+    __m512 c = _mm512_sub_ps(_mm512_sub_ps(SFX(ld_k)(kind, x, j, m), sh), d);
+    if (WB == 3)
+        return _mm512_fmadd_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + j),
+                               _mm512_maskz_loadu_ps(m, b + j));
+    if (WB == 2) return _mm512_mul_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + j));
+    if (WB == 1) return _mm512_fmadd_ps(c, rv, _mm512_maskz_loadu_ps(m, b + j));
+    return _mm512_mul_ps(c, rv);
+}
+
+/* The y sweep of a row; with xn, in the same sweep row_sum(xn, shn) of the
+ * next row, returned (else 0). y's first vector ends at the store alignment,
+ * so that with nt the others are non-temporal. */
+static inline __attribute__((always_inline)) double SFX(norm_row)(
+    int kind, int WB, void *y, const void *x, const float *w, const float *b, int64_t H,
+    float shift, float dm, float r, int nt, const void *xn, float shn)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
-    for (int64_t i = 0; i < H; i += 16) {
-        __mmask16 m = H - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - i)) - 1);
-        __m512 c = _mm512_sub_ps(_mm512_sub_ps(SFX(ld_half)(kind, x + i, m), sh), d), v;
-        if (WB == 3)
-            v = _mm512_fmadd_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + i),
-                                _mm512_maskz_loadu_ps(m, b + i));
-        else if (WB == 2)
-            v = _mm512_mul_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + i));
-        else if (WB == 1)
-            v = _mm512_fmadd_ps(c, rv, _mm512_maskz_loadu_ps(m, b + i));
-        else
-            v = _mm512_mul_ps(c, rv);
-        SFX(st_half)(kind, y + i, v, m, nt);
+    const int64_t esz = kind == KIND_F32 ? 4 : 2;
+    int64_t j = (uintptr_t)y % esz ? 0 : (int64_t)((-(uintptr_t)y & (16 * esz - 1)) / esz);
+    if (j > H) j = H;
+    if (j) SFX(st_k)(kind, y, 0, SFX(norm16)(kind, WB, x, w, b, 0, (__mmask16)((1u << j) - 1),
+                                             sh, d, rv), (__mmask16)((1u << j) - 1), nt);
+#define Y16()                                                                              \
+    do {                                                                                   \
+        __mmask16 m_ = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1); \
+        SFX(st_k)(kind, y, j, SFX(norm16)(kind, WB, x, w, b, j, m_, sh, d, rv), m_, nt);   \
+        j += 16;                                                                           \
+    } while (0)
+    double total = 0;
+    if (xn) {
+        const __m512 shv = _mm512_set1_ps(shn);
+        for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
+            int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#define ACC(a, off, m)                                                                  \
+    a = _mm512_mask_add_ps(a, (m), a, _mm512_sub_ps(SFX(ld_k)(kind, xn, c0 + (off), (m)), shv))
+            int64_t i = 0;
+            for (; i + 64 <= n; i += 64) {
+                ACC(a0, i, 0xFFFF);
+                ACC(a1, i + 16, 0xFFFF);
+                ACC(a2, i + 32, 0xFFFF);
+                ACC(a3, i + 48, 0xFFFF);
+                for (int k = 0; k < 4 && j < H; k++) Y16();
+            }
+            if (i < n) {
+                ACC(a0, i, TAILMASK(n, i, 0));
+                ACC(a1, i + 16, TAILMASK(n, i, 1));
+                ACC(a2, i + 32, TAILMASK(n, i, 2));
+                ACC(a3, i + 48, TAILMASK(n, i, 3));
+            }
+#undef ACC
+            float acc[64];
+            _mm512_storeu_ps(acc, a0);
+            _mm512_storeu_ps(acc + 16, a1);
+            _mm512_storeu_ps(acc + 32, a2);
+            _mm512_storeu_ps(acc + 48, a3);
+            total += SFX(hsum)(acc);
+        }
     }
+    while (j < H) Y16();
+#undef Y16
+    return total;
 }
 
-/* y (H, kind) of one row; rms: RMSNorm (mean unused, b NULL). buf: 2H floats
- * of scratch for the fallbacks; stream: non-temporal stores of y (the caller
- * fences). */
-static inline __attribute__((always_inline)) void SFX(half_row_k)(
-    int kind, int rms, uint16_t *y, float *mean, float *rstd, const uint16_t *x,
-    const float *w, const float *b, int64_t H, double eps, float *buf, int stream)
+/* Rows [r0, r1) of kind (a constant after inlining); rms: RMSNorm (mean
+ * unused, b NULL). buf: 2H floats of scratch for 16-bit rows that take the
+ * fallbacks; nt: non-temporal stores (the caller fences). */
+static inline __attribute__((always_inline)) void SFX(long_rows_k)(
+    int kind, int rms, void *y, float *mean, float *rstd, const void *x, const float *w,
+    const float *b, int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
 {
-    float shift = rms ? 0.0f : kind == FASTLN_F16 ? f16_to_f32(x[0]) : bf16_to_f32(x[0]);
-    double s1 = rms ? 0 : SFX(half_sum)(kind, x, H, shift, 0, 0);
-    float dm = (float)(s1 / (double)H);
-    double var = SFX(half_sum)(kind, x, H, shift, dm, 1) / (double)H;
-    double rd = 1.0 / sqrt(var + eps);
-    float r = (float)rd;
-    if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
-        widen_half(kind, buf, x, H);
-        if (rms) SFX(rms_rows)(buf + H, rstd, buf, w, 0, 1, H, eps, NULL);
-        else SFX(ln_finish_row)(buf + H, mean, rstd, buf, w, b, H, eps, shift, s1, dm, var);
-        narrow_half(kind, y, buf + H, H);
-        return;
+    const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);   /* bytes a row */
+    const char *xc = (const char *)x;
+    float shift = 0;
+    double s1 = 0;
+    if (!rms && r0 < r1) {
+        shift = SFX(first_k)(kind, xc + r0 * rowb);
+        s1 = SFX(row_sum)(kind, xc + r0 * rowb, H, shift, 0, 0);
     }
-    if (mean) *mean = (float)((double)shift + (double)dm);
-    if (rstd) *rstd = r;
-    switch (2 * (w != NULL) + (b != NULL)) {   /* rms_rows is WB 2 or 0 (shift, dm = 0) */
-    case 3: SFX(half_norm)(kind, 3, y, x, w, b, H, shift, dm, r, stream); break;
-    case 2: SFX(half_norm)(kind, 2, y, x, w, b, H, shift, dm, r, stream); break;
-    case 1: SFX(half_norm)(kind, 1, y, x, w, b, H, shift, dm, r, stream); break;
-    default: SFX(half_norm)(kind, 0, y, x, w, b, H, shift, dm, r, stream); break;
+    for (int64_t n = r0; n < r1; n++) {
+        const void *xr = xc + n * rowb, *xn = !rms && n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
+        void *yr = (char *)y + n * rowb;
+        float *mr = mean ? mean + n : NULL, *rr = rstd ? rstd + n : NULL;
+        float shn = xn ? SFX(first_k)(kind, xn) : 0;
+        float dm = (float)(s1 / (double)H);
+        double var = SFX(row_sum)(kind, xr, H, shift, dm, 1) / (double)H;
+        double rd = 1.0 / sqrt(var + eps);
+        float r = (float)rd;
+        if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
+            /* the one-row float code, with its fallbacks */
+            const float *xf = kind == KIND_F32 ? (const float *)xr : buf;
+            float *yf = kind == KIND_F32 ? (float *)yr : buf + H;
+            if (kind != KIND_F32) widen_half(kind, buf, (const uint16_t *)xr, H);
+            if (rms) SFX(rms_rows)(yf, rr, xf, w, 0, 1, H, eps, NULL);
+            else SFX(ln_finish_row)(yf, mr, rr, xf, w, b, H, eps, shift, s1, dm, var);
+            if (kind != KIND_F32) narrow_half(kind, (uint16_t *)yr, yf, H);
+            s1 = xn ? SFX(row_sum)(kind, xn, H, shn, 0, 0) : 0;
+        } else {
+            if (mr) *mr = (float)((double)shift + (double)dm);
+            if (rr) *rr = r;
+            switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
+            case 3: s1 = SFX(norm_row)(kind, 3, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
+            case 2: s1 = SFX(norm_row)(kind, 2, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
+            case 1: s1 = SFX(norm_row)(kind, 1, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
+            default: s1 = SFX(norm_row)(kind, 0, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
+            }
+        }
+        shift = shn;
     }
+    if (nt) stream_fence();
 }
+#undef TAILMASK
 
-/* Rows [r0, r1) of half_row_k, n elements apart. */
-static void SFX(half_rows)(int kind, int rms, uint16_t *y, float *mean, float *rstd,
-                           const uint16_t *x, const float *w, const float *b, int64_t r0,
-                           int64_t r1, int64_t H, double eps, float *buf, int stream)
+/* long_rows_k for kind FASTLN_F16, FASTLN_BF16 or KIND_F32 (the kind of this
+ * CPU's stores for bfloat16). */
+static void SFX(long_rows)(int kind, int rms, void *y, float *mean, float *rstd, const void *x,
+                           const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
+                           double eps, float *buf, int nt)
 {
-    kind = SFX(store_kind)(kind);
-    for (int64_t r = r0; r < r1; r++) {
-        float *mr = mean ? mean + r : NULL, *rr = rstd ? rstd + r : NULL;
-        if (kind == FASTLN_F16)
-            SFX(half_row_k)(FASTLN_F16, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps, buf,
-                            stream);
-        else if (kind == KIND_BF16_INSN)
-            SFX(half_row_k)(KIND_BF16_INSN, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps,
-                            buf, stream);
-        else
-            SFX(half_row_k)(FASTLN_BF16, rms, y + r * H, mr, rr, x + r * H, w, b, H, eps, buf,
-                            stream);
+    switch (SFX(store_kind)(kind)) {
+    case KIND_F32:
+        SFX(long_rows_k)(KIND_F32, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
+        break;
+    case FASTLN_F16:
+        SFX(long_rows_k)(FASTLN_F16, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
+        break;
+    case KIND_BF16_INSN:
+        SFX(long_rows_k)(KIND_BF16_INSN, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
+        break;
+    default:
+        SFX(long_rows_k)(FASTLN_BF16, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
+        break;
     }
-    if (stream) stream_fence();
 }
