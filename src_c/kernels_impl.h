@@ -278,6 +278,42 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
  * dx = r * (g - c1 - xhat * c2), g = dy * weight. RMSNorm is m = dm = c1 = 0. */
 typedef struct { T m, dm, r, c1, c2; } SFX(bwd_scalars);
 
+/* The scalars from the sums of sweep 1; sums that are not finite are redone
+ * in double from the row. */
+static inline SFX(bwd_scalars) SFX(ln_bwd_finish)(const T *xr, const T *gr, const T *w, T m,
+                                                  T r, int64_t H, double S_d, double S_g,
+                                                  double S_gd)
+{
+    if (sizeof(T) == 4 && !(isfinite(S_d) && isfinite(S_g) && isfinite(S_gd))) {
+        /* float lanes overflowed (|x - m| * |dy| near 1e38): the sums in double
+         * (they stay non-finite where x or dy hold inf or NaN) */
+        S_d = S_g = S_gd = 0;
+        for (int64_t i = 0; i < H; i++) {
+            double d = (double)xr[i] - (double)m, g = (double)gr[i] * (w ? (double)w[i] : 1.0);
+            S_d += d;
+            S_g += g;
+            S_gd += g * d;
+        }
+    }
+    double dm = S_d / (double)H;                     /* residual of the saved mean */
+    SFX(bwd_scalars) sc = {m, (T)dm, r, (T)(S_g / (double)H),             /* c1 = mean(g) */
+                           (T)((double)r * (S_gd - dm * S_g) / (double)H)};  /* c2 = mean(g*xhat) */
+    return sc;
+}
+
+/* The scalars from the sum of sweep 1 (redone in double where not finite) */
+static inline SFX(bwd_scalars) SFX(rms_bwd_finish)(const T *xr, const T *gr, const T *w, T r,
+                                                   int64_t H, double S_gx)
+{
+    if (sizeof(T) == 4 && !isfinite(S_gx)) {   /* float lanes overflowed: in double */
+        S_gx = 0;
+        for (int64_t i = 0; i < H; i++)
+            S_gx += (double)gr[i] * (w ? (double)w[i] : 1.0) * (double)xr[i];
+    }
+    SFX(bwd_scalars) sc = {0, 0, r, 0, (T)((double)r * S_gx / (double)H)};  /* c2 = mean(g*xhat) */
+    return sc;
+}
+
 /* LayerNorm, sweep 1 over a row: S_d = sum(d), S_g = sum(g), S_gd = sum(g*d), d = x - m */
 static inline SFX(bwd_scalars) SFX(ln_bwd_scalars)(const T *xr, const T *gr, const T *w,
                                                    T m, T r, int64_t H)
@@ -304,21 +340,7 @@ static inline SFX(bwd_scalars) SFX(ln_bwd_scalars)(const T *xr, const T *gr, con
         S_g += SFX(hsum)(ag);
         S_gd += SFX(hsum)(agd);
     }
-    if (sizeof(T) == 4 && !(isfinite(S_d) && isfinite(S_g) && isfinite(S_gd))) {
-        /* float lanes overflowed (|x - m| * |dy| near 1e38): the sums in double
-         * (they stay non-finite where x or dy hold inf or NaN) */
-        S_d = S_g = S_gd = 0;
-        for (int64_t i = 0; i < H; i++) {
-            double d = (double)xr[i] - (double)m, g = (double)gr[i] * (w ? (double)w[i] : 1.0);
-            S_d += d;
-            S_g += g;
-            S_gd += g * d;
-        }
-    }
-    double dm = S_d / (double)H;                     /* residual of the saved mean */
-    SFX(bwd_scalars) sc = {m, (T)dm, r, (T)(S_g / (double)H),             /* c1 = mean(g) */
-                           (T)((double)r * (S_gd - dm * S_g) / (double)H)};  /* c2 = mean(g*xhat) */
-    return sc;
+    return SFX(ln_bwd_finish)(xr, gr, w, m, r, H, S_d, S_g, S_gd);
 }
 
 /* RMSNorm, sweep 1 over a row: S_gx = sum(g*x) */
@@ -337,13 +359,7 @@ static inline SFX(bwd_scalars) SFX(rms_bwd_scalars)(const T *xr, const T *gr, co
             a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
         S_gx += SFX(hsum)(a);
     }
-    if (sizeof(T) == 4 && !isfinite(S_gx)) {   /* float lanes overflowed: in double */
-        S_gx = 0;
-        for (int64_t i = 0; i < H; i++)
-            S_gx += (double)gr[i] * (w ? (double)w[i] : 1.0) * (double)xr[i];
-    }
-    SFX(bwd_scalars) sc = {0, 0, r, 0, (T)((double)r * S_gx / (double)H)};  /* c2 = mean(g*xhat) */
-    return sc;
+    return SFX(rms_bwd_finish)(xr, gr, w, r, H, S_gx);
 }
 
 /* Sweep 2 over R rows at once: dx for each row, and one update of the
@@ -455,17 +471,26 @@ static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, in
     SFX(rms_rows)(y, rstd, x, w, r0, r1, H, eps, buf);
 }
 
-/* Backward rows [r0, r1): sixteen at a time where rows are short (AVX-512,
- * float), else bwd_rows. */
+/* Backward rows [r0, r1) (buf != NULL: streaming stores; hot: the call's
+ * data fits the cache). On AVX-512 in float: sixteen at a time where rows
+ * are short; longer rows with long_bwd, or where hot with bwd_rows (its
+ * groups of rows update the partials less often, which wins when no load
+ * waits on memory). Elsewhere bwd_rows. */
 static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
-                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H, T *buf)
+                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H, T *buf,
+                           int hot)
 {
 #if HAVE_SHORT16
     if (H <= SHORT16_H) {
         SFX(bwd_rows16)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf != NULL);
         return;
     }
+    if (!hot) {
+        SFX(long_bwd)(KIND_F32, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, NULL, buf != NULL);
+        return;
+    }
 #endif
+    (void)hot;
     SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf);
 }
 
@@ -585,11 +610,19 @@ static void SFX(lp_put)(int kind, uint16_t *dst, const float *src, int64_t n, ui
     stream_copy(dst, stage, (size_t)n * sizeof(uint16_t));
 }
 
-/* Backward rows [r0, r1) in 16-bit storage: bwd_range on widened blocks. */
+/* Backward rows [r0, r1) in 16-bit storage: long rows converted in
+ * registers on AVX-512 (long_bwd), else bwd_range on widened blocks. */
 static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const float *mean,
                              const float *rstd, const float *w, int64_t r0, int64_t r1,
                              int64_t H, float *buf)
 {
+#if HAVE_SHORT16
+    if (H > SHORT16_H) {
+        SFX(long_bwd)(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, H, buf,
+                      a->stream);
+        return;
+    }
+#endif
     const int64_t m = SFX(lp_block)(H);
     float *xb = buf, *gb = buf + m * H;
     uint16_t *stage = (uint16_t *)(gb + m * H);
@@ -597,7 +630,7 @@ static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const f
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
         widen_half(a->kind, xb, a->x + r * H, e);
         widen_half(a->kind, gb, a->dy + r * H, e);
-        SFX(bwd_range)(gb, pw, pb, gb, xb, mean ? mean + r : NULL, rstd + r, w, 0, n, H, NULL);
+        SFX(bwd_range)(gb, pw, pb, gb, xb, mean ? mean + r : NULL, rstd + r, w, 0, n, H, NULL, 1);
         SFX(lp_put)(a->kind, a->dx + r * H, gb, e, stage, a->stream);
     }
     if (a->stream) stream_fence();
@@ -609,7 +642,7 @@ static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const f
 static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, T *stage,
-                            const SFX(lp_bwd) *lp, int64_t t, int64_t p)
+                            const SFX(lp_bwd) *lp, int hot, int64_t t, int64_t p)
 {
     for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
         T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
@@ -621,7 +654,7 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
             continue;
         }
 #endif
-        SFX(bwd_range)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage);
+        SFX(bwd_range)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage, hot);
     }
 }
 
@@ -658,6 +691,7 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
 {
     int64_t rb = fastln_row_block(N), nblk = (N + rb - 1) / rb;
     int64_t np = db ? 2 : 1;                         /* partial vectors per block */
+    int hot = 3.0 * (double)N * (double)H * sizeof(T) <= FASTLN_BWD_HOT_BYTES;
     if (nblk == 0) {                                 /* no rows: zero gradients */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
@@ -666,7 +700,7 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     if (nblk == 1 && !stream && !lp) {               /* one block: sums straight into dw, db */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
-        SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL);
+        SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL, hot);
         return FASTLN_OK;
     }
     int64_t ps = SFX(part_stride)(H);
@@ -686,14 +720,15 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
         return FASTLN_ENOMEM;
     }
     if (nt <= 1) {
-        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, lp, 0, 1);
+        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, lp, hot,
+                        0, 1);
         SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
             SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
-                            stage ? stage + t * sn : NULL, lp, t, p);
+                            stage ? stage + t * sn : NULL, lp, hot, t, p);
 #pragma omp barrier
             SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
         }

@@ -278,6 +278,35 @@ def test_nan_in_one_row_of_dy(isa, dtype, rng):
     assert_close(dx[good], rdx, dtype)
 
 
+@pytest.mark.parametrize("H", [300, 1037])
+def test_past_the_cache_size(isa, H, rng):
+    """Backwards whose x, dy and dx take more than 2 MiB sweep each row once,
+    together with the next row's sums (AVX-512, float32): rows with NaN and
+    inf, a row whose float sums overflow (the double fallback), no weight,
+    RMSNorm, and dx written over x."""
+    N = 2000                                     # 3 * N * H * 4 bytes > 2 MiB
+    x, dy = randn(rng, (N, H), F32, loc=0.5), randn(rng, (N, H), F32)
+    x[7] *= 1e18                                 # sum(dy * (x - mean)) ~ 1e39: past float
+    dy[7] *= 1e19
+    dy[11, 5], dy[12, 0] = np.nan, np.inf
+    bad, good = [11, 12], [i for i in range(N) if i not in (7, 11, 12)]
+    for w in (None, weight_for(rng, (H,), F32)):
+        _, mean, rstd = fastln.layer_norm(x, w, return_stats=True)
+        dx = fastln.layer_norm_backward(dy, x, mean, rstd, w)[0]
+        assert not np.isfinite(dx[bad]).all(axis=1).any() and np.isfinite(dx[good]).all()
+        rdx = ref.layer_norm_backward(dy[7:8].astype(F64), x[7:8].astype(F64), mean[7:8],
+                                      rstd[7:8], as_f64(w, F32))[0]
+        assert_close(dx[7:8], rdx, F32, scale=np.abs(rdx).max())
+        ln_check(dy[good], x[good], w)
+        rms_check(dy[good], x[good], w)
+        want = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+        xc = x.copy()
+        got = fastln.layer_norm_backward(dy, xc, mean, rstd, w, out=xc)
+        assert got[0] is xc
+        for g, e in zip(got, want):
+            np.testing.assert_array_equal(g, e)
+
+
 # ---------------------------------------------------------------- finite differences
 
 FD_CASES = [((3, 5), -1), ((3, 5), 0), ((2, 3, 4), (0, 2)), ((2, 3, 4), (2, 0)), ((4,), 0)]
