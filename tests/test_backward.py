@@ -278,13 +278,13 @@ def test_nan_in_one_row_of_dy(isa, dtype, rng):
     assert_close(dx[good], rdx, dtype)
 
 
-@pytest.mark.parametrize("H", [300, 1037])
+@pytest.mark.parametrize("H", [64, 100, 300, 1037])
 def test_past_the_cache_size(isa, H, rng):
     """Backwards whose x, dy and dx take more than 2 MiB sweep each row once,
-    together with the next row's sums (AVX-512, float32): rows with NaN and
-    inf, a row whose float sums overflow (the double fallback), no weight,
-    RMSNorm, and dx written over x."""
-    N = 2000                                     # 3 * N * H * 4 bytes > 2 MiB
+    together with the next row's sums (AVX-512, float32, H >= 64): rows with
+    NaN and inf, a row whose float sums overflow (the double fallback), no
+    weight, RMSNorm, and dx written over x."""
+    N = 4000                                     # 3 * N * H * 4 bytes > 2 MiB
     x, dy = randn(rng, (N, H), F32, loc=0.5), randn(rng, (N, H), F32)
     x[7] *= 1e18                                 # sum(dy * (x - mean)) ~ 1e39: past float
     dy[7] *= 1e19
