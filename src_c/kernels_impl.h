@@ -450,7 +450,8 @@ static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const 
         return;
     }
     if (H > SHORT_H) {
-        SFX(long_rows)(KIND_F32, 0, y, mean, rstd, x, w, b, r0, r1, H, eps, NULL, buf != NULL);
+        SFX(long_rows)(KIND_F32, 0, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, NULL,
+                       buf != NULL);
         return;
     }
 #endif
@@ -464,7 +465,8 @@ static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, in
 {
 #if HAVE_SHORT16
     if (H > SHORT_H) {
-        SFX(long_rows)(KIND_F32, 1, y, NULL, rstd, x, w, NULL, r0, r1, H, eps, NULL, buf != NULL);
+        SFX(long_rows)(KIND_F32, 1, y, NULL, NULL, rstd, x, NULL, w, NULL, r0, r1, H, eps, NULL,
+                       buf != NULL);
         return;
     }
 #endif
@@ -525,19 +527,35 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
     return FASTLN_OK;
 }
 
+/* add + LayerNorm rows [r0, r1): long rows on AVX-512 in float with
+ * long_rows, else add_ln_rows. */
+static void SFX(add_ln_range)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
+                              const T *w, const T *b, int64_t r0, int64_t r1, int64_t H,
+                              double eps, T *buf)
+{
+#if HAVE_SHORT16
+    if (H > SHORT16_H) {
+        SFX(long_rows)(KIND_F32, 0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, NULL,
+                       buf != NULL);
+        return;
+    }
+#endif
+    SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf);
+}
+
 static int SFX(add_layer_norm)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
                                const T *w, const T *b, int64_t N, int64_t H, double eps,
                                int nt, int stream)
 {
     T *scratch = SFX(stream_scratch)(stream, nt, 2 * H);
     if (nt <= 1) {
-        SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps, scratch);
+        SFX(add_ln_range)(y, s, mean, rstd, x, res, w, b, 0, N, H, eps, scratch);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H,
-                             eps, scratch ? scratch + t * 2 * H : NULL);
+            SFX(add_ln_range)(y, s, mean, rstd, x, res, w, b, N * t / p, N * (t + 1) / p, H,
+                              eps, scratch ? scratch + t * 2 * H : NULL);
         }
     }
     free(scratch);
@@ -784,9 +802,10 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
     float *xb = buf, *rb = buf + m * H;
     uint16_t *stage = (uint16_t *)(rb + m * H);
 #if HAVE_SHORT16
-    if (H > SHORT16_H && a->op != FASTLN_OP_ADD) {   /* conversions in registers */
-        SFX(long_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->mean, a->rstd, a->x, a->w,
-                       a->b, r0, r1, H, a->eps, buf, a->stream);
+    if (H > SHORT16_H) {   /* conversions in registers */
+        SFX(long_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->s, a->mean, a->rstd, a->x,
+                       a->op == FASTLN_OP_ADD ? a->res : NULL, a->w, a->b, r0, r1, H, a->eps,
+                       buf, a->stream);
         return;
     }
     if (a->op == FASTLN_OP_LN) {   /* short rows, sixteen at a time, converted in registers */

@@ -390,13 +390,14 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 }
 
 /* ---- long rows in registers, any storage -------------------------------
- * LayerNorm and RMSNorm forward of rows longer than SHORT16_H, stored as
- * float (KIND_F32) or 16-bit (FASTLN_F16, FASTLN_BF16, KIND_BF16_INSN),
- * widened and narrowed in registers. Two sweeps a row: the centred squares,
- * then y, which also sums the next row (x - x0): the next row's loads from
- * memory overlap this row's arithmetic in cache. With nt, y goes out by
- * non-temporal stores, the row's first vector masked up to the store
- * alignment. The sums follow sum_shifted/sumsq_centered lane for lane (four
+ * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than
+ * SHORT16_H, stored as float (KIND_F32) or 16-bit (FASTLN_F16, FASTLN_BF16,
+ * KIND_BF16_INSN), widened and narrowed in registers. Two sweeps a row: the
+ * centred squares, then y, which also sums the next row (x - x0): the next
+ * row's loads from memory overlap this row's arithmetic in cache. With a
+ * residual, every sweep reads x + res (the same float sum each time) and the
+ * y sweep stores it as s. With nt, y (and s) go out by non-temporal stores,
+ * the row's first vector masked up to the store alignment. The sums follow sum_shifted/sumsq_centered lane for lane (four
  * vectors, chunks of 1024 added in double), so a row's results do not depend
  * on where its range starts, and 16-bit rows get those of the float kernels
  * on the widened row, rounded once. Rows whose statistics need the fallbacks
@@ -428,15 +429,23 @@ static inline float SFX(first_k)(int kind, const void *p)
          : kind == FASTLN_F16 ? f16_to_f32(*(const uint16_t *)p) : bf16_to_f32(*(const uint16_t *)p);
 }
 
+/* x, or with res x + res, at element i (lanes m) */
+static inline __m512 SFX(ld_in)(int kind, const void *x, const void *res, int64_t i, __mmask16 m)
+{
+    __m512 v = SFX(ld_k)(kind, x, i, m);
+    return res ? _mm512_add_ps(v, SFX(ld_k)(kind, res, i, m)) : v;
+}
+
 /* Lanes of a chunk of n elements: ACC4 adds 64 elements at i (lanes as
  * sum_shifted's acc[64]), f(a, i, mask) adding 16 of them to accumulator a. */
 #define TAILMASK(n, i, k) (n - i - 16 * (k) >= 16 ? (__mmask16)0xFFFF                 \
                            : n - i <= 16 * (k) ? (__mmask16)0                          \
                            : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
 
-/* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row */
+/* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row (x + res
+ * with res) */
 static inline __attribute__((always_inline)) double SFX(row_sum)(
-    int kind, const void *x, int64_t H, float shift, float dm, int sq)
+    int kind, const void *x, const void *res, int64_t H, float shift, float dm, int sq)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
     double total = 0;
@@ -445,7 +454,7 @@ static inline __attribute__((always_inline)) double SFX(row_sum)(
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 #define ACC(a, off, m)                                                          \
     do {                                                                        \
-        __m512 v_ = _mm512_sub_ps(SFX(ld_k)(kind, x, c0 + (off), (m)), sh);     \
+        __m512 v_ = _mm512_sub_ps(SFX(ld_in)(kind, x, res, c0 + (off), (m)), sh); \
         if (sq) {                                                               \
             v_ = _mm512_sub_ps(v_, d);                                          \
             a = _mm512_mask3_fmadd_ps(v_, v_, a, (m));                          \
@@ -477,13 +486,13 @@ static inline __attribute__((always_inline)) double SFX(row_sum)(
     return total;
 }
 
-/* Lanes m of y at element j, as normalize_row computes it (w, b NULL or not:
- * WB = 2 * !!w + !!b); c = (x - shift) - dm. */
+/* Lanes m of y at element j from xv = x there, as normalize_row computes it
+ * (w, b NULL or not: WB = 2 * !!w + !!b); c = (x - shift) - dm. */
 static inline __attribute__((always_inline)) __m512 SFX(norm16)(
-    int kind, int WB, const void *x, const float *w, const float *b, int64_t j, __mmask16 m,
-    __m512 sh, __m512 d, __m512 rv)
+    int WB, __m512 xv, const float *w, const float *b, int64_t j, __mmask16 m, __m512 sh,
+    __m512 d, __m512 rv)
 {
-    __m512 c = _mm512_sub_ps(_mm512_sub_ps(SFX(ld_k)(kind, x, j, m), sh), d);
+    __m512 c = _mm512_sub_ps(_mm512_sub_ps(xv, sh), d);
     if (WB == 3)
         return _mm512_fmadd_ps(_mm512_mul_ps(c, rv), _mm512_maskz_loadu_ps(m, w + j),
                                _mm512_maskz_loadu_ps(m, b + j));
@@ -492,25 +501,32 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
     return _mm512_mul_ps(c, rv);
 }
 
-/* The y sweep of a row; with xn, in the same sweep row_sum(xn, shn) of the
- * next row, returned (else 0). y's first vector ends at the store alignment,
- * so that with nt the others are non-temporal. */
+/* The y sweep of a row (with res, of x + res, also stored to s); with xn, in
+ * the same sweep row_sum(xn, rn, shn) of the next row, returned (else 0).
+ * y's first vector ends at the store alignment, so that with nt the others
+ * are non-temporal. */
 static inline __attribute__((always_inline)) double SFX(norm_row)(
-    int kind, int WB, void *y, const void *x, const float *w, const float *b, int64_t H,
-    float shift, float dm, float r, int nt, const void *xn, float shn)
+    int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
+    const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
+    const void *rn, float shn)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
     int64_t j = (uintptr_t)y % esz ? 0 : (int64_t)((-(uintptr_t)y & (16 * esz - 1)) / esz);
     if (j > H) j = H;
-    if (j) SFX(st_k)(kind, y, 0, SFX(norm16)(kind, WB, x, w, b, 0, (__mmask16)((1u << j) - 1),
-                                             sh, d, rv), (__mmask16)((1u << j) - 1), nt);
-#define Y16()                                                                              \
-    do {                                                                                   \
-        __mmask16 m_ = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1); \
-        SFX(st_k)(kind, y, j, SFX(norm16)(kind, WB, x, w, b, j, m_, sh, d, rv), m_, nt);   \
-        j += 16;                                                                           \
+#define Y16(I, M)                                                                         \
+    do {                                                                                  \
+        __mmask16 m_ = (M);                                                               \
+        __m512 xv_ = SFX(ld_in)(kind, x, res, (I), m_);                                   \
+        if (res) SFX(st_k)(kind, s, (I), xv_, m_, nt);                                    \
+        SFX(st_k)(kind, y, (I), SFX(norm16)(WB, xv_, w, b, (I), m_, sh, d, rv), m_, nt);  \
     } while (0)
+#define NEXT16()                                                                          \
+    do {                                                                                  \
+        Y16(j, H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1));       \
+        j += 16;                                                                          \
+    } while (0)
+    if (j) Y16(0, (__mmask16)((1u << j) - 1));
     double total = 0;
     if (xn) {
         const __m512 shv = _mm512_set1_ps(shn);
@@ -518,14 +534,14 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 #define ACC(a, off, m)                                                                  \
-    a = _mm512_mask_add_ps(a, (m), a, _mm512_sub_ps(SFX(ld_k)(kind, xn, c0 + (off), (m)), shv))
+    a = _mm512_mask_add_ps(a, (m), a, _mm512_sub_ps(SFX(ld_in)(kind, xn, rn, c0 + (off), (m)), shv))
             int64_t i = 0;
             for (; i + 64 <= n; i += 64) {
                 ACC(a0, i, 0xFFFF);
                 ACC(a1, i + 16, 0xFFFF);
                 ACC(a2, i + 32, 0xFFFF);
                 ACC(a3, i + 48, 0xFFFF);
-                for (int k = 0; k < 4 && j < H; k++) Y16();
+                for (int k = 0; k < 4 && j < H; k++) NEXT16();
             }
             if (i < n) {
                 ACC(a0, i, TAILMASK(n, i, 0));
@@ -542,79 +558,93 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             total += SFX(hsum)(acc);
         }
     }
-    while (j < H) Y16();
+    while (j < H) NEXT16();
+#undef NEXT16
 #undef Y16
     return total;
 }
 
 /* Rows [r0, r1) of kind (a constant after inlining); rms: RMSNorm (mean
- * unused, b NULL). buf: 2H floats of scratch for 16-bit rows that take the
- * fallbacks; nt: non-temporal stores (the caller fences). */
+ * unused, b NULL); res: add + LayerNorm (s = x + res, y = LN(s)). buf: 2H
+ * floats of scratch for 16-bit rows that take the fallbacks; nt:
+ * non-temporal stores (the caller fences). */
 static inline __attribute__((always_inline)) void SFX(long_rows_k)(
-    int kind, int rms, void *y, float *mean, float *rstd, const void *x, const float *w,
-    const float *b, int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
+    int kind, int rms, void *y, void *s, float *mean, float *rstd, const void *x,
+    const void *res, const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
+    double eps, float *buf, int nt)
 {
     const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);   /* bytes a row */
-    const char *xc = (const char *)x;
+    const char *xc = (const char *)x, *rc = (const char *)res;
+#define FIRST(row) (SFX(first_k)(kind, xc + (row) * rowb) + \
+                    (res ? SFX(first_k)(kind, rc + (row) * rowb) : 0.0f))
     float shift = 0;
     double s1 = 0;
     if (!rms && r0 < r1) {
-        shift = SFX(first_k)(kind, xc + r0 * rowb);
-        s1 = SFX(row_sum)(kind, xc + r0 * rowb, H, shift, 0, 0);
+        shift = FIRST(r0);
+        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, 0);
     }
     for (int64_t n = r0; n < r1; n++) {
         const void *xr = xc + n * rowb, *xn = !rms && n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
-        void *yr = (char *)y + n * rowb;
+        const void *rr_ = res ? rc + n * rowb : NULL, *rn = res && xn ? rc + (n + 1) * rowb : NULL;
+        void *yr = (char *)y + n * rowb, *sr = res ? (char *)s + n * rowb : NULL;
         float *mr = mean ? mean + n : NULL, *rr = rstd ? rstd + n : NULL;
-        float shn = xn ? SFX(first_k)(kind, xn) : 0;
+        float shn = xn ? FIRST(n + 1) : 0;
         float dm = (float)(s1 / (double)H);
-        double var = SFX(row_sum)(kind, xr, H, shift, dm, 1) / (double)H;
+        double var = SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1) / (double)H;
         double rd = 1.0 / sqrt(var + eps);
         float r = (float)rd;
         if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
-            /* the one-row float code, with its fallbacks */
-            const float *xf = kind == KIND_F32 ? (const float *)xr : buf;
+            /* the one-row float code, with its fallbacks, on x (or s = x + res
+             * in float, stored first) */
+            float *xf = kind != KIND_F32 ? buf : res ? (float *)sr : (float *)xr;
             float *yf = kind == KIND_F32 ? (float *)yr : buf + H;
-            if (kind != KIND_F32) widen_half(kind, buf, (const uint16_t *)xr, H);
+            for (int64_t i = 0; (kind != KIND_F32 || res) && i < H; i += 16) {
+                __mmask16 m = H - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - i)) - 1);
+                __m512 v = SFX(ld_in)(kind, xr, rr_, i, m);
+                _mm512_mask_storeu_ps(xf + i, m, v);
+                if (res && kind != KIND_F32) SFX(st_k)(kind, sr, i, v, m, 0);
+            }
             if (rms) SFX(rms_rows)(yf, rr, xf, w, 0, 1, H, eps, NULL);
             else SFX(ln_finish_row)(yf, mr, rr, xf, w, b, H, eps, shift, s1, dm, var);
             if (kind != KIND_F32) narrow_half(kind, (uint16_t *)yr, yf, H);
-            s1 = xn ? SFX(row_sum)(kind, xn, H, shn, 0, 0) : 0;
+            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, 0) : 0;
         } else {
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
+#define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, shn)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
-            case 3: s1 = SFX(norm_row)(kind, 3, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
-            case 2: s1 = SFX(norm_row)(kind, 2, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
-            case 1: s1 = SFX(norm_row)(kind, 1, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
-            default: s1 = SFX(norm_row)(kind, 0, yr, xr, w, b, H, shift, dm, r, nt, xn, shn); break;
+            case 3: s1 = NORM(3); break;
+            case 2: s1 = NORM(2); break;
+            case 1: s1 = NORM(1); break;
+            default: s1 = NORM(0); break;
             }
+#undef NORM
         }
         shift = shn;
     }
+#undef FIRST
     if (nt) stream_fence();
 }
 
 /* long_rows_k for kind FASTLN_F16, FASTLN_BF16 or KIND_F32 (the kind of this
- * CPU's stores for bfloat16). */
-static void SFX(long_rows)(int kind, int rms, void *y, float *mean, float *rstd, const void *x,
-                           const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
-                           double eps, float *buf, int nt)
+ * CPU's stores for bfloat16); with res (not with rms) add + LayerNorm into y
+ * and s. */
+static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, float *rstd,
+                           const void *x, const void *res, const float *w, const float *b,
+                           int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
 {
+#define CASE(K)                                                                          \
+    case K:                                                                              \
+        if (res)                                                                         \
+            SFX(long_rows_k)(K, 0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt); \
+        else                                                                             \
+            SFX(long_rows_k)(K, rms, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf, \
+                             nt);                                                        \
+        break;
     switch (SFX(store_kind)(kind)) {
-    case KIND_F32:
-        SFX(long_rows_k)(KIND_F32, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
-        break;
-    case FASTLN_F16:
-        SFX(long_rows_k)(FASTLN_F16, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
-        break;
-    case KIND_BF16_INSN:
-        SFX(long_rows_k)(KIND_BF16_INSN, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
-        break;
-    default:
-        SFX(long_rows_k)(FASTLN_BF16, rms, y, mean, rstd, x, w, b, r0, r1, H, eps, buf, nt);
-        break;
+        CASE(KIND_F32) CASE(FASTLN_F16) CASE(KIND_BF16_INSN) CASE(FASTLN_BF16)
     }
+#undef CASE
 }
 
 /* ---- long rows' backward in registers -----------------------------------

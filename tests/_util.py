@@ -147,8 +147,8 @@ def relayout(x, kind):
 
 
 # ---- inputs big enough for the non-temporal ("streaming") store path -------
-# Outputs of >= 48 MiB are written with streaming stores; these shapes are
-# just above that (odd H, so rows start unaligned).
+# Outputs of >= 32 MiB are written with streaming stores; these shapes are
+# above that (odd H, so rows start unaligned).
 STREAM_SHAPES = {np.dtype(F32): (12300, 1031), np.dtype(F64): (6200, 1031)}
 
 _BIG = {}

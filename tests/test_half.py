@@ -98,7 +98,7 @@ def test_any_thread_count(restore_threads, dt):
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_streamed_outputs(dt):
-    """Outputs past the streaming thresholds (48 MiB forward, 8 MiB backward)."""
+    """Outputs past the streaming thresholds (32 MiB forward, 8 MiB backward)."""
     N, H = (1 << 15) + 3, 768          # 50 MB of 16-bit values
     x, dy, _, w, b = _inputs(dt, N, H, seed=3)
     y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)

@@ -406,7 +406,7 @@ _BIG_REF = {}
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_streaming_sized(isa, dtype):
-    """Outputs larger than the streaming-store threshold (48 MiB), incl. in place."""
+    """Outputs larger than the streaming-store threshold (32 MiB), incl. in place."""
     x, _, w, b = big_inputs(dtype)
     if dtype not in _BIG_REF:
         _BIG_REF[dtype] = ref.layer_norm(x, w, b, return_stats=True)

@@ -96,7 +96,7 @@ def test_each_row_as_if_alone(isa, H):
 
 
 def test_streamed_short_rows_equal_unstreamed(restore_threads):
-    """Past the streaming threshold (48 MiB forward, 8 MiB backward) the rows go
+    """Past the streaming threshold (32 MiB forward, 8 MiB backward) the rows go
     through a staging block and non-temporal stores: the same values."""
     N, H = (1 << 19) + 5, 32          # 64 MiB of float32
     rng = np.random.default_rng(3)

@@ -92,7 +92,7 @@ def test_float16_deterministic(restore_threads):
 
 
 def test_streaming_sized_deterministic(restore_threads):
-    """The streaming-store path (outputs >= 48 MiB) is thread-count independent too."""
+    """The streaming-store path (outputs >= 32 MiB) is thread-count independent too."""
     x, r, w, b = big_inputs(F32)
     res = []
     for n in THREAD_COUNTS:

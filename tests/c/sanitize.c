@@ -146,7 +146,7 @@ int main(void) {
                 n += 4;
             }
         }
-        /* past the streaming thresholds (48 MiB forward, 8 MiB backward) */
+        /* past the streaming thresholds (32 MiB forward, 8 MiB backward) */
         bad |= ln_f32(3100, 4096);
         bad |= ln_half(FASTLN_BF16, 6200, 4096);
         n += 2;
