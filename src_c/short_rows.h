@@ -521,11 +521,7 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
         if (res) SFX(st_k)(kind, s, (I), xv_, m_, nt);                                    \
         SFX(st_k)(kind, y, (I), SFX(norm16)(WB, xv_, w, b, (I), m_, sh, d, rv), m_, nt);  \
     } while (0)
-#define NEXT16()                                                                          \
-    do {                                                                                  \
-        Y16(j, H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1));       \
-        j += 16;                                                                          \
-    } while (0)
+#define FULL16 ((__mmask16)0xFFFF)
     if (j) Y16(0, (__mmask16)((1u << j) - 1));
     double total = 0;
     if (xn) {
@@ -541,7 +537,13 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
                 ACC(a1, i + 16, 0xFFFF);
                 ACC(a2, i + 32, 0xFFFF);
                 ACC(a3, i + 48, 0xFFFF);
-                for (int k = 0; k < 4 && j < H; k++) NEXT16();
+                if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
+                    Y16(j, FULL16);
+                    Y16(j + 16, FULL16);
+                    Y16(j + 32, FULL16);
+                    Y16(j + 48, FULL16);
+                    j += 64;
+                }
             }
             if (i < n) {
                 ACC(a0, i, TAILMASK(n, i, 0));
@@ -558,8 +560,9 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             total += SFX(hsum)(acc);
         }
     }
-    while (j < H) NEXT16();
-#undef NEXT16
+    for (; j + 16 <= H; j += 16) Y16(j, FULL16);
+    if (j < H) Y16(j, (__mmask16)((1u << (H - j)) - 1));
+#undef FULL16
 #undef Y16
     return total;
 }
