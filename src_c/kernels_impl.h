@@ -17,7 +17,8 @@
  *             AVX-512 float: short rows in short_rows.h, and long ones in two
  *             sweeps there, the y sweep also summing the next row)
  *   backward: sum(d), sum(g), sum(g*d)  |  write dx, add dweight/dbias partials
- *             (sweep 2 over groups of GROUP rows)
+ *             (sweep 2 over groups of GROUP rows; AVX-512 float, data past the
+ *             cache: one sweep a row in short_rows.h, with the next row's sums)
  * Threads take contiguous row ranges (forward) or row blocks (backward); the
  * dispatcher (dispatch.c) chooses their number and whether to stream.
  * x0 = x[0] is a shift: x - x0 is exact for values close to each other, so a

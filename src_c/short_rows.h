@@ -397,10 +397,11 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * row's loads from memory overlap this row's arithmetic in cache. With a
  * residual, every sweep reads x + res (the same float sum each time) and the
  * y sweep stores it as s. With nt, y (and s) go out by non-temporal stores,
- * the row's first vector masked up to the store alignment. The sums follow sum_shifted/sumsq_centered lane for lane (four
- * vectors, chunks of 1024 added in double), so a row's results do not depend
- * on where its range starts, and 16-bit rows get those of the float kernels
- * on the widened row, rounded once. Rows whose statistics need the fallbacks
+ * the row's first vector masked up to the store alignment. The sums follow
+ * sum_shifted/sumsq_centered lane for lane (four vectors, chunks of 1024
+ * added in double), so a row's results do not depend on where its range
+ * starts, and 16-bit rows get those of the float kernels on the widened row,
+ * rounded once. Rows whose statistics need the fallbacks
  * go through the one-row float code (16-bit ones widened into scratch). */
 #define KIND_F32 0
 
@@ -436,8 +437,8 @@ static inline __m512 SFX(ld_in)(int kind, const void *x, const void *res, int64_
     return res ? _mm512_add_ps(v, SFX(ld_k)(kind, res, i, m)) : v;
 }
 
-/* Lanes of a chunk of n elements: ACC4 adds 64 elements at i (lanes as
- * sum_shifted's acc[64]), f(a, i, mask) adding 16 of them to accumulator a. */
+/* In the last, partial 64 elements at i of a chunk of n: the lanes of
+ * accumulator k (elements i + 16k .. i + 16k + 15) that lie in the chunk */
 #define TAILMASK(n, i, k) (n - i - 16 * (k) >= 16 ? (__mmask16)0xFFFF                 \
                            : n - i <= 16 * (k) ? (__mmask16)0                          \
                            : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
