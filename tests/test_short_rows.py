@@ -97,17 +97,28 @@ def test_each_row_as_if_alone(isa, H):
 
 def test_streamed_short_rows_equal_unstreamed(restore_threads):
     """Past the streaming threshold (32 MiB forward, 8 MiB backward) the rows go
-    through a staging block and non-temporal stores: the same values."""
+    through a staging block (LayerNorm) or the long-row kernel (RMSNorm, add +
+    LayerNorm) and non-temporal stores: the same values as unstreamed calls."""
     N, H = (1 << 19) + 5, 32          # 64 MiB of float32
     rng = np.random.default_rng(3)
     x = rng.standard_normal((N, H), dtype=F32)
     w = rng.standard_normal(H, dtype=F32)
+    b = rng.standard_normal(H, dtype=F32)
+    res = rng.standard_normal((N, H), dtype=F32)
     y, mean, rstd = fastln.layer_norm(x, w, None, return_stats=True)
-    half = N // 2 + 3                 # each half below the threshold
-    for a, z in ((0, half), (half, N)):
-        ya, ma, ra = fastln.layer_norm(x[a:z], w, None, return_stats=True)
-        np.testing.assert_array_equal(y[a:z], ya)
+    yr, rr = fastln.rms_norm(x, w, return_stats=True)
+    ya_, sa_, ma_, ra_ = fastln.add_layer_norm(x, res, w, b, return_stats=True)
+    cut = np.linspace(0, N, 7).astype(int)   # parts of 11 MB: below the threshold
+    for a, z in zip(cut[:-1], cut[1:]):
+        got, ma, ra = fastln.layer_norm(x[a:z], w, None, return_stats=True)
+        np.testing.assert_array_equal(y[a:z], got)
         np.testing.assert_array_equal(rstd[a:z], ra)
+        got, ra = fastln.rms_norm(x[a:z], w, return_stats=True)
+        np.testing.assert_array_equal(yr[a:z], got)
+        np.testing.assert_array_equal(rr[a:z], ra)
+        got = fastln.add_layer_norm(x[a:z], res[a:z], w, b, return_stats=True)
+        for g, e in zip(got, (ya_, sa_, ma_, ra_)):
+            np.testing.assert_array_equal(e[a:z], g)
     dy = rng.standard_normal((N, H), dtype=F32)
     dx, _, _ = fastln.layer_norm_backward(dy, x, mean, rstd, w)
     part = 100_000                    # 12.8 MB: streamed too; 50_000 (6.4 MB) is not
