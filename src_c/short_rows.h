@@ -443,6 +443,14 @@ static inline __m512 SFX(ld_in)(int kind, const void *x, const void *res, int64_
                            : n - i <= 16 * (k) ? (__mmask16)0                          \
                            : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
 
+/* The sum of the 64 lanes of a[0..3], as hsum adds sum_shifted's acc[64] */
+static inline float SFX(hsum4)(const __m512 *a)
+{
+    float acc[64];
+    for (int q = 0; q < 4; q++) _mm512_storeu_ps(acc + 16 * q, a[q]);
+    return SFX(hsum)(acc);
+}
+
 /* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row (x + res
  * with res) */
 static inline __attribute__((always_inline)) double SFX(row_sum)(
@@ -452,7 +460,8 @@ static inline __attribute__((always_inline)) double SFX(row_sum)(
     double total = 0;
     for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
         int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps()};
 #define ACC(a, off, m)                                                          \
     do {                                                                        \
         __m512 v_ = _mm512_sub_ps(SFX(ld_in)(kind, x, res, c0 + (off), (m)), sh); \
@@ -464,25 +473,12 @@ static inline __attribute__((always_inline)) double SFX(row_sum)(
         }                                                                       \
     } while (0)
         int64_t i = 0;
-        for (; i + 64 <= n; i += 64) {
-            ACC(a0, i, 0xFFFF);
-            ACC(a1, i + 16, 0xFFFF);
-            ACC(a2, i + 32, 0xFFFF);
-            ACC(a3, i + 48, 0xFFFF);
-        }
-        if (i < n) {
-            ACC(a0, i, TAILMASK(n, i, 0));
-            ACC(a1, i + 16, TAILMASK(n, i, 1));
-            ACC(a2, i + 32, TAILMASK(n, i, 2));
-            ACC(a3, i + 48, TAILMASK(n, i, 3));
-        }
+        for (; i + 64 <= n; i += 64)   /* lanes as sum_shifted's acc[64] */
+            for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
+        if (i < n)
+            for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, TAILMASK(n, i, q));
 #undef ACC
-        float acc[64];
-        _mm512_storeu_ps(acc, a0);
-        _mm512_storeu_ps(acc + 16, a1);
-        _mm512_storeu_ps(acc + 32, a2);
-        _mm512_storeu_ps(acc + 48, a3);
-        total += SFX(hsum)(acc);
+        total += SFX(hsum4)(a);
     }
     return total;
 }
@@ -529,15 +525,13 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
         const __m512 shv = _mm512_set1_ps(shn);
         for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
             int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                           _mm512_setzero_ps()};
 #define ACC(a, off, m)                                                                  \
     a = _mm512_mask_add_ps(a, (m), a, _mm512_sub_ps(SFX(ld_in)(kind, xn, rn, c0 + (off), (m)), shv))
             int64_t i = 0;
             for (; i + 64 <= n; i += 64) {
-                ACC(a0, i, 0xFFFF);
-                ACC(a1, i + 16, 0xFFFF);
-                ACC(a2, i + 32, 0xFFFF);
-                ACC(a3, i + 48, 0xFFFF);
+                for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
                 if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
                     Y16(j, FULL16);
                     Y16(j + 16, FULL16);
@@ -546,19 +540,10 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
                     j += 64;
                 }
             }
-            if (i < n) {
-                ACC(a0, i, TAILMASK(n, i, 0));
-                ACC(a1, i + 16, TAILMASK(n, i, 1));
-                ACC(a2, i + 32, TAILMASK(n, i, 2));
-                ACC(a3, i + 48, TAILMASK(n, i, 3));
-            }
+            if (i < n)
+                for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, TAILMASK(n, i, q));
 #undef ACC
-            float acc[64];
-            _mm512_storeu_ps(acc, a0);
-            _mm512_storeu_ps(acc + 16, a1);
-            _mm512_storeu_ps(acc + 32, a2);
-            _mm512_storeu_ps(acc + 48, a3);
-            total += SFX(hsum)(acc);
+            total += SFX(hsum4)(a);
         }
     }
     for (; j + 16 <= H; j += 16) Y16(j, FULL16);
@@ -739,13 +724,11 @@ static inline __attribute__((always_inline)) void SFX(bwd_pass)(
                 for (int q = 0; q < 4; q++)
                     SFX(bsum16)(kind, LN, HW, xb, gb, w, c0 + i + 16 * q, TAILMASK(n, i, q), mv,
                                 &ad[q], &ag[q], &agd[q]);
-            float acc[64];
-            for (int v = 0; v < 3; v++) {
-                if (!LN && v < 2) continue;
-                const __m512 *a = v == 0 ? ad : v == 1 ? ag : agd;
-                for (int q = 0; q < 4; q++) _mm512_storeu_ps(acc + 16 * q, a[q]);
-                S[v] += SFX(hsum)(acc);
+            if (LN) {
+                S[0] += SFX(hsum4)(ad);
+                S[1] += SFX(hsum4)(ag);
             }
+            S[2] += SFX(hsum4)(agd);
         }
     }
     while (j < H) DX16();
