@@ -499,13 +499,14 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
 }
 
 /* The y sweep of a row (with res, of x + res, also stored to s); with xn, in
- * the same sweep row_sum(xn, rn, shn) of the next row, returned (else 0).
+ * the same sweep row_sum(xn, rn, shn, 0, sq) of the next row, returned (else
+ * 0).
  * y's first vector ends at the store alignment, so that with nt the others
  * are non-temporal. */
 static inline __attribute__((always_inline)) double SFX(norm_row)(
     int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
-    const void *rn, float shn)
+    const void *rn, float shn, int sq)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
@@ -528,7 +529,10 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                            _mm512_setzero_ps()};
 #define ACC(a, off, m)                                                                  \
-    a = _mm512_mask_add_ps(a, (m), a, _mm512_sub_ps(SFX(ld_in)(kind, xn, rn, c0 + (off), (m)), shv))
+    do {                                                                                \
+        __m512 v_ = _mm512_sub_ps(SFX(ld_in)(kind, xn, rn, c0 + (off), (m)), shv);      \
+        a = sq ? _mm512_mask3_fmadd_ps(v_, v_, a, (m)) : _mm512_mask_add_ps(a, (m), a, v_); \
+    } while (0)
             int64_t i = 0;
             for (; i + 64 <= n; i += 64) {
                 for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
@@ -566,20 +570,21 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     const char *xc = (const char *)x, *rc = (const char *)res;
 #define FIRST(row) (SFX(first_k)(kind, xc + (row) * rowb) + \
                     (res ? SFX(first_k)(kind, rc + (row) * rowb) : 0.0f))
+    /* s1: the row's sum(x - shift), for RMSNorm sum(x^2) (shift 0) */
     float shift = 0;
     double s1 = 0;
-    if (!rms && r0 < r1) {
-        shift = FIRST(r0);
-        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, 0);
+    if (r0 < r1) {
+        shift = rms ? 0 : FIRST(r0);
+        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms);
     }
     for (int64_t n = r0; n < r1; n++) {
-        const void *xr = xc + n * rowb, *xn = !rms && n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
+        const void *xr = xc + n * rowb, *xn = n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
         const void *rr_ = res ? rc + n * rowb : NULL, *rn = res && xn ? rc + (n + 1) * rowb : NULL;
         void *yr = (char *)y + n * rowb, *sr = res ? (char *)s + n * rowb : NULL;
         float *mr = mean ? mean + n : NULL, *rr = rstd ? rstd + n : NULL;
-        float shn = xn ? FIRST(n + 1) : 0;
-        float dm = (float)(s1 / (double)H);
-        double var = SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1) / (double)H;
+        float shn = xn && !rms ? FIRST(n + 1) : 0;
+        float dm = rms ? 0 : (float)(s1 / (double)H);
+        double var = (rms ? s1 : SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1)) / (double)H;
         double rd = 1.0 / sqrt(var + eps);
         float r = (float)rd;
         if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
@@ -596,11 +601,11 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
             if (rms) SFX(rms_rows)(yf, rr, xf, w, 0, 1, H, eps, NULL);
             else SFX(ln_finish_row)(yf, mr, rr, xf, w, b, H, eps, shift, s1, dm, var);
             if (kind != KIND_F32) narrow_half(kind, (uint16_t *)yr, yf, H);
-            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, 0) : 0;
+            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, rms) : 0;
         } else {
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
-#define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, shn)
+#define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, shn, rms)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
             case 3: s1 = NORM(3); break;
             case 2: s1 = NORM(2); break;
@@ -626,9 +631,10 @@ static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, flo
     case K:                                                                              \
         if (res)                                                                         \
             SFX(long_rows_k)(K, 0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt); \
+        else if (rms)                                                                    \
+            SFX(long_rows_k)(K, 1, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf, nt); \
         else                                                                             \
-            SFX(long_rows_k)(K, rms, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf, \
-                             nt);                                                        \
+            SFX(long_rows_k)(K, 0, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf, nt); \
         break;
     switch (SFX(store_kind)(kind)) {
         CASE(KIND_F32) CASE(FASTLN_F16) CASE(KIND_BF16_INSN) CASE(FASTLN_BF16)
