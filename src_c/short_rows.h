@@ -451,11 +451,21 @@ static inline float SFX(hsum4)(const __m512 *a)
     return SFX(hsum)(acc);
 }
 
+/* Prefetches into L2 the bytes of pf that go with elements [e, e + 64) of a
+ * sweep: e..e+63 elements' worth with full, else half that, from e / 2 */
+static inline void SFX(pf_step)(const char *pf, int64_t e, int64_t esz, int full)
+{
+    const int64_t per = full ? 64 * esz : 32 * esz;   /* bytes per 64 elements */
+    for (int64_t k = 0; k < per; k += 64) _mm_prefetch(pf + e * per / 64 + k, _MM_HINT_T1);
+}
+
 /* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row (x + res
  * with res) */
 static inline __attribute__((always_inline)) double SFX(row_sum)(
-    int kind, const void *x, const void *res, int64_t H, float shift, float dm, int sq)
+    int kind, const void *x, const void *res, int64_t H, float shift, float dm, int sq,
+    const char *pf, int pfull)
 {
+    const int64_t esz = kind == KIND_F32 ? 4 : 2;
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
     double total = 0;
     for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
@@ -473,8 +483,10 @@ static inline __attribute__((always_inline)) double SFX(row_sum)(
         }                                                                       \
     } while (0)
         int64_t i = 0;
-        for (; i + 64 <= n; i += 64)   /* lanes as sum_shifted's acc[64] */
+        for (; i + 64 <= n; i += 64) {   /* lanes as sum_shifted's acc[64] */
             for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
+            if (pf) SFX(pf_step)(pf, c0 + i, esz, pfull);
+        }
         if (i < n)
             for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, TAILMASK(n, i, q));
 #undef ACC
@@ -506,7 +518,7 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
 static inline __attribute__((always_inline)) double SFX(norm_row)(
     int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
-    const void *rn, float shn, int sq)
+    const void *rn, float shn, int sq, const char *pf, int pfull)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
@@ -535,6 +547,7 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
     } while (0)
             int64_t i = 0;
             for (; i + 64 <= n; i += 64) {
+                if (pf) SFX(pf_step)(pf, c0 + i, esz, pfull);
                 for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
                 if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
                     Y16(j, FULL16);
@@ -575,7 +588,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     double s1 = 0;
     if (r0 < r1) {
         shift = rms ? 0 : FIRST(r0);
-        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms);
+        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms, NULL, 0);
     }
     for (int64_t n = r0; n < r1; n++) {
         const void *xr = xc + n * rowb, *xn = n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
@@ -583,8 +596,19 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
         void *yr = (char *)y + n * rowb, *sr = res ? (char *)s + n * rowb : NULL;
         float *mr = mean ? mean + n : NULL, *rr = rstd ? rstd + n : NULL;
         float shn = xn && !rms ? FIRST(n + 1) : 0;
+        /* prefetch: LN the first half of the next row in the centred sweep,
+         * the second in the y sweep; RMSNorm PF_AHEAD bytes ahead of its
+         * sums in the y sweep (not with res: two more streams measured slower) */
+#ifndef PF_FULL
+#define PF_FULL 0
+#endif
+#ifndef PF_AHEAD
+#define PF_AHEAD 4096
+#endif
+        const char *pf = xn && !res && nt ? (const char *)xn : NULL;
+        const char *pfy = !pf ? NULL : rms ? pf + PF_AHEAD : PF_FULL ? NULL : pf + rowb / 2;
         float dm = rms ? 0 : (float)(s1 / (double)H);
-        double var = (rms ? s1 : SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1)) / (double)H;
+        double var = (rms ? s1 : SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1, pf, PF_FULL)) / (double)H;
         double rd = 1.0 / sqrt(var + eps);
         float r = (float)rd;
         if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
@@ -601,11 +625,12 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
             if (rms) SFX(rms_rows)(yf, rr, xf, w, 0, 1, H, eps, NULL);
             else SFX(ln_finish_row)(yf, mr, rr, xf, w, b, H, eps, shift, s1, dm, var);
             if (kind != KIND_F32) narrow_half(kind, (uint16_t *)yr, yf, H);
-            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, rms) : 0;
+            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, rms, NULL, 0) : 0;
         } else {
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
-#define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, shn, rms)
+#define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, shn, rms, \
+                                 pfy, rms)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
             case 3: s1 = NORM(3); break;
             case 2: s1 = NORM(2); break;
