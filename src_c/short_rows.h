@@ -404,6 +404,7 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * rounded once. Rows whose statistics need the fallbacks
  * go through the one-row float code (16-bit ones widened into scratch). */
 #define KIND_F32 0
+#define PF_AHEAD 4096   /* RMSNorm's prefetch distance in bytes (1-2 KiB and 8 KiB measured no better) */
 
 static inline __m512 SFX(ld_k)(int kind, const void *p, int64_t i, __mmask16 m)
 {
@@ -451,8 +452,9 @@ static inline float SFX(hsum4)(const __m512 *a)
     return SFX(hsum)(acc);
 }
 
-/* Prefetches into L2 the bytes of pf that go with elements [e, e + 64) of a
- * sweep: e..e+63 elements' worth with full, else half that, from e / 2 */
+/* Prefetches into L2 the part of pf that goes with elements [e, e + 64) of
+ * a sweep: with full the same elements, else half as many bytes from e / 2
+ * (a sweep then prefetches half a row) */
 static inline void SFX(pf_step)(const char *pf, int64_t e, int64_t esz, int full)
 {
     const int64_t per = full ? 64 * esz : 32 * esz;   /* bytes per 64 elements */
@@ -460,10 +462,10 @@ static inline void SFX(pf_step)(const char *pf, int64_t e, int64_t esz, int full
 }
 
 /* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row (x + res
- * with res) */
+ * with res); with pf, prefetches half a row from pf on the way */
 static inline __attribute__((always_inline)) double SFX(row_sum)(
     int kind, const void *x, const void *res, int64_t H, float shift, float dm, int sq,
-    const char *pf, int pfull)
+    const char *pf)
 {
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
@@ -485,7 +487,7 @@ static inline __attribute__((always_inline)) double SFX(row_sum)(
         int64_t i = 0;
         for (; i + 64 <= n; i += 64) {   /* lanes as sum_shifted's acc[64] */
             for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
-            if (pf) SFX(pf_step)(pf, c0 + i, esz, pfull);
+            if (pf) SFX(pf_step)(pf, c0 + i, esz, 0);
         }
         if (i < n)
             for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, TAILMASK(n, i, q));
@@ -512,7 +514,7 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
 
 /* The y sweep of a row (with res, of x + res, also stored to s); with xn, in
  * the same sweep row_sum(xn, rn, shn, 0, sq) of the next row, returned (else
- * 0).
+ * 0), and with pf pf_step(pf, .., pfull) for each 64 of those elements.
  * y's first vector ends at the store alignment, so that with nt the others
  * are non-temporal. */
 static inline __attribute__((always_inline)) double SFX(norm_row)(
@@ -588,7 +590,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     double s1 = 0;
     if (r0 < r1) {
         shift = rms ? 0 : FIRST(r0);
-        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms, NULL, 0);
+        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms, NULL);
     }
     for (int64_t n = r0; n < r1; n++) {
         const void *xr = xc + n * rowb, *xn = n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
@@ -599,16 +601,10 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
         /* prefetch: LN the first half of the next row in the centred sweep,
          * the second in the y sweep; RMSNorm PF_AHEAD bytes ahead of its
          * sums in the y sweep (not with res: two more streams measured slower) */
-#ifndef PF_FULL
-#define PF_FULL 0
-#endif
-#ifndef PF_AHEAD
-#define PF_AHEAD 4096
-#endif
         const char *pf = xn && !res && nt ? (const char *)xn : NULL;
-        const char *pfy = !pf ? NULL : rms ? pf + PF_AHEAD : PF_FULL ? NULL : pf + rowb / 2;
+        const char *pfy = !pf ? NULL : rms ? pf + PF_AHEAD : pf + rowb / 2;
         float dm = rms ? 0 : (float)(s1 / (double)H);
-        double var = (rms ? s1 : SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1, pf, PF_FULL)) / (double)H;
+        double var = (rms ? s1 : SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1, pf)) / (double)H;
         double rd = 1.0 / sqrt(var + eps);
         float r = (float)rd;
         if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
@@ -625,7 +621,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
             if (rms) SFX(rms_rows)(yf, rr, xf, w, 0, 1, H, eps, NULL);
             else SFX(ln_finish_row)(yf, mr, rr, xf, w, b, H, eps, shift, s1, dm, var);
             if (kind != KIND_F32) narrow_half(kind, (uint16_t *)yr, yf, H);
-            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, rms, NULL, 0) : 0;
+            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, rms, NULL) : 0;
         } else {
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
