@@ -78,8 +78,13 @@ static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int6
 static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
 {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return kind == FASTLN_F16 ? _mm512_cvtph_ps(h)
-                              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    if (kind == FASTLN_F16) return _mm512_cvtph_ps(h);
+    /* bfloat16 i into the high half of lane i, zeros below: one permute
+     * (the zero-extend and shift it replaces are two instructions) */
+    const __m512i idx = _mm512_slli_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 16);
+    return _mm512_castsi512_ps(
+        _mm512_maskz_permutexvar_epi16(0xAAAAAAAA, idx, _mm512_castsi256_si512(h)));
 }
 
 /* kind, or for bfloat16 on a CPU with AVX512-BF16, KIND_BF16_INSN: its
