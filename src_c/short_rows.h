@@ -107,11 +107,17 @@ static inline __m256i SFX(bf16_insn)(__m512 v)
     return h;
 }
 
+/* v as 16-bit values of kind */
+static inline __m256i SFX(narrow16)(int kind, __m512 v)
+{
+    return kind == FASTLN_F16 ? f16_round512(v)
+           : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
+}
+
 /* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
 static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
 {
-    __m256i h = kind == FASTLN_F16 ? f16_round512(v)
-                : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
+    __m256i h = SFX(narrow16)(kind, v);
     if (m != (__mmask16)0xFFFF) _mm256_mask_storeu_epi16(p, m, h);
     else if (nt && !((uintptr_t)p & 31)) _mm256_stream_si256((__m256i *)p, h);
     else _mm256_storeu_si256((__m256i *)p, h);
@@ -430,6 +436,18 @@ static inline void SFX(st_k)(int kind, void *p, int64_t i, __m512 v, __mmask16 m
     else _mm512_storeu_ps(q, v);
 }
 
+/* a, b to elements i..i+31 of p (16-bit kind) in one 64-byte store;
+ * non-temporal with nt where aligned (two 32-byte halves of a line stored
+ * non-temporally measured slower than cached stores) */
+static inline void SFX(st_pair)(int kind, void *p, int64_t i, __m512 a, __m512 b, int nt)
+{
+    __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(SFX(narrow16)(kind, a)),
+                                   SFX(narrow16)(kind, b), 1);
+    uint16_t *q = (uint16_t *)p + i;
+    if (nt && !((uintptr_t)q & 63)) _mm512_stream_si512((__m512i *)q, h);
+    else _mm512_storeu_si512(q, h);
+}
+
 static inline float SFX(first_k)(int kind, const void *p)
 {
     return kind == KIND_F32 ? *(const float *)p
@@ -520,8 +538,8 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
 /* The y sweep of a row (with res, of x + res, also stored to s); with xn, in
  * the same sweep row_sum(xn, rn, shn, 0, sq) of the next row, returned (else
  * 0), and with pf pf_step(pf, .., pfull) for each 64 of those elements.
- * y's first vector ends at the store alignment, so that with nt the others
- * are non-temporal. */
+ * y's first vectors end at a 64-byte boundary, so that with nt the others
+ * are non-temporal (16-bit values two vectors to a store). */
 static inline __attribute__((always_inline)) double SFX(norm_row)(
     int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
@@ -529,17 +547,27 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
-    int64_t j = (uintptr_t)y % esz ? 0 : (int64_t)((-(uintptr_t)y & (16 * esz - 1)) / esz);
+    const int nt16 = kind == KIND_F32 && nt;   /* non-temporal one vector at a time */
+    int64_t j = (uintptr_t)y % esz ? 0 : (int64_t)((-(uintptr_t)y & 63) / esz);
     if (j > H) j = H;
+#define FULL16 ((__mmask16)0xFFFF)
 #define Y16(I, M)                                                                         \
     do {                                                                                  \
         __mmask16 m_ = (M);                                                               \
         __m512 xv_ = SFX(ld_in)(kind, x, res, (I), m_);                                   \
-        if (res) SFX(st_k)(kind, s, (I), xv_, m_, nt);                                    \
-        SFX(st_k)(kind, y, (I), SFX(norm16)(WB, xv_, w, b, (I), m_, sh, d, rv), m_, nt);  \
+        if (res) SFX(st_k)(kind, s, (I), xv_, m_, nt16);                                  \
+        SFX(st_k)(kind, y, (I), SFX(norm16)(WB, xv_, w, b, (I), m_, sh, d, rv), m_, nt16); \
     } while (0)
-#define FULL16 ((__mmask16)0xFFFF)
-    if (j) Y16(0, (__mmask16)((1u << j) - 1));
+#define Y32(I)   /* elements I..I+31, 16-bit kinds */                                    \
+    do {                                                                                  \
+        __m512 xa_ = SFX(ld_in)(kind, x, res, (I), FULL16);                               \
+        __m512 xb_ = SFX(ld_in)(kind, x, res, (I) + 16, FULL16);                          \
+        if (res) SFX(st_pair)(kind, s, (I), xa_, xb_, nt);                                \
+        SFX(st_pair)(kind, y, (I), SFX(norm16)(WB, xa_, w, b, (I), FULL16, sh, d, rv),    \
+                     SFX(norm16)(WB, xb_, w, b, (I) + 16, FULL16, sh, d, rv), nt);        \
+    } while (0)
+    for (int64_t h = 0; h < j; h += 16)
+        Y16(h, j - h >= 16 ? FULL16 : (__mmask16)((1u << (j - h)) - 1));
     double total = 0;
     if (xn) {
         const __m512 shv = _mm512_set1_ps(shn);
@@ -557,10 +585,15 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
                 if (pf) SFX(pf_step)(pf, c0 + i, esz, pfull);
                 for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
                 if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
-                    Y16(j, FULL16);
-                    Y16(j + 16, FULL16);
-                    Y16(j + 32, FULL16);
-                    Y16(j + 48, FULL16);
+                    if (kind == KIND_F32) {
+                        Y16(j, FULL16);
+                        Y16(j + 16, FULL16);
+                        Y16(j + 32, FULL16);
+                        Y16(j + 48, FULL16);
+                    } else {
+                        Y32(j);
+                        Y32(j + 32);
+                    }
                     j += 64;
                 }
             }
@@ -570,9 +603,11 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             total += SFX(hsum4)(a);
         }
     }
+    for (; kind != KIND_F32 && j + 32 <= H; j += 32) Y32(j);
     for (; j + 16 <= H; j += 16) Y16(j, FULL16);
     if (j < H) Y16(j, (__mmask16)((1u << (H - j)) - 1));
 #undef FULL16
+#undef Y32
 #undef Y16
     return total;
 }

@@ -96,19 +96,29 @@ def test_any_thread_count(restore_threads, dt):
                                           err_msg=k)
 
 
+@pytest.mark.parametrize("H", [768, 1037])
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
-def test_streamed_outputs(dt):
-    """Outputs past the streaming thresholds (32 MiB forward, 8 MiB backward)."""
-    N, H = (1 << 15) + 3, 768          # 50 MB of 16-bit values
-    x, dy, _, w, b = _inputs(dt, N, H, seed=3)
+def test_streamed_outputs(dt, H):
+    """Outputs past the streaming thresholds (32 MiB forward, 8 MiB backward);
+    with H = 1037 the rows start at every alignment of the 64-byte stores."""
+    N = (1 << 25) // H + 3             # over 32 MiB of 16-bit values
+    x, dy, res, w, b = _inputs(dt, N, H, seed=3)
     y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
     dx, _, _ = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+    ry, rr = fastln.rms_norm(x, w, return_stats=True)
+    ay, s = fastln.add_layer_norm(x, res, w, b)
     for a, z in ((0, 5000), (N - 5000, N)):   # small calls: not streamed
         ya, ma, ra = fastln.layer_norm(x[a:z], w, b, return_stats=True)
         _same(y[a:z], ya, "y")
         np.testing.assert_array_equal(rstd[a:z], ra)
         da, _, _ = fastln.layer_norm_backward(dy[a:z], x[a:z], ma, ra, w)
         _same(dx[a:z], da, "dx")
+        rya, rra = fastln.rms_norm(x[a:z], w, return_stats=True)
+        _same(ry[a:z], rya, "rms y")
+        np.testing.assert_array_equal(rr[a:z], rra)
+        aya, sa = fastln.add_layer_norm(x[a:z], res[a:z], w, b)
+        _same(ay[a:z], aya, "add y")
+        _same(s[a:z], sa, "add s")
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
