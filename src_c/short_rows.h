@@ -403,19 +403,21 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 /* ---- long rows in registers, any storage -------------------------------
  * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than
  * SHORT16_H, stored as float (KIND_F32) or 16-bit (FASTLN_F16, FASTLN_BF16,
- * KIND_BF16_INSN), widened and narrowed in registers. Two sweeps a row: the
- * centred squares, then y, which also sums the next row (x - x0): the next
- * row's loads from memory overlap this row's arithmetic in cache. With a
- * residual, every sweep reads x + res (the same float sum each time) and the
- * y sweep stores it as s. With nt, y (and s) go out by non-temporal stores,
- * the row's first vector masked up to the store alignment. The sums follow
- * sum_shifted/sumsq_centered lane for lane (four vectors, chunks of 1024
- * added in double), so a row's results do not depend on where its range
- * starts, and 16-bit rows get those of the float kernels on the widened row,
- * rounded once. Rows whose statistics need the fallbacks
- * go through the one-row float code (16-bit ones widened into scratch). */
+ * KIND_BF16_INSN), widened and narrowed in registers. LayerNorm makes two
+ * sweeps a row: the centred squares, then y, which also sums the next row
+ * (x - x0), so that the next row's loads from memory overlap this row's
+ * arithmetic in cache. RMSNorm makes one: y, which also sums the next row's
+ * squares. With a residual, every sweep reads x + res (the same float sum
+ * each time) and the y sweep stores it as s. With nt, y (and s) go out by
+ * non-temporal stores from a 64-byte boundary (the row's first vectors
+ * masked up to it), and the sweeps prefetch the next row into L2. The sums
+ * follow sum_shifted/sumsq_centered lane for lane (four vectors, chunks of
+ * 1024 added in double), so a row's results do not depend on where its
+ * range starts, and 16-bit rows get those of the float kernels on the
+ * widened row, rounded once. Rows whose statistics need the fallbacks go
+ * through the one-row float code (16-bit ones widened into scratch). */
 #define KIND_F32 0
-#define PF_AHEAD 4096   /* RMSNorm's prefetch distance in bytes (1-2 KiB and 8 KiB measured no better) */
+#define PF_AHEAD 4096   /* RMSNorm's prefetch distance, bytes (1, 2, 8 KiB: no better) */
 
 static inline __m512 SFX(ld_k)(int kind, const void *p, int64_t i, __mmask16 m)
 {
@@ -630,7 +632,8 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     double s1 = 0;
     if (r0 < r1) {
         shift = rms ? 0 : FIRST(r0);
-        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms, NULL);
+        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms,
+                          NULL);
     }
     for (int64_t n = r0; n < r1; n++) {
         const void *xr = xc + n * rowb, *xn = n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
@@ -665,8 +668,8 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
         } else {
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
-#define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, shn, rms, \
-                                 pfy, rms)
+#define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, \
+                               shn, rms, pfy, rms)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
             case 3: s1 = NORM(3); break;
             case 2: s1 = NORM(2); break;
