@@ -91,13 +91,17 @@ def l3_bytes():
     best = 0
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
-        for d in os.listdir(base):
+        names = [d for d in os.listdir(base) if d.startswith("index")]   # not "uevent"
+    except OSError:
+        names = []
+    for d in names:
+        try:
             with open(os.path.join(base, d, "size")) as f:
                 s = f.read().strip()
             mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:].upper(), 1)
             best = max(best, int(s.rstrip("KMGkmg")) * mult)
-    except (OSError, ValueError):
-        pass
+        except (OSError, ValueError):
+            continue
     return best or 32 << 20
 
 
@@ -133,7 +137,13 @@ def _bf16_target(rows, l3):
     past = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("elems_vs_f32")
             and r["fwd_bytes"] > l3]
     if not past:
-        return None
+        big = max((r for r in rows if r.get("dtype") == "bfloat16" and r.get("elems_vs_f32")),
+                  key=lambda r: r["fwd_bytes"], default=None)
+        if big is None:
+            return None
+        return (f"Target (bfloat16 forward past the cache: ≥ {BF16_TARGET}x float32's "
+                f"elements/s): no bfloat16 shape here moves more than the L3's {l3 >> 20} MiB; "
+                f"at the largest, ({big['N']}, {big['H']}), it is {big['elems_vs_f32']:.2f}x.")
     parts = [f"({r['N']}, {r['H']}) {r['elems_vs_f32']:.2f}x "
              f"{'ok' if r['elems_vs_f32'] >= BF16_TARGET else 'MISS'}" for r in past]
     return (f"Target (bfloat16 forward past the cache, i.e. 16-bit input + output > L3 = "
