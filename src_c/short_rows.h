@@ -133,7 +133,8 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     void *const *yr, float *mean, float *rstd, const void *const *xr, const __m512 *wv,
     const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int nt)
 {
-    const __m512 Hv = _mm512_set1_ps((float)H);
+    const __m512 Hv = _mm512_set1_ps((float)H), invH = _mm512_set1_ps(1.0f / (float)H);
+    const int pow2 = !(H & (H - 1));
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 #define LD(k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
@@ -150,7 +151,9 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
             a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), LD(k, v), s));
         acc[k] = a;
     }
-    __m512 s1 = SFX(reduce16)(acc), dmv = _mm512_div_ps(s1, Hv);
+    /* / H; for H a power of two the same bits as * (1 / H), which spares the divider */
+#define DIV_H(v) (pow2 ? _mm512_mul_ps((v), invH) : _mm512_div_ps((v), Hv))
+    __m512 s1 = SFX(reduce16)(acc), dmv = DIV_H(s1);
     _mm512_store_ps(dm, dmv);
     for (int k = 0; k < 16; k++) {   /* sum((x - x0 - dm)^2) */
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), a = _mm512_setzero_ps();
@@ -160,7 +163,8 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
         }
         acc[k] = a;
     }
-    __m512 var = _mm512_div_ps(SFX(reduce16)(acc), Hv);
+    __m512 var = DIV_H(SFX(reduce16)(acc));
+#undef DIV_H
     __mmask16 ok = _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e-30f), _CMP_GE_OQ) &
                    _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e30f), _CMP_LE_OQ) &
                    _mm512_cmp_ps_mask(_mm512_abs_ps(s1), _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
