@@ -490,6 +490,21 @@ static inline void SFX(pf_step)(const char *pf, int64_t e, int64_t esz, int full
     for (int64_t k = 0; k < per; k += 64) _mm_prefetch(pf + e * per / 64 + k, _MM_HINT_T1);
 }
 
+/* Elements i..i+63 of the chunk at c0 (n elements; full: all 64 in it) of
+ * x (x + res with res) into a[0..3], lanes as sum_shifted's acc[64]: with sq
+ * (v - d)^2, d NULL meaning 0, else v, for v = x - sh */
+static inline __attribute__((always_inline)) void SFX(acc64)(
+    int kind, const void *x, const void *res, int64_t c0, int64_t i, int64_t n, int full,
+    __m512 sh, const __m512 *d, int sq, __m512 *a)
+{
+    for (int q = 0; q < 4; q++) {
+        __mmask16 m = full ? (__mmask16)0xFFFF : TAILMASK(n, i, q);
+        __m512 v = _mm512_sub_ps(SFX(ld_in)(kind, x, res, c0 + i + 16 * q, m), sh);
+        if (sq && d) v = _mm512_sub_ps(v, *d);
+        a[q] = sq ? _mm512_mask3_fmadd_ps(v, v, a[q], m) : _mm512_mask_add_ps(a[q], m, a[q], v);
+    }
+}
+
 /* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row (x + res
  * with res); with pf, prefetches half a row from pf on the way */
 static inline __attribute__((always_inline)) double SFX(row_sum)(
@@ -503,24 +518,12 @@ static inline __attribute__((always_inline)) double SFX(row_sum)(
         int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
         __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                        _mm512_setzero_ps()};
-#define ACC(a, off, m)                                                          \
-    do {                                                                        \
-        __m512 v_ = _mm512_sub_ps(SFX(ld_in)(kind, x, res, c0 + (off), (m)), sh); \
-        if (sq) {                                                               \
-            v_ = _mm512_sub_ps(v_, d);                                          \
-            a = _mm512_mask3_fmadd_ps(v_, v_, a, (m));                          \
-        } else {                                                                \
-            a = _mm512_mask_add_ps(a, (m), a, v_);                              \
-        }                                                                       \
-    } while (0)
         int64_t i = 0;
-        for (; i + 64 <= n; i += 64) {   /* lanes as sum_shifted's acc[64] */
-            for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
+        for (; i + 64 <= n; i += 64) {
+            SFX(acc64)(kind, x, res, c0, i, n, 1, sh, &d, sq, a);
             if (pf) SFX(pf_step)(pf, c0 + i, esz, 0);
         }
-        if (i < n)
-            for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, TAILMASK(n, i, q));
-#undef ACC
+        if (i < n) SFX(acc64)(kind, x, res, c0, i, n, 0, sh, &d, sq, a);
         total += SFX(hsum4)(a);
     }
     return total;
@@ -581,15 +584,10 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
             __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                            _mm512_setzero_ps()};
-#define ACC(a, off, m)                                                                  \
-    do {                                                                                \
-        __m512 v_ = _mm512_sub_ps(SFX(ld_in)(kind, xn, rn, c0 + (off), (m)), shv);      \
-        a = sq ? _mm512_mask3_fmadd_ps(v_, v_, a, (m)) : _mm512_mask_add_ps(a, (m), a, v_); \
-    } while (0)
             int64_t i = 0;
             for (; i + 64 <= n; i += 64) {
                 if (pf) SFX(pf_step)(pf, c0 + i, esz, pfull);
-                for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, 0xFFFF);
+                SFX(acc64)(kind, xn, rn, c0, i, n, 1, shv, NULL, sq, a);
                 if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
                     if (kind == KIND_F32) {
                         Y16(j, FULL16);
@@ -603,9 +601,7 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
                     j += 64;
                 }
             }
-            if (i < n)
-                for (int q = 0; q < 4; q++) ACC(a[q], i + 16 * q, TAILMASK(n, i, q));
-#undef ACC
+            if (i < n) SFX(acc64)(kind, xn, rn, c0, i, n, 0, shv, NULL, sq, a);
             total += SFX(hsum4)(a);
         }
     }
