@@ -74,14 +74,15 @@ static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int6
 }
 
 /* Prefetches into L1 the n bytes that start ahead bytes after p, short of
- * end: the rows that a loop over groups of sixteen rows reads a few groups
- * on. The hardware prefetchers fall behind such loops (AMD EPYC, 1 thread:
- * (262144, 16) backward 3.9 -> 2.0 ms, (262144, 32) forward 4.2 -> 1.7 ms).
- * always_inline: GCC drops a call to this function that it does not inline,
- * since a prefetch has no effect it can see. */
+ * end: in the loops over groups of sixteen rows, the rows a few groups on,
+ * and in long_bwd the part of the rows a few KiB on. The hardware
+ * prefetchers fall behind both (AMD EPYC, 1 thread: (262144, 16) backward
+ * 3.9 -> 2.0 ms, (262144, 32) forward 4.2 -> 1.7 ms). always_inline: GCC
+ * drops a call to this function that it does not inline, since a prefetch
+ * has no effect it can see. */
 #define PF_GROUP_FWD 4096   /* bytes ahead: 2 KiB measured slower, 8 KiB the same */
 #define PF_GROUP_BWD 2048   /* bytes ahead in each of x and dy: 1 and 4 KiB slower */
-static inline __attribute__((always_inline)) void SFX(pf_group)(const void *p, int64_t n,
+static inline __attribute__((always_inline)) void SFX(pf_ahead)(const void *p, int64_t n,
                                                                 int64_t ahead, const void *end)
 {
     const char *q = (const char *)p + ahead;
@@ -235,7 +236,7 @@ static void SFX(ln_rows16)(float *y, float *mean, float *rstd, const float *x, c
         for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
         float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
         if (nv > 1)   /* H <= 16: measured 5-8% slower with it */
-            SFX(pf_group)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
+            SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
         __mmask16 redo;
         switch (nv) {
 #define CASE(NV)                                                                      \
@@ -410,8 +411,8 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
         SFX(rows16)(gr, dy, n, r1, H);
         for (int k = 0; k < 16; k++) dxr[k] = stream ? stage + k * H : dx + (n + k) * H;
         const float *mn = pb ? mean + n : NULL, *rs = rstd + n;
-        SFX(pf_group)(x + n * H, 16 * H * 4, PF_GROUP_BWD, x + r1 * H);
-        SFX(pf_group)(dy + n * H, 16 * H * 4, PF_GROUP_BWD, dy + r1 * H);
+        SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_BWD, x + r1 * H);
+        SFX(pf_ahead)(dy + n * H, 16 * H * 4, PF_GROUP_BWD, dy + r1 * H);
         switch (nv * 2 + (pb != NULL)) {
 #define CASE(NV)                                                                              \
     case 2 * NV: SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, 0, H, tail); break;  \
@@ -441,6 +442,7 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * widened row, rounded once. Rows whose statistics need the fallbacks go
  * through the one-row float code (16-bit ones widened into scratch). */
 #define KIND_F32 0
+#define PF_LONG_BWD 4096   /* long_bwd's prefetch distance, bytes (1, 8 KiB: slower) */
 #define PF_AHEAD 4096   /* RMSNorm's prefetch distance, bytes (1, 2, 8 KiB: no better) */
 
 static inline __m512 SFX(ld_k)(int kind, const void *p, int64_t i, __mmask16 m)
@@ -783,7 +785,7 @@ static inline __attribute__((always_inline)) void SFX(bdx16)(
 static inline __attribute__((always_inline)) void SFX(bwd_pass)(
     int kind, int LN, int HW, void *dxa, float *pw, float *pb, const void *xa, const void *ga,
     const __m512 *s, const void *xb, const void *gb, float mb, const float *w, int64_t H,
-    int nt, double *S)
+    int nt, double *S, int pf, const char *xend, const char *gend)
 {
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
     int64_t j = H;
@@ -806,6 +808,12 @@ static inline __attribute__((always_inline)) void SFX(bwd_pass)(
             __m512 ad[4], ag[4], agd[4];
             for (int q = 0; q < 4; q++) ad[q] = ag[q] = agd[q] = _mm512_setzero_ps();
             for (; i + 64 <= n; i += 64) {   /* lanes as ln_bwd_scalars' ad[64] */
+                if (pf) {
+                    const char *xo = (const char *)xb + (c0 + i) * esz;
+                    const char *go = (const char *)gb + (c0 + i) * esz;
+                    SFX(pf_ahead)(xo, 64 * esz, PF_LONG_BWD, xend);
+                    SFX(pf_ahead)(go, 64 * esz, PF_LONG_BWD, gend);
+                }
                 for (int q = 0; q < 4; q++)
                     SFX(bsum16)(kind, LN, HW, xb, gb, w, c0 + i + 16 * q, (__mmask16)0xFFFF, mv,
                                 &ad[q], &ag[q], &agd[q]);
@@ -851,24 +859,26 @@ static inline __attribute__((always_inline)) void SFX(bwd_vscalars)(
 
 /* Backward rows [r0, r1): LayerNorm when pb != NULL, else RMSNorm (as
  * bwd_rows). buf: 2H floats of scratch for 16-bit rows; nt: non-temporal dx
- * (fenced here). */
+ * (fenced here); pf (a constant): prefetch x and dy PF_LONG_BWD bytes ahead
+ * of the sums, short of r1. */
 static inline __attribute__((always_inline)) void SFX(long_bwd_k)(
-    int kind, int LN, int HW, void *dx, float *pw, float *pb, const void *dy, const void *x,
-    const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1, int64_t H,
-    float *buf, int nt)
+    int kind, int LN, int HW, int pf, void *dx, float *pw, float *pb, const void *dy,
+    const void *x, const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1,
+    int64_t H, float *buf, int nt)
 {
     const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);
     const char *xc = (const char *)x, *gc = (const char *)dy;
     double S[3] = {0, 0, 0};
     __m512 s[5];
     if (r0 >= r1) return;
+    const char *xend = xc + r1 * rowb, *gend = gc + r1 * rowb;
     SFX(bwd_pass)(kind, LN, HW, NULL, pw, pb, NULL, NULL, NULL, xc + r0 * rowb, gc + r0 * rowb,
-                  LN ? mean[r0] : 0, w, H, nt, S);
+                  LN ? mean[r0] : 0, w, H, nt, S, pf, xend, gend);
     SFX(bwd_vscalars)(kind, LN, s, S, xc + r0 * rowb, gc + r0 * rowb, w, mean, rstd, r0, H, buf);
     for (int64_t n = r0; n < r1; n++) {
         const char *xb = n + 1 < r1 ? xc + (n + 1) * rowb : NULL, *gb = gc + (n + 1) * rowb;
         SFX(bwd_pass)(kind, LN, HW, (char *)dx + n * rowb, pw, pb, xc + n * rowb, gc + n * rowb,
-                      s, xb, gb, xb && LN ? mean[n + 1] : 0, w, H, nt, S);
+                      s, xb, gb, xb && LN ? mean[n + 1] : 0, w, H, nt, S, pf, xend, gend);
         if (xb) SFX(bwd_vscalars)(kind, LN, s, S, xb, gb, w, mean, rstd, n + 1, H, buf);
     }
     if (nt) stream_fence();
@@ -878,9 +888,16 @@ static void SFX(long_bwd)(int kind, void *dx, float *pw, float *pb, const void *
                           const void *x, const float *mean, const float *rstd, const float *w,
                           int64_t r0, int64_t r1, int64_t H, float *buf, int nt)
 {
-#define CASE(K, LN, HW)                                                                   \
-    case K * 4 + LN * 2 + HW:                                                             \
-        SFX(long_bwd_k)(K, LN, HW, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt); \
+    /* pf: rows longer than 4 KiB prefetch PF_LONG_BWD bytes ahead of the
+     * sums in x and dy (shorter rows measured the same, or slower with the
+     * test in the loop: a constant for each instance) */
+    const int pf = H * (kind == KIND_F32 ? 4 : 2) > 4096;
+#define CASE(K, LN, HW)                                                                     \
+    case K * 4 + LN * 2 + HW:                                                               \
+        if (pf)                                                                             \
+            SFX(long_bwd_k)(K, LN, HW, 1, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt); \
+        else                                                                                \
+            SFX(long_bwd_k)(K, LN, HW, 0, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt); \
         break;
 #define CASES(K) CASE(K, 0, 0) CASE(K, 0, 1) CASE(K, 1, 0) CASE(K, 1, 1)
     switch (SFX(store_kind)(kind) * 4 + (pb != NULL) * 2 + (w != NULL)) {
