@@ -14,8 +14,8 @@
  * Rows are independent; a row is swept while it is hot in L1/L2:
  *   forward:  sum(x - x0)  |  sum((x - x0 - dm)^2)  |  write y
  *             (rows of up to SHORT_H elements four at a time, phase by phase;
- *             AVX-512 float: short rows in short_rows.h, and long ones in two
- *             sweeps there, the y sweep also summing the next row)
+ *             AVX-512 float: short rows in short_rows.h, and long ones in one
+ *             sweep there, y and the next row's sums of x - t and (x - t)^2)
  *   backward: sum(d), sum(g), sum(g*d)  |  write dx, add dweight/dbias partials
  *             (sweep 2 over groups of GROUP rows; AVX-512 float, data past the
  *             cache: one sweep a row in short_rows.h, with the next row's sums)

@@ -92,7 +92,8 @@ static inline __attribute__((always_inline)) void SFX(pf_ahead)(const void *p, i
 
 /* 16-bit loads and stores, converted in registers (kind FASTLN_F16 or
  * FASTLN_BF16, or KIND_BF16_INSN below) */
-static inline __m512 SFX(ld_half)(int kind, const uint16_t *p, __mmask16 m)
+static inline __attribute__((always_inline)) __m512 SFX(ld_half)(
+    int kind, const uint16_t *p, __mmask16 m)
 {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
     if (kind == FASTLN_F16) return _mm512_cvtph_ps(h);
@@ -116,7 +117,7 @@ static inline int SFX(store_kind)(int kind)
     return kind == FASTLN_BF16 && fastln_cpu_has_avx512bf16() ? KIND_BF16_INSN : kind;
 }
 
-static inline __m256i SFX(bf16_insn)(__m512 v)
+static inline __attribute__((always_inline)) __m256i SFX(bf16_insn)(__m512 v)
 {
     if (_mm512_fpclass_ps_mask(v, 0x20)) return bf16_round512(v);   /* 0x20: subnormal */
     __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
@@ -125,14 +126,15 @@ static inline __m256i SFX(bf16_insn)(__m512 v)
 }
 
 /* v as 16-bit values of kind */
-static inline __m256i SFX(narrow16)(int kind, __m512 v)
+static inline __attribute__((always_inline)) __m256i SFX(narrow16)(int kind, __m512 v)
 {
     return kind == FASTLN_F16 ? f16_round512(v)
            : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
 }
 
 /* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
-static inline void SFX(st_half)(int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
+static inline __attribute__((always_inline)) void SFX(st_half)(
+    int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
 {
     __m256i h = SFX(narrow16)(kind, v);
     if (m != (__mmask16)0xFFFF) _mm256_mask_storeu_epi16(p, m, h);
@@ -428,31 +430,39 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 /* ---- long rows in registers, any storage -------------------------------
  * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than
  * SHORT16_H, stored as float (KIND_F32) or 16-bit (FASTLN_F16, FASTLN_BF16,
- * KIND_BF16_INSN), widened and narrowed in registers. LayerNorm makes two
- * sweeps a row: the centred squares, then y, which also sums the next row
- * (x - x0), so that the next row's loads from memory overlap this row's
- * arithmetic in cache. RMSNorm makes one: y, which also sums the next row's
+ * KIND_BF16_INSN), widened and narrowed in registers. One sweep a row: y,
+ * which also sums the next row, so that the next row's loads from memory
+ * overlap this row's arithmetic in cache. RMSNorm sums the squares.
+ * LayerNorm rows longer than SHORT_H sum x - t and (x - t)^2 around t, the
+ * mean of the row's first 16 values, and take var = mean((x - t)^2) -
+ * mean(x - t)^2 where (mean - t)^2 <= var / 2 (a row with a head far from its
+ * mean, or a bad sum, gets the centred squares in a second sweep). Shorter
+ * LayerNorm rows (16-bit ones and streamed short rows come here) keep the row
+ * kernels' two sweeps around x0 = x[0]: sum(x - x0), then the centred
  * squares. With a residual, every sweep reads x + res (the same float sum
  * each time) and the y sweep stores it as s. With nt, y (and s) go out by
  * non-temporal stores from a 64-byte boundary (the row's first vectors
- * masked up to it), and the sweeps prefetch the next row into L2. The sums
- * follow sum_shifted/sumsq_centered lane for lane (four vectors, chunks of
+ * masked up to it), and the y sweep prefetches the rows ahead into L2. The
+ * sums follow sum_shifted/sumsq_centered's lanes (four vectors, chunks of
  * 1024 added in double), so a row's results do not depend on where its
- * range starts, and 16-bit rows get those of the float kernels on the
- * widened row, rounded once. Rows whose statistics need the fallbacks go
- * through the one-row float code (16-bit ones widened into scratch). */
+ * range starts, 16-bit rows get those of the float kernels on the widened
+ * row, rounded once, and short rows those of ln_rows and add_ln_rows. Rows
+ * whose statistics need the fallbacks go through the one-row float code
+ * (16-bit ones widened into scratch). */
 #define KIND_F32 0
 #define PF_LONG_BWD 4096   /* long_bwd's prefetch distance, bytes (1, 8 KiB: slower) */
-#define PF_AHEAD 4096   /* RMSNorm's prefetch distance, bytes (1, 2, 8 KiB: no better) */
+#define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes (RMSNorm: 1-8 KiB no better) */
 
-static inline __m512 SFX(ld_k)(int kind, const void *p, int64_t i, __mmask16 m)
+static inline __attribute__((always_inline)) __m512 SFX(ld_k)(
+    int kind, const void *p, int64_t i, __mmask16 m)
 {
     return kind == KIND_F32 ? _mm512_maskz_loadu_ps(m, (const float *)p + i)
                             : SFX(ld_half)(kind, (const uint16_t *)p + i, m);
 }
 
 /* lanes m of v to element i of p; nt: non-temporal where aligned */
-static inline void SFX(st_k)(int kind, void *p, int64_t i, __m512 v, __mmask16 m, int nt)
+static inline __attribute__((always_inline)) void SFX(st_k)(
+    int kind, void *p, int64_t i, __m512 v, __mmask16 m, int nt)
 {
     if (kind != KIND_F32) {
         SFX(st_half)(kind, (uint16_t *)p + i, v, m, nt);
@@ -467,7 +477,8 @@ static inline void SFX(st_k)(int kind, void *p, int64_t i, __m512 v, __mmask16 m
 /* a, b to elements i..i+31 of p (16-bit kind) in one 64-byte store;
  * non-temporal with nt where aligned (two 32-byte halves of a line stored
  * non-temporally measured slower than cached stores) */
-static inline void SFX(st_pair)(int kind, void *p, int64_t i, __m512 a, __m512 b, int nt)
+static inline __attribute__((always_inline)) void SFX(st_pair)(
+    int kind, void *p, int64_t i, __m512 a, __m512 b, int nt)
 {
     __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(SFX(narrow16)(kind, a)),
                                    SFX(narrow16)(kind, b), 1);
@@ -476,17 +487,22 @@ static inline void SFX(st_pair)(int kind, void *p, int64_t i, __m512 a, __m512 b
     else _mm512_storeu_si512(q, h);
 }
 
-static inline float SFX(first_k)(int kind, const void *p)
-{
-    return kind == KIND_F32 ? *(const float *)p
-         : kind == FASTLN_F16 ? f16_to_f32(*(const uint16_t *)p) : bf16_to_f32(*(const uint16_t *)p);
-}
-
 /* x, or with res x + res, at element i (lanes m) */
-static inline __m512 SFX(ld_in)(int kind, const void *x, const void *res, int64_t i, __mmask16 m)
+static inline __attribute__((always_inline)) __m512 SFX(ld_in)(
+    int kind, const void *x, const void *res, int64_t i, __mmask16 m)
 {
     __m512 v = SFX(ld_k)(kind, x, i, m);
     return res ? _mm512_add_ps(v, SFX(ld_k)(kind, res, i, m)) : v;
+}
+
+/* The shift of a row's LayerNorm sums (x + res with res): with one, the
+ * mean of its first min(H, 16) values, a value near the row's mean; else its
+ * first value, as the row kernels of kernels_impl.h */
+static inline float SFX(row_shift)(int kind, int one, const void *x, const void *res, int64_t H)
+{
+    const int k = one ? (H < 16 ? (int)H : 16) : 1;
+    __m512 v = SFX(ld_in)(kind, x, res, 0, (__mmask16)((1u << k) - 1));
+    return one ? _mm512_reduce_add_ps(v) / (float)k : _mm512_cvtss_f32(v);
 }
 
 /* In the last, partial 64 elements at i of a chunk of n: the lanes of
@@ -504,18 +520,18 @@ static inline float SFX(hsum4)(const __m512 *a)
 }
 
 /* Prefetches into L2 the part of pf that goes with elements [e, e + 64) of
- * a sweep: with full the same elements, else half as many bytes from e / 2
- * (a sweep then prefetches half a row); always_inline as pf_group */
+ * a sweep (elements of esz bytes); always_inline as pf_ahead */
 static inline __attribute__((always_inline)) void SFX(pf_step)(const char *pf, int64_t e,
-                                                               int64_t esz, int full)
+                                                               int64_t esz)
 {
-    const int64_t per = full ? 64 * esz : 32 * esz;   /* bytes per 64 elements */
-    for (int64_t k = 0; k < per; k += 64) _mm_prefetch(pf + e * per / 64 + k, _MM_HINT_T1);
+    for (int64_t k = 0; k < 64 * esz; k += 64) _mm_prefetch(pf + e * esz + k, _MM_HINT_T1);
 }
 
 /* Elements i..i+63 of the chunk at c0 (n elements; full: all 64 in it) of
- * x (x + res with res) into a[0..3], lanes as sum_shifted's acc[64]: with sq
- * (v - d)^2, d NULL meaning 0, else v, for v = x - sh */
+ * x (x + res with res) into a[0..3], lanes as sum_shifted's acc[64], for
+ * v = x - sh: with sq 0, v; with sq 1, (v - d)^2, d NULL meaning 0; with sq
+ * 2 (SQ_BOTH), v into a[0..3] and v^2 into a[4..7] */
+#define SQ_BOTH 2
 static inline __attribute__((always_inline)) void SFX(acc64)(
     int kind, const void *x, const void *res, int64_t c0, int64_t i, int64_t n, int full,
     __m512 sh, const __m512 *d, int sq, __m512 *a)
@@ -523,31 +539,34 @@ static inline __attribute__((always_inline)) void SFX(acc64)(
     for (int q = 0; q < 4; q++) {
         __mmask16 m = full ? (__mmask16)0xFFFF : TAILMASK(n, i, q);
         __m512 v = _mm512_sub_ps(SFX(ld_in)(kind, x, res, c0 + i + 16 * q, m), sh);
-        if (sq && d) v = _mm512_sub_ps(v, *d);
-        a[q] = sq ? _mm512_mask3_fmadd_ps(v, v, a[q], m) : _mm512_mask_add_ps(a[q], m, a[q], v);
+        if (sq == 1 && d) v = _mm512_sub_ps(v, *d);
+        if (sq == 1) {
+            a[q] = _mm512_mask3_fmadd_ps(v, v, a[q], m);
+            continue;
+        }
+        a[q] = _mm512_mask_add_ps(a[q], m, a[q], v);
+        if (sq == SQ_BOTH) a[4 + q] = _mm512_mask3_fmadd_ps(v, v, a[4 + q], m);
     }
 }
 
-/* sum((x - shift) - dm)^2 with sq, else sum(x - shift), over a row (x + res
- * with res); with pf, prefetches half a row from pf on the way */
+/* Over a row (x + res with res): sum((x - shift) - dm)^2 with sq 1, else
+ * sum(x - shift), and with sq SQ_BOTH also sum((x - shift)^2) into *s2 */
 static inline __attribute__((always_inline)) double SFX(row_sum)(
     int kind, const void *x, const void *res, int64_t H, float shift, float dm, int sq,
-    const char *pf)
+    double *s2)
 {
-    const int64_t esz = kind == KIND_F32 ? 4 : 2;
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
     double total = 0;
+    if (sq == SQ_BOTH) *s2 = 0;
     for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
         int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
-        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                       _mm512_setzero_ps()};
+        __m512 a[8];
+        for (int q = 0; q < 8; q++) a[q] = _mm512_setzero_ps();
         int64_t i = 0;
-        for (; i + 64 <= n; i += 64) {
-            SFX(acc64)(kind, x, res, c0, i, n, 1, sh, &d, sq, a);
-            if (pf) SFX(pf_step)(pf, c0 + i, esz, 0);
-        }
+        for (; i + 64 <= n; i += 64) SFX(acc64)(kind, x, res, c0, i, n, 1, sh, &d, sq, a);
         if (i < n) SFX(acc64)(kind, x, res, c0, i, n, 0, sh, &d, sq, a);
         total += SFX(hsum4)(a);
+        if (sq == SQ_BOTH) *s2 += SFX(hsum4)(a + 4);
     }
     return total;
 }
@@ -568,14 +587,14 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
 }
 
 /* The y sweep of a row (with res, of x + res, also stored to s); with xn, in
- * the same sweep row_sum(xn, rn, shn, 0, sq) of the next row, returned (else
- * 0), and with pf pf_step(pf, .., pfull) for each 64 of those elements.
+ * the same sweep row_sum(xn, rn, shn, 0, sq, s2) of the next row, returned
+ * (else 0), and with pf pf_step(pf, ..) for each 64 of those elements.
  * y's first vectors end at a 64-byte boundary, so that with nt the others
  * are non-temporal (16-bit values two vectors to a store). */
 static inline __attribute__((always_inline)) double SFX(norm_row)(
     int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
-    const void *rn, float shn, int sq, const char *pf, int pfull)
+    const void *rn, float shn, int sq, double *s2, const char *pf)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
@@ -603,13 +622,14 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
     double total = 0;
     if (xn) {
         const __m512 shv = _mm512_set1_ps(shn);
+        if (sq == SQ_BOTH) *s2 = 0;
         for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
             int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK;
-            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                           _mm512_setzero_ps()};
+            __m512 a[8];
+            for (int q = 0; q < 8; q++) a[q] = _mm512_setzero_ps();
             int64_t i = 0;
             for (; i + 64 <= n; i += 64) {
-                if (pf) SFX(pf_step)(pf, c0 + i, esz, pfull);
+                if (pf) SFX(pf_step)(pf, c0 + i, esz);
                 SFX(acc64)(kind, xn, rn, c0, i, n, 1, shv, NULL, sq, a);
                 if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
                     if (kind == KIND_F32) {
@@ -626,6 +646,7 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             }
             if (i < n) SFX(acc64)(kind, xn, rn, c0, i, n, 0, shv, NULL, sq, a);
             total += SFX(hsum4)(a);
+            if (sq == SQ_BOTH) *s2 += SFX(hsum4)(a + 4);
         }
     }
     for (; kind != KIND_F32 && j + 32 <= H; j += 32) Y32(j);
@@ -642,35 +663,44 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
  * floats of scratch for 16-bit rows that take the fallbacks; nt:
  * non-temporal stores (the caller fences). */
 static inline __attribute__((always_inline)) void SFX(long_rows_k)(
-    int kind, int rms, void *y, void *s, float *mean, float *rstd, const void *x,
+    int kind, int rms, int one, void *y, void *s, float *mean, float *rstd, const void *x,
     const void *res, const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
     double eps, float *buf, int nt)
 {
     const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);   /* bytes a row */
     const char *xc = (const char *)x, *rc = (const char *)res;
-#define FIRST(row) (SFX(first_k)(kind, xc + (row) * rowb) + \
-                    (res ? SFX(first_k)(kind, rc + (row) * rowb) : 0.0f))
-    /* s1: the row's sum(x - shift), for RMSNorm sum(x^2) (shift 0) */
+    const int sq = rms ? 1 : one ? SQ_BOTH : 0;   /* the sums a y sweep takes of the next row */
+#define SHIFT(row) (rms ? 0.0f : SFX(row_shift)(kind, one, xc + (row) * rowb,         \
+                                                res ? rc + (row) * rowb : NULL, H))
+    /* s1: the row's sum(x - shift), for RMSNorm sum(x^2) (shift 0); s2 (LN):
+     * sum((x - shift)^2) */
     float shift = 0;
-    double s1 = 0;
+    double s1 = 0, s2 = 0;
     if (r0 < r1) {
-        shift = rms ? 0 : FIRST(r0);
-        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, rms,
-                          NULL);
+        shift = SHIFT(r0);
+        s1 = SFX(row_sum)(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL, H, shift, 0, sq,
+                          &s2);
     }
     for (int64_t n = r0; n < r1; n++) {
         const void *xr = xc + n * rowb, *xn = n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
         const void *rr_ = res ? rc + n * rowb : NULL, *rn = res && xn ? rc + (n + 1) * rowb : NULL;
         void *yr = (char *)y + n * rowb, *sr = res ? (char *)s + n * rowb : NULL;
         float *mr = mean ? mean + n : NULL, *rr = rstd ? rstd + n : NULL;
-        float shn = xn && !rms ? FIRST(n + 1) : 0;
-        /* prefetch: LN the first half of the next row in the centred sweep,
-         * the second in the y sweep; RMSNorm PF_AHEAD bytes ahead of its
-         * sums in the y sweep (not with res: two more streams measured slower) */
-        const char *pf = xn && !res && nt ? (const char *)xn : NULL;
-        const char *pfy = !pf ? NULL : rms ? pf + PF_AHEAD : pf + rowb / 2;
+        float shn = xn ? SHIFT(n + 1) : 0;
+        /* prefetch PF_AHEAD bytes ahead of the next row's sums in the y sweep
+         * (not with res: two more streams measured slower) */
+        const char *pf = xn && !res && nt ? (const char *)xn + PF_AHEAD : NULL;
         float dm = rms ? 0 : (float)(s1 / (double)H);
-        double var = (rms ? s1 : SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1, pf)) / (double)H;
+        double var = s1 / (double)H;   /* RMSNorm: the mean square */
+        if (!rms) {
+            /* with one, the one-sweep variance where the shift lies near the
+             * mean: (mean - shift)^2 <= var / 2 bounds its cancellation to a
+             * third of the result; else the centred squares, a second sweep */
+            double d = s1 / (double)H;
+            var = s2 / (double)H - d * d;
+            if (!one || !(d * d <= 0.5 * var))
+                var = SFX(row_sum)(kind, xr, rr_, H, shift, dm, 1, NULL) / (double)H;
+        }
         double rd = 1.0 / sqrt(var + eps);
         float r = (float)rd;
         if (!(var >= 1e-30 && var <= 1e30) || !isfinite(s1) || isinf(r)) {
@@ -687,12 +717,12 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
             if (rms) SFX(rms_rows)(yf, rr, xf, w, 0, 1, H, eps, NULL);
             else SFX(ln_finish_row)(yf, mr, rr, xf, w, b, H, eps, shift, s1, dm, var);
             if (kind != KIND_F32) narrow_half(kind, (uint16_t *)yr, yf, H);
-            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, rms, NULL) : 0;
+            s1 = xn ? SFX(row_sum)(kind, xn, rn, H, shn, 0, sq, &s2) : 0;
         } else {
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
 #define NORM(WB) SFX(norm_row)(kind, WB, yr, sr, xr, rr_, w, b, H, shift, dm, r, nt, xn, rn, \
-                               shn, rms, pfy, rms)
+                               shn, sq, &s2, pf)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
             case 3: s1 = NORM(3); break;
             case 2: s1 = NORM(2); break;
@@ -703,30 +733,35 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
         }
         shift = shn;
     }
-#undef FIRST
+#undef SHIFT
     if (nt) stream_fence();
 }
 
 /* long_rows_k for kind FASTLN_F16, FASTLN_BF16 or KIND_F32 (the kind of this
  * CPU's stores for bfloat16); with res (not with rms) add + LayerNorm into y
- * and s. */
+ * and s. LayerNorm rows longer than SHORT_H take the one-sweep variance;
+ * shorter ones keep the two sweeps of ln_rows and add_ln_rows, whose results
+ * they then match bitwise (16-bit rows and streamed short rows come here). */
 static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, float *rstd,
                            const void *x, const void *res, const float *w, const float *b,
                            int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
 {
-#define CASE(K)                                                                          \
-    case K:                                                                              \
-        if (res)                                                                         \
-            SFX(long_rows_k)(K, 0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt); \
-        else if (rms)                                                                    \
-            SFX(long_rows_k)(K, 1, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf, nt); \
-        else                                                                             \
-            SFX(long_rows_k)(K, 0, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf, nt); \
+#define K_(K, RMS, ONE, S, RES) \
+    SFX(long_rows_k)(K, RMS, ONE, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt)
+#define CASE(K)                                                   \
+    case K:                                                       \
+        if (rms) K_(K, 1, 0, NULL, NULL);                         \
+        else if (res && one) K_(K, 0, 1, s, res);                 \
+        else if (res) K_(K, 0, 0, s, res);                        \
+        else if (one) K_(K, 0, 1, NULL, NULL);                    \
+        else K_(K, 0, 0, NULL, NULL);                             \
         break;
+    const int one = H > SHORT_H;
     switch (SFX(store_kind)(kind)) {
         CASE(KIND_F32) CASE(FASTLN_F16) CASE(KIND_BF16_INSN) CASE(FASTLN_BF16)
     }
 #undef CASE
+#undef K_
 }
 
 /* ---- long rows' backward in registers -----------------------------------
@@ -756,7 +791,7 @@ static inline __attribute__((always_inline)) void SFX(bsum16)(
     }
 }
 
-static inline void SFX(st_f32)(float *p, __m512 v, __mmask16 m)
+static inline __attribute__((always_inline)) void SFX(st_f32)(float *p, __m512 v, __mmask16 m)
 {
     if (m == (__mmask16)0xFFFF) _mm512_storeu_ps(p, v);
     else _mm512_mask_storeu_ps(p, m, v);

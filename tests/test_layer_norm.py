@@ -352,6 +352,26 @@ def test_large_offset_first_element_k_sigma_out(isa, k, rng):
     assert_close(rstd, rrstd, F32, scale=1.0)
 
 
+@pytest.mark.parametrize("H", [300, 4099, 16384])
+def test_far_head_takes_the_centred_sweep(isa, H, rng):
+    """Rows longer than 256 take a one-sweep variance around the mean of their
+    first 16 values. Where those lie far from the row's mean (here 1e3 above a
+    row of std 1), the kernels sum the centred squares in a second sweep (else
+    the cancellation costs about 1e-3 at H=16384): the 1e-5 bound holds, and
+    rows with a near head in the same call stay exact to it too."""
+    z = rng.standard_normal((16, H))
+    z[::2, :16] += 1e3
+    x = z.astype(F32)
+    y, mean, rstd = fastln.layer_norm(x, return_stats=True)
+    ry, rmean, rrstd = ref.layer_norm(x.astype(F64), return_stats=True)
+    assert_close(y, ry, F32, scale=1.0, err_msg="y")
+    assert_close(rstd, rrstd, F32, err_msg="rstd")
+    # mean = shift + (mean - shift), the second term rounded at the scale of the head's 1e3
+    assert_close(mean, rmean, F32, scale=1e3, err_msg="mean")
+    err = np.max(np.abs(y.astype(F64) - ry))
+    assert err <= 1e-5, err
+
+
 def test_large_offset_float64(isa, rng):
     x = randn(rng, (64, 1024), F64, loc=1e4, scale=1.0)
     y = fastln.layer_norm(x)
