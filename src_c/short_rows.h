@@ -259,6 +259,88 @@ static void SFX(ln_rows16)(float *y, float *mean, float *rstd, const float *x, c
     if (stream) stream_fence();
 }
 
+/* RMSNorm forward of one group of 16 rows (R real), rows of NV vectors (a
+ * constant), as rms_rows computes it: r = 1 / sqrt(mean(x^2) + eps) in
+ * double from the float mean square, y = x * r * w. Each row's squares add
+ * in one vector, reduce16 adds the sixteen rows'; wv holds ones where there
+ * is no weight (x * r * 1 is x * r). Returns the mask of the
+ * rows whose mean square lies outside [1e-30, 1e30] (or is not finite),
+ * which the caller redoes with rms_rows and its double fallback. */
+static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
+    float *const *yr, float *rstd, const float *const *xr, const __m512 *wv, int R, int NV,
+    int64_t H, __mmask16 tail, double eps)
+{
+#define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
+    float r[16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    for (int k = 0; k < 16; k++) {
+        __m512 a = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++) {
+            __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
+            a = _mm512_fmadd_ps(xv, xv, a);
+        }
+        acc[k] = a;
+    }
+    __m512 ss = SFX(reduce16)(acc);
+    __m512 ms = !(H & (H - 1)) ? _mm512_mul_ps(ss, _mm512_set1_ps(1.0f / (float)H))
+                               : _mm512_div_ps(ss, _mm512_set1_ps((float)H));
+    __mmask16 ok = _mm512_cmp_ps_mask(ms, _mm512_set1_ps(1e-30f), _CMP_GE_OQ) &
+                   _mm512_cmp_ps_mask(ms, _mm512_set1_ps(1e30f), _CMP_LE_OQ);
+    __m512d e = _mm512_set1_pd(eps), one = _mm512_set1_pd(1.0);
+#define RSTD(v) _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_add_pd((v), e)))
+    __m512 rv = IN_DOUBLE(ms, RSTD);
+#undef RSTD
+    _mm512_store_ps(r, rv);
+    __mmask16 done = ok & (__mmask16)((1u << R) - 1);
+    if (rstd) _mm512_mask_storeu_ps(rstd, done, rv);
+    for (int k = 0; k < R; k++) {
+        if (!((ok >> k) & 1)) continue;
+        __m512 rk = _mm512_set1_ps(r[k]);
+        for (int v = 0; v < NV; v++) {
+            __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v), rk);
+            _mm512_mask_storeu_ps(yr[k] + 16 * v, MASK(v), _mm512_mul_ps(y, wv[v]));
+        }
+    }
+#undef MASK
+    return (__mmask16)(~ok & ((1u << R) - 1));
+}
+
+/* RMSNorm forward of rows [r0, r1), H <= SHORT16_H, sixteen at a time (w
+ * NULL: ones). With stream, a group's rows are written to a staging block
+ * and streamed out together. */
+static void SFX(rms_rows16)(float *y, float *rstd, const float *x, const float *w, int64_t r0,
+                            int64_t r1, int64_t H, double eps, int stream)
+{
+    const int nv = (int)((H + 15) / 16);
+    const __mmask16 tail = SFX(tail16)(H);
+    __m512 wv[NV16], bv[NV16];
+    SFX(load_wb16)(wv, bv, w, NULL, nv, tail);
+    float stage[16 * SHORT16_H];
+    for (int64_t n = r0; n < r1; n += 16) {
+        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
+        const float *xr[16];
+        float *yr[16];
+        SFX(rows16)(xr, x, n, r1, H);
+        for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
+        float *rs = rstd ? rstd + n : NULL;
+        if (nv > 1) SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
+        __mmask16 redo;
+        switch (nv) {
+#define CASE(NV)                                                                           \
+    case NV:                                                                               \
+        redo = SFX(rms_group16)(yr, rs, xr, wv, R, NV, H, tail, eps);                      \
+        break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8)
+#undef CASE
+        }
+        for (int k = 0; redo && k < R; k++)
+            if ((redo >> k) & 1)
+                SFX(rms_rows)(yr[k], rs ? rs + k : NULL, xr[k], w, 0, 1, H, eps, NULL);
+        if (stream) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
+    }
+    if (stream) stream_fence();
+}
+
 /* ln_rows16 on rows of 16-bit values of kind, converted in registers: the
  * float32 arithmetic of ln_rows16 exactly. buf: 2H floats for the rows that
  * take the one-row code; stream: non-temporal stores (fenced here). */

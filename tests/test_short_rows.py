@@ -91,8 +91,11 @@ def test_each_row_as_if_alone(isa, H):
     # and the fallback rows are right, not merely consistent
     for n in (3, 9, 21):
         _close(y[n], ref.layer_norm(x[n:n + 1], w, b)[0])
+        _close(ry[n], ref.rms_norm(x[n:n + 1], w)[0])
     assert np.all(y[5] == b)
+    _close(ry[5], ref.rms_norm(x[5:6], w)[0])
     assert np.isnan(y[12]).all() and np.isnan(y[20]).all()
+    assert np.isnan(ry[20]).all()      # (an inf makes the rest of its RMSNorm row 0)
 
 
 def test_streamed_short_rows_equal_unstreamed(restore_threads):
