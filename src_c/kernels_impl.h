@@ -447,7 +447,7 @@ static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const 
 {
 #if HAVE_SHORT16
     if (H <= SHORT16_H) {
-        SFX(ln_rows16)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf != NULL);
+        SFX(fwd_rows16)(0, y, mean, rstd, x, w, b, r0, r1, H, eps, buf != NULL);
         return;
     }
     if (H > SHORT_H) {
@@ -460,7 +460,7 @@ static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const 
 }
 
 /* RMSNorm forward rows [r0, r1): on AVX-512 in float, rows of up to
- * SHORT16_H sixteen at a time (rms_rows16), rows longer than SHORT_H and
+ * SHORT16_H sixteen at a time (fwd_rows16), rows longer than SHORT_H and
  * streamed rows of any other length with long_rows (rms_rows streams each
  * short row through a staging copy: (262144, 64) 11.9 -> 6.1 ms on 2
  * threads); else rms_rows. */
@@ -469,7 +469,7 @@ static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, in
 {
 #if HAVE_SHORT16
     if (H <= SHORT16_H) {
-        SFX(rms_rows16)(y, rstd, x, w, r0, r1, H, eps, buf != NULL);
+        SFX(fwd_rows16)(1, y, NULL, rstd, x, w, NULL, r0, r1, H, eps, buf != NULL);
         return;
     }
     if (H > SHORT_H || buf) {

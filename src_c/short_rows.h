@@ -143,6 +143,28 @@ static inline __attribute__((always_inline)) void SFX(st_half)(
     else _mm256_storeu_si256((__m256i *)p, h);
 }
 
+/* v / H lane by lane; for H a power of two the same bits as v * (1 / H),
+ * which spares the divider */
+static inline __attribute__((always_inline)) __m512 SFX(div_h16)(__m512 v, int64_t H)
+{
+    return !(H & (H - 1)) ? _mm512_mul_ps(v, _mm512_set1_ps(1.0f / (float)H))
+                          : _mm512_div_ps(v, _mm512_set1_ps((float)H));
+}
+
+/* 1 / sqrt(var + eps) lane by lane in double, rounded to float; *ok: the lanes
+ * whose var lies in [1e-30, 1e30], where the float statistics hold */
+static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, double eps,
+                                                                __mmask16 *ok)
+{
+    *ok = _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e-30f), _CMP_GE_OQ) &
+          _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e30f), _CMP_LE_OQ);
+    __m512d e = _mm512_set1_pd(eps), one = _mm512_set1_pd(1.0);
+#define RSTD(v) _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_add_pd((v), e)))
+    __m512 rv = IN_DOUBLE(var, RSTD);
+#undef RSTD
+    return rv;
+}
+
 /* One group of 16 rows (R of them real) of the LayerNorm forward, rows of
  * NV vectors (a constant after inlining: the loops unroll, w and b stay in
  * registers). Rows of float, or with KIND (a constant too) of 16-bit values
@@ -153,8 +175,6 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     void *const *yr, float *mean, float *rstd, const void *const *xr, const __m512 *wv,
     const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int nt)
 {
-    const __m512 Hv = _mm512_set1_ps((float)H), invH = _mm512_set1_ps(1.0f / (float)H);
-    const int pow2 = !(H & (H - 1));
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 #define LD(k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
@@ -171,9 +191,7 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
             a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), LD(k, v), s));
         acc[k] = a;
     }
-    /* / H; for H a power of two the same bits as * (1 / H), which spares the divider */
-#define DIV_H(v) (pow2 ? _mm512_mul_ps((v), invH) : _mm512_div_ps((v), Hv))
-    __m512 s1 = SFX(reduce16)(acc), dmv = DIV_H(s1);
+    __m512 s1 = SFX(reduce16)(acc), dmv = SFX(div_h16)(s1, H);
     _mm512_store_ps(dm, dmv);
     for (int k = 0; k < 16; k++) {   /* sum((x - x0 - dm)^2) */
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), a = _mm512_setzero_ps();
@@ -183,15 +201,9 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
         }
         acc[k] = a;
     }
-    __m512 var = DIV_H(SFX(reduce16)(acc));
-#undef DIV_H
-    __mmask16 ok = _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e-30f), _CMP_GE_OQ) &
-                   _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e30f), _CMP_LE_OQ) &
-                   _mm512_cmp_ps_mask(_mm512_abs_ps(s1), _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
-    __m512d e = _mm512_set1_pd(eps), one = _mm512_set1_pd(1.0);
-#define RSTD(v) _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_add_pd((v), e)))
-    __m512 rv = IN_DOUBLE(var, RSTD);
-#undef RSTD
+    __mmask16 ok;
+    __m512 rv = SFX(rstd16)(SFX(div_h16)(SFX(reduce16)(acc), H), eps, &ok);
+    ok &= _mm512_cmp_ps_mask(_mm512_abs_ps(s1), _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
     _mm512_store_ps(r, rv);
     __mmask16 done = ok & (__mmask16)((1u << R) - 1);
     if (mean) {   /* x0 + dm, rounded once */
@@ -220,45 +232,6 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     return (__mmask16)(~ok & ((1u << R) - 1));
 }
 
-/* LayerNorm forward of rows [r0, r1), H <= SHORT16_H. With stream, a group's
- * rows are written to a staging block and streamed out together. */
-static void SFX(ln_rows16)(float *y, float *mean, float *rstd, const float *x, const float *w,
-                           const float *b, int64_t r0, int64_t r1, int64_t H, double eps,
-                           int stream)
-{
-    const int nv = (int)((H + 15) / 16);
-    const __mmask16 tail = SFX(tail16)(H);
-    __m512 wv[NV16], bv[NV16];
-    SFX(load_wb16)(wv, bv, w, b, nv, tail);
-    float stage[16 * SHORT16_H];
-    for (int64_t n = r0; n < r1; n += 16) {
-        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
-        const float *xr[16];
-        float *yr[16];
-        SFX(rows16)(xr, x, n, r1, H);
-        for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
-        float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
-        if (nv > 1)   /* H <= 16: measured 5-8% slower with it */
-            SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
-        __mmask16 redo;
-        switch (nv) {
-#define CASE(NV)                                                                      \
-    case NV:                                                                          \
-        redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
-                               H, tail, eps, 0, 0);                                   \
-        break;
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8)
-#undef CASE
-        }
-        for (int k = 0; redo && k < R; k++)
-            if ((redo >> k) & 1)
-                SFX(ln_rows)(yr[k], mn ? mn + k : NULL, rs ? rs + k : NULL, xr[k], w, b, 0, 1,
-                             H, eps, NULL);
-        if (stream) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
-    }
-    if (stream) stream_fence();
-}
-
 /* RMSNorm forward of one group of 16 rows (R real), rows of NV vectors (a
  * constant), as rms_rows computes it: r = 1 / sqrt(mean(x^2) + eps) in
  * double from the float mean square, y = x * r * w. Each row's squares add
@@ -281,15 +254,8 @@ static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
         }
         acc[k] = a;
     }
-    __m512 ss = SFX(reduce16)(acc);
-    __m512 ms = !(H & (H - 1)) ? _mm512_mul_ps(ss, _mm512_set1_ps(1.0f / (float)H))
-                               : _mm512_div_ps(ss, _mm512_set1_ps((float)H));
-    __mmask16 ok = _mm512_cmp_ps_mask(ms, _mm512_set1_ps(1e-30f), _CMP_GE_OQ) &
-                   _mm512_cmp_ps_mask(ms, _mm512_set1_ps(1e30f), _CMP_LE_OQ);
-    __m512d e = _mm512_set1_pd(eps), one = _mm512_set1_pd(1.0);
-#define RSTD(v) _mm512_div_pd(one, _mm512_sqrt_pd(_mm512_add_pd((v), e)))
-    __m512 rv = IN_DOUBLE(ms, RSTD);
-#undef RSTD
+    __mmask16 ok;
+    __m512 rv = SFX(rstd16)(SFX(div_h16)(SFX(reduce16)(acc), H), eps, &ok);
     _mm512_store_ps(r, rv);
     __mmask16 done = ok & (__mmask16)((1u << R) - 1);
     if (rstd) _mm512_mask_storeu_ps(rstd, done, rv);
@@ -305,16 +271,18 @@ static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
     return (__mmask16)(~ok & ((1u << R) - 1));
 }
 
-/* RMSNorm forward of rows [r0, r1), H <= SHORT16_H, sixteen at a time (w
- * NULL: ones). With stream, a group's rows are written to a staging block
- * and streamed out together. */
-static void SFX(rms_rows16)(float *y, float *rstd, const float *x, const float *w, int64_t r0,
-                            int64_t r1, int64_t H, double eps, int stream)
+/* LayerNorm, or with rms RMSNorm (mean and b unused), forward of rows
+ * [r0, r1), H <= SHORT16_H, sixteen at a time; rows the group kernel leaves
+ * go through the one-row code (ln_rows, rms_rows). With stream, a group's
+ * rows are written to a staging block and streamed out together. */
+static void SFX(fwd_rows16)(int rms, float *y, float *mean, float *rstd, const float *x,
+                            const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
+                            double eps, int stream)
 {
     const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
     __m512 wv[NV16], bv[NV16];
-    SFX(load_wb16)(wv, bv, w, NULL, nv, tail);
+    SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
     float stage[16 * SHORT16_H];
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
@@ -322,27 +290,34 @@ static void SFX(rms_rows16)(float *y, float *rstd, const float *x, const float *
         float *yr[16];
         SFX(rows16)(xr, x, n, r1, H);
         for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
-        float *rs = rstd ? rstd + n : NULL;
-        if (nv > 1) SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
+        float *mn = mean && !rms ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
+        if (nv > 1)   /* H <= 16: measured 5-8% slower with it */
+            SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
         __mmask16 redo;
-        switch (nv) {
-#define CASE(NV)                                                                           \
-    case NV:                                                                               \
-        redo = SFX(rms_group16)(yr, rs, xr, wv, R, NV, H, tail, eps);                      \
-        break;
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8)
+        switch (nv * 2 + rms) {
+#define CASE(NV)                                                                      \
+    case 2 * NV:                                                                      \
+        redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
+                               H, tail, eps, 0, 0);                                   \
+        break;                                                                        \
+    case 2 * NV + 1: redo = SFX(rms_group16)(yr, rs, xr, wv, R, NV, H, tail, eps); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
+        default: redo = 0;   /* nv is 1 to 8 */
         }
-        for (int k = 0; redo && k < R; k++)
-            if ((redo >> k) & 1)
-                SFX(rms_rows)(yr[k], rs ? rs + k : NULL, xr[k], w, 0, 1, H, eps, NULL);
+        for (int k = 0; redo && k < R; k++) {
+            if (!((redo >> k) & 1)) continue;
+            if (rms) SFX(rms_rows)(yr[k], rs ? rs + k : NULL, xr[k], w, 0, 1, H, eps, NULL);
+            else SFX(ln_rows)(yr[k], mn ? mn + k : NULL, rs ? rs + k : NULL, xr[k], w, b, 0, 1, H,
+                              eps, NULL);
+        }
         if (stream) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
     if (stream) stream_fence();
 }
 
-/* ln_rows16 on rows of 16-bit values of kind, converted in registers: the
- * float32 arithmetic of ln_rows16 exactly. buf: 2H floats for the rows that
+/* fwd_rows16's LayerNorm on rows of 16-bit values of kind, converted in
+ * registers: the float32 arithmetic of fwd_rows16 exactly. buf: 2H floats for the rows that
  * take the one-row code; stream: non-temporal stores (fenced here). */
 static void SFX(ln_rows16_half)(int kind, uint16_t *y, float *mean, float *rstd,
                                 const uint16_t *x, const float *w, const float *b, int64_t r0,
