@@ -271,27 +271,49 @@ static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
     return (__mmask16)(~ok & ((1u << R) - 1));
 }
 
+/* s = x + res over n elements */
+static void SFX(add16)(float *s, const float *x, const float *res, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(s + i, _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(res + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(s + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i),
+                                                      _mm512_maskz_loadu_ps(m, res + i)));
+    }
+}
+
 /* LayerNorm, or with rms RMSNorm (mean and b unused), forward of rows
  * [r0, r1), H <= SHORT16_H, sixteen at a time; rows the group kernel leaves
- * go through the one-row code (ln_rows, rms_rows). With stream, a group's
- * rows are written to a staging block and streamed out together. */
-static void SFX(fwd_rows16)(int rms, float *y, float *mean, float *rstd, const float *x,
-                            const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
-                            double eps, int stream)
+ * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
+ * only), add + LayerNorm: a group's s = x + res is stored first, then its
+ * LayerNorm is that of s (the bits of this LayerNorm on x + res). With
+ * stream, a group's rows are written to staging blocks and streamed out
+ * together. */
+static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
+                            const float *x, const float *res, const float *w, const float *b,
+                            int64_t r0, int64_t r1, int64_t H, double eps, int stream)
 {
     const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
     __m512 wv[NV16], bv[NV16];
     SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
-    float stage[16 * SHORT16_H];
+    float stage[16 * SHORT16_H], sstage[16 * SHORT16_H];
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
         const float *xr[16];
         float *yr[16];
-        SFX(rows16)(xr, x, n, r1, H);
+        if (res) {
+            float *sg = stream ? sstage : s + n * H;
+            SFX(add16)(sg, x + n * H, res + n * H, R * H);
+            SFX(rows16)(xr, sg, 0, R, H);
+        } else {
+            SFX(rows16)(xr, x, n, r1, H);
+        }
         for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
         float *mn = mean && !rms ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
-        if (nv > 1)   /* H <= 16: measured 5-8% slower with it */
+        if (nv > 1)   /* H <= 16: measured 5-8% slower with it; in res no faster */
             SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
         __mmask16 redo;
         switch (nv * 2 + rms) {
@@ -311,6 +333,7 @@ static void SFX(fwd_rows16)(int rms, float *y, float *mean, float *rstd, const f
             else SFX(ln_rows)(yr[k], mn ? mn + k : NULL, rs ? rs + k : NULL, xr[k], w, b, 0, 1, H,
                               eps, NULL);
         }
+        if (stream && res) stream_copy(s + n * H, sstage, (size_t)(R * H) * sizeof(float));
         if (stream) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
     if (stream) stream_fence();

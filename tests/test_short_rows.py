@@ -54,6 +54,9 @@ def test_short_rows_against_reference(isa, N, H):
     rdx2, rdw2 = ref.rms_norm_backward(dy, x, rr2, w)
     _close(dx2, rdx2)
     _close(dw2, rdw2)
+    got = fastln.add_layer_norm(x, dy, w, b, return_stats=True)
+    for g, e in zip(got, ref.add_layer_norm(x, dy, w, b, return_stats=True)):
+        _close(g, e)
 
 
 def _odd_rows(H):
@@ -77,7 +80,11 @@ def test_each_row_as_if_alone(isa, H):
         dx, _, _ = fastln.layer_norm_backward(dy, x, mean, rstd, w)
         ry, rr = fastln.rms_norm(x, w, return_stats=True)
         rdx, _ = fastln.rms_norm_backward(dy, x, rr, w)
+        add = fastln.add_layer_norm(x, dy, w, b, return_stats=True)
         for n in range(len(x)):
+            add1 = fastln.add_layer_norm(x[n:n + 1], dy[n:n + 1], w, b, return_stats=True)
+            for name, g, e in zip(("y", "s", "mean", "rstd"), add, add1):
+                np.testing.assert_array_equal(g[n:n + 1], e, err_msg=f"add {name} of row {n}")
             y1, m1, r1 = fastln.layer_norm(x[n:n + 1], w, b, return_stats=True)
             np.testing.assert_array_equal(y[n:n + 1], y1, err_msg=f"y of row {n}")
             np.testing.assert_array_equal(mean[n:n + 1], m1, err_msg=f"mean of row {n}")
@@ -92,6 +99,10 @@ def test_each_row_as_if_alone(isa, H):
     for n in (3, 9, 21):
         _close(y[n], ref.layer_norm(x[n:n + 1], w, b)[0])
         _close(ry[n], ref.rms_norm(x[n:n + 1], w)[0])
+    for n in (3, 9, 21, 30):   # add + LayerNorm: s = x + dy, row 30 of variance past 1e30
+        for g, e in zip(add, ref.add_layer_norm(x[n:n + 1], dy[n:n + 1], w, b,
+                                                return_stats=True)):
+            _close(g[n:n + 1], e)
     assert np.all(y[5] == b)
     _close(ry[5], ref.rms_norm(x[5:6], w)[0])
     assert np.isnan(y[12]).all() and np.isnan(y[20]).all()
@@ -100,8 +111,8 @@ def test_each_row_as_if_alone(isa, H):
 
 def test_streamed_short_rows_equal_unstreamed(restore_threads):
     """Past the streaming threshold (32 MiB forward, 8 MiB backward) the rows go
-    through a staging block (LayerNorm) or the long-row kernel (RMSNorm, add +
-    LayerNorm) and non-temporal stores: the same values as unstreamed calls."""
+    through staging blocks and non-temporal stores: the same values as
+    unstreamed calls."""
     N, H = (1 << 19) + 5, 32          # 64 MiB of float32
     rng = np.random.default_rng(3)
     x = rng.standard_normal((N, H), dtype=F32)
