@@ -258,3 +258,39 @@ def test_streaming_sized(isa, dtype):
     assert yi is xi and si is ri
     np.testing.assert_array_equal(xi, y)
     np.testing.assert_array_equal(ri, s)
+
+
+@pytest.mark.parametrize("H", [200, 1024])
+def test_odd_rows_in_place(isa, H):
+    """Long rows (past 128) that take the one-row fallbacks, among normal ones:
+    with s written over x or y over the residual the results are those of the
+    plain call, and each row's are those of the row alone. (The float kernel
+    stores s as it first sums a row and reads s back after, so once s is over
+    x, x + residual must not be read again.)"""
+    rng = np.random.default_rng(H)
+    x, r = randn(rng, (40, H), F32), randn(rng, (40, H), F32)
+    x[3] *= 1e17          # variance past 1e30
+    x[5], r[5] = 2.5, 0   # constant
+    x[9] *= 1e-18         # variance below 1e-30
+    r[9] *= 1e-18
+    x[12, 0] = np.inf
+    x[20, -1] = np.nan
+    x[21] = 1e37          # sums overflow float
+    x[30, :16] += 1e3     # a head far from the row's mean: the centred sweep
+    w, b = params(rng, (H,), F32, "both")
+    with np.errstate(all="ignore"):
+        want = fastln.add_layer_norm(x, r, w, b, return_stats=True)
+        for swap in (False, True):
+            xi, ri = x.copy(), r.copy()
+            out = (ri, xi) if swap else (xi, ri)
+            got = fastln.add_layer_norm(xi, ri, w, b, out=out, return_stats=True)
+            for g, e in zip(got, want):
+                np.testing.assert_array_equal(g, e)
+        for n in range(len(x)):
+            got = fastln.add_layer_norm(x[n:n + 1], r[n:n + 1], w, b, return_stats=True)
+            for g, e in zip(got, want):
+                np.testing.assert_array_equal(g, e[n:n + 1], err_msg=f"row {n}")
+    for n in (3, 9, 21, 30):
+        for g, e in zip(want, ref.add_layer_norm(x[n:n + 1], r[n:n + 1], w, b,
+                                                 return_stats=True)):
+            np.testing.assert_allclose(g[n:n + 1], e, rtol=2e-5, atol=2e-5)
