@@ -391,9 +391,10 @@ static void SFX(ln_rows16_half)(int kind, uint16_t *y, float *mean, float *rstd,
  * sum of g*x). Sweep 1 keeps each row's sums in vectors and reduces them with
  * reduce16; the scalars follow ln_bwd_scalars/rms_bwd_scalars in double
  * lanes, and a row whose float sums are not finite gets them from that
- * one-row code (its double fallback). Sweep 2 as bwd_sweep2: per column
- * vector, the rows in order add to the dweight/dbias partials pw, pb, and
- * every row's dx is stored after all loads of that column. */
+ * one-row code (its double fallback). Sweep 2 goes a row at a time, its
+ * five scalars broadcast once, with the dweight/dbias partials pw, pb held
+ * in registers: each column adds the rows in order, as bwd_sweep2 does.
+ * A row's dx is stored after that row's loads (dx may be x or dy). */
 static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     float *const *dxr, float *pw, float *pb, const float *const *xr, const float *const *gr,
     const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
@@ -458,25 +459,29 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         c1[k] = sc.c1;
         c2[k] = sc.c2;
     }
-    for (int v = 0; v < NV; v++) {   /* sweep 2 */
-        __m512 sw = _mm512_maskz_loadu_ps(MASK(v), pw + 16 * v);
-        __m512 sb = LN ? _mm512_maskz_loadu_ps(MASK(v), pb + 16 * v) : sw;
-        __m512 dx[16];
-        for (int k = 0; k < R; k++) {
+    __m512 sw[NV16], sb[NV16];   /* sweep 2, a row at a time: its scalars broadcast once */
+    for (int v = 0; v < NV; v++) {
+        sw[v] = _mm512_maskz_loadu_ps(MASK(v), pw + 16 * v);
+        sb[v] = LN ? _mm512_maskz_loadu_ps(MASK(v), pb + 16 * v) : sw[v];
+    }
+    for (int k = 0; k < R; k++) {
+        const __m512 mk = _mm512_set1_ps(m[k]), dk = _mm512_set1_ps(dm[k]);
+        const __m512 rk = _mm512_set1_ps(r[k]), c1k = _mm512_set1_ps(c1[k]);
+        const __m512 c2k = _mm512_set1_ps(c2[k]);
+        for (int v = 0; v < NV; v++) {
             __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
             __m512 g = _mm512_maskz_loadu_ps(MASK(v), gr[k] + 16 * v);
-            __m512 xh = _mm512_mul_ps(
-                _mm512_sub_ps(_mm512_sub_ps(xv, _mm512_set1_ps(m[k])), _mm512_set1_ps(dm[k])),
-                _mm512_set1_ps(r[k]));
-            sw = _mm512_fmadd_ps(g, xh, sw);
-            if (LN) sb = _mm512_add_ps(sb, g);
-            __m512 t = _mm512_fmsub_ps(g, wv[v], _mm512_set1_ps(c1[k]));
-            dx[k] = _mm512_mul_ps(_mm512_set1_ps(r[k]),
-                                  _mm512_fnmadd_ps(xh, _mm512_set1_ps(c2[k]), t));
+            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, mk), dk), rk);
+            sw[v] = _mm512_fmadd_ps(g, xh, sw[v]);
+            if (LN) sb[v] = _mm512_add_ps(sb[v], g);
+            __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);
+            _mm512_mask_storeu_ps(dxr[k] + 16 * v, MASK(v),
+                                  _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t)));
         }
-        _mm512_mask_storeu_ps(pw + 16 * v, MASK(v), sw);
-        if (LN) _mm512_mask_storeu_ps(pb + 16 * v, MASK(v), sb);
-        for (int k = 0; k < R; k++) _mm512_mask_storeu_ps(dxr[k] + 16 * v, MASK(v), dx[k]);
+    }
+    for (int v = 0; v < NV; v++) {
+        _mm512_mask_storeu_ps(pw + 16 * v, MASK(v), sw[v]);
+        if (LN) _mm512_mask_storeu_ps(pb + 16 * v, MASK(v), sb[v]);
     }
 #undef MASK
 }
