@@ -183,12 +183,18 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
                                     : bf16_to_f32(((const uint16_t *)xr[k])[0]))
     float sh[16] __attribute__((aligned(64))), dm[16] __attribute__((aligned(64)));
     float r[16] __attribute__((aligned(64)));
+    /* 16-bit rows: widened once, by the first sweep, for the other two */
+    float xw[KIND ? 16 * 16 * NV : 1] __attribute__((aligned(64)));
+#define LDW(k, v) (KIND ? _mm512_load_ps(xw + 16 * ((k) * NV + (v))) : LD(k, v))
     __m512 acc[16];
     for (int k = 0; k < 16; k++) {   /* sum(x - x0) */
         sh[k] = X0(k);
         __m512 s = _mm512_set1_ps(sh[k]), a = _mm512_setzero_ps();
-        for (int v = 0; v < NV; v++)
-            a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), LD(k, v), s));
+        for (int v = 0; v < NV; v++) {
+            __m512 xv = LD(k, v);
+            if (KIND) _mm512_store_ps(xw + 16 * (k * NV + v), xv);
+            a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), xv, s));
+        }
         acc[k] = a;
     }
     __m512 s1 = SFX(reduce16)(acc), dmv = SFX(div_h16)(s1, H);
@@ -196,7 +202,7 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     for (int k = 0; k < 16; k++) {   /* sum((x - x0 - dm)^2) */
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), a = _mm512_setzero_ps();
         for (int v = 0; v < NV; v++) {
-            __m512 c = _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_sub_ps(MASK(v), LD(k, v), s), d);
+            __m512 c = _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_sub_ps(MASK(v), LDW(k, v), s), d);
             a = _mm512_fmadd_ps(c, c, a);
         }
         acc[k] = a;
@@ -220,13 +226,14 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
         if (!((ok >> k) & 1)) continue;
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
         for (int v = 0; v < NV; v++) {
-            __m512 c = _mm512_sub_ps(_mm512_sub_ps(LD(k, v), s), d);
+            __m512 c = _mm512_sub_ps(_mm512_sub_ps(LDW(k, v), s), d);
             __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(c, rk), wv[v], bv[v]);
             if (KIND) SFX(st_half)(KIND, (uint16_t *)yr[k] + 16 * v, y, MASK(v), nt);
             else _mm512_mask_storeu_ps((float *)yr[k] + 16 * v, MASK(v), y);
         }
     }
 #undef MASK
+#undef LDW
 #undef LD
 #undef X0
     return (__mmask16)(~ok & ((1u << R) - 1));
@@ -526,10 +533,11 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * mean of the row's first 16 values, and take var = mean((x - t)^2) -
  * mean(x - t)^2 where (mean - t)^2 <= var / 2 (a row with a head far from its
  * mean, or a bad sum, gets the centred squares in a second sweep). Shorter
- * LayerNorm rows (16-bit ones and streamed short rows come here) keep the row
- * kernels' two sweeps around x0 = x[0]: sum(x - x0), then the centred
- * squares. With a residual, every sweep reads x + res (the same float sum
- * each time) and the y sweep stores it as s. With nt, y (and s) go out by
+ * LayerNorm rows (16-bit ones, and add + LayerNorm's, come here from
+ * SHORT16_H on) keep the row kernels' two sweeps around x0 = x[0]:
+ * sum(x - x0), then the centred squares. With a residual, every sweep reads
+ * x + res (the same float sum each time) and the y sweep stores it as s, or
+ * (sf) the first sweep stores s and the others read it. With nt, y (and s) go out by
  * non-temporal stores from a 64-byte boundary (the row's first vectors
  * masked up to it), and the y sweep prefetches the rows ahead into L2. The
  * sums follow sum_shifted/sumsq_centered's lanes (four vectors, chunks of
@@ -848,7 +856,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
  * CPU's stores for bfloat16); with res (not with rms) add + LayerNorm into y
  * and s. LayerNorm rows longer than SHORT_H take the one-sweep variance;
  * shorter ones keep the two sweeps of ln_rows and add_ln_rows, whose results
- * they then match bitwise (16-bit rows and streamed short rows come here). */
+ * they then match bitwise. */
 static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, float *rstd,
                            const void *x, const void *res, const float *w, const float *b,
                            int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
