@@ -571,12 +571,6 @@ static inline __attribute__((always_inline)) void SFX(st_k)(
     else _mm512_storeu_ps(q, v);
 }
 
-static inline __attribute__((always_inline)) void SFX(st_f32)(float *p, __m512 v, __mmask16 m)
-{
-    if (m == (__mmask16)0xFFFF) _mm512_storeu_ps(p, v);
-    else _mm512_mask_storeu_ps(p, m, v);
-}
-
 /* a, b to elements i..i+31 of p (16-bit kind) in one 64-byte store;
  * non-temporal with nt where aligned (two 32-byte halves of a line stored
  * non-temporally measured slower than cached stores) */
@@ -643,7 +637,7 @@ static inline __attribute__((always_inline)) void SFX(acc64)(
     for (int q = 0; q < 4; q++) {
         __mmask16 m = full ? (__mmask16)0xFFFF : TAILMASK(n, i, q);
         __m512 v = SFX(ld_in)(kind, x, res, c0 + i + 16 * q, m);
-        if (so) SFX(st_f32)(so + c0 + i + 16 * q, v, m);
+        if (so) SFX(st_k)(KIND_F32, so, c0 + i + 16 * q, v, m, 0);
         v = _mm512_sub_ps(v, sh);
         if (sq == 1 && d) v = _mm512_sub_ps(v, *d);
         if (sq == 1) {
@@ -921,8 +915,8 @@ static inline __attribute__((always_inline)) void SFX(bdx16)(
     __m512 sb = LN ? _mm512_maskz_loadu_ps(m, pb + j) : sw;
     __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, s[0]), s[1]), s[2]);
     __m512 t = _mm512_fmsub_ps(g, wv, s[3]);                     /* g * w - c1 */
-    SFX(st_f32)(pw + j, _mm512_fmadd_ps(g, xh, sw), m);
-    if (LN) SFX(st_f32)(pb + j, _mm512_add_ps(sb, g), m);
+    SFX(st_k)(KIND_F32, pw, j, _mm512_fmadd_ps(g, xh, sw), m, 0);
+    if (LN) SFX(st_k)(KIND_F32, pb, j, _mm512_add_ps(sb, g), m, 0);
     SFX(st_k)(kind, dx, j, _mm512_mul_ps(s[2], _mm512_fnmadd_ps(xh, s[4], t)), m, nt);
 }
 
