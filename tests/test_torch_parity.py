@@ -78,15 +78,17 @@ def test_rms_norm_forward_backward(torch, dtype, shape, k, affine, rng):
         assert_close(dw, wt.grad.numpy(), dtype, err_msg="dweight")
 
 
+@pytest.mark.parametrize("N,H", [(16, 768), (37, 16), (37, 100), (37, 128)], ids=repr)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_add_layer_norm_matches_torch(torch, dtype, rng):
+def test_add_layer_norm_matches_torch(torch, dtype, N, H, rng):
+    """Long rows, and short ones (sixteen at a time on AVX-512, a partial group last)."""
     F = torch.nn.functional
-    x = rng.standard_normal((16, 768)).astype(dtype)
-    r = rng.standard_normal((16, 768)).astype(dtype)
-    w = (1 + rng.standard_normal(768)).astype(dtype)
-    b = rng.standard_normal(768).astype(dtype)
+    x = rng.standard_normal((N, H)).astype(dtype)
+    r = rng.standard_normal((N, H)).astype(dtype)
+    w = (1 + rng.standard_normal(H)).astype(dtype)
+    b = rng.standard_normal(H).astype(dtype)
     st = _tensor(torch, x) + _tensor(torch, r)
-    yt = F.layer_norm(st, (768,), _tensor(torch, w), _tensor(torch, b), 1e-5)
+    yt = F.layer_norm(st, (H,), _tensor(torch, w), _tensor(torch, b), 1e-5)
     y, s = fastln.add_layer_norm(x, r, w, b)
     np.testing.assert_array_equal(s, st.numpy())
     assert_close(y, yt.numpy(), dtype)
