@@ -82,13 +82,20 @@ static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int6
  * has no effect it can see. */
 #define PF_GROUP_FWD 4096   /* bytes ahead: 2 KiB measured slower, 8 KiB the same; the
                              * 16-bit sixteen-row forward measured slower with it */
-#define PF_GROUP_BWD 2048   /* bytes ahead in each of x and dy: 1 and 4 KiB slower */
+#define SPREAD_NV 3   /* fwd_rows16: rows of this many vectors prefetch a row at a time
+                       * (from 2: slower) */
 static inline __attribute__((always_inline)) void SFX(pf_ahead)(const void *p, int64_t n,
                                                                 int64_t ahead, const void *end)
 {
     const char *q = (const char *)p + ahead;
     const int64_t left = (const char *)end - q;
     for (int64_t o = 0; o < n && o < left; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
+}
+
+/* Prefetches into L1 the rb bytes of row k of the rows at pf */
+static inline __attribute__((always_inline)) void SFX(pf_row)(const char *pf, int k, int64_t rb)
+{
+    for (int64_t o = 0; o < rb; o += 64) _mm_prefetch(pf + k * rb + o, _MM_HINT_T0);
 }
 
 /* 16-bit loads and stores, converted in registers (kind FASTLN_F16 or
@@ -168,12 +175,14 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
 /* One group of 16 rows (R of them real) of the LayerNorm forward, rows of
  * NV vectors (a constant after inlining: the loops unroll, w and b stay in
  * registers). Rows of float, or with KIND (a constant too) of 16-bit values
- * converted in registers (nt: non-temporal stores where aligned). Returns the
- * mask of the rows it did not finish: their float statistics are suspect, and
- * the caller redoes them with the one-row code. */
+ * converted in registers (nt: non-temporal stores where aligned). pf: NULL,
+ * or rows of float to prefetch, one with each row of the first sweep.
+ * Returns the mask of the rows it did not finish: their float statistics are
+ * suspect, and the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     void *const *yr, float *mean, float *rstd, const void *const *xr, const __m512 *wv,
-    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int nt)
+    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int nt,
+    const char *pf)
 {
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 #define LD(k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
@@ -190,6 +199,7 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     for (int k = 0; k < 16; k++) {   /* sum(x - x0) */
         sh[k] = X0(k);
         __m512 s = _mm512_set1_ps(sh[k]), a = _mm512_setzero_ps();
+        if (pf) SFX(pf_row)(pf, k, H * 4);
         for (int v = 0; v < NV; v++) {
             __m512 xv = LD(k, v);
             if (KIND) _mm512_store_ps(xw + 16 * (k * NV + v), xv);
@@ -243,18 +253,19 @@ static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
  * constant), as rms_rows computes it: r = 1 / sqrt(mean(x^2) + eps) in
  * double from the float mean square, y = x * r * w. Each row's squares add
  * in one vector, reduce16 adds the sixteen rows'; wv holds ones where there
- * is no weight (x * r * 1 is x * r). Returns the mask of the
- * rows whose mean square lies outside [1e-30, 1e30] (or is not finite),
+ * is no weight (x * r * 1 is x * r); pf as ln_group16. Returns the mask of
+ * the rows whose mean square lies outside [1e-30, 1e30] (or is not finite),
  * which the caller redoes with rms_rows and its double fallback. */
 static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
     float *const *yr, float *rstd, const float *const *xr, const __m512 *wv, int R, int NV,
-    int64_t H, __mmask16 tail, double eps)
+    int64_t H, __mmask16 tail, double eps, const char *pf)
 {
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
     float r[16] __attribute__((aligned(64)));
     __m512 acc[16];
     for (int k = 0; k < 16; k++) {
         __m512 a = _mm512_setzero_ps();
+        if (pf) SFX(pf_row)(pf, k, H * 4);
         for (int v = 0; v < NV; v++) {
             __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
             a = _mm512_fmadd_ps(xv, xv, a);
@@ -306,7 +317,11 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
     const __mmask16 tail = SFX(tail16)(H);
     __m512 wv[NV16], bv[NV16];
     SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
-    float stage[16 * SHORT16_H], sstage[16 * SHORT16_H];
+    /* y's staging block starts 2 KiB into its array: at its start, RMSNorm
+     * (524288, 32) measured 8% slower on 2 threads (4K aliasing between its
+     * stores and the loads of the frame's other locals, probably) */
+    float stage_[16 * SHORT16_H + 512], sstage[16 * SHORT16_H];
+    float *const stage = stage_ + 512;
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
         const float *xr[16];
@@ -320,21 +335,30 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
         }
         for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
         float *mn = mean && !rms ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
-        /* LayerNorm rows of 16 measured 5-8% slower with it in cache and no
-         * faster past it; RMSNorm's (262144, 16) 2.2 -> 0.95 ms on 1 thread;
-         * the residual no faster with it too */
-        if (nv > 1 || rms)
+        /* Prefetch. Rows of SPREAD_NV vectors or more (not with res): the
+         * group kernel's first sweep fetches the next group's row k with its
+         * row k (2 threads, (262144, 64) 2.8 -> 2.4 ms, (131072, 128) 3.2 ->
+         * 2.8 ms; RMSNorm 2.4 -> 2.2, 2.8 -> 2.5). Shorter rows and add +
+         * LayerNorm: PF_GROUP_FWD bytes ahead at once. LayerNorm rows of 16
+         * measured 5-8% slower with it in cache and no faster past it;
+         * RMSNorm's (262144, 16) 2.2 -> 0.95 ms on 1 thread; the residual no
+         * faster with it too. */
+        const int spread = !res && nv >= SPREAD_NV;
+        if (!spread && (nv > 1 || rms))
             SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
+        /* the next group, in a group kernel with rows of NV vectors */
+#define PF(NV) (NV >= SPREAD_NV && spread && n + 32 <= r1 ? (const char *)(x + (n + 16) * H) : NULL)
         __mmask16 redo;
         switch (nv * 2 + rms) {
 #define CASE(NV)                                                                      \
     case 2 * NV:                                                                      \
         redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
-                               H, tail, eps, 0, 0);                                   \
+                               H, tail, eps, 0, 0, PF(NV));                              \
         break;                                                                        \
-    case 2 * NV + 1: redo = SFX(rms_group16)(yr, rs, xr, wv, R, NV, H, tail, eps); break;
+    case 2 * NV + 1: redo = SFX(rms_group16)(yr, rs, xr, wv, R, NV, H, tail, eps, PF(NV)); break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
+#undef PF
         default: redo = 0;   /* nv is 1 to 8 */
         }
         for (int k = 0; redo && k < R; k++) {
@@ -374,7 +398,7 @@ static void SFX(ln_rows16_half)(int kind, uint16_t *y, float *mean, float *rstd,
 #define CASE(NV, K)                                                                       \
     case NV * 4 + K:                                                                      \
         redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, \
-                               NV, H, tail, eps, K, stream);                              \
+                               NV, H, tail, eps, K, stream, NULL);                              \
         break;
 #define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
         switch (nv * 4 + kind) {
@@ -401,11 +425,13 @@ static void SFX(ln_rows16_half)(int kind, uint16_t *y, float *mean, float *rstd,
  * one-row code (its double fallback). Sweep 2 goes a row at a time, its
  * five scalars broadcast once, with the dweight/dbias partials pw, pb held
  * in registers: each column adds the rows in order, as bwd_sweep2 does.
- * A row's dx is stored after that row's loads (dx may be x or dy). */
+ * A row's dx is stored after that row's loads (dx may be x or dy). px, pg:
+ * NULL, or rows of x and dy to prefetch, one of each with each row of
+ * sweep 1. */
 static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     float *const *dxr, float *pw, float *pb, const float *const *xr, const float *const *gr,
     const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
-    __mmask16 tail)
+    __mmask16 tail, const char *px, const char *pg)
 {
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
     float m[16] __attribute__((aligned(64))), r[16] __attribute__((aligned(64)));
@@ -417,10 +443,15 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     }
     __m512 wv[NV16];
     for (int v = 0; v < NV; v++)
-        wv[v] = w ? _mm512_maskz_loadu_ps(MASK(v), w + 16 * v) : _mm512_maskz_mov_ps(MASK(v), _mm512_set1_ps(1.0f));
+        wv[v] = w ? _mm512_maskz_loadu_ps(MASK(v), w + 16 * v)
+                  : _mm512_maskz_mov_ps(MASK(v), _mm512_set1_ps(1.0f));
     __m512 sd[16], sg[16], sgd[16];
     for (int k = 0; k < 16; k++) {   /* sweep 1 */
         __m512 mk = _mm512_set1_ps(m[k]), ad = _mm512_setzero_ps(), ag = ad, agd = ad;
+        if (px) {
+            SFX(pf_row)(px, k, H * 4);
+            SFX(pf_row)(pg, k, H * 4);
+        }
         for (int v = 0; v < NV; v++) {
             __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
             __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(MASK(v), gr[k] + 16 * v), wv[v]);
@@ -509,14 +540,22 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
         SFX(rows16)(gr, dy, n, r1, H);
         for (int k = 0; k < 16; k++) dxr[k] = stream ? stage + k * H : dx + (n + k) * H;
         const float *mn = pb ? mean + n : NULL, *rs = rstd + n;
-        SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_BWD, x + r1 * H);
-        SFX(pf_ahead)(dy + n * H, 16 * H * 4, PF_GROUP_BWD, dy + r1 * H);
+        /* prefetch the rows ahead, a row of x and dy with each row of sweep 1:
+         * 16 rows and at least 2 KiB ahead (1 thread, (262144, 64) 8.0 ->
+         * 6.4 ms, (65536, 64) 1.6 -> 1.2 ms; 2 threads 4.6 -> 4.3 ms, 0.82
+         * -> 0.64 ms; 8 or 24 rows ahead, or 4 KiB at H = 16, slower. The
+         * former burst of 4 KiB a group, 2 KiB ahead, fell behind.) */
+        const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* elements */
+        const char *px = n + 16 + ahead / H <= r1 ? (const char *)(x + n * H + ahead) : NULL;
+        const char *pg = (const char *)(dy + n * H + ahead);
         switch (nv * 2 + (pb != NULL)) {
-#define CASE(NV)                                                                              \
-    case 2 * NV: SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, 0, H, tail); break;  \
-    case 2 * NV + 1: SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, 1, H, tail); break;
+#define G16(NV, LN) SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg)
+#define CASE(NV)                                  \
+    case 2 * NV: G16(NV, 0); break;               \
+    case 2 * NV + 1: G16(NV, 1); break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
+#undef G16
         }
         if (stream) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
