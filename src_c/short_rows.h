@@ -289,12 +289,17 @@ static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
     return (__mmask16)(~ok & ((1u << R) - 1));
 }
 
-/* s = x + res over n elements */
-static void SFX(add16)(float *s, const float *x, const float *res, int64_t n)
+/* s = x + res over n elements; with pf, prefetching x and res n elements on */
+static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, int pf)
 {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
+    for (; i + 16 <= n; i += 16) {
+        if (pf) {
+            _mm_prefetch((const char *)(x + n + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(res + n + i), _MM_HINT_T0);
+        }
         _mm512_storeu_ps(s + i, _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(res + i)));
+    }
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(s + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i),
@@ -328,21 +333,23 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
         float *yr[16];
         if (res) {
             float *sg = stream ? sstage : s + n * H;
-            SFX(add16)(sg, x + n * H, res + n * H, R * H);
+            SFX(add16)(sg, x + n * H, res + n * H, R * H, n + 32 <= r1);
             SFX(rows16)(xr, sg, 0, R, H);
         } else {
             SFX(rows16)(xr, x, n, r1, H);
         }
         for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
         float *mn = mean && !rms ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
-        /* Prefetch. Rows of SPREAD_NV vectors or more (not with res): the
-         * group kernel's first sweep fetches the next group's row k with its
-         * row k (2 threads, (262144, 64) 2.8 -> 2.4 ms, (131072, 128) 3.2 ->
-         * 2.8 ms; RMSNorm 2.4 -> 2.2, 2.8 -> 2.5). Shorter rows and add +
-         * LayerNorm: PF_GROUP_FWD bytes ahead at once. LayerNorm rows of 16
-         * measured 5-8% slower with it in cache and no faster past it;
-         * RMSNorm's (262144, 16) 2.2 -> 0.95 ms on 1 thread; the residual no
-         * faster with it too. */
+        /* Prefetch. LayerNorm and RMSNorm rows of SPREAD_NV vectors or more:
+         * the group kernel's first sweep fetches the next group's row k with
+         * its row k (2 threads, (262144, 64) 2.8 -> 2.4 ms, (131072, 128) 3.2
+         * -> 2.8 ms; RMSNorm 2.4 -> 2.2, 2.8 -> 2.5). Shorter rows and add +
+         * LayerNorm: PF_GROUP_FWD bytes of x ahead at once, except LayerNorm
+         * rows of 16 (5-8% slower in cache with it, no faster past it;
+         * RMSNorm's (262144, 16) 2.2 -> 0.95 ms on 1 thread). add16 also
+         * fetches the next group's x and res line by line (2 threads (262144,
+         * 64) 4.8 -> 3.7 ms, (1048576, 16) 5.0 -> 4.2 ms; 1 thread 8.2 -> 7.2,
+         * 9.5 -> 8.5 ms; slower without the burst). */
         const int spread = !res && nv >= SPREAD_NV;
         if (!spread && (nv > 1 || rms))
             SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
