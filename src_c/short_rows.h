@@ -83,7 +83,7 @@ static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int6
 #define PF_GROUP_FWD 4096   /* bytes ahead: 2 KiB measured slower, 8 KiB the same; the
                              * 16-bit sixteen-row forward measured slower with it */
 #define SPREAD_NV 3   /* fwd_rows16: rows of this many vectors prefetch a row at a time
-                       * (from 2: slower) */
+                       * (rows of 1 or 2: slower; 16-bit rows: no faster) */
 static inline __attribute__((always_inline)) void SFX(pf_ahead)(const void *p, int64_t n,
                                                                 int64_t ahead, const void *end)
 {
@@ -360,7 +360,7 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
 #define CASE(NV)                                                                      \
     case 2 * NV:                                                                      \
         redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
-                               H, tail, eps, 0, 0, PF(NV));                              \
+                               H, tail, eps, 0, 0, PF(NV));                           \
         break;                                                                        \
     case 2 * NV + 1: redo = SFX(rms_group16)(yr, rs, xr, wv, R, NV, H, tail, eps, PF(NV)); break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
@@ -405,7 +405,7 @@ static void SFX(ln_rows16_half)(int kind, uint16_t *y, float *mean, float *rstd,
 #define CASE(NV, K)                                                                       \
     case NV * 4 + K:                                                                      \
         redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, \
-                               NV, H, tail, eps, K, stream, NULL);                              \
+                               NV, H, tail, eps, K, stream, NULL);                        \
         break;
 #define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
         switch (nv * 4 + kind) {
@@ -554,7 +554,7 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
          * former burst of 4 KiB a group, 2 KiB ahead, fell behind.) */
         const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* elements */
         const char *px = n + 16 + ahead / H <= r1 ? (const char *)(x + n * H + ahead) : NULL;
-        const char *pg = (const char *)(dy + n * H + ahead);
+        const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
         switch (nv * 2 + (pb != NULL)) {
 #define G16(NV, LN) SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg)
 #define CASE(NV)                                  \
