@@ -595,6 +595,7 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 #define KIND_F32 0
 #define PF_LONG_BWD 4096   /* long_bwd's prefetch distance, bytes (1, 8 KiB: slower) */
 #define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes (RMSNorm: 1-8 KiB no better) */
+#define PF_RANGE_BYTES (4.0 * 1024 * 1024)   /* long_rows_k: a thread's rows past this prefetch */
 
 static inline __attribute__((always_inline)) __m512 SFX(ld_k)(
     int kind, const void *p, int64_t i, __mmask16 m)
@@ -822,6 +823,14 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);   /* bytes a row */
     const char *xc = (const char *)x, *rc = (const char *)res;
     const int sq = rms ? 1 : one ? SQ_BOTH : 0;   /* the sums a y sweep takes of the next row */
+    /* The y sweep prefetches PF_AHEAD bytes ahead of the next row's sums
+     * with nt, and LayerNorm also where this thread's rows exceed
+     * PF_RANGE_BYTES (2 threads, out= not streamed: (4096, 1024) 429 -> 406
+     * us, (2048, 2048) 504 -> 452 us, (512, 8192) 602 -> 534 us, 1 thread
+     * 8-12%; in cache, (1024, 1024), up to 6% slower with it; RMSNorm
+     * (4096, 1024) 4% slower). Not with res: two more streams measured
+     * slower. */
+    const int pf_on = !res && (nt || (!rms && (r1 - r0) * rowb > PF_RANGE_BYTES));
 #define SHIFT(row) (rms ? 0.0f : SFX(row_shift)(kind, one, xc + (row) * rowb,         \
                                                 res ? rc + (row) * rowb : NULL, H))
     /* s1: the row's sum(x - shift), for RMSNorm sum(x^2) (shift 0); s2 (LN):
@@ -842,9 +851,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
         const void *xs = sf ? sr : xr, *rs = sf ? NULL : rr_;
         float *mr = mean ? mean + n : NULL, *rr = rstd ? rstd + n : NULL;
         float shn = xn ? SHIFT(n + 1) : 0;
-        /* prefetch PF_AHEAD bytes ahead of the next row's sums in the y sweep
-         * (not with res: two more streams measured slower) */
-        const char *pf = xn && !res && nt ? (const char *)xn + PF_AHEAD : NULL;
+        const char *pf = xn && pf_on ? (const char *)xn + PF_AHEAD : NULL;
         float dm = rms ? 0 : (float)(s1 / (double)H);
         double var = s1 / (double)H;   /* RMSNorm: the mean square */
         if (!rms) {
