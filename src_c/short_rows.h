@@ -736,13 +736,14 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
 
 /* The y sweep of a row (with res, of x + res, also stored to s); with xn, in
  * the same sweep row_sum(xn, rn, sn, shn, 0, sq, s2) of the next row, returned
- * (else 0), and with pf pf_step(pf, ..) for each 64 of those elements.
+ * (else 0), and with pf (pfr) pf_step(pf, ..) (pf_step(pfr, ..)) for each
+ * 64 of those elements.
  * y's first vectors end at a 64-byte boundary, so that with nt the others
  * are non-temporal (16-bit values two vectors to a store). */
 static inline __attribute__((always_inline)) double SFX(norm_row)(
     int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
-    const void *rn, float *sn, float shn, int sq, double *s2, const char *pf)
+    const void *rn, float *sn, float shn, int sq, double *s2, const char *pf, const char *pfr)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
     const int64_t esz = kind == KIND_F32 ? 4 : 2;
@@ -778,6 +779,7 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
             int64_t i = 0;
             for (; i + 64 <= n; i += 64) {
                 if (pf) SFX(pf_step)(pf, c0 + i, esz);
+                if (pfr) SFX(pf_step)(pfr, c0 + i, esz);
                 SFX(acc64)(kind, xn, rn, sn, c0, i, n, 1, shv, NULL, sq, a);
                 if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
                     if (kind == KIND_F32) {
@@ -828,9 +830,11 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
      * PF_RANGE_BYTES (2 threads, out= not streamed: (4096, 1024) 429 -> 406
      * us, (2048, 2048) 504 -> 452 us, (512, 8192) 602 -> 534 us, 1 thread
      * 8-12%; in cache, (1024, 1024), up to 6% slower with it; RMSNorm
-     * (4096, 1024) 4% slower). Not with res: two more streams measured
-     * slower. */
-    const int pf_on = !res && (nt || (!rms && (r1 - r0) * rowb > PF_RANGE_BYTES));
+     * (4096, 1024) 4% slower). With res, x and res both, for rows longer
+     * than SHORT_H (2 threads: (4096, 768) 771 -> 691 us, (4096, 2048) 2.3
+     * -> 1.5 ms, (16384, 1024) 5.9 -> 5.4 ms streamed; 1 thread 12-56%;
+     * shorter rows, (8192, 200) and (65536, 256), 8-18% slower). */
+    const int pf_on = (!res || one) && (nt || (!rms && (r1 - r0) * rowb > PF_RANGE_BYTES));
 #define SHIFT(row) (rms ? 0.0f : SFX(row_shift)(kind, one, xc + (row) * rowb,         \
                                                 res ? rc + (row) * rowb : NULL, H))
     /* s1: the row's sum(x - shift), for RMSNorm sum(x^2) (shift 0); s2 (LN):
@@ -852,6 +856,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
         float *mr = mean ? mean + n : NULL, *rr = rstd ? rstd + n : NULL;
         float shn = xn ? SHIFT(n + 1) : 0;
         const char *pf = xn && pf_on ? (const char *)xn + PF_AHEAD : NULL;
+        const char *pfr = rn && pf_on ? (const char *)rn + PF_AHEAD : NULL;
         float dm = rms ? 0 : (float)(s1 / (double)H);
         double var = s1 / (double)H;   /* RMSNorm: the mean square */
         if (!rms) {
@@ -884,7 +889,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
 #define NORM(WB) SFX(norm_row)(kind, WB, yr, sf ? NULL : sr, xs, rs, w, b, H, shift, dm, r, \
-                               nt, xn, rn, sn, shn, sq, &s2, pf)
+                               nt, xn, rn, sn, shn, sq, &s2, pf, pfr)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
             case 3: s1 = NORM(3); break;
             case 2: s1 = NORM(2); break;
@@ -985,7 +990,8 @@ static inline __attribute__((always_inline)) void SFX(bwd_pass)(
     if (xa) {
         j = (uintptr_t)dxa % esz ? 0 : (int64_t)((-(uintptr_t)dxa & (16 * esz - 1)) / esz);
         if (j > H) j = H;
-        if (j) SFX(bdx16)(kind, LN, HW, dxa, pw, pb, xa, ga, w, 0, (__mmask16)((1u << j) - 1), s, nt);
+        if (j)
+            SFX(bdx16)(kind, LN, HW, dxa, pw, pb, xa, ga, w, 0, (__mmask16)((1u << j) - 1), s, nt);
     }
 #define DX16()                                                                             \
     do {                                                                                   \
