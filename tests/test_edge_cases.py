@@ -146,6 +146,31 @@ def test_backward_streaming_size(isa, dtype):
         np.testing.assert_allclose(g, e, atol=tol * max(1.0, np.abs(e).max()))
 
 
+@pytest.mark.parametrize("H", [129, 251, 256])
+def test_backward_streaming_mid_rows(isa, H):
+    """Streamed float32 backward of rows of 129-256 elements (LayerNorm takes
+    the grouped row kernel there, RMSNorm the one-row sweep): against the
+    reference, and bitwise the same on 1 and 2 threads."""
+    rng = np.random.default_rng(H)
+    shape = ((9 << 20) // (4 * H) + 37, H)   # dx of 9 MiB: streaming stores
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    w = (1 + 0.3 * rng.standard_normal(H)).astype(np.float32)
+    _, m, r = fastln.layer_norm(x, w, return_stats=True)
+    want = ref.layer_norm_backward(dy, x, m, r, w)
+    runs = []
+    for threads in (1, 2):
+        with fastln.threads(threads):
+            runs.append(fastln.layer_norm_backward(dy, x, m, r, w))
+    for g, e in zip(runs[0], want):
+        np.testing.assert_allclose(g, e, atol=2e-5 * max(1.0, np.abs(e).max()))
+    for a, b in zip(*runs):
+        assert a.tobytes() == b.tobytes()
+    got, want = fastln.rms_norm_backward(dy, x, r, w), ref.rms_norm_backward(dy, x, r, w)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, atol=2e-5 * max(1.0, np.abs(e).max()))
+
+
 def _child_layer_norm(x, q):
     q.put((fastln.get_num_threads(), fastln.layer_norm(x).tobytes()))
 
