@@ -30,6 +30,13 @@
 #define NACC ((int)(4 * VEC_BYTES / sizeof(T)))
 #define CHUNK 1024
 
+/* AVX-512 in float: the sixteen-row and long-row kernels of short_rows.h */
+#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#define HAVE_SHORT16 1
+#else
+#define HAVE_SHORT16 0
+#endif
+
 /* ---- one-row helpers --------------------------------------------------- */
 
 /* acc[0] + ... + acc[NACC-1] as a vector reduction, not a serial chain */
@@ -174,11 +181,7 @@ static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
  * threads, (131072, 160) 4.3 -> 3.8 ms, (65536, 256) 2.8 -> 2.5 ms, 1 thread
  * 10-25%, in cache up to 6%; 16 rows on: the same or slower). AVX2 measured
  * 3-7% slower with it, so there it is 0 (none). */
-#if IS_F32 && VEC_BYTES == 64
-#define LN_PF_ROWS 8
-#else
-#define LN_PF_ROWS 0
-#endif
+#define LN_PF_ROWS (HAVE_SHORT16 ? 8 : 0)
 
 static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
                          int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
@@ -444,11 +447,8 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
     if (stream) stream_fence();
 }
 
-#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#if HAVE_SHORT16
 #include "short_rows.h"
-#define HAVE_SHORT16 1
-#else
-#define HAVE_SHORT16 0
 #endif
 
 /* Forward rows [r0, r1) (buf != NULL: streaming stores). On AVX-512 in
