@@ -176,12 +176,6 @@ static inline void SFX(ln_finish_row)(T *y, T *mean, T *rstd, const T *x,
  * (grouped, H=1024 measured slower: 350 -> 500 ns a row). */
 #define ROWS 4
 #define SHORT_H 256
-/* ln_rows on AVX-512 in float (where it takes rows of SHORT16_H to SHORT_H):
- * short rows prefetch the row this many rows on as they start its sums (2
- * threads, (131072, 160) 4.3 -> 3.8 ms, (65536, 256) 2.8 -> 2.5 ms, 1 thread
- * 10-25%, in cache up to 6%; 16 rows on: the same or slower). AVX2 measured
- * 3-7% slower with it, so there it is 0 (none). */
-#define LN_PF_ROWS (HAVE_SHORT16 ? 8 : 0)
 
 static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
                          int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
@@ -194,9 +188,6 @@ static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
         double s1[ROWS], var[ROWS];
         for (int k = 0; k < R; k++) {
             xr[k] = x + (n + k) * H;   /* row n+k of x */
-            if (LN_PF_ROWS && G == ROWS && n + k + LN_PF_ROWS < r1)
-                for (int64_t o = 0; o < H; o += 64 / (int64_t)sizeof(T))
-                    __builtin_prefetch(xr[k] + LN_PF_ROWS * H + o);
             sh[k] = xr[k][0];
             s1[k] = SFX(sum_shifted)(xr[k], H, sh[k]);
         }
@@ -452,44 +443,34 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
 #endif
 
 /* Forward rows [r0, r1) (buf != NULL: streaming stores). On AVX-512 in
- * float: sixteen at a time where rows are short, with long_rows where they
- * are longer than SHORT_H (rows in between: four at a time in ln_rows
- * measured faster). Elsewhere ln_rows. */
+ * float: sixteen at a time up to rows of FWD16_H, longer rows with
+ * long_rows. Elsewhere ln_rows. */
 static void SFX(ln_range)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
                           int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
 {
 #if HAVE_SHORT16
-    if (H <= SHORT16_H) {
+    if (H <= FWD16_H)
         SFX(fwd_rows16)(0, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf != NULL);
-        return;
-    }
-    if (H > SHORT_H) {
+    else
         SFX(long_rows)(KIND_F32, 0, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, NULL,
                        buf != NULL);
-        return;
-    }
+    return;
 #endif
     SFX(ln_rows)(y, mean, rstd, x, w, b, r0, r1, H, eps, buf);
 }
 
-/* RMSNorm forward rows [r0, r1): on AVX-512 in float, rows of up to
- * SHORT16_H sixteen at a time (fwd_rows16), rows longer than SHORT_H and
- * streamed rows of any other length with long_rows (rms_rows streams each
- * short row through a staging copy: (262144, 64) 11.9 -> 6.1 ms on 2
- * threads); else rms_rows. */
+/* RMSNorm forward rows [r0, r1): on AVX-512 in float as ln_range; else
+ * rms_rows. */
 static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, int64_t r1,
                            int64_t H, double eps, T *buf)
 {
 #if HAVE_SHORT16
-    if (H <= SHORT16_H) {
+    if (H <= FWD16_H)
         SFX(fwd_rows16)(1, y, NULL, NULL, rstd, x, NULL, w, NULL, r0, r1, H, eps, buf != NULL);
-        return;
-    }
-    if (H > SHORT_H || buf) {
+    else
         SFX(long_rows)(KIND_F32, 1, y, NULL, NULL, rstd, x, NULL, w, NULL, r0, r1, H, eps, NULL,
                        buf != NULL);
-        return;
-    }
+    return;
 #endif
     SFX(rms_rows)(y, rstd, x, w, r0, r1, H, eps, buf);
 }
@@ -620,8 +601,9 @@ static int64_t SFX(part_stride)(int64_t H)
 
 /* ---- float16 and bfloat16 storage (compiled for float only) ------------
  * Half the bytes of float32 in and out, the same float math. On AVX-512 the
- * LayerNorm forward (and RMSNorm past 128 elements) converts in registers
- * (short_rows.h). Everything else goes in blocks of about 8192 elements,
+ * LayerNorm and RMSNorm forward, and add + LayerNorm and the backward past
+ * SHORT16_H elements, convert in registers (short_rows.h). Everything
+ * else goes in blocks of about 8192 elements,
  * widened into float scratch that stays in L1/L2 (F16C/AVX-512 conversions),
  * run through the float row kernels, and rounded back (nearest even) on the
  * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
@@ -831,15 +813,15 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
     float *xb = buf, *rb = buf + m * H;
     uint16_t *stage = (uint16_t *)(rb + m * H);
 #if HAVE_SHORT16
-    if (H > SHORT16_H) {   /* conversions in registers */
+    if (H > (a->op == FASTLN_OP_ADD ? SHORT16_H : FWD16_H)) {   /* conversions in registers */
         SFX(long_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->s, a->mean, a->rstd, a->x,
                        a->op == FASTLN_OP_ADD ? a->res : NULL, a->w, a->b, r0, r1, H, a->eps,
                        buf, a->stream);
         return;
     }
-    if (a->op == FASTLN_OP_LN) {   /* short rows, sixteen at a time, converted in registers */
-        SFX(ln_rows16_half)(a->kind, a->y, a->mean, a->rstd, a->x, a->w, a->b, r0, r1, H,
-                            a->eps, a->stream, buf);
+    if (a->op != FASTLN_OP_ADD) {   /* short rows, sixteen at a time, converted in registers */
+        SFX(fwd_rows16_half)(a->op == FASTLN_OP_RMS, a->kind, a->y, a->mean, a->rstd, a->x, a->w,
+                             a->b, r0, r1, H, a->eps, a->stream, buf);
         return;
     }
 #endif
@@ -888,5 +870,4 @@ static int SFX(half_fwd)(int op, int kind, uint16_t *y, uint16_t *s, float *mean
 #undef GROUP
 #undef ROWS
 #undef SHORT_H
-#undef LN_PF_ROWS
 #undef HAVE_SHORT16

@@ -63,8 +63,8 @@ def _check_all(x, dy, res, w, b):
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
-@pytest.mark.parametrize("N, H", [(1, 1), (7, 5), (33, 16), (40, 100), (5, 768), (300, 64),
-                                  (3, 9000)])
+@pytest.mark.parametrize("N, H", [(1, 1), (7, 5), (33, 16), (40, 100), (33, 200), (17, 256),
+                                  (5, 768), (300, 64), (3, 9000)])
 def test_equals_float32_rounded(isa, dt, N, H):
     _check_all(*_inputs(dt, N, H))
 

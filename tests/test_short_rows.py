@@ -1,5 +1,6 @@
-"""Short rows (H <= 128): the AVX-512 float32 kernels normalize sixteen rows at
-once (src_c/short_rows.h). Checked on every ISA path against the float64
+"""Short rows: the AVX-512 float32 kernels normalize sixteen rows at once
+(src_c/short_rows.h; the LayerNorm and RMSNorm forward up to H = 256, add +
+LayerNorm and the backwards up to 128). Checked on every ISA path against the float64
 reference, at group tails and odd H; and since a group short of sixteen rows
 repeats its last row, each row's result must not depend on its neighbours:
 a row computed inside a batch equals the same row computed alone, bitwise,
@@ -13,7 +14,7 @@ from fastln import reference as ref
 
 F32 = np.float32
 
-HS = [1, 5, 15, 16, 17, 31, 48, 64, 100, 127, 128, 129]
+HS = [1, 5, 15, 16, 17, 31, 48, 64, 100, 127, 128, 129, 144, 200, 255, 256, 257]
 NS = [1, 15, 16, 17, 33, 200]
 
 
@@ -72,7 +73,7 @@ def _odd_rows(H):
     return x, dy, w, b
 
 
-@pytest.mark.parametrize("H", [1, 16, 17, 64, 128])
+@pytest.mark.parametrize("H", [1, 16, 17, 64, 128, 137, 200, 256])
 def test_each_row_as_if_alone(isa, H):
     x, dy, w, b = _odd_rows(H)
     with np.errstate(all="ignore"):
@@ -140,3 +141,29 @@ def test_streamed_short_rows_equal_unstreamed(restore_threads):
         da, _, _ = fastln.layer_norm_backward(dy[a:a + part // 2], x[a:a + part // 2],
                                               mean[a:a + part // 2], rstd[a:a + part // 2], w)
         np.testing.assert_array_equal(dx[a:a + part // 2], da)
+
+
+@pytest.mark.parametrize("H", [200, 256])
+def test_mid_rows_equal_at_any_size(restore_threads, H):
+    """Rows of 129-256 go sixteen at a time in the LayerNorm and RMSNorm
+    forward: streamed past 32 MiB, y prefetched for writing where a thread's
+    rows pass 4 MiB (not streamed), neither in small calls. All give the same
+    values, on 1 and 2 threads."""
+    N = (36 << 20) // (4 * H) + 5     # 36 MiB of float32
+    x, _, w, b = _data(N, H, seed=5)
+    for nt in (1, 2):
+        fastln.set_num_threads(nt)
+        y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+        yr, rr = fastln.rms_norm(x, w, return_stats=True)
+        for rows in ((12 << 20) // (4 * H), 1000):   # 12 MiB and 1000 rows: not streamed
+            for a in (0, N - rows):
+                z = a + rows
+                ga, ma, ra = fastln.layer_norm(x[a:z], w, b, return_stats=True)
+                np.testing.assert_array_equal(y[a:z], ga)
+                np.testing.assert_array_equal(mean[a:z], ma)
+                np.testing.assert_array_equal(rstd[a:z], ra)
+                ga, ra = fastln.rms_norm(x[a:z], w, return_stats=True)
+                np.testing.assert_array_equal(yr[a:z], ga)
+                np.testing.assert_array_equal(rr[a:z], ra)
+    _close(y[:64], ref.layer_norm(x[:64], w, b))
+    _close(yr[-64:], ref.rms_norm(x[-64:], w))

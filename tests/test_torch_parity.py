@@ -6,7 +6,8 @@ import fastln
 from _util import F32, F64, FLOAT_DTYPES, assert_close
 
 # (x shape, number of trailing normalized dims)
-CASES = [((1, 768), 1), ((32, 768), 1), ((5, 7, 64), 2), ((5, 7, 64), 1), ((3, 4099), 1)]
+CASES = [((1, 768), 1), ((32, 768), 1), ((5, 7, 64), 2), ((5, 7, 64), 1), ((3, 4099), 1),
+         ((37, 200), 1)]
 
 
 def _axis(k):
