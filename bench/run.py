@@ -10,14 +10,14 @@ against fastln's first, ratios of medians, fastln's out= throughput as a
 fraction of a parallel copy of the same bytes):
 
 - ln:   float32 LayerNorm forward and backward over the grid H in 16, 64, 128,
-        768, 1024, 4096, 8192 x rows 1, 32, 4096, 16384, plus (262144, 16)
-        and (262144, 64);
+        768, 1024, 4096, 8192 x rows 1, 32, 4096, 16384, plus (262144, 16),
+        (262144, 64) and (65536, 256);
 - rms:  RMSNorm forward, float32;
 - add:  add_layer_norm forward (x + residual, then LayerNorm), float32;
 - f16, bf16: LayerNorm forward on float16 / bfloat16 storage, with fastln's
         16-bit elements/s relative to its float32 forward on the same values;
         these four on (1, 768), (4096, 768), (16384, 1024), (16384, 4096),
-        (262144, 64).
+        (262144, 64), (65536, 256).
 
 A peer that is not installed is a "-" column. Writes bench/results/latest.json,
 the plots bench/results/throughput.png and speedup_heatmap.png (bench/plots.py;
@@ -42,8 +42,8 @@ from fastln import _bench       # noqa: E402
 
 ROWS = (1, 32, 4096, 16384)
 HS = (16, 64, 128, 768, 1024, 4096, 8192)
-SHAPES = [(n, h) for h in HS for n in ROWS] + [(262144, 16), (262144, 64)]
-EXTRA_SHAPES = [(1, 768), (4096, 768), (16384, 1024), (16384, 4096), (262144, 64)]
+SHAPES = [(n, h) for h in HS for n in ROWS] + [(262144, 16), (262144, 64), (65536, 256)]
+EXTRA_SHAPES = [(1, 768), (4096, 768), (16384, 1024), (16384, 4096), (262144, 64), (65536, 256)]
 QUICK_SHAPES = [(n, h) for h in (64, 1024, 4096) for n in (1, 32, 4096)] + [(262144, 64)]
 QUICK_EXTRA_SHAPES = [(1, 768), (16384, 1024)]
 
