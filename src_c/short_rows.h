@@ -192,8 +192,7 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
 
 /* In the group kernels below (KIND, NV, tail, xr, yr, nt theirs): the
  * mask of vector v of a row, vector v of row k (float, or 16-bit values of
- * KIND widened), and y to vector v of row k (nt as st_half). (Inline
- * functions in their place measured 3-4% slower, (262144, 64) on 2 threads.) */
+ * KIND widened), and y to vector v of row k (nt as st_half). */
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 #define LD(k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
@@ -345,10 +344,10 @@ static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, in
 /* LayerNorm, or with rms RMSNorm (mean and b unused), forward of rows
  * [r0, r1), H <= FWD16_H, sixteen at a time; rows the group kernel leaves
  * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
- * only, H <= SHORT16_H), add + LayerNorm: a group's s = x + res is stored first, then its
- * LayerNorm is that of s (the bits of this LayerNorm on x + res). With
- * stream, a group's rows are written to staging blocks and streamed out
- * together. */
+ * only, H <= SHORT16_H), add + LayerNorm: a group's s = x + res is stored
+ * first, then its LayerNorm is that of s (the bits of this LayerNorm on x +
+ * res). With stream, a group's rows are written to staging blocks and
+ * streamed out together. */
 static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
                             const float *x, const float *res, const float *w, const float *b,
                             int64_t r0, int64_t r1, int64_t H, double eps, int stream)
@@ -448,16 +447,14 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
         float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
         __mmask16 redo = 0;
 #define CASE(NV, K)                                                                       \
-    case NV * 8 + K * 2:                                                                  \
-        redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, \
-                               NV, H, tail, eps, K, stream, NULL, 0);                     \
-        break;                                                                            \
-    case NV * 8 + K * 2 + 1:                                                              \
-        redo = SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H, \
-                                tail, eps, K, stream, NULL, 0);                           \
+    case NV * 4 + K:                                                                      \
+        redo = rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
+                                      NV, H, tail, eps, K, stream, NULL, 0)               \
+                   : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, \
+                                     bv, R, NV, H, tail, eps, K, stream, NULL, 0);        \
         break;
 #define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
-        switch (nv * 8 + kind * 2 + rms) {
+        switch (nv * 4 + kind) {
             KINDS(1) KINDS(2) KINDS(3) KINDS(4) KINDS(5) KINDS(6) KINDS(7) KINDS(8)
             KINDS(9) KINDS(10) KINDS(11) KINDS(12) KINDS(13) KINDS(14) KINDS(15) KINDS(16)
         }
@@ -475,8 +472,8 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
     if (stream) stream_fence();
 }
 
-/* fwd_rows16_half_k with rms a constant (one switch over both measured up
- * to 6% slower, bfloat16 (262144, 64) on 2 threads) */
+/* fwd_rows16_half_k with rms a constant (a run-time rms measured up to 6%
+ * slower, bfloat16 (262144, 64) on 2 threads) */
 static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, float *mean, float *rstd,
                                  const uint16_t *x, const float *w, const float *b, int64_t r0,
                                  int64_t r1, int64_t H, double eps, int stream, float *buf)
@@ -633,8 +630,8 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 /* ---- long rows in registers, any storage -------------------------------
  * LayerNorm and RMSNorm forward of rows longer than FWD16_H, and add +
  * LayerNorm of rows longer than SHORT16_H, stored as float (KIND_F32) or
- * 16-bit (FASTLN_F16, FASTLN_BF16,
- * KIND_BF16_INSN), widened and narrowed in registers. One sweep a row: y,
+ * 16-bit (FASTLN_F16, FASTLN_BF16, KIND_BF16_INSN), widened and narrowed in
+ * registers. One sweep a row: y,
  * which also sums the next row, so that the next row's loads from memory
  * overlap this row's arithmetic in cache. RMSNorm sums the squares.
  * LayerNorm rows longer than SHORT_H sum x - t and (x - t)^2 around t, the
@@ -642,8 +639,8 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * mean(x - t)^2 where (mean - t)^2 <= var / 2 (a row with a head far from its
  * mean, or a bad sum, gets the centred squares in a second sweep). Shorter
  * rows (add + LayerNorm's, from SHORT16_H on) keep the row kernels' two
- * sweeps around x0 = x[0]:
- * sum(x - x0), then the centred squares. With a residual, every sweep reads
+ * sweeps around x0 = x[0]: sum(x - x0), then the centred squares. With a
+ * residual, every sweep reads
  * x + res (the same float sum each time) and the y sweep stores it as s, or
  * (sf) the first sweep stores s and the others read it. With nt, y (and s) go out by
  * non-temporal stores from a 64-byte boundary (the row's first vectors
