@@ -548,15 +548,18 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
 }
 
 /* add + LayerNorm rows [r0, r1): on AVX-512 in float, rows of up to
- * SHORT16_H sixteen at a time (fwd_rows16; (262144, 64) 8.7 -> 5.3 ms on 2
- * threads, (262144, 16) 4.5 -> 1.2 ms), longer ones with long_rows; else
- * add_ln_rows. */
+ * FWD16_H sixteen at a time (fwd_rows16; (262144, 64) 8.7 -> 5.3 ms on 2
+ * threads, (262144, 16) 4.5 -> 1.2 ms; rows of 129-256 against long_rows:
+ * (65536, 256) 6.7-7.1 -> 4.3-6.4 ms, (16384, 256) 1.56-1.66 -> 0.80-1.20
+ * ms, (4096, 160) 117-130 -> 87-114 us, 1 thread (65536, 256) 19.7 -> 11.9
+ * ms, but (16384, 200) 526-724 -> 575-907 us), longer ones with long_rows;
+ * else add_ln_rows. */
 static void SFX(add_ln_range)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
                               const T *w, const T *b, int64_t r0, int64_t r1, int64_t H,
                               double eps, T *buf)
 {
 #if HAVE_SHORT16
-    if (H <= SHORT16_H)
+    if (H <= FWD16_H)
         SFX(fwd_rows16)(0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf != NULL);
     else
         SFX(long_rows)(KIND_F32, 0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, NULL,
@@ -614,9 +617,8 @@ static int64_t SFX(part_stride)(int64_t H)
 
 /* ---- float16 and bfloat16 storage (compiled for float only) ------------
  * Half the bytes of float32 in and out, the same float math. On AVX-512 the
- * LayerNorm and RMSNorm forward, and add + LayerNorm and the backward past
- * SHORT16_H elements, convert in registers (short_rows.h). Everything
- * else goes in blocks of about 8192 elements,
+ * forwards, and the backward past SHORT16_H elements, convert in registers
+ * (short_rows.h). Everything else goes in blocks of about 8192 elements,
  * widened into float scratch that stays in L1/L2 (F16C/AVX-512 conversions),
  * run through the float row kernels, and rounded back (nearest even) on the
  * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
@@ -825,18 +827,15 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
     const int64_t H = a->H, m = SFX(lp_block)(H);
     float *xb = buf, *rb = buf + m * H;
     uint16_t *stage = (uint16_t *)(rb + m * H);
-#if HAVE_SHORT16
-    if (H > (a->op == FASTLN_OP_ADD ? SHORT16_H : FWD16_H)) {   /* conversions in registers */
-        SFX(long_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->s, a->mean, a->rstd, a->x,
-                       a->op == FASTLN_OP_ADD ? a->res : NULL, a->w, a->b, r0, r1, H, a->eps,
-                       buf, a->stream);
-        return;
-    }
-    if (a->op != FASTLN_OP_ADD) {   /* short rows, sixteen at a time, converted in registers */
-        SFX(fwd_rows16_half)(a->op == FASTLN_OP_RMS, a->kind, a->y, a->mean, a->rstd, a->x, a->w,
-                             a->b, r0, r1, H, a->eps, a->stream, buf);
-        return;
-    }
+#if HAVE_SHORT16   /* converted in registers, sixteen rows at a time or long rows */
+    const uint16_t *res = a->op == FASTLN_OP_ADD ? a->res : NULL;
+    if (H <= FWD16_H)   /* buf: at least 17H floats */
+        SFX(fwd_rows16_half)(a->op == FASTLN_OP_RMS, a->kind, a->y, a->s, a->mean, a->rstd, a->x,
+                             res, a->w, a->b, r0, r1, H, a->eps, a->stream, buf);
+    else
+        SFX(long_rows)(a->kind, a->op == FASTLN_OP_RMS, a->y, a->s, a->mean, a->rstd, a->x, res,
+                       a->w, a->b, r0, r1, H, a->eps, buf, a->stream);
+    return;
 #endif
     for (int64_t r = r0; r < r1; r += m) {
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;

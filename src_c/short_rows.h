@@ -1,7 +1,7 @@
 /*
- * Short rows in float32 on AVX-512: sixteen rows at once (the LayerNorm and
- * RMSNorm forward up to FWD16_H, add + LayerNorm and the backward up to
- * SHORT16_H); and at the end, long rows' forward in registers (long_rows).
+ * Short rows in float32 on AVX-512: sixteen rows at once (the forwards up
+ * to FWD16_H, the backward up to SHORT16_H); and at the end, long rows'
+ * forward in registers (long_rows).
  * Included by kernels_impl.h for (float, avx512) only.
  *
  * One row's vector is at most FWD16_H / 16 registers, so per-row
@@ -23,12 +23,13 @@
 
 #define SHORT16_H 128
 #define NV16 (SHORT16_H / 16)   /* vectors in a row, at most */
-/* The LayerNorm and RMSNorm forward go sixteen rows at a time up to rows of
- * FWD16_H (2 threads, 129-256 against four rows at a time in ln_rows:
- * (4096, 160) 65 -> 52 us, (16384, 200) 544 -> 430 us, streamed (65536,
- * 256) 3.2 -> 1.7-2.7 ms; RMSNorm against rms_rows or long_rows, (16384,
- * 200) 306 -> 250 us, streamed (131072, 160) 4.3 -> 3.5 ms). add + LayerNorm
- * and the backward measured slower that way past SHORT16_H. */
+/* The forwards go sixteen rows at a time up to rows of FWD16_H (2 threads,
+ * 129-256 against four rows at a time in ln_rows: (4096, 160) 81 -> 57 us,
+ * (16384, 200) 512 -> 290 us, streamed (65536, 256) 2.2-4.4 -> 1.8 ms;
+ * RMSNorm against rms_rows or long_rows, (16384, 200) 324 -> 238 us,
+ * streamed (131072, 160) 4.3 -> 3.5 ms, but (16384, 256) 7-30% slower;
+ * add + LayerNorm: add_ln_range). The backward measured slower that way
+ * past SHORT16_H. */
 #define FWD16_H 256
 #define NVF16 (FWD16_H / 16)
 
@@ -190,22 +191,24 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
     return rv;
 }
 
-/* In the group kernels below (KIND, NV, tail, xr, yr, nt theirs): the
+/* In the group kernels below (KIND, YK, NV, tail, xr, yr, nt theirs): the
  * mask of vector v of a row, vector v of row k (float, or 16-bit values of
- * KIND widened), and y to vector v of row k (nt as st_half). */
+ * KIND widened), and y to vector v of row k (float, or 16-bit values of YK;
+ * nt as st_half). */
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 #define LD(k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
 #define ST(k, v, y)                                                                       \
     do {                                                                                  \
-        if (KIND) SFX(st_half)(KIND, (uint16_t *)yr[k] + 16 * (v), (y), MASK(v), nt);     \
+        if (YK) SFX(st_half)(YK, (uint16_t *)yr[k] + 16 * (v), (y), MASK(v), nt);         \
         else _mm512_mask_storeu_ps((float *)yr[k] + 16 * (v), MASK(v), (y));             \
     } while (0)
 
 /* One group of 16 rows (R of them real) of the LayerNorm forward, rows of
  * NV vectors (a constant after inlining: the loops unroll, w and b stay in
  * registers). Rows of float, or with KIND (a constant too) of 16-bit values
- * converted in registers (nt: non-temporal stores where aligned). pf: NULL,
+ * converted in registers; y rows likewise of float or, with YK (a constant),
+ * 16-bit (nt: non-temporal stores where aligned). pf: NULL,
  * or rows of float to prefetch, one with each row of the first sweep (rows
  * of more than 8 vectors: of the second; 2 threads, (65536, 256) streamed
  * 2.9 -> 2.7 ms, (16384, 256) 548 -> 504 us). pfw: the y rows are
@@ -215,8 +218,8 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
  * suspect, and the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) __mmask16 SFX(ln_group16)(
     void *const *yr, float *mean, float *rstd, const void *const *xr, const __m512 *wv,
-    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int nt,
-    const char *pf, int pfw)
+    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int YK,
+    int nt, const char *pf, int pfw)
 {
 #define X0(k) (!KIND ? ((const float *)xr[k])[0]                                           \
                : KIND == FASTLN_F16 ? f16_to_f32(((const uint16_t *)xr[k])[0])            \
@@ -293,6 +296,7 @@ static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
     void *const *yr, float *rstd, const void *const *xr, const __m512 *wv, int R, int NV,
     int64_t H, __mmask16 tail, double eps, int KIND, int nt, const char *pf, int pfw)
 {
+    const int YK = KIND;   /* y of the same storage as x */
     float r[16] __attribute__((aligned(64)));
     __m512 acc[16];
     for (int k = 0; k < 16; k++) {
@@ -344,9 +348,9 @@ static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, in
 /* LayerNorm, or with rms RMSNorm (mean and b unused), forward of rows
  * [r0, r1), H <= FWD16_H, sixteen at a time; rows the group kernel leaves
  * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
- * only, H <= SHORT16_H), add + LayerNorm: a group's s = x + res is stored
- * first, then its LayerNorm is that of s (the bits of this LayerNorm on x +
- * res). With stream, a group's rows are written to staging blocks and
+ * only), add + LayerNorm: a group's s = x + res is stored first, then its
+ * LayerNorm is that of s (the bits of this LayerNorm on x + res). With
+ * stream, a group's rows are written to staging blocks and
  * streamed out together. */
 static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
                             const float *x, const float *res, const float *w, const float *b,
@@ -359,7 +363,7 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
     /* y's staging block starts 2 KiB into its array: at its start, RMSNorm
      * (524288, 32) measured 8% slower on 2 threads (4K aliasing between its
      * stores and the loads of the frame's other locals, probably) */
-    float stage_[16 * FWD16_H + 512], sstage[16 * SHORT16_H];
+    float stage_[16 * FWD16_H + 512], sstage[16 * FWD16_H];
     float *const stage = stage_ + 512;
     /* y prefetched for writing, rows of more than 8 vectors (group kernels) */
     const int pfw = !stream && !res && nv > 8 && (double)(r1 - r0) * H * 4 > PF_RANGE_BYTES;
@@ -398,7 +402,7 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
 #define CASE(NV)                                                                      \
     case 2 * NV:                                                                      \
         redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
-                               H, tail, eps, 0, 0, PF(NV), NV > 8 && pfw);            \
+                               H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw);         \
         break;                                                                        \
     case 2 * NV + 1:                                                                  \
         redo = SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H, \
@@ -422,13 +426,39 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
     if (stream) stream_fence();
 }
 
-/* fwd_rows16's LayerNorm, or with rms RMSNorm (mean and b unused), on rows
- * of 16-bit values of kind, converted in registers: the float32 arithmetic
- * of fwd_rows16 exactly. buf: 2H floats for the rows that take the one-row
- * code; stream: non-temporal stores (fenced here). */
+/* s = x + res over n 16-bit values of kind, in float into sf and rounded
+ * into s (nt: non-temporal where aligned); with pf, prefetching x and res n
+ * values on (as add16) */
+static inline __attribute__((always_inline)) void SFX(add16_half)(
+    int kind, float *sf, uint16_t *s, const uint16_t *x, const uint16_t *res, int64_t n, int nt,
+    int pf)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        if (pf && !(i & 31)) {   /* a line of each, every other vector */
+            _mm_prefetch((const char *)(x + n + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(res + n + i), _MM_HINT_T0);
+        }
+        __m512 v = _mm512_add_ps(SFX(ld_half)(kind, x + i, m), SFX(ld_half)(kind, res + i, m));
+        _mm512_mask_storeu_ps(sf + i, m, v);
+        SFX(st_half)(kind, s + i, v, m, nt);
+    }
+}
+
+/* fwd_rows16's LayerNorm, or with rms RMSNorm (mean and b unused), or with
+ * res add + LayerNorm (into y and s), on rows of 16-bit values of kind,
+ * converted in registers: the float32 arithmetic of fwd_rows16 exactly (a
+ * group's s = x + res in float into buf, rounded into s, and the LayerNorm
+ * of the float s; bfloat16 on 2 threads, against the widened blocks below
+ * 128 and long_rows above: (262144, 64) 5.7 -> 3.2 ms, (4096, 200) 159 ->
+ * 145 us, (131072, 160) 5.6 -> 4.3 ms, (65536, 256) 3.5-4.2 -> 3.8-4.1 ms,
+ * (16384, 256) 673-683 -> 678-764 us). buf: 17H floats; stream:
+ * non-temporal stores (fenced here). rms and add (res != NULL) are
+ * constants. */
 static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
-    int rms, int kind, uint16_t *y, float *mean, float *rstd, const uint16_t *x, const float *w,
-    const float *b, int64_t r0, int64_t r1, int64_t H, double eps, int stream, float *buf)
+    int rms, int add, int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+    const uint16_t *x, const uint16_t *res, const float *w, const float *b, int64_t r0,
+    int64_t r1, int64_t H, double eps, int stream, float *buf)
 {
     const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
@@ -436,10 +466,17 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
     __m512 wv[NVF16], bv[NVF16];
     SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
     if (rms) mean = NULL;
+    float *const yf = buf + 16 * H;   /* y of a row that takes the one-row code */
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
         const uint16_t *xr[16];
+        const float *sr[16];
         uint16_t *yr[16];
+        if (add) {
+            SFX(add16_half)(kind, buf, s + n * H, x + n * H, res + n * H, R * H, stream,
+                            n + 32 <= r1);
+            SFX(rows16)(sr, buf, 0, R, H);
+        }
         for (int k = 0; k < 16; k++) {
             xr[k] = x + (n + k < r1 ? n + k : r1 - 1) * H;
             yr[k] = y + (n + k) * H;
@@ -448,10 +485,12 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
         __mmask16 redo = 0;
 #define CASE(NV, K)                                                                       \
     case NV * 4 + K:                                                                      \
-        redo = rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
+        redo = add ? SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)sr, wv, \
+                                     bv, R, NV, H, tail, eps, 0, K, stream, NULL, 0)      \
+             : rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
                                       NV, H, tail, eps, K, stream, NULL, 0)               \
                    : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, \
-                                     bv, R, NV, H, tail, eps, K, stream, NULL, 0);        \
+                                     bv, R, NV, H, tail, eps, K, K, stream, NULL, 0);     \
         break;
 #define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
         switch (nv * 4 + kind) {
@@ -462,24 +501,30 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
 #undef CASE
         for (int k = 0; redo && k < R; k++) {
             if (!((redo >> k) & 1)) continue;
-            widen_half(kind, buf, xr[k], H);
-            if (rms) SFX(rms_rows)(buf + H, rs ? rs + k : NULL, buf, w, 0, 1, H, eps, NULL);
-            else SFX(ln_rows)(buf + H, mn ? mn + k : NULL, rs ? rs + k : NULL, buf, w, b, 0, 1, H,
-                              eps, NULL);
-            narrow_half(kind, yr[k], buf + H, H);
+            float *xf = add ? buf + k * H : buf;
+            if (!add) widen_half(kind, xf, xr[k], H);
+            if (rms) SFX(rms_rows)(yf, rs ? rs + k : NULL, xf, w, 0, 1, H, eps, NULL);
+            else SFX(ln_rows)(yf, mn ? mn + k : NULL, rs ? rs + k : NULL, xf, w, b, 0, 1, H, eps,
+                              NULL);
+            narrow_half(kind, yr[k], yf, H);
         }
     }
     if (stream) stream_fence();
 }
 
-/* fwd_rows16_half_k with rms a constant (a run-time rms measured up to 6%
- * slower, bfloat16 (262144, 64) on 2 threads) */
-static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, float *mean, float *rstd,
-                                 const uint16_t *x, const float *w, const float *b, int64_t r0,
-                                 int64_t r1, int64_t H, double eps, int stream, float *buf)
+/* fwd_rows16_half_k with rms and add constants (a run-time rms measured up
+ * to 6% slower, bfloat16 (262144, 64) on 2 threads); res: add + LayerNorm */
+static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, uint16_t *s, float *mean,
+                                 float *rstd, const uint16_t *x, const uint16_t *res,
+                                 const float *w, const float *b, int64_t r0, int64_t r1,
+                                 int64_t H, double eps, int stream, float *buf)
 {
-    if (rms) SFX(fwd_rows16_half_k)(1, kind, y, mean, rstd, x, w, b, r0, r1, H, eps, stream, buf);
-    else SFX(fwd_rows16_half_k)(0, kind, y, mean, rstd, x, w, b, r0, r1, H, eps, stream, buf);
+#define K_(RMS, ADD) SFX(fwd_rows16_half_k)(RMS, ADD, kind, y, s, mean, rstd, x, res, w, b, r0, \
+                                            r1, H, eps, stream, buf)
+    if (res) K_(0, 1);
+    else if (rms) K_(1, 0);
+    else K_(0, 0);
+#undef K_
 }
 
 /* Backward of one group of 16 rows (R real), rows of NV vectors, LayerNorm
@@ -629,28 +674,24 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 
 /* ---- long rows in registers, any storage -------------------------------
  * LayerNorm and RMSNorm forward of rows longer than FWD16_H, and add +
- * LayerNorm of rows longer than SHORT16_H, stored as float (KIND_F32) or
- * 16-bit (FASTLN_F16, FASTLN_BF16, KIND_BF16_INSN), widened and narrowed in
- * registers. One sweep a row: y,
+ * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than
+ * FWD16_H, stored as float (KIND_F32) or 16-bit (FASTLN_F16, FASTLN_BF16,
+ * KIND_BF16_INSN), widened and narrowed in registers. One sweep a row: y,
  * which also sums the next row, so that the next row's loads from memory
  * overlap this row's arithmetic in cache. RMSNorm sums the squares.
- * LayerNorm rows longer than SHORT_H sum x - t and (x - t)^2 around t, the
- * mean of the row's first 16 values, and take var = mean((x - t)^2) -
- * mean(x - t)^2 where (mean - t)^2 <= var / 2 (a row with a head far from its
- * mean, or a bad sum, gets the centred squares in a second sweep). Shorter
- * rows (add + LayerNorm's, from SHORT16_H on) keep the row kernels' two
- * sweeps around x0 = x[0]: sum(x - x0), then the centred squares. With a
- * residual, every sweep reads
- * x + res (the same float sum each time) and the y sweep stores it as s, or
- * (sf) the first sweep stores s and the others read it. With nt, y (and s) go out by
- * non-temporal stores from a 64-byte boundary (the row's first vectors
- * masked up to it), and the y sweep prefetches the rows ahead into L2. The
- * sums follow sum_shifted/sumsq_centered's lanes (four vectors, chunks of
- * 1024 added in double), so a row's results do not depend on where its
- * range starts, 16-bit rows get those of the float kernels on the widened
- * row, rounded once, and short rows those of add_ln_rows. Rows
- * whose statistics need the fallbacks go through the one-row float code
- * (16-bit ones widened into scratch). */
+ * LayerNorm sums x - t and (x - t)^2 around t, the mean of the row's first
+ * 16 values, and takes var = mean((x - t)^2) - mean(x - t)^2 where (mean -
+ * t)^2 <= var / 2 (a row with a head far from its mean, or a bad sum, gets
+ * the centred squares in a second sweep). With a residual, every sweep
+ * reads x + res (the same float sum each time) and the y sweep stores it as
+ * s, or (sf) the first sweep stores s and the others read it. With nt, y
+ * (and s) go out by non-temporal stores from a 64-byte boundary (the row's
+ * first vectors masked up to it), and the y sweep prefetches the rows ahead
+ * into L2. The sums follow sum_shifted/sumsq_centered's lanes (four vectors,
+ * chunks of 1024 added in double), so a row's results do not depend on
+ * where its range starts, and 16-bit rows get those of the float kernels on
+ * the widened row, rounded once. Rows whose statistics need the fallbacks go
+ * through the one-row float code (16-bit ones widened into scratch). */
 #define KIND_F32 0
 #define PF_LONG_BWD 4096   /* long_bwd's prefetch distance, bytes (1, 8 KiB: slower) */
 #define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes (RMSNorm: 1-8 KiB no better) */
@@ -697,14 +738,13 @@ static inline __attribute__((always_inline)) __m512 SFX(ld_in)(
     return res ? _mm512_add_ps(v, SFX(ld_k)(kind, res, i, m)) : v;
 }
 
-/* The shift of a row's LayerNorm sums (x + res with res): with one, the
- * mean of its first min(H, 16) values, a value near the row's mean; else its
- * first value, as the row kernels of kernels_impl.h */
-static inline float SFX(row_shift)(int kind, int one, const void *x, const void *res, int64_t H)
+/* The shift of a row's LayerNorm sums (x + res with res): the mean of its
+ * first min(H, 16) values, a value near the row's mean */
+static inline float SFX(row_shift)(int kind, const void *x, const void *res, int64_t H)
 {
-    const int k = one ? (H < 16 ? (int)H : 16) : 1;
+    const int k = H < 16 ? (int)H : 16;
     __m512 v = SFX(ld_in)(kind, x, res, 0, (__mmask16)((1u << k) - 1));
-    return one ? _mm512_reduce_add_ps(v) / (float)k : _mm512_cvtss_f32(v);
+    return _mm512_reduce_add_ps(v) / (float)k;
 }
 
 /* In the last, partial 64 elements at i of a chunk of n: the lanes of
@@ -870,30 +910,28 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
  * unused, b NULL); res: add + LayerNorm (s = x + res, y = LN(s)). sf (a
  * constant; float with res, not nt): a row's s is stored by the sweep that
  * first sums it, and its later sweeps read s instead of x + res (2 threads:
- * (1024, 768) 85 -> 68 us, (4096, 200) 146 -> 126 us, (4096, 768) 440 -> 400
- * us); not with nt, where the y sweep streams s out, nor for 16-bit s, whose
- * rounded values are not the float sums. buf: 2H floats of
- * scratch for 16-bit rows that take the fallbacks; nt: non-temporal stores
- * (the caller fences). */
+ * (1024, 768) 85 -> 68 us, (4096, 768) 440 -> 400 us); not with nt, where
+ * the y sweep streams s out, nor for 16-bit s, whose rounded values are not
+ * the float sums. buf: 2H floats of scratch for 16-bit rows that take the
+ * fallbacks; nt: non-temporal stores (the caller fences). */
 static inline __attribute__((always_inline)) void SFX(long_rows_k)(
-    int kind, int rms, int one, int sf, void *y, void *s, float *mean, float *rstd,
+    int kind, int rms, int sf, void *y, void *s, float *mean, float *rstd,
     const void *x, const void *res, const float *w, const float *b, int64_t r0, int64_t r1,
     int64_t H, double eps, float *buf, int nt)
 {
     const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);   /* bytes a row */
     const char *xc = (const char *)x, *rc = (const char *)res;
-    const int sq = rms ? 1 : one ? SQ_BOTH : 0;   /* the sums a y sweep takes of the next row */
+    const int sq = rms ? 1 : SQ_BOTH;   /* the sums a y sweep takes of the next row */
     /* The y sweep prefetches PF_AHEAD bytes ahead of the next row's sums
      * with nt, and LayerNorm also where this thread's rows exceed
      * PF_RANGE_BYTES (2 threads, out= not streamed: (4096, 1024) 429 -> 406
      * us, (2048, 2048) 504 -> 452 us, (512, 8192) 602 -> 534 us, 1 thread
      * 8-12%; in cache, (1024, 1024), up to 6% slower with it; RMSNorm
-     * (4096, 1024) 4% slower). With res, x and res both, for rows longer
-     * than SHORT_H (2 threads: (4096, 768) 771 -> 691 us, (4096, 2048) 2.3
-     * -> 1.5 ms, (16384, 1024) 5.9 -> 5.4 ms streamed; 1 thread 12-56%;
-     * shorter rows, (8192, 200) and (65536, 256), 8-18% slower). */
-    const int pf_on = (!res || one) && (nt || (!rms && (r1 - r0) * rowb > PF_RANGE_BYTES));
-#define SHIFT(row) (rms ? 0.0f : SFX(row_shift)(kind, one, xc + (row) * rowb,         \
+     * (4096, 1024) 4% slower). With res, x and res both (2 threads:
+     * (4096, 768) 771 -> 691 us, (4096, 2048) 2.3 -> 1.5 ms, (16384, 1024)
+     * 5.9 -> 5.4 ms streamed; 1 thread 12-56%). */
+    const int pf_on = nt || (!rms && (r1 - r0) * rowb > PF_RANGE_BYTES);
+#define SHIFT(row) (rms ? 0.0f : SFX(row_shift)(kind, xc + (row) * rowb,               \
                                                 res ? rc + (row) * rowb : NULL, H))
     /* s1: the row's sum(x - shift), for RMSNorm sum(x^2) (shift 0); s2 (LN):
      * sum((x - shift)^2) */
@@ -918,12 +956,12 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
         float dm = rms ? 0 : (float)(s1 / (double)H);
         double var = s1 / (double)H;   /* RMSNorm: the mean square */
         if (!rms) {
-            /* with one, the one-sweep variance where the shift lies near the
-             * mean: (mean - shift)^2 <= var / 2 bounds its cancellation to a
-             * third of the result; else the centred squares, a second sweep */
+            /* the one-sweep variance where the shift lies near the mean:
+             * (mean - shift)^2 <= var / 2 bounds its cancellation to a third
+             * of the result; else the centred squares, a second sweep */
             double d = s1 / (double)H;
             var = s2 / (double)H - d * d;
-            if (!one || !(d * d <= 0.5 * var))
+            if (!(d * d <= 0.5 * var))
                 var = SFX(row_sum)(kind, xs, rs, NULL, H, shift, dm, 1, NULL) / (double)H;
         }
         double rd = 1.0 / sqrt(var + eps);
@@ -964,25 +1002,20 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
 
 /* long_rows_k for kind FASTLN_F16, FASTLN_BF16 or KIND_F32 (the kind of this
  * CPU's stores for bfloat16); with res (not with rms) add + LayerNorm into y
- * and s. LayerNorm rows longer than SHORT_H take the one-sweep variance;
- * shorter ones (add + LayerNorm's) keep the two sweeps of add_ln_rows,
- * whose results they then match bitwise. */
+ * and s. */
 static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, float *rstd,
                            const void *x, const void *res, const float *w, const float *b,
                            int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
 {
-#define K_(K, RMS, ONE, SF, S, RES) \
-    SFX(long_rows_k)(K, RMS, ONE, SF, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt)
+#define K_(K, RMS, SF, S, RES) \
+    SFX(long_rows_k)(K, RMS, SF, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt)
 #define CASE(K)                                                   \
     case K:                                                       \
-        if (rms) K_(K, 1, 0, 0, NULL, NULL);                      \
-        else if (res && one && K == KIND_F32 && !nt) K_(K, 0, 1, 1, s, res); \
-        else if (res && one) K_(K, 0, 1, 0, s, res);              \
-        else if (res && K == KIND_F32 && !nt) K_(K, 0, 0, 1, s, res); \
-        else if (res) K_(K, 0, 0, 0, s, res);                     \
-        else K_(K, 0, 1, 0, NULL, NULL);   /* rows past FWD16_H */ \
+        if (rms) K_(K, 1, 0, NULL, NULL);                         \
+        else if (res && K == KIND_F32 && !nt) K_(K, 0, 1, s, res); \
+        else if (res) K_(K, 0, 0, s, res);                        \
+        else K_(K, 0, 0, NULL, NULL);                             \
         break;
-    const int one = H > SHORT_H;
     switch (SFX(store_kind)(kind)) {
         CASE(KIND_F32) CASE(FASTLN_F16) CASE(KIND_BF16_INSN) CASE(FASTLN_BF16)
     }

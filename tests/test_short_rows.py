@@ -1,6 +1,6 @@
 """Short rows: the AVX-512 float32 kernels normalize sixteen rows at once
-(src_c/short_rows.h; the LayerNorm and RMSNorm forward up to H = 256, add +
-LayerNorm and the backwards up to 128). Checked on every ISA path against the float64
+(src_c/short_rows.h; the forwards, add + LayerNorm included, up to H = 256,
+the backwards up to 128). Checked on every ISA path against the float64
 reference, at group tails and odd H; and since a group short of sixteen rows
 repeats its last row, each row's result must not depend on its neighbours:
 a row computed inside a batch equals the same row computed alone, bitwise,
@@ -145,16 +145,17 @@ def test_streamed_short_rows_equal_unstreamed(restore_threads):
 
 @pytest.mark.parametrize("H", [200, 256])
 def test_mid_rows_equal_at_any_size(restore_threads, H):
-    """Rows of 129-256 go sixteen at a time in the LayerNorm and RMSNorm
-    forward: streamed past 32 MiB, y prefetched for writing where a thread's
-    rows pass 4 MiB (not streamed), neither in small calls. All give the same
-    values, on 1 and 2 threads."""
+    """Rows of 129-256 go sixteen at a time in the forwards: streamed past 32
+    MiB, y prefetched for writing where a thread's rows pass 4 MiB (not
+    streamed), neither in small calls. All give the same values, on 1 and 2
+    threads."""
     N = (36 << 20) // (4 * H) + 5     # 36 MiB of float32
-    x, _, w, b = _data(N, H, seed=5)
+    x, res, w, b = _data(N, H, seed=5)
     for nt in (1, 2):
         fastln.set_num_threads(nt)
         y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
         yr, rr = fastln.rms_norm(x, w, return_stats=True)
+        add = fastln.add_layer_norm(x, res, w, b, return_stats=True)
         for rows in ((12 << 20) // (4 * H), 1000):   # 12 MiB and 1000 rows: not streamed
             for a in (0, N - rows):
                 z = a + rows
@@ -165,5 +166,8 @@ def test_mid_rows_equal_at_any_size(restore_threads, H):
                 ga, ra = fastln.rms_norm(x[a:z], w, return_stats=True)
                 np.testing.assert_array_equal(yr[a:z], ga)
                 np.testing.assert_array_equal(rr[a:z], ra)
+                for g, e in zip(fastln.add_layer_norm(x[a:z], res[a:z], w, b,
+                                                      return_stats=True), add):
+                    np.testing.assert_array_equal(e[a:z], g)
     _close(y[:64], ref.layer_norm(x[:64], w, b))
     _close(yr[-64:], ref.rms_norm(x[-64:], w))
