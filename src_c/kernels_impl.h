@@ -550,7 +550,7 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
 /* add + LayerNorm rows [r0, r1): on AVX-512 in float, rows of up to
  * FWD16_H sixteen at a time (fwd_rows16; (262144, 64) 8.7 -> 5.3 ms on 2
  * threads, (262144, 16) 4.5 -> 1.2 ms; rows of 129-256 against long_rows:
- * (65536, 256) 6.7-7.1 -> 4.3-6.4 ms, (16384, 256) 1.56-1.66 -> 0.80-1.20
+ * (65536, 256) 6.7-7.1 -> 4.3-6.4 ms, (16384, 256) 1.56-1.66 -> 0.80-1.26
  * ms, (4096, 160) 117-130 -> 87-114 us, 1 thread (65536, 256) 19.7 -> 11.9
  * ms, but (16384, 200) 526-724 -> 575-907 us), longer ones with long_rows;
  * else add_ln_rows. */
