@@ -824,9 +824,7 @@ typedef struct {
 
 static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float *buf)
 {
-    const int64_t H = a->H, m = SFX(lp_block)(H);
-    float *xb = buf, *rb = buf + m * H;
-    uint16_t *stage = (uint16_t *)(rb + m * H);
+    const int64_t H = a->H;
 #if HAVE_SHORT16   /* converted in registers, sixteen rows at a time or long rows */
     const uint16_t *res = a->op == FASTLN_OP_ADD ? a->res : NULL;
     if (H <= FWD16_H)   /* buf: at least 17H floats */
@@ -837,6 +835,9 @@ static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float
                        a->w, a->b, r0, r1, H, a->eps, buf, a->stream);
     return;
 #endif
+    const int64_t m = SFX(lp_block)(H);
+    float *xb = buf, *rb = buf + m * H;
+    uint16_t *stage = (uint16_t *)(rb + m * H);
     for (int64_t r = r0; r < r1; r += m) {
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
         float *mean = a->mean ? a->mean + r : NULL, *rstd = a->rstd ? a->rstd + r : NULL;

@@ -27,7 +27,7 @@
  * 129-256 against four rows at a time in ln_rows: (4096, 160) 81 -> 57 us,
  * (16384, 200) 512 -> 290 us, streamed (65536, 256) 2.2-4.4 -> 1.8 ms;
  * RMSNorm against rms_rows or long_rows, (16384, 200) 324 -> 238 us,
- * streamed (131072, 160) 4.3 -> 3.5 ms, but (16384, 256) 7-30% slower;
+ * streamed (131072, 160) 4.3 -> 3.5 ms, but (16384, 256) 3-30% slower;
  * add + LayerNorm: add_ln_range). The backward measured slower that way
  * past SHORT16_H. */
 #define FWD16_H 256
@@ -350,8 +350,8 @@ static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, in
  * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
  * only), add + LayerNorm: a group's s = x + res is stored first, then its
  * LayerNorm is that of s (the bits of this LayerNorm on x + res). With
- * stream, a group's rows are written to staging blocks and
- * streamed out together. */
+ * stream, a group's rows are written to staging blocks and streamed out
+ * together. */
 static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
                             const float *x, const float *res, const float *w, const float *b,
                             int64_t r0, int64_t r1, int64_t H, double eps, int stream)
@@ -673,7 +673,6 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 }
 
 /* ---- long rows in registers, any storage -------------------------------
- * LayerNorm and RMSNorm forward of rows longer than FWD16_H, and add +
  * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than
  * FWD16_H, stored as float (KIND_F32) or 16-bit (FASTLN_F16, FASTLN_BF16,
  * KIND_BF16_INSN), widened and narrowed in registers. One sweep a row: y,
