@@ -97,7 +97,8 @@ def test_layer_norm_backward_streamed_mid_rows_matches_torch(torch, rng):
     assert_close(db, bt.grad.numpy(), F32, err_msg="dbias")
 
 
-@pytest.mark.parametrize("N,H", [(16, 768), (37, 16), (37, 100), (37, 128)], ids=repr)
+@pytest.mark.parametrize("N,H", [(16, 768), (37, 16), (37, 100), (37, 128), (37, 200)],
+                         ids=repr)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_add_layer_norm_matches_torch(torch, dtype, N, H, rng):
     """Long rows, and short ones (sixteen at a time on AVX-512, a partial group last)."""
