@@ -694,6 +694,15 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 #define KIND_F32 0
 #define PF_LONG_BWD 4096   /* long_bwd's prefetch distance, bytes (1, 8 KiB: slower) */
 #define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes (RMSNorm: 1-8 KiB no better) */
+/* Streamed forward rows of up to this many bytes (backward: shorter, see
+ * long_bwd) are written to an L1 staging row and streamed out after it: the
+ * y sweep's own non-temporal stores measured slower there (2 threads,
+ * (32768, 512) 3.5 -> 2.2 ms, (43690, 384) 3.9 -> 2.3 ms, (16384, 1024) 2.5
+ * -> 2.2 ms, (16384, 768) 2.0 -> 1.6 ms; bfloat16 (16384, 1024) 1.30 ->
+ * 1.05 ms; 1 thread 1.2-2x), and faster for longer rows ((8192, 2048) 2.9 ms
+ * staged, 2.5 direct). add + LayerNorm streams both s and y from the sweep
+ * (staged y: (16384, 1024) 5.0 -> 5.7 ms). */
+#define STAGE_ROW_BYTES 4096
 
 static inline __attribute__((always_inline)) __m512 SFX(ld_k)(
     int kind, const void *p, int64_t i, __mmask16 m)
@@ -912,13 +921,16 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
  * (1024, 768) 85 -> 68 us, (4096, 768) 440 -> 400 us); not with nt, where
  * the y sweep streams s out, nor for 16-bit s, whose rounded values are not
  * the float sums. buf: 2H floats of scratch for 16-bit rows that take the
- * fallbacks; nt: non-temporal stores (the caller fences). */
+ * fallbacks; nt: non-temporal stores (the caller fences), straight from the
+ * y sweep, or with stg (STAGE_ROW_BYTES, 64-byte aligned; not with res) a
+ * row's y stored there and then streamed out. */
 static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     int kind, int rms, int sf, void *y, void *s, float *mean, float *rstd,
     const void *x, const void *res, const float *w, const float *b, int64_t r0, int64_t r1,
-    int64_t H, double eps, float *buf, int nt)
+    int64_t H, double eps, float *buf, int nt, char *stg)
 {
     const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);   /* bytes a row */
+    const int ntd = nt && !stg;   /* non-temporal stores in the sweeps */
     const char *xc = (const char *)x, *rc = (const char *)res;
     const int sq = rms ? 1 : SQ_BOTH;   /* the sums a y sweep takes of the next row */
     /* The y sweep prefetches PF_AHEAD bytes ahead of the next row's sums
@@ -944,7 +956,8 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     for (int64_t n = r0; n < r1; n++) {
         const void *xr = xc + n * rowb, *xn = n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
         const void *rr_ = res ? rc + n * rowb : NULL, *rn = res && xn ? rc + (n + 1) * rowb : NULL;
-        void *yr = (char *)y + n * rowb, *sr = res ? (char *)s + n * rowb : NULL;
+        void *yr = stg ? (void *)stg : (char *)y + n * rowb;
+        void *sr = res ? (char *)s + n * rowb : NULL;
         float *sn = sf && xn ? (float *)sr + H : NULL;   /* the next row's s */
         /* where the sweeps below read this row: s once it holds x + res */
         const void *xs = sf ? sr : xr, *rs = sf ? NULL : rr_;
@@ -984,7 +997,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
 #define NORM(WB) SFX(norm_row)(kind, WB, yr, sf ? NULL : sr, xs, rs, w, b, H, shift, dm, r, \
-                               nt, xn, rn, sn, shn, sq, &s2, pf, pfr)
+                               ntd, xn, rn, sn, shn, sq, &s2, pf, pfr)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
             case 3: s1 = NORM(3); break;
             case 2: s1 = NORM(2); break;
@@ -993,6 +1006,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
             }
 #undef NORM
         }
+        if (stg) stream_copy((char *)y + n * rowb, yr, (size_t)rowb);
         shift = shn;
     }
 #undef SHIFT
@@ -1006,8 +1020,10 @@ static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, flo
                            const void *x, const void *res, const float *w, const float *b,
                            int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
 {
+    char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
+    char *stg = nt && !res && H * (kind == KIND_F32 ? 4 : 2) <= STAGE_ROW_BYTES ? stg_ : NULL;
 #define K_(K, RMS, SF, S, RES) \
-    SFX(long_rows_k)(K, RMS, SF, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt)
+    SFX(long_rows_k)(K, RMS, SF, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt, stg)
 #define CASE(K)                                                   \
     case K:                                                       \
         if (rms) K_(K, 1, 0, NULL, NULL);                         \
@@ -1147,12 +1163,13 @@ static inline __attribute__((always_inline)) void SFX(bwd_vscalars)(
 
 /* Backward rows [r0, r1): LayerNorm when pb != NULL, else RMSNorm (as
  * bwd_rows). buf: 2H floats of scratch for 16-bit rows; nt: non-temporal dx
- * (fenced here); pf (a constant): prefetch x and dy PF_LONG_BWD bytes ahead
- * of the sums, short of r1. */
+ * (fenced here), from the sweep, or with stg (as long_rows_k's) staged;
+ * pf (a constant): prefetch x and dy PF_LONG_BWD bytes ahead of the sums,
+ * short of r1. */
 static inline __attribute__((always_inline)) void SFX(long_bwd_k)(
     int kind, int LN, int HW, int pf, void *dx, float *pw, float *pb, const void *dy,
     const void *x, const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1,
-    int64_t H, float *buf, int nt)
+    int64_t H, float *buf, int nt, char *stg)
 {
     const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);
     const char *xc = (const char *)x, *gc = (const char *)dy;
@@ -1165,8 +1182,10 @@ static inline __attribute__((always_inline)) void SFX(long_bwd_k)(
     SFX(bwd_vscalars)(kind, LN, s, S, xc + r0 * rowb, gc + r0 * rowb, w, mean, rstd, r0, H, buf);
     for (int64_t n = r0; n < r1; n++) {
         const char *xb = n + 1 < r1 ? xc + (n + 1) * rowb : NULL, *gb = gc + (n + 1) * rowb;
-        SFX(bwd_pass)(kind, LN, HW, (char *)dx + n * rowb, pw, pb, xc + n * rowb, gc + n * rowb,
-                      s, xb, gb, xb && LN ? mean[n + 1] : 0, w, H, nt, S, pf, xend, gend);
+        char *dxr = stg ? stg : (char *)dx + n * rowb;
+        SFX(bwd_pass)(kind, LN, HW, dxr, pw, pb, xc + n * rowb, gc + n * rowb, s, xb, gb,
+                      xb && LN ? mean[n + 1] : 0, w, H, nt && !stg, S, pf, xend, gend);
+        if (stg) stream_copy((char *)dx + n * rowb, stg, (size_t)rowb);   /* row n read */
         if (xb) SFX(bwd_vscalars)(kind, LN, s, S, xb, gb, w, mean, rstd, n + 1, H, buf);
     }
     if (nt) stream_fence();
@@ -1183,12 +1202,19 @@ static void SFX(long_bwd)(int kind, void *dx, float *pw, float *pb, const void *
      * 6.1 -> 5.7 ms, 1 thread 4-12%; rows in cache, (1024, 1024), 6-9%
      * slower with it. */
     const int pf = nt || H * (kind == KIND_F32 ? 4 : 2) > 4096;
-#define CASE(K, LN, HW)                                                                     \
-    case K * 4 + LN * 2 + HW:                                                               \
-        if (pf)                                                                             \
-            SFX(long_bwd_k)(K, LN, HW, 1, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt); \
-        else                                                                                \
-            SFX(long_bwd_k)(K, LN, HW, 0, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt); \
+    /* stg: streamed rows shorter than STAGE_ROW_BYTES stage dx (2 threads,
+     * (43690, 384) 4.7 -> 3.3 ms, (32768, 512) 3.8 -> 2.6 ms, (21845, 768)
+     * 3.8 -> 3.4 ms; bfloat16 (65536, 256) 5.8 -> 2.4 ms, (16384, 1024) 2.8 ->
+     * 2.2 ms; 1 thread 1.3-1.8x); float rows of 4 KiB measured 4-9% slower
+     * that way, at any offset of the staging row. */
+    char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
+    char *stg = nt && H * (kind == KIND_F32 ? 4 : 2) < STAGE_ROW_BYTES ? stg_ : NULL;
+#define K_(K, LN, HW, PF) \
+    SFX(long_bwd_k)(K, LN, HW, PF, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt, stg)
+#define CASE(K, LN, HW)                   \
+    case K * 4 + LN * 2 + HW:             \
+        if (pf) K_(K, LN, HW, 1);         \
+        else K_(K, LN, HW, 0);            \
         break;
 #define CASES(K) CASE(K, 0, 0) CASE(K, 0, 1) CASE(K, 1, 0) CASE(K, 1, 1)
     switch (SFX(store_kind)(kind) * 4 + (pb != NULL) * 2 + (w != NULL)) {
@@ -1196,5 +1222,6 @@ static void SFX(long_bwd)(int kind, void *dx, float *pw, float *pb, const void *
     }
 #undef CASES
 #undef CASE
+#undef K_
 }
 #undef TAILMASK

@@ -171,6 +171,47 @@ def test_backward_streaming_mid_rows(isa, H):
         np.testing.assert_allclose(g, e, atol=2e-5 * max(1.0, np.abs(e).max()))
 
 
+
+@pytest.mark.parametrize("H", [257, 777, 1024])
+def test_streamed_long_rows_staged(isa, H):
+    """Streamed float32 rows of 257-1024 elements go through an L1 staging row
+    on AVX-512 (the forwards; the backward below 1024): the same bits as calls
+    too small to stream, on 1 and 2 threads, in place too."""
+    rng = np.random.default_rng(H)
+    N = (17 << 20) // (4 * H) + 3            # outputs of 17 MiB: streamed
+    x = rng.standard_normal((N, H)).astype(np.float32) * 3 + 1
+    dy = rng.standard_normal((N, H)).astype(np.float32)
+    w = (1 + 0.3 * rng.standard_normal(H)).astype(np.float32)
+    b = rng.standard_normal(H).astype(np.float32)
+    small = (4 << 20) // (4 * H)             # dx of 4 MiB: not streamed, not hot
+    for threads in (1, 2):
+        with fastln.threads(threads):
+            y, m, r = fastln.layer_norm(x, w, b, return_stats=True)
+            ry, rr = fastln.rms_norm(x, w, return_stats=True)
+            dx = fastln.layer_norm_backward(dy, x, m, r, w)[0]
+            rdx = fastln.rms_norm_backward(dy, x, rr, w)[0]
+            for a in (0, N - small):
+                z = a + small
+                ya, ma, ra = fastln.layer_norm(x[a:z], w, b, return_stats=True)
+                assert ya.tobytes() == y[a:z].tobytes()
+                assert ra.tobytes() == r[a:z].tobytes()
+                rya, rra = fastln.rms_norm(x[a:z], w, return_stats=True)
+                assert rya.tobytes() == ry[a:z].tobytes()
+                da = fastln.layer_norm_backward(dy[a:z], x[a:z], ma, ra, w)[0]
+                assert da.tobytes() == dx[a:z].tobytes()
+                da = fastln.rms_norm_backward(dy[a:z], x[a:z], rra, w)[0]
+                assert da.tobytes() == rdx[a:z].tobytes()
+    np.testing.assert_allclose(y[-50:], ref.layer_norm(x[-50:], w, b), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(ry[:50], ref.rms_norm(x[:50], w), atol=2e-5, rtol=1e-5)
+    want = ref.layer_norm_backward(dy[:50], x[:50], m[:50], r[:50], w)[0]
+    np.testing.assert_allclose(dx[:50], want, atol=2e-5 * max(1.0, np.abs(want).max()))
+    xi = x.copy()
+    assert fastln.layer_norm(xi, w, b, out=xi) is xi
+    assert xi.tobytes() == y.tobytes()
+    dyi = dy.copy()
+    assert fastln.layer_norm_backward(dyi, x, m, r, w, out=dyi)[0] is dyi
+    assert dyi.tobytes() == dx.tobytes()
+
 def _child_layer_norm(x, q):
     q.put((fastln.get_num_threads(), fastln.layer_norm(x).tobytes()))
 
