@@ -176,7 +176,7 @@ int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES));
+                            stream_for(N, H, sizeof(float), kt()->stream_bytes));
 }
 
 int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
@@ -234,7 +234,7 @@ int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weig
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_f32(y, rstd, x, weight, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES));
+                            stream_for(N, H, sizeof(float), kt()->stream_bytes));
 }
 
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
@@ -273,7 +273,7 @@ int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd, cons
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
     return kt()->half_fwd(FASTLN_OP_LN, kind, y, NULL, mean, rstd, x, NULL, weight, bias, N, H,
-                          eps, threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES));
+                          eps, threads_for(N, H), stream_for(N, H, 2, kt()->stream_bytes));
 }
 
 int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
@@ -282,7 +282,7 @@ int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
     return kt()->half_fwd(FASTLN_OP_RMS, kind, y, NULL, NULL, rstd, x, NULL, weight, NULL, N,
-                          H, eps, threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES));
+                          H, eps, threads_for(N, H), stream_for(N, H, 2, kt()->stream_bytes));
 }
 
 int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,

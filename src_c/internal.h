@@ -19,14 +19,27 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #endif
 
 /* Outputs of at least this many bytes are written with non-temporal stores:
- * with the inputs they exceed the last-level cache and would only evict it.
- * Backward reads two arrays for each it writes, so it streams sooner
- * (measured, 2 threads: (4096, 768) float32 backward 2.4 -> 1.75 ms; forward
- * (2048, 4096), 32 MiB out: 3.0 -> 1.5 ms; but add + LayerNorm (4096, 768),
- * 24 MiB out, 8% slower streamed). Rows of at most FASTLN_STREAM_ROW_BYTES
- * qualify (they are staged in L1 where the kernel stages them). */
+ * with the inputs they exceed the last-level cache (32 MiB here, shared
+ * with other guests) and would only evict it (2 threads: (2048, 4096), 32
+ * MiB out, 3.0 -> 1.5 ms). add + LayerNorm: s and y together (16 MiB of
+ * them, 2 threads: (4096, 512) 0.35 -> 0.52 ms streamed, (8192, 256) 0.46 ->
+ * 0.53 ms). Backward reads two arrays for each it writes, so it streams
+ * sooner ((4096, 768) 2.4 -> 1.75 ms). The AVX-512 LayerNorm and RMSNorm
+ * forwards of float32 and 16-bit rows, which stage their rows in L1 (or
+ * stream long ones from registers), stream from FASTLN_STREAM_BYTES_AVX512,
+ * where in and out fill the cache (2 threads, float32, 16 MiB out:
+ * (262144, 16) 1.14 -> 0.66 ms, (65536, 64) 0.61 -> 0.37 ms, (4096, 1024)
+ * 0.49 -> 0.43 ms, RMSNorm (262144, 16) 0.85 -> 0.44 ms, but (16384, 256)
+ * 0.42-0.49 -> 0.49-0.51 ms; the same kernels of AVX2 and generic C, and
+ * float64's, measured slower streamed there: AVX2 (262144, 16) 4.4 -> 6.5
+ * ms, float64 (65536, 32) 0.67 -> 2.1 ms). Rows of at most
+ * FASTLN_STREAM_ROW_BYTES qualify (they are staged in L1 where the kernel
+ * stages them). */
 #ifndef FASTLN_STREAM_BYTES
 #define FASTLN_STREAM_BYTES (32.0 * 1024 * 1024)
+#endif
+#ifndef FASTLN_STREAM_BYTES_AVX512
+#define FASTLN_STREAM_BYTES_AVX512 (16.0 * 1024 * 1024)
 #endif
 #ifndef FASTLN_STREAM_BYTES_BWD
 #define FASTLN_STREAM_BYTES_BWD (8.0 * 1024 * 1024)
@@ -92,6 +105,9 @@ typedef struct {
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f64)(const fastln_rnn_args *, int);
+    /* the streaming threshold (bytes out) of this path's float32 and 16-bit
+     * LayerNorm and RMSNorm forwards */
+    double stream_bytes;
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;

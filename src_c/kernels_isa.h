@@ -290,4 +290,9 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(half_fwd, _f32_, ISA),            CAT3(half_bwd, _f32_, ISA),
     CAT3(rnn_forward, _f32_, ISA),         CAT3(rnn_forward, _f64_, ISA),
     CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),
+#if VEC_BYTES == 64
+    FASTLN_STREAM_BYTES_AVX512,
+#else
+    FASTLN_STREAM_BYTES,
+#endif
 };

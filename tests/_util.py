@@ -147,8 +147,9 @@ def relayout(x, kind):
 
 
 # ---- inputs big enough for the non-temporal ("streaming") store path -------
-# Outputs of >= 32 MiB are written with streaming stores; these shapes are
-# above that (odd H, so rows start unaligned).
+# Outputs of >= 32 MiB (16 MiB in the AVX-512 float32 LayerNorm and RMSNorm
+# forwards; add + LayerNorm: s and y together) are written with streaming
+# stores; these shapes are above that (odd H, so rows start unaligned).
 STREAM_SHAPES = {np.dtype(F32): (12300, 1031), np.dtype(F64): (6200, 1031)}
 
 _BIG = {}

@@ -111,7 +111,7 @@ def test_each_row_as_if_alone(isa, H):
 
 
 def test_streamed_short_rows_equal_unstreamed(restore_threads):
-    """Past the streaming threshold (32 MiB forward, 8 MiB backward) the rows go
+    """Past the streaming threshold (16 MiB forward on AVX-512, 8 MiB backward) the rows go
     through staging blocks and non-temporal stores: the same values as
     unstreamed calls."""
     N, H = (1 << 19) + 5, 32          # 64 MiB of float32
@@ -145,7 +145,7 @@ def test_streamed_short_rows_equal_unstreamed(restore_threads):
 
 @pytest.mark.parametrize("H", [200, 256])
 def test_mid_rows_equal_at_any_size(restore_threads, H):
-    """Rows of 129-256 go sixteen at a time in the forwards: streamed past 32
+    """Rows of 129-256 go sixteen at a time in the forwards: streamed past 16
     MiB, y prefetched for writing where a thread's rows pass 4 MiB (not
     streamed), neither in small calls. All give the same values, on 1 and 2
     threads."""
