@@ -243,7 +243,7 @@ _BIG_REF = {}
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_streaming_sized(isa, dtype):
-    """y and s larger than the streaming-store threshold (32 MiB of s and y), incl. out=(x, residual)."""
+    """y and s past the streaming-store threshold (32 MiB of both), incl. out=(x, residual)."""
     x, r, w, b = big_inputs(dtype)
     if dtype not in _BIG_REF:
         _BIG_REF[dtype] = ref.add_layer_norm(x, r, w, b, return_stats=True)

@@ -171,7 +171,6 @@ def test_backward_streaming_mid_rows(isa, H):
         np.testing.assert_allclose(g, e, atol=2e-5 * max(1.0, np.abs(e).max()))
 
 
-
 @pytest.mark.parametrize("H", [257, 777, 1024])
 def test_streamed_long_rows_staged(isa, H):
     """Streamed float32 rows of 257-1024 elements go through an L1 staging row
@@ -211,6 +210,7 @@ def test_streamed_long_rows_staged(isa, H):
     dyi = dy.copy()
     assert fastln.layer_norm_backward(dyi, x, m, r, w, out=dyi)[0] is dyi
     assert dyi.tobytes() == dx.tobytes()
+
 
 def _child_layer_norm(x, q):
     q.put((fastln.get_num_threads(), fastln.layer_norm(x).tobytes()))

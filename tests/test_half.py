@@ -99,8 +99,8 @@ def test_any_thread_count(restore_threads, dt):
 @pytest.mark.parametrize("H", [200, 768, 1037])
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_streamed_outputs(dt, H):
-    """Outputs past the streaming thresholds (16 MiB forward on AVX-512, else 32, 8 MiB backward);
-    with H = 1037 the rows start at every alignment of the 64-byte stores,
+    """Outputs past the streaming thresholds (forward 16 MiB on AVX-512, else 32;
+    backward 8 MiB); with H = 1037 the rows start at every alignment of the 64-byte stores,
     and H = 200 takes the sixteen-row forwards on AVX-512."""
     N = (1 << 25) // H + 3             # over 32 MiB of 16-bit values (add: s and y)
     x, dy, res, w, b = _inputs(dt, N, H, seed=3)
