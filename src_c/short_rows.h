@@ -208,8 +208,8 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
  * NV vectors (a constant after inlining: the loops unroll, w and b stay in
  * registers). Rows of float, or with KIND (a constant too) of 16-bit values
  * converted in registers; y rows likewise of float or, with YK (a constant),
- * 16-bit (nt: non-temporal stores where aligned). pf: NULL,
- * or rows of float to prefetch, one with each row of the first sweep (rows
+ * 16-bit (nt: non-temporal stores where aligned). pf: NULL, or rows (of
+ * x's storage) to prefetch, one with each row of the first sweep (rows
  * of more than 8 vectors: of the second; 2 threads, (65536, 256) streamed
  * 2.9 -> 2.7 ms, (16384, 256) 548 -> 504 us). pfw: the y rows are
  * prefetched for writing, one with each row of the second sweep (float;
@@ -695,8 +695,9 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * reads x + res (the same float sum each time) and the y sweep stores it as
  * s, or (sf) the first sweep stores s and the others read it. With nt, y
  * (and s) go out by non-temporal stores from a 64-byte boundary (the row's
- * first vectors masked up to it), and the y sweep prefetches the rows ahead
- * into L2. The sums follow sum_shifted/sumsq_centered's lanes (four vectors,
+ * first vectors masked up to it), or for rows of up to STAGE_ROW_BYTES
+ * through an L1 staging row, and the y sweep prefetches the rows ahead into
+ * L2. The sums follow sum_shifted/sumsq_centered's lanes (four vectors,
  * chunks of 1024 added in double), so a row's results do not depend on
  * where its range starts, and 16-bit rows get those of the float kernels on
  * the widened row, rounded once. Rows whose statistics need the fallbacks go
@@ -1211,14 +1212,15 @@ static void SFX(long_bwd)(int kind, void *dx, float *pw, float *pb, const void *
      * (16384, 1024) 3.7 -> 3.4 ms, (16384, 768) 2.7 -> 2.5 ms, (65536, 256)
      * 6.1 -> 5.7 ms, 1 thread 4-12%; rows in cache, (1024, 1024), 6-9%
      * slower with it. */
-    const int pf = nt || H * (kind == KIND_F32 ? 4 : 2) > 4096;
+    const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);
+    const int pf = nt || rowb > 4096;
     /* stg: streamed rows shorter than STAGE_ROW_BYTES stage dx (2 threads,
      * (43690, 384) 4.7 -> 3.3 ms, (32768, 512) 3.8 -> 2.6 ms, (21845, 768)
      * 3.8 -> 3.4 ms; bfloat16 (65536, 256) 5.8 -> 2.4 ms, (16384, 1024) 2.8 ->
      * 2.2 ms; 1 thread 1.3-1.8x); float rows of 4 KiB measured 4-9% slower
      * that way, at any offset of the staging row. */
     char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
-    char *stg = nt && H * (kind == KIND_F32 ? 4 : 2) < STAGE_ROW_BYTES ? stg_ : NULL;
+    char *stg = nt && rowb < STAGE_ROW_BYTES ? stg_ : NULL;
 #define K_(K, LN, HW, PF) \
     SFX(long_bwd_k)(K, LN, HW, PF, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt, stg)
 #define CASE(K, LN, HW)                   \
