@@ -39,6 +39,23 @@
 
 /* ---- one-row helpers --------------------------------------------------- */
 
+/* Zeroes NACC accumulators. On AVX2 in float (128 bytes), GCC turns the
+ * plain loop into a memset that it expands as rep stos, with a start-up cost
+ * near that of a short row's sums: two vector stores a register instead
+ * (2 threads, rows of 1 MiB: H = 16 forward 269 -> 120 us, H = 32 147 -> 69). */
+static inline void SFX(acc_zero)(T *acc)
+{
+#if defined(FASTLN_X86) && VEC_BYTES == 32
+    __m256i z = _mm256_setzero_si256(), *a = (__m256i *)acc;
+    _mm256_storeu_si256(a, z);
+    _mm256_storeu_si256(a + 1, z);
+    _mm256_storeu_si256(a + 2, z);
+    _mm256_storeu_si256(a + 3, z);
+#else
+    for (int k = 0; k < NACC; k++) acc[k] = 0;
+#endif
+}
+
 /* acc[0] + ... + acc[NACC-1] as a vector reduction, not a serial chain */
 static inline T SFX(hsum)(const T *acc)
 {
@@ -60,7 +77,7 @@ static inline double SFX(sum_shifted)(const T *x, int64_t H, T shift)
         int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK, i = 0;
         const T *xc = x + c0;
         T acc[NACC];
-        for (int k = 0; k < NACC; k++) acc[k] = 0;
+        SFX(acc_zero)(acc);
         for (; i + NACC <= n; i += NACC)
             for (int k = 0; k < NACC; k++) acc[k] += xc[i + k] - shift;
         for (int k = 0; k < n - i; k++) acc[k] += xc[i + k] - shift;
@@ -77,7 +94,7 @@ static inline double SFX(sumsq_centered)(const T *x, int64_t H, T shift, T dm)
         int64_t n = H - c0 < CHUNK ? H - c0 : CHUNK, i = 0;
         const T *xc = x + c0;
         T acc[NACC];
-        for (int k = 0; k < NACC; k++) acc[k] = 0;
+        SFX(acc_zero)(acc);
         for (; i + NACC <= n; i += NACC)
             for (int k = 0; k < NACC; k++) {
                 T d = (xc[i + k] - shift) - dm;
@@ -220,7 +237,7 @@ static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *
         for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
             int64_t m = H - c0 < CHUNK ? H - c0 : CHUNK, i = c0;
             T acc[NACC];
-            for (int k = 0; k < NACC; k++) acc[k] = 0;
+            SFX(acc_zero)(acc);
             for (; i + NACC <= c0 + m; i += NACC)
                 for (int k = 0; k < NACC; k++) {
                     T v = xr[i + k] + rr[i + k];
@@ -330,7 +347,9 @@ static inline SFX(bwd_scalars) SFX(ln_bwd_scalars)(const T *xr, const T *gr, con
     for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
         int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
         T ad[NACC], ag[NACC], agd[NACC];
-        for (int k = 0; k < NACC; k++) ad[k] = ag[k] = agd[k] = 0;
+        SFX(acc_zero)(ad);
+        SFX(acc_zero)(ag);
+        SFX(acc_zero)(agd);
         for (; i + NACC <= e; i += NACC)
             for (int k = 0; k < NACC; k++) {
                 T d = xr[i + k] - m, g = w ? gr[i + k] * w[i + k] : gr[i + k];
@@ -359,7 +378,7 @@ static inline SFX(bwd_scalars) SFX(rms_bwd_scalars)(const T *xr, const T *gr, co
     for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
         int64_t e = c0 + (H - c0 < CHUNK ? H - c0 : CHUNK), i = c0;
         T a[NACC];
-        for (int k = 0; k < NACC; k++) a[k] = 0;
+        SFX(acc_zero)(a);
         for (; i + NACC <= e; i += NACC)
             for (int k = 0; k < NACC; k++)
                 a[k] = FMA(w ? gr[i + k] * w[i + k] : gr[i + k], xr[i + k], a[k]);
