@@ -207,10 +207,10 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
 /* One group of 16 * NG rows (R of them real; NG 1 or 2) of the LayerNorm
  * forward, rows of NV vectors (NV and NG constants after inlining: the loops
  * unroll, w and b stay in registers). Each sixteen rows' sums reduce on their
- * own (reduce16), and rows are the same bits whatever NG. Rows of float, or with KIND (a constant too) of 16-bit values
- * converted in registers; y rows likewise of float or, with YK (a constant),
- * 16-bit (nt: non-temporal stores where aligned). pf: NULL, or rows (of
- * x's storage) to prefetch, one with each row of the first sweep (rows
+ * own (reduce16), and rows are the same bits whatever NG. Rows of float,
+ * or with KIND (a constant too) of 16-bit values converted in registers; y
+ * rows likewise of float or, with YK (a constant), 16-bit (nt: non-temporal
+ * stores where aligned). pf: NULL, or rows (of x's storage) to prefetch, one with each row of the first sweep (rows
  * of more than 8 vectors: of the second; 2 threads, (65536, 256) streamed
  * 2.9 -> 2.7 ms, (16384, 256) 548 -> 504 us). pfw: the y rows are
  * prefetched for writing, one with each row of the second sweep (float;
@@ -292,8 +292,8 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
     return ~ok & (uint32_t)((1ull << R) - 1);
 }
 
-/* RMSNorm forward of one group of 16 rows (R real), rows of NV vectors (a
- * constant), as rms_rows computes it: r = 1 / sqrt(mean(x^2) + eps) in
+/* RMSNorm forward of one group of 16 * NG rows (R real; NG 1 or 2), rows of
+ * NV vectors (NV and NG constants), as rms_rows computes it: r = 1 / sqrt(mean(x^2) + eps) in
  * double from the float mean square, y = x * r * w. Each row's squares add
  * in one vector, reduce16 adds the sixteen rows'; wv holds ones where there
  * is no weight (x * r * 1 is x * r); KIND and nt as ln_group16 (16-bit
@@ -302,14 +302,14 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
  * the mask of the rows whose mean square lies outside [1e-30, 1e30] (or is
  * not finite), which the caller redoes with rms_rows and its double
  * fallback. */
-static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
+static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
     void *const *yr, float *rstd, const void *const *xr, const __m512 *wv, int R, int NV,
-    int64_t H, __mmask16 tail, double eps, int KIND, int nt, const char *pf, int pfw)
+    int64_t H, __mmask16 tail, double eps, int KIND, int nt, const char *pf, int pfw, int NG)
 {
     const int YK = KIND;   /* y of the same storage as x */
-    float r[16] __attribute__((aligned(64)));
-    __m512 acc[16];
-    for (int k = 0; k < 16; k++) {
+    float r[32] __attribute__((aligned(64)));
+    __m512 acc[32];
+    for (int k = 0; k < 16 * NG; k++) {
         __m512 a = _mm512_setzero_ps();
         if (pf) SFX(pf_row)(pf, k, H * (KIND ? 2 : 4));
         if (pfw && k < R) SFX(pfw_row)(yr[k], H * 4);
@@ -319,11 +319,15 @@ static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
         }
         acc[k] = a;
     }
-    __mmask16 ok;
-    __m512 rv = SFX(rstd16)(SFX(div_h16)(SFX(reduce16)(acc), H), eps, &ok);
-    _mm512_store_ps(r, rv);
-    __mmask16 done = ok & (__mmask16)((1u << R) - 1);
-    if (rstd) _mm512_mask_storeu_ps(rstd, done, rv);
+    uint32_t ok = 0;   /* bit k: row k's mean square is in range */
+    for (int g = 0; g < NG; g++) {
+        __mmask16 okg;
+        __m512 rv = SFX(rstd16)(SFX(div_h16)(SFX(reduce16)(acc + 16 * g), H), eps, &okg);
+        _mm512_store_ps(r + 16 * g, rv);
+        const int Rg = R <= 16 * g ? 0 : R - 16 * g >= 16 ? 16 : R - 16 * g;
+        if (rstd) _mm512_mask_storeu_ps(rstd + 16 * g, okg & (__mmask16)((1u << Rg) - 1), rv);
+        ok |= (uint32_t)okg << (16 * g);
+    }
     for (int k = 0; k < R; k++) {
         if (!((ok >> k) & 1)) continue;
         __m512 rk = _mm512_set1_ps(r[k]);
@@ -331,7 +335,7 @@ static inline __attribute__((always_inline)) __mmask16 SFX(rms_group16)(
             ST(k, v, _mm512_mul_ps(_mm512_mul_ps(LD(k, v), rk), wv[v]));
         }
     }
-    return (__mmask16)(~ok & ((1u << R) - 1));
+    return ~ok & (uint32_t)((1ull << R) - 1);
 }
 #undef ST
 #undef LD
@@ -416,7 +420,7 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
         break;                                                                        \
     case 2 * NV + 1:                                                                  \
         redo = SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H, \
-                                tail, eps, 0, 0, PF(NV), NV > 8 && pfw);              \
+                                tail, eps, 0, 0, PF(NV), NV > 8 && pfw, 1);           \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
             CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
@@ -478,13 +482,17 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
     if (rms) mean = NULL;
     float *const yf = buf + 16 * H;   /* y of a row that takes the one-row code */
     const int pf_on = (double)(r1 - r0) * H * 2 > PF_RANGE_BYTES;
-    /* LayerNorm rows of up to 8 vectors go 32 at a time: the two groups'
-     * reductions and rstd, latency chains between the sweeps, overlap
-     * (bfloat16, 2 threads: (262144, 64) 1.59 -> 1.39 ms, (16384, 16) 40
-     * -> 31 us, (16384, 64) 89 -> 79 us; float16 (262144, 64) 1.47 -> 1.34
-     * ms. The float forwards measured no faster in cache that way, and 10%
-     * slower streamed.) */
-    const int NGR = !rms && !add && nv <= 8 ? 2 : 1, G = 16 * NGR;
+    /* Rows go 32 at a time (NG 2 groups of 16) where that measured faster:
+     * the two groups' reductions and rstd, latency chains between the
+     * sweeps, overlap. bfloat16, 2 threads: LayerNorm (262144, 64) 1.53 ->
+     * 1.35 ms, (1048576, 16) 2.92 -> 2.50 ms, (16384, 16) 40 -> 31 us,
+     * (16384, 128) 147 -> 134 us, but streamed (131072, 128) 1.44 -> 1.64
+     * ms; RMSNorm (524288, 32) 1.52 -> 1.43 ms, (16384, 64) 69 -> 56 us,
+     * but (1048576, 16) 2.1 -> 3.7 ms. The float forwards measured no
+     * faster in cache that way, and 10% slower streamed. */
+#define NG_LN(NV) ((NV) <= 6 ? 2 : 1)
+#define NG_RMS(NV) ((NV) >= 2 && (NV) <= 6 ? 2 : 1)
+    const int NGR = add ? 1 : rms ? NG_RMS(nv) : NG_LN(nv), G = 16 * NGR;
     for (int64_t n = r0; n < r1; n += G) {
         int R = r1 - n < G ? (int)(r1 - n) : G;
         const uint16_t *xr[32];
@@ -514,10 +522,10 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
         redo = add ? SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)sr, wv, \
                                      bv, R, NV, H, tail, eps, 0, K, stream, NULL, 0, 1)   \
              : rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
-                                      NV, H, tail, eps, K, stream, PF(NV), 0)             \
+                                      NV, H, tail, eps, K, stream, PF(NV), 0, NG_RMS(NV)) \
                    : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, \
                                      bv, R, NV, H, tail, eps, K, K, stream, PF(NV), 0,    \
-                                     NV <= 8 ? 2 : 1);                                    \
+                                     NG_LN(NV));                                          \
         break;
 #define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
         switch (nv * 4 + kind) {
@@ -527,6 +535,8 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
 #undef KINDS
 #undef CASE
 #undef PF
+#undef NG_RMS
+#undef NG_LN
         for (int k = 0; redo && k < R; k++) {
             if (!((redo >> k) & 1)) continue;
             float *xf = add ? buf + k * H : buf;
