@@ -510,16 +510,16 @@ static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, in
 }
 
 /* Backward rows [r0, r1) (buf != NULL: streaming stores; hot: the call's
- * data fits the cache). On AVX-512 in float, rows go through long_bwd where
- * the data comes from memory, except rows shorter than SHORT16_H and
- * streamed rows of up to SHORT16_H, which go sixteen at a time (bwd_rows16,
- * which prefetches: at (16384, 64) 2 threads 210 against 150 us, at
- * (16384, 112) 320 against 275 us, at (16384, 128) about even; and its staged
- * dx streams whole lines, where long_bwd's rows of a few lines each start and
- * end on a partial one; measured at (16384, 128): 1.42 against 1.76 ms).
- * Hot data goes sixteen rows at a time or, past SHORT16_H, through bwd_rows
- * (its groups of rows update the partials less often, which wins when no
- * load waits on memory), and so do LayerNorm's streamed rows of up to
+ * data fits the cache). On AVX-512 in float, rows of up to SHORT16_H go
+ * sixteen at a time (bwd_rows16, which prefetches; against long_bwd, 2
+ * threads: (16384, 64) 150 against 210 us, (16384, 112) 275 against 320
+ * us, (8192, 128) 124 against 196 us, 1 thread (4096, 128) 110 against 166
+ * us, (16384, 128) even; and its staged dx streams whole lines, where
+ * long_bwd's rows of a few lines each start and end on a partial one:
+ * streamed, measured at (16384, 128), 1.42 against 1.76 ms). Longer rows go
+ * through long_bwd where the data comes from memory, and hot ones through
+ * bwd_rows (its groups of rows update the partials less often, which wins
+ * when no load waits on memory), and so do LayerNorm's streamed rows of up to
  * SHORT_H (2 threads: (131072, 160) 8.1 -> 6.1 ms, (65536, 256) 5.4 -> 4.5
  * ms, (16384, 200) 0.88 -> 0.65 ms; 1 thread 1.3-1.6x; not streamed, (4096,
  * 200), 6% slower; RMSNorm's (65536, 256) 16% slower). Elsewhere bwd_rows. */
@@ -528,7 +528,7 @@ static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T
                            int hot)
 {
 #if HAVE_SHORT16
-    if (H <= SHORT16_H && (hot || H < SHORT16_H || buf)) {
+    if (H <= SHORT16_H) {
         SFX(bwd_rows16)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf != NULL);
         return;
     }
