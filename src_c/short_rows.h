@@ -29,7 +29,8 @@
  * RMSNorm against rms_rows or long_rows, (16384, 200) 324 -> 238 us,
  * streamed (131072, 160) 4.3 -> 3.5 ms, but (16384, 256) 3-30% slower;
  * add + LayerNorm: add_ln_range). The backward measured slower that way
- * past SHORT16_H. */
+ * past SHORT16_H. The 16-bit forwards take rows of up to 96 (RMSNorm:
+ * 17-96) thirty-two at a time (fwd_rows16_half_k). */
 #define FWD16_H 256
 #define NVF16 (FWD16_H / 16)
 
@@ -59,6 +60,13 @@ static inline __m512 SFX(reduce16)(const __m512 *s)
     _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(f(_mm512_cvtps_pd(   \
                            _mm512_castps512_ps256(a))))),                           \
                        _mm512_cvtpd_ps(f(_mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1)))), 1)
+
+/* The mask of the real rows among sixteen rows g of a group of R real rows */
+static inline __mmask16 SFX(real16)(int R, int g)
+{
+    const int n = R <= 16 * g ? 0 : R - 16 * g >= 16 ? 16 : R - 16 * g;
+    return (__mmask16)((1u << n) - 1);
+}
 
 /* The mask of the last vector of a row of H elements. */
 static inline __mmask16 SFX(tail16)(int64_t H)
@@ -210,9 +218,10 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
  * own (reduce16), and rows are the same bits whatever NG. Rows of float,
  * or with KIND (a constant too) of 16-bit values converted in registers; y
  * rows likewise of float or, with YK (a constant), 16-bit (nt: non-temporal
- * stores where aligned). pf: NULL, or rows (of x's storage) to prefetch, one with each row of the first sweep (rows
- * of more than 8 vectors: of the second; 2 threads, (65536, 256) streamed
- * 2.9 -> 2.7 ms, (16384, 256) 548 -> 504 us). pfw: the y rows are
+ * stores where aligned). pf: NULL, or rows (of x's storage) to prefetch, one
+ * with each row of the first sweep (rows of more than 8 vectors: of the
+ * second; 2 threads, (65536, 256) streamed 2.9 -> 2.7 ms, (16384, 256) 548
+ * -> 504 us). pfw: the y rows are
  * prefetched for writing, one with each row of the second sweep (float;
  * (16384, 256) 462 -> 419 us; in cache, (4096, 256), 68 -> 84 us).
  * Returns the mask of the rows it did not finish: their float statistics are
@@ -265,8 +274,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
         __m512 rv = SFX(rstd16)(SFX(div_h16)(SFX(reduce16)(acc + 16 * g), H), eps, &okg);
         okg &= _mm512_cmp_ps_mask(_mm512_abs_ps(s1[g]), _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
         _mm512_store_ps(r + 16 * g, rv);
-        const int Rg = R <= 16 * g ? 0 : R - 16 * g >= 16 ? 16 : R - 16 * g;
-        const __mmask16 done = okg & (__mmask16)((1u << Rg) - 1);
+        const __mmask16 done = okg & SFX(real16)(R, g);
         if (mean) {   /* x0 + dm, rounded once */
             __m512 shv = _mm512_load_ps(sh + 16 * g);
             __m512d lo = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(shv)),
@@ -293,8 +301,8 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
 }
 
 /* RMSNorm forward of one group of 16 * NG rows (R real; NG 1 or 2), rows of
- * NV vectors (NV and NG constants), as rms_rows computes it: r = 1 / sqrt(mean(x^2) + eps) in
- * double from the float mean square, y = x * r * w. Each row's squares add
+ * NV vectors (NV and NG constants), as rms_rows computes it: r = 1 /
+ * sqrt(mean(x^2) + eps) in double from the float mean square, y = x * r * w. Each row's squares add
  * in one vector, reduce16 adds the sixteen rows'; wv holds ones where there
  * is no weight (x * r * 1 is x * r); KIND and nt as ln_group16 (16-bit
  * rows are read twice, converted each time); pf (each NV) and pfw as
@@ -324,8 +332,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
         __mmask16 okg;
         __m512 rv = SFX(rstd16)(SFX(div_h16)(SFX(reduce16)(acc + 16 * g), H), eps, &okg);
         _mm512_store_ps(r + 16 * g, rv);
-        const int Rg = R <= 16 * g ? 0 : R - 16 * g >= 16 ? 16 : R - 16 * g;
-        if (rstd) _mm512_mask_storeu_ps(rstd + 16 * g, okg & (__mmask16)((1u << Rg) - 1), rv);
+        if (rstd) _mm512_mask_storeu_ps(rstd + 16 * g, okg & SFX(real16)(R, g), rv);
         ok |= (uint32_t)okg << (16 * g);
     }
     for (int k = 0; k < R; k++) {

@@ -79,8 +79,8 @@ def test_special_values(isa, dt):
     x[3, 5] = np.nan
     x[7, :] = np.inf * (1 - 2 * (np.arange(40) % 2))
     x[9, :] = 0
-    x[25, :] = 0                       # the LayerNorm forward's second sixteen rows of 32
-    x[41, 2] = np.nan
+    x[25, :] = 0                       # the 16-bit forwards' second sixteen rows of 32
+    x[41, 2] = np.nan                  # and their second group
     for weight in (w, w_small, w_big):
         _check_all(x, dy, res, weight, b)
 
