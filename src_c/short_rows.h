@@ -125,6 +125,10 @@ static inline __attribute__((always_inline)) void SFX(pfw_row)(const void *p, in
     for (int64_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_ET0);
 }
 
+/* Bytes of one stored value of kind: float (kind 0, KIND_F32 below) or a
+ * 16-bit kind */
+static inline int64_t SFX(elsize)(int kind) { return kind ? 2 : 4; }
+
 /* 16-bit loads and stores, converted in registers (kind FASTLN_F16 or
  * FASTLN_BF16, or KIND_BF16_INSN below) */
 static inline __attribute__((always_inline)) __m512 SFX(ld_half)(
@@ -244,7 +248,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
     for (int k = 0; k < 16 * NG; k++) {   /* sum(x - x0) */
         sh[k] = X0(k);
         __m512 s = _mm512_set1_ps(sh[k]), a = _mm512_setzero_ps();
-        if (pf1) SFX(pf_row)(pf1, k, H * (KIND ? 2 : 4));
+        if (pf1) SFX(pf_row)(pf1, k, H * SFX(elsize)(KIND));
         for (int v = 0; v < NV; v++) {
             __m512 xv = LD(k, v);
             if (KIND) _mm512_store_ps(xw + 16 * (k * NV + v), xv);
@@ -260,7 +264,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
     }
     for (int k = 0; k < 16 * NG; k++) {   /* sum((x - x0 - dm)^2) */
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), a = _mm512_setzero_ps();
-        if (pf2) SFX(pf_row)(pf2, k, H * (KIND ? 2 : 4));
+        if (pf2) SFX(pf_row)(pf2, k, H * SFX(elsize)(KIND));
         if (pfw && k < R) SFX(pfw_row)(yr[k], H * 4);
         for (int v = 0; v < NV; v++) {
             __m512 c = _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_sub_ps(MASK(v), LDW(k, v), s), d);
@@ -319,7 +323,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
     __m512 acc[32];
     for (int k = 0; k < 16 * NG; k++) {
         __m512 a = _mm512_setzero_ps();
-        if (pf) SFX(pf_row)(pf, k, H * (KIND ? 2 : 4));
+        if (pf) SFX(pf_row)(pf, k, H * SFX(elsize)(KIND));
         if (pfw && k < R) SFX(pfw_row)(yr[k], H * 4);
         for (int v = 0; v < NV; v++) {
             __m512 xv = LD(k, v);
@@ -898,7 +902,7 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
     const void *rn, float *sn, float shn, int sq, double *s2, const char *pf, const char *pfr)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
-    const int64_t esz = kind == KIND_F32 ? 4 : 2;
+    const int64_t esz = SFX(elsize)(kind);
     const int nt16 = kind == KIND_F32 && nt;   /* non-temporal one vector at a time */
     int64_t j = (uintptr_t)y % esz ? 0 : (int64_t)((-(uintptr_t)y & 63) / esz);
     if (j > H) j = H;
@@ -975,7 +979,7 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     const void *x, const void *res, const float *w, const float *b, int64_t r0, int64_t r1,
     int64_t H, double eps, float *buf, int nt, char *stg)
 {
-    const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);   /* bytes a row */
+    const int64_t rowb = H * SFX(elsize)(kind);   /* bytes a row */
     const int ntd = nt && !stg;   /* non-temporal stores in the sweeps */
     const char *xc = (const char *)x, *rc = (const char *)res;
     const int sq = rms ? 1 : SQ_BOTH;   /* the sums a y sweep takes of the next row */
@@ -1067,7 +1071,7 @@ static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, flo
                            int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
 {
     char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
-    char *stg = nt && !res && H * (kind == KIND_F32 ? 4 : 2) <= STAGE_ROW_BYTES ? stg_ : NULL;
+    char *stg = nt && !res && H * SFX(elsize)(kind) <= STAGE_ROW_BYTES ? stg_ : NULL;
 #define K_(K, RMS, SF, S, RES) \
     SFX(long_rows_k)(K, RMS, SF, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt, stg)
 #define CASE(K)                                                   \
@@ -1136,7 +1140,7 @@ static inline __attribute__((always_inline)) void SFX(bwd_pass)(
     const __m512 *s, const void *xb, const void *gb, float mb, const float *w, int64_t H,
     int nt, double *S, int pf, const char *xend, const char *gend)
 {
-    const int64_t esz = kind == KIND_F32 ? 4 : 2;
+    const int64_t esz = SFX(elsize)(kind);
     int64_t j = H;
     if (xa) {
         j = (uintptr_t)dxa % esz ? 0 : (int64_t)((-(uintptr_t)dxa & (16 * esz - 1)) / esz);
@@ -1217,7 +1221,7 @@ static inline __attribute__((always_inline)) void SFX(long_bwd_k)(
     const void *x, const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1,
     int64_t H, float *buf, int nt, char *stg)
 {
-    const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);
+    const int64_t rowb = H * SFX(elsize)(kind);
     const char *xc = (const char *)x, *gc = (const char *)dy;
     double S[3] = {0, 0, 0};
     __m512 s[5];
@@ -1247,7 +1251,7 @@ static void SFX(long_bwd)(int kind, void *dx, float *pw, float *pb, const void *
      * (16384, 1024) 3.7 -> 3.4 ms, (16384, 768) 2.7 -> 2.5 ms, (65536, 256)
      * 6.1 -> 5.7 ms, 1 thread 4-12%; rows in cache, (1024, 1024), 6-9%
      * slower with it. */
-    const int64_t rowb = H * (kind == KIND_F32 ? 4 : 2);
+    const int64_t rowb = H * SFX(elsize)(kind);
     const int pf = nt || rowb > 4096;
     /* stg: streamed rows shorter than STAGE_ROW_BYTES stage dx (2 threads,
      * (43690, 384) 4.7 -> 3.3 ms, (32768, 512) 3.8 -> 2.6 ms, (21845, 768)
