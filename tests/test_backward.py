@@ -281,8 +281,8 @@ def test_nan_in_one_row_of_dy(isa, dtype, rng):
 @pytest.mark.parametrize("H", [64, 100, 128, 300, 1037])
 def test_past_the_cache_size(isa, H, rng):
     """Backwards whose x, dy and dx take more than 2 MiB sweep each row once,
-    together with the next row's sums (AVX-512, float32, H >= 128; shorter
-    rows go sixteen at a time, with prefetches): rows with
+    together with the next row's sums (AVX-512, float32, H > 128; rows of up
+    to 128 go sixteen at a time, with prefetches): rows with
     NaN and inf, a row whose float sums overflow (the double fallback), no
     weight, RMSNorm, and dx written over x."""
     N = 4000                                     # 3 * N * H * 4 bytes > 2 MiB
