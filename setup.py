@@ -17,7 +17,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 C_SOURCES = ["src_c/dispatch.c", "src_c/kernels_generic.c", "src_c/kernels_avx2.c",
-             "src_c/kernels_avx512.c", "src_c/rnn.c"]
+             "src_c/kernels_avx512.c", "src_c/rnn.c", "src_c/pool.c"]
 
 
 def openmp_flags(compiler):
@@ -81,10 +81,12 @@ ext = Extension(
     "fastln._core",
     sources=["fastln/_core.pyx"] + C_SOURCES,
     include_dirs=["src_c", np.get_include()],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    # NumPy >= 1.22's C API: the allocator interface (PyDataMem_SetHandler)
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                   ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
     depends=["src_c/fastln.h", "src_c/fastln_rnn.h", "src_c/internal.h",
              "src_c/kernels_isa.h", "src_c/kernels_impl.h", "src_c/rnn_impl.h",
-             "src_c/short_rows.h"],
+             "src_c/short_rows.h", "src_c/pool.h"],
 )
 
 setup(

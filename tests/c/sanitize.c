@@ -6,11 +6,16 @@
  *    streaming-store threshold), in place and not, 1 and 3 threads;
  *  - the LN-RNN engine (fastln_rnn.h): every cell, ISA path and dtype; odd
  *    sizes, B = 1, lengths, 1 and 3 threads; forward with and without a
- *    cache, backward with and without the caller's scratch. */
+ *    cache, backward with and without the caller's scratch;
+ *  - the cache of large outputs (pool.h): blocks of every size class
+ *    allocated, written to their last byte, resized, freed and reused from 3
+ *    threads at once while the limit changes; every block released at the
+ *    end, so that LeakSanitizer sees what the cache would lose. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "fastln_rnn.h"
+#include "pool.h"
 
 static void *fill(size_t n, size_t es, unsigned seed) {
     void *p = malloc(n * es);
@@ -113,6 +118,37 @@ static int ln_half(int kind, int64_t N, int64_t H) {
     return rc;
 }
 
+/* The cache from several threads: every block written whole, its contents
+ * checked after a resize; returns 1 on a wrong byte. */
+static int pool_run(void) {
+    const size_t MiB = (size_t)1 << 20;
+    const size_t sizes[] = {0, 1, 100, 4 * MiB - 1, 4 * MiB, 5 * MiB + 3, 9 * MiB, 33 * MiB};
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static, 1)
+    for (int it = 0; it < 96; it++) {
+        size_t n = sizes[it % 8], m = sizes[(it * 5 + 3) % 8];
+        if (it % 17 == 0) fastln_pool_set_limit(it % 2 ? 0 : 64 * MiB);
+        unsigned char *p = it % 3 ? fastln_pool_alloc(n) : fastln_pool_calloc(n);
+        if (!p) { bad = 1; continue; }
+        if (it % 3 == 0 && n && (p[0] || p[n - 1])) bad = 1;   /* calloc: zeroed */
+        memset(p, it & 0xff, n ? n : 1);
+        unsigned char *q = fastln_pool_realloc(p, m);
+        if (!q) { fastln_pool_free(p); bad = 1; continue; }
+        size_t keep = n < m ? n : m;
+        if (keep && (q[0] != (it & 0xff) || q[keep - 1] != (it & 0xff))) bad = 1;
+        memset(q, 0x5a, m ? m : 1);
+        fastln_pool_free(q);
+    }
+    fastln_pool_free(NULL);
+    fastln_pool_set_limit(FASTLN_POOL_DEFAULT_LIMIT);
+    fastln_pool_stats st;
+    fastln_pool_get_stats(&st);
+    if (st.bytes > st.limit || st.blocks > 8) bad = 1;
+    fastln_pool_release();
+    fastln_pool_get_stats(&st);
+    return bad | (st.bytes != 0) | (st.blocks != 0);
+}
+
 int main(void) {
     const char *isas[] = {"generic", "avx2", "avx512"};
     int bad = 0, n = 0;
@@ -151,6 +187,8 @@ int main(void) {
         bad |= ln_half(FASTLN_BF16, 6200, 4096);
         n += 2;
     }
+    bad |= pool_run();
+    n++;
     printf("%d runs, rc %d\n", n, bad);
     return bad;
 }
