@@ -9,7 +9,9 @@ Functions: :func:`layer_norm`, :func:`layer_norm_backward`,
 :mod:`fastln._core`). Layers: :class:`LayerNorm` and :class:`RMSNorm` (from
 :mod:`fastln.layers`). Threads: :func:`get_num_threads`,
 :func:`set_num_threads` and :func:`threads`. Instruction sets:
-:func:`get_isa`, :func:`supported_isas`; :func:`has_openmp`. Recurrent
+:func:`get_isa`, :func:`supported_isas`; :func:`has_openmp`. The cache of
+large outputs: :func:`cache_info`, :func:`set_cache_limit` and
+:func:`empty_cache` (from :mod:`fastln._memory`). Recurrent
 networks are in :mod:`fastln.rnn`, dask arrays in :mod:`fastln.dask` (not
 imported by ``import fastln``), float64 references in :mod:`fastln.reference`
 and :mod:`fastln.rnn_reference`.
@@ -32,6 +34,7 @@ import warnings as _warnings
 from fastln._core import (add_layer_norm, get_isa, has_openmp, layer_norm,
                           layer_norm_backward, rms_norm, rms_norm_backward)
 from fastln._threads import get_num_threads, set_num_threads, threads
+from fastln._memory import cache_info, empty_cache, set_cache_limit
 from fastln.layers import LayerNorm, RMSNorm
 from fastln import _core
 
@@ -40,7 +43,8 @@ __version__ = "0.1.0"
 __all__ = [
     "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "add_layer_norm",
     "LayerNorm", "RMSNorm", "get_num_threads", "set_num_threads", "threads",
-    "get_isa", "supported_isas", "has_openmp", "__version__",
+    "get_isa", "supported_isas", "has_openmp", "cache_info", "set_cache_limit", "empty_cache",
+    "__version__",
 ]
 
 ISAS = ("avx512", "avx2", "generic")

@@ -166,7 +166,7 @@ class _Rows:
         them other than exactly forces a copy of that input (returned anew).
         """
         if out is None:
-            r = np.empty((self.N, self.H), kernel_dtype)
+            r = _core._empty_rows(self.N, self.H, kernel_dtype)
             if result_dtype == kernel_dtype:
                 return r, (lambda: self.unrows(r)), inputs
             return r, (lambda: self.unrows(r).astype(result_dtype)), inputs
@@ -185,7 +185,7 @@ class _Rows:
             inputs = [i.copy() if i is not None and _overlap_partly(r, i) else i
                       for i in inputs]
             return r, (lambda: out), inputs
-        r = np.empty((self.N, self.H), kernel_dtype)
+        r = _core._empty_rows(self.N, self.H, kernel_dtype)
 
         def finish():
             np.copyto(out, self.unrows(r), casting="unsafe")

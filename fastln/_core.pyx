@@ -14,7 +14,9 @@ out=) and raises the errors. No math lives here.
 """
 from libc.stdint cimport int64_t, uint16_t
 from libc.string cimport memset
+from cpython.pycapsule cimport PyCapsule_New
 cimport numpy as cnp
+import numpy as np
 
 cnp.import_array()
 
@@ -84,6 +86,51 @@ cdef extern from "internal.h" nogil:
 
 cdef extern from "math.h" nogil:
     bint isfinite(double)
+
+cdef extern from "pool.h" nogil:
+    size_t FASTLN_POOL_MIN_BYTES
+    ctypedef struct fastln_pool_stats:
+        size_t limit, bytes, blocks, hits, misses
+    void fastln_pool_set_limit(size_t nbytes)
+    void fastln_pool_release()
+    void fastln_pool_get_stats(fastln_pool_stats *s)
+
+# NumPy's allocator interface (NEP 49) over the cache of pool.h: large
+# outputs are allocated through it, so that a loop of allocating calls reuses
+# the pages of the outputs it dropped. (Declared in C: NumPy's struct holds
+# its name as an array, which its .pxd gives as a pointer.)
+cdef extern from *:
+    """
+    #include "pool.h"
+    static void *fastln_np_malloc(void *ctx, size_t n)
+    {
+        (void)ctx;
+        return fastln_pool_alloc(n);
+    }
+    static void *fastln_np_calloc(void *ctx, size_t nelem, size_t elsize)
+    {
+        (void)ctx;
+        return elsize && nelem > SIZE_MAX / elsize ? NULL : fastln_pool_calloc(nelem * elsize);
+    }
+    static void *fastln_np_realloc(void *ctx, void *p, size_t n)
+    {
+        (void)ctx;
+        return fastln_pool_realloc(p, n);
+    }
+    static void fastln_np_free(void *ctx, void *p, size_t n)
+    {
+        (void)ctx;
+        (void)n;
+        fastln_pool_free(p);
+    }
+    static PyDataMem_Handler fastln_np_handler = {
+        "fastln_pool", 1,
+        {NULL, fastln_np_malloc, fastln_np_calloc, fastln_np_realloc, fastln_np_free}};
+    """
+    cnp.PyDataMem_Handler fastln_np_handler
+
+cdef object _POOL_HANDLER = PyCapsule_New(<void *>&fastln_np_handler, "mem_handler", NULL)
+cdef object _NUMPY_HANDLER = cnp.PyDataMem_GetHandler()   # NumPy's default allocator
 
 
 # ---- fast-path predicates -------------------------------------------------
@@ -188,8 +235,44 @@ cdef inline bint _last_axis(object axis, int nd):
     return type(axis) is int and (axis == -1 or axis == nd - 1)
 
 cdef inline cnp.ndarray _empty_like(cnp.ndarray x, int nd, int tn):
-    """An uninitialized array with the first nd dimensions of x."""
+    """An uninitialized array with the first nd dimensions of x; one of x's
+    size, type and at least FASTLN_POOL_MIN_BYTES comes from the cache of
+    large outputs (unless NumPy's allocator was replaced)."""
+    if (nd == cnp.PyArray_NDIM(x) and tn == cnp.PyArray_TYPE(x)
+            and <size_t>cnp.PyArray_NBYTES(x) >= FASTLN_POOL_MIN_BYTES):
+        return _cached_empty(nd, cnp.PyArray_DIMS(x), tn)
     return cnp.PyArray_EMPTY(nd, cnp.PyArray_DIMS(x), tn, 0)
+
+cdef object _cache_on():
+    """Makes the cache's allocator NumPy's in this thread (context), where
+    NumPy's default one is in use, and returns the one to restore; else
+    returns None (an allocator someone else set is left to do its work)."""
+    old = cnp.PyDataMem_GetHandler()
+    if old is not _NUMPY_HANDLER:
+        return None
+    cnp.PyDataMem_SetHandler(_POOL_HANDLER)
+    return old
+
+cdef cnp.ndarray _cached_empty(int nd, cnp.npy_intp *dims, int tn):
+    """PyArray_EMPTY through the cache's allocator (see _cache_on)."""
+    old = _cache_on()
+    try:
+        return cnp.PyArray_EMPTY(nd, dims, tn, 0)
+    finally:
+        if old is not None:
+            cnp.PyDataMem_SetHandler(old)
+
+def _empty_rows(int64_t N, int64_t H, dtype):
+    """``np.empty((N, H), dtype)`` (a native dtype); from the cache of large
+    outputs where it takes FASTLN_POOL_MIN_BYTES or more (the results of
+    fastln._api)."""
+    cdef cnp.npy_intp dims[2]
+    dims[0] = N
+    dims[1] = H
+    dtype = np.dtype(dtype)
+    if <size_t>(N * H * dtype.itemsize) < FASTLN_POOL_MIN_BYTES:
+        return cnp.PyArray_EMPTY(2, dims, dtype.num, 0)
+    return _cached_empty(2, dims, dtype.num)
 
 cdef inline void *_ptr(object a) noexcept:
     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
@@ -912,6 +995,25 @@ def _set_isa(name):
     called while other threads run kernels."""
     if fastln_set_isa(str(name).encode()) != 0:
         raise ValueError(f"isa {name!r} is not supported on this CPU")
+
+
+# ---- the cache of large outputs (src_c/pool.h) -----------------------------
+
+def _cache_set_limit(size_t nbytes):
+    """Sets the cache's limit in bytes, unchecked (0: keep nothing); the
+    public, checked version is :func:`fastln.set_cache_limit`."""
+    fastln_pool_set_limit(nbytes)
+
+def _cache_release():
+    """Releases the kept blocks (see :func:`fastln.empty_cache`)."""
+    fastln_pool_release()
+
+def _cache_stats():
+    """(limit, bytes, blocks, hits, misses) of the cache (see
+    :func:`fastln.cache_info`)."""
+    cdef fastln_pool_stats s
+    fastln_pool_get_stats(&s)
+    return s.limit, s.bytes, s.blocks, s.hits, s.misses
 
 
 def _parallel_copy(dst, src, bint nt=False):

@@ -8,8 +8,9 @@
    its constructor), and a "Returns" (or "Yields") section when its code
    returns a value.
 2. The examples in the docstrings of fastln, fastln._core (the Cython
-   module), fastln.layers, fastln.rnn, fastln._threads, fastln.reference and
-   fastln.rnn_reference run as doctests; each module has some. A docstring
+   module), fastln.layers, fastln.rnn, fastln._threads, fastln._memory,
+   fastln.reference and fastln.rnn_reference run as doctests; each module has
+   some. A docstring
    whose examples use torch is skipped where torch is missing (unless
    FASTLN_REQUIRE_TORCH=1, as in tests/conftest.py).
 
@@ -32,7 +33,7 @@ import fastln.rnn
 import fastln.rnn_reference
 
 DOCTEST_MODULES = ["fastln", "fastln._core", "fastln.layers", "fastln.rnn", "fastln._threads",
-                   "fastln.reference", "fastln.rnn_reference"]
+                   "fastln._memory", "fastln.reference", "fastln.rnn_reference"]
 
 # Public names that need no Parameters/Returns section, with the reason. (None
 # today: LayerNorm's and RMSNorm's __call__ have their own short docstring, and
