@@ -27,7 +27,7 @@ static void *g_blk[SLOTS];      /* kept blocks (their headers), oldest first */
 static int g_nblk;
 static size_t g_bytes;          /* their capacities summed */
 static size_t g_limit = FASTLN_POOL_DEFAULT_LIMIT;
-static size_t g_hits, g_misses;
+static size_t g_hits, g_misses;   /* g_misses: also counted without the lock (atomic) */
 static int g_lock;
 
 static int try_lock(void) { return !__atomic_exchange_n(&g_lock, 1, __ATOMIC_ACQUIRE); }
@@ -75,26 +75,28 @@ static int evict(size_t room, int want_slot, void **out)
 void *fastln_pool_alloc(size_t nbytes)
 {
     if (nbytes == 0) nbytes = 1;
-    if (nbytes >= FASTLN_POOL_MIN_BYTES && try_lock()) {
-        int best = -1;   /* the smallest kept block that fits within 1/8 */
-        for (int i = 0; i < g_nblk; i++) {
-            size_t cap = ((head_t *)g_blk[i])->cap;
-            if (cap >= nbytes && cap - nbytes <= nbytes / 8 &&
-                (best < 0 || cap < ((head_t *)g_blk[best])->cap))
-                best = i;
-        }
+    if (nbytes >= FASTLN_POOL_MIN_BYTES) {
         void *b = NULL;
-        if (best >= 0) {
-            b = g_blk[best];
-            g_bytes -= ((head_t *)b)->cap;
-            memmove(g_blk + best, g_blk + best + 1, (size_t)(g_nblk - best - 1) * sizeof(void *));
-            g_nblk--;
-            g_hits++;
-        } else {
-            g_misses++;
+        if (try_lock()) {
+            int best = -1;   /* the smallest kept block that fits within 1/8 */
+            for (int i = 0; i < g_nblk; i++) {
+                size_t cap = ((head_t *)g_blk[i])->cap;
+                if (cap >= nbytes && cap - nbytes <= nbytes / 8 &&
+                    (best < 0 || cap < ((head_t *)g_blk[best])->cap))
+                    best = i;
+            }
+            if (best >= 0) {
+                b = g_blk[best];
+                g_bytes -= ((head_t *)b)->cap;
+                memmove(g_blk + best, g_blk + best + 1,
+                        (size_t)(g_nblk - best - 1) * sizeof(void *));
+                g_nblk--;
+                g_hits++;
+            }
+            unlock();
         }
-        unlock();
         if (b) return (char *)b + HEAD;
+        __atomic_fetch_add(&g_misses, 1, __ATOMIC_RELAXED);   /* the lock not needed */
     }
     /* pages, for blocks the cache may keep; 64 bytes for the others */
     size_t cap = nbytes >= FASTLN_POOL_MIN_BYTES ? (nbytes + 4095) & ~(size_t)4095
@@ -172,6 +174,6 @@ void fastln_pool_get_stats(fastln_pool_stats *s)
     s->bytes = g_bytes;
     s->blocks = (size_t)g_nblk;
     s->hits = g_hits;
-    s->misses = g_misses;
+    s->misses = __atomic_load_n(&g_misses, __ATOMIC_RELAXED);
     unlock();
 }
