@@ -36,6 +36,10 @@ static void unlock(void) { __atomic_store_n(&g_lock, 0, __ATOMIC_RELEASE); }
 
 static head_t *head_of(void *p) { return (head_t *)((char *)p - HEAD); }
 
+/* A block of cap bytes serves a request of n: large enough, and at most
+ * 1/8 larger */
+static int fits(size_t cap, size_t n) { return cap >= n && cap - n <= n / 8; }
+
 /* A new block of cap bytes (plus its header), or NULL */
 static void *block_new(size_t cap)
 {
@@ -81,8 +85,7 @@ void *fastln_pool_alloc(size_t nbytes)
             int best = -1;   /* the smallest kept block that fits within 1/8 */
             for (int i = 0; i < g_nblk; i++) {
                 size_t cap = ((head_t *)g_blk[i])->cap;
-                if (cap >= nbytes && cap - nbytes <= nbytes / 8 &&
-                    (best < 0 || cap < ((head_t *)g_blk[best])->cap))
+                if (fits(cap, nbytes) && (best < 0 || cap < ((head_t *)g_blk[best])->cap))
                     best = i;
             }
             if (best >= 0) {
@@ -136,8 +139,8 @@ void *fastln_pool_realloc(void *p, size_t nbytes)
 {
     if (!p) return fastln_pool_alloc(nbytes);
     size_t old = head_of(p)->cap;
-    if (nbytes <= old && (old < FASTLN_POOL_MIN_BYTES || old - nbytes <= nbytes / 8))
-        return p;   /* it fits, and wastes little */
+    if (old < FASTLN_POOL_MIN_BYTES ? nbytes <= old : fits(old, nbytes))
+        return p;   /* it fits (and a block the cache may keep wastes little) */
     void *q = fastln_pool_alloc(nbytes);
     if (!q) return NULL;
     memcpy(q, p, old < nbytes ? old : nbytes);
