@@ -37,8 +37,11 @@ def _x(rng, n=N, h=H, dtype=np.float32):
     return (rng.standard_normal((n, h)) * 3 + 1).astype(dtype)
 
 
-def _calls(rng):
-    """(name, function returning the outputs) for every function's fast path."""
+@pytest.fixture(scope="module")
+def calls():
+    """(name, function returning the outputs) for every function's fast path
+    and two of the general path's; the inputs made once for all the cases."""
+    rng = np.random.default_rng(20240607)
     x, dy, res = _x(rng), _x(rng), _x(rng)
     w = rng.standard_normal(H).astype(np.float32)
     b = rng.standard_normal(H).astype(np.float32)
@@ -63,8 +66,8 @@ def _calls(rng):
 
 
 @pytest.mark.parametrize("k", range(10))
-def test_results_are_those_of_fresh_memory(rng, k):
-    name, call = _calls(rng)[k]
+def test_results_are_those_of_fresh_memory(calls, k):
+    name, call = calls[k]
     fastln.set_cache_limit(0)
     fresh = [a.copy() for a in call()]
     fastln.set_cache_limit(1 << 30)
