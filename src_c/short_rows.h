@@ -203,6 +203,92 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
     return rv;
 }
 
+/* ---- a float output streamed from registers ------------------------------
+ * The rows [r0, r1) a sixteen-row kernel writes are one contiguous block of
+ * its output. With rows of a multiple of 16 floats, ntw takes the block's
+ * vectors in order and writes it with non-temporal stores of whole aligned
+ * lines: a line is the end of one vector and the start of the next (one
+ * vpermt2ps; NumPy's large arrays start 16 bytes into a line), and the
+ * partial lines at the block's two ends get ordinary masked stores.
+ * Against writing a group's rows to an L1 staging block and streaming that
+ * out with stream_copy after the group, 2 threads, outputs 0 and 16 bytes
+ * into a line, the medians of three same-process A/B runs each: LayerNorm
+ * forward (65536, 128) 1.05-1.15x, (65536, 256) 1.02-1.06x, (262144, 64)
+ * 0.96-1.05x; RMSNorm 1.03-1.13x; backward (262144, 64) 1.04-1.10x,
+ * (65536, 128) 1.06-1.17x. Rows of 32 measured 0.94-1.16x, rows of 16 up
+ * to 1.07x forward but 0.79-0.98x backward: the writer's work per vector
+ * weighs more there. Those rows, and rows of other lengths, keep the
+ * staging block. */
+typedef struct {
+    float *p;          /* the next aligned line (the block's start + f0 until the first put) */
+    __m512 carry;      /* the last vector put */
+    __m512i idx;       /* lanes f0.. of carry, then lanes ..f0 - 1 of the next vector */
+    int f0;            /* floats of the block before its first aligned line */
+    int started;
+    int staged;        /* set by a group kernel that wrote its rows to yr instead */
+} SFX(ntw);
+
+/* Whether ntw writes a block of rows of H floats at dst: floats aligned as
+ * floats, rows of 4 or more whole vectors */
+static inline int SFX(ntw_ok)(const float *dst, int64_t H)
+{
+    return H % 16 == 0 && H >= 64 && !((uintptr_t)dst & 3);
+}
+
+static inline void SFX(ntw_init)(SFX(ntw) *w, float *dst)
+{
+    w->f0 = (int)((-(uintptr_t)dst >> 2) & 15);
+    w->p = dst + w->f0;
+    w->carry = _mm512_setzero_ps();
+    w->idx = _mm512_add_epi32(_mm512_set1_epi32(w->f0),
+                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                14, 15));
+    w->started = 0;
+    w->staged = 0;
+}
+
+/* The block's next 16 floats */
+static inline __attribute__((always_inline)) void SFX(ntw_put)(SFX(ntw) *w, __m512 u)
+{
+    if (!w->f0) {   /* the block starts a line: the vectors are its lines */
+        _mm512_stream_ps(w->p, u);
+        w->p += 16;
+    } else if (w->started) {
+        _mm512_stream_ps(w->p, _mm512_permutex2var_ps(w->carry, w->idx, u));
+        w->p += 16;
+    } else {   /* the head: the first f0 floats */
+        _mm512_mask_storeu_ps(w->p - w->f0, (__mmask16)((1u << w->f0) - 1), u);
+        w->started = 1;
+    }
+    w->carry = u;
+}
+
+/* Whether a group kernel whose rows finished are ok (bit k: row k) puts
+ * its R rows to ow (not NULL, and every row finished); else it stores them
+ * to its rows yr, and ow->staged says so to the caller. */
+static inline __attribute__((always_inline)) int SFX(ntw_take)(SFX(ntw) *ow, uint32_t ok, int R)
+{
+    const uint32_t real = (uint32_t)((1ull << R) - 1);
+    if (!ow) return 0;
+    ow->staged = (ok & real) != real;
+    return !ow->staged;
+}
+
+/* The n floats at src (n a multiple of 16), put */
+static inline void SFX(ntw_put_n)(SFX(ntw) *w, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) SFX(ntw_put)(w, _mm512_loadu_ps(src + i));
+}
+
+/* The tail: the last vector's floats from f0 on (none when nothing was put
+ * or f0 is 0).
+ * The caller fences the streaming stores (stream_fence). */
+static inline void SFX(ntw_finish)(SFX(ntw) *w)
+{
+    if (w->started)
+        _mm512_mask_storeu_ps(w->p - w->f0, (__mmask16)~((1u << w->f0) - 1), w->carry);
+}
+
 /* In the group kernels below (KIND, YK, NV, tail, xr, yr, nt theirs): the
  * mask of vector v of a row, vector v of row k (float, or 16-bit values of
  * KIND widened), and y to vector v of row k (float, or 16-bit values of YK;
@@ -214,6 +300,13 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
     do {                                                                                  \
         if (YK) SFX(st_half)(YK, (uint16_t *)yr[k] + 16 * (v), (y), MASK(v), nt);         \
         else _mm512_mask_storeu_ps((float *)yr[k] + 16 * (v), MASK(v), (y));             \
+    } while (0)
+/* y to vector v of row k, or with put to the writer wl (the group kernel's
+ * copy of ow: a local the streaming stores cannot alias stays in registers) */
+#define PUT_OR_ST(k, v, y)                                                                \
+    do {                                                                                  \
+        if (put) SFX(ntw_put)(&wl, (y));                                                  \
+        else ST(k, v, (y));                                                               \
     } while (0)
 
 /* One group of 16 * NG rows (R of them real; NG 1 or 2) of the LayerNorm
@@ -228,12 +321,15 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
  * -> 504 us). pfw: the y rows are
  * prefetched for writing, one with each row of the second sweep (float;
  * (16384, 256) 462 -> 419 us; in cache, (4096, 256), 68 -> 84 us).
+ * ow: NULL, or (float y, rows of whole vectors) the writer of y's rows: the
+ * rows go to it when all of them are finished, else to yr, and the kernel
+ * sets ow->staged.
  * Returns the mask of the rows it did not finish: their float statistics are
  * suspect, and the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
     void *const *yr, float *mean, float *rstd, const void *const *xr, const __m512 *wv,
     const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int YK,
-    int nt, const char *pf, int pfw, int NG)
+    int nt, const char *pf, int pfw, int NG, SFX(ntw) *ow)
 {
 #define X0(k) (!KIND ? ((const float *)xr[k])[0]                                           \
                : KIND == FASTLN_F16 ? f16_to_f32(((const uint16_t *)xr[k])[0])            \
@@ -291,14 +387,18 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
         if (rstd) _mm512_mask_storeu_ps(rstd + 16 * g, done, rv);
         ok |= (uint32_t)okg << (16 * g);
     }
+    const int put = SFX(ntw_take)(ow, ok, R);
+    SFX(ntw) wl;
+    if (put) wl = *ow;
     for (int k = 0; k < R; k++) {   /* y = (x - x0 - dm) * r * w + b */
         if (!((ok >> k) & 1)) continue;
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
         for (int v = 0; v < NV; v++) {
             __m512 c = _mm512_sub_ps(_mm512_sub_ps(LDW(k, v), s), d);
-            ST(k, v, _mm512_fmadd_ps(_mm512_mul_ps(c, rk), wv[v], bv[v]));
+            PUT_OR_ST(k, v, _mm512_fmadd_ps(_mm512_mul_ps(c, rk), wv[v], bv[v]));
         }
     }
+    if (put) *ow = wl;
 #undef LDW
 #undef X0
     return ~ok & (uint32_t)((1ull << R) - 1);
@@ -316,7 +416,8 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
  * fallback. */
 static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
     void *const *yr, float *rstd, const void *const *xr, const __m512 *wv, int R, int NV,
-    int64_t H, __mmask16 tail, double eps, int KIND, int nt, const char *pf, int pfw, int NG)
+    int64_t H, __mmask16 tail, double eps, int KIND, int nt, const char *pf, int pfw, int NG,
+    SFX(ntw) *ow)
 {
     const int YK = KIND;   /* y of the same storage as x */
     float r[32] __attribute__((aligned(64)));
@@ -339,15 +440,18 @@ static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
         if (rstd) _mm512_mask_storeu_ps(rstd + 16 * g, okg & SFX(real16)(R, g), rv);
         ok |= (uint32_t)okg << (16 * g);
     }
+    const int put = SFX(ntw_take)(ow, ok, R);
+    SFX(ntw) wl;
+    if (put) wl = *ow;
     for (int k = 0; k < R; k++) {
         if (!((ok >> k) & 1)) continue;
         __m512 rk = _mm512_set1_ps(r[k]);
-        for (int v = 0; v < NV; v++) {
-            ST(k, v, _mm512_mul_ps(_mm512_mul_ps(LD(k, v), rk), wv[v]));
-        }
+        for (int v = 0; v < NV; v++) PUT_OR_ST(k, v, _mm512_mul_ps(_mm512_mul_ps(LD(k, v), rk), wv[v]));
     }
+    if (put) *ow = wl;
     return ~ok & (uint32_t)((1ull << R) - 1);
 }
+#undef PUT_OR_ST
 #undef ST
 #undef LD
 #undef MASK
@@ -375,8 +479,9 @@ static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, in
  * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
  * only), add + LayerNorm: a group's s = x + res is stored first, then its
  * LayerNorm is that of s (the bits of this LayerNorm on x + res). With
- * stream, a group's rows are written to staging blocks and streamed out
- * together. */
+ * stream, y goes through an ntw writer where it can (a group whose rows do
+ * not all finish is staged, redone there, and put after); other rows, and
+ * s, are written to staging blocks and streamed out a group at a time. */
 static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
                             const float *x, const float *res, const float *w, const float *b,
                             int64_t r0, int64_t r1, int64_t H, double eps, int stream)
@@ -392,6 +497,9 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
     float *const stage = stage_ + 512;
     /* y prefetched for writing, rows of more than 8 vectors (group kernels) */
     const int pfw = !stream && !res && nv > 8 && (double)(r1 - r0) * H * 4 > PF_RANGE_BYTES;
+    SFX(ntw) w_;
+    SFX(ntw) *const ow = stream && SFX(ntw_ok)(y, H) ? &w_ : NULL;
+    if (ow) SFX(ntw_init)(ow, y + r0 * H);
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
         const float *xr[16];
@@ -427,11 +535,11 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
 #define CASE(NV)                                                                      \
     case 2 * NV:                                                                      \
         redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
-                               H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, 1);      \
+                               H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, 1, ow);  \
         break;                                                                        \
     case 2 * NV + 1:                                                                  \
         redo = SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H, \
-                                tail, eps, 0, 0, PF(NV), NV > 8 && pfw, 1);           \
+                                tail, eps, 0, 0, PF(NV), NV > 8 && pfw, 1, ow);       \
         break;
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
             CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
@@ -446,8 +554,10 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
                               eps, NULL);
         }
         if (stream && res) stream_copy(s + n * H, sstage, (size_t)(R * H) * sizeof(float));
-        if (stream) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
+        if (ow && ow->staged) SFX(ntw_put_n)(ow, stage, R * H);
+        else if (stream && !ow) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
+    if (ow) SFX(ntw_finish)(ow);
     if (stream) stream_fence();
 }
 
@@ -531,12 +641,14 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
 #define CASE(NV, K)                                                                       \
     case NV * 4 + K:                                                                      \
         redo = add ? SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)sr, wv, \
-                                     bv, R, NV, H, tail, eps, 0, K, stream, NULL, 0, 1)   \
+                                     bv, R, NV, H, tail, eps, 0, K, stream, NULL, 0, 1,   \
+                                     NULL)                                                \
              : rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
-                                      NV, H, tail, eps, K, stream, PF(NV), 0, NG_RMS(NV)) \
+                                      NV, H, tail, eps, K, stream, PF(NV), 0, NG_RMS(NV), \
+                                      NULL)                                               \
                    : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, \
                                      bv, R, NV, H, tail, eps, K, K, stream, PF(NV), 0,    \
-                                     NG_LN(NV));                                          \
+                                     NG_LN(NV), NULL);                                    \
         break;
 #define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
         switch (nv * 4 + kind) {
@@ -584,13 +696,13 @@ static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, uint16_t *s, fl
  * one-row code (its double fallback). Sweep 2 goes a row at a time, its
  * five scalars broadcast once, with the dweight/dbias partials pw, pb held
  * in registers: each column adds the rows in order, as bwd_sweep2 does.
- * A row's dx is stored after that row's loads (dx may be x or dy). px, pg:
- * NULL, or rows of x and dy to prefetch, one of each with each row of
- * sweep 1. */
+ * A row's dx is stored after that row's loads (dx may be x or dy), to its
+ * rows dxr or with ow to that writer. px, pg: NULL, or rows of x and dy to
+ * prefetch, one of each with each row of sweep 1. */
 static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     float *const *dxr, float *pw, float *pb, const float *const *xr, const float *const *gr,
     const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
-    __mmask16 tail, const char *px, const char *pg)
+    __mmask16 tail, const char *px, const char *pg, SFX(ntw) *ow)
 {
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
     float m[16] __attribute__((aligned(64))), r[16] __attribute__((aligned(64)));
@@ -657,6 +769,8 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         c2[k] = sc.c2;
     }
     __m512 sw[NV16], sb[NV16];   /* sweep 2, a row at a time: its scalars broadcast once */
+    SFX(ntw) wl;   /* ow's copy (see PUT_OR_ST) */
+    if (ow) wl = *ow;
     for (int v = 0; v < NV; v++) {
         sw[v] = _mm512_maskz_loadu_ps(MASK(v), pw + 16 * v);
         sb[v] = LN ? _mm512_maskz_loadu_ps(MASK(v), pb + 16 * v) : sw[v];
@@ -672,14 +786,16 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
             sw[v] = _mm512_fmadd_ps(g, xh, sw[v]);
             if (LN) sb[v] = _mm512_add_ps(sb[v], g);
             __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);
-            _mm512_mask_storeu_ps(dxr[k] + 16 * v, MASK(v),
-                                  _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t)));
+            __m512 d = _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t));
+            if (ow) SFX(ntw_put)(&wl, d);
+            else _mm512_mask_storeu_ps(dxr[k] + 16 * v, MASK(v), d);
         }
     }
     for (int v = 0; v < NV; v++) {
         _mm512_mask_storeu_ps(pw + 16 * v, MASK(v), sw[v]);
         if (LN) _mm512_mask_storeu_ps(pb + 16 * v, MASK(v), sb[v]);
     }
+    if (ow) *ow = wl;
 #undef MASK
 }
 
@@ -691,6 +807,11 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
     const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
     float stage[16 * SHORT16_H];
+    /* streamed: dx through an ntw writer where it can, else staged a group
+     * at a time */
+    SFX(ntw) w_;
+    SFX(ntw) *const ow = stream && SFX(ntw_ok)(dx, H) ? &w_ : NULL;
+    if (ow) SFX(ntw_init)(ow, dx + r0 * H);
     for (int64_t n = r0; n < r1; n += 16) {
         int R = r1 - n < 16 ? (int)(r1 - n) : 16;
         const float *xr[16], *gr[16];
@@ -708,7 +829,7 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
         const char *px = n + 16 + ahead / H <= r1 ? (const char *)(x + n * H + ahead) : NULL;
         const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
         switch (nv * 2 + (pb != NULL)) {
-#define G16(NV, LN) SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg)
+#define G16(NV, LN) SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg, ow)
 #define CASE(NV)                                  \
     case 2 * NV: G16(NV, 0); break;               \
     case 2 * NV + 1: G16(NV, 1); break;
@@ -716,8 +837,9 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
 #undef CASE
 #undef G16
         }
-        if (stream) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(float));
+        if (stream && !ow) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
+    if (ow) SFX(ntw_finish)(ow);
     if (stream) stream_fence();
 }
 

@@ -171,3 +171,84 @@ def test_mid_rows_equal_at_any_size(restore_threads, H):
                     np.testing.assert_array_equal(e[a:z], g)
     _close(y[:64], ref.layer_norm(x[:64], w, b))
     _close(yr[-64:], ref.rms_norm(x[-64:], w))
+
+
+@pytest.mark.parametrize("H", [32, 64, 128])
+def test_streamed_rows_at_any_alignment(restore_threads, H):
+    """Streamed rows of 4 or more whole vectors (H = 64, 80, ... on AVX-512) are written
+    from registers by a writer that joins the end of each vector with the start of the next
+    into whole 64-byte lines, with ordinary stores for the partial lines at the two ends of
+    each thread's rows (rows of 32 go through staging blocks). At starts all over a line
+    (every one at H = 64), on 1 to 3 threads and in place, every output equals that of calls
+    on parts below the streaming thresholds, bitwise, with rows that take the one-row
+    fallback (a group then goes through its staging block) among them; the floats on either
+    side of the output stay as they were."""
+    N = (17 << 20) // (4 * H) + 7          # 17 MiB of float32: streamed forward and backward
+    x, res, w, b = _data(N, H, seed=11)
+    x[5] *= 1e30                           # float statistics overflow: the one-row fallback
+    x[N // 2, 3] = np.inf
+    x[N - 2, 0] = np.nan
+    dy = _data(N, H, seed=12)[1]
+    y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+    want = {"ln": y, "rms": fastln.rms_norm(x, w), "add": fastln.add_layer_norm(x, res, w, b),
+            "bwd": fastln.layer_norm_backward(dy, x, mean, rstd, w)[0]}
+    rr = fastln.rms_norm(x, w, return_stats=True)[1]
+    want["rbwd"] = fastln.rms_norm_backward(dy, x, rr, w)[0]
+    cut = np.linspace(0, N, 5).astype(int)         # parts of 4.3 MiB: not streamed
+    parts = {k: [] for k in want}
+    for a, z in zip(cut[:-1], cut[1:]):
+        parts["ln"].append(fastln.layer_norm(x[a:z], w, b))
+        parts["rms"].append(fastln.rms_norm(x[a:z], w))
+        parts["add"].append(fastln.add_layer_norm(x[a:z], res[a:z], w, b))
+        parts["bwd"].append(fastln.layer_norm_backward(dy[a:z], x[a:z], mean[a:z], rstd[a:z],
+                                                       w)[0])
+        parts["rbwd"].append(fastln.rms_norm_backward(dy[a:z], x[a:z], rr[a:z], w)[0])
+    for k, p in parts.items():     # the streamed calls above against the parts
+        if k == "add":
+            for i in range(2):
+                assert np.array_equal(want[k][i], np.concatenate([q[i] for q in p]),
+                                      equal_nan=True), (k, i)
+        else:
+            assert np.array_equal(want[k], np.concatenate(p), equal_nan=True), k
+
+    buf = np.empty(N * H + 32, F32)
+    buf2 = np.empty(N * H + 32, F32)
+
+    def at(a, off, fill=None):
+        """a view of N rows starting off floats into a (filled with fill)"""
+        if fill is not None:
+            a[:] = fill
+        return a[off:off + N * H].reshape(N, H)
+
+    def untouched(a, off):
+        return (a[:off] == -7).all() and (a[off + N * H:] == -7).all()
+
+    offsets = range(16) if H == 64 else (0, 1, 4, 15)
+    for nt in (1, 2, 3):
+        fastln.set_num_threads(nt)
+        for off in offsets if nt == 2 else (0, 4):
+            got = {"ln": fastln.layer_norm(x, w, b, out=at(buf, off, -7)),
+                   "rms": fastln.rms_norm(x, w, out=at(buf2, off, -7))}
+            for k, g in got.items():
+                assert np.array_equal(g, want[k], equal_nan=True), (k, nt, off)
+            assert untouched(buf, off) and untouched(buf2, off), (nt, off)
+            ya, sa = fastln.add_layer_norm(x, res, w, b, out=(at(buf, off, -7),
+                                                              at(buf2, off, -7)))
+            assert np.array_equal(ya, want["add"][0], equal_nan=True), ("add", nt, off)
+            assert np.array_equal(sa, want["add"][1], equal_nan=True), ("add s", nt, off)
+            assert untouched(buf, off) and untouched(buf2, off), (nt, off)
+            dx = fastln.layer_norm_backward(dy, x, mean, rstd, w, out=at(buf, off, -7))[0]
+            assert np.array_equal(dx, want["bwd"], equal_nan=True), ("bwd", nt, off)
+            assert untouched(buf, off), (nt, off)
+            dx = fastln.rms_norm_backward(dy, x, rr, w, out=at(buf, off, -7))[0]
+            assert np.array_equal(dx, want["rbwd"], equal_nan=True), ("rbwd", nt, off)
+            # in place: y over x, dx over dy
+            xi = at(buf, off, -7)
+            xi[:] = x
+            assert np.array_equal(fastln.layer_norm(xi, w, b, out=xi), want["ln"],
+                                  equal_nan=True), ("ln in place", nt, off)
+            gi = at(buf2, off, -7)
+            gi[:] = dy
+            dx = fastln.layer_norm_backward(gi, x, mean, rstd, w, out=gi)[0]
+            assert np.array_equal(dx, want["bwd"], equal_nan=True), ("bwd in place", nt, off)
+            assert untouched(buf, off) and untouched(buf2, off), (nt, off)
