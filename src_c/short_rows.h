@@ -281,8 +281,7 @@ static inline void SFX(ntw_put_n)(SFX(ntw) *w, const float *src, int64_t n)
 }
 
 /* The tail: the last vector's floats from f0 on (none when nothing was put
- * or f0 is 0).
- * The caller fences the streaming stores (stream_fence). */
+ * or f0 is 0). The caller fences the streaming stores (stream_fence). */
 static inline void SFX(ntw_finish)(SFX(ntw) *w)
 {
     if (w->started)
