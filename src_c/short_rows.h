@@ -225,7 +225,6 @@ typedef struct {
     __m512i idx;       /* lanes f0.. of carry, then lanes ..f0 - 1 of the next vector */
     int f0;            /* floats of the block before its first aligned line */
     int started;
-    int staged;        /* set by a group kernel that wrote its rows to yr instead */
 } SFX(ntw);
 
 /* Whether ntw writes a block of rows of H floats at dst: floats aligned as
@@ -244,7 +243,6 @@ static inline void SFX(ntw_init)(SFX(ntw) *w, float *dst)
                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                                 14, 15));
     w->started = 0;
-    w->staged = 0;
 }
 
 /* The block's next 16 floats */
@@ -261,17 +259,6 @@ static inline __attribute__((always_inline)) void SFX(ntw_put)(SFX(ntw) *w, __m5
         w->started = 1;
     }
     w->carry = u;
-}
-
-/* Whether a group kernel whose rows finished are ok (bit k: row k) puts
- * its R rows to ow (not NULL, and every row finished); else it stores them
- * to its rows yr, and ow->staged says so to the caller. */
-static inline __attribute__((always_inline)) int SFX(ntw_take)(SFX(ntw) *ow, uint32_t ok, int R)
-{
-    const uint32_t real = (uint32_t)((1ull << R) - 1);
-    if (!ow) return 0;
-    ow->staged = (ok & real) != real;
-    return !ow->staged;
 }
 
 /* The n floats at src (n a multiple of 16), put */
@@ -321,8 +308,7 @@ static inline void SFX(ntw_finish)(SFX(ntw) *w)
  * prefetched for writing, one with each row of the second sweep (float;
  * (16384, 256) 462 -> 419 us; in cache, (4096, 256), 68 -> 84 us).
  * ow: NULL, or (float y, rows of whole vectors) the writer of y's rows: the
- * rows go to it when all of them are finished, else to yr, and the kernel
- * sets ow->staged.
+ * rows go to it when all of them are finished (nothing to redo), else to yr.
  * Returns the mask of the rows it did not finish: their float statistics are
  * suspect, and the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
@@ -386,7 +372,8 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
         if (rstd) _mm512_mask_storeu_ps(rstd + 16 * g, done, rv);
         ok |= (uint32_t)okg << (16 * g);
     }
-    const int put = SFX(ntw_take)(ow, ok, R);
+    const uint32_t redo = ~ok & (uint32_t)((1ull << R) - 1);
+    const int put = ow && !redo;
     SFX(ntw) wl;
     if (put) wl = *ow;
     for (int k = 0; k < R; k++) {   /* y = (x - x0 - dm) * r * w + b */
@@ -400,7 +387,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
     if (put) *ow = wl;
 #undef LDW
 #undef X0
-    return ~ok & (uint32_t)((1ull << R) - 1);
+    return redo;
 }
 
 /* RMSNorm forward of one group of 16 * NG rows (R real; NG 1 or 2), rows of
@@ -439,7 +426,8 @@ static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
         if (rstd) _mm512_mask_storeu_ps(rstd + 16 * g, okg & SFX(real16)(R, g), rv);
         ok |= (uint32_t)okg << (16 * g);
     }
-    const int put = SFX(ntw_take)(ow, ok, R);
+    const uint32_t redo = ~ok & (uint32_t)((1ull << R) - 1);
+    const int put = ow && !redo;
     SFX(ntw) wl;
     if (put) wl = *ow;
     for (int k = 0; k < R; k++) {
@@ -448,7 +436,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
         for (int v = 0; v < NV; v++) PUT_OR_ST(k, v, _mm512_mul_ps(_mm512_mul_ps(LD(k, v), rk), wv[v]));
     }
     if (put) *ow = wl;
-    return ~ok & (uint32_t)((1ull << R) - 1);
+    return redo;
 }
 #undef PUT_OR_ST
 #undef ST
@@ -478,8 +466,8 @@ static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, in
  * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
  * only), add + LayerNorm: a group's s = x + res is stored first, then its
  * LayerNorm is that of s (the bits of this LayerNorm on x + res). With
- * stream, y goes through an ntw writer where it can (a group whose rows do
- * not all finish is staged, redone there, and put after); other rows, and
+ * stream, y goes through an ntw writer where it can (a group with rows to
+ * redo is staged, redone there, and put after); other rows, and
  * s, are written to staging blocks and streamed out a group at a time. */
 static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
                             const float *x, const float *res, const float *w, const float *b,
@@ -553,7 +541,7 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
                               eps, NULL);
         }
         if (stream && res) stream_copy(s + n * H, sstage, (size_t)(R * H) * sizeof(float));
-        if (ow && ow->staged) SFX(ntw_put_n)(ow, stage, R * H);
+        if (ow && redo) SFX(ntw_put_n)(ow, stage, R * H);   /* staged: the group's rows */
         else if (stream && !ow) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
     if (ow) SFX(ntw_finish)(ow);
