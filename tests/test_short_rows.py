@@ -212,6 +212,13 @@ def test_streamed_rows_at_any_alignment(restore_threads, H):
                                       equal_nan=True), (k, i)
         else:
             assert np.array_equal(want[k], np.concatenate(p), equal_nan=True), k
+    for sl in (slice(0, 64), slice(N - 64, N)):   # and against the float64 references
+        _close(want["ln"][sl], ref.layer_norm(x[sl], w, b))
+        _close(want["rms"][sl], ref.rms_norm(x[sl], w))
+        for g, e in zip(want["add"], ref.add_layer_norm(x[sl], res[sl], w, b)):
+            _close(g[sl], e)
+        _close(want["bwd"][sl], ref.layer_norm_backward(dy[sl], x[sl], mean[sl], rstd[sl], w)[0])
+        _close(want["rbwd"][sl], ref.rms_norm_backward(dy[sl], x[sl], rr[sl], w)[0])
 
     buf = np.empty(N * H + 32, F32)
     buf2 = np.empty(N * H + 32, F32)

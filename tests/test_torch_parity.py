@@ -97,6 +97,37 @@ def test_layer_norm_backward_streamed_mid_rows_matches_torch(torch, rng):
     assert_close(db, bt.grad.numpy(), F32, err_msg="dbias")
 
 
+@pytest.mark.parametrize("H", [64, 320])
+def test_streamed_rows_from_registers_match_torch(torch, rng, H):
+    """Streamed float32 rows of whole vectors written from registers (short_rows.h's ntw
+    writer: the sixteen-row forwards and backwards at H = 64, RMSNorm's long rows at 320),
+    into NumPy arrays of their own (which start 16 bytes into a cache line), against torch's
+    forward and autograd."""
+    F = torch.nn.functional
+    N = (17 << 20) // (4 * H) + 37                   # 17 MiB: streamed forward and backward
+    x = rng.standard_normal((N, H)).astype(F32)
+    dy = rng.standard_normal((N, H)).astype(F32)
+    w = (1 + 0.5 * rng.standard_normal(H)).astype(F32)
+    b = rng.standard_normal(H).astype(F32)
+    xt, wt, bt = (_tensor(torch, a, True) for a in (x, w, b))
+    yt = F.layer_norm(xt, (H,), wt, bt, 1e-5)
+    yt.backward(_tensor(torch, dy))
+    y, mean, rstd = fastln.layer_norm(x, w, b, out=np.empty_like(x), return_stats=True)
+    assert_close(y, yt.detach().numpy(), F32, err_msg="y")
+    dx, dw, db = fastln.layer_norm_backward(dy, x, mean, rstd, w, out=np.empty_like(x))
+    assert_close(dx, xt.grad.numpy(), F32, err_msg="dx")
+    assert_close(dw, wt.grad.numpy(), F32, err_msg="dweight")
+    assert_close(db, bt.grad.numpy(), F32, err_msg="dbias")
+    xt, wt = (_tensor(torch, a, True) for a in (x, w))
+    rt = F.rms_norm(xt, (H,), wt, 1e-6)
+    rt.backward(_tensor(torch, dy))
+    r, rr = fastln.rms_norm(x, w, out=np.empty_like(x), return_stats=True)
+    assert_close(r, rt.detach().numpy(), F32, err_msg="rms y")
+    dx, dw = fastln.rms_norm_backward(dy, x, rr, w, out=np.empty_like(x))
+    assert_close(dx, xt.grad.numpy(), F32, err_msg="rms dx")
+    assert_close(dw, wt.grad.numpy(), F32, err_msg="rms dweight")
+
+
 @pytest.mark.parametrize("N,H", [(16, 768), (37, 16), (37, 100), (37, 128), (37, 200)],
                          ids=repr)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
