@@ -171,6 +171,20 @@ static inline __attribute__((always_inline)) __m256i SFX(narrow16)(int kind, __m
            : kind == KIND_BF16_INSN ? SFX(bf16_insn)(v) : bf16_round512(v);
 }
 
+/* a, b as 32 16-bit values of kind (a's first); bfloat16 on AVX512-BF16 in
+ * one VCVTNE2PS2BF16 where neither holds a subnormal */
+static inline __attribute__((always_inline)) __m512i SFX(narrow32)(int kind, __m512 a, __m512 b)
+{
+    if (kind == KIND_BF16_INSN && !(_mm512_fpclass_ps_mask(a, 0x20) |
+                                    _mm512_fpclass_ps_mask(b, 0x20))) {
+        __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+        IN_REGISTER(h);
+        return h;
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(SFX(narrow16)(kind, a)),
+                              SFX(narrow16)(kind, b), 1);
+}
+
 /* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
 static inline __attribute__((always_inline)) void SFX(st_half)(
     int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
@@ -218,7 +232,8 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
  * (65536, 128) 1.06-1.17x. Rows of 32 measured 0.94-1.16x, rows of 16 up
  * to 1.07x forward but 0.79-0.98x backward: the writer's work per vector
  * weighs more there. Those rows, and rows of other lengths, keep the
- * staging block. */
+ * staging block. The 16-bit forwards put pairs of narrowed vectors (32
+ * values, one line's worth) as the floats of a vector (fwd_rows16_half_k). */
 typedef struct {
     float *p;          /* the next aligned line (the block's start + f0 until the first put) */
     __m512 carry;      /* the last vector put */
@@ -232,6 +247,14 @@ typedef struct {
 static inline int SFX(ntw_ok)(const float *dst, int64_t H)
 {
     return H % 16 == 0 && H >= 64 && !((uintptr_t)dst & 3);
+}
+
+/* Whether ntw writes a block of 16-bit rows of H values at dst, taken as
+ * floats (two values each): rows of an even number of whole vectors, dst
+ * aligned as floats */
+static inline int SFX(ntw_ok16)(const uint16_t *dst, int64_t H)
+{
+    return H % 32 == 0 && !((uintptr_t)dst & 3);
 }
 
 static inline void SFX(ntw_init)(SFX(ntw) *w, float *dst)
@@ -294,7 +317,11 @@ static inline void SFX(ntw_finish)(SFX(ntw) *w)
         if (put) SFX(ntw_put)(&wl, (y));                                                  \
         else ST(k, v, (y));                                                               \
     } while (0)
-
+/* Vectors v and v + 1 of a 16-bit y row, narrowed together and put to wl as
+ * one line's worth. The group kernels do this in a sweep of its own: with
+ * the float rows' loop taking it too, GCC unrolled neither loop (bfloat16
+ * (262144, 64) 0.8x, float32 3-8% slower). */
+#define PUT16(a, b) SFX(ntw_put)(&wl, _mm512_castsi512_ps(SFX(narrow32)(YK, (a), (b))))
 /* One group of 16 * NG rows (R of them real; NG 1 or 2) of the LayerNorm
  * forward, rows of NV vectors (NV and NG constants after inlining: the loops
  * unroll, w and b stay in registers). Each sixteen rows' sums reduce on their
@@ -307,8 +334,9 @@ static inline void SFX(ntw_finish)(SFX(ntw) *w)
  * -> 504 us). pfw: the y rows are
  * prefetched for writing, one with each row of the second sweep (float;
  * (16384, 256) 462 -> 419 us; in cache, (4096, 256), 68 -> 84 us).
- * ow: NULL, or (float y, rows of whole vectors) the writer of y's rows: the
- * rows go to it when all of them are finished (nothing to redo), else to yr.
+ * ow: NULL, or the writer of y's rows (float rows of whole vectors, or 16-bit
+ * rows of an even number): the rows go to it when all of them are finished
+ * (nothing to redo), else to yr.
  * Returns the mask of the rows it did not finish: their float statistics are
  * suspect, and the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
@@ -376,6 +404,14 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
     const int put = ow && !redo;
     SFX(ntw) wl;
     if (put) wl = *ow;
+#define Y(v) _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(LDW(k, v), s), d), rk), \
+                             wv[v], bv[v])
+    if (YK && put) {   /* 16-bit rows to the writer (put: every row is finished) */
+        for (int k = 0; k < R; k++) {
+            __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
+            for (int v = 0; v + 1 < NV; v += 2) PUT16(Y(v), Y(v + 1));
+        }
+    } else
     for (int k = 0; k < R; k++) {   /* y = (x - x0 - dm) * r * w + b */
         if (!((ok >> k) & 1)) continue;
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
@@ -384,6 +420,7 @@ static inline __attribute__((always_inline)) uint32_t SFX(ln_group16)(
             PUT_OR_ST(k, v, _mm512_fmadd_ps(_mm512_mul_ps(c, rk), wv[v], bv[v]));
         }
     }
+#undef Y
     if (put) *ow = wl;
 #undef LDW
 #undef X0
@@ -430,14 +467,23 @@ static inline __attribute__((always_inline)) uint32_t SFX(rms_group16)(
     const int put = ow && !redo;
     SFX(ntw) wl;
     if (put) wl = *ow;
+#define Y(v) _mm512_mul_ps(_mm512_mul_ps(LD(k, v), rk), wv[v])
+    if (YK && put) {   /* as ln_group16 */
+        for (int k = 0; k < R; k++) {
+            __m512 rk = _mm512_set1_ps(r[k]);
+            for (int v = 0; v + 1 < NV; v += 2) PUT16(Y(v), Y(v + 1));
+        }
+    } else
     for (int k = 0; k < R; k++) {
         if (!((ok >> k) & 1)) continue;
         __m512 rk = _mm512_set1_ps(r[k]);
         for (int v = 0; v < NV; v++) PUT_OR_ST(k, v, _mm512_mul_ps(_mm512_mul_ps(LD(k, v), rk), wv[v]));
     }
+#undef Y
     if (put) *ow = wl;
     return redo;
 }
+#undef PUT16
 #undef PUT_OR_ST
 #undef ST
 #undef LD
@@ -589,6 +635,20 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
     SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
     if (rms) mean = NULL;
     float *const yf = buf + 16 * H;   /* y of a row that takes the one-row code */
+    /* Streamed LayerNorm and RMSNorm rows of an even number of vectors go
+     * through an ntw writer (a group with rows to redo is staged, then put).
+     * NumPy's large arrays start 16 bytes into a line, where st_half's
+     * 32-byte streaming stores never apply: y was written by ordinary stores.
+     * Same-process A/B, 2 threads, y 16 bytes into a line: bfloat16
+     * (262144, 64) 1.17-1.32x, (131072, 128) 1.34-1.36x, (65536, 256)
+     * 1.40-1.43x, (524288, 32) 1.22-1.23x; float16 (262144, 64) 1.20-1.30x,
+     * (65536, 256) 1.46-1.54x; 1 thread 1.12-1.48x. With y on a line
+     * (st_half streaming) 0.95-1.14x. */
+    SFX(ntw) w_;
+    SFX(ntw) *const ow = stream && !add && SFX(ntw_ok16)(y, H) ? &w_ : NULL;
+    uint16_t stage[16 * FWD16_H] __attribute__((aligned(64)));   /* G * H at most */
+    const int nt = stream && !ow;
+    if (ow) SFX(ntw_init)(ow, (float *)(y + r0 * H));
     const int pf_on = (double)(r1 - r0) * H * 2 > PF_RANGE_BYTES;
     /* Rows go 32 at a time (NG 2 groups of 16) where that measured faster:
      * the two groups' reductions and rstd, latency chains between the
@@ -613,7 +673,7 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
         }
         for (int k = 0; k < G; k++) {
             xr[k] = x + (n + k < r1 ? n + k : r1 - 1) * H;
-            yr[k] = y + (n + k) * H;
+            yr[k] = ow ? stage + k * H : y + (n + k) * H;
         }
         float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
         /* rows of more than 8 vectors prefetch the next group, as ln_group16
@@ -628,14 +688,12 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
 #define CASE(NV, K)                                                                       \
     case NV * 4 + K:                                                                      \
         redo = add ? SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)sr, wv, \
-                                     bv, R, NV, H, tail, eps, 0, K, stream, NULL, 0, 1,   \
-                                     NULL)                                                \
+                                     bv, R, NV, H, tail, eps, 0, K, nt, NULL, 0, 1, NULL) \
              : rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
-                                      NV, H, tail, eps, K, stream, PF(NV), 0, NG_RMS(NV), \
-                                      NULL)                                               \
+                                      NV, H, tail, eps, K, nt, PF(NV), 0, NG_RMS(NV), ow) \
                    : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, \
-                                     bv, R, NV, H, tail, eps, K, K, stream, PF(NV), 0,    \
-                                     NG_LN(NV), NULL);                                    \
+                                     bv, R, NV, H, tail, eps, K, K, nt, PF(NV), 0,        \
+                                     NG_LN(NV), ow);                                      \
         break;
 #define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
         switch (nv * 4 + kind) {
@@ -656,7 +714,9 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
                               NULL);
             narrow_half(kind, yr[k], yf, H);
         }
+        if (ow && redo) SFX(ntw_put_n)(ow, (const float *)stage, R * H / 2);
     }
+    if (ow) SFX(ntw_finish)(ow);
     if (stream) stream_fence();
 }
 
@@ -896,8 +956,7 @@ static inline __attribute__((always_inline)) void SFX(st_k)(
 static inline __attribute__((always_inline)) void SFX(st_pair)(
     int kind, void *p, int64_t i, __m512 a, __m512 b, int nt)
 {
-    __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(SFX(narrow16)(kind, a)),
-                                   SFX(narrow16)(kind, b), 1);
+    __m512i h = SFX(narrow32)(kind, a, b);
     uint16_t *q = (uint16_t *)p + i;
     if (nt && !((uintptr_t)q & 63)) _mm512_stream_si512((__m512i *)q, h);
     else _mm512_storeu_si512(q, h);

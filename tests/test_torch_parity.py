@@ -1,4 +1,6 @@
 """Parity with torch.nn.functional.layer_norm / rms_norm, forward and autograd backward."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -126,6 +128,39 @@ def test_streamed_rows_from_registers_match_torch(torch, rng, H):
     dx, dw = fastln.rms_norm_backward(dy, x, rr, w, out=np.empty_like(x))
     assert_close(dx, xt.grad.numpy(), F32, err_msg="rms dx")
     assert_close(dw, wt.grad.numpy(), F32, err_msg="rms dweight")
+
+
+@pytest.mark.parametrize("H", [64, 256])
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_streamed_half_rows_match_torch(torch, rng, name, H):
+    """Streamed 16-bit rows of an even number of vectors (the sixteen-row forwards narrow
+    two vectors at a time into short_rows.h's ntw writer), into NumPy arrays of their own
+    (16 bytes into a cache line), against torch's LayerNorm and RMSNorm on the same 16-bit
+    tensor: within one unit in the last place of the 16-bit type."""
+    if name == "bfloat16":
+        dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+        tt = torch.bfloat16
+    else:
+        dt, tt = np.dtype(np.float16), torch.float16
+    F = torch.nn.functional
+    N = (17 << 20) // (2 * H) + 37                   # 17 MiB of 16-bit values: streamed
+    x = (rng.standard_normal((N, H)) * 2 + 0.5).astype(dt)
+    w = (1 + 0.5 * rng.standard_normal(H)).astype(F32)
+    b = rng.standard_normal(H).astype(F32)
+    xt = torch.from_numpy(x.view(np.int16)).view(tt)
+    wt, bt = torch.from_numpy(w), torch.from_numpy(b)
+    ulp = float(torch.finfo(tt).eps)
+
+    def check(got, want, what):
+        want = want.float().numpy()
+        np.testing.assert_allclose(got.astype(F32), want, rtol=ulp, atol=ulp, err_msg=what)
+
+    check(fastln.layer_norm(x, w, b, out=np.empty_like(x)), F.layer_norm(xt, (H,), wt, bt, 1e-5),
+          "y")
+    with warnings.catch_warnings():    # a float weight: torch's unfused path, which warns
+        warnings.simplefilter("ignore")
+        want = F.rms_norm(xt, (H,), wt, 1e-6)
+    check(fastln.rms_norm(x, w, out=np.empty_like(x)), want, "rms y")
 
 
 @pytest.mark.parametrize("N,H", [(16, 768), (37, 16), (37, 100), (37, 128), (37, 200)],
