@@ -183,12 +183,14 @@ int main(void) {
             }
         }
         /* past the streaming thresholds (32 MiB forward, 16 MiB on AVX-512, 8
-         * MiB backward); short rows of whole vectors stream from registers
-         * (short_rows.h's ntw), with partial lines at both ends */
+         * MiB backward); short rows of whole vectors (16-bit: an even number)
+         * stream from registers (short_rows.h's ntw), with partial lines at
+         * both ends */
         bad |= ln_f32(3100, 4096);
         bad |= ln_f32(65541, 64);
         bad |= ln_half(FASTLN_BF16, 6200, 4096);
-        n += 3;
+        bad |= ln_half(FASTLN_BF16, 131083, 64);
+        n += 4;
     }
     bad |= pool_run();
     n++;
