@@ -595,12 +595,30 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
 }
 
 /* s = x + res over n 16-bit values of kind, in float into sf and rounded
- * into s (nt: non-temporal where aligned); with pf, prefetching x and res n
- * values on (as add16) */
+ * into s (nt: non-temporal where aligned), or with os put to that writer;
+ * with pf, prefetching x and res n values on (as add16) */
 static inline __attribute__((always_inline)) void SFX(add16_half)(
     int kind, float *sf, uint16_t *s, const uint16_t *x, const uint16_t *res, int64_t n, int nt,
-    int pf)
+    int pf, SFX(ntw) *os)
 {
+    if (os) {   /* s to the writer os instead (n a multiple of 32), two vectors a put */
+        SFX(ntw) wl = *os;
+        for (int64_t i = 0; i < n; i += 32) {
+            if (pf) {
+                _mm_prefetch((const char *)(x + n + i), _MM_HINT_T0);
+                _mm_prefetch((const char *)(res + n + i), _MM_HINT_T0);
+            }
+            const __mmask16 m = (__mmask16)0xFFFF;
+            __m512 a = _mm512_add_ps(SFX(ld_half)(kind, x + i, m), SFX(ld_half)(kind, res + i, m));
+            __m512 b = _mm512_add_ps(SFX(ld_half)(kind, x + i + 16, m),
+                                     SFX(ld_half)(kind, res + i + 16, m));
+            _mm512_storeu_ps(sf + i, a);
+            _mm512_storeu_ps(sf + i + 16, b);
+            SFX(ntw_put)(&wl, _mm512_castsi512_ps(SFX(narrow32)(kind, a, b)));
+        }
+        *os = wl;
+        return;
+    }
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         if (pf && !(i & 31)) {   /* a line of each, every other vector */
@@ -635,20 +653,23 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
     SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
     if (rms) mean = NULL;
     float *const yf = buf + 16 * H;   /* y of a row that takes the one-row code */
-    /* Streamed LayerNorm and RMSNorm rows of an even number of vectors go
-     * through an ntw writer (a group with rows to redo is staged, then put).
+    /* Streamed rows of an even number of vectors go through ntw writers, y's
+     * and (add + LayerNorm) s's; a group with rows to redo is staged, then put.
      * NumPy's large arrays start 16 bytes into a line, where st_half's
      * 32-byte streaming stores never apply: y was written by ordinary stores.
      * Same-process A/B, 2 threads, y 16 bytes into a line: bfloat16
      * (262144, 64) 1.17-1.32x, (131072, 128) 1.34-1.36x, (65536, 256)
      * 1.40-1.43x, (524288, 32) 1.22-1.23x; float16 (262144, 64) 1.20-1.30x,
-     * (65536, 256) 1.46-1.54x; 1 thread 1.12-1.48x. With y on a line
-     * (st_half streaming) 0.95-1.14x. */
-    SFX(ntw) w_;
-    SFX(ntw) *const ow = stream && !add && SFX(ntw_ok16)(y, H) ? &w_ : NULL;
+     * (65536, 256) 1.46-1.54x; 1 thread 1.12-1.48x; bfloat16 add + LayerNorm
+     * (262144, 64) 1.36-1.61x, (131072, 128) 1.45-1.49x, (65536, 256)
+     * 1.29-1.58x. With the outputs on a line (st_half streaming) 0.95-1.15x. */
+    SFX(ntw) w_, ws_;
+    SFX(ntw) *const ow = stream && SFX(ntw_ok16)(y, H) ? &w_ : NULL;
+    SFX(ntw) *const os = stream && add && SFX(ntw_ok16)(s, H) ? &ws_ : NULL;   /* s's */
     uint16_t stage[16 * FWD16_H] __attribute__((aligned(64)));   /* G * H at most */
     const int nt = stream && !ow;
     if (ow) SFX(ntw_init)(ow, (float *)(y + r0 * H));
+    if (os) SFX(ntw_init)(os, (float *)(s + r0 * H));
     const int pf_on = (double)(r1 - r0) * H * 2 > PF_RANGE_BYTES;
     /* Rows go 32 at a time (NG 2 groups of 16) where that measured faster:
      * the two groups' reductions and rstd, latency chains between the
@@ -668,7 +689,7 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
         uint16_t *yr[32];
         if (add) {
             SFX(add16_half)(kind, buf, s + n * H, x + n * H, res + n * H, R * H, stream,
-                            n + 32 <= r1);
+                            n + 32 <= r1, os);
             SFX(rows16)(sr, buf, 0, R, H);
         }
         for (int k = 0; k < G; k++) {
@@ -688,7 +709,7 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
 #define CASE(NV, K)                                                                       \
     case NV * 4 + K:                                                                      \
         redo = add ? SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)sr, wv, \
-                                     bv, R, NV, H, tail, eps, 0, K, nt, NULL, 0, 1, NULL) \
+                                     bv, R, NV, H, tail, eps, 0, K, nt, NULL, 0, 1, ow)   \
              : rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
                                       NV, H, tail, eps, K, nt, PF(NV), 0, NG_RMS(NV), ow) \
                    : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, \
@@ -717,6 +738,7 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
         if (ow && redo) SFX(ntw_put_n)(ow, (const float *)stage, R * H / 2);
     }
     if (ow) SFX(ntw_finish)(ow);
+    if (os) SFX(ntw_finish)(os);
     if (stream) stream_fence();
 }
 

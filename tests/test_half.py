@@ -127,45 +127,57 @@ def test_streamed_outputs(dt, H):
 @pytest.mark.parametrize("H", [32, 64, 256])
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_streamed_rows_at_any_alignment(restore_threads, dt, H):
-    """Streamed LayerNorm and RMSNorm rows of an even number of vectors (AVX-512: H = 32,
-    64, ... 256) are narrowed two vectors at a time and written by the writer of whole
-    64-byte lines (src_c/short_rows.h, ntw), with ordinary stores for the partial lines at
-    the two ends of each thread's rows; outputs that start at an odd 2-byte step take
-    plain stores. At starts all over a line (every one at H = 64), on 1 to 3 threads and in
-    place, with rows that take the one-row fallback (a constant row, inf, NaN), the outputs
-    are float32's on the widened input, rounded, bitwise, and the values on either side
-    stay as they were."""
+    """Streamed LayerNorm, RMSNorm and add + LayerNorm rows of an even number of vectors
+    (AVX-512: H = 32, 64, ... 256) are narrowed two vectors at a time and written by the
+    writer of whole 64-byte lines (src_c/short_rows.h, ntw; add + LayerNorm: one for y,
+    one for s), with ordinary stores for the partial lines at the two ends of each
+    thread's rows; outputs that start at an odd 2-byte step take plain stores. At starts
+    all over a line (every one at H = 64), on 1 to 3 threads and in place, with rows that
+    take the one-row fallback (a constant row, inf, NaN), the outputs are float32's on the
+    widened input, rounded, bitwise, and the values on either side stay as they were."""
     N = (17 << 20) // (2 * H) + 7          # 17 MiB of 16-bit values: streamed
-    x, _, _, w, b = _inputs(dt, N, H, seed=5)
+    x, _, res, w, b = _inputs(dt, N, H, seed=5)
     x[5] = 1                               # variance 0: the one-row fallback
+    res[5] = 0
     x[N // 2, 3] = np.inf
     x[N - 2, 0] = np.nan
-    xf = x.astype(F32)
+    xf, rf = x.astype(F32), res.astype(F32)
     with np.errstate(over="ignore", invalid="ignore"):
         want = {"ln": fastln.layer_norm(xf, w, b).astype(dt),
                 "rms": fastln.rms_norm(xf, w).astype(dt)}
-    buf = np.empty(N * H + 64, dt)
+        want["add"], want["add s"] = (a.astype(dt) for a in fastln.add_layer_norm(xf, rf, w, b))
+    bufs = np.empty((2, N * H + 64), dt)
     fill = np.array(-7, dt)
 
-    def at(off):
-        buf[:] = fill
-        return buf[off:off + N * H].reshape(N, H)
+    def at(off, i=0):
+        bufs[i] = fill
+        return bufs[i, off:off + N * H].reshape(N, H)
 
     def untouched(off):
-        return (buf[:off] == fill).all() and (buf[off + N * H:] == fill).all()
+        return (bufs[:, :off] == fill).all() and (bufs[:, off + N * H:] == fill).all()
 
     for nt in (1, 2, 3):
         fastln.set_num_threads(nt)
         for off in (range(32) if H == 64 else (0, 1, 8, 31)) if nt == 2 else (0, 8, 9):
+            at(off, 1)
             _same(fastln.layer_norm(x, w, b, out=at(off)), want["ln"], ("ln", nt, off))
             assert untouched(off), ("ln", nt, off)
             _same(fastln.rms_norm(x, w, out=at(off)), want["rms"], ("rms", nt, off))
             assert untouched(off), ("rms", nt, off)
-        xi = at(8)                          # in place
+            ay, s = fastln.add_layer_norm(x, res, w, b, out=(at(off), at(off, 1)))
+            _same(ay, want["add"], ("add", nt, off))
+            _same(s, want["add s"], ("add s", nt, off))
+            assert untouched(off), ("add", nt, off)
+        xi, ri = at(8), at(8, 1)            # in place
         xi[:] = x
         _same(fastln.layer_norm(xi, w, b, out=xi), want["ln"], ("ln in place", nt))
         xi[:] = x
         _same(fastln.rms_norm(xi, w, out=xi), want["rms"], ("rms in place", nt))
+        xi[:] = x
+        ri[:] = res
+        ay, s = fastln.add_layer_norm(xi, ri, w, b, out=(xi, ri))
+        _same(ay, want["add"], ("add in place", nt))
+        _same(s, want["add s"], ("add s in place", nt))
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
