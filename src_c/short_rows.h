@@ -101,7 +101,7 @@ static inline void SFX(rows16)(const float **xr, const float *x, int64_t n, int6
 #define PF_GROUP_FWD 4096   /* bytes ahead: 2 KiB measured slower, 8 KiB the same; the
                              * 16-bit sixteen-row forward measured slower with it */
 #define SPREAD_NV 3   /* fwd_rows16: rows of this many vectors prefetch a row at a time
-                       * (rows of 1 or 2: slower; 16-bit rows: no faster) */
+                       * (rows of 1 or 2: slower; 16-bit rows: streamed ones) */
 #define PF_RANGE_BYTES (4.0 * 1024 * 1024)   /* a thread's rows past this: the forward
                                               * prefetches its outputs too */
 static inline __attribute__((always_inline)) void SFX(pf_ahead)(const void *p, int64_t n,
@@ -701,10 +701,13 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
          * and rms_group16 do, where a thread's rows pass PF_RANGE_BYTES
          * (bfloat16, 2 threads: (65536, 256) 1.89 -> 1.57 ms, (131072, 160)
          * 2.00 -> 1.91 ms, RMSNorm 1.34 -> 1.21 ms, 1.83 -> 1.63 ms; 1 thread
-         * 3.7 -> 3.1 ms; in cache 3-5% slower); shorter rows measured slower
-         * with it (a constant NULL for them) */
+         * 3.7 -> 3.1 ms; in cache 3-5% slower). Rows of SPREAD_NV to 8
+         * vectors only where y is streamed (through the writer: bfloat16, 2
+         * threads, (262144, 64) 1.03-1.08x, (131072, 128) 1.02-1.05x, 1.07-1.17x
+         * where memory ran slow; (98304, 64), not streamed, 0.95x); shorter
+         * rows measured slower with it (a constant NULL for them) */
         const char *pf = pf_on && n + 2 * G <= r1 ? (const char *)(x + (n + G) * H) : NULL;
-#define PF(NV) (NV > 8 ? pf : NULL)
+#define PF(NV) (NV > 8 || (NV >= SPREAD_NV && stream) ? pf : NULL)
         uint32_t redo = 0;
 #define CASE(NV, K)                                                                       \
     case NV * 4 + K:                                                                      \
