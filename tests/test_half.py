@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fastln
+from fastln import reference as ref
 
 from _util import F16, F32
 
@@ -134,7 +135,9 @@ def test_streamed_rows_at_any_alignment(restore_threads, dt, H):
     thread's rows; outputs that start at an odd 2-byte step take plain stores. At starts
     all over a line (every one at H = 64), on 1 to 3 threads and in place, with rows that
     take the one-row fallback (a constant row, inf, NaN), the outputs are float32's on the
-    widened input, rounded, bitwise, and the values on either side stay as they were."""
+    widened input, rounded, bitwise (that yardstick within one unit in the last place of the
+    float64 references on the first and last 64 rows), and the values on either side stay as
+    they were."""
     N = (17 << 20) // (2 * H) + 7          # 17 MiB of 16-bit values: streamed
     x, _, res, w, b = _inputs(dt, N, H, seed=5)
     x[5] = 1                               # variance 0: the one-row fallback
@@ -146,6 +149,17 @@ def test_streamed_rows_at_any_alignment(restore_threads, dt, H):
         want = {"ln": fastln.layer_norm(xf, w, b).astype(dt),
                 "rms": fastln.rms_norm(xf, w).astype(dt)}
         want["add"], want["add s"] = (a.astype(dt) for a in fastln.add_layer_norm(xf, rf, w, b))
+    ulp = float(ml_dtypes.finfo(dt).eps)
+    for sl in (slice(0, 64), slice(N - 64, N)):    # the yardstick against the float64 references
+        x64, r64 = xf[sl].astype(np.float64), rf[sl].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            refs = {"ln": ref.layer_norm(x64, w, b),
+                    "rms": ref.rms_norm(x64, w)}
+            refs["add"], refs["add s"] = ref.add_layer_norm(x64, r64, w, b)
+        for k, e in refs.items():
+            scale = max(1.0, float(np.nanmax(np.abs(e[np.isfinite(e)]))))
+            np.testing.assert_allclose(want[k][sl].astype(np.float64), e, rtol=ulp,
+                                       atol=ulp * scale, equal_nan=True, err_msg=k)
     bufs = np.empty((2, N * H + 64), dt)
     fill = np.array(-7, dt)
 
