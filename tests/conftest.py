@@ -6,9 +6,14 @@
 * ``torch``: PyTorch, skipped when missing -- unless FASTLN_REQUIRE_TORCH=1
   (set by CI), where a missing torch is a failure.
 * ``rng``: a seeded NumPy Generator.
+
+Once the tests are collected, the C builds of tests/test_c.py start in the
+background when any of its tests is selected (see test_c.start_builds).
 """
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -17,6 +22,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 import fastln  # noqa: E402
+
+
+_c_builds = None   # (test_c module, build folder) once started
+
+
+def pytest_collection_modifyitems(config, items):
+    global _c_builds
+    mods = [getattr(item, "module", None) for item in items]
+    test_c = next((m for m in mods if getattr(m, "__name__", "") == "test_c"), None)
+    if test_c is not None and _c_builds is None:
+        _c_builds = (test_c, tempfile.mkdtemp(prefix="fastln_c_builds_"))
+        test_c.start_builds(_c_builds[1])
+
+
+def pytest_sessionfinish(session):
+    if _c_builds is not None:
+        _c_builds[0].stop_builds()
+        shutil.rmtree(_c_builds[1], ignore_errors=True)
 
 
 def _isas():

@@ -24,25 +24,69 @@ pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "src_c", "
                                 reason="the C sources are not next to tests/")
 
 
-def build(main, exe, flags, extra=()):
-    """Compiles main (and the sources in extra) with the C core into exe
-    (skips without a C compiler)."""
+SANITIZE_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                  "-fno-sanitize-recover=undefined", "-fopenmp", "-fopenmp-simd",
+                  "-Wno-unused-function"]
+EXAMPLE_FLAGS = ["-O2", "-std=c99", "-Wall", "-Werror", "-Wno-unused-function"]
+# name: (main, flags, extra sources)
+BUILDS = {
+    "sanitize": ("tests/c/sanitize.c", SANITIZE_FLAGS, ["src_c/pool.c"]),
+    "normalize-openmp": ("examples/c/normalize.c", EXAMPLE_FLAGS + ["-fopenmp"], []),
+    "normalize-serial": ("examples/c/normalize.c", EXAMPLE_FLAGS + ["-Wno-unknown-pragmas"], []),
+}
+_started = {}   # name: (process, exe, log path)
+
+
+def start_builds(outdir):
+    """Starts every build of BUILDS in the background, into outdir.
+
+    The C core takes minutes to compile (kernels_avx512.c most of all, and
+    several times longer under UBSan), so tests/conftest.py calls this once
+    the tests are collected, when any test of this file is selected: the
+    compilers then run beside the other tests, and build() only waits."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
+        return
+    for name, (main, flags, extra) in BUILDS.items():
+        if name not in _started:
+            exe, log = os.path.join(outdir, name), os.path.join(outdir, name + ".log")
+            with open(log, "w") as f:
+                proc = subprocess.Popen([cc, *flags, "-Isrc_c", main, *extra, *C_CORE, "-o", exe,
+                                         "-lm"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+            _started[name] = (proc, exe, log)
+
+
+def stop_builds():
+    """Kills the builds still running (the session ended early)."""
+    for proc, _, _ in _started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def build(name, tmp_path):
+    """Waits for build `name` (started here when start_builds() was not
+    called); returns (returncode, compiler output, exe). Skips without a C
+    compiler."""
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no C compiler")
-    return subprocess.run([cc, *flags, "-Isrc_c", main, *extra, *C_CORE, "-o", exe, "-lm"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if name not in _started:
+        start_builds(str(tmp_path))
+    proc, exe, log = _started[name]
+    try:
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with open(log) as f:
+        return proc.returncode, f.read(), exe
 
 
 def test_c_core_is_clean_under_sanitizers(tmp_path):
-    exe = str(tmp_path / "sanitize")
-    b = build("tests/c/sanitize.c", exe,
-              ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-               "-fno-sanitize-recover=undefined", "-fopenmp", "-fopenmp-simd",
-               "-Wno-unused-function"], extra=["src_c/pool.c"])
-    if b.returncode != 0 and "sanitize" in b.stderr:
-        pytest.skip("this compiler cannot build with sanitizers: " + b.stderr[-300:])
-    assert b.returncode == 0, b.stderr[-3000:]
+    rc, out, exe = build("sanitize", tmp_path)
+    if rc != 0 and "sanitize" in out:
+        pytest.skip("this compiler cannot build with sanitizers: " + out[-300:])
+    assert rc == 0, out[-3000:]
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", OMP_NUM_THREADS="3")
     env.pop("LD_PRELOAD", None)
@@ -53,10 +97,7 @@ def test_c_core_is_clean_under_sanitizers(tmp_path):
 
 @pytest.mark.parametrize("openmp", [True, False], ids=["openmp", "serial"])
 def test_c_example_builds_and_passes(tmp_path, openmp):
-    exe = str(tmp_path / "normalize")
-    b = build("examples/c/normalize.c", exe,
-              ["-O2", "-std=c99", "-Wall", "-Werror", "-Wno-unused-function"]
-              + (["-fopenmp"] if openmp else ["-Wno-unknown-pragmas"]))
-    assert b.returncode == 0, b.stderr[-3000:]
+    rc, out, exe = build("normalize-openmp" if openmp else "normalize-serial", tmp_path)
+    assert rc == 0, out[-3000:]
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.rstrip().endswith("ok"), run.stdout + run.stderr
