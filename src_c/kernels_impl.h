@@ -511,7 +511,8 @@ static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, in
 }
 
 /* Backward rows [r0, r1) (buf != NULL: streaming stores; hot: the call's
- * data fits the cache). On AVX-512 in float, rows of up to SHORT16_H go
+ * data fits the cache; rows up to re >= r1 may be prefetched: the rows the
+ * calling thread does next). On AVX-512 in float, rows of up to SHORT16_H go
  * sixteen at a time (bwd_rows16, which prefetches; against long_bwd, 2
  * threads: (16384, 64) 150 against 210 us, (16384, 112) 275 against 320
  * us, (8192, 128) 124 against 196 us, 1 thread (4096, 128) 110 against 166
@@ -525,12 +526,12 @@ static void SFX(rms_range)(T *y, T *rstd, const T *x, const T *w, int64_t r0, in
  * ms, (16384, 200) 0.88 -> 0.65 ms; 1 thread 1.3-1.6x; not streamed, (4096,
  * 200), 6% slower; RMSNorm's (65536, 256) 16% slower). Elsewhere bwd_rows. */
 static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
-                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t H, T *buf,
-                           int hot)
+                           const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t re,
+                           int64_t H, T *buf, int hot)
 {
 #if HAVE_SHORT16
     if (H <= SHORT16_H) {
-        SFX(bwd_rows16)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf != NULL);
+        SFX(bwd_rows16)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, buf != NULL);
         return;
     }
     if (!hot && (H > SHORT_H || !buf || !pb)) {
@@ -539,6 +540,7 @@ static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T
     }
 #endif
     (void)hot;
+    (void)re;
     SFX(bwd_rows)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf);
 }
 
@@ -700,7 +702,8 @@ static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const f
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
         widen_half(a->kind, xb, a->x + r * H, e);
         widen_half(a->kind, gb, a->dy + r * H, e);
-        SFX(bwd_range)(gb, pw, pb, gb, xb, mean ? mean + r : NULL, rstd + r, w, 0, n, H, NULL, 1);
+        SFX(bwd_range)(gb, pw, pb, gb, xb, mean ? mean + r : NULL, rstd + r, w, 0, n, n, H, NULL,
+                       1);
         SFX(lp_put)(a->kind, a->dx + r * H, gb, e, stage, a->stream);
     }
     if (a->stream) stream_fence();
@@ -714,7 +717,8 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, T *stage,
                             const SFX(lp_bwd) *lp, int hot, int64_t t, int64_t p)
 {
-    for (int64_t k = nblk * t / p; k < nblk * (t + 1) / p; k++) {
+    const int64_t k1 = nblk * (t + 1) / p, re = k1 * rb < N ? k1 * rb : N;   /* share's end */
+    for (int64_t k = nblk * t / p; k < k1; k++) {
         T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
         memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
@@ -724,7 +728,7 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
             continue;
         }
 #endif
-        SFX(bwd_range)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, H, stage, hot);
+        SFX(bwd_range)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, re, H, stage, hot);
     }
 }
 
@@ -770,7 +774,7 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     if (nblk == 1 && !stream && !lp) {               /* one block: sums straight into dw, db */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
-        SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, H, NULL, hot);
+        SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, N, H, NULL, hot);
         return FASTLN_OK;
     }
     int64_t ps = SFX(part_stride)(H);

@@ -871,10 +871,11 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
 #undef MASK
 }
 
-/* Backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <= SHORT16_H. */
+/* Backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <=
+ * SHORT16_H; it prefetches rows up to re (>= r1). */
 static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, const float *x,
                             const float *mean, const float *rstd, const float *w, int64_t r0,
-                            int64_t r1, int64_t H, int stream)
+                            int64_t r1, int64_t re, int64_t H, int stream)
 {
     const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
@@ -896,9 +897,12 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
          * 16 rows and at least 2 KiB ahead (1 thread, (262144, 64) 8.0 ->
          * 6.4 ms, (65536, 64) 1.6 -> 1.2 ms; 2 threads 4.6 -> 4.3 ms, 0.82
          * -> 0.64 ms; 8 or 24 rows ahead, or 4 KiB at H = 16, slower. The
-         * former burst of 4 KiB a group, 2 KiB ahead, fell behind.) */
+         * former burst of 4 KiB a group, 2 KiB ahead, fell behind.) Up to re,
+         * across the end of the caller's block of rows: the last group of
+         * each block of 256 rows went without (2 threads, (262144, 64)
+         * 1.02-1.09x). */
         const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* elements */
-        const char *px = n + 16 + ahead / H <= r1 ? (const char *)(x + n * H + ahead) : NULL;
+        const char *px = n + 16 + ahead / H <= re ? (const char *)(x + n * H + ahead) : NULL;
         const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
         switch (nv * 2 + (pb != NULL)) {
 #define G16(NV, LN) SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg, ow)
