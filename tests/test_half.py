@@ -65,7 +65,8 @@ def _check_all(x, dy, res, w, b):
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 @pytest.mark.parametrize("N, H", [(1, 1), (7, 5), (33, 16), (40, 100), (33, 200), (17, 256),
-                                  (5, 768), (300, 64), (3, 9000)])
+                                  (5, 768), (300, 64), (3, 9000), (1037, 48), (700, 128),
+                                  (2000, 16)])
 def test_equals_float32_rounded(isa, dt, N, H):
     _check_all(*_inputs(dt, N, H))
 
@@ -99,12 +100,13 @@ def test_any_thread_count(restore_threads, dt):
                                           err_msg=k)
 
 
-@pytest.mark.parametrize("H", [200, 768, 1037])
+@pytest.mark.parametrize("H", [64, 200, 768, 1037])
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_streamed_outputs(dt, H):
     """Outputs past the streaming thresholds (forward 16 MiB on AVX-512, else 32;
     backward 8 MiB); with H = 1037 the rows start at every alignment of the 64-byte stores,
-    and H = 200 takes the sixteen-row forwards on AVX-512."""
+    H = 200 takes the sixteen-row forwards on AVX-512 and H = 64 the sixteen-row backward
+    (on blocks of widened rows)."""
     N = (1 << 25) // H + 3             # over 32 MiB of 16-bit values (add: s and y)
     x, dy, res, w, b = _inputs(dt, N, H, seed=3)
     y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
