@@ -697,7 +697,7 @@ static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const f
     }
     /* bwd_rows16's blocks: whole groups of sixteen rows, 4 KiB of floats
      * or less past 16 rows, which stay in L1 (bfloat16, 2 threads, (262144,
-     * 64) 1.55-1.66x against the 32 KiB blocks of lp_block) */
+     * 64) 1.19-1.66x against the 32 KiB blocks of lp_block) */
     m = 1024 / H < 16 ? 16 : 1024 / H / 16 * 16;
 #endif
     float *xb = buf, *gb = buf + m * H;
