@@ -682,24 +682,24 @@ static void SFX(lp_put)(int kind, uint16_t *dst, const float *src, int64_t n, ui
     stream_copy(dst, stage, (size_t)n * sizeof(uint16_t));
 }
 
-/* Backward rows [r0, r1) in 16-bit storage: long rows converted in
- * registers on AVX-512 (long_bwd), else bwd_range on widened blocks. */
+/* Backward rows [r0, r1) in 16-bit storage (prefetching up to row re, as
+ * bwd_range): converted in registers on AVX-512 (long_bwd, bwd_rows16_half),
+ * else bwd_range on widened blocks. */
 static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const float *mean,
                              const float *rstd, const float *w, int64_t r0, int64_t r1,
-                             int64_t H, float *buf)
+                             int64_t re, int64_t H, float *buf)
 {
-    int64_t m = SFX(lp_block)(H);
 #if HAVE_SHORT16
-    if (H > SHORT16_H) {
+    if (H > SHORT16_H)
         SFX(long_bwd)(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, H, buf,
                       a->stream);
-        return;
-    }
-    /* bwd_rows16's blocks: whole groups of sixteen rows, 4 KiB of floats
-     * or less past 16 rows, which stay in L1 (bfloat16, 2 threads, (262144,
-     * 64) 1.19-1.66x against the 32 KiB blocks of lp_block) */
-    m = 1024 / H < 16 ? 16 : 1024 / H / 16 * 16;
+    else
+        SFX(bwd_rows16_half)(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, re, H,
+                             a->stream);
+    return;
 #endif
+    (void)re;
+    const int64_t m = SFX(lp_block)(H);
     float *xb = buf, *gb = buf + m * H;
     uint16_t *stage = (uint16_t *)(gb + m * H);
     for (int64_t r = r0; r < r1; r += m) {
@@ -728,7 +728,7 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
 #if IS_F32
         if (lp) {
-            SFX(lp_bwd_rows)(lp, pw, pb, mean, rstd, w, k * rb, r1, H, stage);
+            SFX(lp_bwd_rows)(lp, pw, pb, mean, rstd, w, k * rb, r1, re, H, stage);
             continue;
         }
 #endif

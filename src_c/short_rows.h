@@ -125,8 +125,8 @@ static inline __attribute__((always_inline)) void SFX(pfw_row)(const void *p, in
     for (int64_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_ET0);
 }
 
-/* Bytes of one stored value of kind: float (kind 0, KIND_F32 below) or a
- * 16-bit kind */
+/* Bytes of one stored value of kind: float (KIND_F32) or a 16-bit kind */
+#define KIND_F32 0
 static inline int64_t SFX(elsize)(int kind) { return kind ? 2 : 4; }
 
 /* 16-bit loads and stores, converted in registers (kind FASTLN_F16 or
@@ -760,6 +760,19 @@ static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, uint16_t *s, fl
 #undef K_
 }
 
+/* ln_bwd_scalars (LN) or rms_bwd_scalars of a row of 16-bit values of
+ * kind, widened (a row whose float sums overflowed; a function of its own, so
+ * that its buffers stay out of the group kernels' frames) */
+static SFX(bwd_scalars) SFX(bwd_scalars16)(int kind, const void *x, const void *g, const float *w,
+                                           float m, float r, int64_t H, int LN)
+{
+    float xf[SHORT16_H], gf[SHORT16_H];
+    const int wk = kind == FASTLN_F16 ? FASTLN_F16 : FASTLN_BF16;
+    widen_half(wk, xf, (const uint16_t *)x, H);
+    widen_half(wk, gf, (const uint16_t *)g, H);
+    return LN ? SFX(ln_bwd_scalars)(xf, gf, w, m, r, H) : SFX(rms_bwd_scalars)(xf, gf, w, r, H);
+}
+
 /* Backward of one group of 16 rows (R real), rows of NV vectors, LayerNorm
  * (LN = 1: sums of d = x - mean, g = dy*w and g*d) or RMSNorm (LN = 0: the
  * sum of g*x). Sweep 1 keeps each row's sums in vectors and reduces them with
@@ -772,11 +785,14 @@ static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, uint16_t *s, fl
  * rows dxr or with ow to that writer. px, pg: NULL, or rows of x and dy to
  * prefetch, one of each with each row of sweep 1. */
 static inline __attribute__((always_inline)) void SFX(bwd_group16)(
-    float *const *dxr, float *pw, float *pb, const float *const *xr, const float *const *gr,
+    void *const *dxr, float *pw, float *pb, const void *const *xr, const void *const *gr,
     const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
-    __mmask16 tail, const char *px, const char *pg, SFX(ntw) *ow)
+    __mmask16 tail, const char *px, const char *pg, SFX(ntw) *ow, int KIND)
 {
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
+#define LDB(p, k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)p[k] + 16 * (v), MASK(v))   \
+                           : _mm512_maskz_loadu_ps(MASK(v), (const float *)p[k] + 16 * (v)))
+    const int64_t rowb = H * SFX(elsize)(KIND);
     float m[16] __attribute__((aligned(64))), r[16] __attribute__((aligned(64)));
     float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
     float c2[16] __attribute__((aligned(64)));
@@ -792,12 +808,12 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     for (int k = 0; k < 16; k++) {   /* sweep 1 */
         __m512 mk = _mm512_set1_ps(m[k]), ad = _mm512_setzero_ps(), ag = ad, agd = ad;
         if (px) {
-            SFX(pf_row)(px, k, H * 4);
-            SFX(pf_row)(pg, k, H * 4);
+            SFX(pf_row)(px, k, rowb);
+            SFX(pf_row)(pg, k, rowb);
         }
         for (int v = 0; v < NV; v++) {
-            __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
-            __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(MASK(v), gr[k] + 16 * v), wv[v]);
+            __m512 xv = LDB(xr, k, v);
+            __m512 g = _mm512_mul_ps(LDB(gr, k, v), wv[v]);
             if (LN) {
                 __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);
                 ad = _mm512_add_ps(ad, d);
@@ -832,10 +848,12 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         _mm256_store_ps(c1 + 8 * h, _mm512_cvtpd_ps(_mm512_div_pd(sg_, Hd)));
         _mm256_store_ps(c2 + 8 * h, _mm512_cvtpd_ps(c2d));
     }
-    for (int k = 0; k < R; k++) {
+    for (int k = 0; k < R; k++) {   /* rows whose float sums overflowed: in double */
         if ((ok >> k) & 1) continue;
-        SFX(bwd_scalars) sc = LN ? SFX(ln_bwd_scalars)(xr[k], gr[k], w, m[k], r[k], H)
-                                 : SFX(rms_bwd_scalars)(xr[k], gr[k], w, r[k], H);
+        SFX(bwd_scalars) sc =
+            KIND ? SFX(bwd_scalars16)(KIND, xr[k], gr[k], w, LN ? m[k] : 0.0f, r[k], H, LN)
+            : LN ? SFX(ln_bwd_scalars)(xr[k], gr[k], w, m[k], r[k], H)
+                 : SFX(rms_bwd_scalars)(xr[k], gr[k], w, r[k], H);
         dm[k] = sc.dm;
         c1[k] = sc.c1;
         c2[k] = sc.c2;
@@ -852,15 +870,16 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         const __m512 rk = _mm512_set1_ps(r[k]), c1k = _mm512_set1_ps(c1[k]);
         const __m512 c2k = _mm512_set1_ps(c2[k]);
         for (int v = 0; v < NV; v++) {
-            __m512 xv = _mm512_maskz_loadu_ps(MASK(v), xr[k] + 16 * v);
-            __m512 g = _mm512_maskz_loadu_ps(MASK(v), gr[k] + 16 * v);
+            __m512 xv = LDB(xr, k, v);
+            __m512 g = LDB(gr, k, v);
             __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, mk), dk), rk);
             sw[v] = _mm512_fmadd_ps(g, xh, sw[v]);
             if (LN) sb[v] = _mm512_add_ps(sb[v], g);
             __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);
             __m512 d = _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t));
             if (ow) SFX(ntw_put)(&wl, d);
-            else _mm512_mask_storeu_ps(dxr[k] + 16 * v, MASK(v), d);
+            else if (KIND) SFX(st_half)(KIND, (uint16_t *)dxr[k] + 16 * v, d, MASK(v), 0);
+            else _mm512_mask_storeu_ps((float *)dxr[k] + 16 * v, MASK(v), d);
         }
     }
     for (int v = 0; v < NV; v++) {
@@ -868,6 +887,7 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         if (LN) _mm512_mask_storeu_ps(pb + 16 * v, MASK(v), sb[v]);
     }
     if (ow) *ow = wl;
+#undef LDB
 #undef MASK
 }
 
@@ -905,7 +925,9 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
         const char *px = n + 16 + ahead / H <= re ? (const char *)(x + n * H + ahead) : NULL;
         const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
         switch (nv * 2 + (pb != NULL)) {
-#define G16(NV, LN) SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg, ow)
+#define G16(NV, LN)                                                                     \
+    SFX(bwd_group16)((void *const *)dxr, pw, pb, (const void *const *)xr,              \
+                     (const void *const *)gr, mn, rs, w, R, NV, LN, H, tail, px, pg, ow, KIND_F32)
 #define CASE(NV)                                  \
     case 2 * NV: G16(NV, 0); break;               \
     case 2 * NV + 1: G16(NV, 1); break;
@@ -917,6 +939,64 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
     }
     if (ow) SFX(ntw_finish)(ow);
     if (stream) stream_fence();
+}
+
+/* bwd_rows16 on 16-bit rows of KIND (a constant; dx rounded as st_half
+ * does), converted in registers, dx staged a group at a time where streamed.
+ * Against widening blocks of 16 rows for bwd_rows16, bfloat16, 2 threads:
+ * (262144, 64) 1.44-1.68x, (65536, 128) 1.66x, (131072, 48) 1.86x, (262144,
+ * 16) 1.31x. The float rows keep a loop of their own: this one, run on
+ * float, measured 6-8% slower at (262144, 64). */
+static inline __attribute__((always_inline)) void SFX(bwd_rows16_k)(
+    int KIND, uint16_t *dx, float *pw, float *pb, const uint16_t *dy, const uint16_t *x,
+    const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1, int64_t re,
+    int64_t H, int stream)
+{
+    const int nv = (int)((H + 15) / 16);
+    const __mmask16 tail = SFX(tail16)(H);
+    uint16_t stage[16 * SHORT16_H];
+    for (int64_t n = r0; n < r1; n += 16) {
+        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
+        const void *xr[16], *gr[16];   /* the spare rows (from r1 on) repeat row r1 - 1 */
+        void *dxr[16];
+        for (int k = 0; k < 16; k++) {
+            const int64_t row = n + k < r1 ? n + k : r1 - 1;
+            xr[k] = x + row * H;
+            gr[k] = dy + row * H;
+            dxr[k] = stream ? stage + k * H : dx + (n + k) * H;
+        }
+        const float *mn = pb ? mean + n : NULL, *rs = rstd + n;
+        const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* values, as bwd_rows16 */
+        const char *px = n + 16 + ahead / H <= re ? (const char *)(x + n * H + ahead) : NULL;
+        const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
+        switch (nv * 2 + (pb != NULL)) {
+#define G16(NV, LN) \
+    SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg, NULL, KIND)
+#define CASE(NV)                                  \
+    case 2 * NV: G16(NV, 0); break;               \
+    case 2 * NV + 1: G16(NV, 1); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+#undef G16
+        }
+        if (stream) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(uint16_t));
+    }
+    if (stream) stream_fence();
+}
+
+/* bwd_rows16 on 16-bit rows of kind (FASTLN_F16 or FASTLN_BF16) */
+static void SFX(bwd_rows16_half)(int kind, uint16_t *dx, float *pw, float *pb,
+                                 const uint16_t *dy, const uint16_t *x, const float *mean,
+                                 const float *rstd, const float *w, int64_t r0, int64_t r1,
+                                 int64_t re, int64_t H, int stream)
+{
+#define K_(K) SFX(bwd_rows16_k)(K, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, stream)
+    switch (SFX(store_kind)(kind)) {
+    case FASTLN_F16: K_(FASTLN_F16); break;
+    case KIND_BF16_INSN: K_(KIND_BF16_INSN); break;
+    default: K_(FASTLN_BF16);
+    }
+#undef K_
 }
 
 /* ---- long rows in registers, any storage -------------------------------
@@ -945,7 +1025,6 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
  * (16384, 1024) 1.10-1.19x, (32768, 512) 0.93-1.05x, (65536, 320)
  * 1.02-1.10x). LayerNorm's rows measured 0.80-1.15x with it (its y sweep
  * also sums the next row) and keep the staging row. */
-#define KIND_F32 0
 #define PF_LONG_BWD 4096   /* long_bwd's prefetch distance, bytes (1, 8 KiB: slower) */
 #define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes (RMSNorm: 1-8 KiB no better) */
 /* Streamed forward rows of up to this many bytes (backward: shorter, see
