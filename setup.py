@@ -10,14 +10,16 @@ import os
 import sys
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-C_SOURCES = ["src_c/dispatch.c", "src_c/kernels_generic.c", "src_c/kernels_avx2.c",
-             "src_c/kernels_avx512.c", "src_c/rnn.c", "src_c/pool.c"]
+# the slowest to compile first (parallel_compile starts them in this order)
+C_SOURCES = ["src_c/kernels_avx512.c", "src_c/dispatch.c", "src_c/kernels_generic.c",
+             "src_c/kernels_avx2.c", "src_c/rnn.c", "src_c/pool.c"]
 
 
 def openmp_flags(compiler):
@@ -44,6 +46,29 @@ def openmp_flags(compiler):
     return None
 
 
+def parallel_compile(compiler, jobs):
+    """Makes compiler.compile build its sources `jobs` at a time, in the order
+    given. setuptools compiles the sources of one extension one after another;
+    here kernels_avx512.c (minutes) compiles beside the Cython module and the
+    other C files. It drives the compiler's own _setup_compile and _compile,
+    as numpy.distutils did."""
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(one, objects))   # list(): a failed compile raises here
+        return objects
+
+    compiler.compile = compile
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         # GCC or clang: the kernels use target attributes and __atomic builtins
@@ -61,6 +86,10 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = cflags
             ext.extra_link_args = lflags
+        jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 \
+            else os.cpu_count() or 1
+        if jobs > 1 and self.compiler.compiler_type == "unix":   # GCC or clang
+            parallel_compile(self.compiler, jobs)
         super().build_extensions()
         if not self.inplace:
             self._copy_into_source_tree()
