@@ -168,6 +168,12 @@ static int stream_for(int64_t N, int64_t H, size_t elsize, double min_bytes)
            (double)N * (double)H * (double)elsize >= min_bytes;
 }
 
+/* The threshold on dx of the float32 backwards of rows of H */
+static double bwd_stream_bytes(int64_t H)
+{
+    return H <= FASTLN_SHORT_BWD_H ? kt()->stream_bytes_bwd_short : FASTLN_STREAM_BYTES_BWD;
+}
+
 /* ---- kernels ---- */
 
 int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
@@ -195,7 +201,7 @@ int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, cons
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->ln_bwd_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
                             threads_for(N, H),
-                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES_BWD));
+                            stream_for(N, H, sizeof(float), bwd_stream_bytes(H)));
 }
 
 int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
@@ -250,7 +256,7 @@ int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, con
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
-                            stream_for(N, H, sizeof(float), FASTLN_STREAM_BYTES_BWD));
+                            stream_for(N, H, sizeof(float), bwd_stream_bytes(H)));
 }
 
 int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,

@@ -44,6 +44,23 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #ifndef FASTLN_STREAM_BYTES_BWD
 #define FASTLN_STREAM_BYTES_BWD (8.0 * 1024 * 1024)
 #endif
+/* The AVX-512 float32 backwards of rows of up to FASTLN_SHORT_BWD_H
+ * elements (the sixteen-row kernel) stream dx from
+ * FASTLN_STREAM_BYTES_BWD_SHORT: between 4 and 8 MiB of dx, ordinary stores
+ * often ran far slower on one thread (dx's read-for-ownership and the rows'
+ * reads competing in an L3 shared with other guests). Same-process A/B of
+ * the LayerNorm backward against the 8 MiB threshold, dx 16 bytes into a
+ * line, in two phases of the machine: 1 thread (12000, 128) 1.83x and 1.18x,
+ * (100000, 16) 1.46x and 1.50x, (24000, 64) 1.13x, (50000, 32) 1.49x,
+ * (12000, 96) 1.06x, at 4-5 MiB ((16384, 64), (20000, 64), (8500, 128),
+ * (10000, 128)) 0.99-1.08x; 2 threads 1.19x and 1.02x, 1.26x and 0.96x,
+ * 1.10x, 1.08x, 1.07x, and 0.97-1.03x. bfloat16 measured 0.91-0.95x (1 and 2
+ * threads) in the second phase, and longer float rows 0.77-0.92x ((2048,
+ * 768), (1500, 1024), (3000, 512), 2 threads): they keep 8 MiB. */
+#ifndef FASTLN_STREAM_BYTES_BWD_SHORT
+#define FASTLN_STREAM_BYTES_BWD_SHORT (4.0 * 1024 * 1024)
+#endif
+#define FASTLN_SHORT_BWD_H 128
 #define FASTLN_STREAM_ROW_BYTES 32768
 
 /* A backward whose x, dy and dx take at most this many bytes counts as hot
@@ -106,8 +123,10 @@ typedef struct {
     int (*rnn_bwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f64)(const fastln_rnn_args *, int);
     /* the streaming threshold (bytes out) of this path's float32 and 16-bit
-     * LayerNorm and RMSNorm forwards */
+     * LayerNorm and RMSNorm forwards, and of the float32 backwards' dx for
+     * rows of up to FASTLN_SHORT_BWD_H elements */
     double stream_bytes;
+    double stream_bytes_bwd_short;
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;

@@ -292,7 +292,9 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),
 #if VEC_BYTES == 64
     FASTLN_STREAM_BYTES_AVX512,
+    FASTLN_STREAM_BYTES_BWD_SHORT,
 #else
     FASTLN_STREAM_BYTES,
+    FASTLN_STREAM_BYTES_BWD,
 #endif
 };

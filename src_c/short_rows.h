@@ -22,6 +22,9 @@
 #include <float.h>
 
 #define SHORT16_H 128
+#if SHORT16_H != FASTLN_SHORT_BWD_H   /* the backward's streaming threshold follows it */
+#error "SHORT16_H and FASTLN_SHORT_BWD_H differ"
+#endif
 #define NV16 (SHORT16_H / 16)   /* vectors in a row, at most */
 /* The forwards go sixteen rows at a time up to rows of FWD16_H (2 threads,
  * 129-256 against four rows at a time in ln_rows: (4096, 160) 81 -> 57 us,

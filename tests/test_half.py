@@ -104,9 +104,9 @@ def test_any_thread_count(restore_threads, dt):
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_streamed_outputs(dt, H):
     """Outputs past the streaming thresholds (forward 16 MiB on AVX-512, else 32;
-    backward 8 MiB); with H = 1037 the rows start at every alignment of the 64-byte stores,
-    H = 200 takes the sixteen-row forwards on AVX-512 and H = 64 the sixteen-row backward
-    (on blocks of widened rows)."""
+    backward 8 MiB); with H = 1037 the rows start at every alignment of the 64-byte
+    stores, H = 200 takes the sixteen-row forwards on AVX-512 and H = 64 the sixteen-row
+    backward (converted in registers)."""
     N = (1 << 25) // H + 3             # over 32 MiB of 16-bit values (add: s and y)
     x, dy, res, w, b = _inputs(dt, N, H, seed=3)
     y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)

@@ -111,9 +111,9 @@ def test_each_row_as_if_alone(isa, H):
 
 
 def test_streamed_short_rows_equal_unstreamed(restore_threads):
-    """Past the streaming threshold (16 MiB forward on AVX-512, 8 MiB backward) the rows go
-    through staging blocks and non-temporal stores: the same values as
-    unstreamed calls."""
+    """Past the streaming threshold (16 MiB forward on AVX-512, 4 MiB for the backward of
+    these rows) the rows go through staging blocks and non-temporal stores: the same values
+    as unstreamed calls."""
     N, H = (1 << 19) + 5, 32          # 64 MiB of float32
     rng = np.random.default_rng(3)
     x = rng.standard_normal((N, H), dtype=F32)
@@ -136,11 +136,14 @@ def test_streamed_short_rows_equal_unstreamed(restore_threads):
             np.testing.assert_array_equal(e[a:z], g)
     dy = rng.standard_normal((N, H), dtype=F32)
     dx, _, _ = fastln.layer_norm_backward(dy, x, mean, rstd, w)
-    part = 100_000                    # 12.8 MB: streamed too; 50_000 (6.4 MB) is not
+    part = 30_000                     # 3.8 MB: not streamed (4 MiB is)
     for a in (0, 400_000):
-        da, _, _ = fastln.layer_norm_backward(dy[a:a + part // 2], x[a:a + part // 2],
-                                              mean[a:a + part // 2], rstd[a:a + part // 2], w)
-        np.testing.assert_array_equal(dx[a:a + part // 2], da)
+        da, _, _ = fastln.layer_norm_backward(dy[a:a + part], x[a:a + part],
+                                              mean[a:a + part], rstd[a:a + part], w)
+        np.testing.assert_array_equal(dx[a:a + part], da)
+    mid = (5 << 20) // (4 * H)        # dx of 5 MiB: streamed on AVX-512, 8 MiB elsewhere
+    da, _, _ = fastln.layer_norm_backward(dy[:mid], x[:mid], mean[:mid], rstd[:mid], w)
+    np.testing.assert_array_equal(dx[:mid], da)
 
 
 @pytest.mark.parametrize("H", [200, 256])
