@@ -88,7 +88,9 @@ class BuildExt(build_ext):
             ext.extra_link_args = lflags
         jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 \
             else os.cpu_count() or 1
-        if jobs > 1 and self.compiler.compiler_type == "unix":   # GCC or clang
+        private = ("_setup_compile", "_get_cc_args", "_compile")   # else: one at a time
+        if (jobs > 1 and self.compiler.compiler_type == "unix"      # GCC or clang
+                and all(hasattr(self.compiler, name) for name in private)):
             parallel_compile(self.compiler, jobs)
         super().build_extensions()
         if not self.inplace:
