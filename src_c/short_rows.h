@@ -894,6 +894,18 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
 #undef MASK
 }
 
+/* The switch of bwd_rows16 and bwd_rows16_k: G16(NV, LN), the caller's
+ * macro (its call of bwd_group16), for rows of nv vectors (1 to NV16),
+ * LayerNorm where ln, with NV and LN constants. */
+#define BWD_GROUP16_SWITCH(nv, ln)                                     \
+    switch ((nv) * 2 + (ln)) {                                         \
+        BWD16_CASE(1) BWD16_CASE(2) BWD16_CASE(3) BWD16_CASE(4)        \
+        BWD16_CASE(5) BWD16_CASE(6) BWD16_CASE(7) BWD16_CASE(8)        \
+    }
+#define BWD16_CASE(NV)                                                 \
+    case 2 * NV: G16(NV, 0); break;                                    \
+    case 2 * NV + 1: G16(NV, 1); break;
+
 /* Backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <=
  * SHORT16_H; it prefetches rows up to re (>= r1). */
 static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, const float *x,
@@ -927,17 +939,11 @@ static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, co
         const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* elements */
         const char *px = n + 16 + ahead / H <= re ? (const char *)(x + n * H + ahead) : NULL;
         const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
-        switch (nv * 2 + (pb != NULL)) {
 #define G16(NV, LN)                                                                     \
     SFX(bwd_group16)((void *const *)dxr, pw, pb, (const void *const *)xr,              \
                      (const void *const *)gr, mn, rs, w, R, NV, LN, H, tail, px, pg, ow, KIND_F32)
-#define CASE(NV)                                  \
-    case 2 * NV: G16(NV, 0); break;               \
-    case 2 * NV + 1: G16(NV, 1); break;
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
+        BWD_GROUP16_SWITCH(nv, pb != NULL)
 #undef G16
-        }
         if (stream && !ow) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
     if (ow) SFX(ntw_finish)(ow);
@@ -972,16 +978,10 @@ static inline __attribute__((always_inline)) void SFX(bwd_rows16_k)(
         const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* values, as bwd_rows16 */
         const char *px = n + 16 + ahead / H <= re ? (const char *)(x + n * H + ahead) : NULL;
         const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
-        switch (nv * 2 + (pb != NULL)) {
 #define G16(NV, LN) \
     SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg, NULL, KIND)
-#define CASE(NV)                                  \
-    case 2 * NV: G16(NV, 0); break;               \
-    case 2 * NV + 1: G16(NV, 1); break;
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
+        BWD_GROUP16_SWITCH(nv, pb != NULL)
 #undef G16
-        }
         if (stream) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(uint16_t));
     }
     if (stream) stream_fence();
@@ -1003,6 +1003,8 @@ static void SFX(bwd_rows16_half)(int kind, uint16_t *dx, float *pw, float *pb,
     else K_(FASTLN_BF16);
 #undef K_
 }
+#undef BWD16_CASE
+#undef BWD_GROUP16_SWITCH
 
 /* ---- long rows in registers, any storage -------------------------------
  * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than
