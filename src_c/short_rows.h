@@ -536,18 +536,28 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
     SFX(ntw) w_;
     SFX(ntw) *const ow = stream && SFX(ntw_ok)(y, H) ? &w_ : NULL;
     if (ow) SFX(ntw_init)(ow, y + r0 * H);
-    for (int64_t n = r0; n < r1; n += 16) {
-        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
-        const float *xr[16];
-        float *yr[16];
+    /* LayerNorm and RMSNorm rows of one vector, and of two not streamed, go 32
+     * at a time (NG 2 groups of 16, as fwd_rows16_half_k): the two groups'
+     * latency chains (reductions, rstd) overlap. Same-process A/B against 16
+     * at a time, LayerNorm and RMSNorm: 2 threads (16384, 16) 1.20x and
+     * 1.29x, (262144, 16) 1.14x and 1.18x, (16384, 32) 1.18x and 1.12x,
+     * (65536, 32) 1.16-1.31x and 1.01-1.17x, (100000, 32) 1.17x and 1.13x;
+     * 1 thread 1.03-1.32x, but (65536, 32) 0.98x. Streamed rows of two
+     * measured 0.90-1.06x ((524288, 32)), rows of 3-4 vectors 0.89-1.18x. */
+    const int NG = !res && (nv == 1 || (nv == 2 && !stream)) ? 2 : 1, G = 16 * NG;
+    for (int64_t n = r0; n < r1; n += G) {
+        int R = r1 - n < G ? (int)(r1 - n) : G;
+        const float *xr[32];
+        float *yr[32];
         if (res) {
             float *sg = stream ? sstage : s + n * H;
             SFX(add16)(sg, x + n * H, res + n * H, R * H, n + 32 <= r1);
             SFX(rows16)(xr, sg, 0, R, H);
         } else {
             SFX(rows16)(xr, x, n, r1, H);
+            if (NG == 2) SFX(rows16)(xr + 16, x, n + 16, r1, H);
         }
-        for (int k = 0; k < 16; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
+        for (int k = 0; k < G; k++) yr[k] = stream ? stage + k * H : y + (n + k) * H;
         float *mn = mean && !rms ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
         /* Prefetch. LayerNorm and RMSNorm rows of SPREAD_NV vectors or more:
          * the group kernel's first sweep fetches the next group's row k with
@@ -561,27 +571,30 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
          * 9.5 -> 8.5 ms; slower without the burst). */
         const int spread = !res && nv >= SPREAD_NV;
         if (!spread && (nv > 1 || rms))
-            SFX(pf_ahead)(x + n * H, 16 * H * 4, PF_GROUP_FWD, x + r1 * H);
+            SFX(pf_ahead)(x + n * H, G * H * 4, PF_GROUP_FWD, x + r1 * H);
         /* the next group, for the group kernel with rows of NV vectors: a
          * constant NULL where NV < SPREAD_NV (a NULL known only at run time
          * made LayerNorm rows of 16 3% slower) */
-#define PF(NV) (NV >= SPREAD_NV && spread && n + 32 <= r1 ? (const char *)(x + (n + 16) * H) : NULL)
+#define PF(NV) (NV >= SPREAD_NV && spread && n + 2 * G <= r1 ? (const char *)(x + (n + G) * H) : NULL)
         uint32_t redo;
-        switch (nv * 2 + rms) {
-#define CASE(NV)                                                                      \
-    case 2 * NV:                                                                      \
+        switch ((nv * 2 + rms) * 2 + NG - 1) {
+#define CASE_NG(NV, NG_)                                                                   \
+    case 4 * NV + NG_ - 1:                                                                 \
         redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
-                               H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, 1, ow);  \
-        break;                                                                        \
-    case 2 * NV + 1:                                                                  \
+                               H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, NG_, ow);     \
+        break;                                                                             \
+    case 4 * NV + 2 + NG_ - 1:                                                             \
         redo = SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H, \
-                                tail, eps, 0, 0, PF(NV), NV > 8 && pfw, 1, ow);       \
+                                tail, eps, 0, 0, PF(NV), NV > 8 && pfw, NG_, ow);          \
         break;
+#define CASE(NV) CASE_NG(NV, 1)
             CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
             CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+            CASE_NG(1, 2) CASE_NG(2, 2)
 #undef CASE
+#undef CASE_NG
 #undef PF
-        default: redo = 0;   /* nv is 1 to 16 */
+        default: redo = 0;   /* nv is 1 to 16; NG 2 only for nv 1 and 2 */
         }
         for (int k = 0; redo && k < R; k++) {
             if (!((redo >> k) & 1)) continue;
@@ -680,8 +693,8 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
      * 1.35 ms, (1048576, 16) 2.92 -> 2.50 ms, (16384, 16) 40 -> 31 us,
      * (16384, 128) 147 -> 134 us, but streamed (131072, 128) 1.44 -> 1.64
      * ms; RMSNorm (524288, 32) 1.52 -> 1.43 ms, (16384, 64) 69 -> 56 us,
-     * but (1048576, 16) 2.1 -> 3.7 ms. The float forwards measured no
-     * faster in cache that way, and 10% slower streamed. */
+     * but (1048576, 16) 2.1 -> 3.7 ms. The float forwards take 32 rows
+     * only for rows of one vector, and of two where not streamed (fwd_rows16). */
 #define NG_LN(NV) ((NV) <= 6 ? 2 : 1)
 #define NG_RMS(NV) ((NV) >= 2 && (NV) <= 6 ? 2 : 1)
     const int NGR = add ? 1 : rms ? NG_RMS(nv) : NG_LN(nv), G = 16 * NGR;
