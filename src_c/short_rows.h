@@ -821,28 +821,45 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         wv[v] = w ? _mm512_maskz_loadu_ps(MASK(v), w + 16 * v)
                   : _mm512_maskz_mov_ps(MASK(v), _mm512_set1_ps(1.0f));
     __m512 sd[16], sg[16], sgd[16];
-    for (int k = 0; k < 16; k++) {   /* sweep 1 */
-        __m512 mk = _mm512_set1_ps(m[k]), ad = _mm512_setzero_ps(), ag = ad, agd = ad;
-        if (px) {
-            SFX(pf_row)(px, k, rowb);
-            SFX(pf_row)(pg, k, rowb);
-        }
-        for (int v = 0; v < NV; v++) {
-            __m512 xv = LDB(xr, k, v);
-            __m512 g = _mm512_mul_ps(LDB(gr, k, v), wv[v]);
-            if (LN) {
-                __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);
-                ad = _mm512_add_ps(ad, d);
-                ag = _mm512_add_ps(ag, g);
-                agd = _mm512_fmadd_ps(g, d, agd);
-            } else {
-                agd = _mm512_fmadd_ps(g, xv, agd);
-            }
-        }
-        sd[k] = ad;
-        sg[k] = ag;
-        sgd[k] = agd;
+    /* sweep 1, row k */
+#define SWEEP1(k)                                                                  \
+    do {                                                                           \
+        __m512 mk = _mm512_set1_ps(m[k]), ad = _mm512_setzero_ps(), ag = ad, agd = ad; \
+        if (px && NV == 1) {                                                       \
+            _mm_prefetch(px + (k) * rowb, _MM_HINT_T0);                            \
+            _mm_prefetch(pg + (k) * rowb, _MM_HINT_T0);                            \
+        } else if (px) {                                                           \
+            SFX(pf_row)(px, k, rowb);                                              \
+            SFX(pf_row)(pg, k, rowb);                                              \
+        }                                                                          \
+        for (int v = 0; v < NV; v++) {                                             \
+            __m512 xv = LDB(xr, k, v);                                             \
+            __m512 g = _mm512_mul_ps(LDB(gr, k, v), wv[v]);                        \
+            if (LN) {                                                              \
+                __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);                   \
+                ad = _mm512_add_ps(ad, d);                                         \
+                ag = _mm512_add_ps(ag, g);                                         \
+                agd = _mm512_fmadd_ps(g, d, agd);                                  \
+            } else {                                                               \
+                agd = _mm512_fmadd_ps(g, xv, agd);                                 \
+            }                                                                      \
+        }                                                                          \
+        sd[k] = ad;                                                                \
+        sg[k] = ag;                                                                \
+        sgd[k] = agd;                                                              \
+    } while (0)
+    /* Rows of one vector: the loop unrolled, a prefetch of x and dy each a
+     * row. Same-process A/B against the loop, 2 threads: (16384, 16) 1.14x,
+     * (262144, 16) 1.09x, (4096, 16) 1.15x, bfloat16 (262144, 16) 1.13x; 1
+     * thread 1.07-1.17x. Unrolled for every row length, rows of 4-8 vectors
+     * measured 0.92-1.00x. */
+    if (NV == 1) {
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) SWEEP1(k);
+    } else {
+        for (int k = 0; k < 16; k++) SWEEP1(k);
     }
+#undef SWEEP1
     __m512 S_gd = SFX(reduce16)(sgd);
     __m512 S_d = LN ? SFX(reduce16)(sd) : _mm512_setzero_ps();
     __m512 S_g = LN ? SFX(reduce16)(sg) : _mm512_setzero_ps();
