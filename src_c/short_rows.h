@@ -511,7 +511,8 @@ static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, in
 }
 
 /* LayerNorm, or with rms RMSNorm (mean and b unused), forward of rows
- * [r0, r1), H <= FWD16_H, sixteen at a time; rows the group kernel leaves
+ * [r0, r1), H <= FWD16_H, sixteen at a time (short rows 32, see NG
+ * below); rows the group kernel leaves
  * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
  * only), add + LayerNorm: a group's s = x + res is stored first, then its
  * LayerNorm is that of s (the bits of this LayerNorm on x + res). With

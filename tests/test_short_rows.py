@@ -1,12 +1,12 @@
 """Short rows: the AVX-512 float32 kernels normalize sixteen rows at once
 (src_c/short_rows.h; the forwards, add + LayerNorm included, up to H = 256,
 the backwards up to 128; the LayerNorm and RMSNorm forwards take rows of up
-to 16, and unstreamed rows of 17-32, as two groups of sixteen). Checked on every ISA path against the float64
-reference, at group tails and odd H; and since a group short of sixteen rows
-repeats its last row, each row's result must not depend on its neighbours:
-a row computed inside a batch equals the same row computed alone, bitwise,
-also next to rows that take the one-row fallback (huge, tiny, constant, inf,
-NaN)."""
+to 16, and unstreamed rows of 17-32, as two groups of sixteen). Checked on
+every ISA path against the float64 reference, at group tails and odd H; and
+since a group short of sixteen rows repeats its last row, each row's result
+must not depend on its neighbours: a row computed inside a batch equals the
+same row computed alone, bitwise, also next to rows that take the one-row
+fallback (huge, tiny, constant, inf, NaN)."""
 import numpy as np
 import pytest
 
