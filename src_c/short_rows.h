@@ -602,8 +602,8 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
             SFX(pf_ahead)(x + n * H, G * H * 4, PF_GROUP_FWD, x + r1 * H);
         /* the next group, for the group kernel with rows of NV vectors: a
          * constant NULL where NV < SPREAD_NV (a NULL known only at run time
-         * made LayerNorm rows of 16 3% slower) */
-#define PF(NV) (NV >= SPREAD_NV && spread && n + 2 * G <= r1 ? (const char *)(x + (n + G) * H) : NULL)
+         * made LayerNorm rows of 16 3% slower); groups of sixteen only */
+#define PF(NV) (NV >= SPREAD_NV && spread && n + 32 <= r1 ? (const char *)(x + (n + 16) * H) : NULL)
         uint32_t redo;
         if (NG == 2)
             redo = SFX(group32)(rms, nv, (void *const *)yr, mn, rs, (const void *const *)xr, wv, bv,
