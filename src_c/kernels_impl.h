@@ -531,7 +531,7 @@ static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T
 {
 #if HAVE_SHORT16
     if (H <= SHORT16_H) {
-        SFX(bwd_rows16)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, buf != NULL);
+        SFX(bwd_rows16)(KIND_F32, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, buf != NULL);
         return;
     }
     if (!hot && (H > SHORT_H || !buf || !pb)) {
@@ -683,7 +683,7 @@ static void SFX(lp_put)(int kind, uint16_t *dst, const float *src, int64_t n, ui
 }
 
 /* Backward rows [r0, r1) in 16-bit storage (prefetching up to row re, as
- * bwd_range): converted in registers on AVX-512 (long_bwd, bwd_rows16_half),
+ * bwd_range): converted in registers on AVX-512 (long_bwd, bwd_rows16),
  * else bwd_range on widened blocks. */
 static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const float *mean,
                              const float *rstd, const float *w, int64_t r0, int64_t r1,
@@ -694,8 +694,8 @@ static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const f
         SFX(long_bwd)(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, H, buf,
                       a->stream);
     else
-        SFX(bwd_rows16_half)(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, re, H,
-                             a->stream);
+        SFX(bwd_rows16)(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, re, H,
+                        a->stream);
     return;
 #endif
     (void)re;

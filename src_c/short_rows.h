@@ -158,7 +158,7 @@ static inline __attribute__((always_inline)) __m512 SFX(ld_half)(
     const __m512i idx = _mm512_slli_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 16);
     return _mm512_castsi512_ps(
-        _mm512_maskz_permutexvar_epi16(0xAAAAAAAA, idx, _mm512_castsi256_si512(h)));
+        _mm512_maskz_permutexvar_epi16(0xAAAAAAAA, idx, _mm512_zextsi256_si512(h)));
 }
 
 /* kind, or for bfloat16 on a CPU with AVX512-BF16, KIND_BF16_INSN: its
@@ -831,6 +831,25 @@ static SFX(bwd_scalars) SFX(bwd_scalars16)(int kind, const void *x, const void *
     return LN ? SFX(ln_bwd_scalars)(xf, gf, w, m, r, H) : SFX(rms_bwd_scalars)(xf, gf, w, r, H);
 }
 
+/* Rows [n, n + 16) of the rows at p (rowb bytes each, r1 of them) for
+ * bwd_group16, which takes sixteen rows one after another: where all are
+ * real, in place; else copied to tile, the spare rows (from r1 on)
+ * repeating row r1 - 1. It replaced arrays of sixteen row pointers, which
+ * the caller built and the group kernel loaded back from the stack (with the
+ * per-(NV, LN) functions below, against them: float (16384, 16) 1.34-1.50x,
+ * (16384, 32) 1.14-1.18x, (16384, 64) 1.00-1.07x, (16384, 128) 1.08-1.12x,
+ * 2 threads). */
+static inline const void *SFX(group_rows16)(const void *p, int64_t n, int64_t r1, int64_t rowb,
+                                            char *tile)
+{
+    const char *q = (const char *)p + n * rowb;
+    if (n + 16 <= r1) return q;
+    const int R = (int)(r1 - n);
+    memcpy(tile, q, (size_t)(R * rowb));
+    for (int k = R; k < 16; k++) memcpy(tile + k * rowb, q + (R - 1) * rowb, (size_t)rowb);
+    return tile;
+}
+
 /* Backward of one group of 16 rows (R real), rows of NV vectors, LayerNorm
  * (LN = 1: sums of d = x - mean, g = dy*w and g*d) or RMSNorm (LN = 0: the
  * sum of g*x). Sweep 1 keeps each row's sums in vectors and reduces them with
@@ -839,17 +858,21 @@ static SFX(bwd_scalars) SFX(bwd_scalars16)(int kind, const void *x, const void *
  * one-row code (its double fallback). Sweep 2 goes a row at a time, its
  * five scalars broadcast once, with the dweight/dbias partials pw, pb held
  * in registers: each column adds the rows in order, as bwd_sweep2 does.
- * A row's dx is stored after that row's loads (dx may be x or dy), to its
- * rows dxr or with ow to that writer. px, pg: NULL, or rows of x and dy to
- * prefetch, one of each with each row of sweep 1. */
+ * The rows lie one after another, H values each: x0, g0 (x, dy) hold all
+ * sixteen (group_rows16), dx0 the R real ones of dx. A row's dx is stored
+ * after that row's loads (dx may be x or dy), to dx0 or with ow to that
+ * writer. px, pg: NULL, or rows of x and dy to prefetch, one of each with
+ * each row of sweep 1. */
 static inline __attribute__((always_inline)) void SFX(bwd_group16)(
-    void *const *dxr, float *pw, float *pb, const void *const *xr, const void *const *gr,
+    void *dx0, float *pw, float *pb, const void *x0, const void *g0,
     const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
     __mmask16 tail, const char *px, const char *pg, SFX(ntw) *ow, int KIND)
 {
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
-#define LDB(p, k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)p[k] + 16 * (v), MASK(v))   \
-                           : _mm512_maskz_loadu_ps(MASK(v), (const float *)p[k] + 16 * (v)))
+#define ROW(p, k) ((const char *)(p) + (k) * rowb)
+#define DXROW(k) ((char *)dx0 + (k) * rowb)
+#define LDB(p, k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)ROW(p, k) + 16 * (v), MASK(v)) \
+                           : _mm512_maskz_loadu_ps(MASK(v), (const float *)ROW(p, k) + 16 * (v)))
     const int64_t rowb = H * SFX(elsize)(KIND);
     float m[16] __attribute__((aligned(64))), r[16] __attribute__((aligned(64)));
     float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
@@ -883,8 +906,8 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
             SFX(pf_row)(pg, k, rowb);                                              \
         }                                                                          \
         for (int v = 0; v < NV; v++) {                                             \
-            __m512 xv = LDB(xr, k, v);                                             \
-            __m512 g = _mm512_mul_ps(LDB(gr, k, v), wv[v]);                        \
+            __m512 xv = LDB(x0, k, v);                                             \
+            __m512 g = _mm512_mul_ps(LDB(g0, k, v), wv[v]);                        \
             if (LN) {                                                              \
                 __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);                   \
                 ad = _mm512_add_ps(ad, d);                                         \
@@ -951,9 +974,12 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     for (int k = 0; k < R; k++) {   /* rows whose float sums overflowed: in double */
         if ((ok >> k) & 1) continue;
         SFX(bwd_scalars) sc =
-            KIND ? SFX(bwd_scalars16)(KIND, xr[k], gr[k], w, LN ? m[k] : 0.0f, r[k], H, LN)
-            : LN ? SFX(ln_bwd_scalars)(xr[k], gr[k], w, m[k], r[k], H)
-                 : SFX(rms_bwd_scalars)(xr[k], gr[k], w, r[k], H);
+            KIND ? SFX(bwd_scalars16)(KIND, ROW(x0, k), ROW(g0, k), w, LN ? m[k] : 0.0f, r[k],
+                                      H, LN)
+            : LN ? SFX(ln_bwd_scalars)((const float *)ROW(x0, k), (const float *)ROW(g0, k), w,
+                                       m[k], r[k], H)
+                 : SFX(rms_bwd_scalars)((const float *)ROW(x0, k), (const float *)ROW(g0, k), w,
+                                        r[k], H);
         dm[k] = sc.dm;
         c1[k] = sc.c1;
         c2[k] = sc.c2;
@@ -965,35 +991,45 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         sw[v] = _mm512_maskz_loadu_ps(MASK(v), pw + 16 * v);
         sb[v] = LN ? _mm512_maskz_loadu_ps(MASK(v), pb + 16 * v) : sw[v];
     }
-    for (int k = 0; k < R; k++) {
-        const __m512 mk = _mm512_set1_ps(m[k]), dk = _mm512_set1_ps(dm[k]);
-        const __m512 rk = _mm512_set1_ps(r[k]), c1k = _mm512_set1_ps(c1[k]);
-        const __m512 c2k = _mm512_set1_ps(c2[k]);
-        for (int v = 0; v < NV; v++) {
-            __m512 xv = LDB(xr, k, v);
-            __m512 g = LDB(gr, k, v);
-            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, mk), dk), rk);
-            sw[v] = _mm512_fmadd_ps(g, xh, sw[v]);
-            if (LN) sb[v] = _mm512_add_ps(sb[v], g);
-            __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);
-            __m512 d = _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t));
-            if (ow) SFX(ntw_put)(&wl, d);
-            else if (KIND) SFX(st_half)(KIND, (uint16_t *)dxr[k] + 16 * v, d, MASK(v), 0);
-            else _mm512_mask_storeu_ps((float *)dxr[k] + 16 * v, MASK(v), d);
-        }
+    /* the rows' loop, with dx to ow (W = 1) or stored: two loops, which GCC
+     * had made of one only as long as the function stayed small */
+#define SWEEP2(W)                                                                  \
+    for (int k = 0; k < R; k++) {                                                  \
+        const __m512 mk = _mm512_set1_ps(m[k]), dk = _mm512_set1_ps(dm[k]);        \
+        const __m512 rk = _mm512_set1_ps(r[k]), c1k = _mm512_set1_ps(c1[k]);       \
+        const __m512 c2k = _mm512_set1_ps(c2[k]);                                  \
+        for (int v = 0; v < NV; v++) {                                             \
+            __m512 xv = LDB(x0, k, v);                                             \
+            __m512 g = LDB(g0, k, v);                                              \
+            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, mk), dk), rk); \
+            sw[v] = _mm512_fmadd_ps(g, xh, sw[v]);                                 \
+            if (LN) sb[v] = _mm512_add_ps(sb[v], g);                               \
+            __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);                             \
+            __m512 d = _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t));            \
+            if (W) SFX(ntw_put)(&wl, d);                                           \
+            else if (KIND) SFX(st_half)(KIND, (uint16_t *)DXROW(k) + 16 * v, d, MASK(v), 0); \
+            else _mm512_mask_storeu_ps((float *)DXROW(k) + 16 * v, MASK(v), d);    \
+        }                                                                          \
     }
+    if (ow) {
+        SWEEP2(1)
+    } else {
+        SWEEP2(0)
+    }
+#undef SWEEP2
     for (int v = 0; v < NV; v++) {
         _mm512_mask_storeu_ps(pw + 16 * v, MASK(v), sw[v]);
         if (LN) _mm512_mask_storeu_ps(pb + 16 * v, MASK(v), sb[v]);
     }
     if (ow) *ow = wl;
 #undef LDB
+#undef ROW
+#undef DXROW
 #undef MASK
 }
 
-/* The switch of bwd_rows16 and bwd_rows16_k: G16(NV, LN), the caller's
- * macro (its call of bwd_group16), for rows of nv vectors (1 to NV16),
- * LayerNorm where ln, with NV and LN constants. */
+/* The switch of bwd_rows16: G16(NV, LN), the caller's macro, for rows of nv
+ * vectors (1 to NV16), LayerNorm where ln, with NV and LN constants. */
 #define BWD_GROUP16_SWITCH(nv, ln)                                     \
     switch ((nv) * 2 + (ln)) {                                         \
         BWD16_CASE(1) BWD16_CASE(2) BWD16_CASE(3) BWD16_CASE(4)        \
@@ -1003,102 +1039,104 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     case 2 * NV: G16(NV, 0); break;                                    \
     case 2 * NV + 1: G16(NV, 1); break;
 
-/* Backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <=
- * SHORT16_H; it prefetches rows up to re (>= r1). */
-static void SFX(bwd_rows16)(float *dx, float *pw, float *pb, const float *dy, const float *x,
-                            const float *mean, const float *rstd, const float *w, int64_t r0,
-                            int64_t r1, int64_t re, int64_t H, int stream)
+/* The backward over rows [r0, r1) of rows of NV vectors (pb == NULL:
+ * RMSNorm), H <= SHORT16_H, sixteen rows at a time; rows of KIND (a
+ * constant): float, or 16-bit converted in registers (dx rounded as st_half
+ * does). It prefetches rows up to re (>= r1). Streamed: float dx through an
+ * ntw writer where it can, else dx staged a group at a time; staged as
+ * well, the last group of fewer than 16 rows (group_rows16). The 16-bit
+ * rows, converted in registers, against widening blocks of 16 rows for the
+ * float kernel, bfloat16, 2 threads: (262144, 64) 1.44-1.68x, (65536, 128)
+ * 1.66x, (131072, 48) 1.86x, (262144, 16) 1.31x. Float once had a loop of
+ * its own, this one measuring 6-8% slower on it; with the per-(NV, LN)
+ * functions below, a float loop of its own measured 0.92-1.08x against this
+ * one (median of twelve shapes 1.04x; 2 threads, rows of 16-128): within
+ * the noise of these runs, so the kinds share one loop. */
+static inline __attribute__((always_inline)) void SFX(bwd_rows16_nv)(
+    int KIND, int NV, int LN, void *dx, float *pw, float *pb, const void *dy, const void *x,
+    const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1, int64_t re,
+    int64_t H, int stream)
 {
-    const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
-    float stage[16 * SHORT16_H];
-    /* streamed: dx through an ntw writer where it can, else staged a group
-     * at a time */
+    const int64_t rowb = H * SFX(elsize)(KIND);
+    float stage[16 * SHORT16_H] __attribute__((aligned(64)));
+    float xt[16 * SHORT16_H] __attribute__((aligned(64)));
+    float gt[16 * SHORT16_H] __attribute__((aligned(64)));
     SFX(ntw) w_;
-    SFX(ntw) *const ow = stream && SFX(ntw_ok)(dx, H) ? &w_ : NULL;
-    if (ow) SFX(ntw_init)(ow, dx + r0 * H);
+    SFX(ntw) *const ow = !KIND && stream && SFX(ntw_ok)((float *)dx, H) ? &w_ : NULL;
+    if (ow) SFX(ntw_init)(ow, (float *)dx + r0 * H);
     for (int64_t n = r0; n < r1; n += 16) {
-        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
-        const float *xr[16], *gr[16];
-        float *dxr[16];
-        SFX(rows16)(xr, x, n, r1, H);
-        SFX(rows16)(gr, dy, n, r1, H);
-        for (int k = 0; k < 16; k++) dxr[k] = stream ? stage + k * H : dx + (n + k) * H;
-        const float *mn = pb ? mean + n : NULL, *rs = rstd + n;
+        const int R = r1 - n < 16 ? (int)(r1 - n) : 16;
+        const void *x0 = SFX(group_rows16)(x, n, r1, rowb, (char *)xt);
+        const void *g0 = SFX(group_rows16)(dy, n, r1, rowb, (char *)gt);
+        char *dxn = (char *)dx + n * rowb;
+        void *dx0 = stream || R < 16 ? (void *)stage : (void *)dxn;
         /* prefetch the rows ahead, a row of x and dy with each row of sweep 1:
-         * 16 rows and at least 2 KiB ahead (1 thread, (262144, 64) 8.0 ->
-         * 6.4 ms, (65536, 64) 1.6 -> 1.2 ms; 2 threads 4.6 -> 4.3 ms, 0.82
-         * -> 0.64 ms; 8 or 24 rows ahead, or 4 KiB at H = 16, slower. The
-         * former burst of 4 KiB a group, 2 KiB ahead, fell behind.) Up to re,
-         * across the end of the caller's block of rows: the last group of
-         * each block of 256 rows went without (2 threads, (262144, 64)
-         * 0.98-1.09x, medians of eight A/B runs). */
-        const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* elements */
-        const char *px = n + 16 + ahead / H <= re ? (const char *)(x + n * H + ahead) : NULL;
-        const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
-#define G16(NV, LN)                                                                     \
-    SFX(bwd_group16)((void *const *)dxr, pw, pb, (const void *const *)xr,              \
-                     (const void *const *)gr, mn, rs, w, R, NV, LN, H, tail, px, pg, ow, KIND_F32)
-        BWD_GROUP16_SWITCH(nv, pb != NULL)
-#undef G16
-        if (stream && !ow) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(float));
+         * 16 rows and at least 512 values ahead (float, 1 thread, (262144,
+         * 64) 8.0 -> 6.4 ms, (65536, 64) 1.6 -> 1.2 ms; 2 threads 4.6 -> 4.3
+         * ms, 0.82 -> 0.64 ms; 8 or 24 rows ahead, or 4 KiB at H = 16,
+         * slower. The former burst of 4 KiB a group, 2 KiB ahead, fell
+         * behind.) Up to re, across the end of the caller's block of rows:
+         * the last group of each block of 256 rows went without (2 threads,
+         * (262144, 64) 0.98-1.09x, medians of eight A/B runs). */
+        const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* values */
+        const int64_t pfo = n * rowb + ahead * SFX(elsize)(KIND);
+        const char *px = n + 16 + ahead / H <= re ? (const char *)x + pfo : NULL;
+        const char *pg = px ? (const char *)dy + pfo : NULL;
+        SFX(bwd_group16)(dx0, pw, pb, x0, g0, LN ? mean + n : NULL, rstd + n, w, R, NV, LN, H,
+                         tail, px, pg, ow, KIND);
+        if (stream && !ow) stream_copy(dxn, stage, (size_t)(R * rowb));
+        else if (!stream && R < 16) memcpy(dxn, stage, (size_t)(R * rowb));
     }
     if (ow) SFX(ntw_finish)(ow);
     if (stream) stream_fence();
 }
 
-/* bwd_rows16 on 16-bit rows of KIND (a constant; dx rounded as st_half
- * does), converted in registers, dx staged a group at a time where streamed.
- * Against widening blocks of 16 rows for bwd_rows16, bfloat16, 2 threads:
- * (262144, 64) 1.44-1.68x, (65536, 128) 1.66x, (131072, 48) 1.86x, (262144,
- * 16) 1.31x. The float rows keep a loop of their own: this one, run on
- * float, measured 6-8% slower at (262144, 64). */
-static inline __attribute__((always_inline)) void SFX(bwd_rows16_k)(
-    int KIND, uint16_t *dx, float *pw, float *pb, const uint16_t *dy, const uint16_t *x,
-    const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1, int64_t re,
-    int64_t H, int stream)
-{
-    const int nv = (int)((H + 15) / 16);
-    const __mmask16 tail = SFX(tail16)(H);
-    uint16_t stage[16 * SHORT16_H];
-    for (int64_t n = r0; n < r1; n += 16) {
-        int R = r1 - n < 16 ? (int)(r1 - n) : 16;
-        const void *xr[16], *gr[16];   /* the spare rows (from r1 on) repeat row r1 - 1 */
-        void *dxr[16];
-        for (int k = 0; k < 16; k++) {
-            const int64_t row = n + k < r1 ? n + k : r1 - 1;
-            xr[k] = x + row * H;
-            gr[k] = dy + row * H;
-            dxr[k] = stream ? stage + k * H : dx + (n + k) * H;
-        }
-        const float *mn = pb ? mean + n : NULL, *rs = rstd + n;
-        const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* values, as bwd_rows16 */
-        const char *px = n + 16 + ahead / H <= re ? (const char *)(x + n * H + ahead) : NULL;
-        const char *pg = px ? (const char *)(dy + n * H + ahead) : NULL;
-#define G16(NV, LN) \
-    SFX(bwd_group16)(dxr, pw, pb, xr, gr, mn, rs, w, R, NV, LN, H, tail, px, pg, NULL, KIND)
-        BWD_GROUP16_SWITCH(nv, pb != NULL)
-#undef G16
-        if (stream) stream_copy(dx + n * H, stage, (size_t)(R * H) * sizeof(uint16_t));
+/* bwd_rows16_nv for each (NV, LN) a function of its own, for the three
+ * kinds: float, float16, bfloat16. As one function a kind, with the switch
+ * over (NV, LN) inside the loop over groups, GCC kept more of each
+ * instance's pointers, the 16-bit loads and the streaming writer on the
+ * stack: against it, float, 2 threads, (16384, 64) 1.05x, (16384, 96)
+ * 1.17x, (16384, 128) 1.11x; bfloat16 (16384, 16) 1.27x against the one
+ * function with the row pointers (the functions one a kind and (NV, LN):
+ * 0.90-1.03x against these). kernels_avx512.c compiles faster too.
+ * bfloat16 dx takes the integer rounding on every CPU: against VCVTNEPS2BF16
+ * where the CPU has it (KIND_BF16_INSN, the same bits) it measured as fast
+ * (same-process A/B, 2 threads: 1.00x at (262144, 64), 1.03-1.04x at
+ * (65536, 128)), and the instruction's instances of bwd_group16 cost
+ * compile time. */
+#define BWD16_FN(NV, LN)                                                                    \
+    static __attribute__((noinline)) void SFX(CAT3(bwd16_, NV, LN))(                        \
+        int kind, void *dx, float *pw, float *pb, const void *dy, const void *x,            \
+        const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1,       \
+        int64_t re, int64_t H, int stream)                                                  \
+    {                                                                                       \
+        if (kind == KIND_F32)                                                               \
+            SFX(bwd_rows16_nv)(KIND_F32, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1,   \
+                               re, H, stream);                                              \
+        else if (kind == FASTLN_F16)                                                        \
+            SFX(bwd_rows16_nv)(FASTLN_F16, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, \
+                               re, H, stream);                                              \
+        else                                                                                \
+            SFX(bwd_rows16_nv)(FASTLN_BF16, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0,    \
+                               r1, re, H, stream);                                          \
     }
-    if (stream) stream_fence();
-}
+#define BWD16_FNS(NV) BWD16_FN(NV, 0) BWD16_FN(NV, 1)
+BWD16_FNS(1) BWD16_FNS(2) BWD16_FNS(3) BWD16_FNS(4)
+BWD16_FNS(5) BWD16_FNS(6) BWD16_FNS(7) BWD16_FNS(8)
+#undef BWD16_FNS
+#undef BWD16_FN
 
-/* bwd_rows16 on 16-bit rows of kind (FASTLN_F16 or FASTLN_BF16). bfloat16
- * dx takes the integer rounding on every CPU: against VCVTNEPS2BF16 where
- * the CPU has it (KIND_BF16_INSN, the same bits) it measured as fast
- * (same-process A/B, 2 threads: 1.00x at (262144, 64), 1.03-1.04x at (65536,
- * 128)), and the instruction's 16 instances of bwd_group16 cost compile
- * time. */
-static void SFX(bwd_rows16_half)(int kind, uint16_t *dx, float *pw, float *pb,
-                                 const uint16_t *dy, const uint16_t *x, const float *mean,
-                                 const float *rstd, const float *w, int64_t r0, int64_t r1,
-                                 int64_t re, int64_t H, int stream)
+/* The backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <=
+ * SHORT16_H, rows of kind: KIND_F32, FASTLN_F16 or FASTLN_BF16. */
+static void SFX(bwd_rows16)(int kind, void *dx, float *pw, float *pb, const void *dy,
+                            const void *x, const float *mean, const float *rstd, const float *w,
+                            int64_t r0, int64_t r1, int64_t re, int64_t H, int stream)
 {
-#define K_(K) SFX(bwd_rows16_k)(K, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, stream)
-    if (kind == FASTLN_F16) K_(FASTLN_F16);
-    else K_(FASTLN_BF16);
-#undef K_
+#define G16(NV, LN) \
+    SFX(CAT3(bwd16_, NV, LN))(kind, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, stream)
+    BWD_GROUP16_SWITCH((int)((H + 15) / 16), pb != NULL)
+#undef G16
 }
 #undef BWD16_CASE
 #undef BWD_GROUP16_SWITCH

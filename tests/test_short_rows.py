@@ -265,3 +265,48 @@ def test_streamed_rows_at_any_alignment(restore_threads, H):
             dx = fastln.layer_norm_backward(gi, x, mean, rstd, w, out=gi)[0]
             assert np.array_equal(dx, want["bwd"], equal_nan=True), ("bwd in place", nt, off)
             assert untouched(buf, off) and untouched(buf2, off), (nt, off)
+
+
+def _short_dtypes():
+    try:
+        import ml_dtypes
+    except ImportError:   # a test dependency; bfloat16 is left out only without it
+        return [F32, np.float16]
+    return [F32, np.float16, np.dtype(ml_dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("dt", _short_dtypes(), ids=str)
+@pytest.mark.parametrize("H", [16, 17, 64, 128])
+@pytest.mark.parametrize("N", [5, 16, 37])
+def test_short_backward_in_place_and_group_tails(isa, dt, H, N):
+    """The sixteen-row backward reads a group's rows one after another; a last
+    group of fewer than sixteen goes through copies (src_c/short_rows.h,
+    group_rows16), its dx staged. Over x or dy in place, and with rows ahead
+    and behind that must stay untouched, dx, dweight and dbias equal the
+    out-of-place ones bitwise; and they are close to the float64 reference."""
+    x, dy, w, _ = _data(N, H)
+    x, dy = x.astype(dt), dy.astype(dt)
+    _, mean, rstd = fastln.layer_norm(x, w, return_stats=True)
+    _, rr = fastln.rms_norm(x, w, return_stats=True)
+    want = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+    rwant = fastln.rms_norm_backward(dy, x, rr, w)
+    assert want[0].dtype == dt and rwant[0].dtype == dt
+    rdx = ref.layer_norm_backward(dy.astype(np.float64), x.astype(np.float64), mean, rstd,
+                                  w.astype(np.float64))[0]
+    tol = 2e-5 if dt == F32 else 2e-2
+    np.testing.assert_allclose(want[0].astype(np.float64), rdx, rtol=tol,
+                               atol=tol * max(1.0, float(np.abs(rdx).max())))
+    for over in ("x", "dy"):
+        buf = np.full((N + 2, H), -7, dt)
+        view = buf[1:N + 1]
+        view[:] = x if over == "x" else dy
+        xa, ga = (view, dy) if over == "x" else (x, view)
+        got = fastln.layer_norm_backward(ga, xa, mean, rstd, w, out=view)
+        assert got[0] is view
+        for g, e in zip(got, want):
+            np.testing.assert_array_equal(g, e, err_msg=f"LayerNorm, dx over {over}")
+        view[:] = x if over == "x" else dy
+        got = fastln.rms_norm_backward(ga, xa, rr, w, out=view)
+        for g, e in zip(got, rwant):
+            np.testing.assert_array_equal(g, e, err_msg=f"RMSNorm, dx over {over}")
+        assert (buf[0] == -7).all() and (buf[N + 1] == -7).all()
