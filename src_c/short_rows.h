@@ -1028,17 +1028,6 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
 #undef MASK
 }
 
-/* The switch of bwd_rows16: G16(NV, LN), the caller's macro, for rows of nv
- * vectors (1 to NV16), LayerNorm where ln, with NV and LN constants. */
-#define BWD_GROUP16_SWITCH(nv, ln)                                     \
-    switch ((nv) * 2 + (ln)) {                                         \
-        BWD16_CASE(1) BWD16_CASE(2) BWD16_CASE(3) BWD16_CASE(4)        \
-        BWD16_CASE(5) BWD16_CASE(6) BWD16_CASE(7) BWD16_CASE(8)        \
-    }
-#define BWD16_CASE(NV)                                                 \
-    case 2 * NV: G16(NV, 0); break;                                    \
-    case 2 * NV + 1: G16(NV, 1); break;
-
 /* The backward over rows [r0, r1) of rows of NV vectors (pb == NULL:
  * RMSNorm), H <= SHORT16_H, sixteen rows at a time; rows of KIND (a
  * constant): float, or 16-bit converted in registers (dx rounded as st_half
@@ -1135,11 +1124,15 @@ static void SFX(bwd_rows16)(int kind, void *dx, float *pw, float *pb, const void
 {
 #define G16(NV, LN) \
     SFX(CAT3(bwd16_, NV, LN))(kind, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, stream)
-    BWD_GROUP16_SWITCH((int)((H + 15) / 16), pb != NULL)
+#define CASE(NV)                  \
+    case 2 * NV: G16(NV, 0); break; \
+    case 2 * NV + 1: G16(NV, 1); break;
+    switch ((int)((H + 15) / 16) * 2 + (pb != NULL)) {   /* rows of 1 to NV16 vectors */
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+    }
+#undef CASE
 #undef G16
 }
-#undef BWD16_CASE
-#undef BWD_GROUP16_SWITCH
 
 /* ---- long rows in registers, any storage -------------------------------
  * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than

@@ -7,6 +7,7 @@ since a group short of sixteen rows repeats its last row, each row's result
 must not depend on its neighbours: a row computed inside a batch equals the
 same row computed alone, bitwise, also next to rows that take the one-row
 fallback (huge, tiny, constant, inf, NaN)."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -267,15 +268,7 @@ def test_streamed_rows_at_any_alignment(restore_threads, H):
             assert untouched(buf, off) and untouched(buf2, off), (nt, off)
 
 
-def _short_dtypes():
-    try:
-        import ml_dtypes
-    except ImportError:   # a test dependency; bfloat16 is left out only without it
-        return [F32, np.float16]
-    return [F32, np.float16, np.dtype(ml_dtypes.bfloat16)]
-
-
-@pytest.mark.parametrize("dt", _short_dtypes(), ids=str)
+@pytest.mark.parametrize("dt", [F32, np.float16, np.dtype(ml_dtypes.bfloat16)], ids=str)
 @pytest.mark.parametrize("H", [16, 17, 64, 128])
 @pytest.mark.parametrize("N", [5, 16, 37])
 def test_short_backward_in_place_and_group_tails(isa, dt, H, N):
