@@ -303,3 +303,38 @@ def test_short_backward_in_place_and_group_tails(isa, dt, H, N):
         for g, e in zip(got, rwant):
             np.testing.assert_array_equal(g, e, err_msg=f"RMSNorm, dx over {over}")
         assert (buf[0] == -7).all() and (buf[N + 1] == -7).all()
+
+
+@pytest.mark.parametrize("dt", [F32, np.dtype(ml_dtypes.bfloat16)], ids=str)
+@pytest.mark.parametrize("H", [16, 17, 64, 128])
+def test_short_backward_overflowing_rows(isa, dt, H):
+    """Rows whose backward sums overflow float take the one-row scalars in
+    double (src_c/short_rows.h, bwd_group16 walks the bits of those rows):
+    two in one group of sixteen, and the last row of a group of five, whose
+    spare rows repeat it. Each such row's dx equals the row computed alone,
+    bitwise, and every row is close to the float64 reference, for LayerNorm
+    and RMSNorm."""
+    N, big = 37, (2, 9, 36)
+    x, dy, w, _ = _data(N, H)
+    x[list(big)] *= 1e19                   # g * x about 1e39: past float in every product
+    dy[list(big)] *= 1e20
+    x, dy = x.astype(dt), dy.astype(dt)
+    x64, dy64, w64 = x.astype(np.float64), dy.astype(np.float64), w.astype(np.float64)
+    _, mean, rstd = fastln.layer_norm(x, w, return_stats=True)
+    _, rr = fastln.rms_norm(x, w, return_stats=True)
+    dx = fastln.layer_norm_backward(dy, x, mean, rstd, w)[0]
+    rdx = fastln.rms_norm_backward(dy, x, rr, w)[0]
+    want = ref.layer_norm_backward(dy64, x64, mean, rstd, w64)[0]
+    rwant = ref.rms_norm_backward(dy64, x64, rr, w64)[0]
+    tol = 2e-5 if dt == F32 else 2e-2
+    for got, exp in ((dx, want), (rdx, rwant)):
+        for n in range(N):
+            s = max(1.0, float(np.abs(exp[n]).max()))
+            np.testing.assert_allclose(got[n].astype(np.float64), exp[n], rtol=tol,
+                                       atol=tol * s, err_msg=f"row {n}")
+    for n in big:
+        sl = slice(n, n + 1)
+        one = fastln.layer_norm_backward(dy[sl], x[sl], mean[sl], rstd[sl], w)[0]
+        np.testing.assert_array_equal(dx[sl], one, err_msg=f"LayerNorm dx of row {n}")
+        one = fastln.rms_norm_backward(dy[sl], x[sl], rr[sl], w)[0]
+        np.testing.assert_array_equal(rdx[sl], one, err_msg=f"RMSNorm dx of row {n}")
