@@ -174,6 +174,14 @@ static double bwd_stream_bytes(int64_t H)
     return H <= FASTLN_SHORT_BWD_H ? kt()->stream_bytes_bwd_short : FASTLN_STREAM_BYTES_BWD;
 }
 
+/* The threshold on the output of the float32 (elsize 4) or 16-bit (elsize
+ * 2) LayerNorm and RMSNorm forwards of rows of H on nt threads */
+static double fwd_stream_bytes(int64_t H, size_t elsize, int nt)
+{
+    const int short_rows = (double)H * (double)elsize <= FASTLN_SHORT_ROW_BYTES;
+    return short_rows && (elsize == 2 || nt == 1) ? kt()->stream_bytes_short : kt()->stream_bytes;
+}
+
 /* ---- kernels ---- */
 
 int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
@@ -181,8 +189,9 @@ int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
                           double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(float), kt()->stream_bytes));
+    const int nt = threads_for(N, H);
+    return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, nt,
+                        stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt)));
 }
 
 int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
@@ -239,8 +248,9 @@ int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weig
                         int64_t N, int64_t H, double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->rms_f32(y, rstd, x, weight, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(float), kt()->stream_bytes));
+    const int nt = threads_for(N, H);
+    return kt()->rms_f32(y, rstd, x, weight, N, H, eps, nt,
+                         stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt)));
 }
 
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
@@ -278,8 +288,9 @@ int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd, cons
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
+    const int nt = threads_for(N, H);
     return kt()->half_fwd(FASTLN_OP_LN, kind, y, NULL, mean, rstd, x, NULL, weight, bias, N, H,
-                          eps, threads_for(N, H), stream_for(N, H, 2, kt()->stream_bytes));
+                          eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt)));
 }
 
 int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
@@ -287,8 +298,9 @@ int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
+    const int nt = threads_for(N, H);
     return kt()->half_fwd(FASTLN_OP_RMS, kind, y, NULL, NULL, rstd, x, NULL, weight, NULL, N,
-                          H, eps, threads_for(N, H), stream_for(N, H, 2, kt()->stream_bytes));
+                          H, eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt)));
 }
 
 int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,

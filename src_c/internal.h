@@ -41,6 +41,22 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #ifndef FASTLN_STREAM_BYTES_AVX512
 #define FASTLN_STREAM_BYTES_AVX512 (16.0 * 1024 * 1024)
 #endif
+/* The AVX-512 LayerNorm and RMSNorm forwards of rows of at most
+ * FASTLN_SHORT_ROW_BYTES stream from FASTLN_STREAM_BYTES_SHORT: 16-bit rows
+ * on any number of threads, float32 rows on one. Between 4 and 16 MiB out,
+ * ordinary stores often ran far slower there (same-process A/B against 16
+ * MiB, medians: bfloat16 LayerNorm, 1 thread (32768, 64) 1.08x, (65536, 64)
+ * 1.15x, (16384, 256) 1.30-1.36x, 2 threads 1.13x, 1.29x, 1.42-1.51x; float32
+ * on 1 thread, LayerNorm (32768, 64) 1.48x, (131072, 16) 1.76x, (16384, 128)
+ * 1.20-2.10x, RMSNorm (32768, 64) 1.70x, (16384, 128) 1.44x, bfloat16 RMSNorm
+ * (65536, 64) 1.44x). float32 on 2 threads measured 0.67-0.89x for RMSNorm
+ * ((32768, 64), (16384, 128), (131072, 16)) and 0.82-1.45x for LayerNorm;
+ * rows of 1 KiB 0.82-1.02x (float32 H = 256, bfloat16 H = 512, 1 and 2
+ * threads): they keep FASTLN_STREAM_BYTES_AVX512. */
+#ifndef FASTLN_STREAM_BYTES_SHORT
+#define FASTLN_STREAM_BYTES_SHORT (4.0 * 1024 * 1024)
+#endif
+#define FASTLN_SHORT_ROW_BYTES 512
 #ifndef FASTLN_STREAM_BYTES_BWD
 #define FASTLN_STREAM_BYTES_BWD (8.0 * 1024 * 1024)
 #endif
@@ -127,6 +143,9 @@ typedef struct {
      * rows of up to FASTLN_SHORT_BWD_H elements */
     double stream_bytes;
     double stream_bytes_bwd_short;
+    /* the forwards' threshold for rows of up to FASTLN_SHORT_ROW_BYTES
+     * (16-bit, or float32 on one thread) */
+    double stream_bytes_short;
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;

@@ -293,8 +293,10 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
 #if VEC_BYTES == 64
     FASTLN_STREAM_BYTES_AVX512,
     FASTLN_STREAM_BYTES_BWD_SHORT,
+    FASTLN_STREAM_BYTES_SHORT,
 #else
     FASTLN_STREAM_BYTES,
     FASTLN_STREAM_BYTES_BWD,
+    FASTLN_STREAM_BYTES,
 #endif
 };

@@ -113,9 +113,10 @@ def test_each_row_as_if_alone(isa, H):
 
 
 def test_streamed_short_rows_equal_unstreamed(restore_threads):
-    """Past the streaming threshold (16 MiB forward on AVX-512, 4 MiB for the backward of
-    these rows) the rows go through staging blocks and non-temporal stores: the same values
-    as unstreamed calls."""
+    """Past the streaming threshold (16 MiB forward on AVX-512 on 2 threads, 4 MiB for the
+    backward of these rows) the rows go through staging blocks and non-temporal stores: the
+    same values as unstreamed calls."""
+    fastln.set_num_threads(2)         # (on one thread, these forwards stream from 4 MiB)
     N, H = (1 << 19) + 5, 32          # 64 MiB of float32
     rng = np.random.default_rng(3)
     x = rng.standard_normal((N, H), dtype=F32)
@@ -338,3 +339,30 @@ def test_short_backward_overflowing_rows(isa, dt, H):
         np.testing.assert_array_equal(dx[sl], one, err_msg=f"LayerNorm dx of row {n}")
         one = fastln.rms_norm_backward(dy[sl], x[sl], rr[sl], w)[0]
         np.testing.assert_array_equal(rdx[sl], one, err_msg=f"RMSNorm dx of row {n}")
+
+
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("dt,H", [(F32, 16), (F32, 64), (F32, 128), (F32, 256),
+                                  (np.float16, 64), (np.dtype(ml_dtypes.bfloat16), 256)],
+                         ids=str)
+def test_short_rows_stream_from_4_mib(restore_threads, nt, dt, H):
+    """The AVX-512 LayerNorm and RMSNorm forwards of rows of up to 512 bytes stream
+    from 4 MiB out in 16-bit storage, and in float32 on one thread (src_c/internal.h,
+    FASTLN_STREAM_BYTES_SHORT); float32 rows of 1 KiB, and float32 on two threads, from 16
+    MiB. A call of 5 MiB out equals its two halves (2.5 MiB, never streamed), bitwise, and
+    the float64 reference on its first and last rows."""
+    fastln.set_num_threads(nt)
+    dt = np.dtype(dt)
+    N = (5 << 20) // (dt.itemsize * H) + 3
+    x, _, w, b = _data(N, H, seed=4)
+    x = x.astype(dt)
+    half = N // 2
+    for f, args in ((fastln.layer_norm, (w, b)), (fastln.rms_norm, (w,))):
+        y = f(x, *args)
+        parts = np.concatenate([f(x[:half], *args), f(x[half:], *args)])
+        np.testing.assert_array_equal(y, parts, err_msg=f.__name__)
+        r = getattr(ref, f.__name__)
+        tol = 2e-5 if dt == F32 else 1e-2
+        for sl in (slice(0, 32), slice(N - 32, N)):
+            want = r(x[sl].astype(np.float64), *args)
+            np.testing.assert_allclose(y[sl].astype(np.float64), want, rtol=tol, atol=tol)
