@@ -174,12 +174,15 @@ static double bwd_stream_bytes(int64_t H)
     return H <= FASTLN_SHORT_BWD_H ? kt()->stream_bytes_bwd_short : FASTLN_STREAM_BYTES_BWD;
 }
 
-/* The threshold on the output of the float32 (elsize 4) or 16-bit (elsize
- * 2) LayerNorm and RMSNorm forwards of rows of H on nt threads */
-static double fwd_stream_bytes(int64_t H, size_t elsize, int nt)
+/* The threshold on the outputs of the float32 (elsize 4) or 16-bit (elsize
+ * 2) forwards of rows of H on nt threads: outs 1 (LayerNorm, RMSNorm) or 2
+ * (add + LayerNorm's s and y together) */
+static double fwd_stream_bytes(int64_t H, size_t elsize, int nt, int outs)
 {
-    const int short_rows = (double)H * (double)elsize <= FASTLN_SHORT_ROW_BYTES;
-    return short_rows && (elsize == 2 || nt == 1) ? kt()->stream_bytes_short : kt()->stream_bytes;
+    const double sb = kt()->stream_bytes_short;
+    if (sb > 0 && (double)H * (double)elsize <= FASTLN_SHORT_ROW_BYTES && (elsize == 2 || nt == 1))
+        return outs * sb;
+    return outs == 1 ? kt()->stream_bytes : FASTLN_STREAM_BYTES;
 }
 
 /* ---- kernels ---- */
@@ -191,7 +194,7 @@ int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     const int nt = threads_for(N, H);
     return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, nt,
-                        stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt)));
+                        stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt, 1)));
 }
 
 int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
@@ -229,9 +232,10 @@ int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, cons
                               int64_t N, int64_t H, double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
-                            threads_for(N, H),
-                            stream_for(2 * N, H, sizeof(float), FASTLN_STREAM_BYTES));
+    const int nt = threads_for(N, H);
+    return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps, nt,
+                            stream_for(2 * N, H, sizeof(float),
+                                       fwd_stream_bytes(H, sizeof(float), nt, 2)));
 }
 
 int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
@@ -250,7 +254,7 @@ int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weig
     if (N < 0 || H < 1) return FASTLN_EINVAL;
     const int nt = threads_for(N, H);
     return kt()->rms_f32(y, rstd, x, weight, N, H, eps, nt,
-                         stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt)));
+                         stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt, 1)));
 }
 
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
@@ -290,7 +294,7 @@ int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd, cons
     if (N == 0) return FASTLN_OK;
     const int nt = threads_for(N, H);
     return kt()->half_fwd(FASTLN_OP_LN, kind, y, NULL, mean, rstd, x, NULL, weight, bias, N, H,
-                          eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt)));
+                          eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt, 1)));
 }
 
 int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
@@ -300,7 +304,7 @@ int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
     if (N == 0) return FASTLN_OK;
     const int nt = threads_for(N, H);
     return kt()->half_fwd(FASTLN_OP_RMS, kind, y, NULL, NULL, rstd, x, NULL, weight, NULL, N,
-                          H, eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt)));
+                          H, eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt, 1)));
 }
 
 int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
@@ -309,9 +313,9 @@ int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, 
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
+    const int nt = threads_for(N, H);
     return kt()->half_fwd(FASTLN_OP_ADD, kind, y, s, mean, rstd, x, residual, weight, bias, N,
-                          H, eps, threads_for(N, H),
-                          stream_for(2 * N, H, 2, FASTLN_STREAM_BYTES));
+                          H, eps, nt, stream_for(2 * N, H, 2, fwd_stream_bytes(H, 2, nt, 2)));
 }
 
 int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,

@@ -42,8 +42,9 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #define FASTLN_STREAM_BYTES_AVX512 (16.0 * 1024 * 1024)
 #endif
 /* The AVX-512 LayerNorm and RMSNorm forwards of rows of at most
- * FASTLN_SHORT_ROW_BYTES stream from FASTLN_STREAM_BYTES_SHORT: 16-bit rows
- * on any number of threads, float32 rows on one. Between 4 and 16 MiB out,
+ * FASTLN_SHORT_ROW_BYTES stream from FASTLN_STREAM_BYTES_SHORT (add +
+ * LayerNorm: twice it, s and y together): 16-bit rows on any number of
+ * threads, float32 rows on one. Between 4 and 16 MiB out,
  * ordinary stores often ran far slower there (same-process A/B against 16
  * MiB, medians: bfloat16 LayerNorm, 1 thread (32768, 64) 1.08x, (65536, 64)
  * 1.15x, (16384, 256) 1.30-1.36x, 2 threads 1.13x, 1.29x, 1.42-1.51x; float32
@@ -52,7 +53,12 @@ static inline void omp_set_num_threads(int n) { (void)n; }
  * (65536, 64) 1.44x). float32 on 2 threads measured 0.67-0.89x for RMSNorm
  * ((32768, 64), (16384, 128), (131072, 16)) and 0.82-1.45x for LayerNorm;
  * rows of 1 KiB 0.82-1.02x (float32 H = 256, bfloat16 H = 512, 1 and 2
- * threads): they keep FASTLN_STREAM_BYTES_AVX512. */
+ * threads): they keep FASTLN_STREAM_BYTES_AVX512. add + LayerNorm, against
+ * 32 MiB of s and y: float32 on 1 thread (16384, 64) 1.59x, (32768, 64)
+ * 2.01x, (131072, 16) 2.05x, (8192, 128) 1.10x; bfloat16 (32768, 64) 1.66x
+ * and 1.41x (1, 2 threads), (16384, 128) 1.42x and 1.34x, (8192, 256) 1.60x
+ * and 1.34x; float32 on 2 threads 0.64x at (8192, 128), 0.89x at (16384,
+ * 64). */
 #ifndef FASTLN_STREAM_BYTES_SHORT
 #define FASTLN_STREAM_BYTES_SHORT (4.0 * 1024 * 1024)
 #endif
@@ -144,7 +150,8 @@ typedef struct {
     double stream_bytes;
     double stream_bytes_bwd_short;
     /* the forwards' threshold for rows of up to FASTLN_SHORT_ROW_BYTES
-     * (16-bit, or float32 on one thread) */
+     * (16-bit, or float32 on one thread; add + LayerNorm: twice it, for s
+     * and y together), or 0: none */
     double stream_bytes_short;
 } fastln_kernel_table;
 

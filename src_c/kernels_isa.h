@@ -297,6 +297,6 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
 #else
     FASTLN_STREAM_BYTES,
     FASTLN_STREAM_BYTES_BWD,
-    FASTLN_STREAM_BYTES,
+    0,
 #endif
 };

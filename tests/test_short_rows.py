@@ -347,22 +347,31 @@ def test_short_backward_overflowing_rows(isa, dt, H):
                          ids=str)
 def test_short_rows_stream_from_4_mib(restore_threads, nt, dt, H):
     """The AVX-512 LayerNorm and RMSNorm forwards of rows of up to 512 bytes stream
-    from 4 MiB out in 16-bit storage, and in float32 on one thread (src_c/internal.h,
-    FASTLN_STREAM_BYTES_SHORT); float32 rows of 1 KiB, and float32 on two threads, from 16
-    MiB. A call of 5 MiB out equals its two halves (2.5 MiB, never streamed), bitwise, and
-    the float64 reference on its first and last rows."""
+    from 4 MiB out in 16-bit storage, and in float32 on one thread (add + LayerNorm: 8 MiB
+    of s and y; src_c/internal.h, FASTLN_STREAM_BYTES_SHORT); float32 rows of 1 KiB, and
+    float32 on two threads, from 16 MiB (add + LayerNorm 32). A call of 5 MiB out equals
+    its two halves (2.5 MiB, never streamed), bitwise, and the float64 reference on its
+    first and last rows."""
     fastln.set_num_threads(nt)
     dt = np.dtype(dt)
     N = (5 << 20) // (dt.itemsize * H) + 3
     x, _, w, b = _data(N, H, seed=4)
     x = x.astype(dt)
     half = N // 2
-    for f, args in ((fastln.layer_norm, (w, b)), (fastln.rms_norm, (w,))):
-        y = f(x, *args)
-        parts = np.concatenate([f(x[:half], *args), f(x[half:], *args)])
-        np.testing.assert_array_equal(y, parts, err_msg=f.__name__)
+    res = _data(N, H, seed=5)[0].astype(dt)
+    tol = 2e-5 if dt == F32 else 1e-2
+    for f, args in ((fastln.layer_norm, (x, w, b)), (fastln.rms_norm, (x, w)),
+                    (fastln.add_layer_norm, (x, res, w, b))):
+        out = f(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        lo = f(*(a[:half] if a.ndim == 2 else a for a in args))
+        hi = f(*(a[half:] if a.ndim == 2 else a for a in args))
+        for k, o in enumerate(outs):
+            parts = np.concatenate([lo[k], hi[k]] if isinstance(lo, tuple) else [lo, hi])
+            np.testing.assert_array_equal(o, parts, err_msg=f"{f.__name__} output {k}")
         r = getattr(ref, f.__name__)
-        tol = 2e-5 if dt == F32 else 1e-2
         for sl in (slice(0, 32), slice(N - 32, N)):
-            want = r(x[sl].astype(np.float64), *args)
-            np.testing.assert_allclose(y[sl].astype(np.float64), want, rtol=tol, atol=tol)
+            want = r(*(a[sl].astype(np.float64) if a.ndim == 2 else a for a in args))
+            for o, e in zip(outs, want if isinstance(want, tuple) else (want,)):
+                np.testing.assert_allclose(o[sl].astype(np.float64), e, rtol=tol,
+                                           atol=tol * max(1.0, float(np.abs(e).max())))
