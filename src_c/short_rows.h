@@ -33,7 +33,7 @@
  * streamed (131072, 160) 4.3 -> 3.5 ms, but (16384, 256) 3-30% slower;
  * add + LayerNorm: add_ln_range). The backward measured slower that way
  * past SHORT16_H. The 16-bit forwards take rows of up to 96 (RMSNorm:
- * 17-96) thirty-two at a time (fwd_rows16_half_k). */
+ * 17-96) thirty-two at a time (fwd16h_nv). */
 #define FWD16_H 256
 #define NVF16 (FWD16_H / 16)
 
@@ -257,7 +257,7 @@ static inline __attribute__((always_inline)) __m512 SFX(rstd16)(__m512 var, doub
  * to 1.07x forward but 0.79-0.98x backward: the writer's work per vector
  * weighs more there. Those rows, and rows of other lengths, keep the
  * staging block. The 16-bit forwards put pairs of narrowed vectors (32
- * values, one line's worth) as the floats of a vector (fwd_rows16_half_k). */
+ * values, one line's worth) as the floats of a vector (fwd16h_nv). */
 typedef struct {
     float *p;          /* the next aligned line (the block's start + f0 until the first put) */
     __m512 carry;      /* the last vector put */
@@ -585,7 +585,7 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
     SFX(ntw) *const ow = stream && SFX(ntw_ok)(y, H) ? &w_ : NULL;
     if (ow) SFX(ntw_init)(ow, y + r0 * H);
     /* LayerNorm and RMSNorm rows of one vector, and of two not streamed, go 32
-     * at a time (NG 2 groups of 16, as fwd_rows16_half_k): the two groups'
+     * at a time (NG 2 groups of 16, as fwd16h_nv): the two groups'
      * latency chains (reductions, rstd) overlap. Same-process A/B against 16
      * at a time, LayerNorm and RMSNorm: 2 threads (16384, 16) 1.20x and
      * 1.29x, (262144, 16) 1.14x and 1.18x, (16384, 32) 1.18x and 1.12x,
@@ -706,16 +706,14 @@ static inline __attribute__((always_inline)) void SFX(add16_half)(
  * (16384, 256) 673-683 -> 678-764 us). buf: 17H floats; stream:
  * non-temporal stores (fenced here). rms and add (res != NULL) are
  * constants. */
-static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
-    int rms, int add, int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+static inline __attribute__((always_inline)) void SFX(fwd16h_nv)(
+    int NV, int rms, int add, int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
     const uint16_t *x, const uint16_t *res, const float *w, const float *b, int64_t r0,
     int64_t r1, int64_t H, double eps, int stream, float *buf)
 {
-    const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
-    kind = SFX(store_kind)(kind);
     __m512 wv[NVF16], bv[NVF16];
-    SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
+    SFX(load_wb16)(wv, bv, w, rms ? NULL : b, NV, tail);
     if (rms) mean = NULL;
     float *const yf = buf + 16 * H;   /* y of a row that takes the one-row code */
     /* Streamed rows of an even number of vectors go through ntw writers, y's
@@ -746,7 +744,7 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
      * only for rows of one vector, and of two where not streamed (fwd_rows16). */
 #define NG_LN(NV) ((NV) <= 6 ? 2 : 1)
 #define NG_RMS(NV) ((NV) >= 2 && (NV) <= 6 ? 2 : 1)
-    const int NGR = add ? 1 : rms ? NG_RMS(nv) : NG_LN(nv), G = 16 * NGR;
+    const int NGR = add ? 1 : rms ? NG_RMS(NV) : NG_LN(NV), G = 16 * NGR;
     for (int64_t n = r0; n < r1; n += G) {
         int R = r1 - n < G ? (int)(r1 - n) : G;
         const uint16_t *xr[32];
@@ -773,24 +771,18 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
          * rows measured slower with it (a constant NULL for them) */
         const char *pf = pf_on && n + 2 * G <= r1 ? (const char *)(x + (n + G) * H) : NULL;
 #define PF(NV) (NV > 8 || (NV >= SPREAD_NV && stream) ? pf : NULL)
-        uint32_t redo = 0;
-#define CASE(NV, K)                                                                       \
-    case NV * 4 + K:                                                                      \
-        redo = add ? SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)sr, wv, \
-                                     bv, R, NV, H, tail, eps, 0, K, nt, NULL, 0, 1, ow)   \
-             : rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, \
-                                      NV, H, tail, eps, K, nt, PF(NV), 0, NG_RMS(NV), ow) \
-                   : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, \
-                                     bv, R, NV, H, tail, eps, K, K, nt, PF(NV), 0,        \
-                                     NG_LN(NV), ow);                                      \
-        break;
-#define KINDS(NV) CASE(NV, FASTLN_F16) CASE(NV, FASTLN_BF16) CASE(NV, KIND_BF16_INSN)
-        switch (nv * 4 + kind) {
-            KINDS(1) KINDS(2) KINDS(3) KINDS(4) KINDS(5) KINDS(6) KINDS(7) KINDS(8)
-            KINDS(9) KINDS(10) KINDS(11) KINDS(12) KINDS(13) KINDS(14) KINDS(15) KINDS(16)
-        }
-#undef KINDS
-#undef CASE
+        uint32_t redo;
+#define HGROUP(K)                                                                          \
+    (add ? SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)sr, wv, bv, R, NV, \
+                           H, tail, eps, 0, K, nt, NULL, 0, 1, ow)                        \
+     : rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H,  \
+                              tail, eps, K, nt, PF(NV), 0, NG_RMS(NV), ow)                \
+           : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R,  \
+                             NV, H, tail, eps, K, K, nt, PF(NV), 0, NG_LN(NV), ow))
+        if (kind == FASTLN_F16) redo = HGROUP(FASTLN_F16);
+        else if (kind == FASTLN_BF16) redo = HGROUP(FASTLN_BF16);
+        else redo = HGROUP(KIND_BF16_INSN);
+#undef HGROUP
 #undef PF
 #undef NG_RMS
 #undef NG_LN
@@ -810,19 +802,48 @@ static inline __attribute__((always_inline)) void SFX(fwd_rows16_half_k)(
     if (stream) stream_fence();
 }
 
-/* fwd_rows16_half_k with rms and add constants (a run-time rms measured up
- * to 6% slower, bfloat16 (262144, 64) on 2 threads); res: add + LayerNorm */
+/* fwd16h_nv for each (NV, OP) a function of its own (OP 0 LayerNorm, 1
+ * RMSNorm, 2 add + LayerNorm), for the three stored kinds, as the backward's
+ * bwd16_ functions: one function for all of them (the switch over NV and
+ * kind inside the loop over groups) kept the weights, the row pointers and
+ * the streaming flags on the stack. */
+#define FWD16H_FN(NV, OP)                                                                   \
+    static __attribute__((noinline)) void SFX(CAT3(fwd16h_, NV, OP))(                       \
+        int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd, const uint16_t *x,    \
+        const uint16_t *res, const float *w, const float *b, int64_t r0, int64_t r1,        \
+        int64_t H, double eps, int stream, float *buf)                                      \
+    {                                                                                       \
+        SFX(fwd16h_nv)(NV, OP == 1, OP == 2, kind, y, s, mean, rstd, x, res, w, b, r0, r1, H, \
+                       eps, stream, buf);                                                   \
+    }
+#define FWD16H_FNS(NV) FWD16H_FN(NV, 0) FWD16H_FN(NV, 1) FWD16H_FN(NV, 2)
+FWD16H_FNS(1) FWD16H_FNS(2) FWD16H_FNS(3) FWD16H_FNS(4)
+FWD16H_FNS(5) FWD16H_FNS(6) FWD16H_FNS(7) FWD16H_FNS(8)
+FWD16H_FNS(9) FWD16H_FNS(10) FWD16H_FNS(11) FWD16H_FNS(12)
+FWD16H_FNS(13) FWD16H_FNS(14) FWD16H_FNS(15) FWD16H_FNS(16)
+#undef FWD16H_FNS
+#undef FWD16H_FN
+
+/* The 16-bit LayerNorm (rms 0), RMSNorm (rms 1) or, with res, add +
+ * LayerNorm forward of rows [r0, r1), H <= FWD16_H, as fwd16h_nv */
 static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, uint16_t *s, float *mean,
                                  float *rstd, const uint16_t *x, const uint16_t *res,
                                  const float *w, const float *b, int64_t r0, int64_t r1,
                                  int64_t H, double eps, int stream, float *buf)
 {
-#define K_(RMS, ADD) SFX(fwd_rows16_half_k)(RMS, ADD, kind, y, s, mean, rstd, x, res, w, b, r0, \
-                                            r1, H, eps, stream, buf)
-    if (res) K_(0, 1);
-    else if (rms) K_(1, 0);
-    else K_(0, 0);
-#undef K_
+    kind = SFX(store_kind)(kind);
+#define F(NV, OP) \
+    SFX(CAT3(fwd16h_, NV, OP))(kind, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, stream, buf)
+#define CASE(NV)                   \
+    case 3 * NV: F(NV, 0); break;     \
+    case 3 * NV + 1: F(NV, 1); break; \
+    case 3 * NV + 2: F(NV, 2); break;
+    switch ((int)((H + 15) / 16) * 3 + (res ? 2 : rms ? 1 : 0)) {   /* rows of 1 to 16 vectors */
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+    }
+#undef CASE
+#undef F
 }
 
 /* ln_bwd_scalars (LN) or rms_bwd_scalars of a row of 16-bit values of
