@@ -531,32 +531,6 @@ static void SFX(add16)(float *s, const float *x, const float *res, int64_t n, in
     }
 }
 
-/* fwd_rows16's groups of 32 rows (NG 2), rows of nv = 1 or 2 vectors:
- * LayerNorm, or RMSNorm with rms. A function of its own: inlined into
- * fwd_rows16 with the other group kernels they made kernels_avx512.c take
- * 235 s at -O3, against 180 s before them and 208 s this way (one timing
- * each; CI compiles it twice). The call measured 0.93-0.98x for LayerNorm
- * and 1.03-1.09x for RMSNorm against the inlined kernels (A/B, 1 and 2
- * threads, rows of 16 and 32). */
-static __attribute__((noinline)) uint32_t SFX(group32)(int rms, int nv, void *const *yr,
-                                                      float *mn, float *rs,
-                                                      const void *const *xr, const __m512 *wv,
-                                                      const __m512 *bv, int R, int64_t H,
-                                                      __mmask16 tail, double eps, SFX(ntw) *ow)
-{
-#define LN32(NV) SFX(ln_group16)(yr, mn, rs, xr, wv, bv, R, NV, H, tail, eps, 0, 0, 0, NULL, 0, 2, ow)
-#define RMS32(NV) SFX(rms_group16)(yr, rs, xr, wv, R, NV, H, tail, eps, 0, 0, NULL, 0, 2, ow)
-    switch (nv * 2 + rms) {
-    case 2: return LN32(1);
-    case 3: return RMS32(1);
-    case 4: return LN32(2);
-    case 5: return RMS32(2);
-    default: return 0;   /* nv is 1 or 2 */
-    }
-#undef LN32
-#undef RMS32
-}
-
 /* LayerNorm, or with rms RMSNorm (mean and b unused), forward of rows
  * [r0, r1), H <= FWD16_H, sixteen at a time (short rows 32, see NG
  * below); rows the group kernel leaves
@@ -566,21 +540,21 @@ static __attribute__((noinline)) uint32_t SFX(group32)(int rms, int nv, void *co
  * stream, y goes through an ntw writer where it can (a group with rows to
  * redo is staged, redone there, and put after); other rows, and
  * s, are written to staging blocks and streamed out a group at a time. */
-static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
-                            const float *x, const float *res, const float *w, const float *b,
-                            int64_t r0, int64_t r1, int64_t H, double eps, int stream)
+static inline __attribute__((always_inline)) void SFX(fwd16_nv)(
+    int NV, int rms, int add, float *y, float *s, float *mean, float *rstd, const float *x,
+    const float *res, const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
+    double eps, int stream)
 {
-    const int nv = (int)((H + 15) / 16);
     const __mmask16 tail = SFX(tail16)(H);
     __m512 wv[NVF16], bv[NVF16];
-    SFX(load_wb16)(wv, bv, w, rms ? NULL : b, nv, tail);
+    SFX(load_wb16)(wv, bv, w, rms ? NULL : b, NV, tail);
     /* y's staging block starts 2 KiB into its array: at its start, RMSNorm
      * (524288, 32) measured 8% slower on 2 threads (4K aliasing between its
      * stores and the loads of the frame's other locals, probably) */
     float stage_[16 * FWD16_H + 512], sstage[16 * FWD16_H];
     float *const stage = stage_ + 512;
     /* y prefetched for writing, rows of more than 8 vectors (group kernels) */
-    const int pfw = !stream && !res && nv > 8 && (double)(r1 - r0) * H * 4 > PF_RANGE_BYTES;
+    const int pfw = !stream && !add && NV > 8 && (double)(r1 - r0) * H * 4 > PF_RANGE_BYTES;
     SFX(ntw) w_;
     SFX(ntw) *const ow = stream && SFX(ntw_ok)(y, H) ? &w_ : NULL;
     if (ow) SFX(ntw_init)(ow, y + r0 * H);
@@ -593,12 +567,12 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
      * 1 thread 1.03-1.32x, but (65536, 32) 0.98x. Streamed rows of two
      * measured 0.90-1.06x ((524288, 32)), rows of 3-4 vectors 0.89-1.18x,
      * add + LayerNorm at 16 and 32 0.85-1.13x. */
-    const int NG = !res && (nv == 1 || (nv == 2 && !stream)) ? 2 : 1, G = 16 * NG;
+    const int NG = !add && (NV == 1 || (NV == 2 && !stream)) ? 2 : 1, G = 16 * NG;
     for (int64_t n = r0; n < r1; n += G) {
         int R = r1 - n < G ? (int)(r1 - n) : G;
         const float *xr[32];
         float *yr[32];
-        if (res) {
+        if (add) {
             float *sg = stream ? sstage : s + n * H;
             SFX(add16)(sg, x + n * H, res + n * H, R * H, n + 32 <= r1);
             SFX(rows16)(xr, sg, 0, R, H);
@@ -618,45 +592,79 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
          * fetches the next group's x and res line by line (2 threads (262144,
          * 64) 4.8 -> 3.7 ms, (1048576, 16) 5.0 -> 4.2 ms; 1 thread 8.2 -> 7.2,
          * 9.5 -> 8.5 ms; slower without the burst). */
-        const int spread = !res && nv >= SPREAD_NV;
-        if (!spread && (nv > 1 || rms))
+        const int spread = !add && NV >= SPREAD_NV;
+        if (!spread && (NV > 1 || rms))
             SFX(pf_ahead)(x + n * H, G * H * 4, PF_GROUP_FWD, x + r1 * H);
         /* the next group, for the group kernel with rows of NV vectors: a
          * constant NULL where NV < SPREAD_NV (a NULL known only at run time
          * made LayerNorm rows of 16 3% slower); groups of sixteen only */
 #define PF(NV) (NV >= SPREAD_NV && spread && n + 32 <= r1 ? (const char *)(x + (n + 16) * H) : NULL)
         uint32_t redo;
-        if (NG == 2)
-            redo = SFX(group32)(rms, nv, (void *const *)yr, mn, rs, (const void *const *)xr, wv, bv,
-                                R, H, tail, eps, ow);
-        else switch (nv * 2 + rms) {
-#define CASE(NV)                                                                      \
-    case 2 * NV:                                                                      \
-        redo = SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R, NV, \
-                               H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, 1, ow);  \
-        break;                                                                        \
-    case 2 * NV + 1:                                                                  \
-        redo = SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H, \
-                                tail, eps, 0, 0, PF(NV), NV > 8 && pfw, 1, ow);       \
-        break;
-            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-            CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
-#undef CASE
+        if (NV <= 2 && NG == 2)
+            redo = rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV,
+                                          H, tail, eps, 0, 0, NULL, 0, 2, ow)
+                       : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv,
+                                         bv, R, NV, H, tail, eps, 0, 0, 0, NULL, 0, 2, ow);
+        else
+            redo = rms ? SFX(rms_group16)((void *const *)yr, rs, (const void *const *)xr, wv, R, NV,
+                                          H, tail, eps, 0, 0, PF(NV), NV > 8 && pfw, 1, ow)
+                       : SFX(ln_group16)((void *const *)yr, mn, rs, (const void *const *)xr, wv,
+                                         bv, R, NV, H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw,
+                                         1, ow);
 #undef PF
-        default: redo = 0;   /* nv is 1 to 16 */
-        }
         for (int k = 0; redo && k < R; k++) {
             if (!((redo >> k) & 1)) continue;
             if (rms) SFX(rms_rows)(yr[k], rs ? rs + k : NULL, xr[k], w, 0, 1, H, eps, NULL);
             else SFX(ln_rows)(yr[k], mn ? mn + k : NULL, rs ? rs + k : NULL, xr[k], w, b, 0, 1, H,
                               eps, NULL);
         }
-        if (stream && res) stream_copy(s + n * H, sstage, (size_t)(R * H) * sizeof(float));
+        if (stream && add) stream_copy(s + n * H, sstage, (size_t)(R * H) * sizeof(float));
         if (ow && redo) SFX(ntw_put_n)(ow, stage, R * H);   /* staged: the group's rows */
         else if (stream && !ow) stream_copy(y + n * H, stage, (size_t)(R * H) * sizeof(float));
     }
     if (ow) SFX(ntw_finish)(ow);
     if (stream) stream_fence();
+}
+
+
+/* fwd16_nv for each (NV, OP) a function of its own (OP 0 LayerNorm, 1
+ * RMSNorm, 2 add + LayerNorm), as fwd16h_ and the backward's bwd16_; rows of
+ * one and two vectors hold their groups of 32 too (once a function of their
+ * own, group32, so that kernels_avx512.c compiled in reasonable time) */
+#define FWD16_FN(NV, OP)                                                                   \
+    static __attribute__((noinline)) void SFX(CAT3(fwd16_, NV, OP))(                       \
+        float *y, float *s, float *mean, float *rstd, const float *x, const float *res,    \
+        const float *w, const float *b, int64_t r0, int64_t r1, int64_t H, double eps,     \
+        int stream)                                                                        \
+    {                                                                                      \
+        SFX(fwd16_nv)(NV, OP == 1, OP == 2, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, \
+                      stream);                                                             \
+    }
+#define FWD16_FNS(NV) FWD16_FN(NV, 0) FWD16_FN(NV, 1) FWD16_FN(NV, 2)
+FWD16_FNS(1) FWD16_FNS(2) FWD16_FNS(3) FWD16_FNS(4)
+FWD16_FNS(5) FWD16_FNS(6) FWD16_FNS(7) FWD16_FNS(8)
+FWD16_FNS(9) FWD16_FNS(10) FWD16_FNS(11) FWD16_FNS(12)
+FWD16_FNS(13) FWD16_FNS(14) FWD16_FNS(15) FWD16_FNS(16)
+#undef FWD16_FNS
+#undef FWD16_FN
+
+/* The float32 LayerNorm (rms 0), RMSNorm (rms 1) or, with res, add +
+ * LayerNorm forward of rows [r0, r1), H <= FWD16_H, as fwd16_nv */
+static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rstd,
+                            const float *x, const float *res, const float *w, const float *b,
+                            int64_t r0, int64_t r1, int64_t H, double eps, int stream)
+{
+#define F(NV, OP) SFX(CAT3(fwd16_, NV, OP))(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, stream)
+#define CASE(NV)                   \
+    case 3 * NV: F(NV, 0); break;     \
+    case 3 * NV + 1: F(NV, 1); break; \
+    case 3 * NV + 2: F(NV, 2); break;
+    switch ((int)((H + 15) / 16) * 3 + (res ? 2 : rms ? 1 : 0)) {   /* rows of 1 to 16 vectors */
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+    }
+#undef CASE
+#undef F
 }
 
 /* s = x + res over n 16-bit values of kind, in float into sf and rounded
