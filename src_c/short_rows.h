@@ -36,6 +36,16 @@
  * 17-96) thirty-two at a time (fwd16h_nv). */
 #define FWD16_H 256
 #define NVF16 (FWD16_H / 16)
+/* M(NV) for each row length of the sixteen-row forwards, 1 to NVF16 vectors */
+#define FOR_NVF16(M)                                                                 \
+    M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16)
+/* The forwards' switch over NV * 3 + op (op 0 LayerNorm, 1 RMSNorm, 2 add +
+ * LayerNorm): the three cases of rows of NV vectors, each a call of the
+ * F(NV, op) its user defines */
+#define OP_CASES(NV)                   \
+    case 3 * NV: F(NV, 0); break;     \
+    case 3 * NV + 1: F(NV, 1); break; \
+    case 3 * NV + 2: F(NV, 2); break;
 
 /* reduce16's tree in three steps, for callers that sum their rows in order
  * and combine them as they come (fewer vectors live, the same bits):
@@ -641,10 +651,7 @@ static inline __attribute__((always_inline)) void SFX(fwd16_nv)(
                       stream);                                                             \
     }
 #define FWD16_FNS(NV) FWD16_FN(NV, 0) FWD16_FN(NV, 1) FWD16_FN(NV, 2)
-FWD16_FNS(1) FWD16_FNS(2) FWD16_FNS(3) FWD16_FNS(4)
-FWD16_FNS(5) FWD16_FNS(6) FWD16_FNS(7) FWD16_FNS(8)
-FWD16_FNS(9) FWD16_FNS(10) FWD16_FNS(11) FWD16_FNS(12)
-FWD16_FNS(13) FWD16_FNS(14) FWD16_FNS(15) FWD16_FNS(16)
+FOR_NVF16(FWD16_FNS)
 #undef FWD16_FNS
 #undef FWD16_FN
 
@@ -655,15 +662,9 @@ static void SFX(fwd_rows16)(int rms, float *y, float *s, float *mean, float *rst
                             int64_t r0, int64_t r1, int64_t H, double eps, int stream)
 {
 #define F(NV, OP) SFX(CAT3(fwd16_, NV, OP))(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, stream)
-#define CASE(NV)                   \
-    case 3 * NV: F(NV, 0); break;     \
-    case 3 * NV + 1: F(NV, 1); break; \
-    case 3 * NV + 2: F(NV, 2); break;
     switch ((int)((H + 15) / 16) * 3 + (res ? 2 : rms ? 1 : 0)) {   /* rows of 1 to 16 vectors */
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+        FOR_NVF16(OP_CASES)
     }
-#undef CASE
 #undef F
 }
 
@@ -825,10 +826,7 @@ static inline __attribute__((always_inline)) void SFX(fwd16h_nv)(
                        eps, stream, buf);                                                   \
     }
 #define FWD16H_FNS(NV) FWD16H_FN(NV, 0) FWD16H_FN(NV, 1) FWD16H_FN(NV, 2)
-FWD16H_FNS(1) FWD16H_FNS(2) FWD16H_FNS(3) FWD16H_FNS(4)
-FWD16H_FNS(5) FWD16H_FNS(6) FWD16H_FNS(7) FWD16H_FNS(8)
-FWD16H_FNS(9) FWD16H_FNS(10) FWD16H_FNS(11) FWD16H_FNS(12)
-FWD16H_FNS(13) FWD16H_FNS(14) FWD16H_FNS(15) FWD16H_FNS(16)
+FOR_NVF16(FWD16H_FNS)
 #undef FWD16H_FNS
 #undef FWD16H_FN
 
@@ -842,15 +840,9 @@ static void SFX(fwd_rows16_half)(int rms, int kind, uint16_t *y, uint16_t *s, fl
     kind = SFX(store_kind)(kind);
 #define F(NV, OP) \
     SFX(CAT3(fwd16h_, NV, OP))(kind, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, stream, buf)
-#define CASE(NV)                   \
-    case 3 * NV: F(NV, 0); break;     \
-    case 3 * NV + 1: F(NV, 1); break; \
-    case 3 * NV + 2: F(NV, 2); break;
     switch ((int)((H + 15) / 16) * 3 + (res ? 2 : rms ? 1 : 0)) {   /* rows of 1 to 16 vectors */
-        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
+        FOR_NVF16(OP_CASES)
     }
-#undef CASE
 #undef F
 }
 
