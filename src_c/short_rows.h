@@ -1534,15 +1534,44 @@ static inline __attribute__((always_inline)) void SFX(long_rows_k)(
     if (nt) stream_fence();
 }
 
-/* long_rows_k for kind FASTLN_F16, FASTLN_BF16 or KIND_F32 (the kind of this
- * CPU's stores for bfloat16); with res (not with rms) add + LayerNorm into y
- * and s. */
-static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, float *rstd,
-                           const void *x, const void *res, const float *w, const float *b,
-                           int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
+/* long_rows_k for one stored kind and variant (LayerNorm, RMSNorm, add +
+ * LayerNorm), a function of each, as the sixteen-row kernels have. In one
+ * function for all of them (long_rows_nt), GCC keeps the weight pointers on
+ * the stack and reloads them for each vector (same-process A/B, 2 threads:
+ * (4096, 1024) 1.23x, (4096, 768) 1.27x, add + LayerNorm (4096, 1024)
+ * 1.25x, bfloat16 streamed 1.03-1.07x; 1 thread (1024, 1024) 1.24-1.37x,
+ * RMSNorm 1.12x). */
+#define LONG_FN(KN, V, K, RMS, ADD)                                                        \
+    static __attribute__((noinline)) void SFX(CAT3(long_, KN, V))(                         \
+        void *y, void *s, float *mean, float *rstd, const void *x, const void *res,        \
+        const float *w, const float *b, int64_t r0, int64_t r1, int64_t H, double eps,     \
+        float *buf, int nt, char *stg)                                                     \
+    {                                                                                      \
+        SFX(long_rows_k)(K, RMS, ADD && K == KIND_F32 && !nt, y, ADD ? s : NULL, mean,     \
+                         rstd, x, ADD ? res : NULL, w, b, r0, r1, H, eps, buf, nt, stg);   \
+    }
+#define LONG_FNS(KN, K)     \
+    LONG_FN(KN, _ln, K, 0, 0)  \
+    LONG_FN(KN, _rms, K, 1, 0) \
+    LONG_FN(KN, _add, K, 0, 1)
+LONG_FNS(f32, KIND_F32)
+LONG_FNS(f16, FASTLN_F16)
+LONG_FNS(bf16i, KIND_BF16_INSN)
+LONG_FNS(bf16, FASTLN_BF16)
+#undef LONG_FNS
+#undef LONG_FN
+
+/* long_rows_k for every kind and variant in one function, for float32
+ * LayerNorm rows streamed from the y sweep (longer than STAGE_ROW_BYTES, or
+ * with res): there the functions above measured slower (2 threads:
+ * (4096, 8192) 0.86-0.93x, (4096, 4096) 0.92-0.99x, add + LayerNorm (4096,
+ * 8192) 0.90x), for a reason not found. noipa: compiled as it was before
+ * those functions, for no caller in particular. */
+static __attribute__((noipa)) void SFX(long_rows_nt)(
+    int kind, int rms, void *y, void *s, float *mean, float *rstd, const void *x,
+    const void *res, const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
+    double eps, float *buf, int nt, char *stg)
 {
-    char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
-    char *stg = nt && !res && H * SFX(elsize)(kind) <= STAGE_ROW_BYTES ? stg_ : NULL;
 #define K_(K, RMS, SF, S, RES) \
     SFX(long_rows_k)(K, RMS, SF, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt, stg)
 #define CASE(K)                                                   \
@@ -1557,6 +1586,35 @@ static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, flo
     }
 #undef CASE
 #undef K_
+}
+
+/* long_rows_k for kind FASTLN_F16, FASTLN_BF16 or KIND_F32 (the kind of this
+ * CPU's stores for bfloat16); with res (not with rms) add + LayerNorm into y
+ * and s. */
+static void SFX(long_rows)(int kind, int rms, void *y, void *s, float *mean, float *rstd,
+                           const void *x, const void *res, const float *w, const float *b,
+                           int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
+{
+    char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
+    char *stg = nt && !res && H * SFX(elsize)(kind) <= STAGE_ROW_BYTES ? stg_ : NULL;
+    const int k = SFX(store_kind)(kind);
+    if (nt && k == KIND_F32 && !rms && !stg) {
+        SFX(long_rows_nt)(kind, rms, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt, stg);
+        return;
+    }
+#define F_(KN, V) SFX(CAT3(long_, KN, V))(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt, stg)
+#define CASE(K, KN)                                           \
+    case K:                                                   \
+        if (rms) F_(KN, _rms);                                \
+        else if (res) F_(KN, _add);                           \
+        else F_(KN, _ln);                                     \
+        break;
+    switch (k) {
+        CASE(KIND_F32, f32) CASE(FASTLN_F16, f16) CASE(KIND_BF16_INSN, bf16i)
+        CASE(FASTLN_BF16, bf16)
+    }
+#undef CASE
+#undef F_
 }
 
 /* ---- long rows' backward in registers -----------------------------------
