@@ -163,6 +163,48 @@ def test_streamed_half_rows_match_torch(torch, rng, name, H):
     check(fastln.rms_norm(x, w, out=np.empty_like(x)), want, "rms y")
 
 
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("name,H", [("float32", 16), ("float32", 64), ("float32", 256),
+                                    ("float16", 64), ("bfloat16", 256)], ids=str)
+def test_short_rows_streamed_from_4_mib_match_torch(torch, rng, restore_threads, nt, name, H):
+    """Short rows of 5 MiB out, which stream from 4 MiB on AVX-512 in 16-bit storage, and
+    in float32 on one thread (src_c/internal.h, FASTLN_STREAM_BYTES_SHORT; test_short_rows
+    checks them against their unstreamed halves), against torch: LayerNorm, RMSNorm and add + LayerNorm (its s and its y, the
+    LayerNorm of x + residual added in float) on the same tensors, on 1 and 2 threads.
+    float32 as assert_close; 16-bit within one unit in the last place of the type."""
+    F = torch.nn.functional
+    if name == "bfloat16":
+        dt, tt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16), torch.bfloat16
+    else:
+        dt, tt = np.dtype(name), getattr(torch, name)
+    fastln.set_num_threads(nt)
+    N = (5 << 20) // (dt.itemsize * H) + 3
+    x = (rng.standard_normal((N, H)) * 2 + 0.5).astype(dt)
+    res = rng.standard_normal((N, H)).astype(dt)
+    w = (1 + 0.5 * rng.standard_normal(H)).astype(F32)
+    b = rng.standard_normal(H).astype(F32)
+    if dt == F32:
+        xt, rt = torch.from_numpy(x), torch.from_numpy(res)
+    else:
+        xt, rt = (torch.from_numpy(a.view(np.int16)).view(tt) for a in (x, res))
+    wt, bt = torch.from_numpy(w), torch.from_numpy(b)
+
+    def check(got, want, what):
+        want = want.to(tt).float().numpy()
+        if dt == F32:
+            assert_close(got, want, F32, err_msg=what)
+        else:
+            ulp = float(torch.finfo(tt).eps)
+            np.testing.assert_allclose(got.astype(F32), want, rtol=ulp, atol=ulp, err_msg=what)
+
+    check(fastln.layer_norm(x, w, b), F.layer_norm(xt.float(), (H,), wt, bt, 1e-5), "y")
+    check(fastln.rms_norm(x, w), F.rms_norm(xt.float(), (H,), wt, 1e-6), "rms y")
+    y, s = fastln.add_layer_norm(x, res, w, b)
+    st = xt.float() + rt.float()
+    check(s, st, "add s")
+    check(y, F.layer_norm(st, (H,), wt, bt, 1e-5), "add y")
+
+
 @pytest.mark.parametrize("N,H", [(16, 768), (37, 16), (37, 100), (37, 128), (37, 200)],
                          ids=repr)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
