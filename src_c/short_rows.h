@@ -1226,11 +1226,22 @@ static inline __attribute__((always_inline)) void SFX(st_k)(
 
 /* a, b to elements i..i+31 of p (16-bit kind) in one 64-byte store;
  * non-temporal with nt where aligned (two 32-byte halves of a line stored
- * non-temporally measured slower than cached stores) */
+ * non-temporally measured slower than cached stores). KIND_BF16_INSN: one
+ * VCVTNE2PS2BF16 whatever the values, and the lanes of a or b that hold a
+ * subnormal set to all ones in *sub, for the caller to store again
+ * (norm_row; a vector, as a mask it went through general registers). */
 static inline __attribute__((always_inline)) void SFX(st_pair)(
-    int kind, void *p, int64_t i, __m512 a, __m512 b, int nt)
+    int kind, void *p, int64_t i, __m512 a, __m512 b, int nt, __m512i *sub)
 {
-    __m512i h = SFX(narrow32)(kind, a, b);
+    __m512i h;
+    if (kind == KIND_BF16_INSN) {
+        const __m512i ones = _mm512_set1_epi32(-1);
+        *sub = _mm512_mask_mov_epi32(*sub, _mm512_fpclass_ps_mask(a, 0x20), ones);
+        *sub = _mm512_mask_mov_epi32(*sub, _mm512_fpclass_ps_mask(b, 0x20), ones);
+        h = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+    } else {
+        h = SFX(narrow32)(kind, a, b);
+    }
     uint16_t *q = (uint16_t *)p + i;
     if (nt && !((uintptr_t)q & 63)) _mm512_stream_si512((__m512i *)q, h);
     else _mm512_storeu_si512(q, h);
@@ -1363,6 +1374,7 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
     if (j > H) j = H;
     SFX(ntw) wl;
     if (ow) wl = *ow;
+    __m512i sub = _mm512_setzero_si512();   /* Y32's subnormal lanes (see st_pair) */
 #define FULL16 ((__mmask16)0xFFFF)
 #define Y16(I, M)                                                                         \
     do {                                                                                  \
@@ -1377,9 +1389,9 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
     do {                                                                                  \
         __m512 xa_ = SFX(ld_in)(kind, x, res, (I), FULL16);                               \
         __m512 xb_ = SFX(ld_in)(kind, x, res, (I) + 16, FULL16);                          \
-        if (res) SFX(st_pair)(kind, s, (I), xa_, xb_, nt);                                \
+        if (res) SFX(st_pair)(kind, s, (I), xa_, xb_, nt, &sub);                          \
         SFX(st_pair)(kind, y, (I), SFX(norm16)(WB, xa_, w, b, (I), FULL16, sh, d, rv),    \
-                     SFX(norm16)(WB, xb_, w, b, (I) + 16, FULL16, sh, d, rv), nt);        \
+                     SFX(norm16)(WB, xb_, w, b, (I) + 16, FULL16, sh, d, rv), nt, &sub);  \
     } while (0)
     for (int64_t h = 0; h < j; h += 16)
         Y16(h, j - h >= 16 ? FULL16 : (__mmask16)((1u << (j - h)) - 1));
@@ -1417,6 +1429,12 @@ static inline __attribute__((always_inline)) double SFX(norm_row)(
     for (; kind != KIND_F32 && j + 32 <= H; j += 32) Y32(j);
     for (; j + 16 <= H; j += 16) Y16(j, FULL16);
     if (j < H) Y16(j, (__mmask16)((1u << (H - j)) - 1));
+    if (kind == KIND_BF16_INSN && _mm512_test_epi32_mask(sub, sub)) {
+        /* a subnormal in s or y, which VCVTNE2PS2BF16 flushed: the row again
+         * by Y16, whose stores take the integer rounding for such vectors */
+        if (nt) stream_fence();
+        for (j = 0; j < H; j += 16) Y16(j, H - j >= 16 ? FULL16 : (__mmask16)((1u << (H - j)) - 1));
+    }
     if (ow) *ow = wl;
 #undef FULL16
 #undef Y32

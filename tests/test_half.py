@@ -71,20 +71,32 @@ def test_equals_float32_rounded(isa, dt, N, H):
     _check_all(*_inputs(dt, N, H))
 
 
+@pytest.mark.parametrize("H", [40, 300])
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
-def test_special_values(isa, dt):
-    """Subnormal, overflowing and NaN outputs round as NumPy/ml_dtypes round."""
-    x, dy, res, w, b = _inputs(dt, 50, 40, seed=1)
+def test_special_values(isa, dt, H):
+    """Subnormal, overflowing and NaN outputs round as NumPy/ml_dtypes round: in rows of
+    40 (sixteen or thirty-two rows at a time on AVX-512) and of 300 (one row at a time,
+    whose bfloat16 stores on AVX512-BF16 store a row with a subnormal again). Subnormal
+    y, s and dx, in every lane of a row or in some."""
+    x, dy, res, w, b = _inputs(dt, 50, H, seed=1)
     info = np.finfo(F16) if dt == F16 else ml_dtypes.finfo(dt)
-    w_small = (np.linspace(0.01, 3, 40) * float(info.smallest_normal)).astype(F32)  # subnormal
-    w_big = np.full(40, float(info.max) / 2, F32)                    # outputs overflow to inf
+    tiny = float(info.smallest_normal)
+    w_small = (np.linspace(0.01, 3, H) * tiny).astype(F32)          # subnormal outputs
+    w_big = np.full(H, float(info.max) / 2, F32)                     # outputs overflow to inf
+    some = np.arange(H) % 7 == 3                                     # subnormal in a few lanes
+    w_some, b_some = np.where(some, w_small, w), np.where(some, 0.5 * w_small, b).astype(F32)
     x[3, 5] = np.nan
-    x[7, :] = np.inf * (1 - 2 * (np.arange(40) % 2))
+    x[7, :] = np.inf * (1 - 2 * (np.arange(H) % 2))
     x[9, :] = 0
     x[25, :] = 0                       # the 16-bit forwards' second sixteen rows of 32
     x[41, 2] = np.nan                  # and their second group
-    for weight in (w, w_small, w_big):
-        _check_all(x, dy, res, weight, b)
+    for weight, bias in ((w, b), (w_small, b), (w_small, 0.5 * w_small), (w_some, b_some),
+                         (w_big, b)):
+        _check_all(x, dy, res, weight, bias)
+    # s = x + res subnormal: inputs of a few units of the smallest normal
+    xt = (x.astype(F32) * (4 * tiny)).astype(dt)
+    rt = (res.astype(F32) * (-3 * tiny)).astype(dt)
+    _check_all(xt, dy, rt, w, b)
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
