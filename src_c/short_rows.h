@@ -1357,7 +1357,9 @@ static inline __attribute__((always_inline)) __m512 SFX(norm16)(
  * (else 0), and with pf (pfr) pf_step(pf, ..) (pf_step(pfr, ..)) for each
  * 64 of those elements.
  * y's first vectors end at a 64-byte boundary, so that with nt the others
- * are non-temporal (16-bit values two vectors to a store). */
+ * are non-temporal (16-bit values two vectors to a store). A bfloat16 row
+ * on AVX512-BF16 with a subnormal in s or y is stored again at the end
+ * (see st_pair). */
 static inline __attribute__((always_inline)) double SFX(norm_row)(
     int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
@@ -1584,7 +1586,7 @@ LONG_FNS(bf16, FASTLN_BF16)
  * with res): there the functions above measured slower (2 threads:
  * (4096, 8192) 0.86-0.93x, (4096, 4096) 0.92-0.99x, add + LayerNorm (4096,
  * 8192) 0.90x), for a reason not found. noipa: compiled as it was before
- * those functions, for no caller in particular. */
+ * those functions, for no caller in particular (its other kinds unused). */
 static __attribute__((noipa)) void SFX(long_rows_nt)(
     int kind, int rms, void *y, void *s, float *mean, float *rstd, const void *x,
     const void *res, const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
