@@ -902,12 +902,20 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
 #define LDB(p, k, v) (KIND ? SFX(ld_half)(KIND, (const uint16_t *)ROW(p, k) + 16 * (v), MASK(v)) \
                            : _mm512_maskz_loadu_ps(MASK(v), (const float *)ROW(p, k) + 16 * (v)))
     const int64_t rowb = H * SFX(elsize)(KIND);
-    float m[16] __attribute__((aligned(64))), r[16] __attribute__((aligned(64)));
+    float mt[16] __attribute__((aligned(64))), rt[16] __attribute__((aligned(64)));
     float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
     float c2[16] __attribute__((aligned(64)));
-    for (int k = 0; k < 16; k++) {
-        m[k] = LN ? mean[k < R ? k : R - 1] : 0.0f;
-        r[k] = rstd[k < R ? k : R - 1];
+    /* m, r: the rows' mean (0 for RMSNorm) and rstd, read where they lie;
+     * a short group's copies repeat row R - 1. (r's vector load below, from
+     * sixteen scalar stores, waited for them to leave the store queue.) */
+    const float *m = mean, *r = rstd;
+    if (R < 16 || !LN) {
+        for (int k = 0; k < 16; k++) {
+            mt[k] = LN ? mean[k < R ? k : R - 1] : 0.0f;
+            rt[k] = rstd[k < R ? k : R - 1];
+        }
+        m = mt;
+        if (R < 16) r = rt;
     }
     __m512 wv[NV16];
     for (int v = 0; v < NV; v++)
@@ -991,7 +999,7 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
     for (int h = 0; h < 2; h++) {
 #define HALF(v) _mm512_cvtps_pd(h ? _mm512_extractf32x8_ps((v), 1) : _mm512_castps512_ps256(v))
         __m512d sd_ = HALF(S_d), sg_ = HALF(S_g), sgd_ = HALF(S_gd);
-        __m512d rd = HALF(_mm512_load_ps(r));
+        __m512d rd = HALF(_mm512_loadu_ps(r));
 #undef HALF
         __m512d dmd = SFX(div_hd)(sd_, H);
         __m512d c2d = SFX(div_hd)(_mm512_mul_pd(rd, _mm512_fnmadd_pd(dmd, sg_, sgd_)), H);
