@@ -946,11 +946,11 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
             __m512 g = _mm512_mul_ps(LDB(g0, k, v), wv[v]);                        \
             if (LN) {                                                              \
                 __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);                   \
-                ad = _mm512_add_ps(ad, d);                                         \
-                ag = _mm512_add_ps(ag, g);                                         \
-                agd = _mm512_fmadd_ps(g, d, agd);                                  \
+                ad = v ? _mm512_add_ps(ad, d) : d;                                 \
+                ag = v ? _mm512_add_ps(ag, g) : g;                                 \
+                agd = v ? _mm512_fmadd_ps(g, d, agd) : _mm512_mul_ps(g, d);        \
             } else {                                                               \
-                agd = _mm512_fmadd_ps(g, xv, agd);                                 \
+                agd = v ? _mm512_fmadd_ps(g, xv, agd) : _mm512_mul_ps(g, xv);      \
             }                                                                      \
         }                                                                          \
         if (NV > 1) {                                                              \
@@ -986,9 +986,13 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
         for (int k = 0; k < 16; k++) SWEEP1(k);
     }
 #undef SWEEP1
-    __m512 S_gd = NV == 1 ? SFX(red_final)(qgd) : SFX(reduce16)(sgd);
-    __m512 S_d = !LN ? _mm512_setzero_ps() : NV == 1 ? SFX(red_final)(qd) : SFX(reduce16)(sd);
-    __m512 S_g = !LN ? _mm512_setzero_ps() : NV == 1 ? SFX(red_final)(qg) : SFX(reduce16)(sg);
+    /* + 0: a row's sums began at the first vector's values, not at 0 + them
+     * (three adds fewer a row; (4096, 16) 1.03-1.09x). Such a sum differs
+     * only where it is -0 and the other +0, and adding +0 makes it +0. */
+    const __m512 z = _mm512_setzero_ps();
+    __m512 S_gd = _mm512_add_ps(NV == 1 ? SFX(red_final)(qgd) : SFX(reduce16)(sgd), z);
+    __m512 S_d = !LN ? z : _mm512_add_ps(NV == 1 ? SFX(red_final)(qd) : SFX(reduce16)(sd), z);
+    __m512 S_g = !LN ? z : _mm512_add_ps(NV == 1 ? SFX(red_final)(qg) : SFX(reduce16)(sg), z);
     __m512 big = _mm512_set1_ps(FLT_MAX);
     __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(S_gd), big, _CMP_LE_OQ);
     if (LN)

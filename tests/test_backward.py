@@ -278,6 +278,28 @@ def test_nan_in_one_row_of_dy(isa, dtype, rng):
     assert_close(dx[good], rdx, dtype)
 
 
+@pytest.mark.parametrize("H", [16, 64, 100])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_zero_dy_signs_match_generic_path(isa, dtype, H, rng):
+    """dy = 0 with a negative weight: g = dy * weight is -0 in every lane, so a
+    row sum begun at its first value, not at 0, would be -0 and flip the sign
+    of some zeros of dx. Every path gives the generic path's bits."""
+    x = randn(rng, (48, H), dtype)
+    w = (-1.0 - rng.random(H)).astype(dtype)
+    _, mean, rstd = fastln.layer_norm(x, w, return_stats=True)
+    dy = np.zeros_like(x)
+    dy[1::3] = -0.0
+    got = fastln.layer_norm_backward(dy, x, mean, rstd, w)[0]
+    fastln._core._set_isa("generic")
+    try:
+        want = fastln.layer_norm_backward(dy, x, mean, rstd, w)[0]
+    finally:
+        fastln._core._set_isa(isa)
+    assert np.signbit(want).any() and not np.signbit(want).all()
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("H", [64, 100, 128, 300, 1037])
 def test_past_the_cache_size(isa, H, rng):
     """Backwards whose x, dy and dx take more than 2 MiB sweep each row once,
