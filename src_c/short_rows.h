@@ -910,12 +910,12 @@ static inline __attribute__((always_inline)) void SFX(bwd_group16)(
      * sixteen scalar stores, waited for them to leave the store queue.) */
     const float *m = mean, *r = rstd;
     if (R < 16 || !LN) {
-        for (int k = 0; k < 16; k++) {
-            mt[k] = LN ? mean[k < R ? k : R - 1] : 0.0f;
-            rt[k] = rstd[k < R ? k : R - 1];
-        }
+        for (int k = 0; k < 16; k++) mt[k] = LN ? mean[k < R ? k : R - 1] : 0.0f;
         m = mt;
-        if (R < 16) r = rt;
+    }
+    if (R < 16) {
+        for (int k = 0; k < 16; k++) rt[k] = rstd[k < R ? k : R - 1];
+        r = rt;
     }
     __m512 wv[NV16];
     for (int v = 0; v < NV; v++)
