@@ -8,7 +8,10 @@
 * ``rng``: a seeded NumPy Generator.
 
 Once the tests are collected, the C builds of tests/test_c.py start in the
-background when any of its tests is selected (see test_c.start_builds).
+background when any of its tests is selected (see test_c.start_builds), and
+its tests move to the end of the run: the other tests run while the builds
+compile (the sanitizer build takes minutes), where a test waiting on a build
+would leave a core idle.
 """
 import os
 import shutil
@@ -34,6 +37,7 @@ def pytest_collection_modifyitems(config, items):
     if test_c is not None and _c_builds is None:
         _c_builds = (test_c, tempfile.mkdtemp(prefix="fastln_c_builds_"))
         test_c.start_builds(_c_builds[1])
+        items.sort(key=lambda item: getattr(item, "module", None) is test_c)   # stable
 
 
 def pytest_sessionfinish(session):
