@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "src_c", "
 # wraps around the address space) made up more than a third of the build's time, 252 ->
 # 158 s for kernels_avx512.c at -O1, and any access such a pointer makes is
 # ASan's to catch. -g1: line tables only, which is all the sanitizers' stack
-# traces show (file:line); full -g's variable tracking took kernels_avx512.c
+# traces show (file:line); full -g (local variables too) took kernels_avx512.c
 # from 129 to 223 s.
 SANITIZE_FLAGS = ["-O1", "-g1", "-fsanitize=address,undefined", "-fno-sanitize=pointer-overflow",
                   "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined", "-fopenmp",
