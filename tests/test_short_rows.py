@@ -348,13 +348,30 @@ def test_short_backward_overflowing_rows(isa, dt, H):
 def test_short_rows_stream_from_4_mib(restore_threads, nt, dt, H):
     """The AVX-512 LayerNorm and RMSNorm forwards of rows of up to 512 bytes stream
     from 4 MiB out in 16-bit storage, and in float32 on one thread (add + LayerNorm: 8 MiB
-    of s and y; src_c/internal.h, FASTLN_STREAM_BYTES_SHORT); float32 rows of 1 KiB, and
-    float32 on two threads, from 16 MiB (add + LayerNorm 32). A call of 5 MiB out equals
-    its two halves (2.5 MiB, never streamed), bitwise, and the float64 reference on its
-    first and last rows."""
+    of s and y; src_c/internal.h, FASTLN_STREAM_BYTES_SHORT); float32 rows of 1 KiB or
+    more from 8 MiB on one thread (test below) and from 16 MiB on two (add + LayerNorm
+    32). A call of 5 MiB out equals its two halves (2.5 MiB, never streamed), bitwise,
+    and the float64 reference on its first and last rows."""
+    _check_stream_split(nt, dt, H, 5)
+
+
+@pytest.mark.parametrize("nt", [1, 2])
+@pytest.mark.parametrize("H", [320, 1024, 4096])
+def test_long_float32_rows_stream_from_8_mib_on_one_thread(restore_threads, nt, H):
+    """Float32 rows longer than 512 bytes stream from 8 MiB out on one thread on AVX-512
+    (add + LayerNorm: 16 MiB of s and y; src_c/internal.h, FASTLN_STREAM_BYTES_1T), from
+    16 MiB on two. A call of 9 MiB out equals its halves (4.5 MiB, not streamed), bitwise,
+    and the float64 reference on its first and last rows."""
+    _check_stream_split(nt, F32, H, 9)
+
+
+def _check_stream_split(nt, dt, H, mib):
+    """LayerNorm, RMSNorm and add + LayerNorm of rows of H on nt threads, mib MiB out
+    (and 3 rows), against the same calls on the two halves of the rows (bitwise) and
+    the float64 reference on the first and last 32 rows."""
     fastln.set_num_threads(nt)
     dt = np.dtype(dt)
-    N = (5 << 20) // (dt.itemsize * H) + 3
+    N = (mib << 20) // (dt.itemsize * H) + 3
     x, _, w, b = _data(N, H, seed=4)
     x = x.astype(dt)
     half = N // 2
