@@ -178,7 +178,7 @@ static double bwd_stream_bytes(int64_t H)
  * 2) forwards of rows of H on nt threads: outs 1 (LayerNorm, RMSNorm) or 2
  * (add + LayerNorm's s and y together). On AVX-512 (sb > 0): short rows as
  * FASTLN_STREAM_BYTES_SHORT says; longer float32 rows on one thread from
- * twice that (FASTLN_STREAM_BYTES_1T). */
+ * FASTLN_STREAM_BYTES_1T. */
 static double fwd_stream_bytes(int64_t H, size_t elsize, int nt, int outs)
 {
     const double sb = kt()->stream_bytes_short;

@@ -70,7 +70,8 @@ static inline void omp_set_num_threads(int n) { (void)n; }
  * (1024, 2048) 1.19x, (3072, 1024) 1.53x, (512, 4096) 1.35x, (1536, 2048)
  * 1.69x; RMSNorm 1.17-2.24x; add + LayerNorm 1.35-1.74x on the same shapes.
  * On 2 threads 8 MiB measured 0.72-0.92x at (2048, 1024), (4096, 512) and
- * (1024, 2048): they keep 16 MiB. */
+ * (1024, 2048): they keep 16 MiB. Measured while the machine ran in its
+ * slow state (README, Measured); not yet measured in a fast one. */
 #ifndef FASTLN_STREAM_BYTES_1T
 #define FASTLN_STREAM_BYTES_1T (8.0 * 1024 * 1024)
 #endif
