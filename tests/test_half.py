@@ -143,7 +143,8 @@ def test_streamed_outputs(dt, H):
 @pytest.mark.parametrize("dt", HALVES, ids=IDS)
 def test_streamed_rows_at_any_alignment(restore_threads, dt, H):
     """Streamed LayerNorm, RMSNorm and add + LayerNorm rows of an even number of vectors
-    (AVX-512: H = 32, 64, ... 256) are narrowed two vectors at a time and written by the
+    (AVX-512: H = 32, 64, ... 256; streamed from 4 MiB out, add + LayerNorm 8 MiB of y and
+    s, src_c/internal.h) are narrowed two vectors at a time and written by the
     writer of whole 64-byte lines (src_c/short_rows.h, ntw; add + LayerNorm: one for y,
     one for s), with ordinary stores for the partial lines at the two ends of each
     thread's rows; outputs that start at an odd 2-byte step take plain stores. At starts
@@ -152,7 +153,7 @@ def test_streamed_rows_at_any_alignment(restore_threads, dt, H):
     widened input, rounded, bitwise (that yardstick within one unit in the last place of the
     float64 references on the first and last 64 rows), and the values on either side stay as
     they were."""
-    N = (17 << 20) // (2 * H) + 7          # 17 MiB of 16-bit values: streamed
+    N = (5 << 20) // (2 * H) + 7           # 5 MiB out (add + LayerNorm: 10): streamed
     x, _, res, w, b = _inputs(dt, N, H, seed=5)
     x[5] = 1                               # variance 0: the one-row fallback
     res[5] = 0
