@@ -736,16 +736,19 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
     }
 }
 
-/* Share t of p of the columns: out_v[j] = sum over blocks k, in order, of
- * part[k][v][j], summed in double (v = 0: dweight, v = 1: dbias). */
+#define REDUCE_COLS 256   /* bwd_reduce's column chunk */
+
+/* Share t of p of the columns, in chunks of REDUCE_COLS: out_v[j] = sum over
+ * blocks k, in order, of part[k][v][j], summed in double (v = 0: dweight,
+ * v = 1: dbias). */
 static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps, int64_t H,
                             int64_t nblk, int64_t t, int64_t p)
 {
-    int64_t nc = (H + 255) / 256;                     /* column chunks of 256 */
+    int64_t nc = (H + REDUCE_COLS - 1) / REDUCE_COLS;
     for (int64_t c = nc * t / p; c < nc * (t + 1) / p; c++) {
-        int64_t j0 = c * 256, j1 = j0 + 256 < H ? j0 + 256 : H;
+        int64_t j0 = c * REDUCE_COLS, j1 = j0 + REDUCE_COLS < H ? j0 + REDUCE_COLS : H;
         for (int64_t v = 0; v < np; v++) {
-            double acc[256];
+            double acc[REDUCE_COLS];
             for (int64_t j = j0; j < j1; j++) acc[j - j0] = 0;
             for (int64_t k = 0; k < nblk; k++) {
                 const T *pk = part + (k * np + v) * ps;
@@ -802,14 +805,20 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                         0, 1);
         SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     } else {
+        /* rows of up to one chunk of columns: one thread would do the whole
+         * reduce anyway, so it follows the region (one barrier fewer) */
+        const int par_reduce = H > REDUCE_COLS;
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
             SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
                             stage ? stage + t * sn : NULL, lp, hot, t, p);
+            if (par_reduce) {
 #pragma omp barrier
-            SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
+                SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
+            }
         }
+        if (!par_reduce) SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     }
     free(stage);
     free(part);
