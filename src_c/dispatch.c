@@ -177,14 +177,14 @@ static double bwd_stream_bytes(int64_t H)
 /* The threshold on the outputs of the float32 (elsize 4) or 16-bit (elsize
  * 2) forwards of rows of H on nt threads: outs 1 (LayerNorm, RMSNorm) or 2
  * (add + LayerNorm's s and y together). On AVX-512 (sb > 0): short rows as
- * FASTLN_STREAM_BYTES_SHORT says; longer float32 rows on one thread from
+ * FASTLN_STREAM_BYTES_SHORT says; longer rows on one thread from
  * FASTLN_STREAM_BYTES_1T. */
 static double fwd_stream_bytes(int64_t H, size_t elsize, int nt, int outs)
 {
     const double sb = kt()->stream_bytes_short;
     if (sb > 0 && (double)H * (double)elsize <= FASTLN_SHORT_ROW_BYTES && (elsize == 2 || nt == 1))
         return outs * sb;
-    if (sb > 0 && elsize == 4 && nt == 1)
+    if (sb > 0 && nt == 1)
         return outs * FASTLN_STREAM_BYTES_1T;
     return outs == 1 ? kt()->stream_bytes : FASTLN_STREAM_BYTES;
 }

@@ -63,15 +63,19 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #define FASTLN_STREAM_BYTES_SHORT (4.0 * 1024 * 1024)
 #endif
 #define FASTLN_SHORT_ROW_BYTES 512
-/* The AVX-512 float32 LayerNorm and RMSNorm forwards of longer rows on one
- * thread stream from 8 MiB out (add + LayerNorm: 16 MiB of s and y), not
- * 16 (32). Same-process A/B against 16 MiB, 1 thread, medians of 15 turns:
- * LayerNorm (2048, 1024) 1.02x, (4096, 512) 1.03x, (8192, 256) 1.14x,
- * (1024, 2048) 1.19x, (3072, 1024) 1.53x, (512, 4096) 1.35x, (1536, 2048)
- * 1.69x; RMSNorm 1.17-2.24x; add + LayerNorm 1.35-1.74x on the same shapes.
- * On 2 threads 8 MiB measured 0.72-0.92x at (2048, 1024), (4096, 512) and
- * (1024, 2048): they keep 16 MiB. Measured while the machine ran in its
- * slow state (README, Measured); not yet measured in a fast one. */
+/* The AVX-512 forwards of longer rows on one thread stream from 8 MiB out
+ * (add + LayerNorm: 16 MiB of s and y), not 16 (32). Same-process A/B
+ * against 16 MiB, 1 thread, medians of 15 turns: float32 LayerNorm (2048,
+ * 1024) 1.02x, (4096, 512) 1.03x, (8192, 256) 1.14x, (1024, 2048) 1.19x,
+ * (3072, 1024) 1.53x, (512, 4096) 1.35x, (1536, 2048) 1.69x; RMSNorm
+ * 1.17-2.24x; add + LayerNorm 1.35-1.74x on the same shapes. bfloat16 and
+ * float16, against 16 MiB: LayerNorm at 8 MiB out ((4096, 1024), (2048,
+ * 2048), (8192, 512)) 0.94-1.07x, at 12 MiB 1.10-1.50x; RMSNorm 1.13-1.79x
+ * and add + LayerNorm 1.40-1.53x at 8-12 MiB (bfloat16); from 4 MiB,
+ * LayerNorm at 5 MiB measured 0.87x. On 2 threads 8 MiB measured 0.72-0.92x
+ * in float32 at (2048, 1024), (4096, 512) and (1024, 2048): they keep 16
+ * MiB. Measured while the machine ran in its slow state (README, Measured);
+ * not yet measured in a fast one. */
 #ifndef FASTLN_STREAM_BYTES_1T
 #define FASTLN_STREAM_BYTES_1T (8.0 * 1024 * 1024)
 #endif

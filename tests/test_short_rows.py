@@ -356,13 +356,16 @@ def test_short_rows_stream_from_4_mib(restore_threads, nt, dt, H):
 
 
 @pytest.mark.parametrize("nt", [1, 2])
-@pytest.mark.parametrize("H", [320, 1024, 4096])
-def test_long_float32_rows_stream_from_8_mib_on_one_thread(restore_threads, nt, H):
-    """Float32 rows longer than 512 bytes stream from 8 MiB out on one thread on AVX-512
-    (add + LayerNorm: 16 MiB of s and y; src_c/internal.h, FASTLN_STREAM_BYTES_1T), from
-    16 MiB on two. A call of 9 MiB out equals its halves (4.5 MiB, not streamed), bitwise,
-    and the float64 reference on its first and last rows."""
-    _check_stream_split(nt, F32, H, 9)
+@pytest.mark.parametrize("dt,H", [(F32, 320), (F32, 1024), (F32, 4096), (np.float16, 1024),
+                                  (np.dtype(ml_dtypes.bfloat16), 320),
+                                  (np.dtype(ml_dtypes.bfloat16), 4096)], ids=str)
+def test_long_rows_stream_from_8_mib_on_one_thread(restore_threads, nt, dt, H):
+    """Rows longer than 512 bytes, float32 or 16-bit, stream from 8 MiB out on one thread
+    on AVX-512 (add + LayerNorm: 16 MiB of s and y; src_c/internal.h,
+    FASTLN_STREAM_BYTES_1T), from 16 MiB on two. A call of 9 MiB out equals its halves
+    (4.5 MiB, not streamed), bitwise, and the float64 reference on its first and last
+    rows."""
+    _check_stream_split(nt, dt, H, 9)
 
 
 def _check_stream_split(nt, dt, H, mib):

@@ -165,13 +165,15 @@ def test_streamed_half_rows_match_torch(torch, rng, name, H):
 
 @pytest.mark.parametrize("nt", [1, 2])
 @pytest.mark.parametrize("name,H", [("float32", 16), ("float32", 64), ("float32", 256),
-                                    ("float16", 64), ("bfloat16", 256), ("float32", 1024)],
+                                    ("float16", 64), ("bfloat16", 256), ("float32", 1024),
+                                    ("bfloat16", 1024)],
                          ids=str)
 def test_rows_streamed_from_4_or_8_mib_match_torch(torch, rng, restore_threads, nt, name, H):
     """Short rows of 5 MiB out, which stream from 4 MiB on AVX-512 in 16-bit storage, and
     in float32 on one thread (src_c/internal.h, FASTLN_STREAM_BYTES_SHORT; test_short_rows
-    checks them against their unstreamed halves), and float32 rows of 4 KiB, 9 MiB out,
-    which stream from 8 MiB on one thread (FASTLN_STREAM_BYTES_1T), against torch:
+    checks them against their unstreamed halves), and longer rows (float32 and bfloat16,
+    H = 1024), 9 MiB out, which stream from 8 MiB on one thread (FASTLN_STREAM_BYTES_1T),
+    against torch:
     LayerNorm, RMSNorm and add + LayerNorm (its s and its y, the LayerNorm of x + residual
     added in float) on the same tensors, on 1 and 2 threads.
     float32 as assert_close; 16-bit within one unit in the last place of the type."""
