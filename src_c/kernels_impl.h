@@ -800,14 +800,14 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
         free(part);
         return FASTLN_ENOMEM;
     }
+    /* the reduce shares its chunks of columns out among the threads; rows of
+     * up to one chunk (one thread would add it all) add it after the
+     * region, one barrier fewer */
+    const int par_reduce = nt > 1 && H > REDUCE_COLS;
     if (nt <= 1) {
         SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, lp, hot,
                         0, 1);
-        SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     } else {
-        /* rows of up to one chunk of columns: one thread would do the whole
-         * reduce anyway, so it follows the region (one barrier fewer) */
-        const int par_reduce = H > REDUCE_COLS;
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
@@ -818,8 +818,8 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                 SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
             }
         }
-        if (!par_reduce) SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     }
+    if (!par_reduce) SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
     free(stage);
     free(part);
     return FASTLN_OK;
