@@ -349,8 +349,9 @@ def test_short_rows_stream_from_4_mib(restore_threads, nt, dt, H):
     """The AVX-512 LayerNorm and RMSNorm forwards of rows of up to 512 bytes stream
     from 4 MiB out in 16-bit storage, and in float32 on one thread (add + LayerNorm: 8 MiB
     of s and y; src_c/internal.h, FASTLN_STREAM_BYTES_SHORT); longer rows from 8 MiB on
-    one thread (test below) and from 16 MiB on two (add + LayerNorm 32). A call of 5 MiB out equals its two halves (2.5 MiB, never streamed), bitwise,
-    and the float64 reference on its first and last rows."""
+    one thread (test below) and from 16 MiB on two (add + LayerNorm 32). A call of 5 MiB
+    out equals its two halves (2.5 MiB, never streamed), bitwise, and the float64
+    reference on its first and last rows."""
     _check_stream_split(nt, dt, H, 5)
 
 
