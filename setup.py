@@ -21,7 +21,7 @@ from setuptools.command.build_ext import build_ext
 
 # the slowest to compile first (parallel_compile starts them in this order)
 C_SOURCES = ["src_c/kernels_avx512.c", "src_c/dispatch.c", "src_c/kernels_generic.c",
-             "src_c/kernels_avx2.c", "src_c/rnn.c", "src_c/pool.c"]
+             "src_c/kernels_avx2.c", "src_c/rnn.c", "src_c/pool.c", "src_c/policy.c"]
 
 
 def openmp_flags(compiler):

@@ -83,6 +83,27 @@ cdef extern from "fastln.h" nogil:
 
 cdef extern from "internal.h" nogil:
     void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
+    void fastln_set_default_threads(int n)
+
+cdef extern from "policy.h" nogil:
+    ctypedef struct fastln_caches:
+        double l1, l2, l3
+        int l3_shared
+    ctypedef struct fastln_plan:
+        int threads, stream
+        double stream_bytes
+        int64_t row_block
+        double bwd_hot_bytes, pf_range_bytes
+    int FASTLN_CALL_FWD, FASTLN_CALL_ADD, FASTLN_CALL_BWD
+    int FASTLN_PATH_GENERIC, FASTLN_PATH_AVX2, FASTLN_PATH_AVX512
+    const fastln_caches *fastln_caches_get()
+    void fastln_caches_set(const fastln_caches *c)
+    int fastln_caches_detect(fastln_caches *c, int use_sysconf, const char *sysfs_root,
+                             int use_cpuid)
+    double fastln_parse_bytes(const char *s)
+    double fastln_l3_usable(const fastln_caches *c)
+    fastln_plan fastln_policy(int kind, int64_t N, int64_t H, int elsize, int path,
+                              int threads, const fastln_caches *c)
 
 cdef extern from "math.h" nogil:
     bint isfinite(double)
@@ -997,6 +1018,91 @@ def _set_isa(name):
         raise ValueError(f"isa {name!r} is not supported on this CPU")
 
 
+# ---- the run-time policy (src_c/policy.h) ---------------------------------
+
+CACHE_ENV = ("FASTLN_L1_BYTES", "FASTLN_L2_BYTES", "FASTLN_L3_BYTES")
+_CALL_KINDS = {"forward": FASTLN_CALL_FWD, "add": FASTLN_CALL_ADD, "backward": FASTLN_CALL_BWD}
+_PATHS = {"generic": FASTLN_PATH_GENERIC, "avx2": FASTLN_PATH_AVX2,
+          "avx512": FASTLN_PATH_AVX512}
+
+def _set_default_threads(int n):
+    """Sets the thread count used where none is set and OpenMP's is unchanged
+    since load (fastln._threads sets it at import); 0: OpenMP's default."""
+    fastln_set_default_threads(n)
+
+def _parse_cache_bytes(s):
+    """The bytes a FASTLN_L*_BYTES value gives ("48K", "32M", "33554432"), or
+    None where it is not a valid size (1 byte to 1 PiB)."""
+    cdef double v = fastln_parse_bytes(str(s).encode())
+    return int(v) if v > 0 else None
+
+cdef dict _caches_dict(const fastln_caches *c):
+    return dict(l1=int(c.l1), l2=int(c.l2), l3=int(c.l3), l3_shared=bool(c.l3_shared),
+                l3_usable=int(fastln_l3_usable(c)))
+
+def _cache_sizes():
+    """The cache sizes in use (bytes): l1, l2, l3, l3_shared (the L3 is a
+    virtual machine host's) and l3_usable (the L3 calls count on)."""
+    return _caches_dict(fastln_caches_get())
+
+def _set_cache_sizes(l1=None, l2=None, l3=None, l3_shared=False):
+    """Replaces the cache sizes in use (tests, measurements); with no
+    argument, detects them again from the environment and the machine. Not
+    to be called while other threads run kernels."""
+    cdef fastln_caches c
+    if l1 is None and l2 is None and l3 is None:
+        fastln_caches_set(NULL)
+        return
+    c = fastln_caches_get()[0]
+    if l1 is not None:
+        c.l1 = l1
+    if l2 is not None:
+        c.l2 = l2
+    if l3 is not None:
+        c.l3 = l3
+    c.l3_shared = bool(l3_shared)
+    fastln_caches_set(&c)
+
+def _detect_caches(sysfs_root=None, bint use_sysconf=False, bint use_cpuid=False):
+    """Cache sizes detected without the environment from the sources asked for
+    (sysfs_root: a directory of index*/{level,type,size}); levels none of
+    them gives fall back to 32 KiB, 1 MiB, 32 MiB. Returns the dict of
+    _cache_sizes plus fallback: the levels (1, 2, 3) that fell back."""
+    cdef fastln_caches c
+    cdef bytes root = None if sysfs_root is None else str(sysfs_root).encode()
+    cdef int fell = fastln_caches_detect(&c, use_sysconf, NULL if root is None else <char *>root,
+                                         use_cpuid)
+    d = _caches_dict(&c)
+    d["fallback"] = [lv for lv in (1, 2, 3) if fell & (1 << (lv - 1))]
+    return d
+
+def _policy(str kind, int64_t N, int64_t H, int itemsize, str isa, int nthreads,
+            l1, l2, l3, bint l3_shared=False):
+    """The plan of fastln_policy for a call: kind "forward" (LayerNorm,
+    RMSNorm), "add" (add + LayerNorm) or "backward"; N rows of H elements of
+    itemsize bytes (2, 4, 8); isa "avx512", "avx2" or "generic"; nthreads
+    requested; cache sizes in bytes. Returns a dict of the plan's fields."""
+    if kind not in _CALL_KINDS:
+        raise ValueError(f"kind must be one of {sorted(_CALL_KINDS)}, got {kind!r}")
+    if isa not in _PATHS:
+        raise ValueError(f"isa must be one of {sorted(_PATHS)}, got {isa!r}")
+    if itemsize not in (2, 4, 8):
+        raise ValueError(f"itemsize must be 2, 4 or 8, got {itemsize}")
+    cdef fastln_caches c
+    c.l1, c.l2, c.l3, c.l3_shared = l1, l2, l3, l3_shared
+    cdef fastln_plan p = fastln_policy(_CALL_KINDS[kind], N, H, itemsize, _PATHS[isa],
+                                       nthreads, &c)
+    return dict(threads=p.threads, stream=bool(p.stream), stream_bytes=p.stream_bytes,
+                row_block=p.row_block, bwd_hot_bytes=p.bwd_hot_bytes,
+                pf_range_bytes=p.pf_range_bytes)
+
+def _invalid_cache_env(environ):
+    """The FASTLN_L*_BYTES variables of environ whose values are not sizes
+    (they are ignored), as (name, value) pairs."""
+    return [(k, environ[k]) for k in CACHE_ENV
+            if k in environ and _parse_cache_bytes(environ[k]) is None]
+
+
 # ---- the cache of large outputs (src_c/pool.h) -----------------------------
 
 def _cache_set_limit(size_t nbytes):
@@ -1209,3 +1315,13 @@ def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double e
     with nogil:
         rc = fastln_rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward_f64(&a)
     return _rnn_status(rc)
+
+
+# The cache sizes are read once, at import; invalid overrides are ignored.
+import os as _os
+import warnings as _warnings
+
+fastln_caches_get()
+for _name, _value in _invalid_cache_env(_os.environ):
+    _warnings.warn(f"{_name}={_value!r} is not a size in bytes (such as 33554432, 48K or "
+                   f"32M); the detected size is used", RuntimeWarning, stacklevel=2)

@@ -12,14 +12,6 @@
 #endif
 
 
-/* Below this many elements a call stays serial: an OpenMP fork/join costs
- * microseconds. Measured here (2 cores, H=768, from Python, warm threads):
- * 8 rows (6144 elements) gain nothing from a second thread, 16 rows gain 15%,
- * 32 rows 33% (forward 5.7 -> 3.9 us, backward 9.1 -> 6.8 us). */
-#ifndef FASTLN_PAR_MIN_WORK
-#define FASTLN_PAR_MIN_WORK 12288
-#endif
-
 /* ---- instruction-set dispatch ---- */
 
 static const fastln_kernel_table *table_for(const char *name)
@@ -101,7 +93,8 @@ int fastln_set_isa(const char *name)
 
 /* ---- threads ---- */
 
-static int g_num_threads = 0;   /* from fastln_set_num_threads; 0: the OpenMP default */
+static int g_num_threads = 0;   /* from fastln_set_num_threads; 0: the default */
+static int g_default = 0;       /* from fastln_set_default_threads; 0: OpenMP's default */
 static int g_initial_max = 0;   /* omp_get_max_threads() when the library was loaded */
 static int g_forked = 0;        /* 1 in a child forked from the process that loaded us */
 
@@ -140,53 +133,43 @@ int fastln_get_requested_threads(void)
     return __atomic_load_n(&g_num_threads, __ATOMIC_RELAXED);
 }
 
+void fastln_set_default_threads(int n)
+{
+    __atomic_store_n(&g_default, n > 0 ? n : 0, __ATOMIC_RELAXED);
+}
+
 int fastln_get_num_threads(void)
 {
     if (__atomic_load_n(&g_forked, __ATOMIC_RELAXED)) return 1;
     int m = omp_get_max_threads(), n = __atomic_load_n(&g_num_threads, __ATOMIC_RELAXED);
-    if (n <= 0) return m;
+    if (n <= 0) {
+        /* OpenMP's count where someone changed it on this thread since load
+         * (threadpoolctl, omp_set_num_threads), else the machine's default */
+        int d = __atomic_load_n(&g_default, __ATOMIC_RELAXED);
+        return m != g_initial_max || d <= 0 || d > m ? m : d;
+    }
     /* a limit set on this thread after load (threadpoolctl, omp_set_num_threads) caps it */
     return m < g_initial_max && m < n ? m : n;
 }
 
-/* Threads for a call on N rows of H elements: 1 below the work threshold. */
-static int threads_for(int64_t N, int64_t H)
+/* ---- the policy's plan for a call ---- */
+
+static int path_of(const fastln_kernel_table *t)
 {
-    if (N < 2 || N * H < FASTLN_PAR_MIN_WORK) return 1;
-    int nt = fastln_get_num_threads();
-    return nt < N ? nt : (int)N;
+#ifdef FASTLN_X86
+    if (t == &fastln_kernels_avx512) return FASTLN_PATH_AVX512;
+    if (t == &fastln_kernels_avx2) return FASTLN_PATH_AVX2;
+#endif
+    (void)t;
+    return FASTLN_PATH_GENERIC;
 }
 
-/* ---- streaming stores ---- */
-
-/* Whether a kernel writing N rows of H elements of elsize bytes should use
- * non-temporal stores: the output is far larger than the cache and its rows
- * fit the L1 staging buffer. */
-static int stream_for(int64_t N, int64_t H, size_t elsize, double min_bytes)
+/* Threads and streaming for a call of kind FASTLN_CALL_* on N rows of H
+ * elements of elsize bytes, on the path in use */
+static fastln_plan plan_for(int kind, int64_t N, int64_t H, int elsize)
 {
-    return (double)H * (double)elsize <= FASTLN_STREAM_ROW_BYTES &&
-           (double)N * (double)H * (double)elsize >= min_bytes;
-}
-
-/* The threshold on dx of the float32 backwards of rows of H */
-static double bwd_stream_bytes(int64_t H)
-{
-    return H <= FASTLN_SHORT_BWD_H ? kt()->stream_bytes_bwd_short : FASTLN_STREAM_BYTES_BWD;
-}
-
-/* The threshold on the outputs of the float32 (elsize 4) or 16-bit (elsize
- * 2) forwards of rows of H on nt threads: outs 1 (LayerNorm, RMSNorm) or 2
- * (add + LayerNorm's s and y together). On AVX-512 (sb > 0): short rows as
- * FASTLN_STREAM_BYTES_SHORT says; longer rows on one thread from
- * FASTLN_STREAM_BYTES_1T. */
-static double fwd_stream_bytes(int64_t H, size_t elsize, int nt, int outs)
-{
-    const double sb = kt()->stream_bytes_short;
-    if (sb > 0 && (double)H * (double)elsize <= FASTLN_SHORT_ROW_BYTES && (elsize == 2 || nt == 1))
-        return outs * sb;
-    if (sb > 0 && nt == 1)
-        return outs * FASTLN_STREAM_BYTES_1T;
-    return outs == 1 ? kt()->stream_bytes : FASTLN_STREAM_BYTES;
+    return fastln_policy(kind, N, H, elsize, path_of(kt()), fastln_get_num_threads(),
+                         fastln_caches_get());
 }
 
 /* ---- kernels ---- */
@@ -196,9 +179,8 @@ int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
                           double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    const int nt = threads_for(N, H);
-    return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, nt,
-                        stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt, 1)));
+    const fastln_plan p = plan_for(FASTLN_CALL_FWD, N, H, sizeof(float));
+    return kt()->ln_f32(y, mean, rstd, x, weight, bias, N, H, eps, p.threads, p.stream);
 }
 
 int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
@@ -206,8 +188,8 @@ int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x
                           double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES));
+    const fastln_plan p = plan_for(FASTLN_CALL_FWD, N, H, sizeof(double));
+    return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, p.threads, p.stream);
 }
 
 int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, const float *dy,
@@ -215,9 +197,9 @@ int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, cons
                                    const float *weight, int64_t N, int64_t H)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->ln_bwd_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
-                            threads_for(N, H),
-                            stream_for(N, H, sizeof(float), bwd_stream_bytes(H)));
+    const fastln_plan p = plan_for(FASTLN_CALL_BWD, N, H, sizeof(float));
+    return kt()->ln_bwd_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H, p.threads,
+                            p.stream);
 }
 
 int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
@@ -226,9 +208,9 @@ int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
                                    int64_t H)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->ln_bwd_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
-                            threads_for(N, H),
-                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES_BWD));
+    const fastln_plan p = plan_for(FASTLN_CALL_BWD, N, H, sizeof(double));
+    return kt()->ln_bwd_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H, p.threads,
+                            p.stream);
 }
 
 int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, const float *x,
@@ -236,10 +218,9 @@ int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, cons
                               int64_t N, int64_t H, double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    const int nt = threads_for(N, H);
-    return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps, nt,
-                            stream_for(2 * N, H, sizeof(float),
-                                       fwd_stream_bytes(H, sizeof(float), nt, 2)));
+    const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, sizeof(float));
+    return kt()->add_ln_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps, p.threads,
+                            p.stream);
 }
 
 int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
@@ -247,34 +228,33 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
                               const double *bias, int64_t N, int64_t H, double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->add_ln_f64(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,
-                            threads_for(N, H),
-                            stream_for(2 * N, H, sizeof(double), FASTLN_STREAM_BYTES));
+    const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, sizeof(double));
+    return kt()->add_ln_f64(y, s, mean, rstd, x, residual, weight, bias, N, H, eps, p.threads,
+                            p.stream);
 }
 
 int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
                         int64_t N, int64_t H, double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    const int nt = threads_for(N, H);
-    return kt()->rms_f32(y, rstd, x, weight, N, H, eps, nt,
-                         stream_for(N, H, sizeof(float), fwd_stream_bytes(H, sizeof(float), nt, 1)));
+    const fastln_plan p = plan_for(FASTLN_CALL_FWD, N, H, sizeof(float));
+    return kt()->rms_f32(y, rstd, x, weight, N, H, eps, p.threads, p.stream);
 }
 
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
                         int64_t N, int64_t H, double eps)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->rms_f64(y, rstd, x, weight, N, H, eps, threads_for(N, H),
-                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES));
+    const fastln_plan p = plan_for(FASTLN_CALL_FWD, N, H, sizeof(double));
+    return kt()->rms_f64(y, rstd, x, weight, N, H, eps, p.threads, p.stream);
 }
 
 int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, const float *x,
                                  const float *rstd, const float *weight, int64_t N, int64_t H)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
-                            stream_for(N, H, sizeof(float), bwd_stream_bytes(H)));
+    const fastln_plan p = plan_for(FASTLN_CALL_BWD, N, H, sizeof(float));
+    return kt()->rms_bwd_f32(dx, dweight, dy, x, rstd, weight, N, H, p.threads, p.stream);
 }
 
 int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
@@ -282,8 +262,8 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
                                  int64_t N, int64_t H)
 {
     if (N < 0 || H < 1) return FASTLN_EINVAL;
-    return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, threads_for(N, H),
-                            stream_for(N, H, sizeof(double), FASTLN_STREAM_BYTES_BWD));
+    const fastln_plan p = plan_for(FASTLN_CALL_BWD, N, H, sizeof(double));
+    return kt()->rms_bwd_f64(dx, dweight, dy, x, rstd, weight, N, H, p.threads, p.stream);
 }
 
 /* ---- float16 and bfloat16 storage ---- */
@@ -296,9 +276,9 @@ int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd, cons
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
-    const int nt = threads_for(N, H);
+    const fastln_plan p = plan_for(FASTLN_CALL_FWD, N, H, 2);
     return kt()->half_fwd(FASTLN_OP_LN, kind, y, NULL, mean, rstd, x, NULL, weight, bias, N, H,
-                          eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt, 1)));
+                          eps, p.threads, p.stream);
 }
 
 int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
@@ -306,9 +286,9 @@ int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
-    const int nt = threads_for(N, H);
+    const fastln_plan p = plan_for(FASTLN_CALL_FWD, N, H, 2);
     return kt()->half_fwd(FASTLN_OP_RMS, kind, y, NULL, NULL, rstd, x, NULL, weight, NULL, N,
-                          H, eps, nt, stream_for(N, H, 2, fwd_stream_bytes(H, 2, nt, 1)));
+                          H, eps, p.threads, p.stream);
 }
 
 int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
@@ -317,9 +297,9 @@ int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, 
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
-    const int nt = threads_for(N, H);
+    const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, 2);
     return kt()->half_fwd(FASTLN_OP_ADD, kind, y, s, mean, rstd, x, residual, weight, bias, N,
-                          H, eps, nt, stream_for(2 * N, H, 2, fwd_stream_bytes(H, 2, nt, 2)));
+                          H, eps, p.threads, p.stream);
 }
 
 int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,
@@ -328,8 +308,9 @@ int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, floa
                                     int64_t H)
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
-    return kt()->half_bwd(kind, dx, dweight, dbias, dy, x, mean, rstd, weight, N, H,
-                          threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES_BWD));
+    const fastln_plan p = plan_for(FASTLN_CALL_BWD, N, H, 2);
+    return kt()->half_bwd(kind, dx, dweight, dbias, dy, x, mean, rstd, weight, N, H, p.threads,
+                          p.stream);
 }
 
 int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, const uint16_t *dy,
@@ -337,8 +318,9 @@ int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, const 
                                   int64_t N, int64_t H)
 {
     if (N < 0 || H < 1 || !HALF_OK(kind)) return FASTLN_EINVAL;
-    return kt()->half_bwd(kind, dx, dweight, NULL, dy, x, NULL, rstd, weight, N, H,
-                          threads_for(N, H), stream_for(N, H, 2, FASTLN_STREAM_BYTES_BWD));
+    const fastln_plan p = plan_for(FASTLN_CALL_BWD, N, H, 2);
+    return kt()->half_bwd(kind, dx, dweight, NULL, dy, x, NULL, rstd, weight, N, H, p.threads,
+                          p.stream);
 }
 
 /* ---- bandwidth ceiling for the benchmarks ---- */
@@ -370,7 +352,8 @@ static void copy_bytes(char *dst, const char *src, size_t n, int nt)
  * (with nt, by non-temporal stores, as the kernels write large outputs). */
 void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
 {
-    int nt = threads_for(nbytes / 4096, 1024);   /* as a kernel on rows of 1024 floats */
+    /* as a kernel on rows of 1024 floats */
+    int nt = plan_for(FASTLN_CALL_FWD, nbytes / 4096, 1024, sizeof(float)).threads;
     if (nt <= 1) {
         copy_bytes((char *)dst, (const char *)src, (size_t)nbytes, nt_stores);
         return;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "fastln.h"
 #include "fastln_rnn.h"
+#include "policy.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -18,108 +19,22 @@ static inline int omp_get_max_threads(void) { return 1; }
 static inline void omp_set_num_threads(int n) { (void)n; }
 #endif
 
-/* Outputs of at least this many bytes are written with non-temporal stores:
- * with the inputs they exceed the last-level cache (32 MiB here, shared
- * with other guests) and would only evict it (2 threads: (2048, 4096), 32
- * MiB out, 3.0 -> 1.5 ms). add + LayerNorm: s and y together (16 MiB of
- * them, 2 threads: (4096, 512) 0.35 -> 0.52 ms streamed, (8192, 256) 0.46 ->
- * 0.53 ms). Backward reads two arrays for each it writes, so it streams
- * sooner ((4096, 768) 2.4 -> 1.75 ms). The AVX-512 LayerNorm and RMSNorm
- * forwards of float32 and 16-bit rows, which stage their rows in L1 (or
- * stream long ones from registers), stream from FASTLN_STREAM_BYTES_AVX512,
- * where in and out fill the cache (2 threads, float32, 16 MiB out:
- * (262144, 16) 1.14 -> 0.66 ms, (65536, 64) 0.61 -> 0.37 ms, (4096, 1024)
- * 0.49 -> 0.43 ms, RMSNorm (262144, 16) 0.85 -> 0.44 ms, but (16384, 256)
- * 0.42-0.49 -> 0.49-0.51 ms; the same kernels of AVX2 and generic C, and
- * float64's, measured slower streamed there: AVX2 (262144, 16) 4.4 -> 6.5
- * ms, float64 (65536, 32) 0.67 -> 2.1 ms). Rows of at most
- * FASTLN_STREAM_ROW_BYTES qualify (they are staged in L1 where the kernel
- * stages them). */
-#ifndef FASTLN_STREAM_BYTES
-#define FASTLN_STREAM_BYTES (32.0 * 1024 * 1024)
-#endif
-#ifndef FASTLN_STREAM_BYTES_AVX512
-#define FASTLN_STREAM_BYTES_AVX512 (16.0 * 1024 * 1024)
-#endif
-/* The AVX-512 LayerNorm and RMSNorm forwards of rows of at most
- * FASTLN_SHORT_ROW_BYTES stream from FASTLN_STREAM_BYTES_SHORT (add +
- * LayerNorm: twice it, s and y together): 16-bit rows on any number of
- * threads, float32 rows on one. Between 4 and 16 MiB out,
- * ordinary stores often ran far slower there (same-process A/B against 16
- * MiB, medians: bfloat16 LayerNorm, 1 thread (32768, 64) 1.08x, (65536, 64)
- * 1.15x, (16384, 256) 1.30-1.36x, 2 threads 1.13x, 1.29x, 1.42-1.51x; float32
- * on 1 thread, LayerNorm (32768, 64) 1.48x, (131072, 16) 1.76x, (16384, 128)
- * 1.20-2.10x, RMSNorm (32768, 64) 1.70x, (16384, 128) 1.44x, bfloat16 RMSNorm
- * (65536, 64) 1.44x). float32 on 2 threads measured 0.67-0.89x for RMSNorm
- * ((32768, 64), (16384, 128), (131072, 16)) and 0.82-1.45x for LayerNorm;
- * rows of 1 KiB 0.82-1.02x (float32 H = 256, bfloat16 H = 512, 1 and 2
- * threads): they keep FASTLN_STREAM_BYTES_AVX512. add + LayerNorm, against
- * 32 MiB of s and y: float32 on 1 thread (16384, 64) 1.59x, (32768, 64)
- * 2.01x, (131072, 16) 2.05x, (8192, 128) 1.10x; bfloat16 (32768, 64) 1.66x
- * and 1.41x (1, 2 threads), (16384, 128) 1.42x and 1.34x, (8192, 256) 1.60x
- * and 1.34x; float32 on 2 threads 0.64x at (8192, 128), 0.89x at (16384,
- * 64). */
-#ifndef FASTLN_STREAM_BYTES_SHORT
-#define FASTLN_STREAM_BYTES_SHORT (4.0 * 1024 * 1024)
-#endif
-#define FASTLN_SHORT_ROW_BYTES 512
-/* The AVX-512 forwards of longer rows on one thread stream from 8 MiB out
- * (add + LayerNorm: 16 MiB of s and y), not 16 (32). Same-process A/B
- * against 16 MiB, 1 thread, medians of 15 turns: float32 LayerNorm (2048,
- * 1024) 1.02x, (4096, 512) 1.03x, (8192, 256) 1.14x, (1024, 2048) 1.19x,
- * (3072, 1024) 1.53x, (512, 4096) 1.35x, (1536, 2048) 1.69x; RMSNorm
- * 1.17-2.24x; add + LayerNorm 1.35-1.74x on the same shapes. bfloat16 and
- * float16, against 16 MiB: LayerNorm at 8 MiB out ((4096, 1024), (2048,
- * 2048), (8192, 512)) 0.94-1.07x, at 12 MiB 1.10-1.50x; RMSNorm 1.13-1.79x
- * and add + LayerNorm 1.40-1.53x at 8-12 MiB (bfloat16); from 4 MiB,
- * LayerNorm at 5 MiB measured 0.87x. On 2 threads 8 MiB measured 0.72-0.92x
- * in float32 at (2048, 1024), (4096, 512) and (1024, 2048): they keep 16
- * MiB. Measured while the machine ran in its slow state (README, Measured);
- * not yet measured in a fast one. */
-#ifndef FASTLN_STREAM_BYTES_1T
-#define FASTLN_STREAM_BYTES_1T (8.0 * 1024 * 1024)
-#endif
-#ifndef FASTLN_STREAM_BYTES_BWD
-#define FASTLN_STREAM_BYTES_BWD (8.0 * 1024 * 1024)
-#endif
-/* The AVX-512 float32 backwards of rows of up to FASTLN_SHORT_BWD_H
- * elements (the sixteen-row kernel) stream dx from
- * FASTLN_STREAM_BYTES_BWD_SHORT: between 4 and 8 MiB of dx, ordinary stores
- * often ran far slower on one thread (dx's read-for-ownership and the rows'
- * reads competing in an L3 shared with other guests). Same-process A/B of
- * the LayerNorm backward against the 8 MiB threshold, dx 16 bytes into a
- * line, in two phases of the machine: 1 thread (12000, 128) 1.83x and 1.18x,
- * (100000, 16) 1.46x and 1.50x, (24000, 64) 1.13x, (50000, 32) 1.49x,
- * (12000, 96) 1.06x, at 4-5 MiB ((16384, 64), (20000, 64), (8500, 128),
- * (10000, 128)) 0.99-1.08x; 2 threads 1.19x and 1.02x, 1.26x and 0.96x,
- * 1.10x, 1.08x, 1.07x, and 0.97-1.03x. bfloat16 measured 0.91-0.95x (1 and 2
- * threads) in the second phase, and longer float rows 0.77-0.92x ((2048,
- * 768), (1500, 1024), (3000, 512), 2 threads): they keep 8 MiB. */
-#ifndef FASTLN_STREAM_BYTES_BWD_SHORT
-#define FASTLN_STREAM_BYTES_BWD_SHORT (4.0 * 1024 * 1024)
-#endif
-#define FASTLN_SHORT_BWD_H 128
-#define FASTLN_STREAM_ROW_BYTES 32768
+/* The kernels' thresholds come from the run-time policy (policy.h). The
+ * per-path tables below keep their stream_bytes fields, filled from the
+ * policy's multiples on the fallback (reference) caches; dispatch.c asks
+ * fastln_policy instead. */
+#define FASTLN_STREAM_BYTES (FASTLN_STREAM_L3 * FASTLN_FALLBACK_L3)
+#define FASTLN_STREAM_BYTES_AVX512 (FASTLN_STREAM_AVX512_L3 * FASTLN_FALLBACK_L3)
+#define FASTLN_STREAM_BYTES_SHORT (FASTLN_STREAM_SHORT_L3 * FASTLN_FALLBACK_L3)
+#define FASTLN_STREAM_BYTES_BWD (FASTLN_STREAM_BWD_L3 * FASTLN_FALLBACK_L3)
+#define FASTLN_STREAM_BYTES_BWD_SHORT (FASTLN_STREAM_BWD_SHORT_L3 * FASTLN_FALLBACK_L3)
 
-/* A backward whose x, dy and dx take at most this many bytes counts as hot
- * in the cache (kernels_impl.h, bwd_range; measured: at H = 4096 the grouped
- * rows win at 1.5 MiB, the fused sweep from 3 MiB on). */
-#ifndef FASTLN_BWD_HOT_BYTES
-#define FASTLN_BWD_HOT_BYTES (2.0 * 1024 * 1024)
-#endif
-
-/* Rows per backward block: depends on N only, never on the thread count,
- * so that dweight/dbias are reduced in the same order on any thread count.
- * Up to 16 blocks (rows / 16, 16 to 256 of them): each block's call and
- * partial sums cost time. Same-process A/B against up to 64 blocks (rows /
- * 64), 2 threads: (1024, 16) 1.22x, (2048, 16) 1.14x, (4096, 16) 1.03-1.21x,
- * (8192, 16) 1.09x, (4096, 64) 1.08x, (1024, 768) 1.46x, (4096, 768) 1.05x;
- * 1 thread (4096, 16) 1.06x. (Up to 32 blocks: 1.01-1.29x.) */
-static inline int64_t fastln_row_block(int64_t N)
-{
-    int64_t rb = (N + 15) / 16;
-    return rb < 16 ? 16 : rb > 256 ? 256 : rb;
-}
+/* A backward whose x, dy and dx take at most this many bytes is hot in the
+ * cache (kernels_impl.h, bwd_range) */
+#define FASTLN_BWD_HOT_BYTES (FASTLN_BWD_HOT_L2 * fastln_caches_get()->l2)
+/* A short-row forward whose thread's rows pass this many bytes prefetches
+ * its outputs too */
+#define FASTLN_PF_RANGE_BYTES (FASTLN_PF_RANGE_L3 * fastln_l3_usable(fastln_caches_get()))
 
 /* Forward operations of the 16-bit storage kernels */
 #define FASTLN_OP_LN 0
@@ -185,6 +100,10 @@ extern const fastln_kernel_table fastln_kernels_avx512;
 
 /* Whether the CPU has AVX512-BF16 (dispatch.c). */
 int fastln_cpu_has_avx512bf16(void);
+
+/* The default thread count where none is set and OpenMP's is unchanged
+ * since load; 0: OpenMP's (dispatch.c). */
+void fastln_set_default_threads(int n);
 
 /* The path in use (dispatch.c). */
 const fastln_kernel_table *fastln_kernels(void);

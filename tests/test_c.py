@@ -18,7 +18,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 C_CORE = ["src_c/rnn.c", "src_c/dispatch.c", "src_c/kernels_generic.c",
-          "src_c/kernels_avx2.c", "src_c/kernels_avx512.c"]
+          "src_c/kernels_avx2.c", "src_c/kernels_avx512.c", "src_c/policy.c"]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "src_c", "rnn.c")),
                                 reason="the C sources are not next to tests/")
