@@ -3,28 +3,53 @@
 :func:`get_num_threads`, :func:`set_num_threads` and the context manager
 :func:`threads` (all re-exported by :mod:`fastln`) read and set one
 process-wide count of threads for the kernels' parallel loops over rows.
-Without a count set, OpenMP's default applies (``OMP_NUM_THREADS``, or the
-number of CPUs). A build without OpenMP (:func:`fastln.has_openmp`) runs
-every call on one thread.
+Without a count set, the default is the machine's: the smaller of the CPUs
+in the process's affinity mask and its control groups' CPU quota rounded up
+(a container limited to 1.5 CPUs on a 64-CPU host: 2), unless
+``OMP_NUM_THREADS`` is set, or a limit such as threadpoolctl's changes
+OpenMP's count; those win. A build without OpenMP
+(:func:`fastln.has_openmp`) runs every call on one thread.
 """
+from __future__ import annotations
+
 import contextlib
 import numbers
+import os
+from collections.abc import Iterator, Mapping
+from typing import Optional
 
 import numpy as np
 
-from fastln import _core
+from fastln import _cgroup, _core
 
 MAX_THREADS = 4096   # more would only ask OpenMP for an absurd thread pool
 
 
-def get_num_threads():
+def default_threads(environ: Mapping[str, str] = os.environ, root: str = "/",
+                    cpus: Optional[int] = None) -> int:
+    """The default thread count of the machine, 0 for OpenMP's own.
+
+    0 where environ sets ``OMP_NUM_THREADS`` (OpenMP's count is the user's
+    choice), else the smaller of cpus (default: the affinity mask's CPU count)
+    and the CPU quota of the control groups under the filesystem root,
+    rounded up (:func:`fastln._cgroup.default_threads`).
+    """
+    if environ.get("OMP_NUM_THREADS"):
+        return 0
+    return _cgroup.default_threads(root, cpus)
+
+
+def get_num_threads() -> int:
     """The number of threads a large fastln call uses now.
 
-    It is the count given to :func:`set_num_threads`, else OpenMP's default
-    (``OMP_NUM_THREADS``, or the number of CPUs). A limit set later on the
-    calling thread, such as threadpoolctl's ``threadpool_limits(1, "openmp")``
-    (or ``torch.set_num_threads`` where torch shares fastln's libgomp), caps
-    it. Small calls run on one thread whatever this says.
+    It is the count given to :func:`set_num_threads`, else the default: the
+    smaller of the CPUs in the process's affinity mask and its control
+    groups' CPU quota rounded up (cgroup v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us``), read at import; where ``OMP_NUM_THREADS`` is set,
+    OpenMP's count instead. A limit set later on the calling thread, such as
+    threadpoolctl's ``threadpool_limits(1, "openmp")`` (or
+    ``torch.set_num_threads`` where torch shares fastln's libgomp), caps
+    either. Small calls run on one thread whatever this says.
 
     Returns
     -------
@@ -40,15 +65,16 @@ def get_num_threads():
     return _core.get_num_threads()
 
 
-def set_num_threads(n):
-    """Use ``n`` threads in later calls; ``n=None`` returns to the OpenMP default.
+def set_num_threads(n: Optional[int]) -> None:
+    """Use ``n`` threads in later calls; ``n=None`` returns to the default.
 
     Parameters
     ----------
     n : int or None
-        The thread count, 1 to 4096 (``MAX_THREADS``), or None for OpenMP's
-        default. The setting is process-wide: it applies to calls from every
-        Python thread.
+        The thread count, 1 to 4096 (``MAX_THREADS``), or None for the
+        default (see :func:`get_num_threads`: the affinity mask's CPUs capped
+        by the cgroup CPU quota, or ``OMP_NUM_THREADS``). The setting is
+        process-wide: it applies to calls from every Python thread.
 
     Raises
     ------
@@ -67,7 +93,7 @@ def set_num_threads(n):
     >>> fastln.set_num_threads(1)
     >>> fastln.get_num_threads()
     1
-    >>> fastln.set_num_threads(None)    # back to OpenMP's default
+    >>> fastln.set_num_threads(None)    # back to the default
     """
     if n is None:
         _core.set_num_threads(0)
@@ -80,11 +106,11 @@ def set_num_threads(n):
 
 
 @contextlib.contextmanager
-def threads(n):
+def threads(n: Optional[int]) -> Iterator[None]:
     """Context manager: run fastln on ``n`` threads inside the block, then restore.
 
     On exit (also by an exception) the count requested before is restored,
-    or OpenMP's default where none was. The setting is process-wide, like
+    or the default where none was. The setting is process-wide, like
     :func:`set_num_threads`: other Python threads see it during the block.
 
     Parameters
@@ -116,3 +142,6 @@ def threads(n):
         yield
     finally:
         _core.set_num_threads(previous)
+
+
+_core._set_default_threads(default_threads())
