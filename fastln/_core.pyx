@@ -943,7 +943,7 @@ def get_num_threads():
     return fastln_get_num_threads()
 
 def set_num_threads(int n):
-    """Sets the thread count unchecked; 0 means OpenMP's default.
+    """Sets the thread count unchecked; 0 means the default (see fastln._threads).
 
     The public, checked version is :func:`fastln.set_num_threads`.
 
@@ -954,7 +954,7 @@ def set_num_threads(int n):
     fastln_set_num_threads(n)
 
 def get_requested_threads():
-    """The last count given to set_num_threads, or 0 for the OpenMP default.
+    """The last count given to set_num_threads, or 0 for the default.
 
     Returns
     -------

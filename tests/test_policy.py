@@ -268,3 +268,23 @@ def test_streaming_does_not_change_results(shape):
     finally:
         _core._set_cache_sizes()
     assert out[64 * KiB] == out[1 << 50]
+
+
+@pytest.mark.parametrize("shape", [(256, 1024), (64, 4096), (200, 768)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_hot_backward_threshold_does_not_change_results(shape, dtype):
+    """x, dy and dx of 3 MiB and less: hot with a 4 MiB L2, not with 256 KiB"""
+    rng = np.random.default_rng(1)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    w = rng.standard_normal(shape[1]).astype(dtype)
+    _, mean, rstd = fastln.layer_norm(x, w, return_stats=True)
+    out = []
+    try:
+        for l2 in (256 * KiB, 4 * MiB):
+            _core._set_cache_sizes(l2=l2)
+            grads = fastln.layer_norm_backward(dy, x, mean, rstd, w)
+            grads += fastln.rms_norm_backward(dy, x, rstd, w)
+            out.append([a.tobytes() for a in grads])
+    finally:
+        _core._set_cache_sizes()
+    assert out[0] == out[1]
