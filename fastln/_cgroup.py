@@ -129,14 +129,14 @@ def cpu_quota(root: str = "/") -> Quota:
     """The CPUs the process's cgroups allow: the smallest quota / period over
     its cgroup and that cgroup's parents (v2, and v1's cpu controller), or
     None where none sets a limit (or nothing can be read)."""
-    limits = []
+    found: list[Quota] = []
     mount_v2, mount_v1 = mounts(root)
     path_v2, path_v1 = cgroup_paths(root)
     if mount_v2 is not None and path_v2 is not None:
-        limits += [_v2_quota(d) for d in _dirs(mount_v2, path_v2)]
+        found += [_v2_quota(d) for d in _dirs(mount_v2, path_v2)]
     if mount_v1 is not None and path_v1 is not None:
-        limits += [_v1_quota(d) for d in _dirs(mount_v1, path_v1)]
-    limits = [q for q in limits if q is not None]
+        found += [_v1_quota(d) for d in _dirs(mount_v1, path_v1)]
+    limits = [q for q in found if q is not None]
     return min(limits) if limits else None
 
 

@@ -1020,7 +1020,7 @@ def _set_isa(name):
 
 # ---- the run-time policy (src_c/policy.h) ---------------------------------
 
-CACHE_ENV = ("FASTLN_L1_BYTES", "FASTLN_L2_BYTES", "FASTLN_L3_BYTES")
+_CACHE_ENV = ("FASTLN_L1_BYTES", "FASTLN_L2_BYTES", "FASTLN_L3_BYTES")
 _CALL_KINDS = {"forward": FASTLN_CALL_FWD, "add": FASTLN_CALL_ADD, "backward": FASTLN_CALL_BWD}
 _PATHS = {"generic": FASTLN_PATH_GENERIC, "avx2": FASTLN_PATH_AVX2,
           "avx512": FASTLN_PATH_AVX512}
@@ -1099,7 +1099,7 @@ def _policy(str kind, int64_t N, int64_t H, int itemsize, str isa, int nthreads,
 def _invalid_cache_env(environ):
     """The FASTLN_L*_BYTES variables of environ whose values are not sizes
     (they are ignored), as (name, value) pairs."""
-    return [(k, environ[k]) for k in CACHE_ENV
+    return [(k, environ[k]) for k in _CACHE_ENV
             if k in environ and _parse_cache_bytes(environ[k]) is None]
 
 
@@ -1321,7 +1321,10 @@ def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double e
 import os as _os
 import warnings as _warnings
 
+def _warn_invalid_cache_env():
+    for name, value in _invalid_cache_env(_os.environ):
+        _warnings.warn(f"{name}={value!r} is not a size in bytes (such as 33554432, 48K or "
+                       f"32M); the detected size is used", RuntimeWarning, stacklevel=3)
+
 fastln_caches_get()
-for _name, _value in _invalid_cache_env(_os.environ):
-    _warnings.warn(f"{_name}={_value!r} is not a size in bytes (such as 33554432, 48K or "
-                   f"32M); the detected size is used", RuntimeWarning, stacklevel=2)
+_warn_invalid_cache_env()
