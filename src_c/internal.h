@@ -29,9 +29,6 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #define FASTLN_STREAM_BYTES_BWD (FASTLN_STREAM_BWD_L3 * FASTLN_FALLBACK_L3)
 #define FASTLN_STREAM_BYTES_BWD_SHORT (FASTLN_STREAM_BWD_SHORT_L3 * FASTLN_FALLBACK_L3)
 
-/* A backward whose x, dy and dx take at most this many bytes is hot in the
- * cache (kernels_impl.h, bwd_range) */
-#define FASTLN_BWD_HOT_BYTES (FASTLN_BWD_HOT_L2 * fastln_caches_get()->l2)
 /* A short-row forward whose thread's rows pass this many bytes prefetches
  * its outputs too */
 #define FASTLN_PF_RANGE_BYTES (FASTLN_PF_RANGE_L3 * fastln_l3_usable(fastln_caches_get()))

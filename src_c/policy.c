@@ -225,7 +225,7 @@ fastln_plan fastln_policy(int kind, int64_t N, int64_t H, int elsize, int path, 
     p.stream = (double)H * elsize <= FASTLN_STREAM_ROW_L1 * c->l1 &&
                (double)rows * (double)H * elsize >= p.stream_bytes;
     p.row_block = fastln_row_block(N);
-    p.bwd_hot_bytes = FASTLN_BWD_HOT_L2 * c->l2;
+    p.bwd_hot_bytes = FASTLN_BWD_HOT_BYTES;
     p.pf_range_bytes = FASTLN_PF_RANGE_L3 * l3;
     return p;
 }

@@ -80,12 +80,15 @@ double fastln_parse_bytes(const char *s);
 #define FASTLN_STREAM_BWD_SHORT_L3 0.125
 /* Only rows that fit the L1 stream: a streamed row is staged in L1. */
 #define FASTLN_STREAM_ROW_L1 1.0
-/* A backward whose x, dy and dx fit twice the L2 is hot: its second pass
- * over the rows finds them in the L2s of the two cores that split it. */
-#define FASTLN_BWD_HOT_L2 2.0
 /* The short-row forwards also prefetch their outputs where one thread's
  * rows pass an eighth of the L3 (they no longer stay in its share). */
 #define FASTLN_PF_RANGE_L3 0.125
+
+/* A backward whose x, dy and dx take at most this many bytes is hot and
+ * takes the grouped-rows sweep. It is a crossover between two kernels, not a
+ * cache size: a larger L2 does not make the grouped sweep win on larger
+ * calls, so it stays a constant. */
+#define FASTLN_BWD_HOT_BYTES (2.0 * 1024 * 1024)
 
 /* Row lengths that are kernel shapes, not cache sizes */
 #define FASTLN_SHORT_ROW_BYTES 512   /* the short-row forward kernels' rows */
