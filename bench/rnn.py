@@ -2,11 +2,11 @@
 
     python bench/rnn.py [--quick] [--threads 1,2] [--json PATH]
 
-Cases (the "Speed to reach" section of issue 3):
+Cases:
 
 - LNLSTM, T=100, B=32, I=128, H=256, one layer: forward (cache=True and
   cache=False) and forward+backward, against
-  * a PyTorch eager LN-LSTM of exactly the same equations (DESIGN.md section 3),
+  * a PyTorch eager LN-LSTM of exactly the same equations (docs/design.md, "Recurrent networks"),
     written as a typical user would: a torch.nn.Module with a Python loop over
     time, F.layer_norm for the three LNs, and the input projection and its LN
     done for all steps at once (they do not depend on h);
@@ -18,7 +18,7 @@ Cases (the "Speed to reach" section of issue 3):
   no_grad) and the per-call time of fastln's m.step(x_t, state) on B=1 (the
   eager peer's one-step cell is shown for context).
 
-Timing follows fastln/_bench.py (DESIGN.md section 6): medians per call, the
+Timing follows bench/harness.py: medians per call, the
 peers timed in turns in one process on the same thread count, ratios of
 medians. torch.set_num_threads(n) is called before fastln's thread count is
 set (torch may share fastln's libgomp). Before timing, the eager peer is
@@ -42,15 +42,16 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # the repository root, for an in-place build
 
-import numpy as np              # noqa: E402
+import numpy as np  # noqa: E402
 
-import fastln                   # noqa: E402
-from fastln import _bench       # noqa: E402
+import fastln  # noqa: E402
+from bench import harness  # noqa: E402
+from fastln import _selfcheck  # noqa: E402
 
-torch = _bench._torch           # None when torch is not installed
+torch = harness._torch           # None when torch is not installed
 
 try:
-    from fastln.rnn import LNLSTM   # noqa: E402
+    from fastln.rnn import LNLSTM  # noqa: E402
     RNN_IMPORT_ERROR = None
 except Exception as e:          # not landed yet, or broken
     LNLSTM = None
@@ -81,7 +82,7 @@ if torch is not None:
     import torch.nn.functional as F
 
     class EagerLNLSTM(torch.nn.Module):
-        """One-layer LN-LSTM, DESIGN.md section 3, gate order i,f,g,o:
+        """One-layer LN-LSTM of docs/design.md, gate order i,f,g,o:
 
             gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias   (LNs over all 4H)
             c_t = f*c + i*g ;  h_t = o*tanh(LN(c_t; ln_c))
@@ -266,7 +267,7 @@ def _bench_threads(n, kw, seed=0):
            "check_info": {}}
     tm = res["times"]
     checks = res["checks"]
-    gap = _bench.SPIN_GAP if n > 1 else 0.0
+    gap = _selfcheck.SPIN_GAP if n > 1 else 0.0
     have_torch = torch is not None
     if not have_torch:
         checks.append("torch is not installed: no peers")
@@ -323,7 +324,7 @@ def _bench_threads(n, kw, seed=0):
     for part in ("fwd", "fwdbwd"):
         sub = {k: f for k, f in fns.items() if (k.endswith("_fwdbwd") == (part == "fwdbwd"))}
         if sub:
-            tm.update(_bench.time_peers(sub, gap=gap, groups=groups, **kw))
+            tm.update(_selfcheck.time_peers(sub, gap=gap, groups=groups, **kw))
 
     # ---- streaming T=1000, B=1, I=64, H=128
     T, B, I, H = (STREAM_CASE[k] for k in "TBIH")
@@ -371,9 +372,9 @@ def _bench_threads(n, kw, seed=0):
         steps["eager_step"] = eager_step
     groups = {k: ("fastln" if k.startswith("fastln") else "torch") for k in list(fns) + list(steps)}
     if fns:
-        tm.update(_bench.time_peers(fns, gap=gap, groups=groups, **kw))
+        tm.update(_selfcheck.time_peers(fns, gap=gap, groups=groups, **kw))
     if steps:
-        tm.update(_bench.time_peers(steps, gap=gap, groups=groups, **kw))
+        tm.update(_selfcheck.time_peers(steps, gap=gap, groups=groups, **kw))
 
     res["ratios"] = _ratios(tm)
     return res
@@ -402,12 +403,12 @@ def run(threads=(1, 2), quick=False):
      'results': [{'threads', 'fastln', 'times' (median s/call), 'ratios', 'checks'}]}."""
     kw = (dict(repeats=5, budget=0.5, min_sample=1e-3, min_repeats=3) if quick
           else dict(repeats=15, budget=2.0, min_sample=2e-3, min_repeats=5))
-    info = _bench.machine_info()
+    info = harness.machine_info()
     results = []
     t0 = time.perf_counter()
-    with _bench.OtherLoad() as load:
+    with _selfcheck.OtherLoad() as load:
         for n in threads:
-            _bench.set_peer_threads(n)      # first: torch may share fastln's libgomp
+            harness.set_peer_threads(n)      # first: torch may share fastln's libgomp
             with fastln.threads(n):
                 results.append(_bench_threads(n, kw))
     info["cpu_other_load"] = load.fraction
@@ -479,7 +480,7 @@ def format_table(result, markdown=False):
             lines.append("")
         else:
             lines.append(title + ":")
-        lines.extend(_bench.table_lines(heads, rows, markdown))
+        lines.extend(harness.table_lines(heads, rows, markdown))
         for case, ci in res.get("check_info", {}).items():
             lines.append("")
             lines.append(f"checked ({case}): float64 y max|diff| {ci['f64_y_maxdiff']:.1e}, "
@@ -499,13 +500,13 @@ def results_md(result):
     out = [
         "## LN-RNN",
         "",
-        "`bench/rnn.py` (issue 3's cases), float32, one layer. Times are medians per call, the "
+        "`bench/rnn.py` (the LN-LSTM cases), float32, one layer. Times are medians per call, the "
         "peers timed in turns on the same number of threads. \"eager LN-LSTM\" is a PyTorch "
-        "nn.Module of DESIGN.md section 3's equations with a Python loop over time "
+        "nn.Module of docs/design.md's equations with a Python loop over time "
         "(F.layer_norm; input projection and its LN for all steps at once); nn.LSTM has no LN "
         "(oneDNN). Forward-only torch runs under no_grad; fwd+bwd is (y*dy).sum().backward() "
         "with dx. \"eager/fastln\" is fastln's speedup, \"fastln/nn.LSTM\" its time relative to "
-        "nn.LSTM; the issue's targets in parentheses. "
+        "nn.LSTM; the targets in parentheses. "
         f"Run took {result['elapsed_s']:.0f} s"
         + (f"; other processes used {100 * load:.0f}% of the CPUs meanwhile"
            + (" (timings unreliable)" if load > 0.1 else "") if load is not None else "") + ".",
@@ -522,13 +523,13 @@ def main(argv=None):
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args(argv)
-    nthreads = _bench.parse_threads(ap, args.threads)
+    nthreads = harness.parse_threads(ap, args.threads)
     if RNN_IMPORT_ERROR is not None:
         print(f"fastln.rnn cannot be imported ({RNN_IMPORT_ERROR}); timing the torch peers only",
               flush=True)
     if torch is None:
         print("torch is not installed: no peers to time", flush=True)
-    busy = _bench.cpu_busy()
+    busy = _selfcheck.cpu_busy()
     if busy is not None and busy > 0.2:
         print(f"warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
               "timings will be noisy", flush=True)

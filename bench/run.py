@@ -4,7 +4,7 @@
                         [--shapes NxH,...] [--peers numpy,torch,onnxruntime,jax]
                         [--no-plots] [--outdir DIR]
 
-Measures, at each thread count, with the machinery of fastln/_bench.py
+Measures, at each thread count, with the machinery of bench/harness.py
 (medians, peers timed in turns in one process, each peer's output checked
 against fastln's first, ratios of medians, fastln's out= throughput as a
 fraction of a parallel copy of the same bytes):
@@ -37,8 +37,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # the repository root, for an in-place build
 
-import fastln                   # noqa: E402
-from fastln import _bench       # noqa: E402
+import fastln  # noqa: E402
+from bench import harness  # noqa: E402
+from fastln import _selfcheck  # noqa: E402
 
 ROWS = (1, 32, 4096, 16384)
 HS = (16, 64, 128, 768, 1024, 4096, 8192)
@@ -63,7 +64,7 @@ BF16_TARGET = 1.8       # the issue: bfloat16 forward past the cache >= 1.8x flo
 
 
 def timing_kw(quick, N, H):
-    """_bench.bench_shape's sampling settings for one shape: medians of up to
+    """harness.bench_shape's sampling settings for one shape: medians of up to
     ``repeats`` samples; every peer gets ``budget`` seconds of samples at most,
     and ``min_repeats`` samples at least. Past 64 MB per array (where a NumPy
     call takes 0.1-1.5 s) the budget is halved, so the biggest shapes cost about
@@ -228,7 +229,7 @@ def results_md(results, command, plots=None, plots_note=None, md_dir=HERE):
                 continue
             out.append(f"### {title}")
             out.append("")
-            out.append(_bench.format_table(rs, markdown=True, parts=(part,), detail=True))
+            out.append(harness.format_table(rs, markdown=True, parts=(part,), detail=True))
             out.append("")
             if dtype == "bfloat16":
                 line = _bf16_target(rs, l3)
@@ -317,33 +318,34 @@ def main(argv=None):
                     help=f"comma-separated subset of {','.join(OPS)} (default: all)")
     ap.add_argument("--shapes", metavar="NxH,...",
                     help="replace the grid: these (rows x H) shapes for every op")
-    ap.add_argument("--peers", default=",".join(_bench.PEERS),
-                    help=f"comma-separated subset of {','.join(_bench.PEERS)} (default: all; "
+    ap.add_argument("--peers", default=",".join(harness.PEERS),
+                    help=f"comma-separated subset of {','.join(harness.PEERS)} (default: all; "
                     "a missing one is skipped)")
     ap.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
     ap.add_argument("--outdir", metavar="DIR",
                     help="write latest.json, RESULTS.md and the plots to DIR instead of "
                     "bench/results and bench/RESULTS.md")
     args = ap.parse_args(argv)
-    nthreads = _bench.parse_threads(ap, args.threads)
+    nthreads = harness.parse_threads(ap, args.threads)
     ops = _parse_list(ap, args.ops, list(OPS), "--ops")
-    peers = _parse_list(ap, args.peers, list(_bench.PEERS), "--peers")
+    peers = _parse_list(ap, args.peers, list(harness.PEERS), "--peers")
     shapes = _parse_shapes(ap, args.shapes) if args.shapes else None
-    if "bf16" in ops and _bench._ml_dtypes is None:
+    if "bf16" in ops and harness._ml_dtypes is None:
         print("bfloat16 needs ml_dtypes (pip install ml_dtypes): skipping bf16", flush=True)
         ops = [o for o in ops if o != "bf16"]
     command = "python bench/run.py" + "".join(
         " " + a for a in (sys.argv[1:] if argv is None else argv))
     todo = cases(ops, args.quick, shapes)
 
-    info = _bench.machine_info()
+    info = harness.machine_info()
     info["l3_bytes"] = l3_bytes()
-    info["cpu_busy_before"] = _bench.cpu_busy()
-    present = [p for p in peers if _bench.have_peer(p)]
-    absent = [p for p in _bench.PEERS if p not in present]
+    info["cpu_busy_before"] = _selfcheck.cpu_busy()
+    present = [p for p in peers if harness.have_peer(p)]
+    absent = [p for p in harness.PEERS if p not in present]
     print(f"fastln {fastln.__version__}, ISA {info['isa']}, {info['cpu']} ({info['cores']} cores); "
           f"{len(todo)} cases x threads {nthreads}{' (quick)' if args.quick else ''}; peers: "
-          f"{', '.join(present) or 'none'}" + (f" (not used: {', '.join(absent)})" if absent else ""),
+          f"{', '.join(present) or 'none'}"
+          + (f" (not used: {', '.join(absent)})" if absent else ""),
           flush=True)
     if info["cpu_busy_before"] is not None and info["cpu_busy_before"] > 0.2:
         print(f"warning: other processes keep {100 * info['cpu_busy_before']:.0f}% of the CPUs "
@@ -352,21 +354,21 @@ def main(argv=None):
     t0 = time.perf_counter()
     rows = []
     total = len(todo) * len(nthreads)
-    with _bench.OtherLoad() as load:
+    with _selfcheck.OtherLoad() as load:
         for n in nthreads:
             # peers first: torch may share fastln's libgomp, and its
             # set_num_threads sets the OpenMP limit that fastln honours
-            _bench.set_peer_threads(n)
+            harness.set_peer_threads(n)
             with fastln.threads(n):
                 print(f"{fastln.get_num_threads()} thread(s):", flush=True)
                 for N, H, op, dtype in todo:
-                    row = _bench.bench_shape(
+                    row = harness.bench_shape(
                         N, H, op=op, dtype=dtype, peers=present,
                         backward=(op, dtype) == ("layer_norm", "float32"),
                         **timing_kw(args.quick, N, H))
                     rows.append(row)
                     print(f"[{len(rows)}/{total} {time.perf_counter() - t0:.0f} s]"
-                          + _bench.progress_line(row), flush=True)
+                          + harness.progress_line(row), flush=True)
     elapsed = time.perf_counter() - t0
     info["cpu_other_load"] = load.fraction
     rnn_result = None if args.no_rnn else _run_rnn(nthreads, args.quick)
@@ -390,7 +392,7 @@ def main(argv=None):
               and r.get(f"{part}_fastln") is not None]
         if rs:
             print(f"{title}:")
-            print(_bench.format_table(rs, parts=(part,)))
+            print(harness.format_table(rs, parts=(part,)))
             print()
     if rnn_result is not None:
         print("LN-RNN:\n" + (_rnn_module().format_table(rnn_result) if "error" not in rnn_result

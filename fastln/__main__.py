@@ -1,5 +1,6 @@
 """``python -m fastln``: configuration, a self-check against fastln.reference (and
-of the LN-RNN forward against fastln.rnn_reference), and a short benchmark against the peers installed (NumPy, PyTorch, ONNX Runtime).
+of the LN-RNN forward against fastln.rnn_reference), and a short float32
+LayerNorm benchmark against the peers installed (NumPy, PyTorch, ONNX Runtime).
 
 Exits with status 1 when the self-check fails. Takes under 30 s on two cores
 (``--quick``: about 10 s). The wider benchmark is bench/run.py.
@@ -12,7 +13,7 @@ import time
 import numpy as np
 
 import fastln
-from fastln import _bench, reference
+from fastln import _selfcheck, reference
 
 SHAPES = [(1, 768), (32, 768), (4096, 1024), (16384, 1024), (262144, 64)]
 
@@ -44,7 +45,7 @@ def self_check():
     for dtype in (np.float32, np.float64):
         errs = {}   # (function, output) -> worst error
 
-        def note(fn, names, got, want):
+        def note(fn, names, got, want, errs=errs):
             for nm, g, r in zip(names, got, want):
                 errs[(fn, nm)] = max(errs.get((fn, nm), 0.0), _err(g, r))
 
@@ -103,11 +104,31 @@ def _rnn_check(rng, results):
             tol = 10 * TOL[dtype]   # a recurrence compounds rounding
             passed = err <= tol
             ok &= passed
-            print(f"  {name + ' forward':<20} {np.dtype(dtype).name:<8} {'y ' + format(err, '.1e'):<46} "
-                  f"tol {tol:.0e}  {'PASS' if passed else 'FAIL'}", flush=True)
+            print(f"  {name + ' forward':<20} {np.dtype(dtype).name:<8} "
+                  f"{'y ' + format(err, '.1e'):<46} tol {tol:.0e}  {'PASS' if passed else 'FAIL'}",
+                  flush=True)
             results.append({"function": name + " forward", "dtype": np.dtype(dtype).name,
                             "tol": tol, "errors": {"y": err}, "pass": passed})
     return ok
+
+
+def table(rows, part):
+    """Text table of :func:`fastln._selfcheck.layer_norm_row` rows for ``part`` ("fwd" or
+    "bwd"): microseconds per call, fastln's speedup over each peer, and its out= throughput
+    relative to the copy's (the backward moves 3 arrays, the forward and the copy 2)."""
+    peers = [p for p in ("numpy", "torch", "onnxruntime") if f"{part}_{p}" in rows[0]]
+    heads = (["shape", "fastln us", "out= us", "copy us"] + [f"{p} us" for p in peers]
+             + [f"vs {p}" for p in peers] + [f"{part}/copy"])
+    us = lambda t: f"{t * 1e6:.1f}" if t < 1e-3 else f"{t * 1e6:.0f}"   # noqa: E731
+    cells = [[f"({r['N']}, {r['H']})"] + [us(r[k]) for k in (
+        f"{part}_fastln", f"{part}_fastln_out", "copy", *(f"{part}_{p}" for p in peers))]
+        + [f"{r[f'{part}_{p}'] / r[f'{part}_fastln']:.2f}x" for p in peers]
+        + [f"{100 * (1.5 if part == 'bwd' else 1) * r['copy'] / r[f'{part}_fastln_out']:.0f}%"]
+        for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    return "\n".join("  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
+                               for i, (v, wd) in enumerate(zip(line, widths)))
+                     for line in [heads] + cells)
 
 
 def main(argv=None):
@@ -124,7 +145,7 @@ def main(argv=None):
         fastln.set_num_threads(args.threads)
 
     t_start = time.perf_counter()
-    info = _bench.machine_info()
+    info = _selfcheck.machine_info()
     v = info["versions"]
     print(f"fastln {fastln.__version__} (python {v['python']}, numpy {v['numpy']})")
     print(f"OpenMP: {'on' if info['openmp'] else 'off'}, threads: {info['threads']} "
@@ -140,18 +161,20 @@ def main(argv=None):
     ok, check = self_check()
     print()
 
-    busy = _bench.cpu_busy()
+    busy = _selfcheck.cpu_busy()
     info["cpu_busy_before"] = busy
-    print(f"benchmark: float32, {fastln.get_num_threads()} thread(s), medians of samples "
-          f"taken in turns{' (quick)' if args.quick else ''}", flush=True)
+    print(f"benchmark: float32 LayerNorm, {fastln.get_num_threads()} thread(s), medians of "
+          f"samples taken in turns{' (quick)' if args.quick else ''}", flush=True)
     if busy is not None and busy > 0.2:
         print(f"  warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
               "timings (above all multithreaded ones) will be noisy", flush=True)
     kw = (dict(repeats=5, budget=0.12, min_sample=1e-3) if args.quick
           else dict(repeats=9, budget=0.4, min_sample=2e-3))
-    with _bench.OtherLoad() as load:
-        rows = _bench.run_grid(SHAPES, progress=lambda r: print(_bench.progress_line(r),
-                                                                flush=True), **kw)
+    rows = []
+    with _selfcheck.OtherLoad() as load:
+        for N, H in SHAPES:
+            rows.append(_selfcheck.layer_norm_row(N, H, **kw))
+            print(f"  ({N}, {H}) done", flush=True)
     info["cpu_other_load"] = load.fraction
     print()
     print("median us per call. fastln allocates its result like the peers; out= writes into a "
@@ -160,7 +183,10 @@ def main(argv=None):
           "throughput as a fraction of the copy's (backward moves 3 arrays, the copy 2).")
     for part, title in (("fwd", "forward"), ("bwd", "backward")):
         print(f"\n{title}:")
-        print(_bench.format_table(rows, parts=(part,), detail=True), flush=True)
+        print(table(rows, part), flush=True)
+    bad = [f"({r['N']}, {r['H']}) {m}" for r in rows for m in r["mismatch"]]
+    if bad:
+        print("\n!! MISMATCH: these peers' outputs disagree with fastln's: " + "; ".join(bad))
     if load.fraction is not None:
         print(f"other processes used {100 * load.fraction:.0f}% of the CPUs during the benchmark"
               + ("; the timings are unreliable" if load.fraction > 0.1 else ""))

@@ -1,18 +1,25 @@
-"""The benchmark machinery (fastln/_bench.py, bench/run.py, bench/plots.py), fast:
-two tiny shapes on one thread for every case, the peer-output checks, the
-RESULTS.md text and the PNG plots. matplotlib is skipped where missing, except
-under CI (the environment variable CI set), where that is a failure."""
+"""The benchmark machinery (bench/harness.py, bench/run.py, bench/plots.py) and
+``python -m fastln`` (fastln/__main__.py, fastln/_selfcheck.py), fast: two tiny
+shapes on one thread for every case, the peer-output checks, the RESULTS.md
+text, the PNG plots, the self-check and its short table. matplotlib is skipped
+where missing, except under CI (the environment variable CI set), where that is
+a failure."""
 import importlib
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
 
 import fastln
-from fastln import _bench
+from fastln import __main__ as main_mod
+from fastln import _selfcheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench import harness as _bench  # noqa: E402
+
 SHAPES = [(3, 16), (5, 64)]
 CASES = [("layer_norm", "float32"), ("rms_norm", "float32"), ("add_layer_norm", "float32"),
          ("layer_norm", "float16"), ("layer_norm", "bfloat16")]
@@ -177,3 +184,46 @@ def test_plots(tmp_path):
     assert grid[0][2] == pytest.approx(0.8) and names[0][2] == "torch"
     assert grid[0][0] == pytest.approx(2.0)
     assert plots.render({"info": {}, "rows": []}, str(tmp_path / "none")) == {}
+
+
+def test_self_check_passes(capsys):
+    ok, results = main_mod.self_check()
+    assert ok and all(r["pass"] for r in results)
+    assert {r["function"] for r in results} >= {"layer_norm", "rms_norm_backward", "LNGRU forward"}
+    assert "self-check: PASS" in capsys.readouterr().out
+
+
+def test_self_check_catches_a_wrong_kernel(monkeypatch, capsys):
+    monkeypatch.setattr(fastln, "rms_norm", lambda x, w, eps, return_stats: (
+        fastln.reference.rms_norm(x, w, eps=2 * eps, return_stats=True)))
+    ok, results = main_mod.self_check()
+    assert not ok
+    assert {r["function"] for r in results if not r["pass"]} == {"rms_norm"}
+
+
+def test_short_table():
+    with fastln.threads(1):
+        rows = [_selfcheck.layer_norm_row(N, H, **TINY) for N, H in SHAPES]
+    for r in rows:
+        assert r["mismatch"] == [], r["mismatch"]
+        assert r["fwd_fastln"] > 0 and r["bwd_fastln_out"] > 0 and r["copy"] > 0
+        assert (r.get("fwd_torch") is not None) == (_selfcheck._torch is not None)
+        assert "fwd_onnxruntime" in r or _selfcheck._ort is None
+    text = main_mod.table(rows, "bwd")
+    assert "(5, 64)" in text and "bwd/copy" in text and "vs numpy" in text
+
+
+def test_short_table_reports_a_wrong_peer(monkeypatch):
+    monkeypatch.setattr(_selfcheck, "numpy_layer_norm", lambda x, w, b: x)
+    with fastln.threads(1):
+        row = _selfcheck.layer_norm_row(4, 32, **TINY)
+    assert row["mismatch"] == ["numpy fwd"]
+
+
+def test_package_does_not_import_bench():
+    """bench/ is not installed: nothing in fastln/ may import it."""
+    for name in os.listdir(os.path.join(ROOT, "fastln")):
+        if name.endswith((".py", ".pyx", ".pyi")):
+            with open(os.path.join(ROOT, "fastln", name)) as f:
+                text = f.read()
+            assert "from bench" not in text and "import bench" not in text, name

@@ -1,10 +1,11 @@
-"""Benchmark machinery shared by ``python -m fastln`` and ``bench/run.py``.
+"""Benchmark machinery of bench/run.py and bench/rnn.py.
 
-Everything here follows DESIGN.md section 6: timings are medians, peers are
-measured in turns within one process (each sampling round times every peer
-once), and results are quoted as ratios of medians. The bandwidth ceiling is
-fastln's own parallel copy of the same bytes on the same threads, measured in
-the same run.
+It builds on fastln._selfcheck (the timing of ``python -m fastln``, the
+machine's description and the float32 LayerNorm peers): timings are medians,
+peers are measured in turns within one process (each sampling round times
+every peer once), and results are quoted as ratios of medians. The bandwidth
+ceiling is fastln's own parallel copy of the same bytes on the same threads,
+measured in the same run.
 
 Peers are optional: one that is not installed (or fails to set up) gives a
 ``None`` column, never an error. Before timing, every peer's output is checked
@@ -16,26 +17,34 @@ RMSNorm and add + LayerNorm forward (float32), and LayerNorm forward on
 float16 / bfloat16 storage. Peers: NumPy, PyTorch (CPU), ONNX Runtime (one
 LayerNormalization node, float32 LayerNorm only) and JAX (jax.jit of a jnp
 LayerNorm; its backward is jax.vjp of it). JAX is imported only when asked for
-(``peers``); ``python -m fastln`` times the DEFAULT_PEERS.
+(``peers``); the DEFAULT_PEERS are the ones ``python -m fastln`` times.
 """
 import contextlib
-import importlib
 import importlib.util
 import os
-import statistics
-import time
-import warnings
 
 import numpy as np
 
 import fastln
-from fastln import _core
+from fastln import _core, _selfcheck
+from fastln._selfcheck import (
+    ATOL,
+    EPS,
+    RTOL,
+    SPIN_GAP,
+    SPINNING,
+    _import,
+    _onnx,
+    _ort,
+    _torch,
+    close,
+    numpy_layer_norm,
+    numpy_layer_norm_backward,
+    ort_session,
+    time_peers,
+)
 
-EPS = 1e-5                  # LayerNorm
 RMS_EPS = 1e-6              # RMSNorm (fastln.rms_norm's default)
-SPIN_GAP = 12e-3            # see time_peers: longer than libgomp's default spin
-SPINNING = {"fastln", "torch", "jax"}   # peers whose worker threads busy-wait after a call
-RTOL = ATOL = 1e-4          # float32 agreement between peers
 # (rtol, atol) of the output checks, both sides compared in float64. A 16-bit
 # result computed in float32 and rounded once is within an ulp of another:
 # at most 2**-7 relative for bfloat16, 2**-10 for float16.
@@ -51,121 +60,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 STREAMS = {"layer_norm": 2, "rms_norm": 2, "add_layer_norm": 4}
 
 
-# ---- timing -----------------------------------------------------------------
-
-def _one_sample(fn, inner):
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
-
-# A single call slower than min_sample but faster than this is timed a second time
-# while calibrating (its first call may be a cold one: a thread pool woken from
-# sleep costs 3-8 ms on this VM), and is preceded by an untimed call after each
-# pause between peers (see time_peers).
-WAKE_MAX = 0.05
-
-
-def _calibrate(fn, min_sample):
-    """Calls per sample so that one sample takes >= min_sample seconds (1 for slow calls),
-    and the seconds per call seen while calibrating."""
-    inner = 1
-    retried = False
-    while True:
-        t = _one_sample(fn, inner)
-        if inner == 1 and not retried and min_sample <= t < WAKE_MAX:
-            retried = True          # maybe a cold call: look again
-            continue
-        if t * inner >= min_sample or inner >= 1 << 20:
-            break
-        inner = max(inner * 2, min(int(min_sample / max(t, 1e-9) * 1.2) + 1, inner * 100))
-    return inner, t
-
-
-def time_peers(fns, repeats=15, min_sample=2e-3, budget=None, min_repeats=3,
-               warmup=1, gap=0.0, groups=None, spinning=None):
-    """Median seconds per call of each callable in ``fns`` (name -> fn), in turns.
-
-    Each fn is warmed up, then given an inner repeat count so that one sample
-    takes >= ``min_sample`` seconds (one call for slow ones). Then, for each of
-    ``repeats`` rounds, every fn is timed once (interleaved, so drifts in
-    machine load hit all peers alike). ``budget`` (seconds, optional) caps the
-    time spent on any one fn: a slow fn gets fewer samples, but at least
-    ``min_repeats``; and a fn whose samples have already taken 3 * ``budget``
-    (calls that turn slow while being timed, as on a loaded machine) is given
-    no more once it has ``min_repeats``.
-
-    ``groups`` (name -> thread-pool name) and ``gap`` (seconds) deal with
-    spinning thread pools: after a parallel region, libgomp's workers busy-wait
-    for GOMP_SPINCOUNT spins (about 10 ms measured here) before they sleep, and
-    on a machine with few cores they take a core from whatever runs next.
-    Fastln and torch each have their own libgomp. So before a sample whose group
-    differs from the previous sample's, sleep ``gap`` seconds, then make one
-    untimed call (unless one call takes over WAKE_MAX seconds) to wake this fn's
-    own pool: after a pause the first parallel call pays for waking the workers
-    (and, on a VM, their idle vCPUs: 3-8 ms measured here).
-    ``spinning`` (a set of group names, optional) limits the sleep to switches
-    away from those groups (a single-threaded peer leaves no pool spinning); the
-    wake-up call is made on every switch.
-    Returns {name: median seconds per call}.
-    """
-    groups = groups or {}
-    plan = {}
-    for name, fn in fns.items():
-        for _ in range(warmup):
-            fn()
-        inner, t = _calibrate(fn, min_sample)
-        n = repeats
-        if budget is not None:
-            n = max(min_repeats, min(repeats, int(budget / max(t * inner, 1e-9))))
-        plan[name] = (fn, inner, n, inner > 1 or t < WAKE_MAX)
-    samples = {name: [] for name in fns}
-    spent = dict.fromkeys(fns, 0.0)
-    last = None
-    for r in range(max((p[2] for p in plan.values()), default=0)):
-        for name, (fn, inner, n, wake) in plan.items():
-            if r >= n or (budget is not None and r >= min_repeats
-                          and spent[name] > 3 * budget):
-                continue
-            group = groups.get(name, name)
-            if gap and group != last:
-                if spinning is None or last is None or last in spinning:
-                    time.sleep(gap)
-                if wake:
-                    fn()
-            last = group
-            t = _one_sample(fn, inner)
-            spent[name] += t * inner
-            samples[name].append(t)
-    return {name: statistics.median(s) for name, s in samples.items()}
-
-
-def timeit(fn, repeats=15, min_sample=2e-3, **kw):
-    """Median seconds per call of one callable (see time_peers)."""
-    return time_peers({"fn": fn}, repeats, min_sample, **kw)["fn"]
-
-
 # ---- peers ------------------------------------------------------------------
-
-def numpy_layer_norm(x, w, b, eps=EPS):
-    """Plain float32 NumPy LayerNorm over the last axis."""
-    mean = x.mean(axis=-1, keepdims=True)
-    xc = x - mean
-    var = (xc * xc).mean(axis=-1, keepdims=True)
-    return xc / np.sqrt(var + np.float32(eps)) * w + b
-
-
-def numpy_layer_norm_backward(dy, x, mean, rstd, w):
-    """Plain float32 NumPy LayerNorm backward (standard formula) -> (dx, dw, db)."""
-    mean = mean[..., None]
-    rstd = rstd[..., None]
-    xhat = (x - mean) * rstd
-    g = dy * w
-    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
-                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
-    return dx, (dy * xhat).sum(axis=0), dy.sum(axis=0)
-
 
 def numpy_rms_norm(x, w, eps=RMS_EPS):
     """Plain float32 NumPy RMSNorm over the last axis."""
@@ -178,18 +73,6 @@ def numpy_add_layer_norm(x, r, w, b, eps=EPS):
     return numpy_layer_norm(s, w, b, eps), s
 
 
-def _import(name):
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return importlib.import_module(name)
-    except Exception:
-        return None
-
-
-_torch = _import("torch")
-_ort = _import("onnxruntime")
-_onnx = _import("onnx") if _ort is not None else None
 _ml_dtypes = _import("ml_dtypes")
 
 
@@ -231,76 +114,9 @@ def peer_versions():
     }
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
-def _proc_stat():
-    """(total, busy) CPU seconds over all CPUs since boot, from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(t) for t in f.readline().split()[1:8]]
-    hz = os.sysconf("SC_CLK_TCK")
-    idle = v[3] + v[4]
-    return sum(v) / hz, (sum(v) - idle) / hz
-
-
-def cpu_busy(seconds=0.25):
-    """Fraction of all CPUs' time spent busy (by any process) over ``seconds``
-    while this process sleeps: how much other work competes for the cores."""
-    try:
-        t0, b0 = _proc_stat()
-        time.sleep(seconds)
-        t1, b1 = _proc_stat()
-    except (OSError, ValueError, IndexError):
-        return None
-    return None if t1 <= t0 else (b1 - b0) / (t1 - t0)
-
-
-class OtherLoad:
-    """Measures the share of all CPUs' time that other processes used while a
-    block ran: (busy CPU time of the machine - this process's CPU time) / capacity.
-    ``fraction`` is None where /proc/stat is unavailable."""
-
-    def __enter__(self):
-        try:
-            self._t0, self._b0 = _proc_stat()
-        except (OSError, ValueError, IndexError):
-            self._t0 = None
-        self._own0 = sum(os.times()[:2])
-        self.fraction = None
-        return self
-
-    def __exit__(self, *exc):
-        if self._t0 is not None:
-            t1, b1 = _proc_stat()
-            own = sum(os.times()[:2]) - self._own0
-            if t1 > self._t0:
-                self.fraction = max(0.0, (b1 - self._b0 - own) / (t1 - self._t0))
-        return False
-
-
 def machine_info():
     """A dict describing the machine, the versions and fastln's configuration."""
-    import datetime
-    info = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "isa": fastln.get_isa(),
-        "supported_isas": fastln.supported_isas(),
-        "openmp": fastln.has_openmp(),
-        "threads": fastln.get_num_threads(),
-        "versions": peer_versions(),
-    }
-    return info
+    return _selfcheck.machine_info(peer_versions())
 
 
 def set_peer_threads(n):
@@ -328,11 +144,11 @@ def restore_peer_threads(saved):
 
 
 # ---- JAX ----------------------------------------------------------------------
-# jax is imported only when its peer is first used (importing it takes ~0.5 s
-# and python -m fastln does not time it). Its CPU client (XLA) sizes its
+# jax is imported only when its peer is first used (importing it is slow, and
+# python -m fastln does not time it). Its CPU client (XLA) sizes its
 # intra-op thread pool once, at creation, from the CPUs the creating thread may
 # run on (sched_getaffinity); XLA_FLAGS such as --xla_cpu_multi_thread_eigen=false
-# do not cap it (checked with jaxlib 0.10.2: several XLA threads still busy).
+# do not cap it (with jaxlib 0.10.2, several XLA threads still run).
 # So for n threads the backend is (re)created (jax.extend.backend.clear_backends)
 # while this thread's affinity is narrowed to n CPUs; the affinity is then
 # restored, for this thread and for the threads the client started (so its pool
@@ -433,60 +249,7 @@ def _jax_fns(jax):
     return _JAX["fns"]
 
 
-# ---- ONNX Runtime -----------------------------------------------------------
-
-_ORT_CACHE: dict = {}
-# ONNX Runtime's intra-op workers spin for tens of ms after each run by default,
-# which starves whichever peer is timed next on a small machine: they are told
-# not to spin (session.intra_op.allow_spinning = 0). This costs ORT a worker
-# wake-up per parallel call, which matters for small shapes only.
-ORT_SPIN = False
-
-
-def _ort_session(H, nthreads, spin=ORT_SPIN):
-    """An InferenceSession for one LayerNormalization node (opset 17, axis=-1)."""
-    key = (H, nthreads, spin)
-    if key in _ORT_CACHE:
-        return _ORT_CACHE[key]
-    from onnx import TensorProto, helper
-    node = helper.make_node("LayerNormalization", ["X", "Scale", "B"], ["Y"],
-                            axis=-1, epsilon=EPS)
-    graph = helper.make_graph(
-        [node], "ln",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", H]),
-         helper.make_tensor_value_info("Scale", TensorProto.FLOAT, [H]),
-         helper.make_tensor_value_info("B", TensorProto.FLOAT, [H])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", H])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = min(model.ir_version, 9)
-    so = _ort.SessionOptions()
-    so.intra_op_num_threads = nthreads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    if not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = _ort.InferenceSession(model.SerializeToString(), so,
-                                 providers=["CPUExecutionProvider"])
-    _ORT_CACHE[key] = sess
-    return sess
-
-
 # ---- checks -----------------------------------------------------------------
-
-def _close(a, b, reduction=False, rtol=RTOL, atol=ATOL):
-    """Elementwise np.allclose(rtol, atol) for y, s and dx. dweight and dbias are sums
-    over all N rows, and a float32 row-by-row sum (NumPy's axis-0 sum, torch) carries an
-    absolute error that grows with N and the size of the sum, not of each element; they
-    are compared normwise: max|a - b| <= atol + rtol * max|b|."""
-    a = np.asarray(a).astype(np.float64)
-    b = np.asarray(b).astype(np.float64)
-    if a.shape != b.shape:
-        return False
-    if reduction:
-        return bool(np.max(np.abs(a - b), initial=0.0)
-                    <= atol + rtol * np.max(np.abs(b), initial=0.0))
-    return bool(np.allclose(a, b, rtol=rtol, atol=atol))
-
 
 def _max_err(a, b):
     a = np.asarray(a).astype(np.float64)
@@ -508,7 +271,7 @@ def check_outputs(row, peer, direction, got, want, names, dtype="float32"):
         row["mismatch"].append(f"{peer} {direction}: {len(got)} outputs, expected {len(want)}")
         ok = False
     for nm, g, r in zip(names, got, want):
-        if not _close(g, r, reduction=nm in ("dweight", "dbias"), rtol=rtol, atol=atol):
+        if not close(g, r, reduction=nm in ("dweight", "dbias"), rtol=rtol, atol=atol):
             row["mismatch"].append(f"{peer} {direction} {nm}: max|diff|={_max_err(g, r):.3g}")
             ok = False
     return ok
@@ -588,7 +351,7 @@ def _torch_bwd(c):
 def _ort_peer(c, nthreads):
     if c["op"] != "layer_norm" or c["dtype"] != "float32":
         return None
-    sess = _ort_session(c["H"], nthreads)
+    sess = ort_session(c["H"], nthreads)
     feeds = {"X": c["x"], "Scale": c["w"], "B": c["b"]}
     return (lambda: sess.run(None, feeds)), (lambda ys: [ys[0]])
 

@@ -1,0 +1,613 @@
+/* Checks the results of every function of fastln's C API against plain
+ * double-precision loops written here (tests/test_cross.py builds it natively
+ * and for aarch64, which it runs under qemu-user):
+ *  - fastln.h: LayerNorm, RMSNorm and add + LayerNorm, forward and backward,
+ *    on float, double, float16 and bfloat16 storage, with and without weight
+ *    and bias, in place and not; H = 1, 7, 16, 33, 300, 1024 and N = 1, 5, 67;
+ *  - fastln_rnn.h: every cell (LN-RNN tanh/relu, LN-LSTM, LN-GRU, plain RNN
+ *    tanh/relu, plain LSTM), float and double, odd sizes, B = 1, lengths:
+ *    forward with and without a cache against a loop over time; backward
+ *    (every gradient, dx and the initial state's) against central differences
+ *    of that loop's loss sum(dy y) + sum(dh h_T) + sum(dc c_T).
+ * Each ISA path this CPU runs, on 1 and 3 threads (the RNN cases' references
+ * are computed once for all paths). No BLAS is set: the RNN engine's products
+ * take its own C loop.
+ *
+ * An output passes when max|got - ref| <= tol * max(1, max|ref|). Outputs are
+ * NaN-filled first, so an element a kernel leaves unwritten fails. Prints the
+ * mismatches and a summary; exits 1 on any mismatch or error code. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fastln_rnn.h"
+
+#define EPS 1e-5
+#define RMS_EPS 1e-6
+
+enum { F32, F64, F16, BF16 };
+static const char *DT_NAME[] = {"float32", "float64", "float16", "bfloat16"};
+/* tolerance of an output stored in each type: float and double results of
+ * float and double math; a 16-bit result is float math rounded once */
+static const double TOL[] = {3e-5, 1e-11, 0x1p-10, 0x1p-7};
+
+/* the paths checked: each ISA this CPU runs, on 1 and 3 threads */
+static struct { const char *isa; int threads, failures; } paths[6];
+static int npaths, path;   /* path: the one in use */
+
+static void use_path(int i) {
+    path = i;
+    fastln_set_isa(paths[i].isa);
+    fastln_set_num_threads(paths[i].threads);
+}
+
+static int checks, failures;
+static double worst;       /* the largest error / allowed error of a passing check */
+static char worst_at[300];
+static char where[200];   /* the case being checked, for messages */
+
+/* ---- storage ---- */
+
+static size_t size_of(int t) { return t == F64 ? 8 : t == F32 ? 4 : 2; }
+
+static uint16_t to_f16(double v) {   /* nearest even; |v| < 65504 */
+    uint16_t sign = signbit(v) ? 0x8000 : 0;
+    v = fabs(v);
+    if (v < 0x1p-14) return sign | (uint16_t)nearbyint(v * 0x1p24);   /* subnormal */
+    int e;
+    frexp(v, &e);                                    /* v = f 2^e, f in [0.5, 1) */
+    int m = (int)nearbyint(ldexp(v, 11 - e));        /* 1024 .. 2048 */
+    if (m == 2048) { m = 1024; e++; }
+    return sign | (uint16_t)((e + 14) << 10) | (uint16_t)(m - 1024);
+}
+
+static double from_f16(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 31 ? NAN : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    return h & 0x8000 ? -v : v;
+}
+
+static uint16_t to_bf16(double v) {   /* nearest even */
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static double from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static double get(const void *p, int t, size_t i) {
+    switch (t) {
+    case F32: return ((const float *)p)[i];
+    case F64: return ((const double *)p)[i];
+    case F16: return from_f16(((const uint16_t *)p)[i]);
+    default: return from_bf16(((const uint16_t *)p)[i]);
+    }
+}
+
+static void put(void *p, int t, size_t i, double v) {
+    switch (t) {
+    case F32: ((float *)p)[i] = (float)v; break;
+    case F64: ((double *)p)[i] = v; break;
+    case F16: ((uint16_t *)p)[i] = to_f16(v); break;
+    default: ((uint16_t *)p)[i] = to_bf16(v); break;
+    }
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) { fprintf(stderr, "out of memory\n"); exit(2); }
+    return p;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15u;
+
+static double urand(void) {   /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005u + 1442695040888963407u;
+    return (double)(rng_state >> 11) * 0x1p-52 - 1.0;
+}
+
+/* n doubles: center + spread * U(-1, 1) */
+static double *randv(size_t n, double center, double spread) {
+    double *d = xmalloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = center + spread * urand();
+    return d;
+}
+
+/* d stored as type t; d then holds the stored values exactly */
+static void *store(int t, double *d, size_t n) {
+    void *p = xmalloc(n * size_of(t));
+    for (size_t i = 0; i < n; i++) {
+        put(p, t, i, d[i]);
+        d[i] = get(p, t, i);
+    }
+    return p;
+}
+
+static void fill_nan(void *p, int t, size_t n) {
+    for (size_t i = 0; i < n; i++) put(p, t, i, NAN);
+}
+
+static void *nans(int t, size_t n) {   /* an output buffer */
+    void *p = xmalloc(n * size_of(t));
+    fill_nan(p, t, n);
+    return p;
+}
+
+static void load(double *d, const void *p, int t, size_t n) {
+    for (size_t i = 0; i < n; i++) d[i] = get(p, t, i);
+}
+
+/* got (type t) against ref within tol * max(1, max|ref|) */
+static void expect(const char *what, const void *got, int t, const double *ref, size_t n,
+                   double tol) {
+    double scale = 1.0, err = 0.0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(get(got, t, i) - ref[i]);
+        err = e <= err ? err : isnan(e) ? INFINITY : e;
+    }
+    checks++;
+    if (err <= tol * scale && err > worst * tol * scale) {
+        worst = err / (tol * scale);
+        snprintf(worst_at, sizeof worst_at, "%s: %s", where, what);
+    }
+    if (!(err <= tol * scale)) {
+        failures++;
+        paths[path].failures++;
+        if (failures <= 40)
+            printf("MISMATCH %s, %d thread(s), %s: %s: max|got - ref| = %.3g > %.3g (max|ref| %.3g)\n",
+                   paths[path].isa, paths[path].threads, where, what, err, tol * scale, scale);
+    }
+}
+
+static void expect_ok(int rc, const char *what) {
+    checks++;
+    if (rc != FASTLN_OK) {
+        failures++;
+        paths[path].failures++;
+        printf("ERROR %s, %d thread(s), %s: %s returned %d\n", paths[path].isa,
+               paths[path].threads, where, what, rc);
+    }
+}
+
+/* ---- the normalization kernels ---- */
+
+static void ref_ln(double *y, double *mean, double *rstd, const double *x, const double *w,
+                   const double *b, int64_t N, int64_t H, double eps) {
+    for (int64_t i = 0; i < N; i++) {
+        const double *xr = x + i * H;
+        double m = 0, v = 0;
+        for (int64_t j = 0; j < H; j++) m += xr[j];
+        m /= H;
+        for (int64_t j = 0; j < H; j++) v += (xr[j] - m) * (xr[j] - m);
+        double r = 1 / sqrt(v / H + eps);
+        for (int64_t j = 0; j < H; j++)
+            y[i * H + j] = (xr[j] - m) * r * (w ? w[j] : 1) + (b ? b[j] : 0);
+        mean[i] = m;
+        rstd[i] = r;
+    }
+}
+
+/* fastln.h's formula: xhat = (x - m) rstd with m = mean + mean(x - mean) */
+static void ref_ln_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
+                       const double *mean, const double *rstd, const double *w, int64_t N,
+                       int64_t H) {
+    for (int64_t j = 0; j < H; j++) dw[j] = db[j] = 0;
+    for (int64_t i = 0; i < N; i++) {
+        const double *xr = x + i * H, *dyr = dy + i * H;
+        double m = 0, r = rstd[i], sg = 0, sgx = 0;
+        for (int64_t j = 0; j < H; j++) m += xr[j] - mean[i];
+        m = mean[i] + m / H;
+        for (int64_t j = 0; j < H; j++) {
+            double g = dyr[j] * (w ? w[j] : 1), xh = (xr[j] - m) * r;
+            sg += g;
+            sgx += g * xh;
+            dw[j] += dyr[j] * xh;
+            db[j] += dyr[j];
+        }
+        for (int64_t j = 0; j < H; j++) {
+            double g = dyr[j] * (w ? w[j] : 1), xh = (xr[j] - m) * r;
+            dx[i * H + j] = r * (g - sg / H - xh * sgx / H);
+        }
+    }
+}
+
+static void ref_rms(double *y, double *rstd, const double *x, const double *w, int64_t N,
+                    int64_t H, double eps) {
+    for (int64_t i = 0; i < N; i++) {
+        double ms = 0;
+        for (int64_t j = 0; j < H; j++) ms += x[i * H + j] * x[i * H + j];
+        rstd[i] = 1 / sqrt(ms / H + eps);
+        for (int64_t j = 0; j < H; j++) y[i * H + j] = x[i * H + j] * rstd[i] * (w ? w[j] : 1);
+    }
+}
+
+static void ref_rms_bwd(double *dx, double *dw, const double *dy, const double *x,
+                        const double *rstd, const double *w, int64_t N, int64_t H) {
+    for (int64_t j = 0; j < H; j++) dw[j] = 0;
+    for (int64_t i = 0; i < N; i++) {
+        double r = rstd[i], sgx = 0;
+        for (int64_t j = 0; j < H; j++) {
+            double xh = x[i * H + j] * r;
+            sgx += dy[i * H + j] * (w ? w[j] : 1) * xh;
+            dw[j] += dy[i * H + j] * xh;
+        }
+        for (int64_t j = 0; j < H; j++) {
+            double xh = x[i * H + j] * r;
+            dx[i * H + j] = r * (dy[i * H + j] * (w ? w[j] : 1) - xh * sgx / H);
+        }
+    }
+}
+
+/* the C API by storage type; mean, rstd, weight, bias and their gradients
+ * are double for F64 and float otherwise */
+static int half_kind(int dt) { return dt == F16 ? FASTLN_F16 : FASTLN_BF16; }
+
+static int k_ln(int dt, void *y, void *mean, void *rstd, const void *x, const void *w,
+                const void *b, int64_t N, int64_t H) {
+    if (dt == F32) return fastln_layer_norm_f32(y, mean, rstd, x, w, b, N, H, EPS);
+    if (dt == F64) return fastln_layer_norm_f64(y, mean, rstd, x, w, b, N, H, EPS);
+    return fastln_layer_norm_half(half_kind(dt), y, mean, rstd, x, w, b, N, H, EPS);
+}
+
+static int k_ln_bwd(int dt, void *dx, void *dw, void *db, const void *dy, const void *x,
+                    const void *mean, const void *rstd, const void *w, int64_t N, int64_t H) {
+    if (dt == F32) return fastln_layer_norm_backward_f32(dx, dw, db, dy, x, mean, rstd, w, N, H);
+    if (dt == F64) return fastln_layer_norm_backward_f64(dx, dw, db, dy, x, mean, rstd, w, N, H);
+    return fastln_layer_norm_backward_half(half_kind(dt), dx, dw, db, dy, x, mean, rstd, w, N, H);
+}
+
+static int k_add_ln(int dt, void *y, void *s, void *mean, void *rstd, const void *x,
+                    const void *r, const void *w, const void *b, int64_t N, int64_t H) {
+    if (dt == F32) return fastln_add_layer_norm_f32(y, s, mean, rstd, x, r, w, b, N, H, EPS);
+    if (dt == F64) return fastln_add_layer_norm_f64(y, s, mean, rstd, x, r, w, b, N, H, EPS);
+    return fastln_add_layer_norm_half(half_kind(dt), y, s, mean, rstd, x, r, w, b, N, H, EPS);
+}
+
+static int k_rms(int dt, void *y, void *rstd, const void *x, const void *w, int64_t N,
+                 int64_t H) {
+    if (dt == F32) return fastln_rms_norm_f32(y, rstd, x, w, N, H, RMS_EPS);
+    if (dt == F64) return fastln_rms_norm_f64(y, rstd, x, w, N, H, RMS_EPS);
+    return fastln_rms_norm_half(half_kind(dt), y, rstd, x, w, N, H, RMS_EPS);
+}
+
+static int k_rms_bwd(int dt, void *dx, void *dw, const void *dy, const void *x,
+                     const void *rstd, const void *w, int64_t N, int64_t H) {
+    if (dt == F32) return fastln_rms_norm_backward_f32(dx, dw, dy, x, rstd, w, N, H);
+    if (dt == F64) return fastln_rms_norm_backward_f64(dx, dw, dy, x, rstd, w, N, H);
+    return fastln_rms_norm_backward_half(half_kind(dt), dx, dw, dy, x, rstd, w, N, H);
+}
+
+/* Every normalization kernel on (N, H) of storage dt; weighted = 0 passes
+ * NULL weight and bias. */
+static void check_norm(int dt, int64_t N, int64_t H, int weighted) {
+    int pt = dt == F64 ? F64 : F32;
+    double to = TOL[dt], tp = TOL[pt];
+    size_t n = (size_t)(N * H), nb = n * size_of(dt);
+    double *x = randv(n, 0.5, 2.0), *r = randv(n, -0.3, 1.0), *dy = randv(n, 0.1, 1.0);
+    double *w = randv(H, 1.0, 0.3), *b = randv(H, 0.0, 0.3);
+    void *X = store(dt, x, n), *R = store(dt, r, n), *DY = store(dt, dy, n);
+    void *W = store(pt, w, H), *B = store(pt, b, H);
+    const double *wr = weighted ? w : NULL, *br = weighted ? b : NULL;
+    const void *Wk = weighted ? W : NULL, *Bk = weighted ? B : NULL;
+    double *y = randv(n, 0, 0), *s = randv(n, 0, 0), *dx = randv(n, 0, 0);
+    double *mean = randv(N, 0, 0), *rstd = randv(N, 0, 0), *dw = randv(H, 0, 0), *db = randv(H, 0, 0);
+    void *Y = nans(dt, n), *S = nans(dt, n), *DX = nans(dt, n);
+    void *MEAN = nans(pt, N), *RSTD = nans(pt, N), *DW = nans(pt, H), *DB = nans(pt, H);
+    snprintf(where, sizeof where, "%s N=%lld H=%lld%s", DT_NAME[dt], (long long)N, (long long)H,
+             weighted ? "" : " no weight/bias");
+
+    ref_ln(y, mean, rstd, x, wr, br, N, H, EPS);
+    expect_ok(k_ln(dt, Y, MEAN, RSTD, X, Wk, Bk, N, H), "layer_norm");
+    expect("layer_norm y", Y, dt, y, n, to);
+    expect("layer_norm mean", MEAN, pt, mean, N, tp);
+    expect("layer_norm rstd", RSTD, pt, rstd, N, tp);
+    memcpy(Y, X, nb);
+    expect_ok(k_ln(dt, Y, NULL, NULL, Y, Wk, Bk, N, H), "layer_norm in place");
+    expect("layer_norm in place y", Y, dt, y, n, to);
+
+    load(mean, MEAN, pt, N);   /* the backward takes the forward's stats */
+    load(rstd, RSTD, pt, N);
+    ref_ln_bwd(dx, dw, db, dy, x, mean, rstd, wr, N, H);
+    expect_ok(k_ln_bwd(dt, DX, DW, DB, DY, X, MEAN, RSTD, Wk, N, H), "layer_norm_backward");
+    expect("layer_norm_backward dx", DX, dt, dx, n, to);
+    expect("layer_norm_backward dweight", DW, pt, dw, H, tp);
+    expect("layer_norm_backward dbias", DB, pt, db, H, tp);
+    memcpy(DX, DY, nb);
+    expect_ok(k_ln_bwd(dt, DX, DW, DB, DX, X, MEAN, RSTD, Wk, N, H), "layer_norm_backward in place");
+    expect("layer_norm_backward in place dx", DX, dt, dx, n, to);
+
+    for (size_t i = 0; i < n; i++) s[i] = x[i] + r[i];
+    ref_ln(y, mean, rstd, s, wr, br, N, H, EPS);
+    expect_ok(k_add_ln(dt, Y, S, MEAN, RSTD, X, R, Wk, Bk, N, H), "add_layer_norm");
+    expect("add_layer_norm y", Y, dt, y, n, to);
+    expect("add_layer_norm s", S, dt, s, n, to);
+    expect("add_layer_norm mean", MEAN, pt, mean, N, tp);
+    expect("add_layer_norm rstd", RSTD, pt, rstd, N, tp);
+
+    ref_rms(y, rstd, x, wr, N, H, RMS_EPS);
+    expect_ok(k_rms(dt, Y, RSTD, X, Wk, N, H), "rms_norm");
+    expect("rms_norm y", Y, dt, y, n, to);
+    expect("rms_norm rstd", RSTD, pt, rstd, N, tp);
+    memcpy(Y, X, nb);
+    expect_ok(k_rms(dt, Y, RSTD, Y, Wk, N, H), "rms_norm in place");
+    expect("rms_norm in place y", Y, dt, y, n, to);
+
+    load(rstd, RSTD, pt, N);
+    ref_rms_bwd(dx, dw, dy, x, rstd, wr, N, H);
+    expect_ok(k_rms_bwd(dt, DX, DW, DY, X, RSTD, Wk, N, H), "rms_norm_backward");
+    expect("rms_norm_backward dx", DX, dt, dx, n, to);
+    expect("rms_norm_backward dweight", DW, pt, dw, H, tp);
+
+    void *all[] = {x, r, dy, w, b, X, R, DY, W, B, y, s, dx, mean, rstd, dw, db,
+                   Y, S, DX, MEAN, RSTD, DW, DB};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+}
+
+/* ---- the RNN engine ---- */
+
+typedef struct {
+    int cell, base, plain, lstm, np;
+    int64_t T, B, I, H, G, size[10];
+} rnn_case;
+
+static rnn_case rnn_shape(int cell, int64_t T, int64_t B, int64_t I, int64_t H) {
+    rnn_case c;
+    memset(&c, 0, sizeof c);
+    c.cell = cell; c.T = T; c.B = B; c.I = I; c.H = H;
+    c.base = cell & ~FASTLN_CELL_PLAIN;
+    c.plain = (cell & FASTLN_CELL_PLAIN) != 0;
+    c.lstm = c.base == FASTLN_CELL_LSTM;
+    c.G = (c.lstm ? 4 : c.base == FASTLN_CELL_GRU ? 3 : 1) * H;
+    int64_t G = c.G;
+    /* W_ih, W_hh, then the cell's vectors (fastln_rnn.h's legend) */
+    int64_t lstm[] = {G * I, G * H, G, G, G, G, G, H, H};
+    int64_t gru[] = {G * I, G * H, 2 * H, 2 * H, 2 * H, 2 * H, H, H, H, H};
+    int64_t rnn[] = {G * I, G * H, H, H};
+    int64_t plain[] = {G * I, G * H, G};
+    const int64_t *s = c.plain ? plain : c.lstm ? lstm : c.base == FASTLN_CELL_GRU ? gru : rnn;
+    c.np = c.plain ? 3 : c.lstm ? 9 : c.base == FASTLN_CELL_GRU ? 10 : 4;
+    memcpy(c.size, s, c.np * sizeof(int64_t));
+    return c;
+}
+
+static double sigmoid(double a) { return 1 / (1 + exp(-a)); }
+
+/* LN over n values of a (fastln.rnn_reference.layer_norm), into out */
+static void ln_vec(double *out, const double *a, int64_t n, const double *w, const double *b) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < n; j++) m += a[j];
+    m /= n;
+    for (int64_t j = 0; j < n; j++) v += (a[j] - m) * (a[j] - m);
+    double r = 1 / sqrt(v / n + EPS);
+    for (int64_t j = 0; j < n; j++) out[j] = (a[j] - m) * r * w[j] + b[j];
+}
+
+/* One layer over the sequence in double: y (T, B, H); h, c (B, H) from the
+ * initial to the final state. Rows past their length hold their state and
+ * output 0. */
+static void ref_rnn(const rnn_case *c, double *const *p, const double *x, const int64_t *len,
+                    double *y, double *h, double *cs) {
+    int64_t T = c->T, B = c->B, I = c->I, H = c->H, G = c->G;
+    double *ai = xmalloc(G * sizeof(double)), *ah = xmalloc(G * sizeof(double));
+    double *li = xmalloc(G * sizeof(double)), *lh = xmalloc(G * sizeof(double));
+    double *hn = xmalloc(H * sizeof(double));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t b = 0; b < B; b++) {
+            double *yr = y + (t * B + b) * H, *hr = h + b * H, *cr = cs ? cs + b * H : NULL;
+            const double *xr = x + (t * B + b) * I;
+            if (len && t >= len[b]) {
+                for (int64_t j = 0; j < H; j++) yr[j] = 0;
+                continue;
+            }
+            for (int64_t g = 0; g < G; g++) {
+                ai[g] = ah[g] = 0;
+                for (int64_t k = 0; k < I; k++) ai[g] += p[0][g * I + k] * xr[k];
+                for (int64_t k = 0; k < H; k++) ah[g] += p[1][g * H + k] * hr[k];
+            }
+            if (c->lstm) {   /* gates i, f, g, o */
+                if (c->plain) {
+                    for (int64_t g = 0; g < G; g++) li[g] = ai[g] + ah[g] + p[2][g];
+                } else {
+                    ln_vec(li, ai, G, p[3], p[4]);
+                    ln_vec(lh, ah, G, p[5], p[6]);
+                    for (int64_t g = 0; g < G; g++) li[g] += lh[g] + p[2][g];
+                }
+                for (int64_t j = 0; j < H; j++)
+                    cr[j] = sigmoid(li[H + j]) * cr[j] + sigmoid(li[j]) * tanh(li[2 * H + j]);
+                if (!c->plain) ln_vec(lh, cr, H, p[7], p[8]);
+                for (int64_t j = 0; j < H; j++)
+                    hn[j] = sigmoid(li[3 * H + j]) * tanh(c->plain ? cr[j] : lh[j]);
+            } else if (c->base == FASTLN_CELL_GRU) {   /* blocks z, r, n */
+                ln_vec(li, ai, 2 * H, p[2], p[3]);
+                ln_vec(lh, ah, 2 * H, p[4], p[5]);
+                for (int64_t j = 0; j < 2 * H; j++) li[j] += lh[j];
+                ln_vec(lh, ai + 2 * H, H, p[6], p[7]);
+                ln_vec(lh + H, ah + 2 * H, H, p[8], p[9]);
+                for (int64_t j = 0; j < H; j++) {
+                    double z = sigmoid(li[j]), r = sigmoid(li[H + j]);
+                    double nn = tanh(lh[j] + r * lh[H + j]);
+                    hn[j] = (1 - z) * hr[j] + z * nn;
+                }
+            } else {
+                for (int64_t g = 0; g < G; g++) ai[g] += ah[g] + (c->plain ? p[2][g] : 0);
+                if (!c->plain) ln_vec(ai, ai, G, p[2], p[3]);
+                for (int64_t j = 0; j < H; j++)
+                    hn[j] = c->base == FASTLN_CELL_RNN_RELU ? fmax(ai[j], 0) : tanh(ai[j]);
+            }
+            memcpy(hr, hn, H * sizeof(double));
+            memcpy(yr, hn, H * sizeof(double));
+        }
+    free(ai); free(ah); free(li); free(lh); free(hn);
+}
+
+/* t[k]: params 0..np-1, then x, h0, c0 (LSTM); the loss the backward differentiates */
+static double rnn_loss(const rnn_case *c, double *const *t, const int64_t *len,
+                       const double *dy, const double *dh, const double *dc) {
+    size_t ny = (size_t)(c->T * c->B * c->H), nh = (size_t)(c->B * c->H);
+    double *y = xmalloc(ny * sizeof(double)), *h = xmalloc(nh * sizeof(double));
+    double *cs = c->lstm ? xmalloc(nh * sizeof(double)) : NULL;
+    memcpy(h, t[c->np + 1], nh * sizeof(double));
+    if (cs) memcpy(cs, t[c->np + 2], nh * sizeof(double));
+    ref_rnn(c, t, t[c->np], len, y, h, cs);
+    double L = 0;
+    for (size_t i = 0; i < ny; i++) L += dy[i] * y[i];
+    for (size_t i = 0; i < nh; i++) L += dh[i] * h[i] + (cs ? dc[i] * cs[i] : 0);
+    free(y); free(h); free(cs);
+    return L;
+}
+
+/* Every output of one cell's forward and backward on (T, B, I, H), storage
+ * dt (F32 or F64); lens: a padded batch. The gradients are checked at up to
+ * 40 elements of each tensor, spread over it (every element of a small one). */
+static void check_rnn(int cell, int dt, int64_t T, int64_t B, int64_t I, int64_t H, int lens) {
+    rnn_case c = rnn_shape(cell, T, B, I, H);
+    int nt = c.np + (c.lstm ? 3 : 2);   /* tensors: params, x, h0, c0 */
+    size_t n[13], nh = (size_t)(B * H), ny = (size_t)(T * B * H), es = size_of(dt);
+    double *t[13], *g[13];
+    void *K[13], *GK[13];
+    for (int k = 0; k < c.np; k++) n[k] = (size_t)c.size[k];
+    n[c.np] = (size_t)(T * B * I);
+    n[c.np + 1] = n[c.np + 2] = nh;
+    for (int k = 0; k < nt; k++) {
+        int is_ln = !c.plain && k >= 2 && k < c.np && !(c.lstm && k == 2);   /* LN gains and biases */
+        int gain = is_ln && (k % 2 == (c.lstm ? 1 : 0));
+        double scale = k == 0 ? 1 / sqrt((double)I) : k == 1 ? 1 / sqrt((double)H) : 0.5;
+        t[k] = randv(n[k], gain ? 1.0 : 0.0, gain ? 0.3 : scale);
+        K[k] = store(dt, t[k], n[k]);
+        g[k] = xmalloc(n[k] * sizeof(double));
+        GK[k] = nans(dt, n[k]);
+    }
+    int64_t *len = NULL;
+    if (lens) {
+        len = xmalloc(B * sizeof(int64_t));
+        for (int64_t b = 0; b < B; b++) len[b] = b == 0 ? T : 1 + (b * 7) % T;
+    }
+    double *dy = randv(ny, 0, 1), *dh = randv(nh, 0, 1), *dc = randv(nh, 0, 1);
+    void *DY = store(dt, dy, ny), *DH0 = store(dt, dh, nh), *DC0 = store(dt, dc, nh);
+    double *y = xmalloc(ny * sizeof(double)), *h = xmalloc(nh * sizeof(double));
+    double *cs = xmalloc(nh * sizeof(double));
+    void *Y = nans(dt, ny), *HK = nans(dt, nh), *CK = nans(dt, nh), *DHK = nans(dt, nh),
+         *DCK = nans(dt, nh), *DX = nans(dt, n[c.np]);
+    void *cache = xmalloc(fastln_rnn_cache_size(cell, T, B, H) * es);
+    void *work = xmalloc(fastln_rnn_work_size(cell, T, B, H) * es);
+    snprintf(where, sizeof where, "rnn cell %d %s T=%lld B=%lld I=%lld H=%lld%s", cell,
+             DT_NAME[dt], (long long)T, (long long)B, (long long)I, (long long)H,
+             lens ? " lengths" : "");
+
+    memcpy(h, t[c.np + 1], nh * sizeof(double));
+    memcpy(cs, t[c.np + 2 < nt ? c.np + 2 : c.np + 1], nh * sizeof(double));
+    ref_rnn(&c, t, t[c.np], len, y, h, c.lstm ? cs : NULL);
+
+    fastln_rnn_args a;
+    memset(&a, 0, sizeof a);
+    a.cell = cell; a.steps = T; a.batch = B; a.input = I; a.hidden = H; a.eps = EPS;
+    for (int k = 0; k < c.np; k++) { a.params[k] = K[k]; a.grads[k] = GK[k]; }
+    a.lengths = len; a.x = K[c.np]; a.y = Y; a.h = HK; a.c = c.lstm ? CK : NULL;
+    int (*fwd)(const fastln_rnn_args *) = dt == F64 ? fastln_rnn_forward_f64 : fastln_rnn_forward_f32;
+    int (*bwd)(const fastln_rnn_args *) = dt == F64 ? fastln_rnn_backward_f64 : fastln_rnn_backward_f32;
+    /* central differences of the loss at up to 40 elements of each tensor */
+    const double step = 1e-6;
+    int picked[13][40], npick[13];
+    for (int k = 0; k < nt; k++) {
+        npick[k] = n[k] < 40 ? (int)n[k] : 40;
+        for (int q = 0; q < npick[k]; q++) {
+            int i = npick[k] == (int)n[k] ? q : (int)((n[k] - 1) * (size_t)q / 39);
+            double keep = t[k][i];
+            t[k][i] = keep + step;
+            double up = rnn_loss(&c, t, len, dy, dh, dc);
+            t[k][i] = keep - step;
+            double down = rnn_loss(&c, t, len, dy, dh, dc);
+            t[k][i] = keep;
+            g[k][q] = (up - down) / (2 * step);
+            picked[k][q] = i;
+        }
+    }
+    /* the recurrence compounds rounding over the steps */
+    double tf = (dt == F64 ? 1e-11 : 1e-5) * T, tb = dt == F64 ? 1e-6 : 2e-4 * T;
+    static const char *tensor[] = {"W_ih", "W_hh", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"};
+    for (int p = 0; p < npaths; p++) {   /* the same inputs on every path */
+        use_path(p);
+        for (int with_cache = 0; with_cache < 2; with_cache++) {
+            memcpy(HK, K[c.np + 1], nh * es);
+            if (c.lstm) memcpy(CK, K[c.np + 2], nh * es);
+            a.cache = with_cache ? cache : NULL;
+            expect_ok(fwd(&a), with_cache ? "forward (cache)" : "forward");
+            expect(with_cache ? "forward y (cache)" : "forward y", Y, dt, y, ny, tf);
+            expect("forward h", HK, dt, h, nh, tf);
+            if (c.lstm) expect("forward c", CK, dt, cs, nh, tf);
+        }
+
+        for (int use_work = 0; use_work < 2; use_work++) {
+            memcpy(DHK, DH0, nh * es);
+            if (c.lstm) memcpy(DCK, DC0, nh * es);
+            a.cache = cache; a.dy = DY; a.dh = DHK; a.dc = c.lstm ? DCK : NULL;
+            a.work = use_work ? work : NULL;
+            a.dx = use_work ? NULL : DX;
+            for (int k = 0; k < c.np; k++) fill_nan(GK[k], dt, n[k]);
+            fill_nan(DX, dt, n[c.np]);
+            expect_ok(bwd(&a), use_work ? "backward (work)" : "backward");
+            for (int k = 0; k < nt; k++) {
+                if (k == c.np && use_work) continue;   /* no dx asked for */
+                const void *got = k < c.np ? GK[k] : k == c.np ? DX : k == c.np + 1 ? DHK : DCK;
+                double *gv = xmalloc(npick[k] * sizeof(double));
+                char what[64];
+                for (int q = 0; q < npick[k]; q++) gv[q] = get(got, dt, picked[k][q]);
+                snprintf(what, sizeof what, "backward d%s%s",
+                         k < c.np ? tensor[k] : k == c.np ? "x" : k == c.np + 1 ? "h0" : "c0",
+                         use_work ? " (work)" : "");
+                expect(what, gv, F64, g[k], npick[k], tb);
+                free(gv);
+            }
+        }
+    }
+    for (int k = 0; k < nt; k++) { free(t[k]); free(g[k]); free(K[k]); free(GK[k]); }
+    void *all[] = {len, dy, dh, dc, DY, DH0, DC0, y, h, cs, Y, HK, CK, DHK, DCK, DX, cache, work};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+}
+
+int main(void) {
+    const char *isas[] = {"generic", "avx2", "avx512"};
+    const int64_t Hs[] = {1, 7, 16, 33, 300, 1024}, Ns[] = {1, 5, 67};
+    /* T, B, I, H: single elements, B = 1 (the dot-product path), odd sizes,
+     * more rows than a packed block */
+    const int64_t rnn_cfg[][4] = {{1, 1, 1, 1}, {4, 1, 3, 9}, {3, 5, 7, 7}, {2, 19, 4, 16}, {3, 3, 5, 33}};
+    const int cells[] = {FASTLN_CELL_RNN_TANH, FASTLN_CELL_RNN_RELU, FASTLN_CELL_LSTM, FASTLN_CELL_GRU,
+                         FASTLN_CELL_PLAIN | FASTLN_CELL_RNN_TANH, FASTLN_CELL_PLAIN | FASTLN_CELL_RNN_RELU,
+                         FASTLN_CELL_PLAIN | FASTLN_CELL_LSTM};
+    for (int i = 0; i < 3; i++) {
+        if (!fastln_isa_supported(isas[i])) continue;
+        if (fastln_set_isa(isas[i]) != 0) { printf("ERROR: fastln_set_isa(%s)\n", isas[i]); return 1; }
+        for (int nt = 1; nt <= 3; nt += 2) {
+            paths[npaths].isa = isas[i];
+            paths[npaths++].threads = nt;
+        }
+    }
+    for (int p = 0; p < npaths; p++) {   /* the kernels' stats feed their backward: per path */
+        use_path(p);
+        for (int dt = F32; dt <= BF16; dt++)
+            for (int h = 0; h < 6; h++)
+                for (int q = 0; q < 3; q++)
+                    for (int weighted = 0; weighted < 2; weighted++)
+                        if (weighted || q == 1) check_norm(dt, Ns[q], Hs[h], weighted);
+    }
+    for (int ci = 0; ci < 7; ci++)   /* each case on every path */
+        for (int dt = F32; dt <= F64; dt++)
+            for (int q = 0; q < 5; q++)
+                check_rnn(cells[ci], dt, rnn_cfg[q][0], rnn_cfg[q][1], rnn_cfg[q][2],
+                          rnn_cfg[q][3], q >= 2);
+    for (int p = 0; p < npaths; p++)
+        printf("%s, %d thread(s): %s\n", paths[p].isa, paths[p].threads,
+               paths[p].failures ? "FAIL" : "ok");
+    printf("%d checks, %d failed; the closest pass: %.2g of the tolerance (%s)\n", checks,
+           failures, worst, worst_at);
+    return failures != 0;
+}

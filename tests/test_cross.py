@@ -1,0 +1,108 @@
+"""fastln's C core checked without Python by tests/c/check_kernels.c: every
+function of src_c/fastln.h and src_c/fastln_rnn.h against plain double loops,
+for odd sizes, on every ISA path, 1 and 3 threads.
+
+* native: built with the host's gcc, run here (the x86 paths, where this is x86);
+* aarch64: built with aarch64-linux-gnu-gcc and run under qemu-aarch64, so a
+  core that only builds or only computes right on x86 fails here. Skipped when
+  the cross tools are missing, unless the environment variable CI is set (then
+  a failure): .ci/run installs gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
+  libgomp1-arm64-cross and qemu-user.
+
+Both builds compile every src_c/*.c and start together, when the first of
+these tests asks for its build.
+"""
+import glob
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVER = os.path.join(ROOT, "tests", "c", "check_kernels.c")
+CROSS_CC = "aarch64-linux-gnu-gcc"
+QEMU = "qemu-aarch64"
+QEMU_LIBS = "/usr/aarch64-linux-gnu"
+
+pytestmark = pytest.mark.skipif(not glob.glob(os.path.join(ROOT, "src_c", "*.c")),
+                                reason="the C sources are not next to tests/")
+
+
+def _sources():
+    return sorted(glob.glob(os.path.join(ROOT, "src_c", "*.c"))) + [DRIVER]
+
+
+def _compilers():
+    """{build name: compiler path or None}."""
+    return {"native": shutil.which("gcc") or shutil.which("cc"),
+            "aarch64": shutil.which(CROSS_CC)}
+
+
+def _flags(name):
+    # -O1 natively: the AVX-512 kernels take most of the compile time, and the
+    # checks do not need -O2's code
+    return ["-O2" if name == "aarch64" else "-O1", "-fopenmp", "-std=gnu99", "-Wall",
+            "-Wno-unused-function", "-I" + os.path.join(ROOT, "src_c")]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """Starts every build whose compiler is present, all at once; {name: (process, exe, log)}."""
+    out = tmp_path_factory.mktemp("check_kernels")
+    started = {}
+    for name, cc in _compilers().items():
+        if cc is None:
+            continue
+        exe, log = str(out / name), str(out / (name + ".log"))
+        with open(log, "w") as f:
+            proc = subprocess.Popen([cc, *_flags(name), *_sources(), "-o", exe, "-lm"],
+                                    cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        started[name] = (proc, exe, log)
+    yield started
+    for proc, _, _ in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _built(builds, name):
+    proc, exe, log = builds[name]
+    try:
+        proc.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with open(log) as f:
+        out = f.read()
+    assert proc.returncode == 0, out[-4000:]
+    return exe
+
+
+def _check(cmd, env=None):
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    assert " checks, 0 failed" in out, out[-2000:]
+    return out
+
+
+def test_native(builds):
+    if "native" not in builds:
+        pytest.skip("no C compiler")
+    out = _check([_built(builds, "native")])
+    assert "generic, 3 thread(s): ok" in out
+
+
+def test_aarch64_under_qemu(builds):
+    missing = [t for t in (CROSS_CC, QEMU) if shutil.which(t) is None]
+    if not missing and not os.path.isdir(QEMU_LIBS):
+        missing = [QEMU_LIBS]
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: the cross tools are missing: {', '.join(missing)}")
+        pytest.skip(f"missing: {', '.join(missing)}")
+    exe = _built(builds, "aarch64")
+    out = _check([QEMU, "-L", QEMU_LIBS, exe])
+    # the aarch64 build has only the generic path
+    assert "generic, 3 thread(s): ok" in out and "avx2" not in out
