@@ -2,11 +2,10 @@
  * fastln from C, without Python: normalize a buffer of rows with
  * fastln_layer_norm_f32 and check the result against a plain double loop.
  *
- * Build (from the repository root; the kernels compile with any C99 compiler,
- * OpenMP optional):
- *   cc -O2 -fopenmp -Isrc_c examples/c/normalize.c src_c/dispatch.c \
- *      src_c/kernels_generic.c src_c/kernels_avx2.c src_c/kernels_avx512.c \
- *      src_c/rnn.c -lm -o normalize && ./normalize
+ * Build and run (from the repository root; the Makefile compiles every C
+ * file of src_c/ into examples/c/build/, one to two minutes on two cores):
+ *   make -C examples/c -j2 && examples/c/build/normalize
+ * Any C99 compiler builds the core; OpenMP is optional (make OPENMP=).
  * Exits 0 and prints "ok" when every value is within 1e-5 of the reference.
  */
 #include <math.h>
