@@ -8,12 +8,12 @@ deterministic given the seeds.
 """
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
 
 import numpy as np
-
 
 # ---------------------------------------------------------------- optimizer
 
@@ -160,31 +160,73 @@ def rnn_class(name):
 
 # ---------------------------------------------------------------- command line, output
 
-def float_list(text):
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help keeps the description's line breaks and shows every option's default."""
+
+
+def _number(text, convert, what, low, strict):
+    """text as convert(text), at least low (above low where strict), else an argparse error."""
+    bound = f"above {low}" if strict else f"{low} or more"
     try:
-        return [float(s) for s in text.split(",") if s.strip()]
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}") from None
+    if not math.isfinite(value) or not (value > low if strict else value >= low):
+        raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}")
+    return value
 
 
-def int_list(text):
-    try:
-        return [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+def positive_int(text):
+    return _number(text, int, "an integer", 0, strict=True)
 
 
-def seed_list(text):
-    """"3" means seeds 0, 1, 2; "4,7" means seeds 4 and 7."""
-    values = int_list(text)
-    if len(values) == 1 and "," not in text:
-        return list(range(values[0]))
+def nonnegative_int(text):
+    return _number(text, int, "an integer", 0, strict=False)
+
+
+def positive_float(text):
+    return _number(text, float, "a number", 0.0, strict=True)
+
+
+def nonnegative_float(text):
+    return _number(text, float, "a number", 0.0, strict=False)
+
+
+def fraction(text):
+    """A number in (0, 1] (an accuracy threshold)."""
+    value = positive_float(text)
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def _list(text, item, what):
+    values = [item(s.strip()) for s in text.split(",") if s.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
     return values
 
 
+def float_list(text):
+    """Comma-separated positive numbers (learning rates)."""
+    return _list(text, positive_float, "positive numbers")
+
+
+def int_list(text):
+    """Comma-separated positive integers (lengths)."""
+    return _list(text, positive_int, "positive integers")
+
+
+def seed_list(text):
+    """"3" means seeds 0, 1, 2; "4,7" means seeds 4 and 7 (seeds are 0 or more)."""
+    if "," not in text:
+        return list(range(positive_int(text.strip())))
+    return _list(text, nonnegative_int, "seeds (integers 0 or more)")
+
+
 def add_threads_arg(parser):
-    parser.add_argument("--threads", type=int, default=None,
-                        help="fastln's thread count (default: fastln's own, the CPU count)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="fastln's thread count; None keeps fastln's own (the CPU count)")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ and LN gains serves every step, so the models run on any length.
     python examples/longer_sequences.py       # 3 seeds, lr 1e-3 and 3e-3, 8000 steps each
 
 Prints the evaluation MSE during training and a table of MSE by length, and
-writes a PNG (per learning rate: MSE at the longest training length during
+writes a PNG, longer_sequences.png in the current directory unless --out says
+otherwise (per learning rate: MSE at the longest training length during
 training; MSE by length after it). Needs tqdm and matplotlib.
 """
 import argparse
@@ -30,7 +31,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = [("LN-RNN", "LNRNN"), ("RNN", "RNN")]   # (label, fastln.rnn class)
 BASELINE = 1.0 / 6.0   # MSE of always predicting 1.0: Var(U1 + U2) = 2/12
 
@@ -97,38 +97,51 @@ def train_run(cls_name, seed, lr, args, sets, bar, label):
     return curve, final
 
 
-def parse_args(argv):
+def make_parser():
+    """The command line's parser (every option shows its default in --help)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=8000, help="training batches (default 8000)")
-    p.add_argument("--seeds", type=C.seed_list, default=[0, 1, 2],
-                   help="a count (3: seeds 0,1,2) or a comma-separated list (default 3)")
-    p.add_argument("--lrs", type=C.float_list, default=[1e-3, 3e-3],
-                   help="comma-separated learning rates (default 1e-3,3e-3)")
+                                formatter_class=C.HelpFormatter)
+    p.add_argument("--steps", type=C.positive_int, default=8000, help="training batches")
+    p.add_argument("--seeds", type=C.seed_list, default="3",
+                   help="a count (3: seeds 0,1,2) or a comma-separated list of seeds")
+    p.add_argument("--lrs", type=C.float_list, default="1e-3,3e-3",
+                   help="comma-separated learning rates, each a run")
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine",
-                   help="learning rate over training: cosine decay to 0 (default) or constant")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--min-T", type=int, default=10)
-    p.add_argument("--max-T", type=int, default=50)
-    p.add_argument("--eval-T", type=C.int_list, default=[50, 100, 200],
-                   help="comma-separated evaluation lengths (default 50,100,200)")
-    p.add_argument("--eval-size", type=int, default=1000,
-                   help="sequences per evaluation length (default 1000)")
-    p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--threshold", type=float, default=0.05,
-                   help="report the steps until the eval MSE falls below this (default 0.05)")
-    p.add_argument("--clip", type=float, default=1.0,
-                   help="global gradient-norm clipping, 0 for none (default 1.0)")
-    p.add_argument("--out", default=os.path.join(HERE, "figures", "longer_sequences.png"),
-                   help="the PNG to write (default examples/figures/longer_sequences.png)")
+                   help="learning rate over training: cosine decay to 0, or constant")
+    p.add_argument("--hidden", type=C.positive_int, default=64,
+                   help="hidden size H of both models")
+    p.add_argument("--batch-size", type=C.positive_int, default=64,
+                   help="sequences per training batch")
+    p.add_argument("--min-T", type=C.positive_int, default=10,
+                   help="shortest training length (2 or more)")
+    p.add_argument("--max-T", type=C.positive_int, default=50,
+                   help="longest training length (--min-T or more); also the length of "
+                   "the evaluation during training")
+    p.add_argument("--eval-T", type=C.int_list, default="50,100,200",
+                   help="comma-separated evaluation lengths after training (2 or more)")
+    p.add_argument("--eval-size", type=C.positive_int, default=1000,
+                   help="sequences per evaluation length")
+    p.add_argument("--eval-every", type=C.positive_int, default=250,
+                   help="training steps between evaluations at --max-T")
+    p.add_argument("--threshold", type=C.positive_float, default=0.05,
+                   help="report the steps until the eval MSE falls below this")
+    p.add_argument("--clip", type=C.nonnegative_float, default=1.0,
+                   help="global gradient-norm clipping, 0 for none")
+    p.add_argument("--out", default="longer_sequences.png",
+                   help="the PNG to write (a relative path is from the current directory)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     C.add_threads_arg(p)
+    return p
+
+
+def parse_args(argv):
+    p = make_parser()
     args = p.parse_args(argv)
     if not 2 <= args.min_T <= args.max_T:
-        p.error("need 2 <= --min-T <= --max-T")
+        p.error(f"need 2 <= --min-T <= --max-T, got --min-T {args.min_T} and "
+                f"--max-T {args.max_T}")
     if min(args.eval_T) < 2:
-        p.error("--eval-T lengths must be at least 2")
+        p.error(f"--eval-T lengths must be at least 2, got {args.eval_T}")
     return args
 
 

@@ -10,14 +10,15 @@ Adam (written in NumPy, examples/_common.py) for each seed and learning rate.
 
 It prints the test accuracy after every epoch, a summary (accuracy by epoch,
 mean ± std over seeds; epochs to pass 0.85; wall time) and writes a
-learning-curve PNG: one panel per learning rate, mean and min-max band over
+learning-curve PNG (sequential_digits.png in the current directory unless
+--out says otherwise): one panel per learning rate, mean and min-max band over
 seeds for each model.
 
     python examples/sequential_digits.py                      # 3 seeds, lr 3e-3 and 1e-2
     python examples/sequential_digits.py --pixels-per-step 1 --lrs 3e-3   # a pitfall
 
 At 1 pixel per step the LN over W_ih x_t of a scalar x_t keeps only its sign (and
-a 0 pixel adds nothing): the README's section on these examples explains it.
+a 0 pixel adds nothing): docs/examples.md explains it.
 
 Needs scikit-learn, tqdm and matplotlib.
 """
@@ -31,7 +32,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = [("LN-LSTM", "LNLSTM"), ("LSTM", "LSTM")]   # (label, fastln.rnn class)
 N_CLASSES = 10
 
@@ -121,41 +121,54 @@ def summarize(results, args, walls):
     return lines
 
 
-def parse_args(argv):
+def make_parser():
+    """The command line's parser (every option shows its default in --help)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=15)
-    p.add_argument("--seeds", type=C.seed_list, default=[0, 1, 2],
-                   help="a count (3: seeds 0,1,2) or a comma-separated list (default 3)")
-    p.add_argument("--lrs", type=C.float_list, default=[3e-3, 1e-2],
-                   help="comma-separated learning rates (default 3e-3,1e-2)")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--pixels-per-step", type=int, default=4,
-                   help="pixels fed per time step; T = 64 / this (default 4)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--clip", type=float, default=0.0,
-                   help="global gradient-norm clipping, 0 for none (default)")
-    p.add_argument("--perm-seed", type=int, default=0,
-                   help="seed of the fixed pixel order (default 0)")
-    p.add_argument("--threshold", type=float, default=0.85)
+                                formatter_class=C.HelpFormatter)
+    p.add_argument("--epochs", type=C.positive_int, default=15,
+                   help="passes over the training images")
+    p.add_argument("--seeds", type=C.seed_list, default="3",
+                   help="a count (3: seeds 0,1,2) or a comma-separated list of seeds")
+    p.add_argument("--lrs", type=C.float_list, default="3e-3,1e-2",
+                   help="comma-separated learning rates, each a run")
+    p.add_argument("--hidden", type=C.positive_int, default=128,
+                   help="hidden size H of both models")
+    p.add_argument("--pixels-per-step", type=C.positive_int, default=4,
+                   help="pixels fed per time step, a divisor of 64; T = 64 / this")
+    p.add_argument("--batch-size", type=C.positive_int, default=32,
+                   help="images per training batch")
+    p.add_argument("--clip", type=C.nonnegative_float, default=0.0,
+                   help="global gradient-norm clipping, 0 for none")
+    p.add_argument("--perm-seed", type=C.nonnegative_int, default=0,
+                   help="seed of the fixed pixel order")
+    p.add_argument("--threshold", type=C.fraction, default=0.85,
+                   help="the test accuracy whose first epoch the summary reports")
     p.add_argument("--binarize", action="store_true",
                    help="feed 1 for every pixel that is not 0 (drops the intensities)")
-    p.add_argument("--subset", type=int, default=None,
-                   help="train on this many images and test on a third as many (smoke tests)")
-    p.add_argument("--out", default=None,
-                   help="the PNG to write (default examples/figures/sequential_digits.png; "
-                   "_<n>px and _binary are added to the name for other --pixels-per-step "
-                   "and --binarize)")
+    p.add_argument("--subset", type=C.positive_int, default=None,
+                   help="train on this many images and test on a third as many (smoke "
+                   "tests); None uses all")
+    p.add_argument("--out", default=argparse.SUPPRESS,
+                   help="the PNG to write (default: sequential_digits.png in the current "
+                   "directory, with _<n>px and _binary added to the name for another "
+                   "--pixels-per-step and for --binarize)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     C.add_threads_arg(p)
+    return p
+
+
+def parse_args(argv):
+    p = make_parser()
     args = p.parse_args(argv)
-    if args.out is None:
+    if 64 % args.pixels_per_step:
+        p.error(f"--pixels-per-step must divide 64, got {args.pixels_per_step}")
+    if not hasattr(args, "out"):
         name = "sequential_digits"
         if args.pixels_per_step != 4:
             name += f"_{args.pixels_per_step}px"
         if args.binarize:
             name += "_binary"
-        args.out = os.path.join(HERE, "figures", name + ".png")
+        args.out = name + ".png"
     return args
 
 

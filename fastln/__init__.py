@@ -11,10 +11,18 @@ Functions: :func:`layer_norm`, :func:`layer_norm_backward`,
 :func:`set_num_threads` and :func:`threads`. Instruction sets:
 :func:`get_isa`, :func:`supported_isas`; :func:`has_openmp`. The cache of
 large outputs: :func:`cache_info`, :func:`set_cache_limit` and
-:func:`empty_cache` (from :mod:`fastln._memory`). Recurrent
-networks are in :mod:`fastln.rnn`, dask arrays in :mod:`fastln.dask` (not
-imported by ``import fastln``), float64 references in :mod:`fastln.reference`
-and :mod:`fastln.rnn_reference`.
+:func:`empty_cache` (from :mod:`fastln._memory`).
+
+Submodules: recurrent networks in :mod:`fastln.rnn`, dask arrays in
+:mod:`fastln.dask`, float64 references in :mod:`fastln.reference` and
+:mod:`fastln.rnn_reference`. ``import fastln`` does not import them (nor dask):
+each loads on first use, so ``fastln.rnn.LNLSTM`` works after a plain
+``import fastln``.
+
+Torch tensors: the functions and layers take a CPU tensor that does not
+require grad wherever they take an array (read without a copy where its dtype
+allows), and return NumPy arrays; fastln has no autograd. A tensor that
+requires grad raises a TypeError naming the argument: pass ``x.detach()``.
 
 The environment variable ``FASTLN_ISA`` ("avx512", "avx2" or "generic")
 forces an instruction-set path; one this CPU cannot run is ignored, with a
@@ -28,17 +36,33 @@ Examples
 >>> y.dtype, bool(np.allclose(y.mean(axis=-1), 0, atol=1e-6))
 (dtype('float32'), True)
 """
+import importlib as _importlib
 import os as _os
+import typing as _typing
 import warnings as _warnings
+from types import ModuleType as _ModuleType
 
-from fastln._core import (add_layer_norm, get_isa, has_openmp, layer_norm,
-                          layer_norm_backward, rms_norm, rms_norm_backward)
-from fastln._threads import get_num_threads, set_num_threads, threads
-from fastln._memory import cache_info, empty_cache, set_cache_limit
-from fastln.layers import LayerNorm, RMSNorm
 from fastln import _core
+from fastln._core import (
+    add_layer_norm,
+    get_isa,
+    has_openmp,
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+)
+from fastln._memory import cache_info, empty_cache, set_cache_limit
+from fastln._threads import get_num_threads, set_num_threads, threads
+from fastln.layers import LayerNorm, RMSNorm
 
-__version__ = "0.1.0"
+if _typing.TYPE_CHECKING:   # for type checkers: at run time these load on first use
+    from fastln import dask as dask
+    from fastln import reference as reference
+    from fastln import rnn as rnn
+    from fastln import rnn_reference as rnn_reference
+
+__version__: str = "0.1.0"
 
 __all__ = [
     "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "add_layer_norm",
@@ -49,8 +73,22 @@ __all__ = [
 
 ISAS = ("avx512", "avx2", "generic")
 
+# the public submodules that ``import fastln`` leaves unloaded (fastln.dask
+# needs dask); module-level __getattr__ (PEP 562) imports one when first named
+_LAZY_SUBMODULES = frozenset({"dask", "reference", "rnn", "rnn_reference"})
 
-def supported_isas():
+
+if not _typing.TYPE_CHECKING:   # type checkers see the imports above, and no other names
+    def __getattr__(name: str) -> _ModuleType:
+        if name in _LAZY_SUBMODULES:
+            return _importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | _LAZY_SUBMODULES)
+
+
+def supported_isas() -> list[str]:
     """The instruction-set paths this CPU can run, fastest first.
 
     Returns

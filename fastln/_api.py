@@ -6,13 +6,26 @@ turns any input into C-contiguous (N, H) rows of a kernel dtype, calls the row
 kernels in fastln._core, and puts the results back in the caller's shape and
 dtype (or into ``out``). Every error a user can trigger is raised here, and
 names the argument at fault.
+
+Torch tensors are read here too (fastln._core's fast path takes only
+ndarrays): a CPU tensor that does not require grad becomes an ndarray sharing
+its memory; the results are NumPy arrays.
 """
+from __future__ import annotations
+
 import numbers
 import operator
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from fastln import _core
+from fastln import _core, _torch
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    _Array = npt.NDArray[Any]
+    _Axis = Union[int, Sequence[int]]
 
 # storage dtypes computed in float32 (results cast back on the way out)
 _LOW_PRECISION = {np.dtype(np.float16)}
@@ -23,15 +36,38 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def _asarray(a, name):
-    """np.asarray(a), with NumPy's errors for non-arrays (ragged lists, ...) naming the argument."""
+def _tensor(t: Any, name: str) -> _Array:
+    """A torch tensor as an ndarray (sharing its memory where NumPy has its
+    dtype; bfloat16 becomes an ml_dtypes.bfloat16 copy). fastln has no
+    autograd: a tensor that requires grad is refused, naming the argument."""
+    if getattr(t, "requires_grad", False):
+        raise TypeError(f"{name} is a torch tensor that requires grad, and fastln does not "
+                        f"autograd (it returns NumPy arrays); pass {name}.detach() to use "
+                        f"its values")
+    device = getattr(t, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        raise TypeError(f"{name} is a torch tensor on device {device}; fastln runs on the "
+                        f"CPU: pass {name}.cpu()")
+    if str(t.dtype) == "torch.bfloat16":
+        return _torch.to_numpy(t)
+    try:
+        return np.asarray(t.numpy())
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise TypeError(f"{name} is a torch tensor that NumPy cannot read: {e}") from None
+
+
+def _asarray(a: Any, name: str) -> _Array:
+    """np.asarray(a), with NumPy's errors for non-arrays (ragged lists, ...) naming the
+    argument; torch tensors through :func:`_tensor`."""
+    if _torch.is_tensor(a):
+        return _tensor(a, name)
     try:
         return np.asarray(a)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{name} cannot be read as an array: {e}") from None
 
 
-def _array(a, name):
+def _array(a: Any, name: str) -> Tuple[_Array, np.dtype[Any]]:
     """a as an ndarray, and the kernel dtype (float32 or float64) for it."""
     a = _asarray(a, name)
     dt = a.dtype
@@ -48,15 +84,15 @@ def _array(a, name):
     raise TypeError(f"{name} must be a real floating, integer or bool array, got dtype {dt}")
 
 
-def _real_array(a, name):
+def _real_array(a: Any, name: str) -> _Array:
     """a as an ndarray of a real (float, int, bool) dtype, else TypeError naming it."""
-    a = _asarray(a, name)
-    if a.dtype.kind not in "fiub" and a.dtype not in _LOW_PRECISION:
-        raise TypeError(f"{name} must be a real floating array, got dtype {a.dtype}")
-    return a
+    arr = _asarray(a, name)
+    if arr.dtype.kind not in "fiub" and arr.dtype not in _LOW_PRECISION:
+        raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
+    return arr
 
 
-def _storage(kernel_dtype, *arrays):
+def _storage(kernel_dtype: np.dtype[Any], *arrays: _Array) -> np.dtype[Any]:
     """The dtype the row kernels read and write: float16/bfloat16 itself where
     every array has that one dtype (the kernels convert in registers and
     compute in float32), else the kernel dtype."""
@@ -66,13 +102,13 @@ def _storage(kernel_dtype, *arrays):
     return kernel_dtype
 
 
-def _result_dtype(a, kernel_dtype):
+def _result_dtype(a: _Array, kernel_dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype of outputs shaped like a: a's own for float types, else the kernel's."""
     return a.dtype.newbyteorder("=") if a.dtype.kind == "f" or a.dtype in _LOW_PRECISION \
         else kernel_dtype
 
 
-def _check_eps(eps):
+def _check_eps(eps: Any) -> float:
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     e = float(eps)
@@ -81,8 +117,9 @@ def _check_eps(eps):
     return e
 
 
-def _normalize_axes(axis, ndim):
+def _normalize_axes(axis: Any, ndim: int) -> Tuple[int, ...]:
     """axis (int or tuple of ints) as a tuple of non-negative axes, in order."""
+    axes: Tuple[int, ...]
     try:
         axes = (operator.index(axis),)
     except TypeError:
@@ -109,10 +146,10 @@ class _Rows:
     (batch) axes keep their order and flatten into N rows.
     """
 
-    def __init__(self, x, axis):
+    def __init__(self, x: _Array, axis: Any) -> None:
         if x.ndim == 0:
             raise ValueError("x must have at least one dimension")
-        self.shape = x.shape
+        self.shape: Tuple[int, ...] = x.shape
         self.axes = _normalize_axes(axis, x.ndim)
         self.dest = tuple(range(x.ndim - len(self.axes), x.ndim))
         self.batch_shape = tuple(n for i, n in enumerate(x.shape) if i not in self.axes)
@@ -123,41 +160,48 @@ class _Rows:
             raise ValueError(f"x has size 0 along the normalized axis {self.axes} "
                              f"(shape {x.shape}); nothing to normalize")
 
-    def moved(self, a):
+    def where(self) -> str:
+        """x's shape and the normalized axes, for error messages."""
+        axes = f"axis {self.axes[0]}" if len(self.axes) == 1 else f"axes {self.axes}"
+        return f"x has shape {self.shape}, normalized over {axes}"
+
+    def moved(self, a: _Array) -> _Array:
         return np.moveaxis(a, self.axes, self.dest)
 
-    def rows(self, a, dtype):
+    def rows(self, a: _Array, dtype: np.dtype[Any]) -> _Array:
         """a (of x's shape) as C-contiguous (N, H) rows of dtype; a view when possible."""
         m = np.require(self.moved(a), dtype=dtype, requirements=("C", "A"))
         return m.reshape(self.N, self.H)
 
-    def unrows(self, r):
+    def unrows(self, r: _Array) -> _Array:
         """(N, H) rows back to an array of x's shape (a view)."""
         return np.moveaxis(r.reshape(self.batch_shape + self.norm_shape), self.dest, self.axes)
 
-    def check_shape(self, a, name):
+    def check_shape(self, a: _Array, name: str) -> None:
         if a.shape != self.shape:
             raise ValueError(f"{name} has shape {a.shape}, expected x's shape {self.shape}")
 
-    def stats(self, a, name, dtype):
+    def stats(self, a: Any, name: str, dtype: np.dtype[Any]) -> _Array:
         """mean / rstd: shape batch_shape, as (N,) contiguous dtype."""
         a = _real_array(a, name)
         if a.shape != self.batch_shape:
-            raise ValueError(f"{name} has shape {a.shape}, expected {self.batch_shape} "
-                             f"(x's shape without the normalized axes)")
+            raise ValueError(f"{name} has shape {a.shape}, expected {self.batch_shape}, the "
+                             f"batch shape: {self.where()}")
         return np.require(a, dtype=dtype, requirements=("C", "A")).reshape(self.N)
 
-    def param(self, p, name, dtype):
+    def param(self, p: Any, name: str, dtype: np.dtype[Any]) -> Optional[_Array]:
         """weight / bias: None, or shape norm_shape, as (H,) contiguous dtype."""
         if p is None:
             return None
         p = _real_array(p, name)
         if p.shape != self.norm_shape:
             raise ValueError(f"{name} has shape {p.shape}, expected the normalized shape "
-                             f"{self.norm_shape}")
+                             f"{self.norm_shape}: {self.where()}")
         return np.require(p, dtype=dtype, requirements=("C", "A")).reshape(self.H)
 
-    def output(self, out, name, result_dtype, kernel_dtype, inputs):
+    def output(self, out: Optional[_Array], name: str, result_dtype: np.dtype[Any],
+               kernel_dtype: np.dtype[Any], inputs: Sequence[Optional[_Array]]
+               ) -> Tuple[_Array, Callable[[], _Array], Sequence[Any]]:
         """Rows to write a result into, and a function that returns the result.
 
         With out=None the rows are fresh. With out=, they are a view of out when
@@ -187,13 +231,13 @@ class _Rows:
             return r, (lambda: out), inputs
         r = _core._empty_rows(self.N, self.H, kernel_dtype)
 
-        def finish():
+        def finish() -> _Array:
             np.copyto(out, self.unrows(r), casting="unsafe")
             return out
         return r, finish, inputs
 
 
-def _overlap_partly(a, b):
+def _overlap_partly(a: _Array, b: _Array) -> bool:
     """a and b share memory but are not the same buffer."""
     if not np.may_share_memory(a, b):
         return False
@@ -202,7 +246,8 @@ def _overlap_partly(a, b):
     return not same
 
 
-def layer_norm(x, weight, bias, axis, eps, out, return_stats):
+def layer_norm(x: Any, weight: Any, bias: Any, axis: Any, eps: Any, out: Optional[_Array],
+               return_stats: bool) -> Union[_Array, Tuple[_Array, _Array, _Array]]:
     x, kt = _array(x, "x")
     eps = _check_eps(eps)
     L = _Rows(x, axis)
@@ -214,12 +259,13 @@ def layer_norm(x, weight, bias, axis, eps, out, return_stats):
     mean = np.empty(L.N, kt) if return_stats else None
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._layer_norm_rows(xr, w, b, eps, y, mean, rstd)
-    if not return_stats:
+    if mean is None or rstd is None:
         return finish()
     return finish(), mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)
 
 
-def layer_norm_backward(dy, x, mean, rstd, weight, axis, out):
+def layer_norm_backward(dy: Any, x: Any, mean: Any, rstd: Any, weight: Any, axis: Any,
+                        out: Optional[_Array]) -> Tuple[_Array, _Array, _Array]:
     x, kt = _array(x, "x")
     dy, _ = _array(dy, "dy")
     L = _Rows(x, axis)
@@ -235,7 +281,8 @@ def layer_norm_backward(dy, x, mean, rstd, weight, axis, out):
     return finish(), dw.reshape(L.norm_shape), db.reshape(L.norm_shape)
 
 
-def rms_norm(x, weight, axis, eps, out, return_stats):
+def rms_norm(x: Any, weight: Any, axis: Any, eps: Any, out: Optional[_Array],
+             return_stats: bool) -> Union[_Array, Tuple[_Array, _Array]]:
     x, kt = _array(x, "x")
     eps = _check_eps(eps)
     L = _Rows(x, axis)
@@ -244,12 +291,13 @@ def rms_norm(x, weight, axis, eps, out, return_stats):
     y, finish, (xr, w) = L.output(out, "out", _result_dtype(x, kt), st, [L.rows(x, st), w])
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._rms_norm_rows(xr, w, eps, y, rstd)
-    if not return_stats:
+    if rstd is None:
         return finish()
     return finish(), rstd.reshape(L.batch_shape)
 
 
-def rms_norm_backward(dy, x, rstd, weight, axis, out):
+def rms_norm_backward(dy: Any, x: Any, rstd: Any, weight: Any, axis: Any,
+                      out: Optional[_Array]) -> Tuple[_Array, _Array]:
     x, kt = _array(x, "x")
     dy, _ = _array(dy, "dy")
     L = _Rows(x, axis)
@@ -264,7 +312,9 @@ def rms_norm_backward(dy, x, rstd, weight, axis, out):
     return finish(), dw.reshape(L.norm_shape)
 
 
-def add_layer_norm(x, residual, weight, bias, axis, eps, out, return_stats):
+def add_layer_norm(x: Any, residual: Any, weight: Any, bias: Any, axis: Any, eps: Any,
+                   out: Any, return_stats: bool
+                   ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array, _Array]]:
     x, kx = _array(x, "x")
     residual, kr = _array(residual, "residual")
     eps = _check_eps(eps)
@@ -283,12 +333,12 @@ def add_layer_norm(x, residual, weight, bias, axis, eps, out, return_stats):
     if out_y is not None and out_s is not None and np.may_share_memory(out_y, out_s):
         raise ValueError("out: the y and s buffers overlap")
     st = _storage(kt, x, residual)
-    inputs = [L.rows(x, st), L.rows(residual, st), w, b]
-    y, finish_y, inputs = L.output(out_y, "out", rdt, st, inputs)
+    y, finish_y, inputs = L.output(out_y, "out", rdt, st,
+                                   [L.rows(x, st), L.rows(residual, st), w, b])
     s, finish_s, (xr, rr, w, b) = L.output(out_s, "out[1]", rdt, st, inputs)
     mean = np.empty(L.N, kt) if return_stats else None
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._add_layer_norm_rows(xr, rr, w, b, eps, y, s, mean, rstd)
-    if not return_stats:
+    if mean is None or rstd is None:
         return finish_y(), finish_s()
     return finish_y(), finish_s(), mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)

@@ -522,7 +522,9 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
         and byte-swapped arrays and lists are accepted). float32 and float64
         keep their dtype; float16 and bfloat16 compute in float32 and return
         their own dtype; integers and bool compute in float64 and return
-        float64.
+        float64. A CPU torch tensor is read as an array and the result is a
+        NumPy array (fastln has no autograd): one that requires grad raises
+        TypeError (pass ``x.detach()``).
     weight, bias : array_like, optional
         Gain and bias with the normalized shape (the sizes of ``axis``, in the
         order given), of a real dtype; cast to the compute dtype. None means
@@ -629,7 +631,7 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
         (cast to the compute dtype of x).
     x : array_like
         The input of the forward call; its dtype sets the compute and result
-        dtypes as in :func:`layer_norm`.
+        dtypes as in :func:`layer_norm`. Torch tensors as in :func:`layer_norm`.
     mean, rstd : array_like
         The statistics ``layer_norm(..., return_stats=True)`` returned: x's
         shape without the normalized axes.
@@ -710,7 +712,8 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
     x : array_like
         Input, at least 1-D, any layout; dtypes as in :func:`layer_norm`
         (float32/float64 kept; float16 and bfloat16 computed in float32 and
-        returned in their dtype; integers and bool give float64).
+        returned in their dtype; integers and bool give float64). Torch
+        tensors as in :func:`layer_norm`.
     weight : array_like, optional
         Gain of the normalized shape (the sizes of ``axis``, in the order
         given); None means 1.
@@ -782,7 +785,7 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
         Gradient of the loss with respect to y, of x's shape (any real dtype).
     x : array_like
         The input of the forward call; its dtype sets the compute and result
-        dtypes as in :func:`rms_norm`.
+        dtypes as in :func:`rms_norm`. Torch tensors as in :func:`layer_norm`.
     rstd : array_like
         What ``rms_norm(..., return_stats=True)`` returned: x's shape without
         the normalized axes.
@@ -851,6 +854,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
         promotion of their compute dtypes, and y and s take
         ``np.result_type`` of the dtypes each alone would give (float16 with
         float32 gives float32; float32 with an integer array gives float64).
+        Torch tensors as in :func:`layer_norm`.
     weight, bias : array_like, optional
         Gain and bias of the normalized shape; None means 1 and 0.
     axis : int or tuple of int, default -1

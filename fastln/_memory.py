@@ -3,11 +3,11 @@
 
 An output array that fastln allocates (``y``, ``dx``, ``s``: not ``out=``,
 not the statistics) of 4 MiB or more takes its memory from a cache of blocks
-that earlier such outputs gave back when they were freed. Fresh memory costs
+that earlier such outputs gave back when they were freed. Fresh memory takes
 a page fault a page the first time it is written, which for large arrays
-costs as much as the kernel itself (2 threads, LayerNorm (65536, 256): 6.8
-ms a call allocating fresh memory, 4.1 ms with ``out=``); a loop that
-drops each output before the next call then pays that only once. The arrays
+costs about as much as the kernel itself (docs/performance.md has the
+numbers); a loop that drops each output before the next call then pays that
+only once. The arrays
 are ordinary NumPy arrays that own their memory (NumPy's allocator
 interface, NEP 49); the cache keeps only blocks no array uses any more.
 
@@ -17,21 +17,28 @@ blocks at most); ``FASTLN_CACHE_LIMIT`` (bytes, read at import) or
 NumPy allocator is in use (one set through ``PyDataMem_SetHandler`` by a
 memory profiler, say), fastln allocates through it and keeps no cache.
 """
-import collections
 import numbers
 import os
 import warnings
+from typing import NamedTuple
 
 from fastln import _core
 
-CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "limit", "bytes", "blocks"])
-CacheInfo.__doc__ = """The state of fastln's cache of large outputs (:func:`cache_info`).
 
-hits, misses: allocations of 4 MiB or more served from the cache, and fresh;
-limit: the most bytes it keeps; bytes, blocks: what it keeps now."""
+class CacheInfo(NamedTuple):
+    """The state of fastln's cache of large outputs (:func:`cache_info`).
+
+    hits, misses: allocations of 4 MiB or more served from the cache, and fresh;
+    limit: the most bytes it keeps; bytes, blocks: what it keeps now."""
+
+    hits: int
+    misses: int
+    limit: int
+    bytes: int
+    blocks: int
 
 
-def cache_info():
+def cache_info() -> CacheInfo:
     """The state of the cache of large outputs.
 
     Returns
@@ -56,7 +63,7 @@ def cache_info():
     return CacheInfo(hits, misses, limit, nbytes, blocks)
 
 
-def set_cache_limit(nbytes):
+def set_cache_limit(nbytes: int) -> None:
     """Keep at most ``nbytes`` bytes of freed outputs for reuse; 0 keeps none.
 
     Blocks over the new limit are released at once, oldest first.
@@ -94,7 +101,7 @@ def set_cache_limit(nbytes):
     _core._cache_set_limit(min(int(nbytes), 2**63 - 1))
 
 
-def empty_cache():
+def empty_cache() -> None:
     """Release the memory of every block the cache keeps.
 
     Arrays in use are not affected; the cache fills again as later outputs
@@ -110,7 +117,7 @@ def empty_cache():
     _core._cache_release()
 
 
-def _limit_from_env():
+def _limit_from_env() -> None:
     """Applies FASTLN_CACHE_LIMIT, where set: a count of bytes (else a warning,
     and the default stays)."""
     text = os.environ.get("FASTLN_CACHE_LIMIT")

@@ -1,25 +1,30 @@
 """Reading torch modules and tensors without importing torch (fastln never
 depends on it): what the ``from_torch`` constructors and ``load_state_dict``
 share."""
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 
-def is_tensor(v):
+def is_tensor(v: Any) -> bool:
     return type(v).__module__.startswith("torch") and hasattr(v, "detach")
 
 
-def to_numpy(v):
+def to_numpy(v: Any) -> npt.NDArray[Any]:
     """An ndarray from an array-like or a torch tensor (a copy for tensors;
     bfloat16 tensors become ml_dtypes.bfloat16 arrays)."""
     if not is_tensor(v):
         return np.asarray(v)
     v = v.detach().cpu()
     if str(v.dtype) == "torch.bfloat16":
-        return v.float().numpy().astype(_bfloat16())
-    return v.numpy().copy()
+        return np.asarray(v.float().numpy()).astype(_bfloat16())
+    return np.array(v.numpy())
 
 
-def _bfloat16():
+def _bfloat16() -> Any:
     try:
         import ml_dtypes
     except ImportError:
@@ -27,7 +32,7 @@ def _bfloat16():
     return ml_dtypes.bfloat16
 
 
-def module_dtype(module, default=np.float32):
+def module_dtype(module: Any, default: npt.DTypeLike = np.float32) -> np.dtype[Any]:
     """The NumPy dtype of a module's first floating parameter, or default."""
     for p in module.parameters():
         if p.dtype.is_floating_point:
@@ -35,7 +40,7 @@ def module_dtype(module, default=np.float32):
     return np.dtype(default)
 
 
-def check_module(module, class_name, name="module"):
+def check_module(module: Any, class_name: str, name: str = "module") -> None:
     """TypeError unless module is a torch.nn.<class_name> (or a subclass)."""
     mro = [f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__]
     if not any(m.startswith("torch.") and m.endswith("." + class_name) for m in mro):

@@ -8,13 +8,20 @@ so the batch axes may be chunked freely; the normalized axes must be whole in
 each block. Where they are split, the array is rechunked (with a
 :class:`RechunkWarning`) so that they are.
 
-This module is not imported by ``import fastln``; it needs dask
-(``pip install "dask[array]"``), and fastln installed wherever the blocks run.
+``import fastln`` does not import this module (nor dask): ``import
+fastln.dask``, or naming ``fastln.dask`` after ``import fastln``, loads it. It
+needs dask (``pip install "dask[array]"``), and fastln installed wherever the
+blocks run. weight and bias may be NumPy arrays, array-likes, dask arrays or
+CPU torch tensors that do not require grad.
 """
+from __future__ import annotations
+
 import math
 import warnings
+from typing import Any, Callable, Dict, Optional, Sequence, SupportsIndex, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 try:
     import dask
@@ -23,23 +30,29 @@ except ImportError as _e:  # pragma: no cover
     raise ImportError('fastln.dask needs dask: pip install "dask[array]"') from _e
 
 import fastln
+from fastln import _api
 from fastln._api import _normalize_axes
 
 __all__ = ["layer_norm", "rms_norm", "RechunkWarning"]
+
+# a weight or bias argument
+_Param = Optional[Union[npt.ArrayLike, da.Array]]
+_Axis = Union[SupportsIndex, Sequence[SupportsIndex]]
 
 
 class RechunkWarning(da.PerformanceWarning, UserWarning):
     """x was split across chunks along a normalized axis and had to be rechunked."""
 
 
-def _param(p):
+def _param(p: Any, name: str) -> Optional[npt.NDArray[Any]]:
     """weight / bias as a NumPy array (a dask array is computed), or None."""
     if p is None:
         return None
-    return np.asarray(p.compute() if isinstance(p, da.Array) else p)
+    return _api._asarray(p.compute() if isinstance(p, da.Array) else p, name)
 
 
-def _prepare(func, x, params, axis, eps):
+def _prepare(func: Callable[..., Any], x: Any, params: Dict[str, Any], axis: Any, eps: float
+             ) -> Tuple[da.Array, Dict[str, Any], Tuple[int, ...], Any]:
     """Checks the arguments eagerly; returns (x with whole normalized axes, params, axes, meta)."""
     if not isinstance(x, da.Array):
         raise TypeError(f"x must be a dask array, got {type(x).__module__}.{type(x).__name__}; "
@@ -50,14 +63,20 @@ def _prepare(func, x, params, axis, eps):
     if any(x.shape[a] == 0 for a in axes):
         raise ValueError(f"x has size 0 along the normalized axis {axes} (shape {x.shape}); "
                          f"nothing to normalize")
-    params = {k: _param(p) for k, p in params.items()}
-    # fastln itself checks dtype, weight/bias shapes and eps on an input with x's
-    # normalized shape and no rows; its (empty) result is the output's meta.
+    params = {k: _param(p, k) for k, p in params.items()}
+    norm_shape = tuple(x.shape[a] for a in axes)
+    where = f"axis {axes[0]}" if len(axes) == 1 else f"axes {axes}"
+    for k, p in params.items():
+        if p is not None and p.shape != norm_shape:
+            raise ValueError(f"{k} has shape {p.shape}, expected the normalized shape "
+                             f"{norm_shape}: x has shape {x.shape}, normalized over {where}")
+    # fastln itself checks dtypes and eps on an input with x's normalized shape
+    # and no rows; its (empty) result is the output's meta.
     probe = np.zeros(tuple(n if i in axes else 0 for i, n in enumerate(x.shape)), x.dtype)
     meta = func(probe, **params, axis=axes, eps=eps)
     split = [a for a in axes if len(x.chunks[a]) > 1]
     if split:
-        chunks = {a: -1 for a in axes}
+        chunks: Dict[int, Union[int, str]] = {a: -1 for a in axes}
         block_bytes = x.dtype.itemsize * math.prod(
             x.shape[i] if i in axes else max(c, default=0) for i, c in enumerate(x.chunks))
         if block_bytes > dask.utils.parse_bytes(dask.config.get("array.chunk-size")):
@@ -71,7 +90,15 @@ def _prepare(func, x, params, axis, eps):
     return x, params, axes, meta
 
 
-def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5):
+def _map_blocks(x: Any, func: Callable[..., Any], params: Dict[str, Any],
+                axes: Tuple[int, ...], eps: float, meta: Any) -> da.Array:
+    """func on every block of x (x is Any here: dask's annotations of
+    map_blocks do not take a function as the first argument)."""
+    return x.map_blocks(func, **params, axis=axes, eps=eps, dtype=meta.dtype, meta=meta)
+
+
+def layer_norm(x: da.Array, weight: _Param = None, bias: _Param = None, *,
+               axis: _Axis = -1, eps: float = 1e-5) -> da.Array:
     """Layer Normalization of a dask array, block by block with :func:`fastln.layer_norm`.
 
     Parameters
@@ -82,7 +109,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5):
     weight, bias : array_like or dask.array.Array, optional
         Gain and bias with the shape of the normalized axes, in the order given
         in ``axis``. A dask array is computed now (they are small) and shipped
-        to every block as a NumPy array.
+        to every block as a NumPy array; a torch tensor must not require grad.
     axis : int or tuple of ints, default -1
         The normalized axes. Where x is chunked along one of them, x is
         rechunked so that they are whole in each block, with a
@@ -119,10 +146,11 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5):
     """
     x, p, axes, meta = _prepare(fastln.layer_norm, x, {"weight": weight, "bias": bias},
                                 axis, eps)
-    return x.map_blocks(fastln.layer_norm, **p, axis=axes, eps=eps, dtype=meta.dtype, meta=meta)
+    return _map_blocks(x, fastln.layer_norm, p, axes, eps, meta)
 
 
-def rms_norm(x, weight=None, *, axis=-1, eps=1e-6):
+def rms_norm(x: da.Array, weight: _Param = None, *, axis: _Axis = -1,
+             eps: float = 1e-6) -> da.Array:
     """RMSNorm of a dask array, block by block with :func:`fastln.rms_norm`.
 
     Parameters
@@ -157,4 +185,4 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6):
     True
     """
     x, p, axes, meta = _prepare(fastln.rms_norm, x, {"weight": weight}, axis, eps)
-    return x.map_blocks(fastln.rms_norm, **p, axis=axes, eps=eps, dtype=meta.dtype, meta=meta)
+    return _map_blocks(x, fastln.rms_norm, p, axes, eps, meta)

@@ -6,6 +6,10 @@ its input with :func:`fastln.layer_norm` / :func:`fastln.rms_norm`, keeps
 what ``backward`` needs, and fills ``grads``. Both are re-exported by
 :mod:`fastln`.
 
+A backward consumes the cache of its forward: each ``forward`` serves one
+``backward``, and a second backward without a new forward raises a
+RuntimeError (as in the models of :mod:`fastln.rnn`).
+
 Examples
 --------
 >>> import numpy as np, fastln
@@ -15,17 +19,33 @@ Examples
 >>> sorted(ln.grads)
 ['bias', 'weight']
 """
+from __future__ import annotations
+
+import abc
 import numbers
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from fastln import _api, _core, _torch
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from typing_extensions import Self
 
-def _shape(normalized_shape):
+    _Array = npt.NDArray[Any]
+
+__all__ = ["LayerNorm", "RMSNorm"]
+
+_NO_CACHE = ("backward needs the cache of a forward: call forward(x) again first (each "
+             "forward's cache serves one backward, which frees it)")
+
+
+def _shape(normalized_shape: Any) -> Tuple[int, ...]:
     """normalized_shape (an int or a sequence of ints) as a tuple of positive ints."""
-    def is_int(n):
+    def is_int(n: Any) -> bool:
         return isinstance(n, numbers.Integral) and not isinstance(n, (bool, np.bool_))
+    shape: Tuple[int, ...]
     if is_int(normalized_shape):
         shape = (int(normalized_shape),)
     elif (isinstance(normalized_shape, (tuple, list)) and all(map(is_int, normalized_shape))):
@@ -38,29 +58,37 @@ def _shape(normalized_shape):
     return shape
 
 
-def _axes(shape):
+def _axes(shape: Tuple[int, ...]) -> Union[int, Tuple[int, ...]]:
     """The trailing axes: -1 itself for one axis (the kernels' fast path takes a plain int)."""
     return -1 if len(shape) == 1 else tuple(range(-len(shape), 0))
 
 
-class _Norm:
+class _Norm(abc.ABC):
     """What LayerNorm and RMSNorm share: parameters, state_dict, the cache."""
 
-    _param_names: "tuple[str, ...]" = ()
+    _param_names: Tuple[str, ...] = ()
+    weight: Optional[_Array]
 
-    def __init__(self, normalized_shape, eps, dtype):
-        self.normalized_shape = _shape(normalized_shape)
-        self.eps = _api._check_eps(eps)
-        self.dtype = np.dtype(dtype)
+    def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float,
+                 dtype: npt.DTypeLike) -> None:
+        self.normalized_shape: Tuple[int, ...] = _shape(normalized_shape)
+        self.eps: float = _api._check_eps(eps)
+        self.dtype: np.dtype[Any] = np.dtype(dtype)
         if self.dtype.kind != "f" and self.dtype not in _api._LOW_PRECISION:
             raise TypeError(f"dtype must be a floating dtype, got {self.dtype}")
-        self.grads = {}
-        self._cache = None
+        self.grads: Dict[str, _Array] = {}
+        self._cache: Optional[Tuple[_Array, ...]] = None
 
-    def _axis(self):
+    def _axis(self) -> Union[int, Tuple[int, ...]]:
         return _axes(self.normalized_shape)
 
-    def state_dict(self):
+    def _take_cache(self) -> Tuple[_Array, ...]:
+        """The cache of the last forward, or the RuntimeError that says there is none."""
+        if self._cache is None:
+            raise RuntimeError(_NO_CACHE)
+        return self._cache
+
+    def state_dict(self) -> Dict[str, _Array]:
         """The parameters under PyTorch's names, as copies.
 
         Returns
@@ -80,7 +108,7 @@ class _Norm:
         return {k: getattr(self, k).copy() for k in self._param_names
                 if getattr(self, k) is not None}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Loads the parameters by PyTorch name (a torch module's state_dict too).
 
         Parameters
@@ -129,19 +157,22 @@ class _Norm:
         for k, v in new.items():
             setattr(self, k, v)
 
-    def _check_input(self, x):
-        """x's trailing axes must be normalized_shape (also without weights)."""
-        shape = getattr(x, "shape", None)
-        if shape is None:
-            x = np.asarray(x)
-            shape = x.shape
+    def _check_input(self, x: Any) -> _Array:
+        """x as an ndarray (a torch tensor read as in fastln.layer_norm) whose
+        trailing axes are normalized_shape (also without weights)."""
+        a = _api._asarray(x, "x")
+        shape = a.shape
         n = len(self.normalized_shape)
         if tuple(shape[len(shape) - n:]) != self.normalized_shape or len(shape) < n:
             raise ValueError(f"x must end in the normalized shape {self.normalized_shape}, "
                              f"got shape {tuple(shape)}")
-        return x
+        return a
 
-    def __call__(self, x):
+    @abc.abstractmethod
+    def forward(self, x: npt.ArrayLike) -> _Array:
+        """Normalizes x; the subclasses define it."""
+
+    def __call__(self, x: npt.ArrayLike) -> _Array:
         """Same as :meth:`forward`: ``layer(x)`` is ``layer.forward(x)``.
 
         Parameters
@@ -156,7 +187,7 @@ class _Norm:
         """
         return self.forward(x)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.normalized_shape}, eps={self.eps}, "
                 f"dtype={self.dtype.name})")
 
@@ -206,9 +237,14 @@ class LayerNorm(_Norm):
     -----
     ``forward(x)`` (or calling the layer) keeps what ``backward(dy)`` needs:
     a reference to x (not a copy, so x must not change in between) and the
-    row statistics. The output follows x's dtype (the parameters are cast to
+    row statistics. ``backward`` consumes that cache: each forward serves one
+    backward, and a second backward without a new forward raises a
+    RuntimeError. The output follows x's dtype (the parameters are cast to
     x's compute dtype, see :func:`fastln.layer_norm`), and so do dx and the
     gradients: float32 for float16 and bfloat16 x.
+
+    Torch tensors: x and dy may be CPU tensors that do not require grad;
+    y and dx are NumPy arrays (fastln has no autograd).
 
     Examples
     --------
@@ -225,16 +261,17 @@ class LayerNorm(_Norm):
 
     _param_names = ("weight", "bias")
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
-                 dtype=np.float32):
+    def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True,
+                 dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine = bool(elementwise_affine)
+        self.elementwise_affine: bool = bool(elementwise_affine)
         self.weight = np.ones(self.normalized_shape, self.dtype) if elementwise_affine else None
-        self.bias = (np.zeros(self.normalized_shape, self.dtype)
-                     if elementwise_affine and bias else None)
+        self.bias: Optional[_Array] = (np.zeros(self.normalized_shape, self.dtype)
+                                       if elementwise_affine and bias else None)
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls, module: Any) -> Self:
         """A LayerNorm with the configuration and parameters of a torch module.
 
         Parameters
@@ -268,13 +305,15 @@ class LayerNorm(_Norm):
         layer.load_state_dict(module.state_dict())
         return layer
 
-    def forward(self, x):
+    def forward(self, x: npt.ArrayLike) -> _Array:
         """Normalizes x over its trailing ``normalized_shape`` axes.
 
         Parameters
         ----------
         x : array_like
-            Any shape ending in ``normalized_shape``; any real dtype.
+            Any shape ending in ``normalized_shape``; any real dtype. A CPU
+            torch tensor that does not require grad is read as an array (y is
+            a NumPy array either way).
 
         Returns
         -------
@@ -288,7 +327,8 @@ class LayerNorm(_Norm):
         ValueError
             x does not end in ``normalized_shape``.
         TypeError
-            x has a dtype that is not a real number type.
+            x has a dtype that is not a real number type, or is a torch
+            tensor that requires grad (pass ``x.detach()``).
 
         Notes
         -----
@@ -301,14 +341,14 @@ class LayerNorm(_Norm):
         self._cache = (x, mean, rstd)
         return y
 
-    def backward(self, dy):
-        """Back-propagates through the last :meth:`forward`.
+    def backward(self, dy: npt.ArrayLike) -> _Array:
+        """Back-propagates through the last :meth:`forward`, consuming its cache.
 
         Parameters
         ----------
         dy : array_like
             Gradient of the loss with respect to the forward's y: its shape,
-            any real dtype.
+            any real dtype (a torch tensor as x in :meth:`forward`).
 
         Returns
         -------
@@ -318,7 +358,8 @@ class LayerNorm(_Norm):
         Raises
         ------
         RuntimeError
-            No forward has run yet.
+            No forward cache: no forward has run, or a backward has used
+            the last one's already. Call :meth:`forward` again first.
         ValueError
             dy does not have the forward's x's shape.
 
@@ -327,12 +368,13 @@ class LayerNorm(_Norm):
         Replaces ``grads`` with ``{"weight": dweight, "bias": dbias}`` (the
         parameters the layer has), of ``normalized_shape`` in the compute
         dtype of x (float32 for float16, bfloat16 and float32; else float64).
+        Frees the forward's cache: each forward serves one backward. A
+        backward that raises leaves the cache as it was.
         """
-        if self._cache is None:
-            raise RuntimeError("backward called before forward")
-        x, mean, rstd = self._cache
+        x, mean, rstd = self._take_cache()
         dx, dw, db = _core.layer_norm_backward(dy, x, mean, rstd, self.weight,
                                                axis=self._axis())
+        self._cache = None
         self.grads = {}
         if self.weight is not None:
             self.grads["weight"] = dw
@@ -371,6 +413,12 @@ class RMSNorm(_Norm):
     TypeError, ValueError
         As :class:`LayerNorm`.
 
+    Notes
+    -----
+    As for :class:`LayerNorm`: ``forward`` keeps a reference to x and the
+    row statistics, ``backward`` consumes them (one backward per forward),
+    and x and dy may be torch tensors that do not require grad.
+
     Examples
     --------
     >>> import numpy as np, fastln
@@ -382,13 +430,14 @@ class RMSNorm(_Norm):
 
     _param_names = ("weight",)
 
-    def __init__(self, normalized_shape, eps=1e-6, elementwise_affine=True, dtype=np.float32):
+    def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float = 1e-6,
+                 elementwise_affine: bool = True, dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine = bool(elementwise_affine)
+        self.elementwise_affine: bool = bool(elementwise_affine)
         self.weight = np.ones(self.normalized_shape, self.dtype) if elementwise_affine else None
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls, module: Any) -> Self:
         """An RMSNorm with the configuration and parameters of a torch module.
 
         Parameters
@@ -424,13 +473,15 @@ class RMSNorm(_Norm):
         layer.load_state_dict(module.state_dict())
         return layer
 
-    def forward(self, x):
+    def forward(self, x: npt.ArrayLike) -> _Array:
         """RMS-normalizes x over its trailing ``normalized_shape`` axes.
 
         Parameters
         ----------
         x : array_like
-            Any shape ending in ``normalized_shape``; any real dtype.
+            Any shape ending in ``normalized_shape``; any real dtype. A CPU
+            torch tensor that does not require grad is read as an array (y is
+            a NumPy array either way).
 
         Returns
         -------
@@ -443,12 +494,13 @@ class RMSNorm(_Norm):
         ValueError
             x does not end in ``normalized_shape``.
         TypeError
-            x has a dtype that is not a real number type.
+            x has a dtype that is not a real number type, or is a torch
+            tensor that requires grad (pass ``x.detach()``).
 
         Notes
         -----
-        Keeps a reference to x and the row statistics for :meth:`backward`:
-        do not change x in between.
+        Keeps a reference to x and the row statistics for :meth:`backward`
+        (replacing those of an earlier call): do not change x in between.
         """
         x = self._check_input(x)
         y, rstd = _core.rms_norm(x, self.weight, axis=self._axis(), eps=self.eps,
@@ -456,13 +508,14 @@ class RMSNorm(_Norm):
         self._cache = (x, rstd)
         return y
 
-    def backward(self, dy):
-        """Back-propagates through the last :meth:`forward`.
+    def backward(self, dy: npt.ArrayLike) -> _Array:
+        """Back-propagates through the last :meth:`forward`, consuming its cache.
 
         Parameters
         ----------
         dy : array_like
-            Gradient of the loss with respect to the forward's y (its shape).
+            Gradient of the loss with respect to the forward's y (its shape;
+            a torch tensor as x in :meth:`forward`).
 
         Returns
         -------
@@ -472,18 +525,20 @@ class RMSNorm(_Norm):
         Raises
         ------
         RuntimeError
-            No forward has run yet.
+            No forward cache: no forward has run, or a backward has used
+            the last one's already. Call :meth:`forward` again first.
         ValueError
             dy does not have the forward's x's shape.
 
         Notes
         -----
         Replaces ``grads`` with ``{"weight": dweight}`` (empty without a
-        weight), dweight of ``normalized_shape`` in x's compute dtype.
+        weight), dweight of ``normalized_shape`` in x's compute dtype. Frees
+        the forward's cache: each forward serves one backward. A backward
+        that raises leaves the cache as it was.
         """
-        if self._cache is None:
-            raise RuntimeError("backward called before forward")
-        x, rstd = self._cache
+        x, rstd = self._take_cache()
         dx, dw = _core.rms_norm_backward(dy, x, rstd, self.weight, axis=self._axis())
+        self._cache = None
         self.grads = {"weight": dw} if self.weight is not None else {}
         return dx

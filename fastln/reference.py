@@ -17,7 +17,20 @@ Examples
 >>> bool(np.allclose(fastln.layer_norm(x), ref.layer_norm(x), atol=1e-5))
 True
 """
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Literal, Optional, Sequence, SupportsIndex, Tuple, Union, overload
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from typing_extensions import TypeAlias
+
+    _Array: TypeAlias = npt.NDArray[np.float64]
+    _Axis: TypeAlias = Union[SupportsIndex, Sequence[SupportsIndex]]
+    _Param: TypeAlias = Optional[npt.ArrayLike]
 
 __all__ = [
     "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
@@ -25,28 +38,42 @@ __all__ = [
 ]
 
 
-def _axes(axis, ndim):
-    axes = (axis,) if np.isscalar(axis) else tuple(axis)
-    return tuple(int(a) % ndim for a in axes)
+def _axes(axis: _Axis, ndim: int) -> Tuple[int, ...]:
+    axes = (axis,) if isinstance(axis, SupportsIndex) else tuple(axis)
+    return tuple(operator.index(a) % ndim for a in axes)
 
 
-def _to_rows(a, axes):
+def _to_rows(a: npt.ArrayLike, axes: Tuple[int, ...]) -> Tuple[_Array, Tuple[int, ...]]:
     """Move ``axes`` to the end (in the given order) and flatten to 2-D."""
     a = np.moveaxis(np.asarray(a, dtype=np.float64), axes, range(-len(axes), 0))
     nshape = a.shape[a.ndim - len(axes):]
     return a.reshape(-1, int(np.prod(nshape, dtype=np.int64))), a.shape
 
 
-def _from_rows(r, moved_shape, axes):
+def _from_rows(r: _Array, moved_shape: Tuple[int, ...], axes: Tuple[int, ...]) -> _Array:
     out = r.reshape(moved_shape)
     return np.moveaxis(out, range(-len(axes), 0), axes)
 
 
-def _param(p, H):
+def _param(p: _Param, H: int) -> _Array:
     return np.ones(H) if p is None else np.asarray(p, np.float64).reshape(H)
 
 
-def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, return_stats=False):
+@overload
+def layer_norm(x: npt.ArrayLike, weight: _Param = None, bias: _Param = None, *,
+               axis: _Axis = -1, eps: float = 1e-5,
+               return_stats: Literal[False] = False) -> _Array: ...
+@overload
+def layer_norm(x: npt.ArrayLike, weight: _Param = None, bias: _Param = None, *,
+               axis: _Axis = -1, eps: float = 1e-5,
+               return_stats: Literal[True]) -> Tuple[_Array, _Array, _Array]: ...
+@overload
+def layer_norm(x: npt.ArrayLike, weight: _Param = None, bias: _Param = None, *,
+               axis: _Axis = -1, eps: float = 1e-5,
+               return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array, _Array]]: ...
+def layer_norm(x: npt.ArrayLike, weight: _Param = None, bias: _Param = None, *,
+               axis: _Axis = -1, eps: float = 1e-5,
+               return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array, _Array]]:
     """y = (x - mean) / sqrt(var + eps) * weight + bias over ``axis``.
 
     The reference of :func:`fastln.layer_norm`, in float64 with a two-pass
@@ -99,7 +126,9 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, return_stats=Fal
     return y, mean.reshape(bshape), rstd.reshape(bshape)
 
 
-def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1):
+def layer_norm_backward(dy: npt.ArrayLike, x: npt.ArrayLike, mean: npt.ArrayLike,
+                        rstd: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1
+                        ) -> Tuple[_Array, _Array, _Array]:
     """Gradients (dx, dweight, dbias) of layer_norm.
 
     The reference of :func:`fastln.layer_norm_backward`.
@@ -145,20 +174,30 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1):
     r, moved = _to_rows(x, axes)
     g, _ = _to_rows(dy, axes)
     H = r.shape[1]
-    mean = np.asarray(mean, np.float64).reshape(-1, 1)
-    rstd = np.asarray(rstd, np.float64).reshape(-1, 1)
-    mean = mean + (r - mean).mean(axis=1, keepdims=True)
-    xhat = (r - mean) * rstd
+    m = np.asarray(mean, np.float64).reshape(-1, 1)
+    rs = np.asarray(rstd, np.float64).reshape(-1, 1)
+    m = m + (r - m).mean(axis=1, keepdims=True)
+    xhat = (r - m) * rs
     gw = g * _param(weight, H)
-    dx = rstd * (gw - gw.mean(axis=1, keepdims=True)
-                 - xhat * (gw * xhat).mean(axis=1, keepdims=True))
+    dx = rs * (gw - gw.mean(axis=1, keepdims=True)
+               - xhat * (gw * xhat).mean(axis=1, keepdims=True))
     nshape = moved[len(moved) - len(axes):]
     dweight = (g * xhat).sum(axis=0).reshape(nshape)
     dbias = g.sum(axis=0).reshape(nshape)
     return _from_rows(dx, moved, axes), dweight, dbias
 
 
-def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, return_stats=False):
+@overload
+def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
+             return_stats: Literal[False] = False) -> _Array: ...
+@overload
+def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
+             return_stats: Literal[True]) -> Tuple[_Array, _Array]: ...
+@overload
+def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
+             return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array]]: ...
+def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
+             return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array]]:
     """y = x / sqrt(mean(x**2) + eps) * weight over ``axis``.
 
     The reference of :func:`fastln.rms_norm`.
@@ -201,7 +240,8 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, return_stats=False):
     return y, rstd.reshape(moved[:len(moved) - len(axes)])
 
 
-def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1):
+def rms_norm_backward(dy: npt.ArrayLike, x: npt.ArrayLike, rstd: npt.ArrayLike,
+                      weight: _Param = None, *, axis: _Axis = -1) -> Tuple[_Array, _Array]:
     """Gradients (dx, dweight) of rms_norm.
 
     The reference of :func:`fastln.rms_norm_backward`.
@@ -249,8 +289,23 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1):
     return _from_rows(dx, moved, axes), (g * xhat).sum(axis=0).reshape(nshape)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5,
-                   return_stats=False):
+@overload
+def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
+                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
+                   return_stats: Literal[False] = False) -> Tuple[_Array, _Array]: ...
+@overload
+def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
+                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
+                   return_stats: Literal[True]) -> Tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
+                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
+                   return_stats: bool = False
+                   ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array, _Array]]: ...
+def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
+                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
+                   return_stats: bool = False
+                   ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array, _Array]]:
     """(layer_norm(x + residual), x + residual), computed in float64.
 
     The reference of :func:`fastln.add_layer_norm`.
@@ -285,8 +340,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5,
     array([[1., 4., 7.]])
     """
     s = np.asarray(x, np.float64) + np.asarray(residual, np.float64)
-    res = layer_norm(s, weight, bias, axis=axis, eps=eps, return_stats=return_stats)
     if not return_stats:
-        return res, s
-    y, mean, rstd = res
+        return layer_norm(s, weight, bias, axis=axis, eps=eps), s
+    y, mean, rstd = layer_norm(s, weight, bias, axis=axis, eps=eps, return_stats=True)
     return y, s, mean, rstd

@@ -4,8 +4,8 @@ plain LSTM and RNN (the same engine without LayerNorm) as their baselines.
 The cells of Ba, Kiros & Hinton, "Layer Normalization" (2016): eq. 4 for the
 plain RNN and supplementary eqs. 20-28 for the LSTM and GRU, with one set of
 gains and biases shared by every time step. The exact equations are in
-DESIGN.md section 3 and in :mod:`fastln.rnn_reference`, the slow float64
-reference these models are tested against.
+docs/design.md ("Recurrent networks") and in :mod:`fastln.rnn_reference`, the
+slow float64 reference these models are tested against.
 
 Each layer runs in the C engine (src_c/fastln_rnn.h): one BLAS product for the
 input projections of all time steps, then per step one recurrent product and
@@ -18,7 +18,11 @@ cache kept for backward, so a model runs on sequences of any length.
 All five models share one interface: ``forward`` (also ``model(x)``),
 ``backward``, ``step``, ``state_dict`` and ``load_state_dict``, with the
 parameters in the dict ``params`` and their gradients in ``grads``; LNLSTM,
-LSTM and RNN also have a ``from_torch`` constructor.
+LSTM and RNN also have a ``from_torch`` constructor. A backward consumes the
+cache of its forward: each ``forward`` (with ``cache=True``) serves one
+``backward``, and a second backward without a new forward raises a
+RuntimeError (as in :class:`fastln.LayerNorm`). Data (x, dy, states) may be
+CPU torch tensors that do not require grad; results are NumPy arrays.
 
 Examples
 --------
@@ -33,14 +37,40 @@ Examples
 >>> sorted(m.grads) == sorted(m.params)
 True
 """
+from __future__ import annotations
+
 import numbers
 import operator
 import re
 import warnings
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Generic,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+    Type,
+    TypeVar,
+    Union,
+    cast,
+)
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _api, _core, _torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+_Array = npt.NDArray[Any]
+# a model's state: h for LNRNN, LNGRU and RNN; (h, c) for LNLSTM and LSTM
+_State = TypeVar("_State", _Array, Tuple[_Array, _Array])
+# a state argument: None for zeros; either part of (h, c) may be None too
+_StateArg = Union[None, npt.ArrayLike, Tuple[Optional[npt.ArrayLike], Optional[npt.ArrayLike]]]
 
 __all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN"]
 
@@ -66,7 +96,7 @@ _LAYOUTS = {
 }
 
 
-def _positive_int(value, name):
+def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
@@ -74,7 +104,7 @@ def _positive_int(value, name):
     return int(value)
 
 
-class _LNRecurrent:
+class _LNRecurrent(Generic[_State]):
     """The engine shared by LNRNN, LNLSTM, LNGRU, LSTM and RNN (see their docstrings).
 
     Threads: the C engine releases the GIL. One model may serve ``step()`` and
@@ -86,8 +116,9 @@ class _LNRecurrent:
     _kind = ""         # a key of _LAYOUTS: "lstm", "gru", "rnn", "lstm_plain", "rnn_plain"
     _has_cell = False  # the state is (h, c)
 
-    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False, eps=1e-5,
-                 dtype=np.float32, seed=None):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, eps: float = 1e-5,
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None) -> None:
         self.input_size = _positive_int(input_size, "input_size")
         self.hidden_size = _positive_int(hidden_size, "hidden_size")
         self.num_layers = _positive_int(num_layers, "num_layers")
@@ -96,19 +127,20 @@ class _LNRecurrent:
         dt = np.dtype(dtype)
         if dt not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {dt}")
-        self.dtype = dt
+        self.dtype: np.dtype[Any] = dt
         H = self.hidden_size
         gates, layout = _LAYOUTS[self._kind]
         rng = np.random.default_rng(seed)
         bound = 1.0 / np.sqrt(H)
-        self.params = {}
-        self._shapes = {}
+        self.params: Dict[str, _Array] = {}
+        self._shapes: Dict[str, Tuple[int, ...]] = {}
         self._keys = [[f"{name}_l{k}" for name, _, _ in layout] for k in range(self.num_layers)]
-        self._checked = {}
+        self._checked: Dict[int, List[_Array]] = {}
         for k in range(self.num_layers):
             I = self.input_size if k == 0 else H
             for name, units, init in layout:
                 key = f"{name}_l{k}"
+                shape: Tuple[int, ...]
                 if units is None:
                     shape = (gates * H, I if name == "weight_ih" else H)
                     value = rng.uniform(-bound, bound, shape)
@@ -117,17 +149,20 @@ class _LNRecurrent:
                     value = np.ones(shape) if init == "ones" else np.zeros(shape)
                 self.params[key] = np.ascontiguousarray(value, dtype=dt)
                 self._shapes[key] = shape
-        self.grads = {key: np.zeros(shape, dt) for key, shape in self._shapes.items()}
-        self._cache = None
-        self._spare = []   # cache arrays of a finished forward, reused by the next
-        self._work = None  # backward scratch, likewise
+        self.grads: Dict[str, _Array] = {key: np.zeros(shape, dt)
+                                          for key, shape in self._shapes.items()}
+        # (T, B, each layer's input, each layer's cache array, lengths)
+        self._cache: Optional[Tuple[int, int, List[_Array], List[_Array],
+                                    Optional[_Array]]] = None
+        self._spare: List[_Array] = []   # cache arrays of a finished forward, reused by the next
+        self._work: Optional[_Array] = None  # backward scratch, likewise
 
     # ---- parameters ----
 
-    def _layer_keys(self, k):
+    def _layer_keys(self, k: int) -> List[str]:
         return self._keys[k]
 
-    def _layer_params(self, k):
+    def _layer_params(self, k: int) -> List[_Array]:
         """Layer k's parameters as C-contiguous arrays of the model's dtype
         (the last good list is reused while params holds the same arrays; the
         engine re-checks sizes on every call anyway)."""
@@ -149,7 +184,7 @@ class _LNRecurrent:
             self._checked[k] = out
         return out
 
-    def _layer_grads(self, k):
+    def _layer_grads(self, k: int) -> List[_Array]:
         out = []
         for key in self._layer_keys(k):
             g = self.grads.get(key)
@@ -160,7 +195,7 @@ class _LNRecurrent:
             out.append(g)
         return out
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, _Array]:
         """A dict of copies of the parameters (plain ndarrays, ``np.savez``-friendly).
 
         Returns
@@ -177,7 +212,7 @@ class _LNRecurrent:
         """
         return {key: np.array(value, dtype=self.dtype) for key, value in self.params.items()}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Mapping[str, npt.ArrayLike]) -> None:
         """Copies every parameter from ``state_dict``, casting to the model's dtype.
 
         Parameters
@@ -218,7 +253,7 @@ class _LNRecurrent:
                              f"unexpected {unexpected}")
         new = {}
         for key, shape in self._shapes.items():
-            value = np.asarray(state_dict[key])
+            value = _api._asarray(state_dict[key], f"state_dict[{key!r}]")
             if value.shape != shape:
                 raise ValueError(f"state_dict[{key!r}] has shape {value.shape}, "
                                  f"expected {shape}")
@@ -231,7 +266,8 @@ class _LNRecurrent:
 
     # ---- argument checks ----
 
-    def _input(self, x, name, last, T=None, B=None):
+    def _input(self, x: Any, name: str, last: int, T: Optional[int] = None,
+               B: Optional[int] = None) -> _Array:
         """x as a time-major C-contiguous (T, B, last) array of the model's dtype."""
         x = self._array(x, name, strict=True, layout=False)
         order = "(B, T, {})" if self.batch_first else "(T, B, {})"
@@ -243,18 +279,24 @@ class _LNRecurrent:
             raise ValueError(f"{name} must have at least one time step and one sequence, "
                              f"got shape {x.shape}")
         if T is not None and x.shape[:2] != (T, B):
-            want = (B, T) if self.batch_first else (T, B)
+            want: Tuple[Optional[int], ...] = (B, T) if self.batch_first else (T, B)
             raise ValueError(f"{name} must have shape {order.format(last)} = "
                              f"{want + (last,)} to match the forward, got "
                              f"{(x.transpose(1, 0, 2) if self.batch_first else x).shape}")
         return np.require(x, requirements=["C", "A"])
 
-    def _array(self, a, name, strict=False, layout=True):
+    def _array(self, a: Any, name: str, strict: bool = False, layout: bool = True) -> _Array:
         """a as an array of the model's dtype (native byte order, aligned and
         C-contiguous unless layout is False). Another real type is cast, or
         with strict (data: x, dy, states) a TypeError; non-numbers raise a
-        TypeError naming the argument."""
+        TypeError naming the argument. A torch tensor is read as an array
+        (one that requires grad is a TypeError) and then cast like a list."""
         dt = self.dtype
+        if _torch.is_tensor(a):
+            t = _api._tensor(a, name)
+            if t.dtype.kind not in "fiub" and t.dtype not in _api._LOW_PRECISION:
+                raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
+            a = t.astype(dt, copy=False)
         if isinstance(a, np.ndarray):
             kind = a.dtype.kind
             if kind not in "fiub":
@@ -267,11 +309,12 @@ class _LNRecurrent:
                 a = np.asarray(a, dtype=dt)
             except (ValueError, TypeError) as e:
                 raise TypeError(f"{name} must be an array of numbers: {e}") from None
+        arr: _Array = a
         if layout:
-            return np.require(a, dt, ["C", "A"])
-        return a if a.dtype == dt else a.astype(dt)
+            return np.require(arr, dt, ["C", "A"])
+        return arr if arr.dtype == dt else arr.astype(dt)
 
-    def _states(self, state, B, name):
+    def _states(self, state: Any, B: int, name: str) -> List[_Array]:
         """The state as a list of (num_layers, B, H) arrays (copies): [h] or [h, c]."""
         shape = (self.num_layers, B, self.hidden_size)
         n = 2 if self._has_cell else 1
@@ -291,9 +334,9 @@ class _LNRecurrent:
             if not isinstance(state, (tuple, list)) or len(state) != 2:
                 raise TypeError(f"{name} must be a tuple (h, c) for {type(self).__name__}, "
                                 f"got {type(state).__name__}")
-            parts = list(state)
+            parts = tuple(state)
         else:
-            parts = [state]
+            parts = (state,)
         out = []
         for part in parts:
             if part is None:
@@ -307,7 +350,7 @@ class _LNRecurrent:
         return out
 
     @staticmethod
-    def _lengths(lengths, T, B):
+    def _lengths(lengths: Any, T: int, B: int) -> Optional[_Array]:
         if lengths is None:
             return None
         a = np.asarray(lengths)
@@ -320,27 +363,29 @@ class _LNRecurrent:
                              f"got values from {a.min()} to {a.max()}")
         return np.require(a, np.int64, ["C", "A"])
 
-    def _release_cache(self):
+    def _release_cache(self) -> None:
         """Drops the cache; its arrays serve the next forward, as the backward
-        scratch serves the next backward (the page faults of fresh allocations
-        of these sizes cost milliseconds)."""
+        scratch serves the next backward (fresh allocations of these sizes
+        would page-fault on every call)."""
         if self._cache is not None:
             self._spare = self._cache[3]
         self._cache = None
 
-    def _cache_array(self, size):
+    def _cache_array(self, size: int) -> _Array:
         for i, a in enumerate(self._spare):
             if a.size == size:
                 return self._spare.pop(i)
         self._spare = []   # a different shape: let the old arrays go
         return np.empty(size, self.dtype)
 
-    def _pack_state(self, parts):
-        return tuple(parts) if self._has_cell else parts[0]
+    def _pack_state(self, parts: List[_Array]) -> _State:
+        return cast(_State, tuple(parts) if self._has_cell else parts[0])
 
     # ---- forward / backward ----
 
-    def forward(self, x, state=None, lengths=None, cache=True):
+    def forward(self, x: npt.ArrayLike, state: _StateArg = None,
+                lengths: Optional[npt.ArrayLike] = None, cache: bool = True
+                ) -> Tuple[_Array, _State]:
         """Runs the model over a batch of sequences (``model(x)`` is the same).
 
         Parameters
@@ -348,7 +393,9 @@ class _LNRecurrent:
         x : array_like, shape (T, B, input_size), or (B, T, input_size) with batch_first
             The input sequences, T >= 1 steps of B >= 1 sequences. An ndarray
             must have the model's float type (in either byte order); lists
-            and other array-likes are converted.
+            and other array-likes are converted, CPU torch tensors that do not
+            require grad too (the results are NumPy arrays: fastln has no
+            autograd).
         state : ndarray or tuple of ndarray, optional
             The initial state, None for zeros. LNLSTM and LSTM: a tuple
             ``(h, c)`` (either may be None); LNRNN, LNGRU and RNN: ``h``.
@@ -376,7 +423,8 @@ class _LNRecurrent:
         ------
         TypeError
             x or a state array of another float type than the model's (or not
-            numbers); an LNLSTM/LSTM state that is not an (h, c) tuple;
+            numbers), or a torch tensor that requires grad (pass
+            ``x.detach()``); an LNLSTM/LSTM state that is not an (h, c) tuple;
             lengths not integers; a parameter in ``params`` that is not
             numbers.
         ValueError
@@ -405,7 +453,8 @@ class _LNRecurrent:
         if not cache:
             self._spare, self._work = [], None   # inference keeps nothing
         H, cell = self.hidden_size, self._cell_name()
-        inputs, caches = [], []
+        inputs: List[_Array] = []
+        caches: List[_Array] = []
         for k in range(self.num_layers):
             I = xs.shape[2]
             y = np.empty((T, B, H), self.dtype)
@@ -413,7 +462,7 @@ class _LNRecurrent:
             store = self._cache_array(_core._rnn_cache_size(cell, T, B, H)) if cache else None
             _core._rnn_forward(cell, T, B, I, H, self.eps, xs, self._layer_params(k), lens,
                                store, y, states[0][k], c)
-            if cache:
+            if store is not None:
                 inputs.append(xs)
                 caches.append(store)
             xs = y
@@ -424,7 +473,7 @@ class _LNRecurrent:
 
     __call__ = forward
 
-    def backward(self, dy, dstate=None):
+    def backward(self, dy: npt.ArrayLike, dstate: _StateArg = None) -> Tuple[_Array, _State]:
         """Back-propagates through the last forward (with cache=True) in time.
 
         Parameters
@@ -449,7 +498,7 @@ class _LNRecurrent:
         ------
         RuntimeError
             No cached forward: none ran with ``cache=True``, or its cache was
-            used by a backward already.
+            used by a backward already. Call :meth:`forward` again first.
         TypeError, ValueError
             dy or dstate of the wrong type or shape, as x and state in
             :meth:`forward`.
@@ -459,8 +508,10 @@ class _LNRecurrent:
         The parameter gradients are written to ``self.grads`` (same keys and
         shapes as ``self.params``), replacing the previous values; the
         arrays there are reused and overwritten in place, so copy them to
-        keep them. The cache is released: a second backward needs a new
-        forward. The cache refers to the forward's x (without a copy where x
+        keep them. The forward's cache is consumed (freed): each forward
+        serves one backward, and a second backward needs a new forward. A
+        backward that raises on its arguments leaves the cache as it was.
+        The cache refers to the forward's x (without a copy where x
         was already time-major and contiguous) and its parameters: change
         neither in between.
 
@@ -476,9 +527,9 @@ class _LNRecurrent:
         ((5, 2, 3), (1, 2, 4), (4, 3))
         """
         if self._cache is None:
-            raise RuntimeError("backward needs the cache of a forward: call "
-                               "forward(x) with cache=True (the default) first; a cache "
-                               "is used by one backward only")
+            raise RuntimeError("backward needs the cache of a forward: call forward(x) "
+                               "again first, with cache=True (the default); each forward's "
+                               "cache serves one backward, which frees it")
         T, B, inputs, caches, lens = self._cache
         H, cell = self.hidden_size, self._cell_name()
         g = self._input(dy, "dy", H, T, B)
@@ -499,7 +550,7 @@ class _LNRecurrent:
         dx = g.transpose(1, 0, 2).copy() if self.batch_first else g
         return dx, self._pack_state(dstates)
 
-    def step(self, x_t, state=None):
+    def step(self, x_t: npt.ArrayLike, state: _StateArg = None) -> Tuple[_Array, _State]:
         """One time step, for streaming inference.
 
         Computes what ``forward(x_t[None], state, cache=False)`` computes for
@@ -560,19 +611,19 @@ class _LNRecurrent:
             forward(cell, 1, B, xs.shape[1], H, eps, xs, self._layer_params(k), None, None, y,
                     h[k], c[k])
             xs = y
-        return xs, (h, states[1]) if self._has_cell else h
+        return xs, cast(_State, (h, states[1]) if self._has_cell else h)
 
-    def _cell_name(self):
+    def _cell_name(self) -> str:
         return self._kind
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         eps = "" if self._kind.endswith("_plain") else f"eps={self.eps}, "
         return (f"{type(self).__name__}(input_size={self.input_size}, "
                 f"hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
                 f"batch_first={self.batch_first}, {eps}dtype={self.dtype})")
 
 
-class LNLSTM(_LNRecurrent):
+class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
     """Layer-normalized LSTM (Ba et al. 2016, supplementary eqs. 20-22).
 
     ``gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias`` (each LN over all
@@ -634,7 +685,7 @@ class LNLSTM(_LNRecurrent):
     _has_cell = True
 
     @classmethod
-    def from_torch(cls, module, eps=None):
+    def from_torch(cls, module: Any, eps: Optional[float] = None) -> Self:
         """An LNLSTM with the weights of PyTorch's benchmark LN-LSTM.
 
         Loads modules built from ``LayerNormLSTMCell`` of PyTorch's
@@ -687,12 +738,13 @@ class LNLSTM(_LNRecurrent):
         >>> sd = {"weight_ih": rng.standard_normal((16, 3)).astype(np.float32),
         ...       "weight_hh": rng.standard_normal((16, 4)).astype(np.float32)}
         >>> LNLSTM.from_torch(sd)
-        LNLSTM(input_size=3, hidden_size=4, num_layers=1, batch_first=False, eps=1e-05, dtype=float32)
+        LNLSTM(input_size=3, hidden_size=4, num_layers=1, batch_first=False, eps=1e-05,
+               dtype=float32)
         """
         return _lnlstm_from_torch(cls, module, eps)
 
 
-class LNGRU(_LNRecurrent):
+class LNGRU(_LNRecurrent[_Array]):
     """Layer-normalized GRU (Ba et al. 2016, supplementary eqs. 23-28).
 
     ``[z; r] = LN(x W_ih[z,r]^T; ln_ih) + LN(h W_hh[z,r]^T; ln_hh)`` (each LN over
@@ -744,7 +796,7 @@ class LNGRU(_LNRecurrent):
     _kind = "gru"
 
 
-class LNRNN(_LNRecurrent):
+class LNRNN(_LNRecurrent[_Array]):
     """Layer-normalized Elman RNN (Ba et al. 2016, eq. 4):
     ``h' = f(LN(x W_ih^T + h W_hh^T; ln))``, f = tanh or relu.
 
@@ -792,35 +844,38 @@ class LNRNN(_LNRecurrent):
     """
     _kind = "rnn"
 
-    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False, eps=1e-5,
-                 dtype=np.float32, seed=None, nonlinearity="tanh"):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, eps: float = 1e-5,
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
+                 nonlinearity: str = "tanh") -> None:
         self.nonlinearity = _nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed)
 
-    def _cell_name(self):
+    def _cell_name(self) -> str:
         return "rnn_" + self.nonlinearity
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"
 
 
-def _nonlinearity(value):
+def _nonlinearity(value: Any) -> str:
     if value not in ("tanh", "relu"):
         raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {value!r}")
-    return value
+    return str(value)
 
 
 # ---- the plain cells, and loading torch modules ----
 
-class _Plain(_LNRecurrent):
+class _Plain(_LNRecurrent[_State]):
     """LSTM and RNN: the engine's cells without LayerNorm (hence no eps)."""
 
-    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False,
-                 dtype=np.float32, seed=None):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None) -> None:
         super().__init__(input_size, hidden_size, num_layers, batch_first, 0.0, dtype, seed)
 
     @classmethod
-    def _torch_model(cls, module, extra):
+    def _torch_model(cls, module: Any, extra: Dict[str, Any]) -> Self:
         """A model of module's sizes whose parameters are module's, the two
         biases of each layer summed (in float64, then rounded once)."""
         if module.bidirectional or getattr(module, "proj_size", 0):
@@ -847,7 +902,7 @@ class _Plain(_LNRecurrent):
         return model
 
 
-class LSTM(_Plain):
+class LSTM(_Plain[Tuple[_Array, _Array]]):
     """Plain LSTM (no LayerNorm) in the same engine: the baseline of LNLSTM.
 
     ``gates = x W_ih^T + h W_hh^T + bias`` (order i, f, g, o),
@@ -897,7 +952,7 @@ class LSTM(_Plain):
     _has_cell = True
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls, module: Any) -> Self:
         """An LSTM with the sizes and weights of a ``torch.nn.LSTM``.
 
         Parameters
@@ -942,7 +997,7 @@ class LSTM(_Plain):
         return cls._torch_model(module, {})
 
 
-class RNN(_Plain):
+class RNN(_Plain[_Array]):
     """Plain Elman RNN (no LayerNorm) in the same engine: the baseline of LNRNN.
 
     ``h' = f(x W_ih^T + h W_hh^T + bias)``, f = tanh or relu: torch.nn.RNN's
@@ -989,19 +1044,20 @@ class RNN(_Plain):
     """
     _kind = "rnn_plain"
 
-    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False,
-                 dtype=np.float32, seed=None, nonlinearity="tanh"):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None, nonlinearity: str = "tanh") -> None:
         self.nonlinearity = _nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed)
 
-    def _cell_name(self):
+    def _cell_name(self) -> str:
         return f"rnn_{self.nonlinearity}_plain"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"
 
     @classmethod
-    def from_torch(cls, module):
+    def from_torch(cls, module: Any) -> Self:
         """An RNN with the sizes, nonlinearity and weights of a ``torch.nn.RNN``.
 
         Parameters
@@ -1024,7 +1080,8 @@ class RNN(_Plain):
         >>> import torch
         >>> from fastln.rnn import RNN
         >>> RNN.from_torch(torch.nn.RNN(4, 8, nonlinearity="relu", batch_first=True))
-        RNN(input_size=4, hidden_size=8, num_layers=1, batch_first=True, dtype=float32, nonlinearity='relu')
+        RNN(input_size=4, hidden_size=8, num_layers=1, batch_first=True, dtype=float32,
+            nonlinearity='relu')
         """
         _torch.check_module(module, "RNN")
         return cls._torch_model(module, {"nonlinearity": module.nonlinearity})
@@ -1040,7 +1097,10 @@ _BENCH_NAMES = {"weight_ih": "weight_ih", "weight_hh": "weight_hh",
                 "layernorm_c.weight": "ln_c_weight", "layernorm_c.bias": "ln_c_bias"}
 
 
-def _lnlstm_from_torch(cls, module, eps=None):
+_M = TypeVar("_M", bound=LNLSTM)
+
+
+def _lnlstm_from_torch(cls: Type[_M], module: Any, eps: Optional[float] = None) -> _M:
     if hasattr(module, "state_dict") and callable(module.state_dict):
         state = module.state_dict()
         if eps is None:   # a torch LayerNorm's eps; the benchmark's own LayerNorm has none
@@ -1051,7 +1111,7 @@ def _lnlstm_from_torch(cls, module, eps=None):
     else:
         raise TypeError(f"module must be a torch module or a state_dict mapping, "
                         f"got {type(module).__name__}")
-    layers = {}
+    layers: Dict[int, Dict[str, Any]] = {}
     unmapped = []
     for key, value in state.items():
         m = _BENCH_KEY.match(key)

@@ -1,8 +1,8 @@
 """Slow, obviously-correct float64 NumPy references for :mod:`fastln.rnn`.
 
 The yardstick the tests hold LNRNN, LNLSTM and LNGRU to (forward only).  Each
-function follows the equations of DESIGN.md section 3 line by line, with a plain
-Python loop over time and layers and every value in float64:
+function follows the equations of docs/design.md ("Recurrent networks") line by
+line, with a plain Python loop over time and layers and every value in float64:
 
 * ``lnrnn_forward``:  h_t = f(LN(x_t W_ih^T + h_{t-1} W_hh^T; ln))
 * ``lnlstm_forward``: gates = LN(x_t W_ih^T; ln_ih) + LN(h_{t-1} W_hh^T; ln_hh) + bias
@@ -34,13 +34,27 @@ Examples
 >>> bool(np.allclose(y, y_ref)), bool(np.allclose(c, c_ref))
 (True, True)
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from typing_extensions import TypeAlias
+
+    _Array: TypeAlias = npt.NDArray[np.float64]
+    _Params: TypeAlias = Dict[str, _Array]
+    # one step: (layer parameters, x_t, states) -> new states; states[0] is h
+    _Step: TypeAlias = Callable[[_Params, _Array, Tuple[_Array, ...]], Tuple[_Array, ...]]
 
 __all__ = ["param_shapes", "layer_norm", "lnrnn_forward", "lnlstm_forward", "lngru_forward",
            "lstm_forward", "rnn_forward"]
 
 
-def param_shapes(cell, input_size, hidden_size, num_layers):
+def param_shapes(cell: str, input_size: int, hidden_size: int,
+                 num_layers: int) -> Dict[str, Tuple[int, ...]]:
     """{name: shape} of the parameters of ``cell`` in "rnn", "lstm", "gru" (the LN cells)
     and "rnn_plain", "lstm_plain" (the plain ones).
 
@@ -69,7 +83,8 @@ def param_shapes(cell, input_size, hidden_size, num_layers):
     {'weight_ih_l0': (4, 3), 'weight_hh_l0': (4, 4), 'bias_l0': (4,)}
     """
     H = hidden_size
-    shapes = {}
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    layer: Dict[str, Tuple[int, ...]]
     for k in range(num_layers):
         I = input_size if k == 0 else H
         if cell == "rnn":
@@ -95,7 +110,7 @@ def param_shapes(cell, input_size, hidden_size, num_layers):
     return shapes
 
 
-def layer_norm(a, weight, bias, eps):
+def layer_norm(a: _Array, weight: npt.ArrayLike, bias: npt.ArrayLike, eps: float) -> _Array:
     """LN over the last axis: (a - mean)/sqrt(var + eps)*weight + bias (biased variance).
 
     Parameters
@@ -122,30 +137,38 @@ def layer_norm(a, weight, bias, eps):
     """
     mean = a.mean(axis=-1, keepdims=True)
     var = ((a - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (a - mean) / np.sqrt(var + eps) * weight + bias
+    y: _Array = (a - mean) / np.sqrt(var + eps) * weight + bias
+    return y
 
 
-_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}
+def _relu(a: _Array) -> _Array:
+    return np.maximum(a, 0.0)
 
 
-def _sigmoid(a):
+_ACTIVATIONS: Dict[str, Callable[[_Array], _Array]] = {"tanh": np.tanh, "relu": _relu}
+
+
+def _sigmoid(a: _Array) -> _Array:
     return 1.0 / (1.0 + np.exp(-a))
 
 
-def _layer_params(params, k):
+def _layer_params(params: Mapping[str, npt.ArrayLike], k: int) -> _Params:
     """Layer k's parameters as float64, without the "_l{k}" suffix."""
     suffix = "_l%d" % k
     return {name[:-len(suffix)]: np.asarray(p, np.float64)
             for name, p in params.items() if name.endswith(suffix)}
 
 
-def _run(step, nstates, params, x, state, lengths, num_layers, batch_first):
-    """Generic multi-layer loop.  ``step(p, x_t, states) -> new states`` (a tuple; states[0] is h)."""
+def _run(step: _Step, nstates: int, params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
+         state: Any, lengths: Optional[npt.ArrayLike], num_layers: int,
+         batch_first: bool) -> Tuple[_Array, Any]:
+    """Generic multi-layer loop. ``step(p, x_t, states) -> new states`` (a tuple;
+    states[0] is h)."""
     x = np.asarray(x, np.float64)
     if batch_first:
         x = x.transpose(1, 0, 2)
     T, B, _ = x.shape
-    H = params["weight_hh_l0"].shape[1]
+    H = np.shape(params["weight_hh_l0"])[1]
     if state is None:
         state = tuple(np.zeros((num_layers, B, H)) for _ in range(nstates))
     elif nstates == 1:
@@ -167,8 +190,11 @@ def _run(step, nstates, params, x, state, lengths, num_layers, batch_first):
     return y, (state[0] if nstates == 1 else tuple(state))
 
 
-def lnrnn_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
-                  nonlinearity="tanh", batch_first=False):
+def lnrnn_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
+                  state: Optional[npt.ArrayLike] = None,
+                  lengths: Optional[npt.ArrayLike] = None, num_layers: int = 1,
+                  eps: float = 1e-5, nonlinearity: str = "tanh", batch_first: bool = False
+                  ) -> Tuple[_Array, _Array]:
     """LN-RNN: returns y (T, B, H) and h_n (num_layers, B, H).
 
     Parameters
@@ -205,7 +231,7 @@ def lnrnn_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
     """
     f = _ACTIVATIONS[nonlinearity]
 
-    def step(p, x_t, states):
+    def step(p: _Params, x_t: _Array, states: Tuple[_Array, ...]) -> Tuple[_Array, ...]:
         (h,) = states
         a = x_t @ p["weight_ih"].T + h @ p["weight_hh"].T
         return (f(layer_norm(a, p["ln_weight"], p["ln_bias"], eps)),)
@@ -213,7 +239,11 @@ def lnrnn_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
     return _run(step, 1, params, x, state, lengths, num_layers, batch_first)
 
 
-def lnlstm_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, batch_first=False):
+def lnlstm_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
+                   state: Optional[Tuple[npt.ArrayLike, npt.ArrayLike]] = None,
+                   lengths: Optional[npt.ArrayLike] = None, num_layers: int = 1,
+                   eps: float = 1e-5, batch_first: bool = False
+                   ) -> Tuple[_Array, Tuple[_Array, _Array]]:
     """LN-LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H).
 
     Parameters
@@ -241,7 +271,7 @@ def lnlstm_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, 
     state : tuple of ndarray of float64
         The final state (h_n, c_n), each (num_layers, B, H).
     """
-    def step(p, x_t, states):
+    def step(p: _Params, x_t: _Array, states: Tuple[_Array, ...]) -> Tuple[_Array, ...]:
         h, c = states
         gates = (layer_norm(x_t @ p["weight_ih"].T, p["ln_ih_weight"], p["ln_ih_bias"], eps)
                  + layer_norm(h @ p["weight_hh"].T, p["ln_hh_weight"], p["ln_hh_bias"], eps)
@@ -253,7 +283,10 @@ def lnlstm_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, 
     return _run(step, 2, params, x, state, lengths, num_layers, batch_first)
 
 
-def lngru_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, batch_first=False):
+def lngru_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
+                  state: Optional[npt.ArrayLike] = None,
+                  lengths: Optional[npt.ArrayLike] = None, num_layers: int = 1,
+                  eps: float = 1e-5, batch_first: bool = False) -> Tuple[_Array, _Array]:
     """LN-GRU: returns y (T, B, H) and h_n (num_layers, B, H).
 
     Parameters
@@ -281,7 +314,7 @@ def lngru_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, b
     h_n : ndarray of float64, shape (num_layers, B, H)
         The final state.
     """
-    def step(p, x_t, states):
+    def step(p: _Params, x_t: _Array, states: Tuple[_Array, ...]) -> Tuple[_Array, ...]:
         (h,) = states
         H = h.shape[-1]
         w_ih, w_hh = p["weight_ih"], p["weight_hh"]
@@ -295,13 +328,16 @@ def lngru_forward(params, x, state=None, lengths=None, num_layers=1, eps=1e-5, b
     return _run(step, 1, params, x, state, lengths, num_layers, batch_first)
 
 
-def _lstm_update(gates, c):
+def _lstm_update(gates: _Array, c: _Array) -> Tuple[_Array, _Array]:
     gi, gf, gg, go = np.split(gates, 4, axis=-1)
     i, f, g, o = _sigmoid(gi), _sigmoid(gf), np.tanh(gg), _sigmoid(go)
     return o, f * c + i * g
 
 
-def lstm_forward(params, x, state=None, lengths=None, num_layers=1, batch_first=False):
+def lstm_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
+                 state: Optional[Tuple[npt.ArrayLike, npt.ArrayLike]] = None,
+                 lengths: Optional[npt.ArrayLike] = None, num_layers: int = 1,
+                 batch_first: bool = False) -> Tuple[_Array, Tuple[_Array, _Array]]:
     """Plain LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H).
 
     Parameters
@@ -327,7 +363,7 @@ def lstm_forward(params, x, state=None, lengths=None, num_layers=1, batch_first=
     state : tuple of ndarray of float64
         The final state (h_n, c_n), each (num_layers, B, H).
     """
-    def step(p, x_t, states):
+    def step(p: _Params, x_t: _Array, states: Tuple[_Array, ...]) -> Tuple[_Array, ...]:
         h, c = states
         o, c_new = _lstm_update(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"], c)
         return o * np.tanh(c_new), c_new
@@ -335,8 +371,11 @@ def lstm_forward(params, x, state=None, lengths=None, num_layers=1, batch_first=
     return _run(step, 2, params, x, state, lengths, num_layers, batch_first)
 
 
-def rnn_forward(params, x, state=None, lengths=None, num_layers=1, nonlinearity="tanh",
-                batch_first=False):
+def rnn_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
+                state: Optional[npt.ArrayLike] = None,
+                lengths: Optional[npt.ArrayLike] = None, num_layers: int = 1,
+                nonlinearity: str = "tanh", batch_first: bool = False
+                ) -> Tuple[_Array, _Array]:
     """Plain RNN: returns y (T, B, H) and h_n (num_layers, B, H).
 
     Parameters
@@ -371,7 +410,7 @@ def rnn_forward(params, x, state=None, lengths=None, num_layers=1, nonlinearity=
     """
     f = _ACTIVATIONS[nonlinearity]
 
-    def step(p, x_t, states):
+    def step(p: _Params, x_t: _Array, states: Tuple[_Array, ...]) -> Tuple[_Array, ...]:
         (h,) = states
         return (f(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"]),)
 

@@ -316,3 +316,126 @@ def test_installed_package_is_typed():
     if "fastln/__init__.py" not in files:
         pytest.skip("fastln is installed in editable mode (the checkout's files are used)")
     assert {"fastln/_core.pyi", "fastln/py.typed"} <= files, sorted(files)
+
+
+# A user's script over the public API (functions, layers, an RNN model,
+# threads, the cache, the references): mypy --strict accepts it, and the
+# types it infers are the documented ones (assert_type).
+USER_SCRIPT = """\
+    from typing import Any, Dict, Tuple
+
+    import numpy as np
+    import numpy.typing as npt
+    from typing_extensions import assert_type
+
+    import fastln
+    import fastln.reference
+    import fastln.rnn_reference
+    from fastln.rnn import LNGRU, LNLSTM, LSTM, RNN
+
+    A = npt.NDArray[Any]
+    F64 = npt.NDArray[np.float64]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    w = np.ones(64, np.float32)
+    b = np.zeros(64, np.float32)
+
+    # functions
+    y: A = fastln.layer_norm(x, w, b)
+    y, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+    dx, dw, db = fastln.layer_norm_backward(np.ones_like(y), x, mean, rstd, w)
+    y, rstd = fastln.rms_norm(x, w, return_stats=True)
+    dx, dw = fastln.rms_norm_backward(np.ones_like(y), x, rstd, w)
+    y, s = fastln.add_layer_norm(x, x, w, b)
+    y, s, mean, rstd = fastln.add_layer_norm(x, x, w, b, return_stats=True)
+
+    # layers
+    ln = fastln.LayerNorm(64, eps=1e-6, dtype=np.float32)
+    assert_type(ln(x), A)
+    assert_type(ln.backward(np.ones_like(x)), A)
+    grads: Dict[str, A] = ln.grads
+    weight = ln.weight
+    if weight is not None:
+        weight += 0.1 * grads["weight"]
+    rms = fastln.RMSNorm((64,), elementwise_affine=False)
+    assert_type(rms.forward(x), A)
+    assert_type(rms.backward(x), A)
+    assert_type(fastln.LayerNorm.from_torch(object()), fastln.LayerNorm)
+    state: Dict[str, A] = rms.state_dict()
+    rms.load_state_dict(state)
+    shape: Tuple[int, ...] = ln.normalized_shape
+
+    # recurrent networks, through the lazily loaded submodule too
+    lstm = fastln.rnn.LNLSTM(input_size=8, hidden_size=16, num_layers=2, seed=0)
+    assert_type(lstm, LNLSTM)
+    xs = np.ones((5, 3, 8), np.float32)
+    out, (h, c) = lstm.forward(xs)
+    assert_type(lstm.forward(xs, (h, c), lengths=[5, 4, 3]), Tuple[A, Tuple[A, A]])
+    dxs, (dh0, dc0) = lstm.backward(np.ones_like(out), (None, c))
+    assert_type(dh0, A)
+    h_t, (h, c) = lstm.step(xs[0], (h, c))
+    gru = LNGRU(8, 16, batch_first=True)
+    assert_type(gru(xs), Tuple[A, A])
+    assert_type(gru.backward(np.ones((5, 3, 16), np.float32)), Tuple[A, A])
+    assert_type(fastln.rnn.LNRNN(8, 16, nonlinearity="relu").step(xs[0]), Tuple[A, A])
+    assert_type(LSTM.from_torch(object()), LSTM)
+    assert_type(RNN(8, 16).forward(xs)[1], A)
+    params: Dict[str, A] = lstm.params
+    lstm.load_state_dict(lstm.state_dict())
+
+    # threads, the cache, instruction sets
+    with fastln.threads(1):
+        n: int = fastln.get_num_threads()
+    fastln.set_num_threads(None)
+    info = fastln.cache_info()
+    hits: int = info.hits + info.blocks
+    fastln.set_cache_limit(0)
+    fastln.empty_cache()
+    isas: list[str] = fastln.supported_isas()
+
+    # references
+    assert_type(fastln.reference.layer_norm(x), F64)
+    assert_type(fastln.reference.rms_norm(x, return_stats=True), Tuple[F64, F64])
+    assert_type(fastln.reference.layer_norm_backward(x, x, mean, rstd), Tuple[F64, F64, F64])
+    yr, (hr, cr) = fastln.rnn_reference.lnlstm_forward(lstm.params, xs, num_layers=2)
+    assert_type(yr, F64)
+"""
+
+# the same script's mistakes, each marked with the error mypy must report
+USER_SCRIPT_BAD = """\
+    from typing import Any, Tuple
+
+    import numpy as np
+
+    import fastln
+    from fastln.rnn import LNGRU, LNLSTM
+
+    x = np.ones((4, 8), np.float32)
+    ln = fastln.LayerNorm(8)
+    ln.forward(x, x)  # E: call-arg
+    ln.backward()  # E: call-arg
+    fastln.RMSNorm(8, bias=False)  # E: call-arg
+    h: Tuple[Any, Any] = LNGRU(8, 4).forward(x)[1]  # E: assignment
+    LNGRU(8, 4).forward(x, cache=None)  # E: arg-type
+    y2, state = LNLSTM(8, 4).forward(x)
+    state.shape  # E: attr-defined
+    fastln.set_num_threads("2")  # E: arg-type
+    fastln.rnn.LNLSTM(8, 4, seed="zero")  # E: arg-type
+    fastln.rnn.NoSuchModel  # E: attr-defined
+    fastln.no_such_module  # E: attr-defined
+"""
+
+
+def test_mypy_accepts_a_user_script(tmp_path, cache_dir, require_mypy):
+    rc, output, errors = _mypy(USER_SCRIPT, tmp_path, cache_dir)
+    assert rc == 0 and not errors, output
+
+
+def test_mypy_rejects_a_user_scripts_mistakes(tmp_path, cache_dir, require_mypy):
+    rc, output, errors = _mypy(USER_SCRIPT_BAD, tmp_path, cache_dir)
+    expected = {(i, m.group(1))
+                for i, line in enumerate(textwrap.dedent(USER_SCRIPT_BAD).splitlines(), 1)
+                for m in [re.search(r"# E: ([a-z-]+)$", line)] if m}
+    assert len(expected) == 10
+    assert rc == 1, output
+    assert errors == expected, output

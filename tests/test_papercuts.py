@@ -1,0 +1,363 @@
+"""What a new user of fastln meets first in the pure-Python layer.
+
+* Submodules load on first use: ``import fastln; fastln.rnn.LNLSTM`` works,
+  and ``import fastln`` imports neither dask, onnx nor torch.
+* Torch tensors: accepted where arrays are (results are NumPy arrays); a tensor
+  that requires grad is a TypeError naming the argument.
+* A shape mismatch between x and a weight, bias or statistic shows x's shape,
+  the argument's shape and the normalized shape.
+* One backward per forward, for every layer and recurrent model: a backward
+  consumes its forward's cache, and a second one raises a RuntimeError that
+  says to call forward again.
+* The examples' command lines: results land in the current directory by
+  default, every option shows its default in --help, and settings that make
+  no sense are argparse errors.
+* The comments of the pure-Python modules carry no measurement logs nor
+  references to issues or to files outside the repository.
+"""
+import argparse
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+import fastln
+import fastln.rnn
+
+from _util import run_python
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+sys.path.insert(0, EXAMPLES)
+
+import longer_sequences  # noqa: E402
+import sequential_digits  # noqa: E402
+
+F32 = np.float32
+RNN_CLASSES = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN"]
+
+
+# ---------------------------------------------------------------- lazy submodules
+
+def test_import_fastln_leaves_heavy_modules_out_and_loads_submodules_on_use():
+    r = run_python("""if True:
+        import sys
+        import numpy as np
+        import fastln
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("dask", "onnx", "torch"))
+        assert not heavy, heavy
+        assert "fastln.rnn" not in sys.modules and "fastln.reference" not in sys.modules
+        assert {"rnn", "dask", "reference", "rnn_reference", "layers"} <= set(dir(fastln))
+        m = fastln.rnn.LNLSTM(3, 4, seed=0)
+        y, (h, c) = m(np.ones((2, 1, 3), np.float32))
+        assert y.shape == (2, 1, 4)
+        assert fastln.reference.layer_norm([[1.0, 3.0]]).shape == (1, 2)
+        assert callable(fastln.rnn_reference.lnlstm_forward)
+        assert "dask" not in sys.modules      # loading fastln.rnn needs no dask
+        try:
+            fastln.no_such_thing
+        except AttributeError as e:
+            assert "no_such_thing" in str(e), e
+        else:
+            raise AssertionError("fastln.no_such_thing did not raise")
+        print("OK")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stdout + r.stderr
+
+
+def test_fastln_dask_reachable_as_an_attribute():
+    pytest.importorskip("dask.array")
+    r = run_python("""if True:
+        import dask.array as da, numpy as np, fastln
+        y = fastln.dask.layer_norm(da.ones((4, 8), chunks=(2, 8)))
+        assert np.allclose(y.compute(), 0.0)
+        print("OK")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- torch tensors
+
+def _calls(torch, t):
+    """(argument name, call) pairs that pass the tensor t as that argument."""
+    x = np.ones((3, 4), F32)
+    y, mean, rstd = fastln.layer_norm(x, return_stats=True)
+    t4, t3 = t((3, 4)), t((3,))
+    return [
+        ("x", lambda: fastln.layer_norm(t4)),
+        ("weight", lambda: fastln.layer_norm(x, t((4,)))),
+        ("bias", lambda: fastln.layer_norm(x, None, t((4,)))),
+        ("x", lambda: fastln.rms_norm(t4)),
+        ("residual", lambda: fastln.add_layer_norm(x, t4)),
+        ("dy", lambda: fastln.layer_norm_backward(t4, x, mean, rstd)),
+        ("mean", lambda: fastln.layer_norm_backward(x, x, t3, rstd)),
+        ("rstd", lambda: fastln.rms_norm_backward(x, x, t3)),
+        ("x", lambda: fastln.LayerNorm(4)(t4)),
+        ("x", lambda: fastln.RMSNorm(4).forward(t4)),
+        ("x", lambda: fastln.rnn.LNLSTM(4, 2)(t((2, 3, 4)))),
+        ("state", lambda: fastln.rnn.LNGRU(4, 2)(np.ones((2, 3, 4), F32), t((1, 3, 2)))),
+        ("x_t", lambda: fastln.rnn.RNN(4, 2).step(t4)),
+    ]
+
+
+def test_tensor_that_requires_grad_names_the_argument(torch):
+    def t(shape):
+        return torch.ones(shape, requires_grad=True)
+
+    for name, call in _calls(torch, t):
+        with pytest.raises(TypeError) as info:
+            call()
+        msg = str(info.value)
+        assert msg.startswith(f"{name} is a torch tensor that requires grad"), msg
+        assert f"{name}.detach()" in msg, msg
+
+
+def test_layer_backward_refuses_dy_that_requires_grad(torch):
+    ln = fastln.LayerNorm(4)
+    ln(np.ones((2, 4), F32))
+    with pytest.raises(TypeError, match=r"^dy is a torch tensor that requires grad"):
+        ln.backward(torch.ones(2, 4, requires_grad=True))
+    m = fastln.rnn.LNRNN(4, 2)
+    y, _ = m(np.ones((3, 2, 4), F32))
+    with pytest.raises(TypeError, match=r"^dy is a torch tensor that requires grad"):
+        m.backward(torch.ones(3, 2, 2, requires_grad=True))
+
+
+def test_tensors_without_grad_give_numpy_results(torch):
+    def t(shape):
+        return torch.ones(shape)
+
+    for _, call in _calls(torch, t):
+        out = call()
+        parts = out if isinstance(out, tuple) else (out,)
+        for p in parts:
+            for a in (p if isinstance(p, tuple) else (p,)):
+                assert type(a) is np.ndarray, (call, type(a))
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+    np.testing.assert_array_equal(fastln.layer_norm(x), fastln.layer_norm(x.numpy()))
+    detached = torch.randn(5, 8, requires_grad=True).detach()
+    assert type(fastln.rms_norm(detached)) is np.ndarray
+
+
+def test_bfloat16_tensor(torch):
+    pytest.importorskip("ml_dtypes")
+    x = torch.randn(4, 8).bfloat16()
+    y = fastln.layer_norm(x)
+    assert str(y.dtype) == "bfloat16"
+    np.testing.assert_allclose(y.astype(F32), fastln.layer_norm(x.float().numpy()),
+                               atol=0.02)
+
+
+# ---------------------------------------------------------------- shape messages
+
+def _shape_error(call):
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("func", ["layer_norm", "rms_norm"])
+def test_weight_shape_error_shows_x_and_weight(func):
+    x, w = np.ones((32, 512), F32), np.ones(768, F32)
+    msg = _shape_error(lambda: getattr(fastln, func)(x, w))
+    assert "weight has shape (768,)" in msg and "(32, 512)" in msg and "(512,)" in msg, msg
+
+
+def test_shape_errors_show_both_shapes_everywhere():
+    x = np.ones((2, 3, 4))
+    good = np.ones(4)
+    y, mean, rstd = fastln.layer_norm(x, return_stats=True)
+    _, rrstd = fastln.rms_norm(x, return_stats=True)
+    cases = [
+        ("bias", (5,), lambda: fastln.layer_norm(x, good, np.ones(5))),
+        ("bias", (3,), lambda: fastln.add_layer_norm(x, x, good, np.ones(3))),
+        ("weight", (6,), lambda: fastln.add_layer_norm(x, x, np.ones(6))),
+        ("weight", (2,), lambda: fastln.layer_norm_backward(x, x, mean, rstd, np.ones(2))),
+        ("weight", (2,), lambda: fastln.rms_norm_backward(x, x, rrstd, np.ones(2))),
+        ("mean", (3,), lambda: fastln.layer_norm_backward(x, x, np.ones(3), rstd)),
+        ("rstd", (2, 4), lambda: fastln.rms_norm_backward(x, x, np.ones((2, 4)))),
+    ]
+    for name, shape, call in cases:
+        msg = _shape_error(call)
+        assert f"{name} has shape {shape}" in msg and "x has shape (2, 3, 4)" in msg, msg
+        assert "(4,)" in msg or "(2, 3)" in msg, msg   # the normalized or batch shape
+
+
+def test_shape_error_names_the_normalized_axes():
+    x = np.ones((2, 3, 4))
+    msg = _shape_error(lambda: fastln.layer_norm(x, np.ones((3, 5)), axis=(1, 2)))
+    assert "(3, 5)" in msg and "(3, 4)" in msg and "(2, 3, 4)" in msg, msg
+    assert "axes (1, 2)" in msg, msg
+
+
+def test_dask_shape_error_shows_xs_shape():
+    da = pytest.importorskip("dask.array")
+    import fastln.dask
+
+    x = da.ones((32, 512), chunks=(8, 512))
+    msg = _shape_error(lambda: fastln.dask.layer_norm(x, np.ones(768)))
+    assert "weight has shape (768,)" in msg and "(32, 512)" in msg and "(512,)" in msg, msg
+
+
+# ---------------------------------------------------------------- one backward per forward
+
+def _layer_case(cls):
+    layer = getattr(fastln, cls)(4)
+    x = np.arange(12, dtype=F32).reshape(3, 4)
+    return layer, (lambda: layer.forward(x)), (lambda: layer.backward(np.ones((3, 4), F32))), \
+        (lambda: layer.backward(np.ones((3, 5), F32)))
+
+
+def _rnn_case(cls):
+    model = getattr(fastln.rnn, cls)(3, 4, num_layers=2, seed=0)
+    x = np.ones((5, 2, 3), F32)
+    return model, (lambda: model.forward(x)), \
+        (lambda: model.backward(np.ones((5, 2, 4), F32))), \
+        (lambda: model.backward(np.ones((5, 2, 5), F32)))
+
+
+CASES = [("layer", c) for c in ("LayerNorm", "RMSNorm")] + [("rnn", c) for c in RNN_CLASSES]
+
+
+@pytest.mark.parametrize("kind, cls", CASES)
+def test_second_backward_raises(kind, cls):
+    obj, forward, backward, bad_backward = (_layer_case if kind == "layer" else _rnn_case)(cls)
+    with pytest.raises(RuntimeError, match="call forward"):
+        backward()                      # no forward yet
+    forward()
+    first = backward()
+    with pytest.raises(RuntimeError, match=r"call forward\(x\) again"):
+        backward()
+    forward()
+    again = backward()                  # a new forward serves a new backward
+    a, b = (first, again) if kind == "layer" else (first[0], again[0])
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kind, cls", CASES)
+def test_failed_backward_keeps_the_cache(kind, cls):
+    obj, forward, backward, bad_backward = (_layer_case if kind == "layer" else _rnn_case)(cls)
+    forward()
+    with pytest.raises(ValueError):
+        bad_backward()
+    backward()                          # the forward's cache is still there
+
+
+@pytest.mark.parametrize("kind, cls", CASES)
+def test_backward_frees_the_cache(kind, cls):
+    obj, forward, backward, _ = (_layer_case if kind == "layer" else _rnn_case)(cls)
+    forward()
+    assert obj._cache is not None
+    backward()
+    assert obj._cache is None
+
+
+@pytest.mark.parametrize("kind, cls", CASES)
+def test_backward_rule_is_documented(kind, cls):
+    obj = (_layer_case if kind == "layer" else _rnn_case)(cls)[0]
+    doc = type(obj).backward.__doc__
+    assert "consum" in doc and "RuntimeError" in doc, doc
+    assert re.search(r"[Cc]all :meth:`forward` again", doc), doc
+
+
+# ---------------------------------------------------------------- the examples' command lines
+
+SCRIPTS = {"sequential_digits": sequential_digits, "longer_sequences": longer_sequences}
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("sequential_digits", ["--epochs", "0"]),
+    ("sequential_digits", ["--epochs", "-3"]),
+    ("sequential_digits", ["--hidden", "0"]),
+    ("sequential_digits", ["--batch-size", "-1"]),
+    ("sequential_digits", ["--pixels-per-step", "0"]),
+    ("sequential_digits", ["--pixels-per-step", "3"]),
+    ("sequential_digits", ["--seeds", "0"]),
+    ("sequential_digits", ["--seeds", "1,-2"]),
+    ("sequential_digits", ["--lrs", "0"]),
+    ("sequential_digits", ["--lrs", "1e-3,nan"]),
+    ("sequential_digits", ["--lrs", ","]),
+    ("sequential_digits", ["--clip", "-1"]),
+    ("sequential_digits", ["--threshold", "1.5"]),
+    ("sequential_digits", ["--subset", "0"]),
+    ("sequential_digits", ["--threads", "0"]),
+    ("sequential_digits", ["--perm-seed", "-1"]),
+    ("longer_sequences", ["--steps", "0"]),
+    ("longer_sequences", ["--hidden", "-8"]),
+    ("longer_sequences", ["--batch-size", "0"]),
+    ("longer_sequences", ["--min-T", "1"]),
+    ("longer_sequences", ["--min-T", "20", "--max-T", "10"]),
+    ("longer_sequences", ["--eval-T", "1,50"]),
+    ("longer_sequences", ["--eval-size", "0"]),
+    ("longer_sequences", ["--eval-every", "0"]),
+    ("longer_sequences", ["--threshold", "0"]),
+    ("longer_sequences", ["--clip", "-0.5"]),
+    ("longer_sequences", ["--lrs", "-1e-3"]),
+    ("longer_sequences", ["--seeds", "x"]),
+])
+def test_examples_reject_settings_that_make_no_sense(script, argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        SCRIPTS[script].parse_args(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert argv[0] in err and "error" in err, err
+
+
+@pytest.mark.parametrize("argv, name", [
+    ([], "sequential_digits.png"),
+    (["--pixels-per-step", "1"], "sequential_digits_1px.png"),
+    (["--binarize"], "sequential_digits_binary.png"),
+    (["--out", "elsewhere.png"], "elsewhere.png"),
+])
+def test_digits_writes_to_the_current_directory_by_default(argv, name):
+    out = sequential_digits.parse_args(argv).out
+    assert out == name and not os.path.dirname(out), out
+
+
+def test_adding_writes_to_the_current_directory_by_default():
+    out = longer_sequences.parse_args([]).out
+    assert out == "longer_sequences.png", out
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_examples_defaults_are_sensible(script):
+    args = SCRIPTS[script].parse_args([])
+    assert args.seeds == [0, 1, 2] and all(lr > 0 for lr in args.lrs)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_example_option_has_help_and_shows_its_default(script):
+    parser = SCRIPTS[script].make_parser()
+    assert isinstance(parser.formatter_class, type)
+    assert issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)
+    options = re.split(r"\n(?:options|optional arguments):", parser.format_help())[1]
+    for action in parser._actions:
+        if "-h" in action.option_strings:
+            continue
+        assert action.help, action.option_strings
+        start = re.search(r"\n  " + re.escape(action.option_strings[0]) + r"\b", options)
+        block = options[start.end():]
+        nxt = re.search(r"\n  -", block)
+        block = block[:nxt.start()] if nxt else block
+        assert "(default:" in block, (action.option_strings, block)
+
+
+# ---------------------------------------------------------------- comments
+
+OWNED = ["fastln/__init__.py", "fastln/_api.py", "fastln/layers.py", "fastln/rnn.py",
+         "fastln/dask.py", "fastln/_memory.py", "fastln/_torch.py", "fastln/reference.py",
+         "fastln/rnn_reference.py", "examples/_common.py", "examples/sequential_digits.py",
+         "examples/longer_sequences.py"]
+FORBIDDEN = [r"DESIGN\.md", r"\bissue \d", r"\bstop \d", r"\bsession", r"on this machine",
+             r"\d\s?ms\b", r"\d(\.\d+)?x (faster|slower)", r"\.\./"]
+
+
+@pytest.mark.parametrize("path", OWNED)
+def test_comments_carry_no_logs_nor_outside_references(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        text = f.read()
+    for pattern in FORBIDDEN:
+        m = re.search(pattern, text)
+        assert m is None, (path, pattern, text[max(0, m.start() - 60):m.end() + 60])
