@@ -1,7 +1,8 @@
 """A plain PyTorch (autograd) reference of fastln.rnn's LNRNN, LNLSTM, LNGRU, LSTM and RNN.
 
-The equations of DESIGN.md section 3 written with torch ops (no torch.nn.LSTM/GRU),
-multi-layer, with ``lengths`` masking by torch.where.  Used by tests/test_rnn.py:
+The equations of docs/design.md ("Recurrent networks") written with torch ops (no
+torch.nn.LSTM/GRU), multi-layer, with ``lengths`` masking by torch.where.  Used by
+tests/test_rnn.py:
 
     out = torch_rnn(torch, "lstm", params, x, state, lengths, num_layers=2, dy=dy, dstate=dstate)
     out.y, out.state, out.grads, out.dx, out.dstate      # NumPy float64 arrays
@@ -34,7 +35,8 @@ def _step_lstm(torch, p, x_t, h, c, eps, act):
              + p["bias"])
     gi, gf, gg, go = gates.chunk(4, dim=-1)
     c_new = torch.sigmoid(gf) * c + torch.sigmoid(gi) * torch.tanh(gg)
-    h_new = torch.sigmoid(go) * torch.tanh(F.layer_norm(c_new, (H,), p["ln_c_weight"], p["ln_c_bias"], eps))
+    c_norm = F.layer_norm(c_new, (H,), p["ln_c_weight"], p["ln_c_bias"], eps)
+    h_new = torch.sigmoid(go) * torch.tanh(c_norm)
     return h_new, c_new
 
 
@@ -45,8 +47,9 @@ def _step_gru(torch, p, x_t, h, c, eps, act):
     zr = (F.layer_norm(x_t @ w_ih[:2 * H].T, (2 * H,), p["ln_ih_weight"], p["ln_ih_bias"], eps)
           + F.layer_norm(h @ w_hh[:2 * H].T, (2 * H,), p["ln_hh_weight"], p["ln_hh_bias"], eps))
     z, r = torch.sigmoid(zr[:, :H]), torch.sigmoid(zr[:, H:])
-    n = torch.tanh(F.layer_norm(x_t @ w_ih[2 * H:].T, (H,), p["ln_in_weight"], p["ln_in_bias"], eps)
-                   + r * F.layer_norm(h @ w_hh[2 * H:].T, (H,), p["ln_hn_weight"], p["ln_hn_bias"], eps))
+    n_in = F.layer_norm(x_t @ w_ih[2 * H:].T, (H,), p["ln_in_weight"], p["ln_in_bias"], eps)
+    n_h = F.layer_norm(h @ w_hh[2 * H:].T, (H,), p["ln_hn_weight"], p["ln_hn_bias"], eps)
+    n = torch.tanh(n_in + r * n_h)
     return (1 - z) * h + z * n, None
 
 
@@ -73,7 +76,23 @@ def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, ep
     are NumPy arrays.  Computes in ``dtype`` (default torch.float64).  Returns a namespace
     with NumPy float64 ``y``, ``state`` (same form as the model's) and, if ``dy`` is
     given, ``grads`` (dict like params), ``dx`` and ``dstate`` (same form as the state).
+
+    Runs on one torch thread: its ops are a few small rows each, where a thread pool
+    only adds a fork and join per op, and a join waits for a descheduled worker
+    whenever other processes hold the cores. The caller's thread count is restored
+    afterwards (torch may share fastln's OpenMP runtime, whose limit it sets).
     """
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _torch_rnn(torch, cell, params, x, state, lengths, num_layers, eps,
+                          nonlinearity, batch_first, dy, dstate, dtype)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _torch_rnn(torch, cell, params, x, state, lengths, num_layers, eps, nonlinearity,
+               batch_first, dy, dstate, dtype):
     dtype = torch.float64 if dtype is None else dtype
     lstm = cell.startswith("lstm")
     step = _STEPS[cell]
@@ -93,7 +112,8 @@ def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, ep
     if lengths is None:
         alive = torch.ones((T, B, 1), dtype=torch.bool)
     else:
-        alive = (torch.arange(T)[:, None] < torch.as_tensor(np.asarray(lengths))[None, :])[:, :, None]
+        lengths_t = torch.as_tensor(np.asarray(lengths))
+        alive = (torch.arange(T)[:, None] < lengths_t[None, :])[:, :, None]
 
     inp = xs
     h_n, c_n = [], []
@@ -118,7 +138,8 @@ def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, ep
     def np64(t):
         return t.detach().to(torch.float64).numpy().copy()
 
-    out = SimpleNamespace(y=np64(y), state=tuple(np64(s) for s in finals) if lstm else np64(finals[0]))
+    out = SimpleNamespace(y=np64(y),
+                          state=tuple(np64(s) for s in finals) if lstm else np64(finals[0]))
     if not want_grad:
         return out
     loss = (y * _tensor(torch, dy, dtype, False)).sum()

@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fastln  # noqa: E402
 
-
 _c_builds = None   # (test_c module, build folder) once started
 
 

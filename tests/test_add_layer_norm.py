@@ -4,9 +4,26 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (AFFINE, F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, assert_close, big_inputs,
-                   normalized_shape, outlier_rows, params, randn, relayout, result_dtype,
-                   stats_dtype, stats_shape)
+
+from _util import (
+    AFFINE,
+    F16,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    LAYOUTS,
+    as_f64,
+    assert_close,
+    big_inputs,
+    normalized_shape,
+    outlier_rows,
+    params,
+    randn,
+    relayout,
+    result_dtype,
+    stats_dtype,
+    stats_shape,
+)
 
 HS = [1, 2, 7, 64, 768, 4099]
 ROWS = [0, 1, 5]

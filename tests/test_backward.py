@@ -4,8 +4,21 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, out_like, assert_close, normalized_shape,
-                   randn, relayout, result_dtype)
+
+from _util import (
+    F16,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    LAYOUTS,
+    as_f64,
+    assert_close,
+    normalized_shape,
+    out_like,
+    randn,
+    relayout,
+    result_dtype,
+)
 
 HS = [1, 2, 7, 64, 768, 4099]
 ROWS = [0, 1, 5]
@@ -307,7 +320,7 @@ def test_past_the_cache_size(isa, H, rng):
     to 128 go sixteen at a time, with prefetches): rows with
     NaN and inf, a row whose float sums overflow (the double fallback), no
     weight, RMSNorm, and dx written over x."""
-    N = 4000                                     # 3 * N * H * 4 bytes > 2 MiB
+    N = -(-256000 // H)                          # 3 * N * H * 4 bytes > 2 MiB at every H
     x, dy = randn(rng, (N, H), F32, loc=0.5), randn(rng, (N, H), F32)
     x[7] *= 1e18                                 # sum(dy * (x - mean)) ~ 1e39: past float
     dy[7] *= 1e19

@@ -1,4 +1,4 @@
-"""The bad-input matrix (issue 5): every public function and class against hostile input.
+"""The bad-input matrix: every public function and class against hostile input.
 
 Each row of the tables below is one distinct bad input, and expects exactly one of
 
@@ -25,7 +25,17 @@ from fastln import reference as ref
 from fastln import rnn_reference as rref
 from fastln.rnn import LNGRU, LNLSTM, LNRNN
 
-from _util import F16, F32, F64, assert_close, named, relayout, result_dtype, run_python, stats_dtype
+from _util import (
+    F16,
+    F32,
+    F64,
+    assert_close,
+    named,
+    relayout,
+    result_dtype,
+    run_python,
+    stats_dtype,
+)
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -717,7 +727,10 @@ def _nonfinite_norms(kind, dtype):
     _, mean, rstd = (a.astype(dtype) for a in ref.layer_norm(x, return_stats=True))
     rrstd = ref.rms_norm(x, return_stats=True)[1].astype(dtype)
     xb, rb, dyb = _poison(x), _poison(r), _poison(dy)
-    c = (lambda a: a[clean])
+
+    def c(a):
+        return a[clean]
+
     if kind == "layer_norm x":
         outs = LN(xb, w, b, return_stats=True)
         wants = ref.layer_norm(c(x), w, b, return_stats=True)

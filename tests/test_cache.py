@@ -220,9 +220,19 @@ def _in_subprocess(code, **env):
 
 def test_environment_variable():
     code = "import fastln; print(fastln.cache_info().limit)"
-    assert _in_subprocess(code, FASTLN_CACHE_LIMIT="0").stdout.split() == ["0"]
-    assert _in_subprocess(code, FASTLN_CACHE_LIMIT="123456").stdout.split() == ["123456"]
-    run = _in_subprocess(code, FASTLN_CACHE_LIMIT="lots")
+    # the three children start together: each spends its time importing fastln
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, FASTLN_CACHE_LIMIT=value))
+             for value in ("0", "123456", "lots")]
+    runs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        runs.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert runs[0].stdout.split() == ["0"]
+    assert runs[1].stdout.split() == ["123456"]
+    run = runs[2]
     assert run.stdout.split() == [str(1 << 30)]
     assert "FASTLN_CACHE_LIMIT='lots'" in run.stderr and "RuntimeWarning" in run.stderr
 

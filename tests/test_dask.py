@@ -12,6 +12,7 @@ import pytest
 
 import fastln
 from fastln import reference as ref
+
 from _util import F16, F32, F64, as_f64, assert_close, named, result_dtype, run_python
 
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import fastln
+
 from _util import named
 
 X = np.arange(32, dtype=np.float32).reshape(4, 8) % 5      # (4, 8), normalized size 8

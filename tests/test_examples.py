@@ -19,9 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 sys.path.insert(0, EXAMPLES)
 
-import _common as C  # noqa: E402
 import longer_sequences  # noqa: E402
 import sequential_digits  # noqa: E402
+
+import _common as C  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -311,11 +312,11 @@ def test_minibatches_cover_everything_once():
     assert sorted(np.concatenate(batches)) == list(range(70))
 
 
-# ---------------------------------------------------------------- the README's pitfall
+# ------------------------------------------------- the pitfall of docs/examples.md
 
 def test_layer_norm_of_a_scaled_vector_keeps_only_the_sign():
     """LN(x_t * w) of a scalar x_t is sign(x_t) * LN(w); x_t = 0 gives the bias
-    (the 1-pixel-per-step pitfall of the README)."""
+    (the 1-pixel-per-step pitfall of docs/examples.md)."""
     rng = np.random.default_rng(5)
     w = rng.standard_normal((1, 64)).astype(np.float32)
     gain = rng.uniform(0.5, 1.5, 64).astype(np.float32)

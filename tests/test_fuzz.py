@@ -107,6 +107,7 @@ import fastln
 from fastln import reference as ref
 from fastln import rnn_reference as rref
 from fastln.rnn import LNGRU, LNLSTM, LNRNN
+
 from _rnn_torch import torch_rnn
 from _util import F16, F32, F64, LAYOUTS
 
@@ -125,7 +126,7 @@ DTYPES = [np.dtype(F16), np.dtype(F32), np.dtype(F64)]
 KINDS = ("normal", "offset", "subnormal", "mixed", "scaled", "constant", "ints", "outlier")
 EPS = (1e-5, 1e-6, 1e-3, 1e-12, 0.5)
 # eps = 0 for float16/float32 only: their rows whose float statistics under- or overflow
-# are redone in double (README). float64 has no such path, and with eps = 0 a float64 row
+# are redone in double (docs/design.md). float64 has no such path, and with eps = 0 a float64 row
 # whose squares underflow is garbage in the reference as much as in fastln.
 EPS0_DTYPES = (np.dtype(F16), np.dtype(F32))
 LAYOUT_KINDS = ("C", "C", "F", "negstride", "sliced")

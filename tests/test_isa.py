@@ -6,6 +6,7 @@ import pytest
 
 import fastln
 from fastln import reference as ref
+
 from _util import run_python
 
 ALL_ISAS = ("avx512", "avx2", "generic")

@@ -4,6 +4,7 @@ import pytest
 
 import fastln
 from fastln import reference as ref
+
 from _util import F32, F64, assert_close
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import fastln
 from fastln import _core
+
 from _util import run_python
 
 KiB, MiB = 1024, 1024 * 1024

@@ -4,8 +4,24 @@ import pytest
 
 import fastln
 from fastln import reference as ref
-from _util import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, as_f64, out_like, assert_close, big_inputs,
-                   normalized_shape, randn, relayout, result_dtype, stats_dtype, stats_shape)
+
+from _util import (
+    F16,
+    F32,
+    F64,
+    FLOAT_DTYPES,
+    LAYOUTS,
+    as_f64,
+    assert_close,
+    big_inputs,
+    normalized_shape,
+    out_like,
+    randn,
+    relayout,
+    result_dtype,
+    stats_dtype,
+    stats_shape,
+)
 
 HS = [1, 2, 7, 64, 768, 4099]
 ROWS = [0, 1, 5]

@@ -1,13 +1,15 @@
-"""fastln.rnn (LNRNN, LNLSTM, LNGRU, and the plain LSTM and RNN): forward against fastln/rnn_reference.py, forward and all
-gradients against a plain PyTorch autograd reference (tests/_rnn_torch.py) and against float64
-central finite differences; lengths, batch_first, cache=False, step(), chunking, long sequences,
-state_dict, init, dtypes and errors, per the API of issue 3.
+"""fastln.rnn (LNRNN, LNLSTM, LNGRU, and the plain LSTM and RNN): forward against
+fastln/rnn_reference.py, forward and all gradients against a plain PyTorch autograd reference
+(tests/_rnn_torch.py) and against float64 central finite differences; lengths, batch_first,
+cache=False, step(), chunking, long sequences, state_dict, init, dtypes and errors, per the
+documented API.
 """
 import numpy as np
 import pytest
 
 from fastln import rnn_reference as ref
 from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN
+
 from _rnn_torch import torch_rnn
 from _util import F32, F64, FLOAT_DTYPES, named
 
@@ -103,8 +105,9 @@ def ref_forward(m, variant, x, state=None, lengths=None):
 
 def torch_ref(torch, m, variant, x, state=None, lengths=None, dy=None, dstate=None):
     """The PyTorch reference, in float64, of model ``m`` (its current params)."""
-    return torch_rnn(torch, variant[0], m.params, x, state, lengths, num_layers=m.num_layers, eps=m.eps,
-                     nonlinearity=variant[1] or "tanh", batch_first=m.batch_first, dy=dy, dstate=dstate)
+    return torch_rnn(torch, variant[0], m.params, x, state, lengths, num_layers=m.num_layers,
+                     eps=m.eps, nonlinearity=variant[1] or "tanh", batch_first=m.batch_first,
+                     dy=dy, dstate=dstate)
 
 
 def tol(dtype):
@@ -164,7 +167,8 @@ def test_init(variant):
         for name, p in m.params.items():
             if name.startswith("weight_"):
                 assert np.all(np.abs(p.astype(F64)) <= bound * (1 + 1e-6)), name
-                # uniform over the whole range: std = bound/sqrt(3), not a constant or a narrow range
+                # uniform over the whole range: std = bound/sqrt(3), not a constant or a
+                # narrow range
                 assert abs(p.astype(F64).std() / (bound / np.sqrt(3)) - 1) < 0.25, name
                 assert abs(p.astype(F64).mean()) < 0.25 * bound, name
             elif "_weight_" in name:
@@ -211,7 +215,7 @@ def test_forward_matches_reference(variant, dtype, shape, mode, rng):
             assert np.all(yt[n:, b] == 0), "y after the end of sequence %d is not 0" % b
 
 
-# ---------------------------------------------------------------- PyTorch parity: forward and all gradients
+# -------------------------------------------------------- PyTorch parity: forward and all gradients
 
 # (T, B, I, H, num_layers, batch_first, with lengths, with initial state)
 TORCH_CASES = [
@@ -316,9 +320,10 @@ def test_lengths_equal_unpadded_sequences(variant, rng):
     T, B, I, H, L = 6, 3, 4, 5, 2
     m = randomized(rng, variant, I, H, L, F64)
     lengths = np.array([6, 2, 4], dtype=np.int32)
-    x = rand_x(rng, T, B, I, F64)              # values after each end are garbage and must not matter
+    # values of x and dy after each end are garbage and must not matter
+    x = rand_x(rng, T, B, I, F64)
     state = rand_state(rng, variant, L, B, H, F64)
-    dy = rng.standard_normal((T, B, H))        # so is dy there
+    dy = rng.standard_normal((T, B, H))
     dstate = rand_state(rng, variant, L, B, H, F64)
 
     y, s = m.forward(x, state, lengths)
@@ -345,7 +350,7 @@ def test_lengths_equal_unpadded_sequences(variant, rng):
         check(grads[name], sum_grads[name], F64, "grad " + name)
 
 
-# ---------------------------------------------------------------- cache=False, step(), chunks, long runs
+# ----------------------------------------------------------- cache=False, step(), chunks, long runs
 
 @dtypes
 @variants
@@ -631,11 +636,14 @@ ERROR_CASES = [
     ("dy H", "all", ValueError, "dy", lambda m, c: _forwarded(m, c).backward(_dy(H=H0 + 1))),
     ("dy 2-D", "all", ValueError, "dy", lambda m, c: _forwarded(m, c).backward(_dy()[0])),
     ("dstate layers", "all", ValueError, "dstate",
-     lambda m, c: _forwarded(m, c).backward(_dy(), _with_bad(c, 0, np.zeros((L0 - 1, B0, H0), F32)))),
+     lambda m, c: _forwarded(m, c).backward(
+         _dy(), _with_bad(c, 0, np.zeros((L0 - 1, B0, H0), F32)))),
     ("dstate hidden", "all", ValueError, "dstate",
-     lambda m, c: _forwarded(m, c).backward(_dy(), _with_bad(c, 0, np.zeros((L0, B0, H0 + 1), F32)))),
+     lambda m, c: _forwarded(m, c).backward(
+         _dy(), _with_bad(c, 0, np.zeros((L0, B0, H0 + 1), F32)))),
     ("lstm dc shape", ("lstm", "lstm_plain"), ValueError, "dstate",
-     lambda m, c: _forwarded(m, c).backward(_dy(), _with_bad(c, 1, np.zeros((L0, B0 + 1, H0), F32)))),
+     lambda m, c: _forwarded(m, c).backward(
+         _dy(), _with_bad(c, 1, np.zeros((L0, B0 + 1, H0), F32)))),
     ("backward before forward", "all", RuntimeError, "forward", lambda m, c: m.backward(_dy())),
     ("backward after cache=False", "all", RuntimeError, "forward",
      lambda m, c: _forwarded(m, c, cache=False).backward(_dy())),

@@ -48,11 +48,11 @@ def test_isa_paths_agree(isa, cls, kw, B, dtype):
     T, I, H = 6, 5, 40   # H = 40: a partial 32-column panel; B = 9, 33: row tails
     x = np.random.default_rng(B).standard_normal((T, B, I))
     lengths = np.random.default_rng(B).integers(1, T + 1, B)
-    got = run_all(model(cls, kw, dtype), x.astype(dtype), lengths)
+    got = run_all(model(cls, kw, dtype, I=I, H=H), x.astype(dtype), lengths)
     previous = fastln.get_isa()
     _core._set_isa("generic")
     try:
-        want = run_all(model(cls, kw, np.float64), x, lengths)
+        want = run_all(model(cls, kw, np.float64, I=I, H=H), x, lengths)
     finally:
         _core._set_isa(previous)
     rtol = 2e-4 if dtype == np.float32 else 1e-11
@@ -82,8 +82,8 @@ def test_bitwise_identical_on_any_thread_count(restore_threads, cls, kw, dtype):
                                            (LSTM, {}, 7), (RNN, {}, 2)],
                          ids=["lstm", "gru", "rnn", "plain_lstm", "plain_rnn"])
 def test_cache_size(cls, kw, per_h):
-    """The cache kept for backward, per row and step: LNLSTM 11 H + 3 (the
-    issue's bound is 16 H), LNGRU 10 H + 4, LNRNN 2 H + 1, LSTM 6 H, RNN H,
+    """The cache kept for backward, per row and step: LNLSTM 11 H + 3 (at
+    most 16 H), LNGRU 10 H + 4, LNRNN 2 H + 1, LSTM 6 H, RNN H,
     plus one step for the initial state; nothing at all with cache=False."""
     T, B, H = 50, 4, 64
     cell = cls(8, H)._cell_name()

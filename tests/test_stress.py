@@ -1,4 +1,4 @@
-"""Stress tests (issue 5): concurrency, fork, leaks, a memory bound and huge arrays.
+"""Stress tests: concurrency, fork, leaks, a memory bound and huge arrays.
 
 Each test runs its work in a fresh Python process, so that a deadlock, a crash
 or a bloated heap fails the test instead of the test run, and so that RSS
@@ -309,7 +309,8 @@ for tid, tasks in enumerate(TASKS):
         if err:
             failures.append("after the threads, %s: %s" % (name, err))
 
-print("cases %d, calls %d, thread-count switches %d, %.1f s" % (ncases, calls[0], switches[0], elapsed))
+print("cases %d, calls %d, thread-count switches %d, %.1f s"
+      % (ncases, calls[0], switches[0], elapsed))
 if failures:
     print("%d FAILURES" % len(failures))
     print("\n".join(failures[:20]))
@@ -633,8 +634,9 @@ def errors_rnn():
 # parallel calls (~50 us, but ~1 ms when other processes hold the cores: OpenMP's
 # fork/join then waits for the scheduler; their block partials are 12 KB a call)
 # and backward with streamed dx (3-12 ms; a leak of its staging rows or block
-# partials would be 16 KB or 512 KB a call) run the count that fits, and are held to the same bound per call: 2 MB per 100,000
-# calls (21 bytes a call), but at least 512 KB (allocator noise).
+# partials would be 16 KB or 512 KB a call) run the count that fits, and are
+# held to the same bound per call: 2 MB per 100,000 calls (21 bytes a call), but
+# at least 512 KB (allocator noise).
 CASES = [
     ("layer_norm f32", lambda: fastln.layer_norm(x, w, b), N),
     ("layer_norm f64 stats", lambda: fastln.layer_norm(x64, w64, return_stats=True), N),
@@ -779,7 +781,7 @@ np.testing.assert_allclose(out[ROWS], ref.layer_norm(xrows), rtol=1e-5, atol=1e-
 measure("rms_norm(x, w, out=)", lambda: fastln.rms_norm(x, w, out=out))
 want = ref.rms_norm(xrows, w)
 np.testing.assert_allclose(out[ROWS], want, rtol=1e-5, atol=2e-5 * np.abs(want).max())
-# backward (not covered by the 16 MB bound of issue 5) keeps one float32 pair of
+# backward (not covered by the 16 MB bound above) keeps one float32 pair of
 # dweight/dbias partials per block of 256 rows: N / 128 of x's bytes, 16 MiB here
 partials = 2 * (N // 256) * H * 4
 dx, dw, db = measure("layer_norm_backward(x, x, mean, rstd, w, out=)",

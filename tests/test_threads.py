@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fastln
+
 from _util import F32, F64, FLOAT_DTYPES, big_inputs, run_python
 
 SHAPES = [(4096, 256), (3000, 1000)]

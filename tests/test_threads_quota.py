@@ -6,6 +6,7 @@ import pytest
 
 import fastln
 from fastln import _cgroup, _threads
+
 from _util import run_python
 
 V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n"

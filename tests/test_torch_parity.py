@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import fastln
+
 from _util import F32, F64, FLOAT_DTYPES, assert_close
 
 # (x shape, number of trailing normalized dims)
