@@ -18,7 +18,6 @@
 #define FASTLN_AVX512_H
 #include <stdint.h>
 
-#define ELEM_F32 0   /* elem of float rows (FASTLN_F16 and FASTLN_BF16: fastln.h) */
 
 #define BWD16_MAX_H 128   /* the backward goes sixteen rows at a time up to this */
 #define FWD16_MAX_H 256   /* the forwards go sixteen rows at a time up to this */

@@ -15,18 +15,18 @@
 #define STAGE_ROW_BYTES 4096
 
 static inline __attribute__((always_inline)) __m512 ld_k(
-    int kind, const void *p, int64_t i, __mmask16 m)
+    int elem, const void *p, int64_t i, __mmask16 m)
 {
-    return kind == ELEM_F32 ? _mm512_maskz_loadu_ps(m, (const float *)p + i)
-                            : ld_half(kind, (const uint16_t *)p + i, m);
+    return elem == ELEM_F32 ? _mm512_maskz_loadu_ps(m, (const float *)p + i)
+                            : ld_half(elem, (const uint16_t *)p + i, m);
 }
 
 /* lanes m of v to element i of p; nt: non-temporal where aligned */
 static inline __attribute__((always_inline)) void st_k(
-    int kind, void *p, int64_t i, __m512 v, __mmask16 m, int nt)
+    int elem, int bf16i, void *p, int64_t i, __m512 v, __mmask16 m, int nt)
 {
-    if (kind != ELEM_F32) {
-        st_half(kind, (uint16_t *)p + i, v, m, nt);
+    if (elem != ELEM_F32) {
+        st_half(elem, bf16i, (uint16_t *)p + i, v, m, nt);
         return;
     }
     float *q = (float *)p + i;

@@ -26,10 +26,10 @@
 /* Adds lanes m at element i of a row to its sums: LN sum(d), sum(g), sum(g*d)
  * (d = x - mean, g = dy * w); RMSNorm sum(g*x) in agd. */
 static inline __attribute__((always_inline)) void bsum16(
-    int kind, int LN, int HW, const void *x, const void *dy, const float *w, int64_t i,
+    int elem, int LN, int HW, const void *x, const void *dy, const float *w, int64_t i,
     __mmask16 m, __m512 mv, __m512 *ad, __m512 *ag, __m512 *agd)
 {
-    __m512 xv = ld_k(kind, x, i, m), g = ld_k(kind, dy, i, m);
+    __m512 xv = ld_k(elem, x, i, m), g = ld_k(elem, dy, i, m);
     if (HW) g = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(m, w + i));
     if (LN) {
         __m512 d = _mm512_sub_ps(xv, mv);
@@ -45,39 +45,40 @@ static inline __attribute__((always_inline)) void bsum16(
  * with LN, pb (+= dy). s: the row's scalars m, dm, r, c1, c2 as vectors.
  * Every load comes before the stores (4K aliasing; dx may be x or dy). */
 static inline __attribute__((always_inline)) void bdx16(
-    int kind, int LN, int HW, void *dx, float *pw, float *pb, const void *x, const void *dy,
+    int elem, int bf16i, int LN, int HW, void *dx, float *pw, float *pb, const void *x,
+    const void *dy,
     const float *w, int64_t j, __mmask16 m, const __m512 *s, int nt)
 {
-    __m512 xv = ld_k(kind, x, j, m), g = ld_k(kind, dy, j, m);
+    __m512 xv = ld_k(elem, x, j, m), g = ld_k(elem, dy, j, m);
     __m512 wv = HW ? _mm512_maskz_loadu_ps(m, w + j) : _mm512_set1_ps(1.0f);
     __m512 sw = _mm512_maskz_loadu_ps(m, pw + j);
     __m512 sb = LN ? _mm512_maskz_loadu_ps(m, pb + j) : sw;
     __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, s[0]), s[1]), s[2]);
     __m512 t = _mm512_fmsub_ps(g, wv, s[3]);                     /* g * w - c1 */
-    st_k(ELEM_F32, pw, j, _mm512_fmadd_ps(g, xh, sw), m, 0);
-    if (LN) st_k(ELEM_F32, pb, j, _mm512_add_ps(sb, g), m, 0);
-    st_k(kind, dx, j, _mm512_mul_ps(s[2], _mm512_fnmadd_ps(xh, s[4], t)), m, nt);
+    st_k(ELEM_F32, 0, pw, j, _mm512_fmadd_ps(g, xh, sw), m, 0);
+    if (LN) st_k(ELEM_F32, 0, pb, j, _mm512_add_ps(sb, g), m, 0);
+    st_k(elem, bf16i, dx, j, _mm512_mul_ps(s[2], _mm512_fnmadd_ps(xh, s[4], t)), m, nt);
 }
 
 /* One sweep: with xa, dx of row a (dy ga, scalars s) into dxa and the
  * partials; with xb, the sums of row b (dy gb, mean mb) into S. */
 static inline __attribute__((always_inline)) void bwd_pass(
-    int kind, int LN, int HW, void *dxa, float *pw, float *pb, const void *xa, const void *ga,
+    int elem, int bf16i, int LN, int HW, void *dxa, float *pw, float *pb, const void *xa, const void *ga,
     const __m512 *s, const void *xb, const void *gb, float mb, const float *w, int64_t H,
     int nt, double *S, int pf, const char *xend, const char *gend)
 {
-    const int64_t esz = elem_bytes(kind);
+    const int64_t esz = elem_bytes(elem);
     int64_t j = H;
     if (xa) {
         j = (uintptr_t)dxa % esz ? 0 : (int64_t)((-(uintptr_t)dxa & (16 * esz - 1)) / esz);
         if (j > H) j = H;
         if (j)
-            bdx16(kind, LN, HW, dxa, pw, pb, xa, ga, w, 0, (__mmask16)((1u << j) - 1), s, nt);
+            bdx16(elem, bf16i, LN, HW, dxa, pw, pb, xa, ga, w, 0, (__mmask16)((1u << j) - 1), s, nt);
     }
 #define DX16()                                                                             \
     do {                                                                                   \
         __mmask16 m_ = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1); \
-        bdx16(kind, LN, HW, dxa, pw, pb, xa, ga, w, j, m_, s, nt);                    \
+        bdx16(elem, bf16i, LN, HW, dxa, pw, pb, xa, ga, w, j, m_, s, nt);                    \
         j += 16;                                                                           \
     } while (0)
     if (xb) {
@@ -95,13 +96,13 @@ static inline __attribute__((always_inline)) void bwd_pass(
                     pf_ahead(go, 64 * esz, PF_LONG_BWD, gend);
                 }
                 for (int q = 0; q < 4; q++)
-                    bsum16(kind, LN, HW, xb, gb, w, c0 + i + 16 * q, (__mmask16)0xFFFF, mv,
+                    bsum16(elem, LN, HW, xb, gb, w, c0 + i + 16 * q, (__mmask16)0xFFFF, mv,
                                 &ad[q], &ag[q], &agd[q]);
                 for (int k = 0; k < 4 && j < H; k++) DX16();
             }
             if (i < n)
                 for (int q = 0; q < 4; q++)
-                    bsum16(kind, LN, HW, xb, gb, w, c0 + i + 16 * q, TAILMASK(n, i, q), mv,
+                    bsum16(elem, LN, HW, xb, gb, w, c0 + i + 16 * q, TAILMASK(n, i, q), mv,
                                 &ad[q], &ag[q], &agd[q]);
             if (LN) {
                 S[0] += hsum4(ad);
@@ -117,14 +118,14 @@ static inline __attribute__((always_inline)) void bwd_pass(
 /* The scalars of row n from its sums S, as vectors (16-bit rows whose sums
  * are not finite are widened into buf for the double fallback). */
 static inline __attribute__((always_inline)) void bwd_vscalars(
-    int kind, int LN, __m512 *s, const double *S, const void *xr, const void *gr,
+    int elem, int LN, __m512 *s, const double *S, const void *xr, const void *gr,
     const float *w, const float *mean, const float *rstd, int64_t n, int64_t H, float *buf)
 {
     const float *xf = (const float *)xr, *gf = (const float *)gr;
     int finite = LN ? isfinite(S[0]) && isfinite(S[1]) && isfinite(S[2]) : isfinite(S[2]);
-    if (kind != ELEM_F32 && !finite) {
-        widen_half(kind, buf, (const uint16_t *)xr, H);
-        widen_half(kind, buf + H, (const uint16_t *)gr, H);
+    if (elem != ELEM_F32 && !finite) {
+        widen_half(elem, buf, (const uint16_t *)xr, H);
+        widen_half(elem, buf + H, (const uint16_t *)gr, H);
         xf = buf;
         gf = buf + H;
     }
@@ -143,31 +144,31 @@ static inline __attribute__((always_inline)) void bwd_vscalars(
  * pf (a constant): prefetch x and dy PF_LONG_BWD bytes ahead of the sums,
  * short of r1. */
 static inline __attribute__((always_inline)) void long_bwd_k(
-    int kind, int LN, int HW, int pf, void *dx, float *pw, float *pb, const void *dy,
+    int elem, int bf16i, int LN, int HW, int pf, void *dx, float *pw, float *pb, const void *dy,
     const void *x, const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1,
     int64_t H, float *buf, int nt, char *stg)
 {
-    const int64_t rowb = H * elem_bytes(kind);
+    const int64_t rowb = H * elem_bytes(elem);
     const char *xc = (const char *)x, *gc = (const char *)dy;
     double S[3] = {0, 0, 0};
     __m512 s[5];
     if (r0 >= r1) return;
     const char *xend = xc + r1 * rowb, *gend = gc + r1 * rowb;
-    bwd_pass(kind, LN, HW, NULL, pw, pb, NULL, NULL, NULL, xc + r0 * rowb, gc + r0 * rowb,
+    bwd_pass(elem, bf16i, LN, HW, NULL, pw, pb, NULL, NULL, NULL, xc + r0 * rowb, gc + r0 * rowb,
                   LN ? mean[r0] : 0, w, H, nt, S, pf, xend, gend);
-    bwd_vscalars(kind, LN, s, S, xc + r0 * rowb, gc + r0 * rowb, w, mean, rstd, r0, H, buf);
+    bwd_vscalars(elem, LN, s, S, xc + r0 * rowb, gc + r0 * rowb, w, mean, rstd, r0, H, buf);
     for (int64_t n = r0; n < r1; n++) {
         const char *xb = n + 1 < r1 ? xc + (n + 1) * rowb : NULL, *gb = gc + (n + 1) * rowb;
         char *dxr = stg ? stg : (char *)dx + n * rowb;
-        bwd_pass(kind, LN, HW, dxr, pw, pb, xc + n * rowb, gc + n * rowb, s, xb, gb,
+        bwd_pass(elem, bf16i, LN, HW, dxr, pw, pb, xc + n * rowb, gc + n * rowb, s, xb, gb,
                       xb && LN ? mean[n + 1] : 0, w, H, nt && !stg, S, pf, xend, gend);
         if (stg) stream_copy((char *)dx + n * rowb, stg, (size_t)rowb);   /* row n read */
-        if (xb) bwd_vscalars(kind, LN, s, S, xb, gb, w, mean, rstd, n + 1, H, buf);
+        if (xb) bwd_vscalars(elem, LN, s, S, xb, gb, w, mean, rstd, n + 1, H, buf);
     }
     if (nt) stream_fence();
 }
 
-void fastln_avx512_long_bwd(int kind, void *dx, float *pw, float *pb, const void *dy,
+void fastln_avx512_long_bwd(int elem, void *dx, float *pw, float *pb, const void *dy,
                           const void *x, const float *mean, const float *rstd, const float *w,
                           int64_t r0, int64_t r1, int64_t H, float *buf, int nt)
 {
@@ -177,7 +178,7 @@ void fastln_avx512_long_bwd(int kind, void *dx, float *pw, float *pb, const void
      * (16384, 1024) 3.7 -> 3.4 ms, (16384, 768) 2.7 -> 2.5 ms, (65536, 256)
      * 6.1 -> 5.7 ms, 1 thread 4-12%; rows in cache, (1024, 1024), 6-9%
      * slower with it. */
-    const int64_t rowb = H * elem_bytes(kind);
+    const int64_t rowb = H * elem_bytes(elem);
     const int pf = nt || rowb > 4096;
     /* stg: streamed rows shorter than STAGE_ROW_BYTES stage dx (2 threads,
      * (43690, 384) 4.7 -> 3.3 ms, (32768, 512) 3.8 -> 2.6 ms, (21845, 768)
@@ -186,17 +187,21 @@ void fastln_avx512_long_bwd(int kind, void *dx, float *pw, float *pb, const void
      * that way, at any offset of the staging row. */
     char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
     char *stg = nt && rowb < STAGE_ROW_BYTES ? stg_ : NULL;
-#define K_(K, LN, HW, PF) \
-    long_bwd_k(K, LN, HW, PF, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt, stg)
-#define CASE(K, LN, HW)                   \
-    case K * 4 + LN * 2 + HW:             \
-        if (pf) K_(K, LN, HW, 1);         \
-        else K_(K, LN, HW, 0);            \
+#define K_(E, BI, LN, HW, PF) \
+    long_bwd_k(E, BI, LN, HW, PF, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, H, buf, nt, stg)
+#define CASE(E, BI, LN, HW)           \
+    case LN * 2 + HW:                 \
+        if (pf) K_(E, BI, LN, HW, 1); \
+        else K_(E, BI, LN, HW, 0);    \
         break;
-#define CASES(K) CASE(K, 0, 0) CASE(K, 0, 1) CASE(K, 1, 0) CASE(K, 1, 1)
-    switch (store_kind(kind) * 4 + (pb != NULL) * 2 + (w != NULL)) {
-        CASES(ELEM_F32) CASES(FASTLN_F16) CASES(FASTLN_BF16) CASES(KIND_BF16_INSN)
+#define CASES(E, BI)                                                                      \
+    switch ((pb != NULL) * 2 + (w != NULL)) {                                             \
+        CASE(E, BI, 0, 0) CASE(E, BI, 0, 1) CASE(E, BI, 1, 0) CASE(E, BI, 1, 1)           \
     }
+    if (elem == ELEM_F32) CASES(ELEM_F32, 0)
+    else if (elem == FASTLN_F16) CASES(FASTLN_F16, 0)
+    else if (bf16_insn_for(elem)) CASES(FASTLN_BF16, 1)
+    else CASES(FASTLN_BF16, 0)
 #undef CASES
 #undef CASE
 #undef K_

@@ -41,23 +41,23 @@
 
 #define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes (RMSNorm: 1-8 KiB no better) */
 
-/* a, b to elements i..i+31 of p (16-bit kind) in one 64-byte store;
+/* a, b to elements i..i+31 of p (16-bit elem) in one 64-byte store;
  * non-temporal with nt where aligned (two 32-byte halves of a line stored
  * non-temporally measured slower than cached stores). KIND_BF16_INSN: one
  * VCVTNE2PS2BF16 whatever the values, and the lanes of a or b that hold a
  * subnormal set to all ones in *sub, for the caller to store again
  * (norm_row; a vector, as a mask it went through general registers). */
 static inline __attribute__((always_inline)) void st_pair(
-    int kind, void *p, int64_t i, __m512 a, __m512 b, int nt, __m512i *sub)
+    int elem, int bf16i, void *p, int64_t i, __m512 a, __m512 b, int nt, __m512i *sub)
 {
     __m512i h;
-    if (kind == KIND_BF16_INSN) {
+    if (elem == FASTLN_BF16 && bf16i) {
         const __m512i ones = _mm512_set1_epi32(-1);
         *sub = _mm512_mask_mov_epi32(*sub, _mm512_fpclass_ps_mask(a, 0x20), ones);
         *sub = _mm512_mask_mov_epi32(*sub, _mm512_fpclass_ps_mask(b, 0x20), ones);
         h = (__m512i)_mm512_cvtne2ps_pbh(b, a);
     } else {
-        h = narrow32(kind, a, b);
+        h = narrow32(elem, bf16i, a, b);
     }
     uint16_t *q = (uint16_t *)p + i;
     if (nt && !((uintptr_t)q & 63)) _mm512_stream_si512((__m512i *)q, h);
@@ -66,18 +66,18 @@ static inline __attribute__((always_inline)) void st_pair(
 
 /* x, or with res x + res, at element i (lanes m) */
 static inline __attribute__((always_inline)) __m512 ld_in(
-    int kind, const void *x, const void *res, int64_t i, __mmask16 m)
+    int elem, const void *x, const void *res, int64_t i, __mmask16 m)
 {
-    __m512 v = ld_k(kind, x, i, m);
-    return res ? _mm512_add_ps(v, ld_k(kind, res, i, m)) : v;
+    __m512 v = ld_k(elem, x, i, m);
+    return res ? _mm512_add_ps(v, ld_k(elem, res, i, m)) : v;
 }
 
 /* The shift of a row's LayerNorm sums (x + res with res): the mean of its
  * first min(H, 16) values, a value near the row's mean */
-static inline float row_shift(int kind, const void *x, const void *res, int64_t H)
+static inline float row_shift(int elem, const void *x, const void *res, int64_t H)
 {
     const int k = H < 16 ? (int)H : 16;
-    __m512 v = ld_in(kind, x, res, 0, (__mmask16)((1u << k) - 1));
+    __m512 v = ld_in(elem, x, res, 0, (__mmask16)((1u << k) - 1));
     return _mm512_reduce_add_ps(v) / (float)k;
 }
 
@@ -95,18 +95,18 @@ static inline __attribute__((always_inline)) void pf_step(const char *pf, int64_
 /* Elements i..i+63 of the chunk at c0 (n elements; full: all 64 in it) of
  * x (x + res with res) into a[0..3], lanes as sum_shifted's acc[64], for
  * v = x - sh: with sq 0, v; with sq 1, (v - d)^2, d NULL meaning 0; with sq
- * 2 (SQ_BOTH), v into a[0..3] and v^2 into a[4..7]. With so (float kind),
+ * 2 (SQ_BOTH), v into a[0..3] and v^2 into a[4..7]. With so (float elem),
  * x (x + res) is also stored there. */
 
 #define SQ_BOTH 2
 static inline __attribute__((always_inline)) void acc64(
-    int kind, const void *x, const void *res, float *so, int64_t c0, int64_t i, int64_t n,
+    int elem, const void *x, const void *res, float *so, int64_t c0, int64_t i, int64_t n,
     int full, __m512 sh, const __m512 *d, int sq, __m512 *a)
 {
     for (int q = 0; q < 4; q++) {
         __mmask16 m = full ? (__mmask16)0xFFFF : TAILMASK(n, i, q);
-        __m512 v = ld_in(kind, x, res, c0 + i + 16 * q, m);
-        if (so) st_k(ELEM_F32, so, c0 + i + 16 * q, v, m, 0);
+        __m512 v = ld_in(elem, x, res, c0 + i + 16 * q, m);
+        if (so) st_k(ELEM_F32, 0, so, c0 + i + 16 * q, v, m, 0);
         v = _mm512_sub_ps(v, sh);
         if (sq == 1 && d) v = _mm512_sub_ps(v, *d);
         if (sq == 1) {
@@ -122,7 +122,7 @@ static inline __attribute__((always_inline)) void acc64(
  * sum(x - shift), and with sq SQ_BOTH also sum((x - shift)^2) into *s2;
  * with so, x (x + res) stored there as acc64 */
 static inline __attribute__((always_inline)) double row_sum(
-    int kind, const void *x, const void *res, float *so, int64_t H, float shift, float dm,
+    int elem, const void *x, const void *res, float *so, int64_t H, float shift, float dm,
     int sq, double *s2)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm);
@@ -133,8 +133,8 @@ static inline __attribute__((always_inline)) double row_sum(
         __m512 a[8];
         for (int q = 0; q < 8; q++) a[q] = _mm512_setzero_ps();
         int64_t i = 0;
-        for (; i + 64 <= n; i += 64) acc64(kind, x, res, so, c0, i, n, 1, sh, &d, sq, a);
-        if (i < n) acc64(kind, x, res, so, c0, i, n, 0, sh, &d, sq, a);
+        for (; i + 64 <= n; i += 64) acc64(elem, x, res, so, c0, i, n, 1, sh, &d, sq, a);
+        if (i < n) acc64(elem, x, res, so, c0, i, n, 0, sh, &d, sq, a);
         total += hsum4(a);
         if (sq == SQ_BOTH) *s2 += hsum4(a + 4);
     }
@@ -165,14 +165,14 @@ static inline __attribute__((always_inline)) __m512 norm16(
  * on AVX512-BF16 with a subnormal in s or y is stored again at the end
  * (see st_pair). */
 static inline __attribute__((always_inline)) double norm_row(
-    int kind, int WB, void *y, void *s, const void *x, const void *res, const float *w,
+    int elem, int bf16i, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
     const void *rn, float *sn, float shn, int sq, double *s2, const char *pf, const char *pfr,
     ntw *ow)
 {
     const __m512 sh = _mm512_set1_ps(shift), d = _mm512_set1_ps(dm), rv = _mm512_set1_ps(r);
-    const int64_t esz = elem_bytes(kind);
-    const int nt16 = kind == ELEM_F32 && nt;   /* non-temporal one vector at a time */
+    const int64_t esz = elem_bytes(elem);
+    const int nt16 = elem == ELEM_F32 && nt;   /* non-temporal one vector at a time */
     /* y's vectors from its first line boundary on, or with ow (float rows of
      * whole vectors, no res) from the row's start, in order, to ow's copy wl
      * (see PUT_OR_ST) */
@@ -185,18 +185,18 @@ static inline __attribute__((always_inline)) double norm_row(
 #define Y16(I, M)                                                                         \
     do {                                                                                  \
         __mmask16 m_ = (M);                                                               \
-        __m512 xv_ = ld_in(kind, x, res, (I), m_);                                   \
+        __m512 xv_ = ld_in(elem, x, res, (I), m_);                                   \
         __m512 yv_ = norm16(WB, xv_, w, b, (I), m_, sh, d, rv);                      \
-        if (res) st_k(kind, s, (I), xv_, m_, nt16);                                  \
+        if (res) st_k(elem, bf16i, s, (I), xv_, m_, nt16);                                  \
         if (ow) ntw_put(&wl, yv_);                                                   \
-        else st_k(kind, y, (I), yv_, m_, nt16);                                      \
+        else st_k(elem, bf16i, y, (I), yv_, m_, nt16);                                      \
     } while (0)
 #define Y32(I)   /* elements I..I+31, 16-bit kinds */                                    \
     do {                                                                                  \
-        __m512 xa_ = ld_in(kind, x, res, (I), FULL16);                               \
-        __m512 xb_ = ld_in(kind, x, res, (I) + 16, FULL16);                          \
-        if (res) st_pair(kind, s, (I), xa_, xb_, nt, &sub);                          \
-        st_pair(kind, y, (I), norm16(WB, xa_, w, b, (I), FULL16, sh, d, rv),    \
+        __m512 xa_ = ld_in(elem, x, res, (I), FULL16);                               \
+        __m512 xb_ = ld_in(elem, x, res, (I) + 16, FULL16);                          \
+        if (res) st_pair(elem, bf16i, s, (I), xa_, xb_, nt, &sub);                          \
+        st_pair(elem, bf16i, y, (I), norm16(WB, xa_, w, b, (I), FULL16, sh, d, rv),    \
                      norm16(WB, xb_, w, b, (I) + 16, FULL16, sh, d, rv), nt, &sub);  \
     } while (0)
     for (int64_t h = 0; h < j; h += 16)
@@ -213,9 +213,9 @@ static inline __attribute__((always_inline)) double norm_row(
             for (; i + 64 <= n; i += 64) {
                 if (pf) pf_step(pf, c0 + i, esz);
                 if (pfr) pf_step(pfr, c0 + i, esz);
-                acc64(kind, xn, rn, sn, c0, i, n, 1, shv, NULL, sq, a);
+                acc64(elem, xn, rn, sn, c0, i, n, 1, shv, NULL, sq, a);
                 if (j + 64 <= H) {   /* four whole vectors of y: constant masks */
-                    if (kind == ELEM_F32) {
+                    if (elem == ELEM_F32) {
                         Y16(j, FULL16);
                         Y16(j + 16, FULL16);
                         Y16(j + 32, FULL16);
@@ -227,15 +227,15 @@ static inline __attribute__((always_inline)) double norm_row(
                     j += 64;
                 }
             }
-            if (i < n) acc64(kind, xn, rn, sn, c0, i, n, 0, shv, NULL, sq, a);
+            if (i < n) acc64(elem, xn, rn, sn, c0, i, n, 0, shv, NULL, sq, a);
             total += hsum4(a);
             if (sq == SQ_BOTH) *s2 += hsum4(a + 4);
         }
     }
-    for (; kind != ELEM_F32 && j + 32 <= H; j += 32) Y32(j);
+    for (; elem != ELEM_F32 && j + 32 <= H; j += 32) Y32(j);
     for (; j + 16 <= H; j += 16) Y16(j, FULL16);
     if (j < H) Y16(j, (__mmask16)((1u << (H - j)) - 1));
-    if (kind == KIND_BF16_INSN && _mm512_test_epi32_mask(sub, sub)) {
+    if (elem == FASTLN_BF16 && bf16i && _mm512_test_epi32_mask(sub, sub)) {
         /* a subnormal in s or y, which VCVTNE2PS2BF16 flushed: the row again
          * by Y16, whose stores take the integer rounding for such vectors */
         if (nt) stream_fence();
@@ -248,7 +248,7 @@ static inline __attribute__((always_inline)) double norm_row(
     return total;
 }
 
-/* Rows [r0, r1) of kind (a constant after inlining); rms: RMSNorm (mean
+/* Rows [r0, r1) of elem (a constant after inlining); rms: RMSNorm (mean
  * unused, b NULL); res: add + LayerNorm (s = x + res, y = LN(s)). sf (a
  * constant; float with res, not nt): a row's s is stored by the sweep that
  * first sums it, and its later sweeps read s instead of x + res (2 threads:
@@ -259,14 +259,14 @@ static inline __attribute__((always_inline)) double norm_row(
  * y sweep, or with stg (STAGE_ROW_BYTES, 64-byte aligned; not with res) a
  * row's y stored there and then streamed out. */
 static inline __attribute__((always_inline)) void long_rows_k(
-    int kind, int rms, int sf, void *y, void *s, float *mean, float *rstd,
+    int elem, int bf16i, int rms, int sf, void *y, void *s, float *mean, float *rstd,
     const void *x, const void *res, const float *w, const float *b, int64_t r0, int64_t r1,
     int64_t H, double eps, float *buf, int nt, char *stg)
 {
-    const int64_t rowb = H * elem_bytes(kind);   /* bytes a row */
+    const int64_t rowb = H * elem_bytes(elem);   /* bytes a row */
     /* RMSNorm: stg's float rows of whole vectors go to a writer instead */
     ntw w_;
-    ntw *const ow = rms && stg && kind == ELEM_F32 && ntw_ok((float *)y, H) ? &w_ : NULL;
+    ntw *const ow = rms && stg && elem == ELEM_F32 && ntw_ok((float *)y, H) ? &w_ : NULL;
     if (ow) {
         stg = NULL;
         ntw_init(ow, (float *)y + r0 * H);
@@ -283,7 +283,7 @@ static inline __attribute__((always_inline)) void long_rows_k(
      * (4096, 768) 771 -> 691 us, (4096, 2048) 2.3 -> 1.5 ms, (16384, 1024)
      * 5.9 -> 5.4 ms streamed; 1 thread 12-56%). */
     const int pf_on = nt || (!rms && (r1 - r0) * rowb > PF_RANGE_BYTES);
-#define SHIFT(row) (rms ? 0.0f : row_shift(kind, xc + (row) * rowb,               \
+#define SHIFT(row) (rms ? 0.0f : row_shift(elem, xc + (row) * rowb,               \
                                                 res ? rc + (row) * rowb : NULL, H))
     /* s1: the row's sum(x - shift), for RMSNorm sum(x^2) (shift 0); s2 (LN):
      * sum((x - shift)^2) */
@@ -291,7 +291,7 @@ static inline __attribute__((always_inline)) void long_rows_k(
     double s1 = 0, s2 = 0;
     if (r0 < r1) {
         shift = SHIFT(r0);
-        s1 = row_sum(kind, xc + r0 * rowb, res ? rc + r0 * rowb : NULL,
+        s1 = row_sum(elem, xc + r0 * rowb, res ? rc + r0 * rowb : NULL,
                           sf ? (float *)s + r0 * H : NULL, H, shift, 0, sq, &s2);
     }
     for (int64_t n = r0; n < r1; n++) {
@@ -315,7 +315,7 @@ static inline __attribute__((always_inline)) void long_rows_k(
             double d = s1 / (double)H;
             var = s2 / (double)H - d * d;
             if (!(d * d <= 0.5 * var))
-                var = row_sum(kind, xs, rs, NULL, H, shift, dm, 1, NULL) / (double)H;
+                var = row_sum(elem, xs, rs, NULL, H, shift, dm, 1, NULL) / (double)H;
         }
         double rd = 1.0 / sqrt(var + eps);
         float r = (float)rd;
@@ -324,23 +324,23 @@ static inline __attribute__((always_inline)) void long_rows_k(
              * in float, stored first); around it the writer ends its block and
              * starts the next one after this row */
             if (ow) ntw_finish(ow);
-            float *xf = kind != ELEM_F32 ? buf : res ? (float *)sr : (float *)xr;
-            float *yf = kind == ELEM_F32 ? (float *)yr : buf + H;
-            for (int64_t i = 0; (kind != ELEM_F32 || (res && !sf)) && i < H; i += 16) {
+            float *xf = elem != ELEM_F32 ? buf : res ? (float *)sr : (float *)xr;
+            float *yf = elem == ELEM_F32 ? (float *)yr : buf + H;
+            for (int64_t i = 0; (elem != ELEM_F32 || (res && !sf)) && i < H; i += 16) {
                 __mmask16 m = H - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - i)) - 1);
-                __m512 v = ld_in(kind, xr, rr_, i, m);
+                __m512 v = ld_in(elem, xr, rr_, i, m);
                 _mm512_mask_storeu_ps(xf + i, m, v);
-                if (res && kind != ELEM_F32) st_k(kind, sr, i, v, m, 0);
+                if (res && elem != ELEM_F32) st_k(elem, bf16i, sr, i, v, m, 0);
             }
             if (rms) fastln_avx512_rms_row(yf, rr, xf, w, H, eps);
             else SFX(ln_finish_row)(yf, mr, rr, xf, w, b, H, eps, shift, s1, dm, var);
-            if (kind != ELEM_F32) narrow_half(kind, (uint16_t *)yr, yf, H);
+            if (elem != ELEM_F32) narrow_half(elem, (uint16_t *)yr, yf, H);
             if (ow) ntw_init(ow, (float *)y + (n + 1) * H);
-            s1 = xn ? row_sum(kind, xn, rn, sn, H, shn, 0, sq, &s2) : 0;
+            s1 = xn ? row_sum(elem, xn, rn, sn, H, shn, 0, sq, &s2) : 0;
         } else {
             if (mr) *mr = (float)((double)shift + (double)dm);
             if (rr) *rr = r;
-#define NORM(WB) norm_row(kind, WB, yr, sf ? NULL : sr, xs, rs, w, b, H, shift, dm, r, \
+#define NORM(WB) norm_row(elem, bf16i, WB, yr, sf ? NULL : sr, xs, rs, w, b, H, shift, dm, r, \
                                ntd, xn, rn, sn, shn, sq, &s2, pf, pfr, ow)
             switch (2 * (w != NULL) + (b != NULL)) {   /* RMSNorm: WB 2 or 0, shift = dm = 0 */
             case 3: s1 = NORM(3); break;
@@ -358,86 +358,72 @@ static inline __attribute__((always_inline)) void long_rows_k(
     if (nt) stream_fence();
 }
 
-/* long_rows_k for one stored kind and variant (LayerNorm, RMSNorm, add +
+/* long_rows_k for one stored elem and variant (LayerNorm, RMSNorm, add +
  * LayerNorm), a function of each, as the sixteen-row kernels have. In one
  * function for all of them (long_rows_nt), GCC keeps the weight pointers on
  * the stack and reloads them for each vector (same-process A/B, 2 threads:
  * (4096, 1024) 1.23x, (4096, 768) 1.27x, add + LayerNorm (4096, 1024)
  * 1.25x, bfloat16 streamed 1.03-1.07x; 1 thread (1024, 1024) 1.24-1.37x,
  * RMSNorm 1.12x). */
-#define LONG_FN(KN, V, K, RMS, ADD)                                                        \
-    static __attribute__((noinline)) void CAT3(long_, KN, V)(                         \
+#define LONG_FN(KN, V, E, BI, RMS, ADD)                                                  \
+    static __attribute__((noinline)) void CAT3(long_, KN, V)(                              \
         void *y, void *s, float *mean, float *rstd, const void *x, const void *res,        \
         const float *w, const float *b, int64_t r0, int64_t r1, int64_t H, double eps,     \
         float *buf, int nt, char *stg)                                                     \
     {                                                                                      \
-        long_rows_k(K, RMS, ADD && K == ELEM_F32 && !nt, y, ADD ? s : NULL, mean,     \
-                         rstd, x, ADD ? res : NULL, w, b, r0, r1, H, eps, buf, nt, stg);   \
+        long_rows_k(E, BI, RMS, ADD && E == ELEM_F32 && !nt, y, ADD ? s : NULL, mean, rstd, \
+                    x, ADD ? res : NULL, w, b, r0, r1, H, eps, buf, nt, stg);              \
     }
-#define LONG_FNS(KN, K)     \
-    LONG_FN(KN, _ln, K, 0, 0)  \
-    LONG_FN(KN, _rms, K, 1, 0) \
-    LONG_FN(KN, _add, K, 0, 1)
-LONG_FNS(f32, ELEM_F32)
-LONG_FNS(f16, FASTLN_F16)
-LONG_FNS(bf16i, KIND_BF16_INSN)
-LONG_FNS(bf16, FASTLN_BF16)
+#define LONG_FNS(KN, E, BI)        \
+    LONG_FN(KN, _ln, E, BI, 0, 0)  \
+    LONG_FN(KN, _rms, E, BI, 1, 0) \
+    LONG_FN(KN, _add, E, BI, 0, 1)
+LONG_FNS(f32, ELEM_F32, 0)
+LONG_FNS(f16, FASTLN_F16, 0)
+LONG_FNS(bf16i, FASTLN_BF16, 1)
+LONG_FNS(bf16, FASTLN_BF16, 0)
 #undef LONG_FNS
 #undef LONG_FN
 
-/* long_rows_k for every kind and variant in one function, for float32
- * LayerNorm rows streamed from the y sweep (longer than STAGE_ROW_BYTES, or
- * with res): there the functions above measured slower (2 threads:
- * (4096, 8192) 0.86-0.93x, (4096, 4096) 0.92-0.99x, add + LayerNorm (4096,
- * 8192) 0.90x), for a reason not found. noipa: compiled as it was before
- * those functions, for no caller in particular (its other kinds unused). */
-static __attribute__((noipa)) void long_rows_nt(
-    int kind, int rms, void *y, void *s, float *mean, float *rstd, const void *x,
-    const void *res, const float *w, const float *b, int64_t r0, int64_t r1, int64_t H,
-    double eps, float *buf, int nt, char *stg)
+/* The float LayerNorm and add + LayerNorm of rows streamed from the y sweep
+ * (longer than STAGE_ROW_BYTES, or with res) in a function of its own, which
+ * takes nt and stg at run time: there the functions above measured slower,
+ * for a reason not found. noipa: compiled for no caller in particular. */
+static __attribute__((noipa)) void long_f32_ln_nt(
+    void *y, void *s, float *mean, float *rstd, const void *x, const void *res, const float *w,
+    const float *b, int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt, char *stg)
 {
-#define K_(K, RMS, SF, S, RES) \
-    long_rows_k(K, RMS, SF, y, S, mean, rstd, x, RES, w, b, r0, r1, H, eps, buf, nt, stg)
-#define CASE(K)                                                   \
-    case K:                                                       \
-        if (rms) K_(K, 1, 0, NULL, NULL);                         \
-        else if (res && K == ELEM_F32 && !nt) K_(K, 0, 1, s, res); \
-        else if (res) K_(K, 0, 0, s, res);                        \
-        else K_(K, 0, 0, NULL, NULL);                             \
-        break;
-    switch (store_kind(kind)) {
-        CASE(ELEM_F32) CASE(FASTLN_F16) CASE(KIND_BF16_INSN) CASE(FASTLN_BF16)
-    }
-#undef CASE
-#undef K_
+    if (res)
+        long_rows_k(ELEM_F32, 0, 0, 0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt,
+                    stg);
+    else
+        long_rows_k(ELEM_F32, 0, 0, 0, y, NULL, mean, rstd, x, NULL, w, b, r0, r1, H, eps, buf,
+                    nt, stg);
 }
 
-/* long_rows_k for kind FASTLN_F16, FASTLN_BF16 or ELEM_F32 (the kind of this
- * CPU's stores for bfloat16); with res (not with rms) add + LayerNorm into y
- * and s. */
-void fastln_avx512_long_fwd(int kind, int rms, void *y, void *s, float *mean, float *rstd,
-                           const void *x, const void *res, const float *w, const float *b,
-                           int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
+/* long_rows_k for elem; with res (not with rms) add + LayerNorm into y and s */
+void fastln_avx512_long_fwd(int elem, int rms, void *y, void *s, float *mean, float *rstd,
+                            const void *x, const void *res, const float *w, const float *b,
+                            int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
 {
     char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
-    char *stg = nt && !res && H * elem_bytes(kind) <= STAGE_ROW_BYTES ? stg_ : NULL;
-    const int k = store_kind(kind);
-    if (nt && k == ELEM_F32 && !rms && !stg) {
-        long_rows_nt(kind, rms, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt, stg);
+    char *stg = nt && !res && H * elem_bytes(elem) <= STAGE_ROW_BYTES ? stg_ : NULL;
+    if (nt && elem == ELEM_F32 && !rms && !stg) {
+        long_f32_ln_nt(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt, stg);
         return;
     }
 #define F_(KN, V) CAT3(long_, KN, V)(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt, stg)
-#define CASE(K, KN)                                           \
-    case K:                                                   \
-        if (rms) F_(KN, _rms);                                \
-        else if (res) F_(KN, _add);                           \
-        else F_(KN, _ln);                                     \
-        break;
-    switch (k) {
-        CASE(ELEM_F32, f32) CASE(FASTLN_F16, f16) CASE(KIND_BF16_INSN, bf16i)
-        CASE(FASTLN_BF16, bf16)
-    }
-#undef CASE
+#define VARIANT(KN)           \
+    do {                      \
+        if (rms) F_(KN, _rms); \
+        else if (res) F_(KN, _add); \
+        else F_(KN, _ln);      \
+    } while (0)
+    if (elem == ELEM_F32) VARIANT(f32);
+    else if (elem == FASTLN_F16) VARIANT(f16);
+    else if (bf16_insn_for(elem)) VARIANT(bf16i);
+    else VARIANT(bf16);
+#undef VARIANT
 #undef F_
 }
 

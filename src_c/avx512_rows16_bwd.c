@@ -16,13 +16,12 @@
 /* ln_bwd_scalars (LN) or rms_bwd_scalars of a row of 16-bit values of
  * kind, widened (a row whose float sums overflowed; a function of its own, so
  * that its buffers stay out of the group kernels' frames) */
-static SFX(bwd_scalars) bwd_scalars16(int kind, const void *x, const void *g, const float *w,
+static SFX(bwd_scalars) bwd_scalars16(int elem, const void *x, const void *g, const float *w,
                                            float m, float r, int64_t H, int LN)
 {
     float xf[BWD16_MAX_H], gf[BWD16_MAX_H];
-    const int wk = kind == FASTLN_F16 ? FASTLN_F16 : FASTLN_BF16;
-    widen_half(wk, xf, (const uint16_t *)x, H);
-    widen_half(wk, gf, (const uint16_t *)g, H);
+    widen_half(elem, xf, (const uint16_t *)x, H);
+    widen_half(elem, gf, (const uint16_t *)g, H);
     return LN ? SFX(ln_bwd_scalars)(xf, gf, w, m, r, H) : SFX(rms_bwd_scalars)(xf, gf, w, r, H);
 }
 
@@ -61,14 +60,14 @@ static inline const void *group_rows16(const void *p, int64_t n, int64_t r1, int
 static inline __attribute__((always_inline)) void bwd_group16(
     void *dx0, float *pw, float *pb, const void *x0, const void *g0,
     const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
-    __mmask16 tail, const char *px, const char *pg, ntw *ow, int KIND)
+    __mmask16 tail, const char *px, const char *pg, ntw *ow, int E)
 {
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 #define ROW(p, k) ((const char *)(p) + (k) * rowb)
 #define DXROW(k) ((char *)dx0 + (k) * rowb)
-#define LDB(p, k, v) (KIND ? ld_half(KIND, (const uint16_t *)ROW(p, k) + 16 * (v), MASK(v)) \
+#define LDB(p, k, v) (E ? ld_half(E, (const uint16_t *)ROW(p, k) + 16 * (v), MASK(v)) \
                            : _mm512_maskz_loadu_ps(MASK(v), (const float *)ROW(p, k) + 16 * (v)))
-    const int64_t rowb = H * elem_bytes(KIND);
+    const int64_t rowb = H * elem_bytes(E);
     float mt[16] __attribute__((aligned(64))), rt[16] __attribute__((aligned(64)));
     float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
     float c2[16] __attribute__((aligned(64)));
@@ -184,7 +183,7 @@ static inline __attribute__((always_inline)) void bwd_group16(
     for (uint32_t bad = ~(uint32_t)ok & ((1u << R) - 1); bad; bad &= bad - 1) {
         const int k = __builtin_ctz(bad);
         SFX(bwd_scalars) sc =
-            KIND ? bwd_scalars16(KIND, ROW(x0, k), ROW(g0, k), w, LN ? m[k] : 0.0f, r[k],
+            E ? bwd_scalars16(E, ROW(x0, k), ROW(g0, k), w, LN ? m[k] : 0.0f, r[k],
                                       H, LN)
             : LN ? SFX(ln_bwd_scalars)((const float *)ROW(x0, k), (const float *)ROW(g0, k), w,
                                        m[k], r[k], H)
@@ -217,7 +216,7 @@ static inline __attribute__((always_inline)) void bwd_group16(
             __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);                             \
             __m512 d = _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t));            \
             if (W) ntw_put(&wl, d);                                           \
-            else if (KIND) st_half(KIND, (uint16_t *)DXROW(k) + 16 * v, d, MASK(v), 0); \
+            else if (E) st_half(E, 0, (uint16_t *)DXROW(k) + 16 * v, d, MASK(v), 0); \
             else _mm512_mask_storeu_ps((float *)DXROW(k) + 16 * v, MASK(v), d);    \
         }                                                                          \
     }
@@ -252,17 +251,17 @@ static inline __attribute__((always_inline)) void bwd_group16(
  * one (median of twelve shapes 1.04x; 2 threads, rows of 16-128): within
  * the noise of these runs, so the kinds share one loop. */
 static inline __attribute__((always_inline)) void bwd_rows16_nv(
-    int KIND, int NV, int LN, void *dx, float *pw, float *pb, const void *dy, const void *x,
+    int E, int NV, int LN, void *dx, float *pw, float *pb, const void *dy, const void *x,
     const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1, int64_t re,
     int64_t H, int stream)
 {
     const __mmask16 tail = tail16(H);
-    const int64_t rowb = H * elem_bytes(KIND);
+    const int64_t rowb = H * elem_bytes(E);
     float stage[16 * BWD16_MAX_H] __attribute__((aligned(64)));
     float xt[16 * BWD16_MAX_H] __attribute__((aligned(64)));
     float gt[16 * BWD16_MAX_H] __attribute__((aligned(64)));
     ntw w_;
-    ntw *const ow = !KIND && stream && ntw_ok((float *)dx, H) ? &w_ : NULL;
+    ntw *const ow = !E && stream && ntw_ok((float *)dx, H) ? &w_ : NULL;
     if (ow) ntw_init(ow, (float *)dx + r0 * H);
     for (int64_t n = r0; n < r1; n += 16) {
         const int R = r1 - n < 16 ? (int)(r1 - n) : 16;
@@ -279,11 +278,11 @@ static inline __attribute__((always_inline)) void bwd_rows16_nv(
          * the last group of each block of 256 rows went without (2 threads,
          * (262144, 64) 0.98-1.09x, medians of eight A/B runs). */
         const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* values */
-        const int64_t pfo = n * rowb + ahead * elem_bytes(KIND);
+        const int64_t pfo = n * rowb + ahead * elem_bytes(E);
         const char *px = n + 16 + ahead / H <= re ? (const char *)x + pfo : NULL;
         const char *pg = px ? (const char *)dy + pfo : NULL;
         bwd_group16(dx0, pw, pb, x0, g0, LN ? mean + n : NULL, rstd + n, w, R, NV, LN, H,
-                         tail, px, pg, ow, KIND);
+                         tail, px, pg, ow, E);
         if (stream && !ow) stream_copy(dxn, stage, (size_t)(R * rowb));
         else if (!stream && R < 16) memcpy(dxn, stage, (size_t)(R * rowb));
     }
@@ -306,14 +305,14 @@ static inline __attribute__((always_inline)) void bwd_rows16_nv(
  * compile time. */
 #define BWD16_FN(NV, LN)                                                                    \
     static __attribute__((noinline)) void CAT3(bwd16_, NV, LN)(                        \
-        int kind, void *dx, float *pw, float *pb, const void *dy, const void *x,            \
+        int elem, void *dx, float *pw, float *pb, const void *dy, const void *x,            \
         const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1,       \
         int64_t re, int64_t H, int stream)                                                  \
     {                                                                                       \
-        if (kind == ELEM_F32)                                                               \
+        if (elem == ELEM_F32)                                                               \
             bwd_rows16_nv(ELEM_F32, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1,   \
                                re, H, stream);                                              \
-        else if (kind == FASTLN_F16)                                                        \
+        else if (elem == FASTLN_F16)                                                        \
             bwd_rows16_nv(FASTLN_F16, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, \
                                re, H, stream);                                              \
         else                                                                                \
@@ -328,12 +327,12 @@ BWD16_FNS(5) BWD16_FNS(6) BWD16_FNS(7) BWD16_FNS(8)
 
 /* The backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <=
  * BWD16_MAX_H, rows of kind: ELEM_F32, FASTLN_F16 or FASTLN_BF16. */
-void fastln_avx512_bwd_rows16(int kind, void *dx, float *pw, float *pb, const void *dy,
+void fastln_avx512_bwd_rows16(int elem, void *dx, float *pw, float *pb, const void *dy,
                             const void *x, const float *mean, const float *rstd, const float *w,
                             int64_t r0, int64_t r1, int64_t re, int64_t H, int stream)
 {
 #define G16(NV, LN) \
-    CAT3(bwd16_, NV, LN)(kind, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, stream)
+    CAT3(bwd16_, NV, LN)(elem, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, stream)
 #define CASE(NV)                  \
     case 2 * NV: G16(NV, 0); break; \
     case 2 * NV + 1: G16(NV, 1); break;

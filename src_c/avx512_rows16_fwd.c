@@ -100,14 +100,14 @@ static inline __attribute__((always_inline)) void fwd16_nv(
         uint32_t redo;
         if (NV <= 2 && NG == 2)
             redo = rms ? rms_group16((void *const *)yr, rs, (const void *const *)xr, wv, R, NV,
-                                          H, tail, eps, 0, 0, NULL, 0, 2, ow)
+                                          H, tail, eps, 0, 0, 0, NULL, 0, 2, ow)
                        : ln_group16((void *const *)yr, mn, rs, (const void *const *)xr, wv,
-                                         bv, R, NV, H, tail, eps, 0, 0, 0, NULL, 0, 2, ow);
+                                         bv, R, NV, H, tail, eps, 0, 0, 0, 0, NULL, 0, 2, ow);
         else
             redo = rms ? rms_group16((void *const *)yr, rs, (const void *const *)xr, wv, R, NV,
-                                          H, tail, eps, 0, 0, PF(NV), NV > 8 && pfw, 1, ow)
+                                          H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, 1, ow)
                        : ln_group16((void *const *)yr, mn, rs, (const void *const *)xr, wv,
-                                         bv, R, NV, H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw,
+                                         bv, R, NV, H, tail, eps, 0, 0, 0, 0, PF(NV), NV > 8 && pfw,
                                          1, ow);
 #undef PF
         for (int k = 0; redo && k < R; k++) {

@@ -4,16 +4,16 @@
  * sixteen or thirty-two rows, float or float16/bfloat16 storage.
  */
 
-/* In the group kernels below (KIND, YK, NV, tail, xr, yr, nt theirs): the
- * mask of vector v of a row, vector v of row k (float, or 16-bit values of
- * KIND widened), and y to vector v of row k (float, or 16-bit values of YK;
- * nt as st_half). */
+/* In the group kernels below (XE, YE, YI, NV, tail, xr, yr, nt theirs): the
+ * mask of vector v of a row, vector v of row k (float, or half storage XE
+ * widened), and y to vector v of row k (float, or half storage YE narrowed
+ * with bf16i YI; nt as st_half). */
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
-#define LD(k, v) (KIND ? ld_half(KIND, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
+#define LD(k, v) (XE ? ld_half(XE, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
 #define ST(k, v, y)                                                                       \
     do {                                                                                  \
-        if (YK) st_half(YK, (uint16_t *)yr[k] + 16 * (v), (y), MASK(v), nt);         \
+        if (YE) st_half(YE, YI, (uint16_t *)yr[k] + 16 * (v), (y), MASK(v), nt);     \
         else _mm512_mask_storeu_ps((float *)yr[k] + 16 * (v), MASK(v), (y));             \
     } while (0)
 /* y to vector v of row k, or with put to the writer wl (the group kernel's
@@ -27,7 +27,7 @@
  * one line's worth. The group kernels do this in a sweep of its own: with
  * the float rows' loop taking it too, GCC unrolled neither loop (bfloat16
  * (262144, 64) 0.8x, float32 3-8% slower). */
-#define PUT16(a, b) ntw_put(&wl, _mm512_castsi512_ps(narrow32(YK, (a), (b))))
+#define PUT16(a, b) ntw_put(&wl, _mm512_castsi512_ps(narrow32(YE, YI, (a), (b))))
 /* One group of 16 * NG rows (R of them real; NG 1 or 2) of the LayerNorm
  * forward, rows of NV vectors (NV and NG constants after inlining: the loops
  * unroll, w and b stay in registers). Each sixteen rows' sums reduce on their
@@ -47,26 +47,26 @@
  * suspect, and the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) uint32_t ln_group16(
     void *const *yr, float *mean, float *rstd, const void *const *xr, const __m512 *wv,
-    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int KIND, int YK,
-    int nt, const char *pf, int pfw, int NG, ntw *ow)
+    const __m512 *bv, int R, int NV, int64_t H, __mmask16 tail, double eps, int XE, int YE,
+    int YI, int nt, const char *pf, int pfw, int NG, ntw *ow)
 {
-#define X0(k) (!KIND ? ((const float *)xr[k])[0]                                           \
-               : KIND == FASTLN_F16 ? f16_to_f32(((const uint16_t *)xr[k])[0])            \
+#define X0(k) (!XE ? ((const float *)xr[k])[0]                                             \
+               : XE == FASTLN_F16 ? f16_to_f32(((const uint16_t *)xr[k])[0])            \
                                     : bf16_to_f32(((const uint16_t *)xr[k])[0]))
     float sh[32] __attribute__((aligned(64))), dm[32] __attribute__((aligned(64)));
     float r[32] __attribute__((aligned(64)));
     /* 16-bit rows: widened once, by the first sweep, for the other two */
-    float xw[KIND ? 16 * 16 * NG * NV : 1] __attribute__((aligned(64)));
-#define LDW(k, v) (KIND ? _mm512_load_ps(xw + 16 * ((k) * NV + (v))) : LD(k, v))
+    float xw[XE ? 16 * 16 * NG * NV : 1] __attribute__((aligned(64)));
+#define LDW(k, v) (XE ? _mm512_load_ps(xw + 16 * ((k) * NV + (v))) : LD(k, v))
     const char *pf1 = NV <= 8 ? pf : NULL, *pf2 = NV <= 8 ? NULL : pf;
     __m512 acc[32];
     for (int k = 0; k < 16 * NG; k++) {   /* sum(x - x0) */
         sh[k] = X0(k);
         __m512 s = _mm512_set1_ps(sh[k]), a = _mm512_setzero_ps();
-        if (pf1) pf_row(pf1, k, H * elem_bytes(KIND));
+        if (pf1) pf_row(pf1, k, H * elem_bytes(XE));
         for (int v = 0; v < NV; v++) {
             __m512 xv = LD(k, v);
-            if (KIND) _mm512_store_ps(xw + 16 * (k * NV + v), xv);
+            if (XE) _mm512_store_ps(xw + 16 * (k * NV + v), xv);
             a = _mm512_add_ps(a, _mm512_maskz_sub_ps(MASK(v), xv, s));
         }
         acc[k] = a;
@@ -79,7 +79,7 @@ static inline __attribute__((always_inline)) uint32_t ln_group16(
     }
     for (int k = 0; k < 16 * NG; k++) {   /* sum((x - x0 - dm)^2) */
         __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), a = _mm512_setzero_ps();
-        if (pf2) pf_row(pf2, k, H * elem_bytes(KIND));
+        if (pf2) pf_row(pf2, k, H * elem_bytes(XE));
         if (pfw && k < R) pfw_row(yr[k], H * 4);
         for (int v = 0; v < NV; v++) {
             __m512 c = _mm512_maskz_sub_ps(MASK(v), _mm512_maskz_sub_ps(MASK(v), LDW(k, v), s), d);
@@ -112,7 +112,7 @@ static inline __attribute__((always_inline)) uint32_t ln_group16(
     if (put) wl = *ow;
 #define Y(v) _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(LDW(k, v), s), d), rk), \
                              wv[v], bv[v])
-    if (YK && put) {   /* 16-bit rows to the writer (put: every row is finished) */
+    if (YE && put) {   /* 16-bit rows to the writer (put: every row is finished) */
         for (int k = 0; k < R; k++) {
             __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
             for (int v = 0; v + 1 < NV; v += 2) PUT16(Y(v), Y(v + 1));
@@ -145,15 +145,15 @@ static inline __attribute__((always_inline)) uint32_t ln_group16(
  * fallback. */
 static inline __attribute__((always_inline)) uint32_t rms_group16(
     void *const *yr, float *rstd, const void *const *xr, const __m512 *wv, int R, int NV,
-    int64_t H, __mmask16 tail, double eps, int KIND, int nt, const char *pf, int pfw, int NG,
-    ntw *ow)
+    int64_t H, __mmask16 tail, double eps, int XE, int YI, int nt, const char *pf, int pfw,
+    int NG, ntw *ow)
 {
-    const int YK = KIND;   /* y of the same storage as x */
+    const int YE = XE;   /* y of the same storage as x */
     float r[32] __attribute__((aligned(64)));
     __m512 acc[32];
     for (int k = 0; k < 16 * NG; k++) {
         __m512 a = _mm512_setzero_ps();
-        if (pf) pf_row(pf, k, H * elem_bytes(KIND));
+        if (pf) pf_row(pf, k, H * elem_bytes(XE));
         if (pfw && k < R) pfw_row(yr[k], H * 4);
         for (int v = 0; v < NV; v++) {
             __m512 xv = LD(k, v);
@@ -174,7 +174,7 @@ static inline __attribute__((always_inline)) uint32_t rms_group16(
     ntw wl;
     if (put) wl = *ow;
 #define Y(v) _mm512_mul_ps(_mm512_mul_ps(LD(k, v), rk), wv[v])
-    if (YK && put) {   /* as ln_group16 */
+    if (YE && put) {   /* as ln_group16 */
         for (int k = 0; k < R; k++) {
             __m512 rk = _mm512_set1_ps(r[k]);
             for (int v = 0; v + 1 < NV; v += 2) PUT16(Y(v), Y(v + 1));

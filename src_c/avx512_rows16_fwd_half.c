@@ -13,11 +13,11 @@
 #include "avx512_rows16_fwd.h"
 
 
-/* s = x + res over n 16-bit values of kind, in float into sf and rounded
+/* s = x + res over n values of half storage elem, in float into sf and rounded
  * into s (nt: non-temporal where aligned), or with os put to that writer;
  * with pf, prefetching x and res n values on (as add16) */
 static inline __attribute__((always_inline)) void add16_half(
-    int kind, float *sf, uint16_t *s, const uint16_t *x, const uint16_t *res, int64_t n, int nt,
+    int elem, int bf16i, float *sf, uint16_t *s, const uint16_t *x, const uint16_t *res, int64_t n, int nt,
     int pf, ntw *os)
 {
     if (os) {   /* s to the writer os instead (n a multiple of 32), two vectors a put */
@@ -28,12 +28,12 @@ static inline __attribute__((always_inline)) void add16_half(
                 _mm_prefetch((const char *)(res + n + i), _MM_HINT_T0);
             }
             const __mmask16 m = (__mmask16)0xFFFF;
-            __m512 a = _mm512_add_ps(ld_half(kind, x + i, m), ld_half(kind, res + i, m));
-            __m512 b = _mm512_add_ps(ld_half(kind, x + i + 16, m),
-                                     ld_half(kind, res + i + 16, m));
+            __m512 a = _mm512_add_ps(ld_half(elem, x + i, m), ld_half(elem, res + i, m));
+            __m512 b = _mm512_add_ps(ld_half(elem, x + i + 16, m),
+                                     ld_half(elem, res + i + 16, m));
             _mm512_storeu_ps(sf + i, a);
             _mm512_storeu_ps(sf + i + 16, b);
-            ntw_put(&wl, _mm512_castsi512_ps(narrow32(kind, a, b)));
+            ntw_put(&wl, _mm512_castsi512_ps(narrow32(elem, bf16i, a, b)));
         }
         *os = wl;
         return;
@@ -44,9 +44,9 @@ static inline __attribute__((always_inline)) void add16_half(
             _mm_prefetch((const char *)(x + n + i), _MM_HINT_T0);
             _mm_prefetch((const char *)(res + n + i), _MM_HINT_T0);
         }
-        __m512 v = _mm512_add_ps(ld_half(kind, x + i, m), ld_half(kind, res + i, m));
+        __m512 v = _mm512_add_ps(ld_half(elem, x + i, m), ld_half(elem, res + i, m));
         _mm512_mask_storeu_ps(sf + i, m, v);
-        st_half(kind, s + i, v, m, nt);
+        st_half(elem, bf16i, s + i, v, m, nt);
     }
 }
 
@@ -61,7 +61,7 @@ static inline __attribute__((always_inline)) void add16_half(
  * non-temporal stores (fenced here). rms and add (res != NULL) are
  * constants. */
 static inline __attribute__((always_inline)) void fwd16h_nv(
-    int NV, int rms, int add, int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+    int NV, int rms, int add, int elem, int bf16i, uint16_t *y, uint16_t *s, float *mean, float *rstd,
     const uint16_t *x, const uint16_t *res, const float *w, const float *b, int64_t r0,
     int64_t r1, int64_t H, double eps, int stream, float *buf)
 {
@@ -105,7 +105,7 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
         const float *sr[16];
         uint16_t *yr[32];
         if (add) {
-            add16_half(kind, buf, s + n * H, x + n * H, res + n * H, R * H, stream,
+            add16_half(elem, bf16i, buf, s + n * H, x + n * H, res + n * H, R * H, stream,
                             n + 32 <= r1, os);
             rows16(sr, buf, 0, R, H);
         }
@@ -126,16 +126,16 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
         const char *pf = pf_on && n + 2 * G <= r1 ? (const char *)(x + (n + G) * H) : NULL;
 #define PF(NV) (NV > 8 || (NV >= SPREAD_NV && stream) ? pf : NULL)
         uint32_t redo;
-#define HGROUP(K)                                                                          \
+#define HGROUP(E, BI)                                                                         \
     (add ? ln_group16((void *const *)yr, mn, rs, (const void *const *)sr, wv, bv, R, NV, \
-                           H, tail, eps, 0, K, nt, NULL, 0, 1, ow)                        \
+                           H, tail, eps, 0, E, BI, nt, NULL, 0, 1, ow)                        \
      : rms ? rms_group16((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H,  \
-                              tail, eps, K, nt, PF(NV), 0, NG_RMS(NV), ow)                \
+                              tail, eps, E, BI, nt, PF(NV), 0, NG_RMS(NV), ow)                \
            : ln_group16((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R,  \
-                             NV, H, tail, eps, K, K, nt, PF(NV), 0, NG_LN(NV), ow))
-        if (kind == FASTLN_F16) redo = HGROUP(FASTLN_F16);
-        else if (kind == FASTLN_BF16) redo = HGROUP(FASTLN_BF16);
-        else redo = HGROUP(KIND_BF16_INSN);
+                             NV, H, tail, eps, E, E, BI, nt, PF(NV), 0, NG_LN(NV), ow))
+        if (elem == FASTLN_F16) redo = HGROUP(FASTLN_F16, 0);
+        else if (!bf16i) redo = HGROUP(FASTLN_BF16, 0);
+        else redo = HGROUP(FASTLN_BF16, 1);
 #undef HGROUP
 #undef PF
 #undef NG_RMS
@@ -143,10 +143,10 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
         for (int k = 0; redo && k < R; k++) {
             if (!((redo >> k) & 1)) continue;
             float *xf = add ? buf + k * H : buf;
-            if (!add) widen_half(kind, xf, xr[k], H);
+            if (!add) widen_half(elem, xf, xr[k], H);
             if (rms) fastln_avx512_rms_row(yf, rs ? rs + k : NULL, xf, w, H, eps);
             else fastln_avx512_ln_row(yf, mn ? mn + k : NULL, rs ? rs + k : NULL, xf, w, b, H, eps);
-            narrow_half(kind, yr[k], yf, H);
+            narrow_half(elem, yr[k], yf, H);
         }
         if (ow && redo) ntw_put_n(ow, (const float *)stage, R * H / 2);
     }
@@ -162,11 +162,12 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
  * the streaming flags on the stack. */
 #define FWD16H_FN(NV, OP)                                                                   \
     static __attribute__((noinline)) void CAT3(fwd16h_, NV, OP)(                       \
-        int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd, const uint16_t *x,    \
+        int elem, int bf16i, uint16_t *y, uint16_t *s, float *mean, float *rstd,            \
+        const uint16_t *x,                                                                  \
         const uint16_t *res, const float *w, const float *b, int64_t r0, int64_t r1,        \
         int64_t H, double eps, int stream, float *buf)                                      \
     {                                                                                       \
-        fwd16h_nv(NV, OP == 1, OP == 2, kind, y, s, mean, rstd, x, res, w, b, r0, r1, H, \
+        fwd16h_nv(NV, OP == 1, OP == 2, elem, bf16i, y, s, mean, rstd, x, res, w, b, r0, r1, H, \
                        eps, stream, buf);                                                   \
     }
 #define FWD16H_FNS(NV) FWD16H_FN(NV, 0) FWD16H_FN(NV, 1) FWD16H_FN(NV, 2)
@@ -176,14 +177,14 @@ FOR_NVF16(FWD16H_FNS)
 
 /* The 16-bit LayerNorm (rms 0), RMSNorm (rms 1) or, with res, add +
  * LayerNorm forward of rows [r0, r1), H <= FWD16_MAX_H, as fwd16h_nv */
-void fastln_avx512_fwd_rows16_half(int rms, int kind, uint16_t *y, uint16_t *s, float *mean,
+void fastln_avx512_fwd_rows16_half(int rms, int elem, uint16_t *y, uint16_t *s, float *mean,
                                  float *rstd, const uint16_t *x, const uint16_t *res,
                                  const float *w, const float *b, int64_t r0, int64_t r1,
                                  int64_t H, double eps, int stream, float *buf)
 {
-    kind = store_kind(kind);
+    const int bf16i = bf16_insn_for(elem);
 #define F(NV, OP) \
-    CAT3(fwd16h_, NV, OP)(kind, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, stream, buf)
+    CAT3(fwd16h_, NV, OP)(elem, bf16i, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, stream, buf)
     switch ((int)((H + 15) / 16) * 3 + (res ? 2 : rms ? 1 : 0)) {   /* rows of 1 to 16 vectors */
         FOR_NVF16(OP_CASES)
     }

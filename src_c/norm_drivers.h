@@ -71,21 +71,21 @@ static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
 }
 
 #if IS_F32
-static int SFX(half_fwd)(int op, int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+static int SFX(half_fwd)(int op, int elem, uint16_t *y, uint16_t *s, float *mean, float *rstd,
                          const uint16_t *x, const uint16_t *res, const float *w,
                          const float *b, int64_t N, int64_t H, double eps, int nt, int stream)
 {
-    SFX(lp_fwd) a = {op, kind, stream, y, s, mean, rstd, x, res, w, b, H, eps};
-    int64_t sn = SFX(lp_scratch)(H);
+    SFX(half_fwd_args) a = {op, elem, stream, y, s, mean, rstd, x, res, w, b, H, eps};
+    int64_t sn = SFX(half_scratch)(H);
     float *scratch = (float *)malloc((size_t)(nt * sn) * sizeof(float));
     if (!scratch) return FASTLN_ENOMEM;
     if (nt <= 1) {
-        SFX(lp_fwd_rows)(&a, 0, N, scratch);
+        SFX(half_fwd_rows)(&a, 0, N, scratch);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
-            SFX(lp_fwd_rows)(&a, N * t / p, N * (t + 1) / p, scratch + t * sn);
+            SFX(half_fwd_rows)(&a, N * t / p, N * (t + 1) / p, scratch + t * sn);
         }
     }
     free(scratch);
@@ -109,7 +109,7 @@ static int64_t SFX(part_stride)(int64_t H)
 static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, T *stage,
-                            const SFX(lp_bwd) *lp, int hot, int64_t t, int64_t p)
+                            const SFX(half_bwd_args) *half, int hot, int64_t t, int64_t p)
 {
     const int64_t k1 = nblk * (t + 1) / p, re = k1 * rb < N ? k1 * rb : N;   /* share's end */
     for (int64_t k = nblk * t / p; k < k1; k++) {
@@ -117,12 +117,12 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
         memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
 #if IS_F32
-        if (lp) {
-            SFX(lp_bwd_rows)(lp, pw, pb, mean, rstd, w, k * rb, r1, re, H, stage);
+        if (half) {
+            SFX(half_bwd_rows)(half, pw, pb, mean, rstd, w, k * rb, r1, re, H, stage);
             continue;
         }
 #else
-        (void)lp;   /* double: no half storage */
+        (void)half;   /* double: no half storage */
 #endif
         SFX(bwd_range)(dx, pw, pb, dy, x, mean, rstd, w, k * rb, r1, re, H, stage, hot);
     }
@@ -157,10 +157,10 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps,
  * blocks of fastln_row_block(N) rows, independent of the thread count; each
  * block owns partial sums of dweight and dbias, which are then added in
  * block order: the result is bitwise the same on any number of threads.
- * With lp, x, dy and dx are lp's (16-bit storage), and dx, dy, x are unused. */
+ * With half, x, dy and dx are half's (16-bit storage), and dx, dy, x are unused. */
 static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                          const T *x, const T *mean, const T *rstd, const T *w,
-                         int64_t N, int64_t H, int nt, int stream, const SFX(lp_bwd) *lp)
+                         int64_t N, int64_t H, int nt, int stream, const SFX(half_bwd_args) *half)
 {
     int64_t rb = fastln_row_block(N), nblk = (N + rb - 1) / rb;
     int64_t np = db ? 2 : 1;                         /* partial vectors per block */
@@ -170,7 +170,7 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
         if (db) memset(db, 0, (size_t)H * sizeof(T));
         return FASTLN_OK;
     }
-    if (nblk == 1 && !stream && !lp) {               /* one block: sums straight into dw, db */
+    if (nblk == 1 && !stream && !half) {               /* one block: sums straight into dw, db */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
         SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, N, H, NULL, hot);
@@ -181,14 +181,14 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     if (!part) return FASTLN_ENOMEM;
     if (nt > nblk) nt = (int)nblk;
     /* per-thread staging rows for streamed dx (NULL: dx is written in place,
-     * also when the allocation fails, which only costs speed); with lp, the
+     * also when the allocation fails, which only costs speed); with half, the
      * scratch it needs */
     int64_t sn = stream ? GROUP * H : 0;
 #if IS_F32
-    if (lp) sn = SFX(lp_scratch)(H);
+    if (half) sn = SFX(half_scratch)(H);
 #endif
     T *stage = sn ? (T *)malloc((size_t)(nt * sn) * sizeof(T)) : NULL;
-    if (lp && !stage) {
+    if (half && !stage) {
         free(part);
         return FASTLN_ENOMEM;
     }
@@ -197,14 +197,14 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
      * region, one barrier fewer */
     const int par_reduce = nt > 1 && H > REDUCE_COLS;
     if (nt <= 1) {
-        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, lp, hot,
+        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, half, hot,
                         0, 1);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
             SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
-                            stage ? stage + t * sn : NULL, lp, hot, t, p);
+                            stage ? stage + t * sn : NULL, half, hot, t, p);
             if (par_reduce) {
 #pragma omp barrier
                 SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
@@ -232,11 +232,11 @@ static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T
 
 #if IS_F32
 /* LayerNorm (db != NULL) or RMSNorm backward in 16-bit storage. */
-static int SFX(half_bwd)(int kind, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
+static int SFX(half_bwd)(int elem, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
                          const uint16_t *x, const float *mean, const float *rstd,
                          const float *w, int64_t N, int64_t H, int nt, int stream)
 {
-    SFX(lp_bwd) lp = {kind, stream, dx, dy, x};
-    return SFX(backward)(NULL, dw, db, NULL, NULL, mean, rstd, w, N, H, nt, stream, &lp);
+    SFX(half_bwd_args) half = {elem, stream, dx, dy, x};
+    return SFX(backward)(NULL, dw, db, NULL, NULL, mean, rstd, w, N, H, nt, stream, &half);
 }
 #endif

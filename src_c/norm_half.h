@@ -7,38 +7,38 @@
  * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
  * never depend on their block, so neither do results. */
 
-/* x, dy, dx of a backward in 16-bit storage (kind FASTLN_F16 or FASTLN_BF16) */
+/* x, dy, dx of a backward in 16-bit storage (elem FASTLN_F16 or FASTLN_BF16) */
 typedef struct {
-    int kind, stream;
+    int elem, stream;
     uint16_t *dx;
     const uint16_t *dy, *x;
-} SFX(lp_bwd);
+} SFX(half_bwd_args);
 
 #if IS_F32
-static int64_t SFX(lp_block)(int64_t H)
+static int64_t SFX(half_block)(int64_t H)
 {
     int64_t m = 8192 / H;
     return m >= 16 ? m / 16 * 16 : m > 0 ? m : 1;
 }
 
 /* floats of per-thread scratch: two float blocks and a 16-bit staging block */
-static int64_t SFX(lp_scratch)(int64_t H)
+static int64_t SFX(half_scratch)(int64_t H)
 {
-    int64_t e = SFX(lp_block)(H) * H;
+    int64_t e = SFX(half_block)(H) * H;
     return 2 * e + (e + 1) / 2;
 }
 
-/* dst = src (n values) rounded to kind; with stream through stage and
+/* dst = src (n values) rounded to elem; with stream through stage and
  * non-temporal stores (the caller fences). */
 #if !AVX512_F32   /* AVX-512 converts in registers */
-static void SFX(lp_put)(int kind, uint16_t *dst, const float *src, int64_t n, uint16_t *stage,
+static void SFX(half_put)(int elem, uint16_t *dst, const float *src, int64_t n, uint16_t *stage,
                         int stream)
 {
     if (!stream) {
-        narrow_half(kind, dst, src, n);
+        narrow_half(elem, dst, src, n);
         return;
     }
-    narrow_half(kind, stage, src, n);
+    narrow_half(elem, stage, src, n);
     stream_copy(dst, stage, (size_t)n * sizeof(uint16_t));
 }
 #endif
@@ -46,29 +46,29 @@ static void SFX(lp_put)(int kind, uint16_t *dst, const float *src, int64_t n, ui
 /* Backward rows [r0, r1) in 16-bit storage (prefetching up to row re, as
  * bwd_range): converted in registers on AVX-512 (long_bwd, bwd_rows16),
  * else bwd_range on widened blocks. */
-static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const float *mean,
+static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb, const float *mean,
                              const float *rstd, const float *w, int64_t r0, int64_t r1,
                              int64_t re, int64_t H, float *buf)
 {
 #if AVX512_F32
     if (H > BWD16_MAX_H)
-        fastln_avx512_long_bwd(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, H, buf,
+        fastln_avx512_long_bwd(a->elem, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, H, buf,
                                a->stream);
     else
-        fastln_avx512_bwd_rows16(a->kind, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, re, H,
+        fastln_avx512_bwd_rows16(a->elem, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, re, H,
                                  a->stream);
 #else
     (void)re;
-    const int64_t m = SFX(lp_block)(H);
+    const int64_t m = SFX(half_block)(H);
     float *xb = buf, *gb = buf + m * H;
     uint16_t *stage = (uint16_t *)(gb + m * H);
     for (int64_t r = r0; r < r1; r += m) {
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
-        widen_half(a->kind, xb, a->x + r * H, e);
-        widen_half(a->kind, gb, a->dy + r * H, e);
+        widen_half(a->elem, xb, a->x + r * H, e);
+        widen_half(a->elem, gb, a->dy + r * H, e);
         SFX(bwd_range)(gb, pw, pb, gb, xb, mean ? mean + r : NULL, rstd + r, w, 0, n, n, H, NULL,
                        1);
-        SFX(lp_put)(a->kind, a->dx + r * H, gb, e, stage, a->stream);
+        SFX(half_put)(a->elem, a->dx + r * H, gb, e, stage, a->stream);
     }
     if (a->stream) stream_fence();
 #endif
@@ -78,45 +78,45 @@ static void SFX(lp_bwd_rows)(const SFX(lp_bwd) *a, float *pw, float *pb, const f
  * FASTLN_OP_ADD (s = x + res and y = LN(s) in float, both stored rounded, as
  * the float32 kernels do). */
 typedef struct {
-    int op, kind, stream;
+    int op, elem, stream;
     uint16_t *y, *s;
     float *mean, *rstd;
     const uint16_t *x, *res;
     const float *w, *b;
     int64_t H;
     double eps;
-} SFX(lp_fwd);
+} SFX(half_fwd_args);
 
-static void SFX(lp_fwd_rows)(const SFX(lp_fwd) *a, int64_t r0, int64_t r1, float *buf)
+static void SFX(half_fwd_rows)(const SFX(half_fwd_args) *a, int64_t r0, int64_t r1, float *buf)
 {
     const int64_t H = a->H;
 #if AVX512_F32   /* converted in registers, sixteen rows at a time or long rows */
     const uint16_t *res = a->op == FASTLN_OP_ADD ? a->res : NULL;
     if (H <= FWD16_MAX_H)   /* buf: at least 17H floats */
-        fastln_avx512_fwd_rows16_half(a->op == FASTLN_OP_RMS, a->kind, a->y, a->s, a->mean,
+        fastln_avx512_fwd_rows16_half(a->op == FASTLN_OP_RMS, a->elem, a->y, a->s, a->mean,
                                       a->rstd, a->x, res, a->w, a->b, r0, r1, H, a->eps,
                                       a->stream, buf);
     else
-        fastln_avx512_long_fwd(a->kind, a->op == FASTLN_OP_RMS, a->y, a->s, a->mean, a->rstd,
+        fastln_avx512_long_fwd(a->elem, a->op == FASTLN_OP_RMS, a->y, a->s, a->mean, a->rstd,
                                a->x, res, a->w, a->b, r0, r1, H, a->eps, buf, a->stream);
 #else
-    const int64_t m = SFX(lp_block)(H);
+    const int64_t m = SFX(half_block)(H);
     float *xb = buf, *rb = buf + m * H;
     uint16_t *stage = (uint16_t *)(rb + m * H);
     for (int64_t r = r0; r < r1; r += m) {
         int64_t n = r1 - r < m ? r1 - r : m, e = n * H;
         float *mean = a->mean ? a->mean + r : NULL, *rstd = a->rstd ? a->rstd + r : NULL;
-        widen_half(a->kind, xb, a->x + r * H, e);
+        widen_half(a->elem, xb, a->x + r * H, e);
         if (a->op == FASTLN_OP_ADD) {   /* s over x, y over res */
-            widen_half(a->kind, rb, a->res + r * H, e);
+            widen_half(a->elem, rb, a->res + r * H, e);
             SFX(add_ln_range)(rb, xb, mean, rstd, xb, rb, a->w, a->b, 0, n, H, a->eps, NULL);
-            SFX(lp_put)(a->kind, a->s + r * H, xb, e, stage, a->stream);
-            SFX(lp_put)(a->kind, a->y + r * H, rb, e, stage, a->stream);
+            SFX(half_put)(a->elem, a->s + r * H, xb, e, stage, a->stream);
+            SFX(half_put)(a->elem, a->y + r * H, rb, e, stage, a->stream);
             continue;
         }
         if (a->op == FASTLN_OP_RMS) SFX(rms_range)(xb, rstd, xb, a->w, 0, n, H, a->eps, NULL);
         else SFX(ln_range)(xb, mean, rstd, xb, a->w, a->b, 0, n, H, a->eps, NULL);
-        SFX(lp_put)(a->kind, a->y + r * H, xb, e, stage, a->stream);
+        SFX(half_put)(a->elem, a->y + r * H, xb, e, stage, a->stream);
     }
     if (a->stream) stream_fence();
 #endif

@@ -127,12 +127,13 @@ static inline uint16_t f32_to_bf16(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* d[i] = s[i] as float, n values of kind FASTLN_F16 or FASTLN_BF16. */
-static inline void widen_half(int kind, float *d, const uint16_t *s, int64_t n)
+/* d[i] = s[i] as float, n values of half storage elem (FASTLN_F16 or
+ * FASTLN_BF16). */
+static inline void widen_half(int elem, float *d, const uint16_t *s, int64_t n)
 {
     int64_t i = 0;
 #if defined(FASTLN_X86) && VEC_BYTES == 64
-    if (kind == FASTLN_F16)
+    if (elem == FASTLN_F16)
         for (; i + 16 <= n; i += 16)
             _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
     else
@@ -140,7 +141,7 @@ static inline void widen_half(int kind, float *d, const uint16_t *s, int64_t n)
             _mm512_storeu_si512(d + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(
                                            _mm256_loadu_si256((const __m256i *)(s + i))), 16));
 #elif defined(FASTLN_X86) && VEC_BYTES == 32
-    if (kind == FASTLN_F16)
+    if (elem == FASTLN_F16)
         for (; i + 8 <= n; i += 8)
             _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
     else
@@ -148,7 +149,7 @@ static inline void widen_half(int kind, float *d, const uint16_t *s, int64_t n)
             _mm256_storeu_si256((__m256i *)(d + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(
                                     _mm_loadu_si128((const __m128i *)(s + i))), 16));
 #endif
-    for (; i < n; i++) d[i] = kind == FASTLN_F16 ? f16_to_f32(s[i]) : bf16_to_f32(s[i]);
+    for (; i < n; i++) d[i] = elem == FASTLN_F16 ? f16_to_f32(s[i]) : bf16_to_f32(s[i]);
 }
 
 #if defined(FASTLN_X86) && VEC_BYTES == 64
@@ -182,13 +183,13 @@ static inline __m256i f16_round512(__m512 f)
 }
 #endif
 
-/* d[i] = s[i] rounded to kind (nearest even). bfloat16 by integer rounding:
+/* d[i] = s[i] rounded to half storage elem (nearest even). bfloat16 by integer rounding:
  * AVX512-BF16's VCVTNEPS2BF16 would flush subnormals to zero. */
-static inline void narrow_half(int kind, uint16_t *d, const float *s, int64_t n)
+static inline void narrow_half(int elem, uint16_t *d, const float *s, int64_t n)
 {
     int64_t i = 0;
 #if defined(FASTLN_X86) && VEC_BYTES == 64
-    if (kind == FASTLN_F16) {
+    if (elem == FASTLN_F16) {
         for (; i + 16 <= n; i += 16)
             _mm256_storeu_si256((__m256i *)(d + i), f16_round512(_mm512_loadu_ps(s + i)));
     } else {
@@ -196,7 +197,7 @@ static inline void narrow_half(int kind, uint16_t *d, const float *s, int64_t n)
             _mm256_storeu_si256((__m256i *)(d + i), bf16_round512(_mm512_loadu_ps(s + i)));
     }
 #elif defined(FASTLN_X86) && VEC_BYTES == 32
-    if (kind == FASTLN_F16) {
+    if (elem == FASTLN_F16) {
         for (; i + 8 <= n; i += 8)
             _mm_storeu_si128((__m128i *)(d + i),
                              _mm256_cvtps_ph(_mm256_loadu_ps(s + i),
@@ -216,7 +217,7 @@ static inline void narrow_half(int kind, uint16_t *d, const float *s, int64_t n)
         }
     }
 #endif
-    for (; i < n; i++) d[i] = kind == FASTLN_F16 ? f32_to_f16(s[i]) : f32_to_bf16(s[i]);
+    for (; i < n; i++) d[i] = elem == FASTLN_F16 ? f32_to_f16(s[i]) : f32_to_bf16(s[i]);
 }
 
 #if defined(FASTLN_X86) && VEC_BYTES == 64
@@ -285,17 +286,17 @@ static inline __attribute__((always_inline)) void pfw_row(const void *p, int64_t
     for (int64_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_ET0);
 }
 
-/* Bytes of one stored value of kind: float (ELEM_F32) or a 16-bit kind */
+/* The storage of a row's elements (elem): float (ELEM_F32), or half storage,
+ * FASTLN_F16 or FASTLN_BF16 (fastln.h), converted in registers. */
 #define ELEM_F32 0
-static inline int64_t elem_bytes(int kind) { return kind ? 2 : 4; }
+static inline int64_t elem_bytes(int elem) { return elem ? 2 : 4; }
 
-/* 16-bit loads and stores, converted in registers (kind FASTLN_F16 or
- * FASTLN_BF16, or KIND_BF16_INSN below) */
+/* 16 values of half storage elem at p (lanes m), as floats */
 static inline __attribute__((always_inline)) __m512 ld_half(
-    int kind, const uint16_t *p, __mmask16 m)
+    int elem, const uint16_t *p, __mmask16 m)
 {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    if (kind == FASTLN_F16) return _mm512_cvtph_ps(h);
+    if (elem == FASTLN_F16) return _mm512_cvtph_ps(h);
     /* bfloat16 i into the high half of lane i, zeros below: one permute
      * (the zero-extend and shift it replaces are two instructions) */
     const __m512i idx = _mm512_slli_epi32(
@@ -304,19 +305,21 @@ static inline __attribute__((always_inline)) __m512 ld_half(
         _mm512_maskz_permutexvar_epi16(0xAAAAAAAA, idx, _mm512_zextsi256_si512(h)));
 }
 
-/* kind, or for bfloat16 on a CPU with AVX512-BF16, KIND_BF16_INSN: its
- * VCVTNEPS2BF16 rounds to nearest even in one instruction, but reads
- * subnormal inputs as 0 and flushes subnormal results, so a vector holding a
- * subnormal float takes the integer rounding (bf16_round512) instead. */
-#define KIND_BF16_INSN 3
+/* The narrowing of floats to half storage takes a second argument, bf16i: 1
+ * where bfloat16 is rounded by AVX512-BF16's VCVTNEPS2BF16 (one instruction,
+ * nearest even), 0 for the integer rounding (bf16_round512) and for
+ * float16. The instruction reads subnormal inputs as 0 and flushes subnormal
+ * results, so a vector holding a subnormal float takes the integer rounding
+ * instead: the bits are the same either way. */
 
-/* The kind the stores of this CPU use for kind */
-static inline int store_kind(int kind)
+/* bf16i for the stores of elem on this CPU */
+static inline int bf16_insn_for(int elem)
 {
-    return kind == FASTLN_BF16 && fastln_cpu_has_avx512bf16() ? KIND_BF16_INSN : kind;
+    return elem == FASTLN_BF16 && fastln_cpu_has_avx512bf16();
 }
 
-static inline __attribute__((always_inline)) __m256i bf16_insn(__m512 v)
+/* v as bfloat16 by VCVTNEPS2BF16, or by bf16_round512 where v holds a subnormal */
+static inline __attribute__((always_inline)) __m256i bf16_by_insn(__m512 v)
 {
     if (_mm512_fpclass_ps_mask(v, 0x20)) return bf16_round512(v);   /* 0x20: subnormal */
     __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
@@ -324,32 +327,32 @@ static inline __attribute__((always_inline)) __m256i bf16_insn(__m512 v)
     return h;
 }
 
-/* v as 16-bit values of kind */
-static inline __attribute__((always_inline)) __m256i narrow16(int kind, __m512 v)
+/* v as 16 values of half storage elem */
+static inline __attribute__((always_inline)) __m256i narrow16(int elem, int bf16i, __m512 v)
 {
-    return kind == FASTLN_F16 ? f16_round512(v)
-           : kind == KIND_BF16_INSN ? bf16_insn(v) : bf16_round512(v);
+    return elem == FASTLN_F16 ? f16_round512(v) : bf16i ? bf16_by_insn(v) : bf16_round512(v);
 }
 
-/* a, b as 32 16-bit values of kind (a's first); bfloat16 on AVX512-BF16 in
+/* a, b as 32 values of half storage elem (a's first); bfloat16 with bf16i in
  * one VCVTNE2PS2BF16 where neither holds a subnormal */
-static inline __attribute__((always_inline)) __m512i narrow32(int kind, __m512 a, __m512 b)
+static inline __attribute__((always_inline)) __m512i narrow32(int elem, int bf16i, __m512 a,
+                                                              __m512 b)
 {
-    if (kind == KIND_BF16_INSN && !(_mm512_fpclass_ps_mask(a, 0x20) |
-                                    _mm512_fpclass_ps_mask(b, 0x20))) {
+    if (elem == FASTLN_BF16 && bf16i && !(_mm512_fpclass_ps_mask(a, 0x20) |
+                                          _mm512_fpclass_ps_mask(b, 0x20))) {
         __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a);
         IN_REGISTER(h);
         return h;
     }
-    return _mm512_inserti64x4(_mm512_castsi256_si512(narrow16(kind, a)),
-                              narrow16(kind, b), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(narrow16(elem, bf16i, a)),
+                              narrow16(elem, bf16i, b), 1);
 }
 
 /* 16 values (lanes in m) to p; nt: a non-temporal store where p is aligned */
 static inline __attribute__((always_inline)) void st_half(
-    int kind, uint16_t *p, __m512 v, __mmask16 m, int nt)
+    int elem, int bf16i, uint16_t *p, __m512 v, __mmask16 m, int nt)
 {
-    __m256i h = narrow16(kind, v);
+    __m256i h = narrow16(elem, bf16i, v);
     if (m != (__mmask16)0xFFFF) _mm256_mask_storeu_epi16(p, m, h);
     else if (nt && !((uintptr_t)p & 31)) _mm256_stream_si256((__m256i *)p, h);
     else _mm256_storeu_si256((__m256i *)p, h);
