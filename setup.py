@@ -29,9 +29,9 @@ from setuptools.command.build_ext import build_ext
 
 # every C source of src_c/, the slowest to compile first (parallel_compile
 # starts them in this order)
-C_SOURCES = ["src_c/avx512_rows16_fwd_half.c", "src_c/avx512_long_fwd.c",
-             "src_c/avx512_rows16_bwd.c", "src_c/avx512_rows16_fwd.c", "src_c/kernels_avx512.c",
-             "src_c/avx512_long_bwd.c", "src_c/kernels_avx2.c", "src_c/kernels_generic.c",
+C_SOURCES = ["src_c/avx512_rows16_fwd_half.c", "src_c/avx512_long_bwd.c",
+             "src_c/avx512_long_fwd.c", "src_c/avx512_rows16_bwd.c", "src_c/avx512_rows16_fwd.c",
+             "src_c/kernels_avx2.c", "src_c/kernels_avx512.c", "src_c/kernels_generic.c",
              "src_c/dispatch.c", "src_c/rnn.c", "src_c/pool.c"]
 
 assert sorted(C_SOURCES) == sorted(glob.glob("src_c/*.c")), "C_SOURCES and src_c/*.c differ"

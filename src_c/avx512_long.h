@@ -4,14 +4,12 @@
  * the lane masks of a chunk's tail, the horizontal sum in the lane order of
  * the one-row code (norm_stats.h), and the staging row of streamed rows.
  */
+
 /* Streamed forward rows of up to this many bytes (backward: shorter, see
- * long_bwd) are written to an L1 staging row and streamed out after it: the
- * y sweep's own non-temporal stores measured slower there (2 threads,
- * (32768, 512) 3.5 -> 2.2 ms, (43690, 384) 3.9 -> 2.3 ms, (16384, 1024) 2.5
- * -> 2.2 ms, (16384, 768) 2.0 -> 1.6 ms; bfloat16 (16384, 1024) 1.30 ->
- * 1.05 ms; 1 thread 1.2-2x), and faster for longer rows ((8192, 2048) 2.9 ms
- * staged, 2.5 direct). add + LayerNorm streams both s and y from the sweep
- * (staged y: (16384, 1024) 5.0 -> 5.7 ms). */
+ * fastln_avx512_long_bwd) are written to an L1 staging row and streamed out
+ * after it: for such rows the y sweep's own non-temporal stores, which start
+ * and end on partial lines, are slower; for longer rows they are faster.
+ * add + LayerNorm streams both s and y from the sweep. */
 #define STAGE_ROW_BYTES 4096
 
 static inline __attribute__((always_inline)) __m512 ld_k(

@@ -1,6 +1,12 @@
 /*
- * The long-row backward on AVX-512: LayerNorm and RMSNorm backward of rows
- * longer than BWD16_MAX_H, float or float16/bfloat16 (avx512.h).
+ * The long-row backward on AVX-512: LayerNorm (LN) and RMSNorm backward of
+ * rows longer than BWD16_MAX_H, float or half storage (avx512.h), converted
+ * in registers; HW: a weight. One sweep a row: dx and the dweight/dbias
+ * partials of this row (bwd_sweep2's arithmetic one row at a time, so the
+ * partials add in the same order), and the sums of the next row
+ * (ln_bwd_scalars/rms_bwd_scalars lane for lane), whose loads from memory
+ * overlap this row's arithmetic. With nt, dx goes out by non-temporal stores
+ * after a masked head up to the store alignment.
  */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #include "isa_avx512.h"
@@ -12,16 +18,8 @@
 #include "norm_bwd_stats.h"
 #include "avx512_long.h"
 
-#define PF_LONG_BWD 4096   /* long_bwd's prefetch distance, bytes (1, 8 KiB: slower) */
+#define PF_LONG_BWD 4096   /* the prefetch distance of the sums, bytes */
 
-/* ---- long rows' backward in registers -----------------------------------
- * LayerNorm (LN) and RMSNorm backward of rows longer than BWD16_MAX_H, float or
- * 16-bit storage (kinds as long_rows); HW: a weight. One sweep a row: dx and
- * the dweight/dbias partials of this row (bwd_sweep2's arithmetic one row at
- * a time, so the partials add in the same order), and the sums of the next
- * row (ln_bwd_scalars/rms_bwd_scalars lane for lane), whose loads from memory
- * overlap this row's arithmetic. With nt, dx goes out by non-temporal stores
- * after a masked head up to the store alignment. */
 
 /* Adds lanes m at element i of a row to its sums: LN sum(d), sum(g), sum(g*d)
  * (d = x - mean, g = dy * w); RMSNorm sum(g*x) in agd. */
@@ -115,7 +113,7 @@ static inline __attribute__((always_inline)) void bwd_pass(
 #undef DX16
 }
 
-/* The scalars of row n from its sums S, as vectors (16-bit rows whose sums
+/* The scalars of row n from its sums S, as vectors (half-storage rows whose sums
  * are not finite are widened into buf for the double fallback). */
 static inline __attribute__((always_inline)) void bwd_vscalars(
     int elem, int LN, __m512 *s, const double *S, const void *xr, const void *gr,
@@ -139,7 +137,8 @@ static inline __attribute__((always_inline)) void bwd_vscalars(
 }
 
 /* Backward rows [r0, r1): LayerNorm when pb != NULL, else RMSNorm (as
- * bwd_rows). buf: 2H floats of scratch for 16-bit rows; nt: non-temporal dx
+ * bwd_rows). buf: 2H floats of scratch for half-storage rows; bf16i: see
+ * simd.h; nt: non-temporal dx
  * (fenced here), from the sweep, or with stg (as long_rows_k's) staged;
  * pf (a constant): prefetch x and dy PF_LONG_BWD bytes ahead of the sums,
  * short of r1. */
@@ -169,22 +168,18 @@ static inline __attribute__((always_inline)) void long_bwd_k(
 }
 
 void fastln_avx512_long_bwd(int elem, void *dx, float *pw, float *pb, const void *dy,
-                          const void *x, const float *mean, const float *rstd, const float *w,
-                          int64_t r0, int64_t r1, int64_t H, float *buf, int nt)
+                            const void *x, const float *mean, const float *rstd, const float *w,
+                            int64_t r0, int64_t r1, int64_t H, float *buf, int nt)
 {
     /* pf: rows longer than 4 KiB, and streamed ones, prefetch PF_LONG_BWD
-     * bytes ahead of the sums in x and dy (a constant for each instance: the
-     * test in the loop measured slower). Streamed rows of 1-4 KiB: 2 threads
-     * (16384, 1024) 3.7 -> 3.4 ms, (16384, 768) 2.7 -> 2.5 ms, (65536, 256)
-     * 6.1 -> 5.7 ms, 1 thread 4-12%; rows in cache, (1024, 1024), 6-9%
-     * slower with it. */
+     * bytes ahead of the sums in x and dy (a constant for each instance: a
+     * test in the loop is slower); shorter rows in cache only lose time
+     * to it. */
     const int64_t rowb = H * elem_bytes(elem);
     const int pf = nt || rowb > 4096;
-    /* stg: streamed rows shorter than STAGE_ROW_BYTES stage dx (2 threads,
-     * (43690, 384) 4.7 -> 3.3 ms, (32768, 512) 3.8 -> 2.6 ms, (21845, 768)
-     * 3.8 -> 3.4 ms; bfloat16 (65536, 256) 5.8 -> 2.4 ms, (16384, 1024) 2.8 ->
-     * 2.2 ms; 1 thread 1.3-1.8x); float rows of 4 KiB measured 4-9% slower
-     * that way, at any offset of the staging row. */
+    /* stg: streamed rows shorter than STAGE_ROW_BYTES stage dx (their own
+     * non-temporal stores would start and end on partial lines); rows of
+     * 4 KiB are slower that way, at any offset of the staging row. */
     char stg_[STAGE_ROW_BYTES] __attribute__((aligned(64)));
     char *stg = nt && rowb < STAGE_ROW_BYTES ? stg_ : NULL;
 #define K_(E, BI, LN, HW, PF) \

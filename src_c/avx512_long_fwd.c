@@ -1,6 +1,28 @@
 /*
  * The long-row forwards on AVX-512: LayerNorm, RMSNorm and add + LayerNorm
- * of rows longer than FWD16_MAX_H, float or float16/bfloat16 (avx512.h).
+ * of rows longer than FWD16_MAX_H, float or half storage (avx512.h),
+ * widened and narrowed in registers.
+ *
+ * One sweep a row: y, which also sums the next row, so that the next row's
+ * loads from memory overlap this row's arithmetic in cache. RMSNorm sums the
+ * squares. LayerNorm sums x - t and (x - t)^2 around t, the mean of the
+ * row's first 16 values, and takes var = mean((x - t)^2) - mean(x - t)^2
+ * where (mean - t)^2 <= var / 2 (a row with a head far from its mean, or a
+ * bad sum, gets the centred squares in a second sweep). With a residual,
+ * every sweep reads x + res (the same float sum each time) and the y sweep
+ * stores it as s, or (sf) the first sweep stores s and the others read it.
+ * With nt, y (and s) go out by non-temporal stores from a 64-byte boundary
+ * (the row's first vectors masked up to it), or for rows of up to
+ * STAGE_ROW_BYTES through an L1 staging row, and the y sweep prefetches the
+ * rows ahead into L1. The sums follow the lanes of norm_sums.h (four
+ * vectors, chunks of CHUNK added in double), so a row's results do not
+ * depend on where its range starts, and half-storage rows get those of the
+ * float kernels on the widened row, rounded once. Rows whose statistics need
+ * the fallbacks go through the one-row float code (half-storage ones widened
+ * into scratch). RMSNorm's streamed float rows of whole vectors up to
+ * STAGE_ROW_BYTES go through an ntw writer instead of the staging row;
+ * LayerNorm's keep the staging row (its y sweep also sums the next row, and
+ * gains nothing from the writer).
  */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #include "isa_avx512.h"
@@ -12,38 +34,11 @@
 #include "norm_stats.h"
 #include "avx512_long.h"
 
-/*
- * LayerNorm, add + LayerNorm and RMSNorm forward of rows longer than
- * FWD16_MAX_H, stored as float (ELEM_F32) or 16-bit (FASTLN_F16, FASTLN_BF16,
- * KIND_BF16_INSN), widened and narrowed in registers. One sweep a row: y,
- * which also sums the next row, so that the next row's loads from memory
- * overlap this row's arithmetic in cache. RMSNorm sums the squares.
- * LayerNorm sums x - t and (x - t)^2 around t, the mean of the row's first
- * 16 values, and takes var = mean((x - t)^2) - mean(x - t)^2 where (mean -
- * t)^2 <= var / 2 (a row with a head far from its mean, or a bad sum, gets
- * the centred squares in a second sweep). With a residual, every sweep
- * reads x + res (the same float sum each time) and the y sweep stores it as
- * s, or (sf) the first sweep stores s and the others read it. With nt, y
- * (and s) go out by non-temporal stores from a 64-byte boundary (the row's
- * first vectors masked up to it), or for rows of up to STAGE_ROW_BYTES
- * through an L1 staging row, and the y sweep prefetches the rows ahead into
- * L1. The sums follow sum_shifted/sumsq_centered's lanes (four vectors,
- * chunks of 1024 added in double), so a row's results do not depend on
- * where its range starts, and 16-bit rows get those of the float kernels on
- * the widened row, rounded once. Rows whose statistics need the fallbacks go
- * through the one-row float code (16-bit ones widened into scratch).
- * RMSNorm's streamed float rows of whole vectors up to STAGE_ROW_BYTES go
- * through an ntw writer instead of the staging row (2 threads, outputs 0 and
- * 16 bytes into a line, same-process A/B medians: (16384, 768) 1.05-1.12x,
- * (16384, 1024) 1.10-1.19x, (32768, 512) 0.93-1.05x, (65536, 320)
- * 1.02-1.10x). LayerNorm's rows measured 0.80-1.15x with it (its y sweep
- * also sums the next row) and keep the staging row. */
+#define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes */
 
-#define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes (RMSNorm: 1-8 KiB no better) */
-
-/* a, b to elements i..i+31 of p (16-bit elem) in one 64-byte store;
+/* a, b to elements i..i+31 of p (half storage elem) in one 64-byte store;
  * non-temporal with nt where aligned (two 32-byte halves of a line stored
- * non-temporally measured slower than cached stores). KIND_BF16_INSN: one
+ * non-temporally are slower than cached stores). bfloat16 with bf16i: one
  * VCVTNE2PS2BF16 whatever the values, and the lanes of a or b that hold a
  * subnormal set to all ones in *sub, for the caller to store again
  * (norm_row; a vector, as a mask it went through general registers). */
@@ -82,10 +77,8 @@ static inline float row_shift(int elem, const void *x, const void *res, int64_t 
 }
 
 /* Prefetches into L1 the part of pf that goes with elements [e, e + 64) of
- * a sweep (elements of esz bytes); always_inline as pf_ahead. Into L2 (T1)
- * it measured slower (same-process A/B, 2 threads: float32 (16384, 1024)
- * 1.22x with T0, (4096, 4096) 1.06x, (4096, 8192) 1.09x, (16384, 8192) 1.10x;
- * bfloat16 1.00x). */
+ * a sweep (elements of esz bytes); always_inline as pf_ahead. Into L1, not
+ * L2: the sweep reaches it soon, and L2 is slower. */
 static inline __attribute__((always_inline)) void pf_step(const char *pf, int64_t e,
                                                                int64_t esz)
 {
@@ -161,9 +154,9 @@ static inline __attribute__((always_inline)) __m512 norm16(
  * (else 0), and with pf (pfr) pf_step(pf, ..) (pf_step(pfr, ..)) for each
  * 64 of those elements.
  * y's first vectors end at a 64-byte boundary, so that with nt the others
- * are non-temporal (16-bit values two vectors to a store). A bfloat16 row
- * on AVX512-BF16 with a subnormal in s or y is stored again at the end
- * (see st_pair). */
+ * are non-temporal (half-storage values two vectors to a store). A bfloat16
+ * row narrowed with bf16i with a subnormal in s or y is stored again at the
+ * end (see st_pair). */
 static inline __attribute__((always_inline)) double norm_row(
     int elem, int bf16i, int WB, void *y, void *s, const void *x, const void *res, const float *w,
     const float *b, int64_t H, float shift, float dm, float r, int nt, const void *xn,
@@ -191,7 +184,7 @@ static inline __attribute__((always_inline)) double norm_row(
         if (ow) ntw_put(&wl, yv_);                                                   \
         else st_k(elem, bf16i, y, (I), yv_, m_, nt16);                                      \
     } while (0)
-#define Y32(I)   /* elements I..I+31, 16-bit kinds */                                    \
+#define Y32(I)   /* elements I..I+31, half storage */                                     \
     do {                                                                                  \
         __m512 xa_ = ld_in(elem, x, res, (I), FULL16);                               \
         __m512 xb_ = ld_in(elem, x, res, (I) + 16, FULL16);                          \
@@ -251,10 +244,10 @@ static inline __attribute__((always_inline)) double norm_row(
 /* Rows [r0, r1) of elem (a constant after inlining); rms: RMSNorm (mean
  * unused, b NULL); res: add + LayerNorm (s = x + res, y = LN(s)). sf (a
  * constant; float with res, not nt): a row's s is stored by the sweep that
- * first sums it, and its later sweeps read s instead of x + res (2 threads:
- * (1024, 768) 85 -> 68 us, (4096, 768) 440 -> 400 us); not with nt, where
- * the y sweep streams s out, nor for 16-bit s, whose rounded values are not
- * the float sums. buf: 2H floats of scratch for 16-bit rows that take the
+ * first sums it, and its later sweeps read s instead of x + res (one load
+ * and add fewer); not with nt, where the y sweep streams s out, nor for
+ * half-storage s, whose rounded values are not the float sums. bf16i: see
+ * simd.h. buf: 2H floats of scratch for half-storage rows that take the
  * fallbacks; nt: non-temporal stores (the caller fences), straight from the
  * y sweep, or with stg (STAGE_ROW_BYTES, 64-byte aligned; not with res) a
  * row's y stored there and then streamed out. */
@@ -276,12 +269,8 @@ static inline __attribute__((always_inline)) void long_rows_k(
     const int sq = rms ? 1 : SQ_BOTH;   /* the sums a y sweep takes of the next row */
     /* The y sweep prefetches PF_AHEAD bytes ahead of the next row's sums
      * with nt, and LayerNorm also where this thread's rows exceed
-     * PF_RANGE_BYTES (2 threads, out= not streamed: (4096, 1024) 429 -> 406
-     * us, (2048, 2048) 504 -> 452 us, (512, 8192) 602 -> 534 us, 1 thread
-     * 8-12%; in cache, (1024, 1024), up to 6% slower with it; RMSNorm
-     * (4096, 1024) 4% slower). With res, x and res both (2 threads:
-     * (4096, 768) 771 -> 691 us, (4096, 2048) 2.3 -> 1.5 ms, (16384, 1024)
-     * 5.9 -> 5.4 ms streamed; 1 thread 12-56%). */
+     * PF_RANGE_BYTES (in cache it only costs time, and RMSNorm's lighter
+     * sweep keeps up without it). With res, x and res both. */
     const int pf_on = nt || (!rms && (r1 - r0) * rowb > PF_RANGE_BYTES);
 #define SHIFT(row) (rms ? 0.0f : row_shift(elem, xc + (row) * rowb,               \
                                                 res ? rc + (row) * rowb : NULL, H))
@@ -358,13 +347,10 @@ static inline __attribute__((always_inline)) void long_rows_k(
     if (nt) stream_fence();
 }
 
-/* long_rows_k for one stored elem and variant (LayerNorm, RMSNorm, add +
- * LayerNorm), a function of each, as the sixteen-row kernels have. In one
- * function for all of them (long_rows_nt), GCC keeps the weight pointers on
- * the stack and reloads them for each vector (same-process A/B, 2 threads:
- * (4096, 1024) 1.23x, (4096, 768) 1.27x, add + LayerNorm (4096, 1024)
- * 1.25x, bfloat16 streamed 1.03-1.07x; 1 thread (1024, 1024) 1.24-1.37x,
- * RMSNorm 1.12x). */
+/* long_rows_k for each storage (bfloat16 twice: bf16i 1 and 0) and variant
+ * (LayerNorm, RMSNorm, add + LayerNorm), a function of each, as the
+ * sixteen-row kernels have: in one function for all of them, GCC keeps the
+ * weight pointers on the stack and reloads them for each vector. */
 #define LONG_FN(KN, V, E, BI, RMS, ADD)                                                  \
     static __attribute__((noinline)) void CAT3(long_, KN, V)(                              \
         void *y, void *s, float *mean, float *rstd, const void *x, const void *res,        \
@@ -387,8 +373,8 @@ LONG_FNS(bf16, FASTLN_BF16, 0)
 
 /* The float LayerNorm and add + LayerNorm of rows streamed from the y sweep
  * (longer than STAGE_ROW_BYTES, or with res) in a function of its own, which
- * takes nt and stg at run time: there the functions above measured slower,
- * for a reason not found. noipa: compiled for no caller in particular. */
+ * takes nt and stg at run time: there the functions above are slower, for a
+ * reason not found. noipa: compiled for no caller in particular. */
 static __attribute__((noipa)) void long_f32_ln_nt(
     void *y, void *s, float *mean, float *rstd, const void *x, const void *res, const float *w,
     const float *b, int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt, char *stg)

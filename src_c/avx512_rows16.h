@@ -15,16 +15,13 @@
  * [1e-30, 1e30]) the row is redone by the one-row code with its double
  * fallback.
  */
-#define NV16 (BWD16_MAX_H / 16)   /* vectors in a row, at most */
-/* The forwards go sixteen rows at a time up to rows of FWD16_MAX_H (2 threads,
- * 129-256 against four rows at a time in ln_rows: (4096, 160) 81 -> 57 us,
- * (16384, 200) 512 -> 290 us, streamed (65536, 256) 2.2-4.4 -> 1.8 ms;
- * RMSNorm against rms_rows or long_rows, (16384, 200) 324 -> 238 us,
- * streamed (131072, 160) 4.3 -> 3.5 ms, but (16384, 256) 3-30% slower;
- * add + LayerNorm: add_ln_range). The backward measured slower that way
- * past BWD16_MAX_H. The 16-bit forwards take rows of up to 96 (RMSNorm:
- * 17-96) thirty-two at a time (fwd16h_nv). */
-#define NVF16 (FWD16_MAX_H / 16)
+
+/* The forwards go sixteen rows at a time up to rows of FWD16_MAX_H, where
+ * that beats four rows at a time (norm_rows.h) and the long-row forward; the
+ * backward beats the others only up to BWD16_MAX_H. The half-storage
+ * forwards take some row lengths thirty-two at a time (fwd16h_nv). */
+#define NV16 (BWD16_MAX_H / 16)   /* vectors in a row of the backward, at most */
+#define NVF16 (FWD16_MAX_H / 16)   /* vectors in a row of the forwards, at most */
 /* M(NV) for each row length of the sixteen-row forwards, 1 to NVF16 vectors */
 #define FOR_NVF16(M)                                                                 \
     M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16)

@@ -13,8 +13,8 @@
 #include "avx512_rows16.h"
 
 
-/* ln_bwd_scalars (LN) or rms_bwd_scalars of a row of 16-bit values of
- * kind, widened (a row whose float sums overflowed; a function of its own, so
+/* ln_bwd_scalars (LN) or rms_bwd_scalars of a row of half storage elem,
+ * widened (a row whose float sums overflowed; a function of its own, so
  * that its buffers stay out of the group kernels' frames) */
 static SFX(bwd_scalars) bwd_scalars16(int elem, const void *x, const void *g, const float *w,
                                            float m, float r, int64_t H, int LN)
@@ -28,11 +28,8 @@ static SFX(bwd_scalars) bwd_scalars16(int elem, const void *x, const void *g, co
 /* Rows [n, n + 16) of the rows at p (rowb bytes each, r1 of them) for
  * bwd_group16, which takes sixteen rows one after another: where all are
  * real, in place; else copied to tile, the spare rows (from r1 on)
- * repeating row r1 - 1. It replaced arrays of sixteen row pointers, which
- * the caller built and the group kernel loaded back from the stack (with the
- * per-(NV, LN) functions below, against them: float (16384, 16) 1.34-1.50x,
- * (16384, 32) 1.14-1.18x, (16384, 64) 1.00-1.07x, (16384, 128) 1.08-1.12x,
- * 2 threads). */
+ * repeating row r1 - 1. Arrays of sixteen row pointers instead, which the
+ * caller builds and the group kernel loads back from the stack, are slower. */
 static inline const void *group_rows16(const void *p, int64_t n, int64_t r1, int64_t rowb,
                                             char *tile)
 {
@@ -92,9 +89,8 @@ static inline __attribute__((always_inline)) void bwd_group16(
      * into reduce16's tree as they come, the same bits: each pair of rows
      * (sd2.. [k & 1] -> bd..), then each four (-> qd..). With their loop
      * unrolled, all of it stays in registers, where the sixteen rows' 48
-     * sums were spilled to the stack (A/B, (16384, 16): 1 thread 1.31x, 2
-     * threads 1.14-1.24x; (262144, 16) 1.23x). For rows of 2-8 vectors the
-     * pairwise form measured 0.86-0.96x, rolled, and 0.89-0.96x unrolled. */
+     * sums would spill to the stack. For rows of 2-8 vectors the pairwise
+     * form is slower, rolled or unrolled. */
     __m512 sd[16], sg[16], sgd[16];
     __m512 sd2[2], sg2[2], sgd2[2], bd[2], bg[2], bgd[2], qd[4], qg[4], qgd[4];
 #define SWEEP1(k)                                                                  \
@@ -141,10 +137,7 @@ static inline __attribute__((always_inline)) void bwd_group16(
         }                                                                          \
     } while (0)
     /* Rows of one vector: the loop unrolled, a prefetch of x and dy each a
-     * row. Same-process A/B against the loop, 2 threads: (16384, 16) 1.14x,
-     * (262144, 16) 1.09x, (4096, 16) 1.15x, bfloat16 (262144, 16) 1.13x; 1
-     * thread 1.07-1.17x. Unrolled for every row length, rows of 4-8 vectors
-     * measured 0.92-1.00x. */
+     * row. Longer rows run slower unrolled. */
     if (NV == 1) {
 #pragma GCC unroll 16
         for (int k = 0; k < 16; k++) SWEEP1(k);
@@ -153,7 +146,7 @@ static inline __attribute__((always_inline)) void bwd_group16(
     }
 #undef SWEEP1
     /* + 0: a row's sums began at the first vector's values, not at 0 + them
-     * (three adds fewer a row; (4096, 16) 1.03-1.09x). Such a sum differs
+     * (three adds fewer a row). Such a sum differs
      * only where it is -0 and the other +0, and adding +0 makes it +0. */
     const __m512 z = _mm512_setzero_ps();
     __m512 S_gd = _mm512_add_ps(NV == 1 ? red_final(qgd) : reduce16(sgd), z);
@@ -178,8 +171,8 @@ static inline __attribute__((always_inline)) void bwd_group16(
         _mm256_store_ps(c2 + 8 * h, _mm512_cvtpd_ps(c2d));
     }
     /* rows whose float sums overflowed: in double (a loop over their bits;
-     * the loop over all rows testing each one's bit, with its counters on
-     * the stack, took about 6% of the profile at H = 16) */
+     * a loop over all rows testing each one's bit keeps its counters on the
+     * stack, which costs rows of one vector noticeably) */
     for (uint32_t bad = ~(uint32_t)ok & ((1u << R) - 1); bad; bad &= bad - 1) {
         const int k = __builtin_ctz(bad);
         SFX(bwd_scalars) sc =
@@ -238,18 +231,13 @@ static inline __attribute__((always_inline)) void bwd_group16(
 }
 
 /* The backward over rows [r0, r1) of rows of NV vectors (pb == NULL:
- * RMSNorm), H <= BWD16_MAX_H, sixteen rows at a time; rows of KIND (a
- * constant): float, or 16-bit converted in registers (dx rounded as st_half
- * does). It prefetches rows up to re (>= r1). Streamed: float dx through an
- * ntw writer where it can, else dx staged a group at a time; staged as
- * well, the last group of fewer than 16 rows (group_rows16). The 16-bit
- * rows, converted in registers, against widening blocks of 16 rows for the
- * float kernel, bfloat16, 2 threads: (262144, 64) 1.44-1.68x, (65536, 128)
- * 1.66x, (131072, 48) 1.86x, (262144, 16) 1.31x. Float once had a loop of
- * its own, this one measuring 6-8% slower on it; with the per-(NV, LN)
- * functions below, a float loop of its own measured 0.92-1.08x against this
- * one (median of twelve shapes 1.04x; 2 threads, rows of 16-128): within
- * the noise of these runs, so the kinds share one loop. */
+ * RMSNorm), H <= BWD16_MAX_H, sixteen rows at a time; rows of E (a
+ * constant): float, or half storage converted in registers (dx rounded as
+ * st_half does; faster than widening blocks of rows for the float kernel).
+ * It prefetches rows up to re (>= r1). Streamed: float dx through an ntw
+ * writer where it can, else dx staged a group at a time; staged as well,
+ * the last group of fewer than 16 rows (group_rows16). Float and half rows
+ * share this loop: a loop of float's own is no faster. */
 static inline __attribute__((always_inline)) void bwd_rows16_nv(
     int E, int NV, int LN, void *dx, float *pw, float *pb, const void *dy, const void *x,
     const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1, int64_t re,
@@ -270,13 +258,10 @@ static inline __attribute__((always_inline)) void bwd_rows16_nv(
         char *dxn = (char *)dx + n * rowb;
         void *dx0 = stream || R < 16 ? (void *)stage : (void *)dxn;
         /* prefetch the rows ahead, a row of x and dy with each row of sweep 1:
-         * 16 rows and at least 512 values ahead (float, 1 thread, (262144,
-         * 64) 8.0 -> 6.4 ms, (65536, 64) 1.6 -> 1.2 ms; 2 threads 4.6 -> 4.3
-         * ms, 0.82 -> 0.64 ms; 8 or 24 rows ahead, or 4 KiB at H = 16,
-         * slower. The former burst of 4 KiB a group, 2 KiB ahead, fell
-         * behind.) Up to re, across the end of the caller's block of rows:
-         * the last group of each block of 256 rows went without (2 threads,
-         * (262144, 64) 0.98-1.09x, medians of eight A/B runs). */
+         * 16 rows and at least 512 values ahead (nearer or farther is slower;
+         * a burst of a few KiB a group falls behind). Up to re, across the end
+         * of the caller's block of rows, so that the last group of each block
+         * has its rows fetched too. */
         const int64_t ahead = 16 * H < 512 ? 512 : 16 * H;   /* values */
         const int64_t pfo = n * rowb + ahead * elem_bytes(E);
         const char *px = n + 16 + ahead / H <= re ? (const char *)x + pfo : NULL;
@@ -291,18 +276,12 @@ static inline __attribute__((always_inline)) void bwd_rows16_nv(
 }
 
 /* bwd_rows16_nv for each (NV, LN) a function of its own, for the three
- * kinds: float, float16, bfloat16. As one function a kind, with the switch
- * over (NV, LN) inside the loop over groups, GCC kept more of each
- * instance's pointers, the 16-bit loads and the streaming writer on the
- * stack: against it, float, 2 threads, (16384, 64) 1.05x, (16384, 96)
- * 1.17x, (16384, 128) 1.11x; bfloat16 (16384, 16) 1.27x against the one
- * function with the row pointers (the functions one a kind and (NV, LN):
- * 0.90-1.03x against these). kernels_avx512.c compiles faster too.
- * bfloat16 dx takes the integer rounding on every CPU: against VCVTNEPS2BF16
- * where the CPU has it (KIND_BF16_INSN, the same bits) it measured as fast
- * (same-process A/B, 2 threads: 1.00x at (262144, 64), 1.03-1.04x at
- * (65536, 128)), and the instruction's instances of bwd_group16 cost
- * compile time. */
+ * storages: float, float16, bfloat16. As one function a storage, with the
+ * switch over (NV, LN) inside the loop over groups, GCC keeps more of each
+ * instance's pointers, the half-storage loads and the streaming writer on
+ * the stack, which is slower. bfloat16 dx takes the integer rounding on
+ * every CPU (bf16i 0): VCVTNEPS2BF16 gives the same bits no faster here, and
+ * its instances of bwd_group16 would cost compile time. */
 #define BWD16_FN(NV, LN)                                                                    \
     static __attribute__((noinline)) void CAT3(bwd16_, NV, LN)(                        \
         int elem, void *dx, float *pw, float *pb, const void *dy, const void *x,            \
@@ -326,7 +305,7 @@ BWD16_FNS(5) BWD16_FNS(6) BWD16_FNS(7) BWD16_FNS(8)
 #undef BWD16_FN
 
 /* The backward over rows [r0, r1) as bwd_rows (pb == NULL: RMSNorm), H <=
- * BWD16_MAX_H, rows of kind: ELEM_F32, FASTLN_F16 or FASTLN_BF16. */
+ * BWD16_MAX_H, rows of elem: ELEM_F32, FASTLN_F16 or FASTLN_BF16. */
 void fastln_avx512_bwd_rows16(int elem, void *dx, float *pw, float *pb, const void *dy,
                             const void *x, const float *mean, const float *rstd, const float *w,
                             int64_t r0, int64_t r1, int64_t re, int64_t H, int stream)

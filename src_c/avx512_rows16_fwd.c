@@ -30,9 +30,9 @@ static void add16(float *s, const float *x, const float *res, int64_t n, int pf)
 }
 
 /* LayerNorm, or with rms RMSNorm (mean and b unused), forward of rows
- * [r0, r1), H <= FWD16_MAX_H, sixteen at a time (short rows 32, see NG
- * below); rows the group kernel leaves
- * go through the one-row code (ln_rows, rms_rows). With res (LayerNorm
+ * [r0, r1), H <= FWD16_MAX_H, sixteen at a time (rows of one or two vectors
+ * 32, see NG below); rows the group kernel leaves go through the one-row
+ * code (fastln_avx512_ln_row, fastln_avx512_rms_row). With res (LayerNorm
  * only), add + LayerNorm: a group's s = x + res is stored first, then its
  * LayerNorm is that of s (the bits of this LayerNorm on x + res). With
  * stream, y goes through an ntw writer where it can (a group with rows to
@@ -46,9 +46,9 @@ static inline __attribute__((always_inline)) void fwd16_nv(
     const __mmask16 tail = tail16(H);
     __m512 wv[NVF16], bv[NVF16];
     load_wb16(wv, bv, w, rms ? NULL : b, NV, tail);
-    /* y's staging block starts 2 KiB into its array: at its start, RMSNorm
-     * (524288, 32) measured 8% slower on 2 threads (4K aliasing between its
-     * stores and the loads of the frame's other locals, probably) */
+    /* y's staging block starts 2 KiB into its array: at its start, its
+     * stores and the loads of the frame's other locals can alias modulo 4 KiB
+     * (4K aliasing), which slows the streamed rows */
     float stage_[16 * FWD16_MAX_H + 512], sstage[16 * FWD16_MAX_H];
     float *const stage = stage_ + 512;
     /* y prefetched for writing, rows of more than 8 vectors (group kernels) */
@@ -58,13 +58,9 @@ static inline __attribute__((always_inline)) void fwd16_nv(
     if (ow) ntw_init(ow, y + r0 * H);
     /* LayerNorm and RMSNorm rows of one vector, and of two not streamed, go 32
      * at a time (NG 2 groups of 16, as fwd16h_nv): the two groups'
-     * latency chains (reductions, rstd) overlap. Same-process A/B against 16
-     * at a time, LayerNorm and RMSNorm: 2 threads (16384, 16) 1.20x and
-     * 1.29x, (262144, 16) 1.14x and 1.18x, (16384, 32) 1.18x and 1.12x,
-     * (65536, 32) 1.16-1.31x and 1.01-1.17x, (100000, 32) 1.17x and 1.13x;
-     * 1 thread 1.03-1.32x, but (65536, 32) 0.98x. Streamed rows of two
-     * measured 0.90-1.06x ((524288, 32)), rows of 3-4 vectors 0.89-1.18x,
-     * add + LayerNorm at 16 and 32 0.85-1.13x. */
+     * latency chains (reductions, rstd) overlap. Streamed rows of two
+     * vectors, rows of three or more, and add + LayerNorm gain nothing from
+     * it and go 16 at a time. */
     const int NG = !add && (NV == 1 || (NV == 2 && !stream)) ? 2 : 1, G = 16 * NG;
     for (int64_t n = r0; n < r1; n += G) {
         int R = r1 - n < G ? (int)(r1 - n) : G;
@@ -82,20 +78,17 @@ static inline __attribute__((always_inline)) void fwd16_nv(
         float *mn = mean && !rms ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
         /* Prefetch. LayerNorm and RMSNorm rows of SPREAD_NV vectors or more:
          * the group kernel's first sweep fetches the next group's row k with
-         * its row k (2 threads, (262144, 64) 2.8 -> 2.4 ms, (131072, 128) 3.2
-         * -> 2.8 ms; RMSNorm 2.4 -> 2.2, 2.8 -> 2.5). Shorter rows and add +
-         * LayerNorm: PF_GROUP_FWD bytes of x ahead at once, except LayerNorm
-         * rows of 16 (5-8% slower in cache with it, no faster past it;
-         * RMSNorm's (262144, 16) 2.2 -> 0.95 ms on 1 thread). add16 also
-         * fetches the next group's x and res line by line (2 threads (262144,
-         * 64) 4.8 -> 3.7 ms, (1048576, 16) 5.0 -> 4.2 ms; 1 thread 8.2 -> 7.2,
-         * 9.5 -> 8.5 ms; slower without the burst). */
+         * its row k. Shorter rows and add + LayerNorm: PF_GROUP_FWD bytes of x
+         * ahead at once, except LayerNorm rows of 16 (slower in cache with it,
+         * no faster past it). add16 also fetches the next group's x and res
+         * line by line; both are needed, as the hardware prefetchers fall
+         * behind these rows. */
         const int spread = !add && NV >= SPREAD_NV;
         if (!spread && (NV > 1 || rms))
             pf_ahead(x + n * H, G * H * 4, PF_GROUP_FWD, x + r1 * H);
         /* the next group, for the group kernel with rows of NV vectors: a
          * constant NULL where NV < SPREAD_NV (a NULL known only at run time
-         * made LayerNorm rows of 16 3% slower); groups of sixteen only */
+         * slows rows of 16); groups of sixteen only */
 #define PF(NV) (NV >= SPREAD_NV && spread && n + 32 <= r1 ? (const char *)(x + (n + 16) * H) : NULL)
         uint32_t redo;
         if (NV <= 2 && NG == 2)

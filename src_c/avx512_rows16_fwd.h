@@ -23,26 +23,24 @@
         if (put) ntw_put(&wl, (y));                                                  \
         else ST(k, v, (y));                                                               \
     } while (0)
-/* Vectors v and v + 1 of a 16-bit y row, narrowed together and put to wl as
- * one line's worth. The group kernels do this in a sweep of its own: with
- * the float rows' loop taking it too, GCC unrolled neither loop (bfloat16
- * (262144, 64) 0.8x, float32 3-8% slower). */
+/* Vectors v and v + 1 of a half-storage y row, narrowed together and put to
+ * wl as one line's worth. The group kernels do this in a sweep of its own:
+ * with the float rows' loop taking it too, GCC unrolled neither loop. */
 #define PUT16(a, b) ntw_put(&wl, _mm512_castsi512_ps(narrow32(YE, YI, (a), (b))))
 /* One group of 16 * NG rows (R of them real; NG 1 or 2) of the LayerNorm
  * forward, rows of NV vectors (NV and NG constants after inlining: the loops
  * unroll, w and b stay in registers). Each sixteen rows' sums reduce on their
  * own (reduce16), and rows are the same bits whatever NG. Rows of float,
- * or with KIND (a constant too) of 16-bit values converted in registers; y
- * rows likewise of float or, with YK (a constant), 16-bit (nt: non-temporal
- * stores where aligned). pf: NULL, or rows (of x's storage) to prefetch, one
- * with each row of the first sweep (rows of more than 8 vectors: of the
- * second; 2 threads, (65536, 256) streamed 2.9 -> 2.7 ms, (16384, 256) 548
- * -> 504 us). pfw: the y rows are
- * prefetched for writing, one with each row of the second sweep (float;
- * (16384, 256) 462 -> 419 us; in cache, (4096, 256), 68 -> 84 us).
- * ow: NULL, or the writer of y's rows (float rows of whole vectors, or 16-bit
- * rows of an even number): the rows go to it when all of them are finished
- * (nothing to redo), else to yr.
+ * or with XE (a constant too) of half storage converted in registers; y
+ * rows likewise of float or, with YE (a constant), half storage narrowed
+ * with bf16i YI (nt: non-temporal stores where aligned). pf: NULL, or rows
+ * (of x's storage) to prefetch, one with each row of the first sweep (rows
+ * of more than 8 vectors: of the second). pfw: the y rows are prefetched for
+ * writing, one with each row of the second sweep (float rows past the cache;
+ * in cache it only costs time).
+ * ow: NULL, or the writer of y's rows (float rows of whole vectors, or
+ * half-storage rows of an even number): the rows go to it when all of them
+ * are finished (nothing to redo), else to yr.
  * Returns the mask of the rows it did not finish: their float statistics are
  * suspect, and the caller redoes them with the one-row code. */
 static inline __attribute__((always_inline)) uint32_t ln_group16(
@@ -55,7 +53,7 @@ static inline __attribute__((always_inline)) uint32_t ln_group16(
                                     : bf16_to_f32(((const uint16_t *)xr[k])[0]))
     float sh[32] __attribute__((aligned(64))), dm[32] __attribute__((aligned(64)));
     float r[32] __attribute__((aligned(64)));
-    /* 16-bit rows: widened once, by the first sweep, for the other two */
+    /* half-storage rows: widened once, by the first sweep, for the other two */
     float xw[XE ? 16 * 16 * NG * NV : 1] __attribute__((aligned(64)));
 #define LDW(k, v) (XE ? _mm512_load_ps(xw + 16 * ((k) * NV + (v))) : LD(k, v))
     const char *pf1 = NV <= 8 ? pf : NULL, *pf2 = NV <= 8 ? NULL : pf;
@@ -112,7 +110,7 @@ static inline __attribute__((always_inline)) uint32_t ln_group16(
     if (put) wl = *ow;
 #define Y(v) _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(LDW(k, v), s), d), rk), \
                              wv[v], bv[v])
-    if (YE && put) {   /* 16-bit rows to the writer (put: every row is finished) */
+    if (YE && put) {   /* half-storage rows to the writer (put: every row is finished) */
         for (int k = 0; k < R; k++) {
             __m512 s = _mm512_set1_ps(sh[k]), d = _mm512_set1_ps(dm[k]), rk = _mm512_set1_ps(r[k]);
             for (int v = 0; v + 1 < NV; v += 2) PUT16(Y(v), Y(v + 1));
@@ -135,11 +133,11 @@ static inline __attribute__((always_inline)) uint32_t ln_group16(
 
 /* RMSNorm forward of one group of 16 * NG rows (R real; NG 1 or 2), rows of
  * NV vectors (NV and NG constants), as rms_rows computes it: r = 1 /
- * sqrt(mean(x^2) + eps) in double from the float mean square, y = x * r * w. Each row's squares add
- * in one vector, reduce16 adds the sixteen rows'; wv holds ones where there
- * is no weight (x * r * 1 is x * r); KIND and nt as ln_group16 (16-bit
- * rows are read twice, converted each time); pf (each NV) and pfw as
- * ln_group16, in the first sweep (pfw: (16384, 256) 404 -> 348 us). Returns
+ * sqrt(mean(x^2) + eps) in double from the float mean square, y = x * r * w.
+ * Each row's squares add in one vector, reduce16 adds the sixteen rows'; wv
+ * holds ones where there is no weight (x * r * 1 is x * r); XE, YI and nt as
+ * ln_group16 (y has x's storage; half-storage rows are read twice, converted
+ * each time); pf (each NV) and pfw as ln_group16, in the first sweep. Returns
  * the mask of the rows whose mean square lies outside [1e-30, 1e30] (or is
  * not finite), which the caller redoes with rms_rows and its double
  * fallback. */

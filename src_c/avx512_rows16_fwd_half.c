@@ -50,19 +50,16 @@ static inline __attribute__((always_inline)) void add16_half(
     }
 }
 
-/* fwd_rows16's LayerNorm, or with rms RMSNorm (mean and b unused), or with
- * res add + LayerNorm (into y and s), on rows of 16-bit values of kind,
- * converted in registers: the float32 arithmetic of fwd_rows16 exactly (a
- * group's s = x + res in float into buf, rounded into s, and the LayerNorm
- * of the float s; bfloat16 on 2 threads, against the widened blocks below
- * 128 and long_rows above: (262144, 64) 5.7 -> 3.2 ms, (4096, 200) 159 ->
- * 145 us, (131072, 160) 5.6 -> 4.3 ms, (65536, 256) 3.5-4.2 -> 3.8-4.1 ms,
- * (16384, 256) 673-683 -> 678-764 us). buf: 17H floats; stream:
- * non-temporal stores (fenced here). rms and add (res != NULL) are
- * constants. */
+/* The float forwards' LayerNorm (avx512_rows16_fwd.c), or with rms RMSNorm
+ * (mean and b unused), or with res add + LayerNorm (into y and s), on rows of
+ * half storage elem, converted in registers (bfloat16 narrowed as bf16i
+ * says): the float32 arithmetic of the float forwards exactly (a group's
+ * s = x + res in float into buf, rounded into s, and the LayerNorm of the
+ * float s). buf: 17H floats; stream: non-temporal stores (fenced here). rms
+ * and add (res != NULL) are constants. */
 static inline __attribute__((always_inline)) void fwd16h_nv(
-    int NV, int rms, int add, int elem, int bf16i, uint16_t *y, uint16_t *s, float *mean, float *rstd,
-    const uint16_t *x, const uint16_t *res, const float *w, const float *b, int64_t r0,
+    int NV, int rms, int add, int elem, int bf16i, uint16_t *y, uint16_t *s, float *mean,
+    float *rstd, const uint16_t *x, const uint16_t *res, const float *w, const float *b, int64_t r0,
     int64_t r1, int64_t H, double eps, int stream, float *buf)
 {
     const __mmask16 tail = tail16(H);
@@ -73,13 +70,8 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
     /* Streamed rows of an even number of vectors go through ntw writers, y's
      * and (add + LayerNorm) s's; a group with rows to redo is staged, then put.
      * NumPy's large arrays start 16 bytes into a line, where st_half's
-     * 32-byte streaming stores never apply: y was written by ordinary stores.
-     * Same-process A/B, 2 threads, y 16 bytes into a line: bfloat16
-     * (262144, 64) 1.17-1.32x, (131072, 128) 1.34-1.36x, (65536, 256)
-     * 1.40-1.43x, (524288, 32) 1.22-1.23x; float16 (262144, 64) 1.20-1.30x,
-     * (65536, 256) 1.46-1.54x; 1 thread 1.12-1.48x; bfloat16 add + LayerNorm
-     * (262144, 64) 1.36-1.61x, (131072, 128) 1.45-1.49x, (65536, 256)
-     * 1.29-1.58x. With the outputs on a line (st_half streaming) 0.95-1.15x. */
+     * 32-byte streaming stores never apply: without the writers y would go
+     * out by ordinary stores. */
     ntw w_, ws_;
     ntw *const ow = stream && ntw_ok16(y, H) ? &w_ : NULL;
     ntw *const os = stream && add && ntw_ok16(s, H) ? &ws_ : NULL;   /* s's */
@@ -88,14 +80,11 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
     if (ow) ntw_init(ow, (float *)(y + r0 * H));
     if (os) ntw_init(os, (float *)(s + r0 * H));
     const int pf_on = (double)(r1 - r0) * H * 2 > PF_RANGE_BYTES;
-    /* Rows go 32 at a time (NG 2 groups of 16) where that measured faster:
-     * the two groups' reductions and rstd, latency chains between the
-     * sweeps, overlap. bfloat16, 2 threads: LayerNorm (262144, 64) 1.53 ->
-     * 1.35 ms, (1048576, 16) 2.92 -> 2.50 ms, (16384, 16) 40 -> 31 us,
-     * (16384, 128) 147 -> 134 us, but streamed (131072, 128) 1.44 -> 1.64
-     * ms; RMSNorm (524288, 32) 1.52 -> 1.43 ms, (16384, 64) 69 -> 56 us,
-     * but (1048576, 16) 2.1 -> 3.7 ms. The float forwards take 32 rows
-     * only for rows of one vector, and of two where not streamed (fwd_rows16). */
+    /* Rows go 32 at a time (NG 2 groups of 16) where that is faster: the two
+     * groups' reductions and rstd, latency chains between the sweeps,
+     * overlap. Longer rows, and RMSNorm rows of one vector, are faster 16 at
+     * a time. The float forwards take 32 rows only for rows of one vector,
+     * and of two where not streamed (avx512_rows16_fwd.c). */
 #define NG_LN(NV) ((NV) <= 6 ? 2 : 1)
 #define NG_RMS(NV) ((NV) >= 2 && (NV) <= 6 ? 2 : 1)
     const int NGR = add ? 1 : rms ? NG_RMS(NV) : NG_LN(NV), G = 16 * NGR;
@@ -115,14 +104,10 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
         }
         float *mn = mean ? mean + n : NULL, *rs = rstd ? rstd + n : NULL;
         /* rows of more than 8 vectors prefetch the next group, as ln_group16
-         * and rms_group16 do, where a thread's rows pass PF_RANGE_BYTES
-         * (bfloat16, 2 threads: (65536, 256) 1.89 -> 1.57 ms, (131072, 160)
-         * 2.00 -> 1.91 ms, RMSNorm 1.34 -> 1.21 ms, 1.83 -> 1.63 ms; 1 thread
-         * 3.7 -> 3.1 ms; in cache 3-5% slower). Rows of SPREAD_NV to 8
-         * vectors only where y is streamed (through the writer: bfloat16, 2
-         * threads, (262144, 64) 1.03-1.08x, (131072, 128) 1.02-1.05x, 1.07-1.17x
-         * where memory ran slow; (98304, 64), not streamed, 0.95x); shorter
-         * rows measured slower with it (a constant NULL for them) */
+         * and rms_group16 do, where a thread's rows pass PF_RANGE_BYTES (in
+         * cache it only costs time). Rows of SPREAD_NV to 8 vectors only where
+         * y is streamed; shorter rows are slower with it (a constant NULL for
+         * them) */
         const char *pf = pf_on && n + 2 * G <= r1 ? (const char *)(x + (n + G) * H) : NULL;
 #define PF(NV) (NV > 8 || (NV >= SPREAD_NV && stream) ? pf : NULL)
         uint32_t redo;
@@ -156,10 +141,10 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
 }
 
 /* fwd16h_nv for each (NV, OP) a function of its own (OP 0 LayerNorm, 1
- * RMSNorm, 2 add + LayerNorm), for the three stored kinds, as the backward's
- * bwd16_ functions: one function for all of them (the switch over NV and
- * kind inside the loop over groups) kept the weights, the row pointers and
- * the streaming flags on the stack. */
+ * RMSNorm, 2 add + LayerNorm), for float16, bfloat16 and bfloat16 by
+ * VCVTNEPS2BF16, as the backward's bwd16_ functions: in one function for all
+ * of them (the switch over NV and elem inside the loop over groups) GCC kept
+ * the weights, the row pointers and the streaming flags on the stack. */
 #define FWD16H_FN(NV, OP)                                                                   \
     static __attribute__((noinline)) void CAT3(fwd16h_, NV, OP)(                       \
         int elem, int bf16i, uint16_t *y, uint16_t *s, float *mean, float *rstd,            \
@@ -175,10 +160,10 @@ FOR_NVF16(FWD16H_FNS)
 #undef FWD16H_FNS
 #undef FWD16H_FN
 
-/* The 16-bit LayerNorm (rms 0), RMSNorm (rms 1) or, with res, add +
+/* The half-storage LayerNorm (rms 0), RMSNorm (rms 1) or, with res, add +
  * LayerNorm forward of rows [r0, r1), H <= FWD16_MAX_H, as fwd16h_nv */
 void fastln_avx512_fwd_rows16_half(int rms, int elem, uint16_t *y, uint16_t *s, float *mean,
-                                 float *rstd, const uint16_t *x, const uint16_t *res,
+                                   float *rstd, const uint16_t *x, const uint16_t *res,
                                  const float *w, const float *b, int64_t r0, int64_t r1,
                                  int64_t H, double eps, int stream, float *buf)
 {

@@ -147,7 +147,7 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
     }
     /* B (K, N) row-major with whole panels and short rows is read in place;
      * with long rows a pass of KC rows would touch KC pages (TLB misses),
-     * and a packed copy is faster (measured: dW_ih 6.5 -> 5.8 ms) */
+     * and a packed copy is faster */
     int in_place = tb == 'N' && N % FASTLN_NR == 0 && N <= 256;
     int64_t np = in_place ? 0 : fastln_packed_size(N, K);
     int64_t na = ta == 'T' ? (M + MR - 1) / MR * MR * K : 0;

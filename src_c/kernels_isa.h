@@ -17,6 +17,7 @@
 #include "norm_rows.h"
 #include "norm_half.h"
 #include "norm_drivers.h"
+#include "rnn_cells.h"
 #include "rnn_engine.h"
 #include "type_end.h"
 
@@ -28,6 +29,7 @@
 #include "norm_rows.h"
 #include "norm_half.h"
 #include "norm_drivers.h"
+#include "rnn_cells.h"
 #include "rnn_engine.h"
 #include "type_end.h"
 

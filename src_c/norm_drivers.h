@@ -19,7 +19,7 @@ static int SFX(layer_norm)(T *y, T *mean, T *rstd, const T *x, const T *w, const
                            int64_t N, int64_t H, double eps, int nt, int stream)
 {
     T *scratch = SFX(stream_scratch)(stream, nt, H);
-    if (nt <= 1) {          /* no OpenMP region at all: even an if(0) one costs a microsecond */
+    if (nt <= 1) {          /* no OpenMP region at all: even an if(0) one costs time */
         SFX(ln_range)(y, mean, rstd, x, w, b, 0, N, H, eps, scratch);
     } else {
 #pragma omp parallel num_threads(nt)
@@ -157,7 +157,7 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps,
  * blocks of fastln_row_block(N) rows, independent of the thread count; each
  * block owns partial sums of dweight and dbias, which are then added in
  * block order: the result is bitwise the same on any number of threads.
- * With half, x, dy and dx are half's (16-bit storage), and dx, dy, x are unused. */
+ * With half, x, dy and dx are half's (half storage), and dx, dy, x are unused. */
 static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                          const T *x, const T *mean, const T *rstd, const T *w,
                          int64_t N, int64_t H, int nt, int stream, const SFX(half_bwd_args) *half)
@@ -231,7 +231,7 @@ static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T
 }
 
 #if IS_F32
-/* LayerNorm (db != NULL) or RMSNorm backward in 16-bit storage. */
+/* LayerNorm (db != NULL) or RMSNorm backward in half storage. */
 static int SFX(half_bwd)(int elem, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
                          const uint16_t *x, const float *mean, const float *rstd,
                          const float *w, int64_t N, int64_t H, int nt, int stream)

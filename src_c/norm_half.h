@@ -1,13 +1,16 @@
-/* ---- float16 and bfloat16 storage (compiled for float only) ------------
- * Half the bytes of float32 in and out, the same float math. On AVX-512 the
- * forwards, and the backward past SHORT16_H elements, convert in registers
- * (short_rows.h). Everything else goes in blocks of about 8192 elements,
+/*
+ * The row ranges of half storage (float16 and bfloat16: FASTLN_F16,
+ * FASTLN_BF16; compiled for float only), written once per ISA: half the
+ * bytes of float32 in and out, the same float math. On AVX-512 the kernels
+ * of avx512_*.c convert in registers. Elsewhere rows go in blocks of about
+ * 8192 elements,
  * widened into float scratch that stays in L1/L2 (F16C/AVX-512 conversions),
  * run through the float row kernels, and rounded back (nearest even) on the
  * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
  * never depend on their block, so neither do results. */
 
-/* x, dy, dx of a backward in 16-bit storage (elem FASTLN_F16 or FASTLN_BF16) */
+/* x, dy, dx of a backward in half storage elem (FASTLN_F16 or FASTLN_BF16);
+ * declared for double too, whose backward passes NULL */
 typedef struct {
     int elem, stream;
     uint16_t *dx;
@@ -21,7 +24,7 @@ static int64_t SFX(half_block)(int64_t H)
     return m >= 16 ? m / 16 * 16 : m > 0 ? m : 1;
 }
 
-/* floats of per-thread scratch: two float blocks and a 16-bit staging block */
+/* floats of per-thread scratch: two float blocks and a half-storage staging block */
 static int64_t SFX(half_scratch)(int64_t H)
 {
     int64_t e = SFX(half_block)(H) * H;
@@ -43,8 +46,8 @@ static void SFX(half_put)(int elem, uint16_t *dst, const float *src, int64_t n, 
 }
 #endif
 
-/* Backward rows [r0, r1) in 16-bit storage (prefetching up to row re, as
- * bwd_range): converted in registers on AVX-512 (long_bwd, bwd_rows16),
+/* Backward rows [r0, r1) in half storage (prefetching up to row re, as
+ * bwd_range): converted in registers on AVX-512 (avx512.h),
  * else bwd_range on widened blocks. */
 static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb, const float *mean,
                              const float *rstd, const float *w, int64_t r0, int64_t r1,
@@ -74,7 +77,7 @@ static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb
 #endif
 }
 
-/* Forward in 16-bit storage: op FASTLN_OP_LN (y = LN(x)), FASTLN_OP_RMS, or
+/* Forward in half storage: op FASTLN_OP_LN (y = LN(x)), FASTLN_OP_RMS, or
  * FASTLN_OP_ADD (s = x + res and y = LN(s) in float, both stored rounded, as
  * the float32 kernels do). */
 typedef struct {

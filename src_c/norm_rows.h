@@ -18,10 +18,10 @@
  * and the driver gave each thread H elements of scratch per output), a row is
  * computed into buf while it is in L1 and then streamed out. */
 
-/* Short rows go four at a time, phase by phase (sums, then variances, then
- * y), so that the latency of one row's reductions overlaps with the other
- * rows' (measured, H=64: 52 -> 38 ns a row); long rows go one at a time
- * (grouped, H=1024 measured slower: 350 -> 500 ns a row). */
+/* Rows of up to ROWS4_H elements go ROWS at a time, phase by phase (sums,
+ * then variances, then y), so that the latency of one row's reductions
+ * overlaps with the other rows'; longer rows go one at a time, as grouping
+ * them gains nothing once a row's sweeps are long. */
 #define ROWS 4
 #define ROWS4_H 256
 
@@ -178,12 +178,10 @@ static inline __attribute__((always_inline)) void SFX(bwd_sweep2)(
     }
 }
 
-/* Streamed rows of 129-256 in bwd_rows prefetch x and dy this many rows on
- * as they start a row's sums (2 threads, AVX-512 (LayerNorm's rows): (131072,
- * 160) 6.0 -> 5.1-5.3 ms, (65536, 256) 4.5-5.0 -> 4.3-4.4 ms, (16384, 256)
- * 1.06-1.08 -> 0.93-0.98 ms; AVX2: (131072, 160) 9.8 -> 9.1 ms, (65536, 256)
- * 7.0 -> 5.7 ms, but (65536, 64) 2% and (16384, 1024) 4% slower; 2, 3, 6 or
- * 8 rows on: about the same) */
+/* Streamed rows of 129 to ROWS4_H elements in bwd_rows prefetch x and dy
+ * this many rows on as they start a row's sums: those rows come from memory,
+ * and the hardware prefetchers fall behind them (shorter and longer rows
+ * run slower with it) */
 #define BWD_PF_ROWS 4
 
 /* Backward over rows [r0, r1): LayerNorm when pb != NULL (adds dy*xhat to pw,
@@ -194,9 +192,8 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
                           T *buf)
 {
     /* With buf (GROUP*H elements), dx rows are computed there and streamed
-     * out after the group with non-temporal stores, in one copy (2 threads,
-     * against a copy a row: AVX-512 (131072, 160) 7.3 -> 6.3 ms, (65536,
-     * 256) 5.2 -> 4.8 ms; float64 (65536, 128) 6.0 -> 5.2 ms). */
+     * out after the group with non-temporal stores, in one copy: fewer
+     * partial lines than a copy a row. */
     int stream = buf != NULL, pf = stream && H > 128 && H <= ROWS4_H;
     for (int64_t n = r0; n < r1;) {
         int R = r1 - n >= GROUP ? GROUP : 1;

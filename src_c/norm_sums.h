@@ -12,9 +12,8 @@
 
 /* Zeroes NACC accumulators. On AVX2 (128 bytes) GCC turns the plain loop,
  * in float, into a memset that it expands as rep stos, whose start-up cost
- * is near that of a short row's sums: four vector stores instead (2 threads,
- * rows of 1 MiB: H = 16 forward 262-273 -> 107-114 us, generic C 121;
- * backward 384 -> 134 us; H = 128 forward 49 -> 32 us). */
+ * is near that of a whole row's sums for rows of a few vectors: four vector
+ * stores instead. */
 static inline void SFX(acc_zero)(T *acc)
 {
 #if defined(FASTLN_X86) && VEC_BYTES == 32

@@ -154,7 +154,8 @@ static inline void widen_half(int elem, float *d, const uint16_t *s, int64_t n)
 
 #if defined(FASTLN_X86) && VEC_BYTES == 64
 /* Keeps v in a register: stops the compiler from folding a conversion into a
- * memory-destination form (VPMOVDW, VCVTPS2PH to memory: slow on AMD Zen 4). */
+ * memory-destination form (VPMOVDW, VCVTPS2PH to memory), which some CPUs run
+ * slowly. */
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
 
 /* 16 floats to bfloat16, nearest even (NaN stays NaN): the high halves of
@@ -365,16 +366,12 @@ static inline __attribute__((always_inline)) void st_half(
  * lines: a line is the end of one vector and the start of the next (one
  * vpermt2ps; NumPy's large arrays start 16 bytes into a line), and the
  * partial lines at the block's two ends get ordinary masked stores.
- * Against writing a group's rows to an L1 staging block and streaming that
- * out with stream_copy after the group, 2 threads, outputs 0 and 16 bytes
- * into a line, the medians of three same-process A/B runs each: LayerNorm
- * forward (65536, 128) 1.05-1.15x, (65536, 256) 1.02-1.06x, (262144, 64)
- * 0.96-1.05x; RMSNorm 1.03-1.13x; backward (262144, 64) 1.04-1.10x,
- * (65536, 128) 1.06-1.17x. Rows of 32 measured 0.94-1.16x, rows of 16 up
- * to 1.07x forward but 0.79-0.98x backward: the writer's work per vector
- * weighs more there. Those rows, and rows of other lengths, keep the
- * staging block. The 16-bit forwards put pairs of narrowed vectors (32
- * values, one line's worth) as the floats of a vector (fwd16h_nv). */
+ * Against staging a group's rows in L1 and streaming them out with
+ * stream_copy, this spares the staging copy; rows of 16 and 32 floats gain
+ * nothing (the writer's work per vector weighs more there) and keep the
+ * staging block, as do rows of other lengths. The half-storage forwards put
+ * pairs of narrowed vectors (32 values, one line's worth) as the floats of
+ * a vector (fwd16h_nv). */
 typedef struct {
     float *p;          /* the next aligned line (the block's start + f0 until the first put) */
     __m512 carry;      /* the last vector put */
@@ -390,7 +387,7 @@ static inline int ntw_ok(const float *dst, int64_t H)
     return H % 16 == 0 && H >= 64 && !((uintptr_t)dst & 3);
 }
 
-/* Whether ntw writes a block of 16-bit rows of H values at dst, taken as
+/* Whether ntw writes a block of half-storage rows of H values at dst, taken as
  * floats (two values each): rows of an even number of whole vectors, dst
  * aligned as floats */
 static inline int ntw_ok16(const uint16_t *dst, int64_t H)
