@@ -41,56 +41,27 @@ static inline const void *group_rows16(const void *p, int64_t n, int64_t r1, int
     return tile;
 }
 
-/* Backward of one group of 16 rows (R real), rows of NV vectors, LayerNorm
- * (LN = 1: sums of d = x - mean, g = dy*w and g*d) or RMSNorm (LN = 0: the
- * sum of g*x). Sweep 1 keeps each row's sums in vectors and reduces them with
- * reduce16; the scalars follow ln_bwd_scalars/rms_bwd_scalars in double
- * lanes, and a row whose float sums are not finite gets them from that
- * one-row code (its double fallback). Sweep 2 goes a row at a time, its
- * five scalars broadcast once, with the dweight/dbias partials pw, pb held
- * in registers: each column adds the rows in order, as bwd_sweep2 does.
- * The rows lie one after another, H values each: x0, g0 (x, dy) hold all
- * sixteen (group_rows16), dx0 the R real ones of dx. A row's dx is stored
- * after that row's loads (dx may be x or dy), to dx0 or with ow to that
- * writer. px, pg: NULL, or rows of x and dy to prefetch, one of each with
- * each row of sweep 1. */
-static inline __attribute__((always_inline)) void bwd_group16(
-    void *dx0, float *pw, float *pb, const void *x0, const void *g0,
-    const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
-    __mmask16 tail, const char *px, const char *pg, ntw *ow, int E)
-{
+/* In the group kernels below (E, NV, tail, rowb theirs): the mask of vector
+ * v of a row, row k of the rows at p, and vector v of that row as floats. */
 #define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 #define ROW(p, k) ((const char *)(p) + (k) * rowb)
-#define DXROW(k) ((char *)dx0 + (k) * rowb)
 #define LDB(p, k, v) (E ? ld_half(E, (const uint16_t *)ROW(p, k) + 16 * (v), MASK(v)) \
-                           : _mm512_maskz_loadu_ps(MASK(v), (const float *)ROW(p, k) + 16 * (v)))
+                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)ROW(p, k) + 16 * (v)))
+
+/* Sweep 1 of a group of sixteen rows (bwd_group16): S[0], S[1], S[2] get, lane
+ * k, row k's sum of d = x - m, of g = dy * w and of g * d (RMSNorm: only
+ * S[2], the sum of g * x). Rows of several vectors keep each row's sums
+ * (sd, sg, sgd[k]) for reduce16. Rows of one vector put them into
+ * reduce16's tree as they come, the same bits: each pair of rows (sd2..
+ * [k & 1] -> bd..), then each four (-> qd..). With their loop unrolled, all
+ * of it stays in registers, where the sixteen rows' 48 sums would spill to
+ * the stack. For rows of 2-8 vectors the pairwise form is slower, rolled or
+ * unrolled. px, pg: as bwd_group16's. */
+static inline __attribute__((always_inline)) void bwd16_sums(
+    __m512 *S, const void *x0, const void *g0, const float *m, const __m512 *wv, int NV, int LN,
+    int64_t H, __mmask16 tail, const char *px, const char *pg, int E)
+{
     const int64_t rowb = H * elem_bytes(E);
-    float mt[16] __attribute__((aligned(64))), rt[16] __attribute__((aligned(64)));
-    float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
-    float c2[16] __attribute__((aligned(64)));
-    /* m, r: the rows' mean (0 for RMSNorm) and rstd, read where they lie;
-     * a short group's copies repeat row R - 1. (r's vector load below, from
-     * sixteen scalar stores, waited for them to leave the store queue.) */
-    const float *m = mean, *r = rstd;
-    if (R < 16 || !LN) {
-        for (int k = 0; k < 16; k++) mt[k] = LN ? mean[k < R ? k : R - 1] : 0.0f;
-        m = mt;
-    }
-    if (R < 16) {
-        for (int k = 0; k < 16; k++) rt[k] = rstd[k < R ? k : R - 1];
-        r = rt;
-    }
-    __m512 wv[NV16];
-    for (int v = 0; v < NV; v++)
-        wv[v] = w ? _mm512_maskz_loadu_ps(MASK(v), w + 16 * v)
-                  : _mm512_maskz_mov_ps(MASK(v), _mm512_set1_ps(1.0f));
-    /* Sweep 1, row k: its sums of d, g and g*d. Rows of several vectors
-     * keep them (sd, sg, sgd[k]) for reduce16. Rows of one vector put them
-     * into reduce16's tree as they come, the same bits: each pair of rows
-     * (sd2.. [k & 1] -> bd..), then each four (-> qd..). With their loop
-     * unrolled, all of it stays in registers, where the sixteen rows' 48
-     * sums would spill to the stack. For rows of 2-8 vectors the pairwise
-     * form is slower, rolled or unrolled. */
     __m512 sd[16], sg[16], sgd[16];
     __m512 sd2[2], sg2[2], sgd2[2], bd[2], bg[2], bgd[2], qd[4], qg[4], qgd[4];
 #define SWEEP1(k)                                                                  \
@@ -152,6 +123,21 @@ static inline __attribute__((always_inline)) void bwd_group16(
     __m512 S_gd = _mm512_add_ps(NV == 1 ? red_final(qgd) : reduce16(sgd), z);
     __m512 S_d = !LN ? z : _mm512_add_ps(NV == 1 ? red_final(qd) : reduce16(sd), z);
     __m512 S_g = !LN ? z : _mm512_add_ps(NV == 1 ? red_final(qg) : reduce16(sg), z);
+    S[0] = S_d;
+    S[1] = S_g;
+    S[2] = S_gd;
+}
+
+/* The scalars of a group's rows from their sums S (bwd16_sums): dm, c1, c2,
+ * lane k row k's, as ln_bwd_scalars/rms_bwd_scalars compute them, in double
+ * lanes; a row whose float sums are not finite gets them from that one-row
+ * code (its double fallback). m, r: the rows' mean and rstd. */
+static inline __attribute__((always_inline)) void bwd16_scalars(
+    float *dm, float *c1, float *c2, const __m512 *S, const float *m, const float *r,
+    const void *x0, const void *g0, const float *w, int R, int LN, int64_t H, int E)
+{
+    const int64_t rowb = H * elem_bytes(E);
+    const __m512 S_d = S[0], S_g = S[1], S_gd = S[2];
     __m512 big = _mm512_set1_ps(FLT_MAX);
     __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(S_gd), big, _CMP_LE_OQ);
     if (LN)
@@ -186,6 +172,20 @@ static inline __attribute__((always_inline)) void bwd_group16(
         c1[k] = sc.c1;
         c2[k] = sc.c2;
     }
+}
+
+/* Sweep 2 of a group's R real rows (bwd_group16), a row at a time, its five
+ * scalars broadcast once, with the dweight/dbias partials pw, pb held in
+ * registers: each column adds the rows in order, as bwd_sweep2 does. A row's
+ * dx is stored after that row's loads (dx may be x or dy), to dx0 or with ow
+ * to that writer. */
+static inline __attribute__((always_inline)) void bwd16_sweep2(
+    void *dx0, float *pw, float *pb, const void *x0, const void *g0, const float *m,
+    const float *r, const float *dm, const float *c1, const float *c2, const __m512 *wv, int R,
+    int NV, int LN, int64_t H, __mmask16 tail, ntw *ow, int E)
+{
+    const int64_t rowb = H * elem_bytes(E);
+#define DXROW(k) ((char *)dx0 + (k) * rowb)
     __m512 sw[NV16], sb[NV16];   /* sweep 2, a row at a time: its scalars broadcast once */
     ntw wl;   /* ow's copy (see PUT_OR_ST) */
     if (ow) wl = *ow;
@@ -224,11 +224,48 @@ static inline __attribute__((always_inline)) void bwd_group16(
         if (LN) _mm512_mask_storeu_ps(pb + 16 * v, MASK(v), sb[v]);
     }
     if (ow) *ow = wl;
+#undef DXROW
+}
+
+/* Backward of one group of 16 rows (R real), rows of NV vectors, LayerNorm
+ * (LN = 1: sums of d = x - mean, g = dy*w and g*d) or RMSNorm (LN = 0: the
+ * sum of g*x): sweep 1 (bwd16_sums), the scalars (bwd16_scalars), sweep 2
+ * (bwd16_sweep2). The rows lie one after another, H values each: x0, g0
+ * (x, dy) hold all sixteen (group_rows16), dx0 the R real ones of dx, or
+ * with ow dx goes to that writer. px, pg: NULL, or rows of x and dy to
+ * prefetch, one of each with each row of sweep 1. */
+static inline __attribute__((always_inline)) void bwd_group16(
+    void *dx0, float *pw, float *pb, const void *x0, const void *g0,
+    const float *mean, const float *rstd, const float *w, int R, int NV, int LN, int64_t H,
+    __mmask16 tail, const char *px, const char *pg, ntw *ow, int E)
+{
+    float mt[16] __attribute__((aligned(64))), rt[16] __attribute__((aligned(64)));
+    float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
+    float c2[16] __attribute__((aligned(64)));
+    /* m, r: the rows' mean (0 for RMSNorm) and rstd, read where they lie;
+     * a short group's copies repeat row R - 1. (r's vector load, from
+     * sixteen scalar stores, would wait for them to leave the store queue.) */
+    const float *m = mean, *r = rstd;
+    if (R < 16 || !LN) {
+        for (int k = 0; k < 16; k++) mt[k] = LN ? mean[k < R ? k : R - 1] : 0.0f;
+        m = mt;
+    }
+    if (R < 16) {
+        for (int k = 0; k < 16; k++) rt[k] = rstd[k < R ? k : R - 1];
+        r = rt;
+    }
+    __m512 wv[NV16];
+    for (int v = 0; v < NV; v++)
+        wv[v] = w ? _mm512_maskz_loadu_ps(MASK(v), w + 16 * v)
+                  : _mm512_maskz_mov_ps(MASK(v), _mm512_set1_ps(1.0f));
+    __m512 S[3];
+    bwd16_sums(S, x0, g0, m, wv, NV, LN, H, tail, px, pg, E);
+    bwd16_scalars(dm, c1, c2, S, m, r, x0, g0, w, R, LN, H, E);
+    bwd16_sweep2(dx0, pw, pb, x0, g0, m, r, dm, c1, c2, wv, R, NV, LN, H, tail, ow, E);
+}
 #undef LDB
 #undef ROW
-#undef DXROW
 #undef MASK
-}
 
 /* The backward over rows [r0, r1) of rows of NV vectors (pb == NULL:
  * RMSNorm), H <= BWD16_MAX_H, sixteen rows at a time; rows of E (a

@@ -160,7 +160,7 @@ typedef struct {
     int (*half_bwd)(int kind, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
                     const uint16_t *x, const float *mean, const float *rstd, const float *w,
                     int64_t N, int64_t H, int nt, int stream);
-    /* LN-RNN layer (rnn_impl.h); nt as above */
+    /* LN-RNN layer (rnn_engine.h); nt as above */
     int (*rnn_fwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f32)(const fastln_rnn_args *, int);
@@ -202,7 +202,7 @@ const fastln_kernel_table *fastln_kernels(void);
 typedef struct {
     int cell, plain;   /* the cell without FASTLN_CELL_PLAIN, and that flag */
     int gates, nrstd, split;   /* split: dA_ih and dA_hh are separate arrays */
-    int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see rnn_impl.h */
+    int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see rnn_cells.h */
 } fastln_rnn_layout;
 int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
 
