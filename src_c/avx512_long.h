@@ -36,7 +36,7 @@ static inline __attribute__((always_inline)) void st_k(
 /* In the last, partial 64 elements at i of a chunk of n: the lanes of
  * accumulator k (elements i + 16k .. i + 16k + 15) that lie in the chunk */
 #define TAILMASK(n, i, k) (n - i - 16 * (k) >= 16 ? (__mmask16)0xFFFF                 \
-                           : n - i <= 16 * (k) ? (__mmask16)0                          \
+                           : n - i <= 16 * (k) ? (__mmask16)0                         \
                            : (__mmask16)((1u << (n - i - 16 * (k))) - 1))
 
 /* The sum of the 64 lanes of a[0..3], as hsum adds sum_shifted's acc[64] */

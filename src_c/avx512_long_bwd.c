@@ -61,9 +61,9 @@ static inline __attribute__((always_inline)) void bdx16(
 /* One sweep: with xa, dx of row a (dy ga, scalars s) into dxa and the
  * partials; with xb, the sums of row b (dy gb, mean mb) into S. */
 static inline __attribute__((always_inline)) void bwd_pass(
-    int elem, int bf16i, int LN, int HW, void *dxa, float *pw, float *pb, const void *xa, const void *ga,
-    const __m512 *s, const void *xb, const void *gb, float mb, const float *w, int64_t H,
-    int nt, double *S, int pf, const char *xend, const char *gend)
+    int elem, int bf16i, int LN, int HW, void *dxa, float *pw, float *pb, const void *xa,
+    const void *ga, const __m512 *s, const void *xb, const void *gb, float mb, const float *w,
+    int64_t H, int nt, double *S, int pf, const char *xend, const char *gend)
 {
     const int64_t esz = elem_bytes(elem);
     int64_t j = H;
@@ -71,12 +71,13 @@ static inline __attribute__((always_inline)) void bwd_pass(
         j = (uintptr_t)dxa % esz ? 0 : (int64_t)((-(uintptr_t)dxa & (16 * esz - 1)) / esz);
         if (j > H) j = H;
         if (j)
-            bdx16(elem, bf16i, LN, HW, dxa, pw, pb, xa, ga, w, 0, (__mmask16)((1u << j) - 1), s, nt);
+            bdx16(elem, bf16i, LN, HW, dxa, pw, pb, xa, ga, w, 0, (__mmask16)((1u << j) - 1), s,
+                  nt);
     }
 #define DX16()                                                                             \
     do {                                                                                   \
         __mmask16 m_ = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1); \
-        bdx16(elem, bf16i, LN, HW, dxa, pw, pb, xa, ga, w, j, m_, s, nt);                    \
+        bdx16(elem, bf16i, LN, HW, dxa, pw, pb, xa, ga, w, j, m_, s, nt);                  \
         j += 16;                                                                           \
     } while (0)
     if (xb) {
@@ -95,13 +96,13 @@ static inline __attribute__((always_inline)) void bwd_pass(
                 }
                 for (int q = 0; q < 4; q++)
                     bsum16(elem, LN, HW, xb, gb, w, c0 + i + 16 * q, (__mmask16)0xFFFF, mv,
-                                &ad[q], &ag[q], &agd[q]);
+                           &ad[q], &ag[q], &agd[q]);
                 for (int k = 0; k < 4 && j < H; k++) DX16();
             }
             if (i < n)
                 for (int q = 0; q < 4; q++)
                     bsum16(elem, LN, HW, xb, gb, w, c0 + i + 16 * q, TAILMASK(n, i, q), mv,
-                                &ad[q], &ag[q], &agd[q]);
+                           &ad[q], &ag[q], &agd[q]);
             if (LN) {
                 S[0] += hsum4(ad);
                 S[1] += hsum4(ag);
@@ -154,13 +155,13 @@ static inline __attribute__((always_inline)) void long_bwd_k(
     if (r0 >= r1) return;
     const char *xend = xc + r1 * rowb, *gend = gc + r1 * rowb;
     bwd_pass(elem, bf16i, LN, HW, NULL, pw, pb, NULL, NULL, NULL, xc + r0 * rowb, gc + r0 * rowb,
-                  LN ? mean[r0] : 0, w, H, nt, S, pf, xend, gend);
+             LN ? mean[r0] : 0, w, H, nt, S, pf, xend, gend);
     bwd_vscalars(elem, LN, s, S, xc + r0 * rowb, gc + r0 * rowb, w, mean, rstd, r0, H, buf);
     for (int64_t n = r0; n < r1; n++) {
         const char *xb = n + 1 < r1 ? xc + (n + 1) * rowb : NULL, *gb = gc + (n + 1) * rowb;
         char *dxr = stg ? stg : (char *)dx + n * rowb;
         bwd_pass(elem, bf16i, LN, HW, dxr, pw, pb, xc + n * rowb, gc + n * rowb, s, xb, gb,
-                      xb && LN ? mean[n + 1] : 0, w, H, nt && !stg, S, pf, xend, gend);
+                 xb && LN ? mean[n + 1] : 0, w, H, nt && !stg, S, pf, xend, gend);
         if (stg) stream_copy((char *)dx + n * rowb, stg, (size_t)rowb);   /* row n read */
         if (xb) bwd_vscalars(elem, LN, s, S, xb, gb, w, mean, rstd, n + 1, H, buf);
     }

@@ -80,7 +80,7 @@ static inline float row_shift(int elem, const void *x, const void *res, int64_t 
  * a sweep (elements of esz bytes); always_inline as pf_ahead. Into L1, not
  * L2: the sweep reaches it soon, and L2 is slower. */
 static inline __attribute__((always_inline)) void pf_step(const char *pf, int64_t e,
-                                                               int64_t esz)
+                                                          int64_t esz)
 {
     for (int64_t k = 0; k < 64 * esz; k += 64) _mm_prefetch(pf + e * esz + k, _MM_HINT_T0);
 }
@@ -178,18 +178,18 @@ static inline __attribute__((always_inline)) double norm_row(
 #define Y16(I, M)                                                                         \
     do {                                                                                  \
         __mmask16 m_ = (M);                                                               \
-        __m512 xv_ = ld_in(elem, x, res, (I), m_);                                   \
-        __m512 yv_ = norm16(WB, xv_, w, b, (I), m_, sh, d, rv);                      \
-        if (res) st_k(elem, bf16i, s, (I), xv_, m_, nt16);                                  \
-        if (ow) ntw_put(&wl, yv_);                                                   \
-        else st_k(elem, bf16i, y, (I), yv_, m_, nt16);                                      \
+        __m512 xv_ = ld_in(elem, x, res, (I), m_);                                        \
+        __m512 yv_ = norm16(WB, xv_, w, b, (I), m_, sh, d, rv);                           \
+        if (res) st_k(elem, bf16i, s, (I), xv_, m_, nt16);                                \
+        if (ow) ntw_put(&wl, yv_);                                                        \
+        else st_k(elem, bf16i, y, (I), yv_, m_, nt16);                                    \
     } while (0)
-#define Y32(I)   /* elements I..I+31, half storage */                                     \
-    do {                                                                                  \
+#define Y32(I)   /* elements I..I+31, half storage */                                \
+    do {                                                                             \
         __m512 xa_ = ld_in(elem, x, res, (I), FULL16);                               \
         __m512 xb_ = ld_in(elem, x, res, (I) + 16, FULL16);                          \
-        if (res) st_pair(elem, bf16i, s, (I), xa_, xb_, nt, &sub);                          \
-        st_pair(elem, bf16i, y, (I), norm16(WB, xa_, w, b, (I), FULL16, sh, d, rv),    \
+        if (res) st_pair(elem, bf16i, s, (I), xa_, xb_, nt, &sub);                   \
+        st_pair(elem, bf16i, y, (I), norm16(WB, xa_, w, b, (I), FULL16, sh, d, rv),  \
                      norm16(WB, xb_, w, b, (I) + 16, FULL16, sh, d, rv), nt, &sub);  \
     } while (0)
     for (int64_t h = 0; h < j; h += 16)
@@ -281,7 +281,7 @@ static inline __attribute__((always_inline)) void long_rows_k(
     if (r0 < r1) {
         shift = SHIFT(r0);
         s1 = row_sum(elem, xc + r0 * rowb, res ? rc + r0 * rowb : NULL,
-                          sf ? (float *)s + r0 * H : NULL, H, shift, 0, sq, &s2);
+                     sf ? (float *)s + r0 * H : NULL, H, shift, 0, sq, &s2);
     }
     for (int64_t n = r0; n < r1; n++) {
         const void *xr = xc + n * rowb, *xn = n + 1 < r1 ? xc + (n + 1) * rowb : NULL;
@@ -351,14 +351,14 @@ static inline __attribute__((always_inline)) void long_rows_k(
  * (LayerNorm, RMSNorm, add + LayerNorm), a function of each, as the
  * sixteen-row kernels have: in one function for all of them, GCC keeps the
  * weight pointers on the stack and reloads them for each vector. */
-#define LONG_FN(KN, V, E, BI, RMS, ADD)                                                  \
-    static __attribute__((noinline)) void CAT3(long_, KN, V)(                              \
-        void *y, void *s, float *mean, float *rstd, const void *x, const void *res,        \
-        const float *w, const float *b, int64_t r0, int64_t r1, int64_t H, double eps,     \
-        float *buf, int nt, char *stg)                                                     \
-    {                                                                                      \
+#define LONG_FN(KN, V, E, BI, RMS, ADD)                                                     \
+    static __attribute__((noinline)) void CAT3(long_, KN, V)(                               \
+        void *y, void *s, float *mean, float *rstd, const void *x, const void *res,         \
+        const float *w, const float *b, int64_t r0, int64_t r1, int64_t H, double eps,      \
+        float *buf, int nt, char *stg)                                                      \
+    {                                                                                       \
         long_rows_k(E, BI, RMS, ADD && E == ELEM_F32 && !nt, y, ADD ? s : NULL, mean, rstd, \
-                    x, ADD ? res : NULL, w, b, r0, r1, H, eps, buf, nt, stg);              \
+                    x, ADD ? res : NULL, w, b, r0, r1, H, eps, buf, nt, stg);               \
     }
 #define LONG_FNS(KN, E, BI)        \
     LONG_FN(KN, _ln, E, BI, 0, 0)  \
@@ -399,11 +399,11 @@ void fastln_avx512_long_fwd(int elem, int rms, void *y, void *s, float *mean, fl
         return;
     }
 #define F_(KN, V) CAT3(long_, KN, V)(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt, stg)
-#define VARIANT(KN)           \
-    do {                      \
-        if (rms) F_(KN, _rms); \
+#define VARIANT(KN)                 \
+    do {                            \
+        if (rms) F_(KN, _rms);      \
         else if (res) F_(KN, _add); \
-        else F_(KN, _ln);      \
+        else F_(KN, _ln);           \
     } while (0)
     if (elem == ELEM_F32) VARIANT(f32);
     else if (elem == FASTLN_F16) VARIANT(f16);

@@ -28,14 +28,14 @@
 /* The forwards' switch over NV * 3 + op (op 0 LayerNorm, 1 RMSNorm, 2 add +
  * LayerNorm): the three cases of rows of NV vectors, each a call of the
  * F(NV, op) its user defines */
-#define OP_CASES(NV)                   \
+#define OP_CASES(NV)                  \
     case 3 * NV: F(NV, 0); break;     \
     case 3 * NV + 1: F(NV, 1); break; \
     case 3 * NV + 2: F(NV, 2); break;
 
 /* f(a) lane by lane in double: the lanes of a widened, f applied to both halves, narrowed. */
 #define IN_DOUBLE(a, f)                                                             \
-    _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(f(_mm512_cvtps_pd(   \
+    _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(f(_mm512_cvtps_pd(    \
                            _mm512_castps512_ps256(a))))),                           \
                        _mm512_cvtpd_ps(f(_mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1)))), 1)
 
@@ -54,7 +54,7 @@ static inline __mmask16 tail16(int64_t H)
 
 /* w and b (NULL: ones, zeros) as nv vectors, the last one masked by tail */
 static inline void load_wb16(__m512 *wv, __m512 *bv, const float *w, const float *b,
-                                  int nv, __mmask16 tail)
+                             int nv, __mmask16 tail)
 {
     for (int v = 0; v < nv; v++) {
         __mmask16 m = v == nv - 1 ? tail : (__mmask16)0xFFFF;
@@ -93,7 +93,7 @@ static inline __attribute__((always_inline)) __m512d div_hd(__m512d v, int64_t H
 /* 1 / sqrt(var + eps) lane by lane in double, rounded to float; *ok: the lanes
  * whose var lies in [1e-30, 1e30], where the float statistics hold */
 static inline __attribute__((always_inline)) __m512 rstd16(__m512 var, double eps,
-                                                                __mmask16 *ok)
+                                                           __mmask16 *ok)
 {
     *ok = _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e-30f), _CMP_GE_OQ) &
           _mm512_cmp_ps_mask(var, _mm512_set1_ps(1e30f), _CMP_LE_OQ);

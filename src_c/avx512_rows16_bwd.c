@@ -17,7 +17,7 @@
  * widened (a row whose float sums overflowed; a function of its own, so
  * that its buffers stay out of the group kernels' frames) */
 static SFX(bwd_scalars) bwd_scalars16(int elem, const void *x, const void *g, const float *w,
-                                           float m, float r, int64_t H, int LN)
+                                      float m, float r, int64_t H, int LN)
 {
     float xf[BWD16_MAX_H], gf[BWD16_MAX_H];
     widen_half(elem, xf, (const uint16_t *)x, H);
@@ -31,7 +31,7 @@ static SFX(bwd_scalars) bwd_scalars16(int elem, const void *x, const void *g, co
  * repeating row r1 - 1. Arrays of sixteen row pointers instead, which the
  * caller builds and the group kernel loads back from the stack, are slower. */
 static inline const void *group_rows16(const void *p, int64_t n, int64_t r1, int64_t rowb,
-                                            char *tile)
+                                       char *tile)
 {
     const char *q = (const char *)p + n * rowb;
     if (n + 16 <= r1) return q;
@@ -64,48 +64,48 @@ static inline __attribute__((always_inline)) void bwd16_sums(
     const int64_t rowb = H * elem_bytes(E);
     __m512 sd[16], sg[16], sgd[16];
     __m512 sd2[2], sg2[2], sgd2[2], bd[2], bg[2], bgd[2], qd[4], qg[4], qgd[4];
-#define SWEEP1(k)                                                                  \
-    do {                                                                           \
+#define SWEEP1(k)                                                                      \
+    do {                                                                               \
         __m512 mk = _mm512_set1_ps(m[k]), ad = _mm512_setzero_ps(), ag = ad, agd = ad; \
-        if (px && NV == 1) {                                                       \
-            _mm_prefetch(px + (k) * rowb, _MM_HINT_T0);                            \
-            _mm_prefetch(pg + (k) * rowb, _MM_HINT_T0);                            \
-        } else if (px) {                                                           \
-            pf_row(px, k, rowb);                                              \
-            pf_row(pg, k, rowb);                                              \
-        }                                                                          \
-        for (int v = 0; v < NV; v++) {                                             \
-            __m512 xv = LDB(x0, k, v);                                             \
-            __m512 g = _mm512_mul_ps(LDB(g0, k, v), wv[v]);                        \
-            if (LN) {                                                              \
-                __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);                   \
-                ad = v ? _mm512_add_ps(ad, d) : d;                                 \
-                ag = v ? _mm512_add_ps(ag, g) : g;                                 \
-                agd = v ? _mm512_fmadd_ps(g, d, agd) : _mm512_mul_ps(g, d);        \
-            } else {                                                               \
-                agd = v ? _mm512_fmadd_ps(g, xv, agd) : _mm512_mul_ps(g, xv);      \
-            }                                                                      \
-        }                                                                          \
-        if (NV > 1) {                                                              \
-            sd[k] = ad;                                                            \
-            sg[k] = ag;                                                            \
-            sgd[k] = agd;                                                          \
-        } else {                                                                   \
-            sd2[(k) & 1] = ad;                                                     \
-            sg2[(k) & 1] = ag;                                                     \
-            sgd2[(k) & 1] = agd;                                                   \
-        }                                                                          \
-        if (NV == 1 && ((k) & 1)) {                                                \
-            const int j_ = ((k) >> 1) & 1;                                         \
-            bd[j_] = red_pair(sd2[0], sd2[1]);                                \
-            bg[j_] = red_pair(sg2[0], sg2[1]);                                \
-            bgd[j_] = red_pair(sgd2[0], sgd2[1]);                             \
-        }                                                                          \
-        if (NV == 1 && ((k) & 3) == 3) {                                           \
-            qd[(k) >> 2] = red_quad(bd[0], bd[1]);                            \
-            qg[(k) >> 2] = red_quad(bg[0], bg[1]);                            \
-            qgd[(k) >> 2] = red_quad(bgd[0], bgd[1]);                         \
-        }                                                                          \
+        if (px && NV == 1) {                                                           \
+            _mm_prefetch(px + (k) * rowb, _MM_HINT_T0);                                \
+            _mm_prefetch(pg + (k) * rowb, _MM_HINT_T0);                                \
+        } else if (px) {                                                               \
+            pf_row(px, k, rowb);                                                       \
+            pf_row(pg, k, rowb);                                                       \
+        }                                                                              \
+        for (int v = 0; v < NV; v++) {                                                 \
+            __m512 xv = LDB(x0, k, v);                                                 \
+            __m512 g = _mm512_mul_ps(LDB(g0, k, v), wv[v]);                            \
+            if (LN) {                                                                  \
+                __m512 d = _mm512_maskz_sub_ps(MASK(v), xv, mk);                       \
+                ad = v ? _mm512_add_ps(ad, d) : d;                                     \
+                ag = v ? _mm512_add_ps(ag, g) : g;                                     \
+                agd = v ? _mm512_fmadd_ps(g, d, agd) : _mm512_mul_ps(g, d);            \
+            } else {                                                                   \
+                agd = v ? _mm512_fmadd_ps(g, xv, agd) : _mm512_mul_ps(g, xv);          \
+            }                                                                          \
+        }                                                                              \
+        if (NV > 1) {                                                                  \
+            sd[k] = ad;                                                                \
+            sg[k] = ag;                                                                \
+            sgd[k] = agd;                                                              \
+        } else {                                                                       \
+            sd2[(k) & 1] = ad;                                                         \
+            sg2[(k) & 1] = ag;                                                         \
+            sgd2[(k) & 1] = agd;                                                       \
+        }                                                                              \
+        if (NV == 1 && ((k) & 1)) {                                                    \
+            const int j_ = ((k) >> 1) & 1;                                             \
+            bd[j_] = red_pair(sd2[0], sd2[1]);                                         \
+            bg[j_] = red_pair(sg2[0], sg2[1]);                                         \
+            bgd[j_] = red_pair(sgd2[0], sgd2[1]);                                      \
+        }                                                                              \
+        if (NV == 1 && ((k) & 3) == 3) {                                               \
+            qd[(k) >> 2] = red_quad(bd[0], bd[1]);                                     \
+            qg[(k) >> 2] = red_quad(bg[0], bg[1]);                                     \
+            qgd[(k) >> 2] = red_quad(bgd[0], bgd[1]);                                  \
+        }                                                                              \
     } while (0)
     /* Rows of one vector: the loop unrolled, a prefetch of x and dy each a
      * row. Longer rows run slower unrolled. */
@@ -195,23 +195,23 @@ static inline __attribute__((always_inline)) void bwd16_sweep2(
     }
     /* the rows' loop, with dx to ow (W = 1) or stored: two loops, which GCC
      * had made of one only as long as the function stayed small */
-#define SWEEP2(W)                                                                  \
-    for (int k = 0; k < R; k++) {                                                  \
-        const __m512 mk = _mm512_set1_ps(m[k]), dk = _mm512_set1_ps(dm[k]);        \
-        const __m512 rk = _mm512_set1_ps(r[k]), c1k = _mm512_set1_ps(c1[k]);       \
-        const __m512 c2k = _mm512_set1_ps(c2[k]);                                  \
-        for (int v = 0; v < NV; v++) {                                             \
-            __m512 xv = LDB(x0, k, v);                                             \
-            __m512 g = LDB(g0, k, v);                                              \
+#define SWEEP2(W)                                                                    \
+    for (int k = 0; k < R; k++) {                                                    \
+        const __m512 mk = _mm512_set1_ps(m[k]), dk = _mm512_set1_ps(dm[k]);          \
+        const __m512 rk = _mm512_set1_ps(r[k]), c1k = _mm512_set1_ps(c1[k]);         \
+        const __m512 c2k = _mm512_set1_ps(c2[k]);                                    \
+        for (int v = 0; v < NV; v++) {                                               \
+            __m512 xv = LDB(x0, k, v);                                               \
+            __m512 g = LDB(g0, k, v);                                                \
             __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(xv, mk), dk), rk); \
-            sw[v] = _mm512_fmadd_ps(g, xh, sw[v]);                                 \
-            if (LN) sb[v] = _mm512_add_ps(sb[v], g);                               \
-            __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);                             \
-            __m512 d = _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t));            \
-            if (W) ntw_put(&wl, d);                                           \
+            sw[v] = _mm512_fmadd_ps(g, xh, sw[v]);                                   \
+            if (LN) sb[v] = _mm512_add_ps(sb[v], g);                                 \
+            __m512 t = _mm512_fmsub_ps(g, wv[v], c1k);                               \
+            __m512 d = _mm512_mul_ps(rk, _mm512_fnmadd_ps(xh, c2k, t));              \
+            if (W) ntw_put(&wl, d);                                                  \
             else if (E) st_half(E, 0, (uint16_t *)DXROW(k) + 16 * v, d, MASK(v), 0); \
-            else _mm512_mask_storeu_ps((float *)DXROW(k) + 16 * v, MASK(v), d);    \
-        }                                                                          \
+            else _mm512_mask_storeu_ps((float *)DXROW(k) + 16 * v, MASK(v), d);      \
+        }                                                                            \
     }
     if (ow) {
         SWEEP2(1)
@@ -243,7 +243,7 @@ static inline __attribute__((always_inline)) void bwd_group16(
     float dm[16] __attribute__((aligned(64))), c1[16] __attribute__((aligned(64)));
     float c2[16] __attribute__((aligned(64)));
     /* m, r: the rows' mean (0 for RMSNorm) and rstd, read where they lie;
-     * a short group's copies repeat row R - 1. (r's vector load, from
+     * a group of fewer than 16 rows repeats row R - 1. (r's vector load, from
      * sixteen scalar stores, would wait for them to leave the store queue.) */
     const float *m = mean, *r = rstd;
     if (R < 16 || !LN) {
@@ -304,7 +304,7 @@ static inline __attribute__((always_inline)) void bwd_rows16_nv(
         const char *px = n + 16 + ahead / H <= re ? (const char *)x + pfo : NULL;
         const char *pg = px ? (const char *)dy + pfo : NULL;
         bwd_group16(dx0, pw, pb, x0, g0, LN ? mean + n : NULL, rstd + n, w, R, NV, LN, H,
-                         tail, px, pg, ow, E);
+                    tail, px, pg, ow, E);
         if (stream && !ow) stream_copy(dxn, stage, (size_t)(R * rowb));
         else if (!stream && R < 16) memcpy(dxn, stage, (size_t)(R * rowb));
     }
@@ -320,19 +320,19 @@ static inline __attribute__((always_inline)) void bwd_rows16_nv(
  * every CPU (bf16i 0): VCVTNEPS2BF16 gives the same bits no faster here, and
  * its instances of bwd_group16 would cost compile time. */
 #define BWD16_FN(NV, LN)                                                                    \
-    static __attribute__((noinline)) void CAT3(bwd16_, NV, LN)(                        \
+    static __attribute__((noinline)) void CAT3(bwd16_, NV, LN)(                             \
         int elem, void *dx, float *pw, float *pb, const void *dy, const void *x,            \
         const float *mean, const float *rstd, const float *w, int64_t r0, int64_t r1,       \
         int64_t re, int64_t H, int stream)                                                  \
     {                                                                                       \
         if (elem == ELEM_F32)                                                               \
-            bwd_rows16_nv(ELEM_F32, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1,   \
+            bwd_rows16_nv(ELEM_F32, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1,       \
                                re, H, stream);                                              \
         else if (elem == FASTLN_F16)                                                        \
-            bwd_rows16_nv(FASTLN_F16, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, \
+            bwd_rows16_nv(FASTLN_F16, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0, r1,     \
                                re, H, stream);                                              \
         else                                                                                \
-            bwd_rows16_nv(FASTLN_BF16, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0,    \
+            bwd_rows16_nv(FASTLN_BF16, NV, LN, dx, pw, pb, dy, x, mean, rstd, w, r0,        \
                                r1, re, H, stream);                                          \
     }
 #define BWD16_FNS(NV) BWD16_FN(NV, 0) BWD16_FN(NV, 1)
@@ -349,7 +349,7 @@ void fastln_avx512_bwd_rows16(int elem, void *dx, float *pw, float *pb, const vo
 {
 #define G16(NV, LN) \
     CAT3(bwd16_, NV, LN)(elem, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H, stream)
-#define CASE(NV)                  \
+#define CASE(NV)                    \
     case 2 * NV: G16(NV, 0); break; \
     case 2 * NV + 1: G16(NV, 1); break;
     switch ((int)((H + 15) / 16) * 2 + (pb != NULL)) {   /* rows of 1 to NV16 vectors */

@@ -93,15 +93,15 @@ static inline __attribute__((always_inline)) void fwd16_nv(
         uint32_t redo;
         if (NV <= 2 && NG == 2)
             redo = rms ? rms_group16((void *const *)yr, rs, (const void *const *)xr, wv, R, NV,
-                                          H, tail, eps, 0, 0, 0, NULL, 0, 2, ow)
+                                     H, tail, eps, 0, 0, 0, NULL, 0, 2, ow)
                        : ln_group16((void *const *)yr, mn, rs, (const void *const *)xr, wv,
-                                         bv, R, NV, H, tail, eps, 0, 0, 0, 0, NULL, 0, 2, ow);
+                                    bv, R, NV, H, tail, eps, 0, 0, 0, 0, NULL, 0, 2, ow);
         else
             redo = rms ? rms_group16((void *const *)yr, rs, (const void *const *)xr, wv, R, NV,
-                                          H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, 1, ow)
+                                     H, tail, eps, 0, 0, 0, PF(NV), NV > 8 && pfw, 1, ow)
                        : ln_group16((void *const *)yr, mn, rs, (const void *const *)xr, wv,
-                                         bv, R, NV, H, tail, eps, 0, 0, 0, 0, PF(NV), NV > 8 && pfw,
-                                         1, ow);
+                                    bv, R, NV, H, tail, eps, 0, 0, 0, 0, PF(NV), NV > 8 && pfw,
+                                    1, ow);
 #undef PF
         for (int k = 0; redo && k < R; k++) {
             if (!((redo >> k) & 1)) continue;
@@ -123,12 +123,12 @@ static inline __attribute__((always_inline)) void fwd16_nv(
  * one and two vectors hold their groups of 32 too (once a function of their
  * own, group32, so that kernels_avx512.c compiled in reasonable time) */
 #define FWD16_FN(NV, OP)                                                                   \
-    static __attribute__((noinline)) void CAT3(fwd16_, NV, OP)(                       \
+    static __attribute__((noinline)) void CAT3(fwd16_, NV, OP)(                            \
         float *y, float *s, float *mean, float *rstd, const float *x, const float *res,    \
         const float *w, const float *b, int64_t r0, int64_t r1, int64_t H, double eps,     \
         int stream)                                                                        \
     {                                                                                      \
-        fwd16_nv(NV, OP == 1, OP == 2, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, \
+        fwd16_nv(NV, OP == 1, OP == 2, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps,     \
                       stream);                                                             \
     }
 #define FWD16_FNS(NV) FWD16_FN(NV, 0) FWD16_FN(NV, 1) FWD16_FN(NV, 2)

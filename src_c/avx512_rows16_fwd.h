@@ -13,14 +13,14 @@
                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
 #define ST(k, v, y)                                                                       \
     do {                                                                                  \
-        if (YE) st_half(YE, YI, (uint16_t *)yr[k] + 16 * (v), (y), MASK(v), nt);     \
-        else _mm512_mask_storeu_ps((float *)yr[k] + 16 * (v), MASK(v), (y));             \
+        if (YE) st_half(YE, YI, (uint16_t *)yr[k] + 16 * (v), (y), MASK(v), nt);          \
+        else _mm512_mask_storeu_ps((float *)yr[k] + 16 * (v), MASK(v), (y));              \
     } while (0)
 /* y to vector v of row k, or with put to the writer wl (the group kernel's
  * copy of ow: a local the streaming stores cannot alias stays in registers) */
 #define PUT_OR_ST(k, v, y)                                                                \
     do {                                                                                  \
-        if (put) ntw_put(&wl, (y));                                                  \
+        if (put) ntw_put(&wl, (y));                                                       \
         else ST(k, v, (y));                                                               \
     } while (0)
 /* Vectors v and v + 1 of a half-storage y row, narrowed together and put to
@@ -49,7 +49,7 @@ static inline __attribute__((always_inline)) uint32_t ln_group16(
     int YI, int nt, const char *pf, int pfw, int NG, ntw *ow)
 {
 #define X0(k) (!XE ? ((const float *)xr[k])[0]                                             \
-               : XE == FASTLN_F16 ? f16_to_f32(((const uint16_t *)xr[k])[0])            \
+               : XE == FASTLN_F16 ? f16_to_f32(((const uint16_t *)xr[k])[0])               \
                                     : bf16_to_f32(((const uint16_t *)xr[k])[0]))
     float sh[32] __attribute__((aligned(64))), dm[32] __attribute__((aligned(64)));
     float r[32] __attribute__((aligned(64)));

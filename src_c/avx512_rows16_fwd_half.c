@@ -17,8 +17,8 @@
  * into s (nt: non-temporal where aligned), or with os put to that writer;
  * with pf, prefetching x and res n values on (as add16) */
 static inline __attribute__((always_inline)) void add16_half(
-    int elem, int bf16i, float *sf, uint16_t *s, const uint16_t *x, const uint16_t *res, int64_t n, int nt,
-    int pf, ntw *os)
+    int elem, int bf16i, float *sf, uint16_t *s, const uint16_t *x, const uint16_t *res, int64_t n,
+    int nt, int pf, ntw *os)
 {
     if (os) {   /* s to the writer os instead (n a multiple of 32), two vectors a put */
         ntw wl = *os;
@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
         uint16_t *yr[32];
         if (add) {
             add16_half(elem, bf16i, buf, s + n * H, x + n * H, res + n * H, R * H, stream,
-                            n + 32 <= r1, os);
+                       n + 32 <= r1, os);
             rows16(sr, buf, 0, R, H);
         }
         for (int k = 0; k < G; k++) {
@@ -112,11 +112,11 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
 #define PF(NV) (NV > 8 || (NV >= SPREAD_NV && stream) ? pf : NULL)
         uint32_t redo;
 #define HGROUP(E, BI)                                                                         \
-    (add ? ln_group16((void *const *)yr, mn, rs, (const void *const *)sr, wv, bv, R, NV, \
+    (add ? ln_group16((void *const *)yr, mn, rs, (const void *const *)sr, wv, bv, R, NV,      \
                            H, tail, eps, 0, E, BI, nt, NULL, 0, 1, ow)                        \
-     : rms ? rms_group16((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H,  \
+     : rms ? rms_group16((void *const *)yr, rs, (const void *const *)xr, wv, R, NV, H,        \
                               tail, eps, E, BI, nt, PF(NV), 0, NG_RMS(NV), ow)                \
-           : ln_group16((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R,  \
+           : ln_group16((void *const *)yr, mn, rs, (const void *const *)xr, wv, bv, R,        \
                              NV, H, tail, eps, E, E, BI, nt, PF(NV), 0, NG_LN(NV), ow))
         if (elem == FASTLN_F16) redo = HGROUP(FASTLN_F16, 0);
         else if (!bf16i) redo = HGROUP(FASTLN_BF16, 0);
@@ -145,15 +145,15 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
  * VCVTNEPS2BF16, as the backward's bwd16_ functions: in one function for all
  * of them (the switch over NV and elem inside the loop over groups) GCC kept
  * the weights, the row pointers and the streaming flags on the stack. */
-#define FWD16H_FN(NV, OP)                                                                   \
-    static __attribute__((noinline)) void CAT3(fwd16h_, NV, OP)(                       \
-        int elem, int bf16i, uint16_t *y, uint16_t *s, float *mean, float *rstd,            \
-        const uint16_t *x,                                                                  \
-        const uint16_t *res, const float *w, const float *b, int64_t r0, int64_t r1,        \
-        int64_t H, double eps, int stream, float *buf)                                      \
-    {                                                                                       \
+#define FWD16H_FN(NV, OP)                                                                       \
+    static __attribute__((noinline)) void CAT3(fwd16h_, NV, OP)(                                \
+        int elem, int bf16i, uint16_t *y, uint16_t *s, float *mean, float *rstd,                \
+        const uint16_t *x,                                                                      \
+        const uint16_t *res, const float *w, const float *b, int64_t r0, int64_t r1,            \
+        int64_t H, double eps, int stream, float *buf)                                          \
+    {                                                                                           \
         fwd16h_nv(NV, OP == 1, OP == 2, elem, bf16i, y, s, mean, rstd, x, res, w, b, r0, r1, H, \
-                       eps, stream, buf);                                                   \
+                       eps, stream, buf);                                                       \
     }
 #define FWD16H_FNS(NV) FWD16H_FN(NV, 0) FWD16H_FN(NV, 1) FWD16H_FN(NV, 2)
 FOR_NVF16(FWD16H_FNS)

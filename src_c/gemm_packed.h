@@ -145,7 +145,7 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
         M = N;
         N = n;
     }
-    /* B (K, N) row-major with whole panels and short rows is read in place;
+    /* B (K, N) row-major with whole panels and rows of up to 256 is read in place;
      * with long rows a pass of KC rows would touch KC pages (TLB misses),
      * and a packed copy is faster */
     int in_place = tb == 'N' && N % FASTLN_NR == 0 && N <= 256;

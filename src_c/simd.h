@@ -36,7 +36,10 @@ static inline void stream_copy(void *dst, const void *src, size_t nbytes)
 }
 static inline void stream_fence(void) { _mm_sfence(); }
 #else
-static inline void stream_copy(void *dst, const void *src, size_t nbytes) { memcpy(dst, src, nbytes); }
+static inline void stream_copy(void *dst, const void *src, size_t nbytes)
+{
+    memcpy(dst, src, nbytes);
+}
 static inline void stream_fence(void) {}
 #endif
 
@@ -267,7 +270,7 @@ static inline __m512 reduce16(const __m512 *s)
  * function that it does not inline, since a prefetch has no effect it can
  * see. */
 static inline __attribute__((always_inline)) void pf_ahead(const void *p, int64_t n,
-                                                                int64_t ahead, const void *end)
+                                                           int64_t ahead, const void *end)
 {
     const char *q = (const char *)p + ahead;
     const int64_t left = (const char *)end - q;
