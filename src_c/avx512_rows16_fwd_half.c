@@ -6,6 +6,7 @@
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #include "isa_avx512.h"
 #include "isa_begin.h"
+#include "simd.h"
 #include "avx512.h"
 #define IS_F32 1
 #include "type_begin.h"

@@ -4,6 +4,7 @@
  * them), for the recurrent product of each step and the large products of a
  * layer. Included by rnn_engine.h, which defines HAVE_PACKED from this.
  */
+#include "simd.h"
 #if IS_F32 && defined(FASTLN_X86) && VEC_BYTES >= 32
 #define HAVE_PACKED 1
 /* C (M, N) (+)= A (M, K) P, P packed by fastln_pack_nt/nn: register tiles of

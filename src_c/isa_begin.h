@@ -5,7 +5,8 @@
  *   ISA_TARGET   the GCC/clang target string, or leaves it undefined (generic)
  *   ISA_HAS_FMA  1 when the target has fused multiply-add
  *   VEC_BYTES    the vector register width in bytes
- * Then type_begin.h selects the element type of the kernels that follow.
+ * Then type_begin.h selects the element type of the kernels that follow;
+ * the SIMD helpers (simd.h) come after this file, which sets their target.
  */
 #include "internal.h"
 
@@ -23,8 +24,6 @@ PRAGMA(clang attribute push(__attribute__((target(ISA_TARGET))), apply_to = func
 PRAGMA(GCC target(ISA_TARGET))
 #endif
 #endif
-
-#include "simd.h"
 
 #if ISA_HAS_FMA
 #define FMA_f32(a, b, c) __builtin_fmaf((a), (b), (c))

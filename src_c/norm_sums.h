@@ -5,10 +5,10 @@
  * are added in double. The AVX-512 kernels (avx512_*.c) keep these lanes, so
  * that their rows get the bits of the one-row code.
  */
+#include "simd.h"
 
 #define NACC ((int)(4 * VEC_BYTES / sizeof(T)))
 #define CHUNK 1024
-
 
 /* Zeroes NACC accumulators. On AVX2 (128 bytes) GCC turns the plain loop,
  * in float, into a memset that it expands as rep stos, whose start-up cost

@@ -21,6 +21,7 @@
  * parameter gradients in double, rows in order, so that they do not depend
  * on the thread count, and ends with the products for dW_ih, dW_hh, dx.
  */
+#include "simd.h"
 
 /* Runs the statements on a team of nt threads, or directly when nt == 1: an
  * OpenMP region costs time to set up even for one thread, which matters to

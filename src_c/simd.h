@@ -4,11 +4,14 @@
  * and vectors), and on AVX-512 the transposing reduction of sixteen vectors,
  * the prefetch helpers, the loads and stores of float16/bfloat16 vectors and
  * the streaming writer of a float output (ntw).
- * Included after isa_begin.h has set the target: VEC_BYTES says the vector
- * width, FASTLN_X86 whether intrinsics are available.
+ * Include it after isa_begin.h, which sets the target: VEC_BYTES says the
+ * vector width, FASTLN_X86 whether intrinsics are available.
  */
 #ifndef FASTLN_SIMD_H
 #define FASTLN_SIMD_H
+#ifndef VEC_BYTES
+#error "simd.h: include isa_begin.h first (it sets the target)"
+#endif
 #include <float.h>
 
 /* Non-temporal copy of nbytes: ordinary stores up to the first aligned
