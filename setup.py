@@ -3,11 +3,19 @@
 Flags are portable (-O3, no -march=native): the AVX2 and AVX-512 kernels are
 compiled through target attributes and chosen at run time. OpenMP is probed
 with a test compile; without it the build is serial, with a warning.
-No debug information (-g0, over Python's -g): kernels_avx512.c compiles in
-157 s instead of 241, and the module is 4 MB instead of 32.
+No debug information (-g0, over Python's -g): the kernels compile much
+faster without it, and the module is far smaller.
+The C sources compile in parallel (parallel_compile), the slowest first.
+
+A build that is not in place (`pip install .`) also copies the extension into
+the checkout's fastln/ folder: the README's commands (`pip install . &&
+python -m fastln`, `python -m pytest`) run from the checkout, where ./fastln
+shadows the installed package, so the checkout needs the extension too.
+
 Environment: FASTLN_NO_OPENMP=1 skips OpenMP; FASTLN_NATIVE=1 adds
 -march=native (local experiments only); FASTLN_DEBUG=1 keeps -g.
 """
+import glob
 import os
 import sys
 import tempfile
@@ -19,9 +27,14 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# the slowest to compile first (parallel_compile starts them in this order)
-C_SOURCES = ["src_c/kernels_avx512.c", "src_c/dispatch.c", "src_c/kernels_generic.c",
-             "src_c/kernels_avx2.c", "src_c/rnn.c", "src_c/pool.c", "src_c/policy.c"]
+# every C source of src_c/, the slowest to compile first (parallel_compile
+# starts them in this order)
+C_SOURCES = ["src_c/avx512_rows16_fwd_half.c", "src_c/avx512_long_bwd.c",
+             "src_c/avx512_long_fwd.c", "src_c/avx512_rows16_bwd.c", "src_c/avx512_rows16_fwd.c",
+             "src_c/kernels_avx2.c", "src_c/kernels_avx512.c", "src_c/kernels_generic.c",
+             "src_c/dispatch.c", "src_c/policy.c", "src_c/rnn.c", "src_c/pool.c"]
+
+assert sorted(C_SOURCES) == sorted(glob.glob("src_c/*.c")), "C_SOURCES and src_c/*.c differ"
 
 
 def openmp_flags(compiler):
@@ -51,8 +64,8 @@ def openmp_flags(compiler):
 def parallel_compile(compiler, jobs):
     """Makes compiler.compile build its sources `jobs` at a time, in the order
     given. setuptools compiles the sources of one extension one after another;
-    here kernels_avx512.c (minutes) compiles beside the Cython module and the
-    other C files. It drives the compiler's own _setup_compile and _compile,
+    here the AVX-512 kernels compile beside the Cython module and the other C
+    files. It drives the compiler's own _setup_compile and _compile,
     as numpy.distutils did."""
     def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
                 extra_preargs=None, extra_postargs=None, depends=None):
@@ -74,7 +87,7 @@ def parallel_compile(compiler, jobs):
 class BuildExt(build_ext):
     def build_extensions(self):
         # GCC or clang: the kernels use target attributes and __atomic builtins
-        cflags = ["-O3", "-fopenmp-simd", "-Wno-unused-function"]
+        cflags = ["-O3", "-fopenmp-simd", "-Wall", "-Wextra"]
         if os.environ.get("FASTLN_DEBUG") != "1":
             cflags.append("-g0")   # after Python's own flags, so it overrides their -g
         if os.environ.get("FASTLN_NATIVE") == "1":
@@ -119,9 +132,7 @@ ext = Extension(
     # NumPy >= 1.22's C API: the allocator interface (PyDataMem_SetHandler)
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                    ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
-    depends=["src_c/fastln.h", "src_c/fastln_rnn.h", "src_c/internal.h",
-             "src_c/kernels_isa.h", "src_c/kernels_impl.h", "src_c/rnn_impl.h",
-             "src_c/short_rows.h", "src_c/pool.h"],
+    depends=sorted(glob.glob("src_c/*.h")),
 )
 
 setup(

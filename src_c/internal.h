@@ -19,16 +19,6 @@ static inline int omp_get_max_threads(void) { return 1; }
 static inline void omp_set_num_threads(int n) { (void)n; }
 #endif
 
-/* The kernels' thresholds come from the run-time policy (policy.h). The
- * per-path tables below keep their stream_bytes fields, filled from the
- * policy's multiples on the fallback (reference) caches; dispatch.c asks
- * fastln_policy instead. */
-#define FASTLN_STREAM_BYTES (FASTLN_STREAM_L3 * FASTLN_FALLBACK_L3)
-#define FASTLN_STREAM_BYTES_AVX512 (FASTLN_STREAM_AVX512_L3 * FASTLN_FALLBACK_L3)
-#define FASTLN_STREAM_BYTES_SHORT (FASTLN_STREAM_SHORT_L3 * FASTLN_FALLBACK_L3)
-#define FASTLN_STREAM_BYTES_BWD (FASTLN_STREAM_BWD_L3 * FASTLN_FALLBACK_L3)
-#define FASTLN_STREAM_BYTES_BWD_SHORT (FASTLN_STREAM_BWD_SHORT_L3 * FASTLN_FALLBACK_L3)
-
 /* A short-row forward whose thread's rows pass this many bytes prefetches
  * its outputs too */
 #define FASTLN_PF_RANGE_BYTES (FASTLN_PF_RANGE_L3 * fastln_l3_usable(fastln_caches_get()))
@@ -72,20 +62,11 @@ typedef struct {
     int (*half_bwd)(int kind, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
                     const uint16_t *x, const float *mean, const float *rstd, const float *w,
                     int64_t N, int64_t H, int nt, int stream);
-    /* LN-RNN layer (rnn_impl.h); nt as above */
+    /* LN-RNN layer (rnn_engine.h); nt as above */
     int (*rnn_fwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f64)(const fastln_rnn_args *, int);
-    /* the streaming threshold (bytes out) of this path's float32 and 16-bit
-     * LayerNorm and RMSNorm forwards, and of the float32 backwards' dx for
-     * rows of up to FASTLN_SHORT_BWD_H elements */
-    double stream_bytes;
-    double stream_bytes_bwd_short;
-    /* the forwards' threshold for rows of up to FASTLN_SHORT_ROW_BYTES
-     * (16-bit, or float32 on one thread; add + LayerNorm: twice it, for s
-     * and y together), or 0: none */
-    double stream_bytes_short;
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;
@@ -118,7 +99,7 @@ const fastln_kernel_table *fastln_kernels(void);
 typedef struct {
     int cell, plain;   /* the cell without FASTLN_CELL_PLAIN, and that flag */
     int gates, nrstd, split;   /* split: dA_ih and dA_hh are separate arrays */
-    int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see rnn_impl.h */
+    int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see rnn_cells.h */
 } fastln_rnn_layout;
 int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
 

@@ -1,14 +1,7 @@
-/* The AVX-512 path (x86-64 only), chosen at run time. 512-bit vectors. */
+/* The AVX-512 path (x86-64 only), chosen at run time: the kernel table, the
+ * double kernels, the drivers and the LN-RNN engine; the float row kernels
+ * are in avx512_*.c. */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#define ISA avx512
-#if defined(__clang__)
-#define ISA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"
-#else
-#define ISA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma,prefer-vector-width=512"
-#endif
-/* avx512bf16: only the bfloat16 narrowing uses it, after a run-time check
- * (fastln_cpu_has_avx512bf16); the compiler emits it for no other code. */
-#define VEC_BYTES 64
-#define ISA_HAS_FMA 1
+#include "isa_avx512.h"
 #include "kernels_isa.h"
 #endif

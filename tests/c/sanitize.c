@@ -184,7 +184,7 @@ int main(void) {
         }
         /* past the streaming thresholds (32 MiB forward, 16 MiB on AVX-512, 8
          * MiB backward); short rows of whole vectors (16-bit: an even number)
-         * stream from registers (short_rows.h's ntw), with partial lines at
+         * stream from registers (the ntw writer of src_c/simd.h), with partial lines at
          * both ends */
         bad |= ln_f32(3100, 4096);
         bad |= ln_f32(65541, 64);

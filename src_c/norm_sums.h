@@ -1,0 +1,43 @@
+/*
+ * The lane sums of the row statistics, written once per (element type, ISA)
+ * (type_begin.h): sums are taken in NACC independent lanes (four vector
+ * registers of VEC_BYTES) per chunk of CHUNK elements, and the chunk sums
+ * are added in double. The AVX-512 kernels (avx512_*.c) keep these lanes, so
+ * that their rows get the bits of the one-row code.
+ */
+#include "simd.h"
+
+#define NACC ((int)(4 * VEC_BYTES / sizeof(T)))
+#define CHUNK 1024
+
+/* Zeroes NACC accumulators. On AVX2 (128 bytes) GCC turns the plain loop,
+ * in float, into a memset that it expands as rep stos, whose start-up cost
+ * is near that of a whole row's sums for rows of a few vectors: four vector
+ * stores instead. */
+static inline void SFX(acc_zero)(T *acc)
+{
+#if defined(FASTLN_X86) && VEC_BYTES == 32
+    __m256i z = _mm256_setzero_si256(), *a = (__m256i *)acc;
+    _mm256_storeu_si256(a, z);
+    _mm256_storeu_si256(a + 1, z);
+    _mm256_storeu_si256(a + 2, z);
+    _mm256_storeu_si256(a + 3, z);
+#else
+    for (int k = 0; k < NACC; k++) acc[k] = 0;
+#endif
+}
+
+/* acc[0] + ... + acc[NACC-1] as a vector reduction, not a serial chain */
+static inline T SFX(hsum)(const T *acc)
+{
+#ifdef HSUM_BY_COMPILER
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int k = 0; k < NACC; k++) s += acc[k];
+    return s;
+#else
+    return HSUM(acc);
+#endif
+}
+
+/* sum over the row of (x[i] - shift) */

@@ -1,0 +1,566 @@
+/*
+ * The LN-RNN engine: the recurrent products and the layer drivers, written
+ * once per (element type, ISA) (type_begin.h: IS_F32, GEMM), after the
+ * cells' row kernels (rnn_cells.h).
+ *
+ * Shape legend (one layer, time-major; G = gates * H; see fastln_rnn.h):
+ *   x (T, B, I), y (T, B, H); state h, c (B, H)
+ *   A_ih = x W_ih^T, one product per chunk of about 256 rows (chunk_steps);
+ *   A_hh (B, G) = h_{t-1} W_hh^T, one product per step
+ *   cache (fastln_rnn_layout): xih/xhh = A_ih/A_hh normalized, act = GRU gate
+ *     activations, hseq/cseq = h/c at t-1, xc = LN(c) normalized, rstd
+ *   backward: dA_ih, dA_hh (T, B, G) = gradients of A_ih, A_hh (RNN: one
+ *     array, the two are equal); dg (B, gw) per-step gradients of the LN
+ *     outputs, reduced over rows into the LN gains and biases
+ *
+ * A chunk runs in one parallel region: its input product, then per step the
+ * recurrent product (packed-weight kernel, or a dot kernel at B == 1; BLAS,
+ * between regions, for double and on the generic path), then one fused row
+ * kernel per row (all LN statistics, gates, state update, output), rows
+ * shared by the team. Backward adds a column-parallel reduction of the LN
+ * parameter gradients in double, rows in order, so that they do not depend
+ * on the thread count, and ends with the products for dW_ih, dW_hh, dx.
+ */
+#include "simd.h"
+
+/* Runs the statements on a team of nt threads, or directly when nt == 1: an
+ * OpenMP region costs time to set up even for one thread, which matters to
+ * a step. The orphaned omp for/single/barrier constructs in
+ * the statements bind to the team, or run serially without one. */
+#ifndef ON_TEAM
+#define ON_TEAM(nt, ...)                                  \
+    do {                                                  \
+        if ((nt) > 1) {                                   \
+            _Pragma("omp parallel num_threads(nt)") { __VA_ARGS__ } \
+        } else {                                          \
+            __VA_ARGS__                                   \
+        }                                                 \
+    } while (0)
+#endif
+
+/* ---- recurrent products ------------------------------------------------ */
+
+#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#define HAVE_GEMV16 1
+/* c[j] (+)= dot(row j of W, a) for j < 16, K elements: one accumulator per
+ * row, then a transposing reduction tree (reduce16: 16 vectors -> one vector
+ * of the 16 sums) instead of 16 horizontal sums. */
+static inline void SFX(gemv16)(float *c, const float *a, const float *W, int64_t K, int acc)
+{
+    __m512 s[16];
+    for (int j = 0; j < 16; j++) s[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+        __m512 av = _mm512_maskz_loadu_ps(m, a + k);
+        for (int j = 0; j < 16; j++)
+            s[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, W + j * K + k), av, s[j]);
+    }
+    __m512 r = reduce16(s);   /* simd.h */
+    if (acc) r = _mm512_add_ps(r, _mm512_loadu_ps(c));
+    _mm512_storeu_ps(c, r);
+}
+#else
+#define HAVE_GEMV16 0
+#endif
+
+/* B == 1 and other tiny M, unpacked W:
+ * nt:  C (M, N) (+)= A (M, K) W^T, W (N, K): four dot products at a time
+ * nn:  C (M, K) (+)= A (M, N) W,   W (N, K): four axpys at a time */
+static void SFX(small_nt)(T *C, const T *A, const T *W, int64_t M, int64_t N, int64_t K,
+                          int acc, int64_t n0, int64_t n1)
+{   /* output columns [n0, n1) */
+    for (int64_t m = 0; m < M; m++) {
+        const T *a = A + m * K;
+        T *c = C + m * N;
+        int64_t n = n0;
+#if HAVE_GEMV16
+        for (; n + 16 <= n1; n += 16) SFX(gemv16)(c + n, a, W + n * K, K, acc);
+#endif
+        for (; n + 4 <= n1; n += 4) {
+            const T *w0 = W + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+            T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+            for (int64_t k = 0; k < K; k++) {
+                s0 = FMA(a[k], w0[k], s0);
+                s1 = FMA(a[k], w1[k], s1);
+                s2 = FMA(a[k], w2[k], s2);
+                s3 = FMA(a[k], w3[k], s3);
+            }
+            c[n] = acc ? c[n] + s0 : s0;
+            c[n + 1] = acc ? c[n + 1] + s1 : s1;
+            c[n + 2] = acc ? c[n + 2] + s2 : s2;
+            c[n + 3] = acc ? c[n + 3] + s3 : s3;
+        }
+        for (; n < n1; n++) {
+            const T *w0 = W + n * K;
+            T s0 = 0;
+#pragma omp simd reduction(+ : s0)
+            for (int64_t k = 0; k < K; k++) s0 = FMA(a[k], w0[k], s0);
+            c[n] = acc ? c[n] + s0 : s0;
+        }
+    }
+}
+
+static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, int64_t K,
+                          int acc, int64_t k0, int64_t k1)
+{   /* output columns [k0, k1) */
+    for (int64_t m = 0; m < M; m++) {
+        const T *a = A + m * N;
+        T *c = C + m * K;
+        if (!acc) memset(c + k0, 0, (size_t)(k1 - k0) * sizeof(T));
+        int64_t n = 0;
+        for (; n + 4 <= N; n += 4) {
+            const T *w0 = W + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+            T a0 = a[n], a1 = a[n + 1], a2 = a[n + 2], a3 = a[n + 3];
+#pragma omp simd
+            for (int64_t k = k0; k < k1; k++)
+                c[k] = FMA(a0, w0[k], FMA(a1, w1[k], FMA(a2, w2[k], FMA(a3, w3[k], c[k]))));
+        }
+        for (; n < N; n++) {
+            const T *w0 = W + n * K;
+            T a0 = a[n];
+#pragma omp simd
+            for (int64_t k = k0; k < k1; k++) c[k] = FMA(a0, w0[k], c[k]);
+        }
+    }
+}
+
+#include "gemm_packed.h"
+
+/* The large products of a layer: C (M, N) = op(A) op(B), contiguous
+ * operands, on the packed kernel and fastln's threads where there is one
+ * (BLAS's own threads would compete with fastln's for the cores between
+ * steps), else through BLAS. */
+static int SFX(gemm_layer)(char ta, char tb, int64_t M, int64_t N, int64_t K, const T *A,
+                           const T *B, T *C, int nt)
+{
+#if HAVE_PACKED
+    return SFX(gemm_big)(ta, tb, M, N, K, A, B, C, nt);
+#else
+    (void)nt;
+    GEMM(ta, tb, M, N, K, 1, A, ta == 'N' ? K : M, B, tb == 'N' ? N : K, 0, C, N);
+    return FASTLN_OK;
+#endif
+}
+
+/* How a layer does its recurrent products. */
+typedef struct {
+    int method;      /* 0: BLAS, 1: packed (float, x86), 2: small (B == 1) */
+    float *packed;   /* method 1: the packed W_hh (forward) or W_hh^T (backward) */
+    float *packed_ih;   /* forward on the packed path: W_ih packed, else NULL */
+} SFX(rec);
+
+/* Packs what the products of a layer need: W_hh for the recurrent kernel
+ * when B > 1, and (forward, with_ih) W_ih for the input projections. */
+static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, const T *w_ih, int64_t B, int64_t G,
+                         int64_t H, int64_t I, int backward, int with_ih, int nt)
+{
+    rc->method = B == 1 ? 2 : 0;
+    rc->packed = rc->packed_ih = NULL;
+#if HAVE_PACKED
+    int64_t N = backward ? H : G, K = backward ? G : H;
+    int64_t nh = B > 1 ? fastln_packed_size(N, K) : 0, ni = with_ih ? fastln_packed_size(G, I) : 0;
+    if (nh + ni == 0) return FASTLN_OK;
+    float *buf = (float *)malloc((size_t)(nh + ni) * sizeof(float));
+    if (!buf) return FASTLN_ENOMEM;
+    if (B > 1) {
+        rc->packed = buf;
+        rc->method = 1;
+    }
+    rc->packed_ih = with_ih ? buf + nh : NULL;
+    ON_TEAM(nt,
+        if (rc->packed && backward) fastln_pack_nn(rc->packed, w_hh, K, N);
+        else if (rc->packed) fastln_pack_nt(rc->packed, w_hh, N, K);
+        if (rc->packed_ih) fastln_pack_nt(rc->packed_ih, w_ih, G, I););
+#else
+    (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih; (void)nt;
+#endif
+    return FASTLN_OK;
+}
+
+static void SFX(rec_free)(SFX(rec) *rc) { free(rc->packed ? rc->packed : rc->packed_ih); }
+
+/* Whether the per-step product runs inside the step's parallel region. */
+static inline int SFX(rec_in_region)(const SFX(rec) *rc) { return rc->method != 0; }
+
+/* forward: C (B, G) = h (B, H) W_hh^T.  backward: C (B, H) += dA (B, G) W_hh.
+ * Methods 1 and 2 share the work among the enclosing team; method 0 (BLAS) runs
+ * outside any parallel region. */
+static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh, int64_t B,
+                             int64_t G, int64_t H, int backward)
+{
+    int64_t N = backward ? H : G, K = backward ? G : H;
+#if HAVE_PACKED
+    if (rc->method == 1) {
+        SFX(packed_gemm)(C, N, A, K, 1, rc->packed, FASTLN_NR, B, N, K, backward);
+        return;
+    }
+#endif
+    if (rc->method == 2) {   /* blocks of 64 output columns over the team */
+        int64_t nb = (N + 63) / 64;
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < nb; j++) {
+            int64_t j1 = j * 64 + 64 < N ? j * 64 + 64 : N;
+            if (backward) SFX(small_nn)(C, A, w_hh, B, G, H, 1, j * 64, j1);
+            else SFX(small_nt)(C, A, w_hh, B, G, H, 0, j * 64, j1);
+        }
+        return;
+    }
+    if (backward) GEMM('N', 'N', B, H, G, 1, A, G, w_hh, H, 1, C, H);
+    else GEMM('N', 'T', B, G, H, 1, A, H, w_hh, H, 0, C, G);
+    (void)N; (void)K;
+}
+
+/* ---- layer drivers ----------------------------------------------------- */
+
+/* Steps per chunk: about 256 rows, so that a chunk's input projections
+ * stay in L2 until its steps use them. interrupt() is polled between chunks,
+ * and a chunk runs in one parallel region. */
+static inline int64_t SFX(chunk_steps)(int64_t B) { return B >= 256 ? 1 : (256 + B - 1) / B; }
+
+static int SFX(layer_init)(SFX(layer) *ly, const fastln_rnn_args *a)
+{
+    fastln_rnn_layout_for(&ly->L, a->cell, a->steps, a->batch, a->hidden);
+    ly->cell = ly->L.cell;
+    ly->plain = ly->L.plain;
+    ly->B = a->batch;
+    ly->H = a->hidden;
+    ly->eps = a->eps;
+    ly->p = (const T *const *)a->params;
+    ly->len = a->lengths;
+    ly->G = ly->L.G;
+    ly->gw = ly->L.gw;
+    return FASTLN_OK;
+}
+
+typedef struct {
+    SFX(layer) ly;
+    SFX(rec) rc;
+    const T *w_hh;
+    T *aih;                         /* A_ih of the current chunk, step c0 first */
+    int64_t c0;
+    T *ahh_s, *act_s, *xc_s, *rs_s; /* a step's rows (copied to the cache if any); rs_s: no cache */
+    T *h, *c;                       /* the state (updated in place without a cache) */
+    T *y;
+} SFX(fwd_ctx);
+
+/* Step t. mode 1: product and rows; 0: rows only; 2: product only (BLAS,
+ * outside any parallel region). Rows are shared by the enclosing team. */
+static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
+{
+    const SFX(layer) *ly = &f->ly;
+    const fastln_rnn_layout *L = &ly->L;
+    const int64_t B = ly->B, H = ly->H, G = ly->G, R = L->nrstd;
+    T *cache = ly->cache;
+    const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
+    if (mode != 0) SFX(rec_product)(&f->rc, f->ahh_s, hp, f->w_hh, B, G, H, 0);
+    if (mode == 2) return;
+    T *aih = f->aih + (t - f->c0) * B * G;
+    T *rs = cache ? cache + L->rstd + t * B * R : f->rs_s;
+    T *hn = cache ? cache + L->hseq + (t + 1) * B * H : f->h;
+    const T *cp = !f->c ? NULL : cache ? cache + L->cseq + t * B * H : f->c;
+    T *cn = !f->c ? NULL : cache ? cache + L->cseq + (t + 1) * B * H : f->c;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        int on = SFX(active)(ly, t, b);
+        T *ai = aih + b * G, *ah = f->ahh_s + b * G;
+        T *act = f->act_s ? f->act_s + b * G : NULL, *xc = f->xc_s ? f->xc_s + b * H : NULL;
+        SFX(fwd_row)(ly, on, ai, ah, act, xc, R ? rs + b * R : NULL, hp + b * H, cp ? cp + b * H : NULL,
+                     hn + b * H, cn ? cn + b * H : NULL, f->y + (t * B + b) * H);
+        if (cache && on) {
+            /* The row was computed in scratch that stays in L1/L2; the cache
+             * (about 11 H values a row) goes out with non-temporal stores, so
+             * that writing it costs no read-for-ownership traffic: backward
+             * reads it long after it has left the caches anyway. */
+            size_t row = (size_t)G * sizeof(T);
+            int64_t at = (t * B + b) * G;
+            if (L->xih >= 0) stream_copy(cache + L->xih + at, ai, row);
+            if (L->xhh >= 0) stream_copy(cache + L->xhh + at, ah, row);
+            if (L->act >= 0) stream_copy(cache + L->act + at, act, row);
+            if (L->xc >= 0) stream_copy(cache + L->xc + (t * B + b) * H, xc, (size_t)H * sizeof(T));
+        }
+    }
+    if (cache) stream_fence();
+}
+
+/* f->aih (M, G) = x (M, I) W_ih^T on the packed kernel or, for tiny M, the
+ * dot kernel (on one thread of the team). */
+static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t M, int64_t I)
+{
+    const int64_t G = f->ly.G;
+#if HAVE_PACKED
+    if (f->rc.packed_ih) {
+        SFX(packed_gemm)(f->aih, G, x, I, 1, f->rc.packed_ih, FASTLN_NR, M, G, I, 0);
+        return;
+    }
+#endif
+#pragma omp single
+    SFX(small_nt)(f->aih, x, w_ih, M, G, I, 0, 0, G);
+}
+
+/* The input projections of steps [c0, c1) into f->aih, then those steps:
+ * one parallel region when the products can run inside it (the packed and
+ * small kernels), else BLAS between regions. */
+static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I, int64_t c0,
+                          int64_t c1, int nt)
+{
+    const int64_t B = f->ly.B, G = f->ly.G, M = (c1 - c0) * B;
+    const T *xc = x + c0 * B * I;
+    f->c0 = c0;
+    if (SFX(rec_in_region)(&f->rc)) {
+        ON_TEAM(nt,
+            SFX(input_proj)(f, xc, w_ih, M, I);
+            for (int64_t t = c0; t < c1; t++) SFX(fwd_step)(f, t, 1););
+        return FASTLN_OK;
+    }
+    if (M <= 4) SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0, 0, G);
+    else GEMM('N', 'T', M, G, I, 1, xc, I, w_ih, I, 0, f->aih, G);
+    /* BLAS's own threads spin for a while after each call: an OpenMP team
+     * between the calls would fight them for the cores (many times slower),
+     * so the rows run on this thread. */
+    for (int64_t t = c0; t < c1; t++) {
+        SFX(fwd_step)(f, t, 2);
+        SFX(fwd_step)(f, t, 0);
+    }
+    return FASTLN_OK;
+}
+
+static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
+{
+    SFX(fwd_ctx) f;
+    memset(&f, 0, sizeof f);
+    SFX(layer_init)(&f.ly, a);
+    SFX(layer) *ly = &f.ly;
+    const fastln_rnn_layout *L = &ly->L;
+    const int64_t Ts = a->steps, B = a->batch, I = a->input, H = a->hidden, G = ly->G;
+    const T *x = (const T *)a->x, *w_ih = ly->p[0];
+    T *cache = ly->cache = (T *)a->cache;
+    int lstm = ly->cell == FASTLN_CELL_LSTM, gated = lstm || ly->cell == FASTLN_CELL_GRU;
+    f.w_hh = ly->p[1];
+    f.y = (T *)a->y;
+    f.h = (T *)a->h;
+    f.c = lstm ? (T *)a->c : NULL;
+
+    /* scratch for a chunk of A_ih and a step's rows (copied to the cache) */
+    int64_t Tc = SFX(chunk_steps)(B);
+    if (Tc > Ts) Tc = Ts;
+    int64_t n_aih = Tc * B * G, n_ahh = B * G;
+    int64_t n_act = gated ? B * G : 0, n_xc = lstm ? B * H : 0;
+    int64_t n_rs = cache ? 0 : B * L->nrstd;
+    T *scratch = (T *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + 1) * sizeof(T));
+    if (!scratch) return FASTLN_ENOMEM;
+    T *aih_s = scratch;
+    f.ahh_s = n_ahh ? aih_s + n_aih : NULL;
+    f.act_s = n_act ? aih_s + n_aih + n_ahh : NULL;
+    f.xc_s = n_xc ? aih_s + n_aih + n_ahh + n_act : NULL;
+    f.rs_s = n_rs ? aih_s + n_aih + n_ahh + n_act + n_xc : NULL;
+    int rc = SFX(rec_init)(&f.rc, f.w_hh, w_ih, B, G, H, I, 0, Ts * B > 4, nt);
+    if (rc) {
+        free(scratch);
+        return rc;
+    }
+    if (cache) {
+        memcpy(cache + L->hseq, f.h, (size_t)(B * H) * sizeof(T));
+        if (lstm) memcpy(cache + L->cseq, f.c, (size_t)(B * H) * sizeof(T));
+    }
+    for (int64_t c0 = 0; c0 < Ts && rc == FASTLN_OK; c0 += Tc) {
+        int64_t c1 = c0 + Tc < Ts ? c0 + Tc : Ts;
+        f.aih = aih_s;
+        rc = SFX(fwd_chunk)(&f, x, w_ih, I, c0, c1, nt);
+        if (!rc && a->interrupt && c1 < Ts && a->interrupt(a->interrupt_ctx)) rc = FASTLN_EINTR;
+    }
+    if (cache && rc == FASTLN_OK) {   /* the final state */
+        memcpy(f.h, cache + L->hseq + Ts * B * H, (size_t)(B * H) * sizeof(T));
+        if (lstm) memcpy(f.c, cache + L->cseq + Ts * B * H, (size_t)(B * H) * sizeof(T));
+    }
+    SFX(rec_free)(&f.rc);
+    free(scratch);
+    return rc;
+}
+
+/* Backward: which LN-output gradients (in a dg row) pair with which
+ * normalized values, and where their sums go (offsets in acc, -1: none). */
+typedef struct {
+    int64_t goff, n, aw, ab;
+    int src;                        /* 0: xih, 1: xhh, 2: xc */
+    int64_t xoff;
+} SFX(seg);
+
+typedef struct {
+    SFX(layer) ly;
+    SFX(rec) rc;
+    const T *w_hh, *dy;
+    T *dai, *dah, *dg, *dh, *dc;
+    T *dai_s;   /* (B, G) scratch for a step's dA_ih rows, or NULL (RNN: dA_ih is dA_hh) */
+    T *act_s;   /* (B, G) scratch for the LSTM's recomputed gates */
+    double *acc;
+    int nseg;
+    SFX(seg) seg[4];
+} SFX(bwd_ctx);
+
+#define COLBLK 64   /* columns per block of the parameter sums */
+
+static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
+{
+    const SFX(layer) *ly = &k->ly;
+    const fastln_rnn_layout *L = &ly->L;
+    const int64_t B = ly->B, H = ly->H, G = ly->G, R = L->nrstd, gw = ly->gw;
+    const T *cache = ly->cache;
+    T *dah = k->dah + t * B * G;
+    if (mode == 2) {
+        SFX(rec_product)(&k->rc, k->dh, dah, k->w_hh, B, G, H, 1);
+        return;
+    }
+    T *dai = k->dai + t * B * G;
+    const T *xi = L->xih >= 0 ? cache + L->xih + t * B * G : NULL;
+    const T *xh = L->xhh >= 0 ? cache + L->xhh + t * B * G : NULL;
+    const T *act = L->act >= 0 ? cache + L->act + t * B * G : k->act_s;   /* LSTM: scratch */
+    const T *xc = L->xc >= 0 ? cache + L->xc + t * B * H : NULL;
+    const T *rs = cache + L->rstd + t * B * R;
+    const T *hp = cache + L->hseq + t * B * H, *hc = hp + B * H;
+    const T *cp = L->cseq >= 0 ? cache + L->cseq + t * B * H : NULL;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        /* dA_ih is read only by the products after the loop: its rows go out
+         * with non-temporal stores (no read-for-ownership traffic); dA_hh
+         * feeds this step's recurrent product and stays in cache. */
+        T *di = k->dai_s ? k->dai_s + b * G : dai + b * G;
+        SFX(bwd_row)(ly, SFX(active)(ly, t, b), di, dah + b * G, k->dg + b * gw,
+                     k->dh + b * H, k->dc ? k->dc + b * H : NULL, k->dy + (t * B + b) * H,
+                     xi ? xi + b * G : NULL, xh ? xh + b * G : NULL, act ? act + b * G : NULL,
+                     xc ? xc + b * H : NULL, R ? rs + b * R : NULL, hp + b * H, hc + b * H,
+                     cp ? cp + b * H : NULL);
+        if (k->dai_s) stream_copy(dai + b * G, di, (size_t)G * sizeof(T));
+    }
+    if (k->dai_s) stream_fence();
+    for (int s = 0; s < k->nseg; s++) {
+        const SFX(seg) *sg = &k->seg[s];
+        const T *xs = sg->aw < 0 ? NULL : sg->src == 0 ? xi : sg->src == 1 ? xh : xc;
+        int64_t ldx = sg->src == 2 ? H : G, nb = (sg->n + COLBLK - 1) / COLBLK;
+#pragma omp for schedule(static) nowait
+        for (int64_t jb = 0; jb < nb; jb++) {
+            int64_t j0 = jb * COLBLK, j1 = j0 + COLBLK < sg->n ? j0 + COLBLK : sg->n;
+            for (int64_t b = 0; b < B; b++) {   /* rows in order: deterministic sums */
+                if (!SFX(active)(ly, t, b)) continue;
+                SFX(col_acc)(xs ? k->acc + sg->aw : NULL, sg->ab >= 0 ? k->acc + sg->ab : NULL,
+                             k->dg + b * gw + sg->goff, gw, xs ? xs + b * ldx + sg->xoff : NULL,
+                             ldx, 1, j0, j1);
+            }
+        }
+    }
+    if (mode == 1) SFX(rec_product)(&k->rc, k->dh, dah, k->w_hh, B, G, H, 1);
+}
+
+static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
+{   /* steps t1-1 down to t0 */
+    if (SFX(rec_in_region)(&k->rc)) {
+        ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1););
+        return;
+    }
+    for (int64_t t = t1 - 1; t >= t0; t--) {   /* on this thread: see fwd_chunk */
+        SFX(bwd_step)(k, t, 0);
+        SFX(bwd_step)(k, t, 2);
+    }
+}
+
+static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
+{
+    SFX(bwd_ctx) k;
+    memset(&k, 0, sizeof k);
+    SFX(layer_init)(&k.ly, a);
+    SFX(layer) *ly = &k.ly;
+    const fastln_rnn_layout *L = &ly->L;
+    const int64_t Ts = a->steps, B = a->batch, I = a->input, H = a->hidden, G = ly->G, TB = Ts * B;
+    const T *x = (const T *)a->x, *const *p = ly->p;
+    T **grads = (T **)a->grads;
+    ly->cache = (T *)a->cache;
+    int lstm = ly->cell == FASTLN_CELL_LSTM, gru = ly->cell == FASTLN_CELL_GRU;
+    k.w_hh = p[1];
+    k.dy = (const T *)a->dy;
+    k.dh = (T *)a->dh;
+    k.dc = lstm ? (T *)a->dc : NULL;
+
+    /* parameter sums (double): see the grads assignment at the end */
+    int64_t nacc;
+    if (ly->plain) {     /* bias (G) */
+        SFX(seg) s[1] = {{0, G, -1, 0, 0, 0}};
+        memcpy(k.seg, s, sizeof s);
+        k.nseg = 1;
+        nacc = G;
+    } else if (lstm) {          /* sum dgates, ih w, hh w (G); c w, c b (H) */
+        SFX(seg) s[3] = {{0, G, G, 0, 0, 0}, {0, G, 2 * G, -1, 1, 0},
+                         {G, H, 3 * G, 3 * G + H, 2, 0}};
+        memcpy(k.seg, s, sizeof s);
+        k.nseg = 3;
+        nacc = 3 * G + 2 * H;
+    } else if (gru) {    /* zr: b, ih w, hh w (2H); in w, in b, hn w, hn b (H) */
+        SFX(seg) s[4] = {{0, 2 * H, 2 * H, 0, 0, 0}, {0, 2 * H, 4 * H, -1, 1, 0},
+                         {2 * H, H, 6 * H, 7 * H, 0, 2 * H}, {3 * H, H, 8 * H, 9 * H, 1, 2 * H}};
+        memcpy(k.seg, s, sizeof s);
+        k.nseg = 4;
+        nacc = 10 * H;
+    } else {             /* w, b (H) */
+        SFX(seg) s[1] = {{0, H, 0, H, 0, 0}};
+        memcpy(k.seg, s, sizeof s);
+        k.nseg = 1;
+        nacc = 2 * H;
+    }
+    int64_t n_da = (L->split ? 2 : 1) * TB * G;   /* see fastln_rnn_work_size */
+    T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + 2 * G)) * sizeof(T));
+    T *buf = a->work ? (T *)a->work : own;
+    k.acc = (double *)calloc((size_t)nacc, sizeof(double));
+    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, nt) : FASTLN_ENOMEM;
+    if (rc) {
+        free(own);
+        free(k.acc);
+        return rc;
+    }
+    k.dai = buf;
+    k.dah = L->split ? buf + TB * G : buf;
+    k.dg = buf + n_da;
+    k.dai_s = L->split ? k.dg + B * ly->gw : NULL;
+    k.act_s = lstm ? k.dg + B * (ly->gw + G) : NULL;
+
+    int64_t Tc = SFX(chunk_steps)(B);
+    for (int64_t t1 = Ts; t1 > 0; t1 -= Tc) {
+        int64_t t0 = t1 - Tc > 0 ? t1 - Tc : 0;
+        SFX(bwd_steps)(&k, t1, t0, nt);
+        if (a->interrupt && t0 > 0 && a->interrupt(a->interrupt_ctx)) {
+            rc = FASTLN_EINTR;
+            break;
+        }
+    }
+    if (rc == FASTLN_OK) {
+        const T *hseq = ly->cache + L->hseq;   /* h_{t-1} for t = 0..T-1 */
+        rc = SFX(gemm_layer)('T', 'N', G, I, TB, k.dai, x, grads[0], nt);          /* dW_ih */
+        if (!rc) rc = SFX(gemm_layer)('T', 'N', G, H, TB, k.dah, hseq, grads[1], nt);  /* dW_hh */
+        if (!rc && a->dx) rc = SFX(gemm_layer)('N', 'N', TB, I, G, k.dai, p[0], (T *)a->dx, nt);
+    }
+    if (rc == FASTLN_OK) {
+        /* grads[idx] <- n sums from acc[off] (LSTM, GRU: the biases share one sum) */
+        const double *acc = k.acc;
+#define GRAD(idx, off, n)                                                         \
+    for (int64_t j = 0; j < (n); j++) grads[idx][j] = (T)acc[(off) + j];
+        if (ly->plain) {
+            GRAD(2, 0, G)
+        } else if (lstm) {
+            GRAD(2, 0, G) GRAD(3, G, G) GRAD(4, 0, G) GRAD(5, 2 * G, G) GRAD(6, 0, G)
+            GRAD(7, 3 * G, H) GRAD(8, 3 * G + H, H)
+        } else if (gru) {
+            GRAD(2, 2 * H, 2 * H) GRAD(3, 0, 2 * H) GRAD(4, 4 * H, 2 * H) GRAD(5, 0, 2 * H)
+            GRAD(6, 6 * H, H) GRAD(7, 7 * H, H) GRAD(8, 8 * H, H) GRAD(9, 9 * H, H)
+        } else {
+            GRAD(2, 0, H) GRAD(3, H, H)
+        }
+#undef GRAD
+    }
+    SFX(rec_free)(&k.rc);
+    free(own);
+    free(k.acc);
+    return rc;
+}
+
+#undef HAVE_PACKED
+#undef HAVE_GEMV16
+#undef COLBLK
+

@@ -1,0 +1,30 @@
+/*
+ * Selects the element type of the kernels that follow, for the path that
+ * isa_begin.h opened: the includer defines IS_F32 (1: float, 0: double).
+ *   T          the storage and vector-math type
+ *   SFX(f)     name mangling, e.g. f##_f32_avx512
+ *   FMA(a,b,c) a*b + c, fused where the ISA has FMA
+ *   HSUM(acc)  the horizontal sum of the NACC accumulators of the row
+ *              kernels, where the ISA has one (else HSUM_BY_COMPILER)
+ *   GEMM       fastln_gemm_f32 or _f64 (rnn.c: BLAS or a C loop)
+ *   AVX512_F32 1 for float on AVX-512: the row kernels of avx512_*.c
+ * type_end.h undoes them.
+ */
+#if IS_F32
+#define T float
+#define SFX(f) CAT3(f, _f32_, ISA)
+#define FMA FMA_f32
+#define HSUM hsum_f32
+#define GEMM fastln_gemm_f32
+#else
+#define T double
+#define SFX(f) CAT3(f, _f64_, ISA)
+#define FMA FMA_f64
+#define HSUM hsum_f64
+#define GEMM fastln_gemm_f64
+#endif
+#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#define AVX512_F32 1
+#else
+#define AVX512_F32 0
+#endif
