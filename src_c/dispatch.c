@@ -168,8 +168,8 @@ static int path_of(const fastln_kernel_table *t)
  * elements of elsize bytes, on the path in use */
 static fastln_plan plan_for(int kind, int64_t N, int64_t H, int elsize)
 {
-    return fastln_policy(kind, N, H, elsize, path_of(kt()), fastln_get_num_threads(),
-                         fastln_caches_get());
+    const int threads = fastln_serial(N, H) ? 1 : fastln_get_num_threads();
+    return fastln_policy(kind, N, H, elsize, path_of(kt()), threads, fastln_caches_get());
 }
 
 /* ---- kernels ---- */

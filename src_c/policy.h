@@ -98,6 +98,13 @@ double fastln_parse_bytes(const char *s);
  * costs microseconds, more than a second thread saves on less work. */
 #define FASTLN_PAR_MIN_WORK 12288
 
+/* Whether a call of N rows of H elements runs on one thread, whatever the
+ * thread count (the caller then need not ask OpenMP for it) */
+static inline int fastln_serial(int64_t N, int64_t H)
+{
+    return N < 2 || N * H < FASTLN_PAR_MIN_WORK;
+}
+
 /* ---- the policy ---- */
 
 /* The call's kind */
@@ -119,15 +126,6 @@ typedef struct {
     double pf_range_bytes;  /* short-row forwards: a thread's rows past this prefetch y */
 } fastln_plan;
 
-/* The L3 bytes that calls count on, from c */
-double fastln_l3_usable(const fastln_caches *c);
-
-/* The plan for a call of kind (FASTLN_CALL_*) on N rows of H elements of
- * elsize bytes (2: float16/bfloat16 storage, 4, 8) on path (FASTLN_PATH_*),
- * with threads requested (at least 1), on a machine with caches c. */
-fastln_plan fastln_policy(int kind, int64_t N, int64_t H, int elsize, int path, int threads,
-                          const fastln_caches *c);
-
 /* Rows per backward block: depends on N only, never on the thread count or
  * the caches, so that dweight/dbias are reduced in the same order on any
  * thread count and any machine. Up to 16 blocks (16 to 256 rows each): each
@@ -136,6 +134,51 @@ static inline int64_t fastln_row_block(int64_t N)
 {
     int64_t rb = (N + 15) / 16;
     return rb < 16 ? 16 : rb > 256 ? 256 : rb;
+}
+
+/* The L3 bytes that calls count on, from c */
+static inline double fastln_l3_usable(const fastln_caches *c)
+{
+    return c->l3_shared && c->l3 > FASTLN_GUEST_L3_CAP ? FASTLN_GUEST_L3_CAP : c->l3;
+}
+
+/* Bytes out from which a call of this kind streams, on t threads */
+static inline double fastln_stream_bytes(int kind, int64_t H, int elsize, int path, int t,
+                                         double l3)
+{
+    const int outs = kind == FASTLN_CALL_ADD ? 2 : 1;
+    const int avx512 = path == FASTLN_PATH_AVX512;
+    const int short_row = (double)H * elsize <= FASTLN_SHORT_ROW_BYTES;
+    if (kind == FASTLN_CALL_BWD) {
+        if (elsize == 4 && H <= FASTLN_SHORT_BWD_H && avx512)
+            return FASTLN_STREAM_BWD_SHORT_L3 * l3;
+        return FASTLN_STREAM_BWD_L3 * l3;
+    }
+    if (elsize == 8) return FASTLN_STREAM_L3 * l3;
+    if (avx512 && short_row && (elsize == 2 || t == 1)) return outs * FASTLN_STREAM_SHORT_L3 * l3;
+    if (avx512 && t == 1) return outs * FASTLN_STREAM_1T_L3 * l3;
+    if (avx512 && outs == 1) return FASTLN_STREAM_AVX512_L3 * l3;
+    return FASTLN_STREAM_L3 * l3;
+}
+
+/* The plan for a call of kind (FASTLN_CALL_*) on N rows of H elements of
+ * elsize bytes (2: float16/bfloat16 storage, 4, 8) on path (FASTLN_PATH_*),
+ * with threads requested (at least 1), on a machine with caches c. */
+static inline fastln_plan fastln_policy(int kind, int64_t N, int64_t H, int elsize, int path,
+                                        int threads, const fastln_caches *c)
+{
+    fastln_plan p;
+    const double l3 = fastln_l3_usable(c);
+    const int64_t rows = kind == FASTLN_CALL_ADD ? 2 * N : N;   /* s and y */
+    if (threads < 1) threads = 1;
+    p.threads = fastln_serial(N, H) ? 1 : threads < N ? threads : (int)N;
+    p.stream_bytes = fastln_stream_bytes(kind, H, elsize, path, p.threads, l3);
+    p.stream = (double)H * elsize <= FASTLN_STREAM_ROW_L1 * c->l1 &&
+               (double)rows * (double)H * elsize >= p.stream_bytes;
+    p.row_block = fastln_row_block(N);
+    p.bwd_hot_bytes = FASTLN_BWD_HOT_BYTES;
+    p.pf_range_bytes = FASTLN_PF_RANGE_L3 * l3;
+    return p;
 }
 
 #endif
