@@ -318,7 +318,7 @@ static inline __attribute__((always_inline)) void bwd_rows16_nv(
  * switch over (NV, LN) inside the loop over groups, GCC keeps more of each
  * instance's pointers, the half-storage loads and the streaming writer on
  * the stack, which is slower. bfloat16 dx takes the integer rounding on
- * every CPU (bf16i 0): VCVTNEPS2BF16 gives the same bits no faster here, and
+ * every CPU (bf16i 0): VCVTNEPS2BF16 gives the same bits no faster, and
  * its instances of bwd_group16 would cost compile time. */
 #define BWD16_FN(NV, LN)                                                                    \
     static __attribute__((noinline)) void CAT3(bwd16_, NV, LN)(                             \

@@ -23,7 +23,7 @@
  *     inactive row holds its state, its y is 0 and its dy is ignored.
  *
  * Math: Ba, Kiros & Hinton (2016), eq. 4 and supplementary eqs. 20-28, as
- * written in DESIGN.md section 3. LN(a) = (a - mean) / sqrt(var + eps) * w + b.
+ * written out in docs/design.md. LN(a) = (a - mean) / sqrt(var + eps) * w + b.
  *
  * Forward writes y and the final state over the initial one (h, c). With
  * cache != NULL (fastln_rnn_cache_size elements) it keeps what backward needs;

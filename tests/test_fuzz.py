@@ -31,7 +31,7 @@ the offset of the row); tiny = 16 times the output's smallest subnormal, plus 16
 the kernel dtype's times (1 + r)(1 + |w|) (subnormal intermediates lose absolute, not
 relative, precision).
 s(H) = sqrt(1 + min(H, 1024)/8 + H/1024): a row sum in fastln runs in >= 8 independent
-lanes over chunks of 1024 elements, the chunk sums added in double (kernels_impl.h),
+lanes over chunks of 1024 elements, the chunk sums added in double (norm_sums.h),
 and its rounding error grows like the square root of that depth (the worst case is the
 depth itself: e.g. 21 u in a float64 rstd of a row of H=830 magnitudes up to 1e149,
 where s = 10.3).

@@ -1,5 +1,5 @@
 """Short rows: the AVX-512 float32 kernels normalize sixteen rows at once
-(src_c/short_rows.h; the forwards, add + LayerNorm included, up to H = 256,
+(src_c/avx512_rows16_*.c; the forwards, add + LayerNorm included, up to H = 256,
 the backwards up to 128; the LayerNorm and RMSNorm forwards take rows of up
 to 16, and unstreamed rows of 17-32, as two groups of sixteen). Checked on
 every ISA path against the float64 reference, at group tails and odd H; and
@@ -274,7 +274,7 @@ def test_streamed_rows_at_any_alignment(restore_threads, H):
 @pytest.mark.parametrize("N", [5, 16, 37])
 def test_short_backward_in_place_and_group_tails(isa, dt, H, N):
     """The sixteen-row backward reads a group's rows one after another; a last
-    group of fewer than sixteen goes through copies (src_c/short_rows.h,
+    group of fewer than sixteen goes through copies (src_c/avx512_rows16_bwd.c,
     group_rows16), its dx staged. Over x or dy in place, and with rows ahead
     and behind that must stay untouched, dx, dweight and dbias equal the
     out-of-place ones bitwise; and they are close to the float64 reference."""
@@ -310,7 +310,7 @@ def test_short_backward_in_place_and_group_tails(isa, dt, H, N):
 @pytest.mark.parametrize("H", [16, 17, 64, 128])
 def test_short_backward_overflowing_rows(isa, dt, H):
     """Rows whose backward sums overflow float take the one-row scalars in
-    double (src_c/short_rows.h, bwd_group16 walks the bits of those rows):
+    double (src_c/avx512_rows16_bwd.c, bwd_group16 walks the bits of those rows):
     two in one group of sixteen, and the last row of a group of five, whose
     spare rows repeat it. Each such row's dx equals the row computed alone,
     bitwise, and every row is close to the float64 reference, for LayerNorm

@@ -102,7 +102,7 @@ def test_layer_norm_backward_streamed_mid_rows_matches_torch(torch, rng):
 
 @pytest.mark.parametrize("H", [64, 320])
 def test_streamed_rows_from_registers_match_torch(torch, rng, H):
-    """Streamed float32 rows of whole vectors written from registers (short_rows.h's ntw
+    """Streamed float32 rows of whole vectors written from registers (simd.h's ntw
     writer: the sixteen-row forwards and backwards at H = 64, RMSNorm's long rows at 320),
     into NumPy arrays of their own (which start 16 bytes into a cache line), against torch's
     forward and autograd."""
@@ -135,7 +135,7 @@ def test_streamed_rows_from_registers_match_torch(torch, rng, H):
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_streamed_half_rows_match_torch(torch, rng, name, H):
     """Streamed 16-bit rows of an even number of vectors (the sixteen-row forwards narrow
-    two vectors at a time into short_rows.h's ntw writer), into NumPy arrays of their own
+    two vectors at a time into simd.h's ntw writer), into NumPy arrays of their own
     (16 bytes into a cache line), against torch's LayerNorm and RMSNorm on the same 16-bit
     tensor: within one unit in the last place of the 16-bit type."""
     if name == "bfloat16":
