@@ -95,7 +95,7 @@ class BuildExt(build_ext):
         omp = openmp_flags(self.compiler)
         if omp is None:
             warnings.warn("fastln: OpenMP was not found; building serial kernels "
-                          "(correct, but one thread only)")
+                          "(correct, but one thread only)", stacklevel=2)
             lflags = []
         else:
             cflags += omp[0]

@@ -262,27 +262,34 @@ def layer_norm_row(N, H, seed=0, **kw):
            "fastln_out": lambda: fastln.layer_norm_backward(dy, x, mean, rstd, w, out=dx_out),
            "numpy": lambda: numpy_layer_norm_backward(dy, x, mean, rstd, w)}
     nthreads = fastln.get_num_threads()
-    if _torch is not None:
-        _torch.set_num_threads(nthreads)
-        F, aten = _torch.nn.functional, _torch.ops.aten
-        xt, wt, bt, dyt = (_torch.from_numpy(a) for a in (x, w, b, dy))
-        _, tm, tr = aten.native_layer_norm(xt, [H], wt, bt, EPS)
-        fwd["torch"] = lambda: F.layer_norm(xt, (H,), wt, bt, EPS).numpy()
-        bwd["torch"] = lambda: [t.numpy() for t in aten.native_layer_norm_backward(
-            dyt, xt, [H], tm, tr, wt, bt, [True, True, True])]
-    if _ort is not None and _onnx is not None:
-        sess = ort_session(H, nthreads)
-        fwd["onnxruntime"] = lambda: sess.run(None, {"X": x, "Scale": w, "B": b})[0]
-    mismatch = [f"{p} fwd" for p in ("numpy", "torch", "onnxruntime")
-                if p in fwd and not close(fwd[p](), y)]
-    mismatch += [f"{p} bwd {nm}" for p in ("numpy", "torch") if p in bwd
-                 for nm, g, r, red in zip(("dx", "dweight", "dbias"), bwd[p](), grads,
-                                          (False, True, True)) if not close(g, r, red)]
-    kw = dict(dict(gap=SPIN_GAP if nthreads > 1 else 0.0, spinning=SPINNING,
-                   groups={"fastln_out": "fastln", "copy": "fastln", "copy_nt": "fastln"}), **kw)
-    row = {"N": N, "H": H, "threads": nthreads, "mismatch": mismatch}
-    for part, fns in (("fwd", fwd), ("bwd", bwd)):
-        row.update({f"{part}_{p}": t for p, t in time_peers(fns, **kw).items()})
-    row["copy"] = min(row.pop("fwd_copy"), row.pop("fwd_copy_nt"))   # the faster copy: the ceiling
-    return row
+    torch_threads = _torch.get_num_threads() if _torch is not None else None
+    try:
+        if _torch is not None:
+            _torch.set_num_threads(nthreads)
+            F, aten = _torch.nn.functional, _torch.ops.aten
+            xt, wt, bt, dyt = (_torch.from_numpy(a) for a in (x, w, b, dy))
+            _, tm, tr = aten.native_layer_norm(xt, [H], wt, bt, EPS)
+            fwd["torch"] = lambda: F.layer_norm(xt, (H,), wt, bt, EPS).numpy()
+            bwd["torch"] = lambda: [t.numpy() for t in aten.native_layer_norm_backward(
+                dyt, xt, [H], tm, tr, wt, bt, [True, True, True])]
+        if _ort is not None and _onnx is not None:
+            sess = ort_session(H, nthreads)
+            fwd["onnxruntime"] = lambda: sess.run(None, {"X": x, "Scale": w, "B": b})[0]
+        mismatch = [f"{p} fwd" for p in ("numpy", "torch", "onnxruntime")
+                    if p in fwd and not close(fwd[p](), y)]
+        mismatch += [f"{p} bwd {nm}" for p in ("numpy", "torch") if p in bwd
+                     for nm, g, r, red in zip(("dx", "dweight", "dbias"), bwd[p](), grads,
+                                              (False, True, True)) if not close(g, r, red)]
+        groups = {"fastln_out": "fastln", "copy": "fastln", "copy_nt": "fastln"}
+        kw = dict(dict(gap=SPIN_GAP if nthreads > 1 else 0.0, spinning=SPINNING,
+                       groups=groups), **kw)
+        row = {"N": N, "H": H, "threads": nthreads, "mismatch": mismatch}
+        for part, fns in (("fwd", fwd), ("bwd", bwd)):
+            row.update({f"{part}_{p}": t for p, t in time_peers(fns, **kw).items()})
+        # the faster copy: the ceiling
+        row["copy"] = min(row.pop("fwd_copy"), row.pop("fwd_copy_nt"))
+        return row
+    finally:   # torch may share fastln's OpenMP runtime: its count goes back as it was
+        if torch_threads is not None:
+            _torch.set_num_threads(torch_threads)
 

@@ -7,11 +7,11 @@
   (set by CI), where a missing torch is a failure.
 * ``rng``: a seeded NumPy Generator.
 
-Once the tests are collected, the C builds of tests/test_c.py start in the
-background when any of its tests is selected (see test_c.start_builds), and
-its tests move to the end of the run: the other tests run while the builds
-compile (the sanitizer build takes minutes), where a test waiting on a build
-would leave a core idle.
+Once the tests are collected, the C builds of tests/test_c.py and
+tests/test_cross.py start in the background when any of their tests is
+selected (see their start_builds), and their tests move to the end of the run:
+the other tests run while the builds compile (each compiles the whole C core),
+where a test waiting on a build would leave a core idle.
 """
 import os
 import shutil
@@ -26,23 +26,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fastln  # noqa: E402
 
-_c_builds = None   # (test_c module, build folder) once started
+C_BUILD_MODULES = ("test_c", "test_cross")   # modules with start_builds / stop_builds
+_c_builds = []   # (module, build folder) of the builds started
 
 
 def pytest_collection_modifyitems(config, items):
-    global _c_builds
-    mods = [getattr(item, "module", None) for item in items]
-    test_c = next((m for m in mods if getattr(m, "__name__", "") == "test_c"), None)
-    if test_c is not None and _c_builds is None:
-        _c_builds = (test_c, tempfile.mkdtemp(prefix="fastln_c_builds_"))
-        test_c.start_builds(_c_builds[1])
-        items.sort(key=lambda item: getattr(item, "module", None) is test_c)   # stable
+    mods = {getattr(item, "module", None) for item in items}
+    builders = [m for m in mods if getattr(m, "__name__", "") in C_BUILD_MODULES]
+    if builders and not _c_builds:
+        for mod in sorted(builders, key=lambda m: m.__name__):
+            folder = tempfile.mkdtemp(prefix=f"fastln_{mod.__name__}_")
+            _c_builds.append((mod, folder))
+            mod.start_builds(folder)
+        items.sort(key=lambda item: getattr(item, "module", None) in builders)   # stable
 
 
 def pytest_sessionfinish(session):
-    if _c_builds is not None:
-        _c_builds[0].stop_builds()
-        shutil.rmtree(_c_builds[1], ignore_errors=True)
+    for mod, folder in _c_builds:
+        mod.stop_builds()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _isas():

@@ -9,8 +9,9 @@ for odd sizes, on every ISA path, 1 and 3 threads.
   a failure): .ci/run installs gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
   libgomp1-arm64-cross and qemu-user.
 
-Both builds compile every src_c/*.c and start together, when the first of
-these tests asks for its build.
+Both builds compile every src_c/*.c and start together in the background once
+the tests are collected (tests/conftest.py), or when the first of these tests
+asks for its build.
 """
 import glob
 import os
@@ -42,28 +43,41 @@ def _compilers():
 def _flags(name):
     # -O1 natively: the AVX-512 kernels take most of the compile time, and the
     # checks do not need -O2's code
-    return ["-O2" if name == "aarch64" else "-O1", "-fopenmp", "-std=gnu99", "-Wall",
-            "-Wno-unused-function", "-I" + os.path.join(ROOT, "src_c")]
+    return ["-O2" if name == "aarch64" else "-O1", "-fopenmp", "-std=gnu99", "-Wall", "-Wextra",
+            "-I" + os.path.join(ROOT, "src_c")]
+
+
+_started = {}   # name: (process, exe, log path)
+
+
+def start_builds(outdir):
+    """Starts every build whose compiler is present, all at once, into outdir.
+    tests/conftest.py calls this once the tests are collected, so that the
+    compilers run beside the other tests; _built() only waits."""
+    for name, cc in _compilers().items():
+        if cc is None or name in _started:
+            continue
+        exe, log = os.path.join(outdir, name), os.path.join(outdir, name + ".log")
+        with open(log, "w") as f:
+            proc = subprocess.Popen([cc, *_flags(name), *_sources(), "-o", exe, "-lm"],
+                                    cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        _started[name] = (proc, exe, log)
+
+
+def stop_builds():
+    """Kills the builds still running (the session ended early)."""
+    for proc, _, _ in _started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """Starts every build whose compiler is present, all at once; {name: (process, exe, log)}."""
-    out = tmp_path_factory.mktemp("check_kernels")
-    started = {}
-    for name, cc in _compilers().items():
-        if cc is None:
-            continue
-        exe, log = str(out / name), str(out / (name + ".log"))
-        with open(log, "w") as f:
-            proc = subprocess.Popen([cc, *_flags(name), *_sources(), "-o", exe, "-lm"],
-                                    cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-        started[name] = (proc, exe, log)
-    yield started
-    for proc, _, _ in started.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    """{name: (process, exe, log)} of the builds, started here if conftest did not."""
+    if not _started:
+        start_builds(str(tmp_path_factory.mktemp("check_kernels")))
+    return _started
 
 
 def _built(builds, name):
