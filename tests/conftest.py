@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
         for mod in sorted(builders, key=lambda m: m.__name__):
             folder = tempfile.mkdtemp(prefix=f"fastln_{mod.__name__}_")
             _c_builds.append((mod, folder))
-            mod.start_builds(folder)
+            mod.start_builds(folder, {item.name for item in items if item.module is mod})
         items.sort(key=lambda item: getattr(item, "module", None) in builders)   # stable
 
 

@@ -43,7 +43,7 @@ BUILDS = {
 _started = {}   # name: (process, exe, log path)
 
 
-def start_builds(outdir):
+def start_builds(outdir, tests=None):
     """Starts every build of BUILDS in the background, into outdir.
 
     The C core takes minutes to compile (kernels_avx512.c most of all, and

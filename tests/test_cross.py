@@ -2,7 +2,8 @@
 function of src_c/fastln.h and src_c/fastln_rnn.h against plain double loops,
 for odd sizes, on every ISA path, 1 and 3 threads.
 
-* native: built with the host's gcc, run here (the x86 paths, where this is x86);
+* native: built with the host's gcc, run here (the x86 paths, where this is x86;
+  marked slow, as the Python tests and tests/c/sanitize.c cover those paths too);
 * aarch64: built with aarch64-linux-gnu-gcc and run under qemu-aarch64, so a
   core that only builds or only computes right on x86 fails here. Skipped when
   the cross tools are missing, unless the environment variable CI is set (then
@@ -50,12 +51,18 @@ def _flags(name):
 _started = {}   # name: (process, exe, log path)
 
 
-def start_builds(outdir):
-    """Starts every build whose compiler is present, all at once, into outdir.
-    tests/conftest.py calls this once the tests are collected, so that the
-    compilers run beside the other tests; _built() only waits."""
+BUILD_OF_TEST = {"test_native": "native", "test_aarch64_under_qemu": "aarch64"}
+
+
+def start_builds(outdir, tests=None):
+    """Starts the builds whose compiler is present, all at once, into outdir:
+    those of the tests named in tests (None: all). tests/conftest.py calls
+    this once the tests are collected, so that the compilers run beside the
+    other tests; _built() only waits."""
+    wanted = set(BUILD_OF_TEST.values()) if tests is None else \
+        {BUILD_OF_TEST[t] for t in tests if t in BUILD_OF_TEST}
     for name, cc in _compilers().items():
-        if cc is None or name in _started:
+        if cc is None or name in _started or name not in wanted:
             continue
         exe, log = os.path.join(outdir, name), os.path.join(outdir, name + ".log")
         with open(log, "w") as f:
@@ -101,6 +108,7 @@ def _check(cmd, env=None):
     return out
 
 
+@pytest.mark.slow   # the x86 paths, which the Python tests and tests/c/sanitize.c check too
 def test_native(builds):
     if "native" not in builds:
         pytest.skip("no C compiler")
