@@ -19,10 +19,6 @@ static inline int omp_get_max_threads(void) { return 1; }
 static inline void omp_set_num_threads(int n) { (void)n; }
 #endif
 
-/* A short-row forward whose thread's rows pass this many bytes prefetches
- * its outputs too */
-#define FASTLN_PF_RANGE_BYTES (FASTLN_PF_RANGE_L3 * fastln_l3_usable(fastln_caches_get()))
-
 /* Forward operations of the 16-bit storage kernels */
 #define FASTLN_OP_LN 0
 #define FASTLN_OP_RMS 1

@@ -80,9 +80,11 @@ double fastln_parse_bytes(const char *s);
 #define FASTLN_STREAM_BWD_SHORT_L3 0.125
 /* Only rows that fit the L1 stream: a streamed row is staged in L1. */
 #define FASTLN_STREAM_ROW_L1 1.0
-/* The short-row forwards also prefetch their outputs where one thread's
- * rows pass an eighth of the L3 (they no longer stay in its share). */
-#define FASTLN_PF_RANGE_L3 0.125
+/* The forwards also prefetch (the short-row ones their outputs, the long-row
+ * LayerNorm its inputs) where one thread's rows pass this many bytes. A
+ * constant: the kernels read it inside their inlined row loops, where a value
+ * read at run time slows them (docs/performance.md). */
+#define FASTLN_PF_RANGE_BYTES (4.0 * 1024 * 1024)
 
 /* A backward whose x, dy and dx take at most this many bytes is hot and
  * takes the grouped-rows sweep. It is a crossover between two kernels, not a
@@ -177,7 +179,7 @@ static inline fastln_plan fastln_policy(int kind, int64_t N, int64_t H, int elsi
                (double)rows * (double)H * elsize >= p.stream_bytes;
     p.row_block = fastln_row_block(N);
     p.bwd_hot_bytes = FASTLN_BWD_HOT_BYTES;
-    p.pf_range_bytes = FASTLN_PF_RANGE_L3 * l3;
+    p.pf_range_bytes = FASTLN_PF_RANGE_BYTES;
     return p;
 }
 

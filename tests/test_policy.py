@@ -126,7 +126,7 @@ def test_kernel_internal_thresholds():
     p = plan("backward", 4096, 1024, 4, "avx512", 2)
     assert p["bwd_hot_bytes"] == 2 * MiB and p["pf_range_bytes"] == 4 * MiB
     p = plan("backward", 4096, 1024, 4, "avx512", 2, BIG)
-    assert p["bwd_hot_bytes"] == 2 * MiB and p["pf_range_bytes"] == 32 * MiB
+    assert p["bwd_hot_bytes"] == 2 * MiB and p["pf_range_bytes"] == 4 * MiB   # constants
 
 
 def test_threads_and_row_blocks():
