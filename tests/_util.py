@@ -226,3 +226,40 @@ def out_like(kind, shape, dtype):
     if kind in ("sliced", "negstride"):
         return relayout(np.zeros(shape, dtype), kind)
     raise AssertionError(kind)
+
+
+# ---- background C builds (tests/test_c.py, tests/test_cross.py) ----
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_build(cmd, outdir, name):
+    """Starts the compiler command cmd (sources and flags; "-o outdir/name -lm"
+    is added) in the background, from the repository root; returns
+    (process, executable path, log path)."""
+    exe, log = os.path.join(outdir, name), os.path.join(outdir, name + ".log")
+    with open(log, "w") as f:
+        proc = subprocess.Popen([*cmd, "-o", exe, "-lm"], cwd=REPO_ROOT, stdout=f,
+                                stderr=subprocess.STDOUT)
+    return proc, exe, log
+
+
+def wait_build(started, timeout):
+    """(returncode, compiler output, executable) of a start_build entry; the
+    compiler is killed past timeout seconds."""
+    proc, exe, log = started
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with open(log) as f:
+        return proc.returncode, f.read(), exe
+
+
+def kill_builds(started):
+    """Kills the builds of {name: start_build entry} still running."""
+    for proc, _, _ in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -17,6 +17,8 @@ import subprocess
 
 import pytest
 
+from _util import kill_builds, start_build, wait_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # every C source of the core (kernels, dispatch, RNN helpers, the cache of large outputs)
 C_CORE = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "src_c", "*.c")))
@@ -55,19 +57,12 @@ def start_builds(outdir, tests=None):
         return
     for name, (main, flags) in BUILDS.items():
         if name not in _started:
-            exe, log = os.path.join(outdir, name), os.path.join(outdir, name + ".log")
-            with open(log, "w") as f:
-                proc = subprocess.Popen([cc, *flags, "-Isrc_c", main, *C_CORE, "-o", exe,
-                                         "-lm"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-            _started[name] = (proc, exe, log)
+            _started[name] = start_build([cc, *flags, "-Isrc_c", main, *C_CORE], outdir, name)
 
 
 def stop_builds():
     """Kills the builds still running (the session ended early)."""
-    for proc, _, _ in _started.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_builds(_started)
 
 
 def build(name, tmp_path):
@@ -78,14 +73,7 @@ def build(name, tmp_path):
         pytest.skip("no C compiler")
     if name not in _started:
         start_builds(str(tmp_path))
-    proc, exe, log = _started[name]
-    try:
-        proc.wait(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    with open(log) as f:
-        return proc.returncode, f.read(), exe
+    return wait_build(_started[name], timeout=900)
 
 
 def test_c_core_is_clean_under_sanitizers(tmp_path):

@@ -21,6 +21,8 @@ import subprocess
 
 import pytest
 
+from _util import kill_builds, start_build, wait_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "c", "check_kernels.c")
 CROSS_CC = "aarch64-linux-gnu-gcc"
@@ -64,19 +66,12 @@ def start_builds(outdir, tests=None):
     for name, cc in _compilers().items():
         if cc is None or name in _started or name not in wanted:
             continue
-        exe, log = os.path.join(outdir, name), os.path.join(outdir, name + ".log")
-        with open(log, "w") as f:
-            proc = subprocess.Popen([cc, *_flags(name), *_sources(), "-o", exe, "-lm"],
-                                    cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-        _started[name] = (proc, exe, log)
+        _started[name] = start_build([cc, *_flags(name), *_sources()], outdir, name)
 
 
 def stop_builds():
     """Kills the builds still running (the session ended early)."""
-    for proc, _, _ in _started.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_builds(_started)
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +83,8 @@ def builds(tmp_path_factory):
 
 
 def _built(builds, name):
-    proc, exe, log = builds[name]
-    try:
-        proc.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    with open(log) as f:
-        out = f.read()
-    assert proc.returncode == 0, out[-4000:]
+    rc, out, exe = wait_build(builds[name], timeout=600)
+    assert rc == 0, out[-4000:]
     return exe
 
 
