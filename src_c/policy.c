@@ -110,7 +110,7 @@ static void from_cpuid(double sizes[4])
     }
 }
 
-/* Whether cpuid says a hypervisor runs this machine (leaf 1, ecx bit 31) */
+/* Whether cpuid reports a hypervisor underneath (leaf 1, ecx bit 31) */
 static int under_hypervisor(void)
 {
     unsigned a, b, c, d;

@@ -61,7 +61,7 @@ def start_builds(outdir, tests=None):
 
 
 def stop_builds():
-    """Kills the builds still running (the session ended early)."""
+    """Kills the builds still running (the test run ended early)."""
     kill_builds(_started)
 
 

@@ -214,7 +214,7 @@ def client():
     distributed = _require("distributed")
     # distributed writes its workers' OMP_NUM_THREADS=1 (and MKL_..., ...) into
     # this process's os.environ too; a torch imported later would take it and
-    # cap OpenMP, fastln included, at one thread for the rest of the session
+    # cap OpenMP, fastln included, at one thread for the rest of the test run
     environ = dict(os.environ)
     cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
                                        host="127.0.0.1", dashboard_address=None)
