@@ -242,6 +242,22 @@ def _rnn_forward(
     y: _Array,
     h: _Array,
     c: _Array | None,
+    reverse: bool = False,
+) -> int: ...
+def _rnn_forward2(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params2: Sequence[Sequence[_Array]],
+    lengths: _Array | None,
+    caches2: Sequence[_Array] | None,
+    y: _Array,
+    h2: Sequence[_Array],
+    c2: Sequence[_Array] | None,
 ) -> int: ...
 def _rnn_backward(
     cell: str,
@@ -260,4 +276,23 @@ def _rnn_backward(
     dx: _Array | None,
     grads: Sequence[_Array],
     work: _Array | None = None,
+    reverse: bool = False,
+) -> int: ...
+def _rnn_backward2(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params2: Sequence[Sequence[_Array]],
+    lengths: _Array | None,
+    caches2: Sequence[_Array],
+    dy: _Array,
+    dh2: Sequence[_Array],
+    dc2: Sequence[_Array] | None,
+    dx: _Array | None,
+    grads2: Sequence[Sequence[_Array]],
+    works2: Sequence[_Array | None],
 ) -> int: ...

@@ -1170,6 +1170,8 @@ cdef extern from "fastln_rnn.h" nogil:
         void *work
         int (*interrupt)(void *ctx) noexcept
         void *interrupt_ctx
+        int reverse
+        int64_t ldy
     int FASTLN_EINTR
     int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
     int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
@@ -1177,6 +1179,10 @@ cdef extern from "fastln_rnn.h" nogil:
     int fastln_rnn_forward_f64(const fastln_rnn_args *a)
     int fastln_rnn_backward_f32(const fastln_rnn_args *a)
     int fastln_rnn_backward_f64(const fastln_rnn_args *a)
+    int fastln_rnn_forward2_f32(const fastln_rnn_args *a)
+    int fastln_rnn_forward2_f64(const fastln_rnn_args *a)
+    int fastln_rnn_backward2_f32(const fastln_rnn_args *a)
+    int fastln_rnn_backward2_f64(const fastln_rnn_args *a)
     void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
 
 cdef extern from "Python.h":
@@ -1209,7 +1215,8 @@ cdef int _pending() except -1:
 
 # the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
 _CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,
-          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10}
+          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
+          "gru_plain_reset_first": 27}
 
 _SIZES = {}
 
@@ -1224,6 +1231,8 @@ def _rnn_param_sizes(str cell, int64_t I, int64_t H):
             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
         elif cell == "lstm_plain":
             sizes = (4 * H * I, 4 * H * H, 4 * H)
+        elif cell.startswith("gru_plain"):
+            sizes = (3 * H * I, 3 * H * H, 3 * H, H)
         elif cell.endswith("_plain"):
             sizes = (H * I, H * H, H)
         else:
@@ -1279,33 +1288,62 @@ cdef int _rnn_status(int rc) except -1:
         return _pending()
     return _check(rc)
 
-def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                 x, params, lengths, cache, y, h, c):
-    """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place."""
-    cdef fastln_rnn_args a
-    memset(&a, 0, sizeof(a))
-    _init_blas()
-    cdef int tn = _rnn_setup(&a, cell, T, B, I, H, eps, x, params, lengths, cache, False)
-    _arr(y, tn, T * B * H, True, "y")
+cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+                           int64_t H, double eps, x, params, lengths, cache, y, h, c,
+                           int d, int nd) except -1:
+    """a = direction d of nd (d = 1: reverse) of one layer forward: y (T, B, nd*H)
+    takes its H columns at offset d*H; h, c (B, H) are updated in place."""
+    memset(a, 0, sizeof(a[0]))
+    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False)
+    _arr(y, tn, T * B * H * nd, True, "y")
     _arr(h, tn, B * H, True, "h")
     if cell.startswith("lstm"):
         _arr(c, tn, B * H, True, "c")
-    a.y, a.h, a.c = _ptr(y), _ptr(h), _ptr(c)
+    a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
+    a.h, a.c = _ptr(h), _ptr(c)
+    a.reverse, a.ldy = d, H * nd
+    return tn
+
+def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                 x, params, lengths, cache, y, h, c, bint reverse=False):
+    """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
+    with reverse, each sequence runs from its last valid step back to its first."""
+    cdef fastln_rnn_args a
+    _init_blas()
+    cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
+                                    y, h, c, 0, 1)
+    a.reverse = reverse
     cdef int rc
     with nogil:
         rc = fastln_rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_forward_f64(&a)
     return _rnn_status(rc)
 
-def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                  x, params, lengths, cache, dy, dh, dc, dx, grads, work=None):
-    """One layer backward: dh, dc (B,H) from the final to the initial state's
+def _rnn_forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                  x, params2, lengths, caches2, y, h2, c2):
+    """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
+    params2, caches2, h2, c2: a pair each (forward, reverse), caches2 may be None."""
+    cdef fastln_rnn_args a[2]
+    _init_blas()
+    cdef int tn = 0, d
+    for d in range(2):
+        tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
+                               None if caches2 is None else caches2[d], y, h2[d],
+                               None if c2 is None else c2[d], d, 2)
+    cdef int rc
+    with nogil:
+        rc = fastln_rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else fastln_rnn_forward2_f64(a)
+    return _rnn_status(rc)
+
+cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+                            int64_t H, double eps, x, params, lengths, cache, dy, dh, dc, dx,
+                            grads, work, int d, int nd) except -1:
+    """a = direction d of nd of one layer backward: dy (T, B, nd*H) read at
+    column offset d*H; dh, dc (B,H) from the final to the initial state's
     gradient in place; dx (T,B,I) or None; grads filled (params' sizes);
     work: None or scratch of _rnn_work_size elements."""
-    cdef fastln_rnn_args a
-    memset(&a, 0, sizeof(a))
-    _init_blas()
-    cdef int tn = _rnn_setup(&a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
-    _arr(dy, tn, T * B * H, False, "dy")
+    memset(a, 0, sizeof(a[0]))
+    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
+    _arr(dy, tn, T * B * H * nd, False, "dy")
     _arr(dh, tn, B * H, True, "dh")
     if cell.startswith("lstm"):
         _arr(dc, tn, B * H, True, "dc")
@@ -1314,10 +1352,40 @@ def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double e
     _arr_list(a.grads, grads, tn, _rnn_param_sizes(cell, I, H), True, "grads")
     if work is not None:
         _arr(work, tn, fastln_rnn_work_size(a.cell, T, B, H), True, "work")
-    a.dy, a.dh, a.dc, a.dx, a.work = _ptr(dy), _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
+    a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
+    a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
+    a.reverse, a.ldy = d, H * nd
+    return tn
+
+def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                  x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,
+                  bint reverse=False):
+    """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
+    cdef fastln_rnn_args a
+    _init_blas()
+    cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
+                                     dy, dh, dc, dx, grads, work, 0, 1)
+    a.reverse = reverse
     cdef int rc
     with nogil:
         rc = fastln_rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward_f64(&a)
+    return _rnn_status(rc)
+
+def _rnn_backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                   x, params2, lengths, caches2, dy, dh2, dc2, dx, grads2, works2):
+    """Both directions of one layer backward (fastln_rnn_backward2): dy (T,B,2H);
+    dx receives the sum of the two directions' input gradients; the other
+    arguments a pair each (forward, reverse), dc2 None without a cell state."""
+    cdef fastln_rnn_args a[2]
+    _init_blas()
+    cdef int tn = 0, d
+    for d in range(2):
+        tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
+                                caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
+                                dx if d == 0 else None, grads2[d], works2[d], d, 2)
+    cdef int rc
+    with nogil:
+        rc = fastln_rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward2_f64(a)
     return _rnn_status(rc)
 
 

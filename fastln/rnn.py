@@ -72,7 +72,7 @@ _State = TypeVar("_State", _Array, Tuple[_Array, _Array])
 # a state argument: None for zeros; either part of (h, c) may be None too
 _StateArg = Union[None, npt.ArrayLike, Tuple[Optional[npt.ArrayLike], Optional[npt.ArrayLike]]]
 
-__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN"]
+__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU"]
 
 # per cell: the parameters of layer k in engine order, as (name, size in
 # units of H or None for a weight matrix, init), and the gate blocks G / H
@@ -93,7 +93,18 @@ _LAYOUTS = {
                        ("bias", 4, "zeros")]),
     "rnn_plain": (1, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
                       ("bias", 1, "zeros")]),
+    "gru_plain": (3, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                      ("bias", 3, "zeros"), ("bias_hn", 1, "zeros")]),
 }
+
+# the directions of a bidirectional layer: parameter-name suffixes, in state order
+_DIRECTIONS = ("", "_reverse")
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -113,16 +124,21 @@ class _LNRecurrent(Generic[_State]):
     other calls on the same model.
     """
 
-    _kind = ""         # a key of _LAYOUTS: "lstm", "gru", "rnn", "lstm_plain", "rnn_plain"
+    _kind = ""         # a key of _LAYOUTS
     _has_cell = False  # the state is (h, c)
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, eps: float = 1e-5,
-                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None) -> None:
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
+                 bidirectional: bool = False) -> None:
         self.input_size = _positive_int(input_size, "input_size")
         self.hidden_size = _positive_int(hidden_size, "hidden_size")
         self.num_layers = _positive_int(num_layers, "num_layers")
         self.batch_first = bool(batch_first)
+        self.bidirectional = _bool(bidirectional, "bidirectional")
+        # a unidirectional model whose one direction runs each sequence from
+        # its last valid step back to its first (ONNX's direction="reverse")
+        self.reverse = False
         self.eps = _api._check_eps(eps)
         dt = np.dtype(dtype)
         if dt not in (np.float32, np.float64):
@@ -134,12 +150,14 @@ class _LNRecurrent(Generic[_State]):
         bound = 1.0 / np.sqrt(H)
         self.params: Dict[str, _Array] = {}
         self._shapes: Dict[str, Tuple[int, ...]] = {}
-        self._keys = [[f"{name}_l{k}" for name, _, _ in layout] for k in range(self.num_layers)]
-        self._checked: Dict[int, List[_Array]] = {}
-        for k in range(self.num_layers):
-            I = self.input_size if k == 0 else H
+        D = self.num_directions
+        self._keys = [[[f"{name}_l{k}{sfx}" for name, _, _ in layout] for sfx in _DIRECTIONS[:D]]
+                      for k in range(self.num_layers)]
+        self._checked: Dict[Tuple[int, int], List[_Array]] = {}
+        for k, sfx in ((k, sfx) for k in range(self.num_layers) for sfx in _DIRECTIONS[:D]):
+            I = self.input_size if k == 0 else D * H
             for name, units, init in layout:
-                key = f"{name}_l{k}"
+                key = f"{name}_l{k}{sfx}"
                 shape: Tuple[int, ...]
                 if units is None:
                     shape = (gates * H, I if name == "weight_ih" else H)
@@ -155,23 +173,28 @@ class _LNRecurrent(Generic[_State]):
         self._cache: Optional[Tuple[int, int, List[_Array], List[_Array],
                                     Optional[_Array]]] = None
         self._spare: List[_Array] = []   # cache arrays of a finished forward, reused by the next
-        self._work: Optional[_Array] = None  # backward scratch, likewise
+        self._work: List[_Array] = []    # backward scratch per direction, likewise
+
+    @property
+    def num_directions(self) -> int:
+        """2 for a bidirectional model, else 1."""
+        return 2 if self.bidirectional else 1
 
     # ---- parameters ----
 
-    def _layer_keys(self, k: int) -> List[str]:
-        return self._keys[k]
+    def _layer_keys(self, k: int, d: int = 0) -> List[str]:
+        return self._keys[k][d]
 
-    def _layer_params(self, k: int) -> List[_Array]:
-        """Layer k's parameters as C-contiguous arrays of the model's dtype
-        (the last good list is reused while params holds the same arrays; the
-        engine re-checks sizes on every call anyway)."""
-        current = list(map(self.params.get, self._layer_keys(k)))
-        last = self._checked.get(k)
+    def _layer_params(self, k: int, d: int = 0) -> List[_Array]:
+        """Direction d of layer k's parameters as C-contiguous arrays of the
+        model's dtype (the last good list is reused while params holds the
+        same arrays; the engine re-checks sizes on every call anyway)."""
+        current = list(map(self.params.get, self._layer_keys(k, d)))
+        last = self._checked.get((k, d))
         if last is not None and all(map(operator.is_, current, last)):
             return last
         out = []
-        for key in self._layer_keys(k):
+        for key in self._layer_keys(k, d):
             p = self.params.get(key)
             if p is None:
                 raise ValueError(f"params[{key!r}] is missing")
@@ -181,12 +204,12 @@ class _LNRecurrent(Generic[_State]):
                                  f"expected {self._shapes[key]}")
             out.append(p)
         if all(map(operator.is_, current, out)):
-            self._checked[k] = out
+            self._checked[(k, d)] = out
         return out
 
-    def _layer_grads(self, k: int) -> List[_Array]:
+    def _layer_grads(self, k: int, d: int = 0) -> List[_Array]:
         out = []
-        for key in self._layer_keys(k):
+        for key in self._layer_keys(k, d):
             g = self.grads.get(key)
             if not (isinstance(g, np.ndarray) and g.dtype == self.dtype
                     and g.shape == self._shapes[key] and g.flags.c_contiguous
@@ -315,8 +338,8 @@ class _LNRecurrent(Generic[_State]):
         return arr if arr.dtype == dt else arr.astype(dt)
 
     def _states(self, state: Any, B: int, name: str) -> List[_Array]:
-        """The state as a list of (num_layers, B, H) arrays (copies): [h] or [h, c]."""
-        shape = (self.num_layers, B, self.hidden_size)
+        """The state as a list of (D * num_layers, B, H) arrays (copies): [h] or [h, c]."""
+        shape = (self.num_directions * self.num_layers, B, self.hidden_size)
         n = 2 if self._has_cell else 1
         if state is None:
             return [np.zeros(shape, self.dtype) for _ in range(n)]
@@ -344,8 +367,8 @@ class _LNRecurrent(Generic[_State]):
                 continue
             a = self._array(part, name, strict=True, layout=False)
             if a.shape != shape:
-                raise ValueError(f"{name} must have shape (num_layers, B, H) = {shape}, "
-                                 f"got {a.shape}")
+                what = "(2 * num_layers, B, H)" if self.bidirectional else "(num_layers, B, H)"
+                raise ValueError(f"{name} must have shape {what} = {shape}, got {a.shape}")
             out.append(np.array(a, dtype=self.dtype, order="C"))
         return out
 
@@ -451,20 +474,28 @@ class _LNRecurrent(Generic[_State]):
         lens = self._lengths(lengths, T, B)
         self._release_cache()
         if not cache:
-            self._spare, self._work = [], None   # inference keeps nothing
-        H, cell = self.hidden_size, self._cell_name()
+            self._spare, self._work = [], []   # inference keeps nothing
+        H, cell, D = self.hidden_size, self._cell_name(), self.num_directions
         inputs: List[_Array] = []
         caches: List[_Array] = []
+        size = _core._rnn_cache_size(cell, T, B, H)
         for k in range(self.num_layers):
             I = xs.shape[2]
-            y = np.empty((T, B, H), self.dtype)
-            c = states[1][k] if self._has_cell else None
-            store = self._cache_array(_core._rnn_cache_size(cell, T, B, H)) if cache else None
-            _core._rnn_forward(cell, T, B, I, H, self.eps, xs, self._layer_params(k), lens,
-                               store, y, states[0][k], c)
+            y = np.empty((T, B, D * H), self.dtype)
+            store = [self._cache_array(size) for _ in range(D)] if cache else None
+            h = states[0][D * k:D * k + D]
+            c = states[1][D * k:D * k + D] if self._has_cell else None
+            if D == 1:
+                _core._rnn_forward(cell, T, B, I, H, self.eps, xs, self._layer_params(k), lens,
+                                   None if store is None else store[0], y, h[0],
+                                   None if c is None else c[0], bool(self.reverse))
+            else:
+                _core._rnn_forward2(cell, T, B, I, H, self.eps, xs,
+                                    (self._layer_params(k, 0), self._layer_params(k, 1)), lens,
+                                    store, y, h, c)
             if store is not None:
                 inputs.append(xs)
-                caches.append(store)
+                caches.extend(store)
             xs = y
         if cache:
             self._cache = (T, B, inputs, caches, lens)
@@ -531,20 +562,28 @@ class _LNRecurrent(Generic[_State]):
                                "again first, with cache=True (the default); each forward's "
                                "cache serves one backward, which frees it")
         T, B, inputs, caches, lens = self._cache
-        H, cell = self.hidden_size, self._cell_name()
-        g = self._input(dy, "dy", H, T, B)
+        H, cell, D = self.hidden_size, self._cell_name(), self.num_directions
+        g = self._input(dy, "dy", D * H, T, B)
         dstates = self._states(dstate, B, "dstate")
         size = _core._rnn_work_size(cell, T, B, H)
-        if self._work is None or self._work.size != size:
-            self._work = np.empty(size, self.dtype)
+        if len(self._work) != D or self._work[0].size != size:
+            self._work = [np.empty(size, self.dtype) for _ in range(D)]
         work = self._work
         for k in reversed(range(self.num_layers)):
             I = inputs[k].shape[2]
             dx = np.empty((T, B, I), self.dtype)
-            dc = dstates[1][k] if self._has_cell else None
-            _core._rnn_backward(cell, T, B, I, H, self.eps, inputs[k], self._layer_params(k),
-                                lens, caches[k], g, dstates[0][k], dc, dx, self._layer_grads(k),
-                                work)
+            dh = dstates[0][D * k:D * k + D]
+            dc = dstates[1][D * k:D * k + D] if self._has_cell else None
+            if D == 1:
+                _core._rnn_backward(cell, T, B, I, H, self.eps, inputs[k],
+                                    self._layer_params(k), lens, caches[k], g, dh[0],
+                                    None if dc is None else dc[0], dx, self._layer_grads(k),
+                                    work[0], bool(self.reverse))
+            else:
+                _core._rnn_backward2(cell, T, B, I, H, self.eps, inputs[k],
+                                     (self._layer_params(k, 0), self._layer_params(k, 1)), lens,
+                                     caches[2 * k:2 * k + 2], g, dh, dc, dx,
+                                     (self._layer_grads(k, 0), self._layer_grads(k, 1)), work)
             g = dx
         self._release_cache()
         dx = g.transpose(1, 0, 2).copy() if self.batch_first else g
@@ -593,6 +632,10 @@ class _LNRecurrent(Generic[_State]):
         >>> bool(np.allclose(h, y[-1], atol=1e-6))
         True
         """
+        if self.bidirectional or self.reverse:
+            raise ValueError(f"step() runs a stream forward in time; a "
+                             f"{'bidirectional' if self.bidirectional else 'reverse'} model "
+                             f"needs the whole sequence: call forward(x) instead")
         dt, xs = self.dtype, x_t
         if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
                 and xs.flags.aligned):
@@ -618,9 +661,11 @@ class _LNRecurrent(Generic[_State]):
 
     def __repr__(self) -> str:
         eps = "" if self._kind.endswith("_plain") else f"eps={self.eps}, "
+        extra = "".join(f", {name}=True" for name in ("bidirectional", "reverse")
+                        if getattr(self, name))
         return (f"{type(self).__name__}(input_size={self.input_size}, "
                 f"hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
-                f"batch_first={self.batch_first}, {eps}dtype={self.dtype})")
+                f"batch_first={self.batch_first}, {eps}dtype={self.dtype}{extra})")
 
 
 class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
@@ -847,9 +892,10 @@ class LNRNN(_LNRecurrent[_Array]):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, eps: float = 1e-5,
                  dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
-                 nonlinearity: str = "tanh") -> None:
+                 nonlinearity: str = "tanh", bidirectional: bool = False) -> None:
         self.nonlinearity = _nonlinearity(nonlinearity)
-        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed)
+        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
+                         bidirectional)
 
     def _cell_name(self) -> str:
         return "rnn_" + self.nonlinearity
@@ -871,15 +917,17 @@ class _Plain(_LNRecurrent[_State]):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
-                 seed: Optional[int] = None) -> None:
-        super().__init__(input_size, hidden_size, num_layers, batch_first, 0.0, dtype, seed)
+                 seed: Optional[int] = None, bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, 0.0, dtype, seed,
+                         bidirectional)
 
     @classmethod
     def _torch_model(cls, module: Any, extra: Dict[str, Any]) -> Self:
-        """A model of module's sizes whose parameters are module's, the two
-        biases of each layer summed (in float64, then rounded once)."""
-        if module.bidirectional or getattr(module, "proj_size", 0):
-            raise ValueError("module must be unidirectional and without proj_size")
+        """A model of module's sizes and directions whose parameters are
+        module's, the two biases of each layer summed where the cell's
+        equations allow (in float64, then rounded once)."""
+        if getattr(module, "proj_size", 0):
+            raise ValueError("module must be without proj_size")
         dtype = _torch.module_dtype(module)
         if dtype not in (np.float32, np.float64):
             raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32 or "
@@ -888,16 +936,25 @@ class _Plain(_LNRecurrent[_State]):
             warnings.warn(f"module has dropout={module.dropout} between layers; fastln's "
                           f"RNNs apply no dropout (as torch in eval mode)", stacklevel=3)
         model = cls(module.input_size, module.hidden_size, module.num_layers,
-                    module.batch_first, dtype=dtype, **extra)
+                    module.batch_first, dtype=dtype, bidirectional=bool(module.bidirectional),
+                    **extra)
         sd = {k: _torch.to_numpy(v) for k, v in module.state_dict().items()}
-        state = {}
+        H, state = model.hidden_size, {}
         for k in range(model.num_layers):
-            state[f"weight_ih_l{k}"] = sd[f"weight_ih_l{k}"]
-            state[f"weight_hh_l{k}"] = sd[f"weight_hh_l{k}"]
-            bias = np.zeros(model._shapes[f"bias_l{k}"])
-            if module.bias:
-                bias = sd[f"bias_ih_l{k}"].astype(np.float64) + sd[f"bias_hh_l{k}"]
-            state[f"bias_l{k}"] = bias
+            for sfx in _DIRECTIONS[:model.num_directions]:
+                layer = f"_l{k}{sfx}"
+                state["weight_ih" + layer] = sd["weight_ih" + layer]
+                state["weight_hh" + layer] = sd["weight_hh" + layer]
+                b_ih = b_hh = np.zeros(model._shapes["weight_ih" + layer][0])
+                if module.bias:
+                    b_ih = sd["bias_ih" + layer].astype(np.float64)
+                    b_hh = sd["bias_hh" + layer].astype(np.float64)
+                if model._kind == "gru_plain":   # b_hn stays inside r * (...)
+                    state["bias" + layer] = np.concatenate([b_ih[:2 * H] + b_hh[:2 * H],
+                                                            b_ih[2 * H:]])
+                    state["bias_hn" + layer] = b_hh[2 * H:]
+                else:
+                    state["bias" + layer] = b_ih + b_hh
         model.load_state_dict(state)
         return model
 
@@ -1046,9 +1103,11 @@ class RNN(_Plain[_Array]):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
-                 seed: Optional[int] = None, nonlinearity: str = "tanh") -> None:
+                 seed: Optional[int] = None, nonlinearity: str = "tanh",
+                 bidirectional: bool = False) -> None:
         self.nonlinearity = _nonlinearity(nonlinearity)
-        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed)
+        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
+                         bidirectional)
 
     def _cell_name(self) -> str:
         return f"rnn_{self.nonlinearity}_plain"
@@ -1085,6 +1144,121 @@ class RNN(_Plain[_Array]):
         """
         _torch.check_module(module, "RNN")
         return cls._torch_model(module, {"nonlinearity": module.nonlinearity})
+
+
+class GRU(_Plain[_Array]):
+    """Plain GRU (no LayerNorm) in the same engine: the baseline of LNGRU.
+
+    torch.nn.GRU's equations (gate blocks r, z, n)::
+
+        r = sigmoid(x W_ir^T + h W_hr^T + bias[r])
+        z = sigmoid(x W_iz^T + h W_hz^T + bias[z])
+        n = tanh(x W_in^T + bias[n] + r * (h W_hn^T + bias_hn))
+        h' = (1 - z) * n + z * h
+
+    with torch's two biases summed where they add (r and z); ``bias_hn``
+    stays inside ``r * (...)``. With ``linear_before_reset=False`` the reset
+    gate scales h before its product, ONNX's default form:
+    ``n = tanh(x W_in^T + bias[n] + (r * h) W_hn^T + bias_hn)``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LSTM`.
+    bidirectional : bool, default False
+        As for :class:`LSTM`.
+    linear_before_reset : bool, default True
+        True: torch's (and Keras's) form above; False: ONNX's default form.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (3H, I_k), ``weight_hh_l{k}`` (3H, H), rows in
+        blocks [r, z, n]; ``bias_l{k}`` (3H) = [b_ir + b_hr, b_iz + b_hz,
+        b_in]; ``bias_hn_l{k}`` (H) = b_hn. A bidirectional model also has
+        each with the suffix ``_reverse``.
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LSTM`; TypeError also for a linear_before_reset that is
+        not a bool.
+
+    Notes
+    -----
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import GRU
+    >>> m = GRU(input_size=3, hidden_size=4, bidirectional=True, seed=0)
+    >>> y, h = m.forward(np.ones((5, 2, 3), np.float32))
+    >>> y.shape, h.shape
+    ((5, 2, 8), (2, 2, 4))
+    """
+    _kind = "gru_plain"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None, bidirectional: bool = False,
+                 linear_before_reset: bool = True) -> None:
+        self.linear_before_reset = _bool(linear_before_reset, "linear_before_reset")
+        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
+                         bidirectional)
+
+    def _cell_name(self) -> str:
+        return "gru_plain" if self.linear_before_reset else "gru_plain_reset_first"
+
+    def __repr__(self) -> str:
+        if self.linear_before_reset:
+            return super().__repr__()
+        return super().__repr__()[:-1] + ", linear_before_reset=False)"
+
+    @classmethod
+    def from_torch(cls, module: Any) -> Self:
+        """A GRU with the sizes, directions and weights of a ``torch.nn.GRU``.
+
+        Parameters
+        ----------
+        module : torch.nn.GRU
+            As for :meth:`LSTM.from_torch`: ``bias_ih_l{k} + bias_hh_l{k}``
+            become ``bias_l{k}`` in the r and z blocks, ``bias_ih``'s n block
+            is ``bias_l{k}``'s, and ``bias_hh``'s n block is ``bias_hn_l{k}``.
+
+        Returns
+        -------
+        GRU
+            Its forward matches ``module(x)`` (in eval mode) to rounding.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`LSTM.from_torch`, for a ``torch.nn.GRU``.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from fastln.rnn import GRU
+        >>> t = torch.nn.GRU(4, 8, num_layers=2, bidirectional=True)
+        >>> m = GRU.from_torch(t)
+        >>> x = np.random.default_rng(0).standard_normal((5, 3, 4)).astype(np.float32)
+        >>> with torch.no_grad():
+        ...     want = t(torch.from_numpy(x))[0].numpy()
+        >>> bool(np.allclose(m.forward(x)[0], want, atol=1e-5))
+        True
+        """
+        _torch.check_module(module, "GRU")
+        return cls._torch_model(module, {})
 
 
 # PyTorch's benchmark LayerNormLSTMCell (benchmarks/fastrnns/custom_lstms.py)

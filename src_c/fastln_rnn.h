@@ -13,14 +13,26 @@
  *                                     ln_hh_b (2H), ln_in_w, ln_in_b, ln_hn_w,
  *                                     ln_hn_b (H)
  *       RNN (G = H):                  W_ih, W_hh, ln_w, ln_b (H)
- *     Plain cells (cell | FASTLN_CELL_PLAIN; LSTM and RNN only) have no LN:
+ *     Plain cells (cell | FASTLN_CELL_PLAIN) have no LN:
  *       LSTM (G = 4H):                W_ih, W_hh, bias (4H)
  *         gates = x W_ih^T + h W_hh^T + bias, c' = f c + i g, h' = o tanh(c')
  *       RNN (G = H):                  W_ih, W_hh, bias (H)
  *         h' = f(x W_ih^T + h W_hh^T + bias)
- *       (torch.nn.LSTM and nn.RNN with bias = b_ih + b_hh)
+ *       GRU (G = 3H, blocks r,z,n):   W_ih, W_hh, bias (3H), bias_hn (H)
+ *         r, z = sigmoid(x W_i[r,z]^T + h W_h[r,z]^T + bias[r,z]),
+ *         n = tanh(x W_in^T + bias[n] + r * (h W_hn^T + bias_hn)),
+ *         h' = (1 - z) n + z h
+ *         With FASTLN_CELL_RESET_FIRST: n = tanh(x W_in^T + bias[n] + (r h) W_hn^T + bias_hn)
+ *       (torch.nn.LSTM, nn.GRU and nn.RNN with bias = b_ih + b_hh where the
+ *       two sum; ONNX's GRU with linear_before_reset = 0 under RESET_FIRST)
  *   lengths (B) or NULL: row b is active at step t while t < lengths[b]; an
  *     inactive row holds its state, its y is 0 and its dy is ignored.
+ *   reverse: step s of row b reads and writes time lengths[b] - 1 - s (T - 1 - s
+ *     without lengths) while active, and time s after, so that each sequence
+ *     runs from its last valid time back to its first (the reverse half of a
+ *     bidirectional layer); the final state is the one after time 0.
+ *   ldy: elements between the rows of y and dy (0: H), so that the two
+ *     directions of a bidirectional layer share one (T, B, 2H) output.
  *
  * Math: Ba, Kiros & Hinton (2016), eq. 4 and supplementary eqs. 20-28, as
  * written out in docs/design.md. LN(a) = (a - mean) / sqrt(var + eps) * w + b.
@@ -58,11 +70,13 @@ extern "C" {
 
 enum { FASTLN_CELL_RNN_TANH = 0, FASTLN_CELL_RNN_RELU = 1, FASTLN_CELL_LSTM = 2,
        FASTLN_CELL_GRU = 3 };
-/* Or'ed into an LSTM or RNN cell: the same cell without LayerNorm. */
+/* Or'ed into a cell: the same cell without LayerNorm. */
 #define FASTLN_CELL_PLAIN 8
+/* Or'ed into a plain GRU: the reset gate scales h before W_hn (ONNX's default form). */
+#define FASTLN_CELL_RESET_FIRST 16
 
 typedef struct {
-    int cell;                     /* FASTLN_CELL_* */
+    int cell;                     /* FASTLN_CELL_*, with FASTLN_CELL_PLAIN and flags */
     int64_t steps, batch, input, hidden;   /* T, B, I, H of the legend: all >= 1 */
     double eps;                   /* unused by plain cells */
     const void *params[10];       /* float * or double *, per the legend */
@@ -79,6 +93,8 @@ typedef struct {
                                      scratch (a caller that reuses it saves page faults) */
     int (*interrupt)(void *ctx);  /* NULL, or polled between chunks of steps */
     void *interrupt_ctx;
+    int reverse;                  /* 0, or 1: run each sequence backwards in time */
+    int64_t ldy;                  /* row stride of y and dy; 0: H */
 } fastln_rnn_args;
 
 /* Elements of the forward cache of one layer (same type as the data), and of
@@ -90,6 +106,17 @@ int fastln_rnn_forward_f32(const fastln_rnn_args *a);
 int fastln_rnn_forward_f64(const fastln_rnn_args *a);
 int fastln_rnn_backward_f32(const fastln_rnn_args *a);
 int fastln_rnn_backward_f64(const fastln_rnn_args *a);
+
+/* Both directions of a bidirectional layer: a[0] forward, a[1] with
+ * reverse = 1, the same cell, sizes and x (y, dy: the two halves of one
+ * (T, B, 2H) array, ldy = 2H). They run concurrently, each on half of the
+ * threads, where the recurrent products need no BLAS (float on x86), else
+ * one after the other. Backward writes the sum of the two directions' input
+ * gradients to a[0].dx (a[1].dx is not used). Returns as the calls above. */
+int fastln_rnn_forward2_f32(const fastln_rnn_args a[2]);
+int fastln_rnn_forward2_f64(const fastln_rnn_args a[2]);
+int fastln_rnn_backward2_f32(const fastln_rnn_args a[2]);
+int fastln_rnn_backward2_f64(const fastln_rnn_args a[2]);
 
 /* Fortran BLAS ?gemm (column-major, int arguments), or NULL for the C loop. */
 typedef void (*fastln_sgemm_fn)(char *, char *, int *, int *, int *, float *, float *, int *,

@@ -89,11 +89,14 @@ const fastln_kernel_table *fastln_kernels(void);
  * (GRU only: LSTM backward recomputes its gates from xih and xhh, which costs
  * less than writing and reading 4H more values per row and step);
  * hseq, cseq (T+1, B, H): h_{t-1} and c_{t-1} at index t; xc (T, B, H): the
- * normalized c (LSTM); rstd (T, B, nrstd). A plain LSTM keeps its gates'
- * pre-activations in xih, and h, c; a plain RNN only h.
+ * normalized c (LSTM), h W_hn^T + bias_hn (plain GRU) or r h (RESET_FIRST); rstd (T, B,
+ * nrstd). A plain LSTM keeps its gates' pre-activations in xih, and h, c; a
+ * plain GRU its gates (r, z, n) in act; a plain RNN only h. Indexed by step,
+ * which is time run backwards in a reverse layer.
  * fastln_rnn_layout_for returns FASTLN_EINVAL for an unknown cell. */
 typedef struct {
     int cell, plain;   /* the cell without FASTLN_CELL_PLAIN, and that flag */
+    int reset_first;   /* FASTLN_CELL_RESET_FIRST (plain GRU): xc holds r h_{t-1} */
     int gates, nrstd, split;   /* split: dA_ih and dA_hh are separate arrays */
     int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see rnn_cells.h */
 } fastln_rnn_layout;

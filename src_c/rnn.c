@@ -6,31 +6,38 @@
  */
 #include <limits.h>
 #include "internal.h"
+#if defined(_OPENMP) && (defined(__unix__) || defined(__APPLE__))
+#include <pthread.h>
+#define HAVE_PTHREADS 1
+#else
+#define HAVE_PTHREADS 0
+#endif
 
 /* ---- cache layout ---- */
 
 int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H)
 {
-    int plain = (cell & FASTLN_CELL_PLAIN) != 0;
-    cell &= ~FASTLN_CELL_PLAIN;
-    if (cell < 0 || cell > FASTLN_CELL_GRU || (plain && cell == FASTLN_CELL_GRU))
+    int plain = (cell & FASTLN_CELL_PLAIN) != 0, rf = (cell & FASTLN_CELL_RESET_FIRST) != 0;
+    cell &= ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST);
+    if (cell < 0 || cell > FASTLN_CELL_GRU || (rf && !(plain && cell == FASTLN_CELL_GRU)))
         return FASTLN_EINVAL;
+    L->reset_first = rf;
     int lstm = cell == FASTLN_CELL_LSTM, gru = cell == FASTLN_CELL_GRU, ln = !plain;
     L->cell = cell;
     L->plain = plain;
     L->gates = lstm ? 4 : gru ? 3 : 1;
     L->gw = (lstm ? 5 : gru ? 4 : 1) * H;
     L->nrstd = plain ? 0 : lstm ? 3 : gru ? 4 : 1;
-    L->split = ln && (lstm || gru);
+    L->split = (ln && lstm) || gru;
     L->G = L->gates * H;
-    int64_t tbg = T * B * L->G, seq = (T + 1) * B * H, off = 0;
-    int xih = ln || lstm, xhh = L->split;
+    int64_t tbg = T * B * L->G, tbh = T * B * H, seq = (T + 1) * B * H, off = 0;
+    int xih = ln || lstm, xhh = ln && L->split, xc = lstm ? ln : gru && plain;
     L->xih = xih ? off : -1;           off += xih ? tbg : 0;
     L->xhh = xhh ? off : -1;           off += xhh ? tbg : 0;
     L->act = gru ? off : -1;           off += gru ? tbg : 0;   /* LSTM: recomputed */
     L->hseq = off;                     off += seq;
     L->cseq = lstm ? off : -1;         off += lstm ? seq : 0;
-    L->xc = lstm && ln ? off : -1;     off += lstm && ln ? T * B * H : 0;
+    L->xc = xc ? off : -1;             off += xc ? tbh : 0;
     L->rstd = off;                     off += T * B * L->nrstd;
     L->size = off;
     return FASTLN_OK;
@@ -177,3 +184,140 @@ ENTRY(fastln_rnn_forward_f32, rnn_fwd_f32, 0)
 ENTRY(fastln_rnn_forward_f64, rnn_fwd_f64, 0)
 ENTRY(fastln_rnn_backward_f32, rnn_bwd_f32, 1)
 ENTRY(fastln_rnn_backward_f64, rnn_bwd_f64, 1)
+
+/* ---- both directions of a layer ---- */
+
+typedef int (*layer_fn)(const fastln_rnn_args *, int);
+
+typedef struct {
+    layer_fn fn;
+    fastln_rnn_args args;   /* a copy: the second direction polls stop, not interrupt() */
+    int nt, rc;
+    int stop;               /* set when the first direction was interrupted */
+} direction_job;
+
+static int stop_requested(void *ctx) { return __atomic_load_n((int *)ctx, __ATOMIC_ACQUIRE); }
+
+static void *run_direction(void *p)
+{
+    direction_job *j = (direction_job *)p;
+    j->rc = j->fn(&j->args, j->nt);
+    return NULL;
+}
+
+/* Whether to run the two directions side by side: when there are threads
+ * for both, the products run on fastln's own kernels (BLAS, with threads of
+ * its own, is not called from two threads at once), and the layer is large
+ * enough to pay for starting a thread. Each direction then avoids half of the
+ * per-step barriers and keeps its own weights in its own cores' caches. */
+static int concurrent(const fastln_rnn_args *a, int f32, int nt)
+{
+#if HAVE_PTHREADS
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
+    int64_t work = a->steps * a->batch * L.G * (a->input + a->hidden);
+    return nt >= 2 && f32 && fastln_kernels() != &fastln_kernels_generic && work >= (1 << 21);
+#else
+    (void)a; (void)f32; (void)nt;
+    return 0;
+#endif
+}
+
+/* Runs fn on a[0] and a[1] (dx1: a[1]'s dx), side by side or in turn. */
+static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int f32)
+{
+    direction_job j = {fn, a[1], 1, FASTLN_OK, 0};
+    j.args.dx = dx1;
+    int nt = fastln_get_num_threads();
+    if (concurrent(a, f32, nt)) {
+        int n0 = rnn_threads(a) > 1 ? nt / 2 : 1;
+        j.nt = rnn_threads(&a[1]) > 1 ? nt - nt / 2 : 1;
+        j.args.interrupt = stop_requested;
+        j.args.interrupt_ctx = &j.stop;
+#if HAVE_PTHREADS
+        pthread_t th;
+        if (pthread_create(&th, NULL, run_direction, &j) == 0) {
+            int rc = fn(a, n0);
+            if (rc == FASTLN_EINTR) __atomic_store_n(&j.stop, 1, __ATOMIC_RELEASE);
+            pthread_join(th, NULL);
+            return rc ? rc : j.rc == FASTLN_EINTR ? FASTLN_OK : j.rc;
+        }
+#endif
+        j.args.interrupt = a[1].interrupt;
+        j.args.interrupt_ctx = a[1].interrupt_ctx;
+    }
+    int rc = fn(a, rnn_threads(a));
+    if (rc) return rc;
+    j.nt = rnn_threads(&a[1]);
+    run_direction(&j);
+    return j.rc;
+}
+
+static int check_pair(const fastln_rnn_args a[2], int backward)
+{
+    if (!a) return FASTLN_EINVAL;
+    int rc = check_args(&a[0], backward);
+    if (!rc) rc = check_args(&a[1], backward);
+    if (!rc && (a[0].steps != a[1].steps || a[0].batch != a[1].batch ||
+                a[0].input != a[1].input))
+        rc = FASTLN_EINVAL;
+    return rc;
+}
+
+/* dst += src (n elements of float or double) on fastln's threads */
+static void add_into(void *dst, const void *src, int64_t n, int f32)
+{
+    int nt = n >= (1 << 16) ? fastln_get_num_threads() : 1;
+    if (f32) {
+        float *d = (float *)dst;
+        const float *s = (const float *)src;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+    } else {
+        double *d = (double *)dst;
+        const double *s = (const double *)src;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+    }
+}
+
+static int forward2(layer_fn fn, const fastln_rnn_args a[2], int f32)
+{
+    int rc = check_pair(a, 0);
+    return rc ? rc : run_pair(fn, a, a[1].dx, f32);
+}
+
+/* a[1]'s input gradient goes to scratch, then is added to a[0]'s */
+static int backward2(layer_fn fn, const fastln_rnn_args a[2], int f32)
+{
+    int rc = check_pair(a, 1);
+    if (rc) return rc;
+    int64_t n = a[0].steps * a[0].batch * a[0].input;
+    void *dx1 = NULL;
+    if (a[0].dx && !(dx1 = malloc((size_t)n * (f32 ? sizeof(float) : sizeof(double)))))
+        return FASTLN_ENOMEM;
+    rc = run_pair(fn, a, dx1, f32);
+    if (!rc && dx1) add_into(a[0].dx, dx1, n, f32);
+    free(dx1);
+    return rc;
+}
+
+int fastln_rnn_forward2_f32(const fastln_rnn_args a[2])
+{
+    return forward2(fastln_kernels()->rnn_fwd_f32, a, 1);
+}
+
+int fastln_rnn_forward2_f64(const fastln_rnn_args a[2])
+{
+    return forward2(fastln_kernels()->rnn_fwd_f64, a, 0);
+}
+
+int fastln_rnn_backward2_f32(const fastln_rnn_args a[2])
+{
+    return backward2(fastln_kernels()->rnn_bwd_f32, a, 1);
+}
+
+int fastln_rnn_backward2_f64(const fastln_rnn_args a[2])
+{
+    return backward2(fastln_kernels()->rnn_bwd_f64, a, 0);
+}

@@ -165,7 +165,9 @@ static inline void SFX(col_acc)(double *aw, double *ab, const T *g, int64_t ldg,
 /* One layer's sizes and parameters, and where step t's rows live. */
 typedef struct {
     int cell, plain;       /* plain: no LayerNorm (FASTLN_CELL_PLAIN) */
-    int64_t B, H, G, gw;   /* gw: width of a dg row (backward scratch) */
+    int reverse;           /* fastln_rnn_args.reverse */
+    int64_t steps, B, H, G, gw;   /* gw: width of a dg row (backward scratch) */
+    int64_t ldy;           /* row stride of y and dy */
     double eps;
     const T *const *p;     /* parameters, fastln_rnn.h order */
     const int64_t *len;
@@ -178,8 +180,17 @@ static inline int SFX(active)(const SFX(layer) *ly, int64_t t, int64_t b)
     return !ly->len || t < ly->len[b];
 }
 
+/* The time that step s of row b reads and writes: s, or in a reverse layer
+ * the sequence's times backwards while it is active, then s (fastln_rnn.h). */
+static inline int64_t SFX(time_of)(const SFX(layer) *ly, int64_t s, int64_t b)
+{
+    if (!ly->reverse) return s;
+    int64_t n = ly->len ? ly->len[b] : ly->steps;
+    return s < n ? n - 1 - s : s;
+}
+
 /* Forward, one row: ai, ah = A_ih, A_hh (G), normalized in place; act (G)
- * activations; xc (H) normalized c; rs rstds; hp, cp -> hn, cn the state
+ * activations; xc (H) normalized c (plain GRU: h W_hn^T + bias_hn); rs rstds; hp, cp -> hn, cn the state
  * (hn may be hp, cn may be cp); y (H). */
 static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act, T *xc,
                          T *rs, const T *hp, const T *cp, T *hn, T *cn, T *y)
@@ -192,7 +203,22 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
         memset(y, 0, (size_t)H * sizeof(T));
         return;
     }
-    if (ly->plain) {
+    if (ly->plain && ly->cell == FASTLN_CELL_GRU) {
+        /* p: 0 W_ih, 1 W_hh, 2 bias (3H), 3 bias_hn; act <- r, z, n and
+         * xc <- h W_hn^T + bias_hn (the cache) */
+#pragma omp simd
+        for (int64_t j = 0; j < 2 * H; j++) act[j] = (ai[j] + ah[j]) + p[2][j];
+        SFX(sigmoid_n)(act, 2 * H);
+        T *n = act + 2 * H;
+#pragma omp simd
+        for (int64_t j = 0; j < H; j++) {
+            xc[j] = ah[2 * H + j] + p[3][j];
+            n[j] = FMA(act[j], xc[j], ai[2 * H + j] + p[2][2 * H + j]);
+        }
+        SFX(tanh_n)(n, H);
+#pragma omp simd
+        for (int64_t j = 0; j < H; j++) hn[j] = FMA(act[H + j], hp[j] - n[j], n[j]);
+    } else if (ly->plain) {
         /* p: 0 W_ih, 1 W_hh, 2 bias; ai <- the pre-activations (the cache) */
 #pragma omp simd
         for (int64_t j = 0; j < G; j++) ai[j] = (ai[j] + ah[j]) + p[2][j];
@@ -267,6 +293,68 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
     memcpy(y, hn, (size_t)H * sizeof(T));
 }
 
+/* The plain GRU with FASTLN_CELL_RESET_FIRST takes its rows in two halves
+ * around the product (r h) W_hn^T. Forward: act[0, 2H) <- r, z and rh <- r h;
+ * then, given ahn = (r h) W_hn^T, act[2H, 3H) <- n and hn, y <- h'. */
+static inline void SFX(gru_rf_gates)(const SFX(layer) *ly, const T *ai, const T *ah, T *act,
+                                     T *rh, const T *hp)
+{
+    const int64_t H = ly->H;
+    const T *bias = ly->p[2];
+#pragma omp simd
+    for (int64_t j = 0; j < 2 * H; j++) act[j] = (ai[j] + ah[j]) + bias[j];
+    SFX(sigmoid_n)(act, 2 * H);
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) rh[j] = act[j] * hp[j];
+}
+
+static inline void SFX(gru_rf_out)(const SFX(layer) *ly, const T *ai, const T *ahn, T *act,
+                                   const T *hp, T *hn, T *y)
+{
+    const int64_t H = ly->H;
+    const T *bias = ly->p[2], *bias_hn = ly->p[3];
+    T *n = act + 2 * H;
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) n[j] = (ai[2 * H + j] + bias[2 * H + j]) + (ahn[j] + bias_hn[j]);
+    SFX(tanh_n)(n, H);
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) hn[j] = FMA(act[H + j], hp[j] - n[j], n[j]);
+    memcpy(y, hn, (size_t)H * sizeof(T));
+}
+
+/* Backward, first half: from d = dy + dh, the z and n blocks of dai (G), of
+ * dahrz (2H: the [r, z] blocks of dA_hh) and dahn (H: the gradient of
+ * (r h) W_hn^T), and of dg; dh <- d z. Second half, given drh = dahn W_hn
+ * (the gradient of r h): the r blocks; dh += drh r. */
+static inline void SFX(gru_rf_bwd1)(const SFX(layer) *ly, T *dai, T *dahrz, T *dahn, T *dg,
+                                    T *dh, const T *dy, const T *act, const T *hp)
+{
+    const int64_t H = ly->H;
+    const T *z = act + H, *n = act + 2 * H;
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) {
+        T d = dy[j] + dh[j];
+        T dn = d * (1 - z[j]) * (1 - n[j] * n[j]);
+        T dz = d * (hp[j] - n[j]) * z[j] * (1 - z[j]);
+        dai[2 * H + j] = dahn[j] = dg[2 * H + j] = dg[3 * H + j] = dn;
+        dai[H + j] = dahrz[H + j] = dg[H + j] = dz;
+        dh[j] = d * z[j];
+    }
+}
+
+static inline void SFX(gru_rf_bwd2)(const SFX(layer) *ly, T *dai, T *dahrz, T *dg, T *dh,
+                                    const T *drh, const T *act, const T *hp)
+{
+    const int64_t H = ly->H;
+    const T *r = act;
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) {
+        T dr = drh[j] * hp[j] * r[j] * (1 - r[j]);
+        dai[j] = dahrz[j] = dg[j] = dr;
+        dh[j] = FMA(drh[j], r[j], dh[j]);
+    }
+}
+
 /* Backward, one row of step t. In: dy (H); dh, dc (H) the gradient of h_t,
  * c_t from later steps; the cached rows. Out: dai, dah (G) the gradients of
  * A_ih, A_hh (the same array for the RNN); dg (gw) the gradients of the LN
@@ -283,7 +371,23 @@ static void SFX(bwd_row)(const SFX(layer) *ly, int active, T *dai, T *dah, T *dg
         if (dah != dai) memset(dah, 0, (size_t)G * sizeof(T));
         return;
     }
-    if (ly->plain && ly->cell == FASTLN_CELL_LSTM) {
+    if (ly->plain && ly->cell == FASTLN_CELL_GRU) {
+        /* act: the cached r, z, n; xc: the cached h W_hn^T + bias_hn;
+         * dg: [dA_ih (G) | the n block of dA_hh (H)] for the bias sums */
+        const T *r = act, *z = act + H, *n = act + 2 * H;
+#pragma omp simd
+        for (int64_t j = 0; j < H; j++) {
+            T d = dy[j] + dh[j];
+            T dn = d * (1 - z[j]) * (1 - n[j] * n[j]);
+            T dr = dn * xc[j] * r[j] * (1 - r[j]);
+            T dz = d * (hp[j] - n[j]) * z[j] * (1 - z[j]);
+            dg[j] = dai[j] = dah[j] = dr;
+            dg[H + j] = dai[H + j] = dah[H + j] = dz;
+            dg[2 * H + j] = dai[2 * H + j] = dn;
+            dg[3 * H + j] = dah[2 * H + j] = dn * r[j];
+            dh[j] = d * z[j];
+        }
+    } else if (ly->plain && ly->cell == FASTLN_CELL_LSTM) {
         /* xi: the cached pre-activations; dg: [dgates (G) | tanh(c) (H)] */
         T *a = (T *)act, *th = dg + G;
         SFX(plain_gates)(a, xi, H);

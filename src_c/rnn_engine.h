@@ -127,6 +127,36 @@ static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
 
 #include "gemm_packed.h"
 
+/* The recurrent product of a step in parts, for a GRU with RESET_FIRST:
+ * C (B, N) (+)= A (B, K) W^T, W (N, K) (forward), or A W, W (K, N)
+ * (backward); rows ldc, lda apart; packed panels P, the dot kernels at
+ * B == 1, or BLAS (outside any parallel region), as rec_product. */
+static void SFX(rec_part)(int method, const float *P, T *C, int64_t ldc, const T *A,
+                          int64_t lda, const T *W, int64_t B, int64_t N, int64_t K,
+                          int backward, int acc)
+{
+#if HAVE_PACKED
+    if (method == 1) {
+        SFX(packed_gemm)(C, ldc, A, lda, 1, P, FASTLN_NR, B, N, K, acc);
+        return;
+    }
+#else
+    (void)P;
+#endif
+    if (method == 2) {   /* B == 1: blocks of 64 output columns over the team */
+        int64_t nb = (N + 63) / 64;
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < nb; j++) {
+            int64_t j1 = j * 64 + 64 < N ? j * 64 + 64 : N;
+            if (backward) SFX(small_nn)(C, A, W, 1, K, N, acc, j * 64, j1);
+            else SFX(small_nt)(C, A, W, 1, N, K, acc, j * 64, j1);
+        }
+        return;
+    }
+    if (backward) GEMM('N', 'N', B, N, K, 1, A, lda, W, N, (T)acc, C, ldc);
+    else GEMM('N', 'T', B, N, K, 1, A, lda, W, K, (T)acc, C, ldc);
+}
+
 /* The large products of a layer: C (M, N) = op(A) op(B), contiguous
  * operands, on the packed kernel and fastln's threads where there is one
  * (BLAS's own threads would compete with fastln's for the cores between
@@ -146,34 +176,45 @@ static int SFX(gemm_layer)(char ta, char tb, int64_t M, int64_t N, int64_t K, co
 /* How a layer does its recurrent products. */
 typedef struct {
     int method;      /* 0: BLAS, 1: packed (float, x86), 2: small (B == 1) */
-    float *packed;   /* method 1: the packed W_hh (forward) or W_hh^T (backward) */
+    float *packed;   /* method 1: the packed W_hh (forward) or W_hh^T (backward);
+                        RESET_FIRST: only its [r, z] blocks */
+    float *packed_n;    /* method 1, RESET_FIRST: the n block W_hn, likewise */
     float *packed_ih;   /* forward on the packed path: W_ih packed, else NULL */
 } SFX(rec);
 
 /* Packs what the products of a layer need: W_hh for the recurrent kernel
- * when B > 1, and (forward, with_ih) W_ih for the input projections. */
+ * when B > 1 (in two parts for a plain GRU with rf, RESET_FIRST), and
+ * (forward, with_ih) W_ih for the input projections. */
 static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, const T *w_ih, int64_t B, int64_t G,
-                         int64_t H, int64_t I, int backward, int with_ih, int nt)
+                         int64_t H, int64_t I, int backward, int with_ih, int rf, int nt)
 {
     rc->method = B == 1 ? 2 : 0;
-    rc->packed = rc->packed_ih = NULL;
+    rc->packed = rc->packed_n = rc->packed_ih = NULL;
 #if HAVE_PACKED
-    int64_t N = backward ? H : G, K = backward ? G : H;
-    int64_t nh = B > 1 ? fastln_packed_size(N, K) : 0, ni = with_ih ? fastln_packed_size(G, I) : 0;
-    if (nh + ni == 0) return FASTLN_OK;
-    float *buf = (float *)malloc((size_t)(nh + ni) * sizeof(float));
+    int64_t Gh = rf ? 2 * H : G;   /* the gates of the product with h */
+    int64_t N = backward ? H : Gh, K = backward ? Gh : H;
+    int64_t nh = B > 1 ? fastln_packed_size(N, K) : 0;
+    int64_t nn = B > 1 && rf ? fastln_packed_size(H, H) : 0;
+    int64_t ni = with_ih ? fastln_packed_size(G, I) : 0;
+    if (nh + nn + ni == 0) return FASTLN_OK;
+    float *buf = (float *)malloc((size_t)(nh + nn + ni) * sizeof(float));
     if (!buf) return FASTLN_ENOMEM;
     if (B > 1) {
         rc->packed = buf;
+        rc->packed_n = rf ? buf + nh : NULL;
         rc->method = 1;
     }
-    rc->packed_ih = with_ih ? buf + nh : NULL;
+    rc->packed_ih = with_ih ? buf + nh + nn : NULL;
+    const T *w_hn = w_hh + 2 * H * H;
     ON_TEAM(nt,
         if (rc->packed && backward) fastln_pack_nn(rc->packed, w_hh, K, N);
         else if (rc->packed) fastln_pack_nt(rc->packed, w_hh, N, K);
+        if (rc->packed_n && backward) fastln_pack_nn(rc->packed_n, w_hn, H, H);
+        else if (rc->packed_n) fastln_pack_nt(rc->packed_n, w_hn, H, H);
         if (rc->packed_ih) fastln_pack_nt(rc->packed_ih, w_ih, G, I););
 #else
-    (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih; (void)nt;
+    (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih; (void)rf;
+    (void)nt;
 #endif
     return FASTLN_OK;
 }
@@ -223,8 +264,11 @@ static int SFX(layer_init)(SFX(layer) *ly, const fastln_rnn_args *a)
     fastln_rnn_layout_for(&ly->L, a->cell, a->steps, a->batch, a->hidden);
     ly->cell = ly->L.cell;
     ly->plain = ly->L.plain;
+    ly->reverse = a->reverse != 0;
+    ly->steps = a->steps;
     ly->B = a->batch;
     ly->H = a->hidden;
+    ly->ldy = a->ldy > 0 ? a->ldy : a->hidden;
     ly->eps = a->eps;
     ly->p = (const T *const *)a->params;
     ly->len = a->lengths;
@@ -238,6 +282,7 @@ typedef struct {
     SFX(rec) rc;
     const T *w_hh;
     T *aih;                         /* A_ih of the current chunk, step c0 first */
+    T *xg;                          /* reverse: the chunk's input rows in step order */
     int64_t c0;
     T *ahh_s, *act_s, *xc_s, *rs_s; /* a step's rows (copied to the cache if any); rs_s: no cache */
     T *h, *c;                       /* the state (updated in place without a cache) */
@@ -266,7 +311,8 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
         T *ai = aih + b * G, *ah = f->ahh_s + b * G;
         T *act = f->act_s ? f->act_s + b * G : NULL, *xc = f->xc_s ? f->xc_s + b * H : NULL;
         SFX(fwd_row)(ly, on, ai, ah, act, xc, R ? rs + b * R : NULL, hp + b * H, cp ? cp + b * H : NULL,
-                     hn + b * H, cn ? cn + b * H : NULL, f->y + (t * B + b) * H);
+                     hn + b * H, cn ? cn + b * H : NULL,
+                     f->y + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy);
         if (cache && on) {
             /* The row was computed in scratch that stays in L1/L2; the cache
              * (about 11 H values a row) goes out with non-temporal stores, so
@@ -278,6 +324,43 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
             if (L->xhh >= 0) stream_copy(cache + L->xhh + at, ah, row);
             if (L->act >= 0) stream_copy(cache + L->act + at, act, row);
             if (L->xc >= 0) stream_copy(cache + L->xc + (t * B + b) * H, xc, (size_t)H * sizeof(T));
+        }
+    }
+    if (cache) stream_fence();
+}
+
+/* Step t of a plain GRU with RESET_FIRST: the product with h for the r and
+ * z gates, the gates and r h, the product with r h for n, then the rest of
+ * the rows. Rows are shared by the enclosing team (if any: with BLAS, the
+ * step runs on this thread). */
+static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
+{
+    const SFX(layer) *ly = &f->ly;
+    const fastln_rnn_layout *L = &ly->L;
+    const int64_t B = ly->B, H = ly->H, G = ly->G;
+    T *cache = ly->cache;
+    const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
+    T *hn = cache ? cache + L->hseq + (t + 1) * B * H : f->h;
+    T *aih = f->aih + (t - f->c0) * B * G, *ahh = f->ahh_s, *rh = f->xc_s;
+    SFX(rec_part)(f->rc.method, f->rc.packed, ahh, G, hp, H, f->w_hh, B, 2 * H, H, 0, 0);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        if (SFX(active)(ly, t, b))
+            SFX(gru_rf_gates)(ly, aih + b * G, ahh + b * G, f->act_s + b * G, rh + b * H, hp + b * H);
+        else   /* r h of a held row: 0, so that its products stay finite */
+            memset(rh + b * H, 0, (size_t)H * sizeof(T));
+    }
+    SFX(rec_part)(f->rc.method, f->rc.packed_n, ahh + 2 * H, G, rh, H, f->w_hh + 2 * H * H, B, H,
+                  H, 0, 0);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        int on = SFX(active)(ly, t, b);
+        T *y = f->y + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy, *act = f->act_s + b * G;
+        if (on) SFX(gru_rf_out)(ly, aih + b * G, ahh + b * G + 2 * H, act, hp + b * H, hn + b * H, y);
+        else SFX(fwd_row)(ly, 0, NULL, NULL, NULL, NULL, NULL, hp + b * H, NULL, hn + b * H, NULL, y);
+        if (cache) {   /* as fwd_step; r h of every row, for dW_hn */
+            if (on) stream_copy(cache + L->act + (t * B + b) * G, act, (size_t)G * sizeof(T));
+            stream_copy(cache + L->xc + (t * B + b) * H, rh + b * H, (size_t)H * sizeof(T));
         }
     }
     if (cache) stream_fence();
@@ -298,6 +381,21 @@ static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t 
     SFX(small_nt)(f->aih, x, w_ih, M, G, I, 0, 0, G);
 }
 
+/* xs (steps [s0, s1), B, I) = the rows of x (T, B, I) that those steps read:
+ * shared by the enclosing team. With back, the other way (x <- xs). */
+static void SFX(gather_steps)(const SFX(layer) *ly, T *xs, T *x, int64_t s0, int64_t s1,
+                              int64_t I, int back)
+{
+    const int64_t B = ly->B;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < (s1 - s0) * B; i++) {
+        int64_t s = s0 + i / B, b = i % B;
+        T *row = x + (SFX(time_of)(ly, s, b) * B + b) * I;
+        if (back) memcpy(row, xs + i * I, (size_t)I * sizeof(T));
+        else memcpy(xs + i * I, row, (size_t)I * sizeof(T));
+    }
+}
+
 /* The input projections of steps [c0, c1) into f->aih, then those steps:
  * one parallel region when the products can run inside it (the packed and
  * small kernels), else BLAS between regions. */
@@ -305,20 +403,29 @@ static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I,
                           int64_t c1, int nt)
 {
     const int64_t B = f->ly.B, G = f->ly.G, M = (c1 - c0) * B;
-    const T *xc = x + c0 * B * I;
+    const T *xc = f->xg ? f->xg : x + c0 * B * I;
     f->c0 = c0;
     if (SFX(rec_in_region)(&f->rc)) {
         ON_TEAM(nt,
+            if (f->xg) SFX(gather_steps)(&f->ly, f->xg, (T *)x, c0, c1, I, 0);
             SFX(input_proj)(f, xc, w_ih, M, I);
-            for (int64_t t = c0; t < c1; t++) SFX(fwd_step)(f, t, 1););
+            for (int64_t t = c0; t < c1; t++) {
+                if (f->ly.L.reset_first) SFX(fwd_step_rf)(f, t);
+                else SFX(fwd_step)(f, t, 1);
+            });
         return FASTLN_OK;
     }
+    if (f->xg) SFX(gather_steps)(&f->ly, f->xg, (T *)x, c0, c1, I, 0);
     if (M <= 4) SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0, 0, G);
     else GEMM('N', 'T', M, G, I, 1, xc, I, w_ih, I, 0, f->aih, G);
     /* BLAS's own threads spin for a while after each call: an OpenMP team
      * between the calls would fight them for the cores (many times slower),
      * so the rows run on this thread. */
     for (int64_t t = c0; t < c1; t++) {
+        if (f->ly.L.reset_first) {
+            SFX(fwd_step_rf)(f, t);
+            continue;
+        }
         SFX(fwd_step)(f, t, 2);
         SFX(fwd_step)(f, t, 0);
     }
@@ -345,16 +452,23 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     int64_t Tc = SFX(chunk_steps)(B);
     if (Tc > Ts) Tc = Ts;
     int64_t n_aih = Tc * B * G, n_ahh = B * G;
-    int64_t n_act = gated ? B * G : 0, n_xc = lstm ? B * H : 0;
-    int64_t n_rs = cache ? 0 : B * L->nrstd;
-    T *scratch = (T *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + 1) * sizeof(T));
+    int64_t n_act = gated ? B * G : 0, n_xc = L->xc >= 0 ? B * H : 0;
+    int64_t n_rs = cache ? 0 : B * L->nrstd, n_xg = ly->reverse ? Tc * B * I : 0;
+    T *scratch = (T *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + n_xg + 1) *
+                             sizeof(T));
     if (!scratch) return FASTLN_ENOMEM;
-    T *aih_s = scratch;
-    f.ahh_s = n_ahh ? aih_s + n_aih : NULL;
-    f.act_s = n_act ? aih_s + n_aih + n_ahh : NULL;
-    f.xc_s = n_xc ? aih_s + n_aih + n_ahh + n_act : NULL;
-    f.rs_s = n_rs ? aih_s + n_aih + n_ahh + n_act + n_xc : NULL;
-    int rc = SFX(rec_init)(&f.rc, f.w_hh, w_ih, B, G, H, I, 0, Ts * B > 4, nt);
+    T *aih_s = scratch, *next = scratch + n_aih;
+    f.ahh_s = next;
+    next += n_ahh;
+    f.act_s = n_act ? next : NULL;
+    next += n_act;
+    f.xc_s = n_xc ? next : NULL;
+    next += n_xc;
+    f.rs_s = n_rs ? next : NULL;
+    next += n_rs;
+    f.xg = n_xg ? next : NULL;
+    int rc = SFX(rec_init)(&f.rc, f.w_hh, w_ih, B, G, H, I, 0, Ts * B > 4, L->reset_first,
+                           nt);
     if (rc) {
         free(scratch);
         return rc;
@@ -393,12 +507,38 @@ typedef struct {
     T *dai, *dah, *dg, *dh, *dc;
     T *dai_s;   /* (B, G) scratch for a step's dA_ih rows, or NULL (RNN: dA_ih is dA_hh) */
     T *act_s;   /* (B, G) scratch for the LSTM's recomputed gates */
+    T *drh;     /* (B, H) scratch for RESET_FIRST's gradient of r h */
     double *acc;
     int nseg;
     SFX(seg) seg[4];
 } SFX(bwd_ctx);
 
 #define COLBLK 64   /* columns per block of the parameter sums */
+
+/* Step t's LN-parameter and bias sums, from the rows of dg and the cached
+ * normalized values xi, xh, xc (those the segments name): column blocks
+ * shared by the enclosing team, rows in order, so that they do not depend
+ * on the thread count. */
+static void SFX(bwd_sums)(SFX(bwd_ctx) *k, int64_t t, const T *xi, const T *xh, const T *xc)
+{
+    const SFX(layer) *ly = &k->ly;
+    const int64_t B = ly->B, H = ly->H, G = ly->G, gw = ly->gw;
+    for (int s = 0; s < k->nseg; s++) {
+        const SFX(seg) *sg = &k->seg[s];
+        const T *xs = sg->aw < 0 ? NULL : sg->src == 0 ? xi : sg->src == 1 ? xh : xc;
+        int64_t ldx = sg->src == 2 ? H : G, nb = (sg->n + COLBLK - 1) / COLBLK;
+#pragma omp for schedule(static) nowait
+        for (int64_t jb = 0; jb < nb; jb++) {
+            int64_t j0 = jb * COLBLK, j1 = j0 + COLBLK < sg->n ? j0 + COLBLK : sg->n;
+            for (int64_t b = 0; b < B; b++) {   /* rows in order: deterministic sums */
+                if (!SFX(active)(ly, t, b)) continue;
+                SFX(col_acc)(xs ? k->acc + sg->aw : NULL, sg->ab >= 0 ? k->acc + sg->ab : NULL,
+                             k->dg + b * gw + sg->goff, gw, xs ? xs + b * ldx + sg->xoff : NULL,
+                             ldx, 1, j0, j1);
+            }
+        }
+    }
+}
 
 static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
 {
@@ -426,33 +566,61 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
          * feeds this step's recurrent product and stays in cache. */
         T *di = k->dai_s ? k->dai_s + b * G : dai + b * G;
         SFX(bwd_row)(ly, SFX(active)(ly, t, b), di, dah + b * G, k->dg + b * gw,
-                     k->dh + b * H, k->dc ? k->dc + b * H : NULL, k->dy + (t * B + b) * H,
+                     k->dh + b * H, k->dc ? k->dc + b * H : NULL,
+                     k->dy + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy,
                      xi ? xi + b * G : NULL, xh ? xh + b * G : NULL, act ? act + b * G : NULL,
                      xc ? xc + b * H : NULL, R ? rs + b * R : NULL, hp + b * H, hc + b * H,
                      cp ? cp + b * H : NULL);
         if (k->dai_s) stream_copy(dai + b * G, di, (size_t)G * sizeof(T));
     }
     if (k->dai_s) stream_fence();
-    for (int s = 0; s < k->nseg; s++) {
-        const SFX(seg) *sg = &k->seg[s];
-        const T *xs = sg->aw < 0 ? NULL : sg->src == 0 ? xi : sg->src == 1 ? xh : xc;
-        int64_t ldx = sg->src == 2 ? H : G, nb = (sg->n + COLBLK - 1) / COLBLK;
-#pragma omp for schedule(static) nowait
-        for (int64_t jb = 0; jb < nb; jb++) {
-            int64_t j0 = jb * COLBLK, j1 = j0 + COLBLK < sg->n ? j0 + COLBLK : sg->n;
-            for (int64_t b = 0; b < B; b++) {   /* rows in order: deterministic sums */
-                if (!SFX(active)(ly, t, b)) continue;
-                SFX(col_acc)(xs ? k->acc + sg->aw : NULL, sg->ab >= 0 ? k->acc + sg->ab : NULL,
-                             k->dg + b * gw + sg->goff, gw, xs ? xs + b * ldx + sg->xoff : NULL,
-                             ldx, 1, j0, j1);
-            }
-        }
-    }
+    SFX(bwd_sums)(k, t, xi, xh, xc);
     if (mode == 1) SFX(rec_product)(&k->rc, k->dh, dah, k->w_hh, B, G, H, 1);
+}
+
+/* Step t of a plain GRU with RESET_FIRST, backward: the first half of the
+ * rows, the product drh = dA_hn W_hn, the second half, the parameter sums,
+ * and the product with the [r, z] blocks into dh. dA_hh is kept as dahrz
+ * (T, B, 2H) followed by dahn (T, B, H), for the two parts of dW_hh. */
+static void SFX(bwd_step_rf)(SFX(bwd_ctx) *k, int64_t t)
+{
+    const SFX(layer) *ly = &k->ly;
+    const int64_t B = ly->B, H = ly->H, G = ly->G, gw = ly->gw, TB = ly->steps * B;
+    const T *act = ly->cache + ly->L.act + t * B * G, *hp = ly->cache + ly->L.hseq + t * B * H;
+    T *dai = k->dai + t * B * G, *dahrz = k->dah + t * B * 2 * H;
+    T *dahn = k->dah + TB * 2 * H + t * B * H;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        if (!SFX(active)(ly, t, b)) {   /* the state was held: gradients pass through */
+            memset(dai + b * G, 0, (size_t)G * sizeof(T));
+            memset(dahrz + b * 2 * H, 0, (size_t)(2 * H) * sizeof(T));
+            memset(dahn + b * H, 0, (size_t)H * sizeof(T));
+            continue;
+        }
+        SFX(gru_rf_bwd1)(ly, dai + b * G, dahrz + b * 2 * H, dahn + b * H, k->dg + b * gw,
+                         k->dh + b * H, k->dy + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy,
+                         act + b * G, hp + b * H);
+    }
+    SFX(rec_part)(k->rc.method, k->rc.packed_n, k->drh, H, dahn, H, k->w_hh + 2 * H * H, B, H, H,
+                  1, 0);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        if (SFX(active)(ly, t, b))
+            SFX(gru_rf_bwd2)(ly, dai + b * G, dahrz + b * 2 * H, k->dg + b * gw, k->dh + b * H,
+                             k->drh + b * H, act + b * G, hp + b * H);
+    SFX(bwd_sums)(k, t, NULL, NULL, NULL);
+    SFX(rec_part)(k->rc.method, k->rc.packed, k->dh, H, dahrz, 2 * H, k->w_hh, B, H, 2 * H, 1, 1);
 }
 
 static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
 {   /* steps t1-1 down to t0 */
+    if (k->ly.L.reset_first) {
+        if (SFX(rec_in_region)(&k->rc))
+            ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step_rf)(k, t););
+        else   /* on this thread: see fwd_chunk */
+            for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step_rf)(k, t);
+        return;
+    }
     if (SFX(rec_in_region)(&k->rc)) {
         ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1););
         return;
@@ -461,6 +629,35 @@ static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
         SFX(bwd_step)(k, t, 0);
         SFX(bwd_step)(k, t, 2);
     }
+}
+
+/* The products that end a backward: dW_ih = dA_ih^T x, dW_hh = dA_hh^T h_{t-1}
+ * and dx = dA_ih W_ih (dx NULL: none), over every step at once. A reverse
+ * layer's steps run its times backwards: x is gathered into step order for
+ * dW_ih, and that buffer then takes dx in step order to scatter it back. */
+static int SFX(bwd_products)(SFX(bwd_ctx) *k, const T *x, T *dx, T **grads, int64_t I, int nt)
+{
+    const SFX(layer) *ly = &k->ly;
+    const int64_t TB = ly->steps * ly->B, G = ly->G, H = ly->H;
+    const T *hseq = ly->cache + ly->L.hseq;   /* h_{t-1} for t = 0..T-1 */
+    T *xs = NULL;
+    if (ly->reverse) {
+        xs = (T *)malloc((size_t)(TB * I) * sizeof(T));
+        if (!xs) return FASTLN_ENOMEM;
+        ON_TEAM(nt, SFX(gather_steps)(ly, xs, (T *)x, 0, ly->steps, I, 0););
+    }
+    int rc = SFX(gemm_layer)('T', 'N', G, I, TB, k->dai, xs ? xs : x, grads[0], nt);
+    if (!rc && ly->L.reset_first) {   /* [r, z] from h_{t-1}, n from r h_{t-1} */
+        rc = SFX(gemm_layer)('T', 'N', 2 * H, H, TB, k->dah, hseq, grads[1], nt);
+        if (!rc) rc = SFX(gemm_layer)('T', 'N', H, H, TB, k->dah + TB * 2 * H,
+                                      ly->cache + ly->L.xc, grads[1] + 2 * H * H, nt);
+    } else if (!rc) {
+        rc = SFX(gemm_layer)('T', 'N', G, H, TB, k->dah, hseq, grads[1], nt);
+    }
+    if (!rc && dx) rc = SFX(gemm_layer)('N', 'N', TB, I, G, k->dai, ly->p[0], xs ? xs : dx, nt);
+    if (!rc && dx && xs) ON_TEAM(nt, SFX(gather_steps)(ly, xs, dx, 0, ly->steps, I, 1););
+    free(xs);
+    return rc;
 }
 
 static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
@@ -482,7 +679,12 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
 
     /* parameter sums (double): see the grads assignment at the end */
     int64_t nacc;
-    if (ly->plain) {     /* bias (G) */
+    if (ly->plain && gru) {   /* bias (G), bias_hn (H) */
+        SFX(seg) s[2] = {{0, G, -1, 0, 0, 0}, {G, H, -1, G, 0, 0}};
+        memcpy(k.seg, s, sizeof s);
+        k.nseg = 2;
+        nacc = G + H;
+    } else if (ly->plain) {     /* bias (G) */
         SFX(seg) s[1] = {{0, G, -1, 0, 0, 0}};
         memcpy(k.seg, s, sizeof s);
         k.nseg = 1;
@@ -509,7 +711,8 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + 2 * G)) * sizeof(T));
     T *buf = a->work ? (T *)a->work : own;
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
-    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, nt) : FASTLN_ENOMEM;
+    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, L->reset_first, nt)
+                          : FASTLN_ENOMEM;
     if (rc) {
         free(own);
         free(k.acc);
@@ -520,6 +723,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     k.dg = buf + n_da;
     k.dai_s = L->split ? k.dg + B * ly->gw : NULL;
     k.act_s = lstm ? k.dg + B * (ly->gw + G) : NULL;
+    k.drh = L->reset_first ? k.dg + B * (ly->gw + G) : NULL;
 
     int64_t Tc = SFX(chunk_steps)(B);
     for (int64_t t1 = Ts; t1 > 0; t1 -= Tc) {
@@ -530,18 +734,15 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
             break;
         }
     }
-    if (rc == FASTLN_OK) {
-        const T *hseq = ly->cache + L->hseq;   /* h_{t-1} for t = 0..T-1 */
-        rc = SFX(gemm_layer)('T', 'N', G, I, TB, k.dai, x, grads[0], nt);          /* dW_ih */
-        if (!rc) rc = SFX(gemm_layer)('T', 'N', G, H, TB, k.dah, hseq, grads[1], nt);  /* dW_hh */
-        if (!rc && a->dx) rc = SFX(gemm_layer)('N', 'N', TB, I, G, k.dai, p[0], (T *)a->dx, nt);
-    }
+    if (rc == FASTLN_OK) rc = SFX(bwd_products)(&k, x, (T *)a->dx, grads, I, nt);
     if (rc == FASTLN_OK) {
         /* grads[idx] <- n sums from acc[off] (LSTM, GRU: the biases share one sum) */
         const double *acc = k.acc;
 #define GRAD(idx, off, n)                                                         \
     for (int64_t j = 0; j < (n); j++) grads[idx][j] = (T)acc[(off) + j];
-        if (ly->plain) {
+        if (ly->plain && gru) {
+            GRAD(2, 0, G) GRAD(3, G, H)
+        } else if (ly->plain) {
             GRAD(2, 0, G)
         } else if (lstm) {
             GRAD(2, 0, G) GRAD(3, G, G) GRAD(4, 0, G) GRAD(5, 2 * G, G) GRAD(6, 0, G)
