@@ -1,8 +1,10 @@
-"""A plain PyTorch (autograd) reference of fastln.rnn's LNRNN, LNLSTM, LNGRU, LSTM and RNN.
+"""A plain PyTorch (autograd) reference of fastln.rnn's LNRNN, LNLSTM, LNGRU, LSTM, RNN and GRU.
 
 The equations of docs/design.md ("Recurrent networks") written with torch ops (no
-torch.nn.LSTM/GRU), multi-layer, with ``lengths`` masking by torch.where.  Used by
-tests/test_rnn.py:
+torch.nn.LSTM/GRU), multi-layer, one or two directions, with ``lengths`` masking by
+torch.where.  The reverse direction gathers each sequence's own steps in reversed order
+(index lengths[b] - 1 - t), runs forward over them and gathers the outputs back.  Used by
+tests/test_rnn.py and tests/test_rnn_bidir.py:
 
     out = torch_rnn(torch, "lstm", params, x, state, lengths, num_layers=2, dy=dy, dstate=dstate)
     out.y, out.state, out.grads, out.dx, out.dstate      # NumPy float64 arrays
@@ -63,14 +65,37 @@ def _step_rnn_plain(torch, p, x_t, h, c, eps, act):
     return act(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"]), None
 
 
+def _step_gru_plain(torch, p, x_t, h, c, eps, act, linear_before_reset=True):
+    H = h.shape[-1]
+    gx = x_t @ p["weight_ih"].T + p["bias"]                   # [r, z, n] blocks
+    w_hh = p["weight_hh"]
+    r = torch.sigmoid(gx[:, :H] + h @ w_hh[:H].T)
+    z = torch.sigmoid(gx[:, H:2 * H] + h @ w_hh[H:2 * H].T)
+    if linear_before_reset:
+        n = torch.tanh(gx[:, 2 * H:] + r * (h @ w_hh[2 * H:].T + p["bias_hn"]))
+    else:
+        n = torch.tanh(gx[:, 2 * H:] + (r * h) @ w_hh[2 * H:].T + p["bias_hn"])
+    return (1 - z) * n + z * h, None
+
+
+def _step_gru_plain_lbr_false(torch, p, x_t, h, c, eps, act):
+    return _step_gru_plain(torch, p, x_t, h, c, eps, act, linear_before_reset=False)
+
+
 _STEPS = {"rnn": _step_rnn, "lstm": _step_lstm, "gru": _step_gru,
-          "lstm_plain": _step_lstm_plain, "rnn_plain": _step_rnn_plain}
+          "lstm_plain": _step_lstm_plain, "rnn_plain": _step_rnn_plain,
+          "gru_plain": _step_gru_plain}
 
 
 def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, eps=1e-5,
-              nonlinearity="tanh", batch_first=False, dy=None, dstate=None, dtype=None):
+              nonlinearity="tanh", batch_first=False, dy=None, dstate=None, dtype=None,
+              bidirectional=False, linear_before_reset=True, reverse=False):
     """Forward (and, with ``dy`` given, backward) of ``cell`` in "rnn", "lstm", "gru",
-    "rnn_plain", "lstm_plain" (the plain cells ignore eps).
+    "rnn_plain", "lstm_plain", "gru_plain" (the plain cells ignore eps;
+    ``linear_before_reset`` is gru_plain's form of n).  With ``bidirectional`` the
+    states are (2 * num_layers, B, H), direction d of layer k at 2k + d, y has 2H
+    features, and the reverse direction's parameters are named ``..._reverse``.  With
+    ``reverse`` (unidirectional only) the one direction runs backwards in time.
 
     ``params``, ``x``, ``state`` (None, an array, or (h, c) for "lstm") and ``dy``/``dstate``
     are NumPy arrays.  Computes in ``dtype`` (default torch.float64).  Returns a namespace
@@ -86,16 +111,34 @@ def torch_rnn(torch, cell, params, x, state=None, lengths=None, num_layers=1, ep
     torch.set_num_threads(1)
     try:
         return _torch_rnn(torch, cell, params, x, state, lengths, num_layers, eps,
-                          nonlinearity, batch_first, dy, dstate, dtype)
+                          nonlinearity, batch_first, dy, dstate, dtype, bidirectional,
+                          linear_before_reset, reverse)
     finally:
         torch.set_num_threads(saved)
 
 
+def _reversal_index(torch, lengths_t, T):
+    """(T, B) index: lengths[b] - 1 - t for t < lengths[b], t after (a permutation of each
+    column that is its own inverse)."""
+    t = torch.arange(T)[:, None]
+    return torch.where(t < lengths_t[None, :], lengths_t[None, :] - 1 - t, t)
+
+
+def _reverse_time(torch, a, index):
+    """a (T, B, F) with each sequence's own steps reversed (the steps after its end kept)."""
+    return torch.gather(a, 0, index[:, :, None].expand(-1, -1, a.shape[2]))
+
+
 def _torch_rnn(torch, cell, params, x, state, lengths, num_layers, eps, nonlinearity,
-               batch_first, dy, dstate, dtype):
+               batch_first, dy, dstate, dtype, bidirectional=False, linear_before_reset=True,
+               reverse=False):
     dtype = torch.float64 if dtype is None else dtype
     lstm = cell.startswith("lstm")
     step = _STEPS[cell]
+    if cell == "gru_plain" and not linear_before_reset:
+        step = _step_gru_plain_lbr_false
+    directions = [("", False), ("_reverse", True)] if bidirectional else [("", reverse)]
+    D = len(directions)
     act = {"tanh": torch.tanh, "relu": torch.relu}[nonlinearity]
     want_grad = dy is not None
 
@@ -105,33 +148,37 @@ def _torch_rnn(torch, cell, params, x, state, lengths, num_layers, eps, nonlinea
     T, B = xs.shape[0], xs.shape[1]
     H = params["weight_hh_l0"].shape[1]
     if state is None:
-        state = (np.zeros((num_layers, B, H)),) * (2 if lstm else 1)
+        state = (np.zeros((D * num_layers, B, H)),) * (2 if lstm else 1)
     elif not lstm:
         state = (state,)
     S0 = [_tensor(torch, s, dtype, want_grad) for s in state]
-    if lengths is None:
-        alive = torch.ones((T, B, 1), dtype=torch.bool)
-    else:
-        lengths_t = torch.as_tensor(np.asarray(lengths))
-        alive = (torch.arange(T)[:, None] < lengths_t[None, :])[:, :, None]
+    lengths_t = torch.full((B,), T) if lengths is None else \
+        torch.as_tensor(np.asarray(lengths)).long()
+    alive = (torch.arange(T)[:, None] < lengths_t[None, :])[:, :, None]
+    rev = _reversal_index(torch, lengths_t, T)
 
     inp = xs
     h_n, c_n = [], []
     for k in range(num_layers):
-        suffix = "_l%d" % k
-        p = {name[:-len(suffix)]: t for name, t in P.items() if name.endswith(suffix)}
-        h = S0[0][k]
-        c = S0[1][k] if lstm else None
-        outs = []
-        for t in range(T):
-            h_new, c_new = step(torch, p, inp[t], h, c, eps, act)
-            h = torch.where(alive[t], h_new, h)
-            if lstm:
-                c = torch.where(alive[t], c_new, c)
-            outs.append(torch.where(alive[t], h, torch.zeros_like(h)))
-        inp = torch.stack(outs)
-        h_n.append(h)
-        c_n.append(c)
+        dir_outs = []
+        for d, (dir_suffix, backwards) in enumerate(directions):
+            suffix = "_l%d%s" % (k, dir_suffix)
+            p = {name[:-len(suffix)]: t for name, t in P.items() if name.endswith(suffix)}
+            h = S0[0][D * k + d]
+            c = S0[1][D * k + d] if lstm else None
+            seq = _reverse_time(torch, inp, rev) if backwards else inp
+            outs = []
+            for t in range(T):
+                h_new, c_new = step(torch, p, seq[t], h, c, eps, act)
+                h = torch.where(alive[t], h_new, h)
+                if lstm:
+                    c = torch.where(alive[t], c_new, c)
+                outs.append(torch.where(alive[t], h, torch.zeros_like(h)))
+            out = torch.stack(outs)
+            dir_outs.append(_reverse_time(torch, out, rev) if backwards else out)
+            h_n.append(h)
+            c_n.append(c)
+        inp = torch.cat(dir_outs, dim=-1)
     y = inp.transpose(0, 1) if batch_first else inp
     finals = [torch.stack(h_n)] + ([torch.stack(c_n)] if lstm else [])
 
