@@ -256,8 +256,8 @@ def _rnn_forward2(
     lengths: _Array | None,
     caches2: Sequence[_Array] | None,
     y: _Array,
-    h2: Sequence[_Array],
-    c2: Sequence[_Array] | None,
+    h2: Sequence[_Array] | _Array,
+    c2: Sequence[_Array] | _Array | None,
 ) -> int: ...
 def _rnn_backward(
     cell: str,
@@ -290,8 +290,8 @@ def _rnn_backward2(
     lengths: _Array | None,
     caches2: Sequence[_Array],
     dy: _Array,
-    dh2: Sequence[_Array],
-    dc2: Sequence[_Array] | None,
+    dh2: Sequence[_Array] | _Array,
+    dc2: Sequence[_Array] | _Array | None,
     dx: _Array | None,
     grads2: Sequence[Sequence[_Array]],
     works2: Sequence[_Array | None],

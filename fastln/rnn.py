@@ -1,5 +1,6 @@
 """Layer-normalized recurrent networks: LNRNN, LNLSTM and LNGRU, and the
-plain LSTM and RNN (the same engine without LayerNorm) as their baselines.
+plain LSTM, GRU and RNN (the same engine without LayerNorm) as their
+baselines, in one or both directions.
 
 The cells of Ba, Kiros & Hinton, "Layer Normalization" (2016): eq. 4 for the
 plain RNN and supplementary eqs. 20-28 for the LSTM and GRU, with one set of
@@ -15,10 +16,20 @@ for the weight gradients and dx. Python here only checks arguments and moves
 arrays between layers; nothing depends on the sequence length beyond the
 cache kept for backward, so a model runs on sequences of any length.
 
-All five models share one interface: ``forward`` (also ``model(x)``),
+All six models share one interface: ``forward`` (also ``model(x)``),
 ``backward``, ``step``, ``state_dict`` and ``load_state_dict``, with the
 parameters in the dict ``params`` and their gradients in ``grads``; LNLSTM,
-LSTM and RNN also have a ``from_torch`` constructor. A backward consumes the
+LSTM, GRU and RNN also have a ``from_torch`` constructor, and
+:func:`from_onnx` loads an ONNX LSTM, GRU or RNN node.
+
+``bidirectional=True`` runs every layer in both directions, as PyTorch does:
+the reverse direction of each sequence runs from its last valid step (per
+``lengths``) back to its first, y has 2H features (the forward direction's,
+then the reverse's), layer k+1 reads them, states are (2 * num_layers, B, H)
+with layer k's directions at 2k and 2k+1, and the reverse direction's
+parameters carry the suffix ``_reverse``. The two directions of a layer are
+independent and run side by side, each on half the threads, on the float32
+x86 paths. A backward consumes the
 cache of its forward: each ``forward`` (with ``cache=True``) serves one
 ``backward``, and a second backward without a new forward raises a
 RuntimeError (as in :class:`fastln.LayerNorm`). Data (x, dy, states) may be
@@ -72,7 +83,7 @@ _State = TypeVar("_State", _Array, Tuple[_Array, _Array])
 # a state argument: None for zeros; either part of (h, c) may be None too
 _StateArg = Union[None, npt.ArrayLike, Tuple[Optional[npt.ArrayLike], Optional[npt.ArrayLike]]]
 
-__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU"]
+__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx"]
 
 # per cell: the parameters of layer k in engine order, as (name, size in
 # units of H or None for a weight matrix, init), and the gate blocks G / H
@@ -421,12 +432,15 @@ class _LNRecurrent(Generic[_State]):
             autograd).
         state : ndarray or tuple of ndarray, optional
             The initial state, None for zeros. LNLSTM and LSTM: a tuple
-            ``(h, c)`` (either may be None); LNRNN, LNGRU and RNN: ``h``.
-            Each of shape (num_layers, B, hidden_size) and the model's float
-            type. It is not modified.
+            ``(h, c)`` (either may be None); LNRNN, LNGRU, GRU and RNN:
+            ``h``. Each of shape (D * num_layers, B, hidden_size), D = 2 if
+            bidirectional else 1, and the model's float type. It is not
+            modified.
         lengths : array_like of int, shape (B,), optional
             The length of each sequence of a padded batch, in [1, T]. After its
-            length a sequence holds its state and its output is 0.
+            length a sequence holds its state and its output is 0. The
+            padding of x must be finite: the weight gradients' products read
+            it (times 0).
         cache : bool, default True
             Keep what :meth:`backward` needs (about 11 H values per sequence,
             step and layer for LNLSTM), replacing the cache of an earlier
@@ -435,12 +449,15 @@ class _LNRecurrent(Generic[_State]):
 
         Returns
         -------
-        y : ndarray, shape (T, B, hidden_size), or (B, T, hidden_size) with batch_first
-            The top layer's output at every step, in the model's dtype.
+        y : ndarray, shape (T, B, D * hidden_size), or (B, T, D * hidden_size) with batch_first
+            The top layer's output at every step, in the model's dtype
+            (bidirectional: the forward direction's H features, then the
+            reverse direction's).
         state : ndarray or tuple of ndarray
             The final state, in the form of ``state`` (h, or (h, c) for
-            LNLSTM and LSTM), each (num_layers, B, hidden_size), new arrays.
-            With lengths, each sequence's state at its own last step.
+            LNLSTM and LSTM), each (D * num_layers, B, hidden_size), new
+            arrays. With lengths, each sequence's state at its own last step
+            (the reverse direction's: after its first step).
 
         Raises
         ------
@@ -452,7 +469,7 @@ class _LNRecurrent(Generic[_State]):
             numbers.
         ValueError
             x not 3-D with ``input_size`` features, or without a step or a
-            sequence; a state not of shape (num_layers, B, hidden_size);
+            sequence; a state not of shape (D * num_layers, B, hidden_size);
             lengths not of shape (B,) or outside [1, T]; a parameter in
             ``params`` missing or of the wrong shape.
 
@@ -515,7 +532,8 @@ class _LNRecurrent(Generic[_State]):
         dstate : ndarray or tuple of ndarray, optional
             The gradient with respect to the forward's final state, in the
             form of the state (h, or (h, c) for LNLSTM and LSTM, either part
-            may be None), each (num_layers, B, hidden_size); None for zeros.
+            may be None), each (D * num_layers, B, hidden_size); None for
+            zeros.
 
         Returns
         -------
@@ -614,7 +632,9 @@ class _LNRecurrent(Generic[_State]):
         Raises
         ------
         TypeError, ValueError
-            As :meth:`forward`, for x_t and state.
+            As :meth:`forward`, for x_t and state. ValueError also for a
+            bidirectional or reverse model, whose reverse direction needs the
+            whole sequence.
 
         Notes
         -----
@@ -692,14 +712,23 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
     seed : int or None, default None
         Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
         LN gains start at 1, LN biases and ``bias`` at 0.
+    bidirectional : bool, default False
+        Run every layer in both directions (see the module's notes): y has
+        2 * hidden_size features, states 2 * num_layers layers, and the
+        reverse direction's parameters the suffix ``_reverse``.
 
     Attributes
     ----------
     params : dict of ndarray
         ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}``,
         ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``, ``ln_hh_weight_l{k}``,
-        ``ln_hh_bias_l{k}`` (4H), ``ln_c_weight_l{k}``, ``ln_c_bias_l{k}`` (H).
+        ``ln_hh_bias_l{k}`` (4H), ``ln_c_weight_l{k}``, ``ln_c_bias_l{k}`` (H);
+        a bidirectional model also has each with the suffix ``_reverse``.
         May be updated in place or replaced (by arrays of these shapes).
+    reverse : bool
+        False; set it to True on a unidirectional model to run each sequence
+        from its last valid step back to its first (ONNX's
+        ``direction="reverse"``, the reverse half of a bidirectional layer).
     grads : dict of ndarray
         Filled by :meth:`backward` (zeros before).
 
@@ -713,7 +742,8 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
 
     Notes
     -----
-    The state is a tuple (h, c), each (num_layers, B, H).
+    The state is a tuple (h, c), each (D * num_layers, B, H), D = 2 if
+    bidirectional else 1.
 
     Examples
     --------
@@ -809,6 +839,8 @@ class LNGRU(_LNRecurrent[_Array]):
     dtype : {numpy.float32, numpy.float64}, default numpy.float32
     seed : int or None, default None
         As for :class:`LNLSTM`.
+    bidirectional : bool, default False
+        As for :class:`LNLSTM`.
 
     Attributes
     ----------
@@ -827,7 +859,7 @@ class LNGRU(_LNRecurrent[_Array]):
 
     Notes
     -----
-    The state is h, (num_layers, B, H).
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
 
     Examples
     --------
@@ -860,6 +892,8 @@ class LNRNN(_LNRecurrent[_Array]):
         As for :class:`LNLSTM`.
     nonlinearity : {"tanh", "relu"}, default "tanh"
         The f above.
+    bidirectional : bool, default False
+        As for :class:`LNLSTM`.
 
     Attributes
     ----------
@@ -876,7 +910,7 @@ class LNRNN(_LNRecurrent[_Array]):
 
     Notes
     -----
-    The state is h, (num_layers, B, H).
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
 
     Examples
     --------
@@ -978,6 +1012,8 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
     seed : int or None, default None
         Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
         ``bias`` starts at 0 (as in LNLSTM, so that the two compare fairly).
+    bidirectional : bool, default False
+        As for :class:`LNLSTM`.
 
     Attributes
     ----------
@@ -1015,9 +1051,10 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         Parameters
         ----------
         module : torch.nn.LSTM
-            Unidirectional, without ``proj_size``, float32 or float64. Its
-            ``bias_ih_l{k} + bias_hh_l{k}`` become ``bias_l{k}``; ``batch_first``
-            is kept; dropout between layers is not applied (a warning says so).
+            Without ``proj_size``, float32 or float64. Its ``bias_ih_l{k} +
+            bias_hh_l{k}`` become ``bias_l{k}`` (and likewise with the suffix
+            ``_reverse``); ``batch_first`` and ``bidirectional`` are kept;
+            dropout between layers is not applied (a warning says so).
 
         Returns
         -------
@@ -1029,7 +1066,7 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         TypeError
             module is not a ``torch.nn.LSTM``, or not float32 or float64.
         ValueError
-            module is bidirectional or has ``proj_size``.
+            module has ``proj_size``.
 
         Warns
         -----
@@ -1073,6 +1110,8 @@ class RNN(_Plain[_Array]):
         As for :class:`LSTM`.
     nonlinearity : {"tanh", "relu"}, default "tanh"
         The f above.
+    bidirectional : bool, default False
+        As for :class:`LSTM`.
 
     Attributes
     ----------
@@ -1088,7 +1127,7 @@ class RNN(_Plain[_Array]):
 
     Notes
     -----
-    The state is h, (num_layers, B, H).
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
 
     Examples
     --------
@@ -1313,3 +1352,6 @@ def _lnlstm_from_torch(cls: Type[_M], module: Any, eps: Optional[float] = None) 
         new.update({f"{name}_l{k}": _torch.to_numpy(v) for name, v in params.items()})
     model.load_state_dict(new)
     return model
+
+
+from ._onnx import from_onnx  # noqa: E402  (after the classes it builds; onnx loads on call)

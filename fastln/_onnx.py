@@ -1,0 +1,369 @@
+"""Loading the recurrent node of an ONNX graph (LSTM, GRU or RNN) into the
+matching plain model of :mod:`fastln.rnn`: :func:`from_onnx`.
+
+onnx is an optional dependency (``pip install fastln[onnx]``): it is imported
+on the first call, never by ``import fastln``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+_Array = npt.NDArray[Any]
+
+# per operator: the gate blocks G, the default activations of one direction,
+# and the attributes it may carry
+_OPS: Dict[str, Tuple[int, Tuple[str, ...], Tuple[str, ...]]] = {
+    "LSTM": (4, ("sigmoid", "tanh", "tanh"), ("input_forget",)),
+    "GRU": (3, ("sigmoid", "tanh"), ("linear_before_reset",)),
+    "RNN": (1, ("tanh",), ()),
+}
+_COMMON_ATTRIBUTES = ("activation_alpha", "activation_beta", "activations", "clip",
+                      "direction", "hidden_size", "layout")
+_INPUTS = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
+
+# fastln's gate blocks, as indices of ONNX's: the LSTM's [i, o, f, c] become
+# [i, f, g, o] (g is ONNX's c), the GRU's [z, r, h] become [r, z, n]
+_LSTM_ORDER = (0, 2, 3, 1)
+_GRU_ORDER = (1, 0, 2)
+
+
+def _import_onnx() -> Any:
+    try:
+        import onnx
+        import onnx.numpy_helper  # noqa: F401  (a submodule: import it explicitly)
+    except ImportError as e:
+        raise ImportError(f"fastln.rnn.from_onnx needs the onnx package: "
+                          f"pip install fastln[onnx] ({e})") from None
+    return onnx
+
+
+def _describe(node: Any, index: int) -> str:
+    name = repr(node.name) if node.name else f"<unnamed, node {index}>"
+    return f"{name} ({node.op_type})"
+
+
+def _find_node(graph: Any, name: Optional[str]) -> Any:
+    """The graph's LSTM, GRU or RNN node: the only one, or the one named name."""
+    nodes = list(graph.node)
+    recurrent = [(i, n) for i, n in enumerate(nodes)
+                 if n.op_type in _OPS and n.domain in ("", "ai.onnx")]
+    if name is not None:
+        for n in nodes:
+            if n.name == name:
+                if n.op_type not in _OPS or n.domain not in ("", "ai.onnx"):
+                    raise ValueError(f"node {name!r} is a {n.domain + '.' if n.domain else ''}"
+                                     f"{n.op_type} node, not an LSTM, GRU or RNN node")
+                return n
+        listed = ", ".join(_describe(n, i) for i, n in recurrent) or "none"
+        raise ValueError(f"node {name!r} is not in the graph; its LSTM, GRU and RNN nodes: "
+                         f"{listed}")
+    if len(recurrent) == 1:
+        return recurrent[0][1]
+    if not recurrent:
+        listed = ", ".join(_describe(n, i) for i, n in enumerate(nodes)) or "none"
+        raise ValueError(f"model has no LSTM, GRU or RNN node (its nodes: {listed})")
+    listed = ", ".join(_describe(n, i) for i, n in recurrent)
+    raise ValueError(f"model has {len(recurrent)} LSTM, GRU and RNN nodes: {listed}; "
+                     f"pass node= one of their names")
+
+
+def _constant(onnx: Any, graph: Any, name: str, what: str) -> _Array:
+    """The value of the tensor called name: a graph initializer or the output
+    of a Constant node."""
+    for t in graph.initializer:
+        if t.name == name:
+            return np.asarray(onnx.numpy_helper.to_array(t))
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and name in n.output:
+            for a in n.attribute:
+                if a.name == "value":
+                    return np.asarray(onnx.numpy_helper.to_array(a.t))
+                if a.name in ("value_float", "value_floats"):
+                    return np.asarray(onnx.helper.get_attribute_value(a), np.float32)
+            raise ValueError(f"input {what} ({name!r}) is a Constant node without a dense "
+                             f"tensor value")
+    raise ValueError(f"input {what} ({name!r}) must be a graph initializer or a Constant "
+                     f"node: fastln reads the weights when it builds the model")
+
+
+def _attributes(onnx: Any, node: Any) -> Dict[str, Any]:
+    allowed = _COMMON_ATTRIBUTES + _OPS[node.op_type][2]
+    out: Dict[str, Any] = {}
+    for a in node.attribute:
+        if a.name not in allowed:
+            raise ValueError(f"attribute {a.name!r} is not one of the {node.op_type} "
+                             f"operator's: {', '.join(allowed)}")
+        value = onnx.helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list):
+            value = [v.decode() if isinstance(v, bytes) else v for v in value]
+        out[a.name] = value
+    return out
+
+
+def _check_dtype(name: str, a: _Array, dtype: Optional[np.dtype[Any]]) -> np.dtype[Any]:
+    if a.dtype not in (np.float32, np.float64):
+        raise TypeError(f"input {name} has dtype {a.dtype}; fastln's RNN engine runs float32 "
+                        f"or float64: convert the model first")
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"input {name} has dtype {a.dtype}, but W has {dtype}")
+    return a.dtype
+
+
+def _check_shape(name: str, a: _Array, shape: Tuple[int, ...], form: str) -> None:
+    if a.shape != shape:
+        raise ValueError(f"input {name} must have shape {form} = {shape}, got {a.shape}")
+
+
+def from_onnx(model: Any, node: Optional[str] = None) -> Any:
+    """A fastln LSTM, GRU or RNN equivalent to an ONNX graph's recurrent node.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, str or os.PathLike
+        The model, or the path of a ``.onnx`` file (read with ``onnx.load``,
+        external data included).
+    node : str, optional
+        The name of the LSTM, GRU or RNN node to load; it may be left out
+        when the graph has exactly one such node. Only the top-level graph is
+        searched, not the bodies of If, Loop or Scan nodes.
+
+    Returns
+    -------
+    LSTM, GRU or RNN
+        A one-layer plain model (:class:`fastln.rnn.LSTM`, :class:`GRU` or
+        :class:`RNN`) with the node's weights, in their dtype (float32 or
+        float64): ``bidirectional=True`` for ``direction="bidirectional"``,
+        ``batch_first=True`` for ``layout=1``, the GRU's
+        ``linear_before_reset`` and the RNN's ``nonlinearity`` ("relu" for
+        ``activations=["Relu"]``) as in the node. For
+        ``direction="reverse"`` it is a unidirectional model with
+        ``reverse = True``: its one direction runs from each sequence's last
+        step back to its first, and its parameters keep the unsuffixed names.
+
+    Raises
+    ------
+    ImportError
+        onnx is not installed (``pip install fastln[onnx]``).
+    TypeError
+        model is neither a ModelProto nor a path; node is not a str; the
+        weights are not float32 or float64 (float16: convert the model
+        first), or not all of one dtype.
+    ValueError
+        The graph has no LSTM, GRU or RNN node, several and no ``node``, or
+        none named ``node``; W, R, B or P is not an initializer or Constant,
+        or has the wrong shape; the node uses what fastln's cells do not
+        have: peepholes (an input P that is not all zeros), ``clip``,
+        ``input_forget=1``, activations other than the defaults (LSTM:
+        Sigmoid, Tanh, Tanh; GRU: Sigmoid, Tanh; RNN: Tanh, or Relu for
+        every direction), ``activation_alpha`` or ``activation_beta``, or a
+        ``layout`` other than 0 and 1. The message names the input or
+        attribute.
+
+    Notes
+    -----
+    The weights map onto fastln's parameters (suffix ``_reverse`` for the
+    second direction of a bidirectional node): W[d] becomes ``weight_ih_l0``,
+    R[d] ``weight_hh_l0``, with the gate blocks reordered from ONNX's
+    [i, o, f, c] to the LSTM's [i, f, g, o] and from [z, r, h] to the GRU's
+    [r, z, n]. Of B[d] = [Wb, Rb], the LSTM and RNN get
+    ``bias_l0 = Wb + Rb``; the GRU gets ``bias_l0 = [Wb_r + Rb_r,
+    Wb_z + Rb_z, Wb_h]`` and ``bias_hn_l0 = Rb_h`` (sums in float64, rounded
+    once).
+
+    The node's other inputs are arguments of ``forward(x, state, lengths)``:
+
+    ========================== ==============================================
+    ONNX                       fastln
+    ========================== ==============================================
+    X (T, B, I)                x (T, B, I); layout=1: both (B, T, I)
+    sequence_lens (B,)         ``lengths``
+    initial_h (D, B, H)        state h, (D, B, H) (one layer: index d is the
+                               direction); layout=1: initial_h is (B, D, H),
+                               so h = ``initial_h.transpose(1, 0, 2)``
+    initial_c (D, B, H)        the LSTM's state ``(h, c)``: c as h
+    Y (T, D, B, H)             ``y.reshape(T, B, D, H).transpose(0, 2, 1, 3)``
+                               for y (T, B, D*H); layout=1: Y (B, T, D, H) =
+                               ``y.reshape(B, T, D, H)``
+    Y_h (D, B, H)              the final h; layout=1: ``h.transpose(1, 0, 2)``
+    Y_c (D, B, H)              the LSTM's final c, as Y_h
+    ========================== ==============================================
+
+    with D = 2 for a bidirectional node, else 1. As in ONNX Runtime, Y is 0
+    past each sequence's length, and a reverse direction starts at its
+    sequence's last valid step.
+
+    Examples
+    --------
+    A bidirectional ONNX LSTM, built in memory, and ONNX's reference
+    implementation of it:
+
+    >>> import numpy as np
+    >>> import onnx
+    >>> from onnx import TensorProto, helper, numpy_helper
+    >>> from onnx.reference import ReferenceEvaluator
+    >>> from fastln.rnn import from_onnx
+    >>> T, B, I, H, D = 5, 2, 3, 4, 2
+    >>> rng = np.random.default_rng(0)
+    >>> W = rng.normal(0, 0.3, (D, 4 * H, I)).astype(np.float32)
+    >>> R = rng.normal(0, 0.3, (D, 4 * H, H)).astype(np.float32)
+    >>> Bias = rng.normal(0, 0.3, (D, 8 * H)).astype(np.float32)
+    >>> lstm = helper.make_node("LSTM", ["X", "W", "R", "B", "", "h0", "c0"],
+    ...                         ["Y", "Y_h", "Y_c"], name="lstm", hidden_size=H,
+    ...                         direction="bidirectional")
+    >>> graph = helper.make_graph(
+    ...     [lstm], "g",
+    ...     [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+    ...      for n in ("X", "h0", "c0")],
+    ...     [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+    ...      for n in ("Y", "Y_h", "Y_c")],
+    ...     [numpy_helper.from_array(W, "W"), numpy_helper.from_array(R, "R"),
+    ...      numpy_helper.from_array(Bias, "B")])
+    >>> model = helper.make_model(graph)
+    >>> m = from_onnx(model)
+    >>> m
+    LSTM(input_size=3, hidden_size=4, num_layers=1, batch_first=False, dtype=float32,
+        bidirectional=True)
+    >>> x = rng.standard_normal((T, B, I)).astype(np.float32)
+    >>> h0 = rng.standard_normal((D, B, H)).astype(np.float32)
+    >>> c0 = rng.standard_normal((D, B, H)).astype(np.float32)
+    >>> y, (h, c) = m.forward(x, (h0, c0))
+    >>> Y = y.reshape(T, B, D, H).transpose(0, 2, 1, 3)       # ONNX's (T, D, B, H)
+    >>> Y_ref, Yh_ref, Yc_ref = ReferenceEvaluator(model).run(
+    ...     None, {"X": x, "h0": h0, "c0": c0})
+    >>> [bool(np.allclose(a, b, atol=1e-5)) for a, b in [(Y, Y_ref), (h, Yh_ref), (c, Yc_ref)]]
+    [True, True, True]
+    """
+    onnx = _import_onnx()
+    from .rnn import GRU, LSTM, RNN  # not at the top: fastln.rnn imports this module
+
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    elif not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model must be an onnx.ModelProto or the path of a .onnx file, "
+                        f"got {type(model).__name__}")
+    if node is not None and not isinstance(node, str):
+        raise TypeError(f"node must be a node's name (str) or None, got {type(node).__name__}")
+    graph = model.graph
+    n = _find_node(graph, node)
+    op = n.op_type
+    G, default_acts, _ = _OPS[op]
+    attrs = _attributes(onnx, n)
+
+    direction = attrs.get("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ValueError(f"attribute direction must be 'forward', 'reverse' or "
+                         f"'bidirectional', got {direction!r}")
+    D = 2 if direction == "bidirectional" else 1
+    layout = attrs.get("layout", 0)
+    if layout not in (0, 1):
+        raise ValueError(f"attribute layout must be 0 or 1, got {layout!r}")
+    if "clip" in attrs:
+        raise ValueError(f"attribute clip ({attrs['clip']}) is not supported: fastln's cells "
+                         f"do not clip their gates")
+    for name in ("activation_alpha", "activation_beta"):
+        if name in attrs:
+            raise ValueError(f"attribute {name} is not supported: fastln's activations "
+                             f"take no parameters")
+    if attrs.get("input_forget", 0) != 0:
+        raise ValueError(f"attribute input_forget={attrs['input_forget']} is not supported "
+                         f"(coupled input and forget gates)")
+    lbr = attrs.get("linear_before_reset", 0)
+    if lbr not in (0, 1):
+        raise ValueError(f"attribute linear_before_reset must be 0 or 1, got {lbr!r}")
+    nonlinearity = "tanh"
+    if "activations" in attrs:
+        acts = [str(a).lower() for a in attrs["activations"]]
+        per = [tuple(acts[d * len(default_acts):(d + 1) * len(default_acts)])
+               for d in range(D)]
+        allowed = [default_acts] + ([("relu",)] if op == "RNN" else [])
+        if len(acts) != D * len(default_acts) or any(p not in allowed for p in per):
+            want = ", ".join(a.capitalize() for a in default_acts)
+            also = " (or Relu)" if op == "RNN" else ""
+            raise ValueError(f"attribute activations={attrs['activations']} is not supported: "
+                             f"fastln's {op} runs {want}{also} per direction, with "
+                             f"num_directions = {D}")
+        if len(set(per)) > 1:
+            raise ValueError(f"attribute activations={attrs['activations']} is not supported: "
+                             f"the two directions must use the same activation")
+        if op == "RNN" and per[0] == ("relu",):
+            nonlinearity = "relu"
+
+    names = list(n.input) + [""] * (len(_INPUTS) - len(n.input))
+    if len(n.input) > len(_INPUTS) or len(n.input) < 3 or not names[1] or not names[2]:
+        raise ValueError(f"node {n.name!r} must have the inputs X, W, R (and optionally "
+                         f"{', '.join(_INPUTS[3:])}), got {list(n.input)}")
+    given = dict(zip(_INPUTS, names))
+    W = _constant(onnx, graph, given["W"], "W")
+    dtype = _check_dtype("W", W, None)
+    if W.ndim != 3 or W.shape[0] != D or W.shape[1] % G or W.shape[1] == 0 or W.shape[2] == 0:
+        raise ValueError(f"input W must have shape (num_directions, {G}*hidden_size, "
+                         f"input_size) with num_directions = {D} for direction={direction!r}, "
+                         f"got {W.shape}")
+    H, I = W.shape[1] // G, W.shape[2]
+    if "hidden_size" in attrs and attrs["hidden_size"] != H:
+        raise ValueError(f"attribute hidden_size={attrs['hidden_size']} does not match W, "
+                         f"whose shape {W.shape} gives {H}")
+    R = _constant(onnx, graph, given["R"], "R")
+    _check_dtype("R", R, dtype)
+    _check_shape("R", R, (D, G * H, H), "(num_directions, G*H, H)")
+    if given["B"]:
+        bias = _constant(onnx, graph, given["B"], "B")
+        _check_dtype("B", bias, dtype)
+        _check_shape("B", bias, (D, 2 * G * H), "(num_directions, 2*G*H)")
+    else:
+        bias = np.zeros((D, 2 * G * H), dtype)
+    if given["P"]:
+        if op != "LSTM":
+            raise ValueError(f"input P is an LSTM's; {op} has no such input")
+        P = _constant(onnx, graph, given["P"], "P")
+        _check_dtype("P", P, dtype)
+        _check_shape("P", P, (D, 3 * H), "(num_directions, 3*H)")
+        if np.any(P != 0):
+            raise ValueError("input P (peephole weights) is not supported: fastln's LSTM has "
+                             "no peepholes; only an all-zero P loads")
+
+    extra: Dict[str, Any] = {}
+    cls: Any
+    if op == "LSTM":
+        cls = LSTM
+    elif op == "GRU":
+        cls = GRU
+        extra["linear_before_reset"] = bool(lbr)
+    else:
+        cls = RNN
+        extra["nonlinearity"] = nonlinearity
+    m = cls(I, H, 1, batch_first=layout == 1, dtype=dtype, bidirectional=D == 2, **extra)
+    state = m.state_dict()
+    for d in range(D):
+        suffix = "_reverse" if d == 1 else ""
+        w, r = W[d], R[d]
+        wb, rb = (bias[d, :G * H].astype(np.float64), bias[d, G * H:].astype(np.float64))
+        params: List[Tuple[str, _Array]]
+        if op == "LSTM":
+            w, r, b = (_blocks(a, _LSTM_ORDER) for a in (w, r, wb + rb))
+            params = [("weight_ih", w), ("weight_hh", r), ("bias", b)]
+        elif op == "GRU":
+            w, r = _blocks(w, _GRU_ORDER), _blocks(r, _GRU_ORDER)
+            (wz, wr, wh), (rz, rr, rh) = np.split(wb, 3), np.split(rb, 3)
+            params = [("weight_ih", w), ("weight_hh", r),
+                      ("bias", np.concatenate([wr + rr, wz + rz, wh])), ("bias_hn", rh)]
+        else:
+            params = [("weight_ih", w), ("weight_hh", r), ("bias", wb + rb)]
+        for name, value in params:
+            state[f"{name}_l0{suffix}"] = value
+    m.load_state_dict(state)
+    if direction == "reverse":
+        m.reverse = True
+    return m
+
+
+def _blocks(a: _Array, order: Tuple[int, ...]) -> _Array:
+    """a's gate blocks (equal parts along axis 0) in the given order."""
+    parts = np.split(a, len(order))
+    return np.concatenate([parts[i] for i in order])
