@@ -196,7 +196,9 @@ typedef struct {
     int stop;               /* set when the first direction was interrupted */
 } direction_job;
 
+#if HAVE_PTHREADS
 static int stop_requested(void *ctx) { return __atomic_load_n((int *)ctx, __ATOMIC_ACQUIRE); }
+#endif
 
 static void *run_direction(void *p)
 {
@@ -210,31 +212,28 @@ static void *run_direction(void *p)
  * its own, is not called from two threads at once), and the layer is large
  * enough to pay for starting a thread. Each direction then avoids half of the
  * per-step barriers and keeps its own weights in its own cores' caches. */
+#if HAVE_PTHREADS
 static int concurrent(const fastln_rnn_args *a, int f32, int nt)
 {
-#if HAVE_PTHREADS
     fastln_rnn_layout L;
     fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
     int64_t work = a->steps * a->batch * L.G * (a->input + a->hidden);
     return nt >= 2 && f32 && fastln_kernels() != &fastln_kernels_generic && work >= (1 << 21);
-#else
-    (void)a; (void)f32; (void)nt;
-    return 0;
-#endif
 }
+#endif
 
 /* Runs fn on a[0] and a[1] (dx1: a[1]'s dx), side by side or in turn. */
 static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int f32)
 {
     direction_job j = {fn, a[1], 1, FASTLN_OK, 0};
     j.args.dx = dx1;
+#if HAVE_PTHREADS
     int nt = fastln_get_num_threads();
     if (concurrent(a, f32, nt)) {
         int n0 = rnn_threads(a) > 1 ? nt / 2 : 1;
         j.nt = rnn_threads(&a[1]) > 1 ? nt - nt / 2 : 1;
         j.args.interrupt = stop_requested;
         j.args.interrupt_ctx = &j.stop;
-#if HAVE_PTHREADS
         pthread_t th;
         if (pthread_create(&th, NULL, run_direction, &j) == 0) {
             int rc = fn(a, n0);
@@ -242,10 +241,12 @@ static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int f32)
             pthread_join(th, NULL);
             return rc ? rc : j.rc == FASTLN_EINTR ? FASTLN_OK : j.rc;
         }
-#endif
-        j.args.interrupt = a[1].interrupt;
+        j.args.interrupt = a[1].interrupt;   /* no thread: in turn */
         j.args.interrupt_ctx = a[1].interrupt_ctx;
     }
+#else
+    (void)f32;
+#endif
     int rc = fn(a, rnn_threads(a));
     if (rc) return rc;
     j.nt = rnn_threads(&a[1]);
@@ -268,6 +269,7 @@ static int check_pair(const fastln_rnn_args a[2], int backward)
 static void add_into(void *dst, const void *src, int64_t n, int f32)
 {
     int nt = n >= (1 << 16) ? fastln_get_num_threads() : 1;
+    (void)nt;   /* unused in a serial build */
     if (f32) {
         float *d = (float *)dst;
         const float *s = (const float *)src;

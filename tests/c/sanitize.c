@@ -5,8 +5,9 @@
  *    and bfloat16 storage too) and ISA path; rows of 1 to 4099 elements, 0 to 3100 rows (the largest past the
  *    streaming-store threshold), in place and not, 1 and 3 threads;
  *  - the LN-RNN engine (fastln_rnn.h): every cell, ISA path and dtype; odd
- *    sizes, B = 1, lengths, 1 and 3 threads; forward with and without a
- *    cache, backward with and without the caller's scratch;
+ *    sizes, B = 1, lengths, 1 and 3 threads; one direction, reversed, and
+ *    both (forward2/backward2); forward with and without a cache, backward
+ *    with and without the caller's scratch;
  *  - the cache of large outputs (pool.h): blocks of every size class
  *    allocated, written to their last byte, resized, freed and reused from 3
  *    threads at once while the limit changes; every block released at the
@@ -26,39 +27,57 @@ static void *fill(size_t n, size_t es, unsigned seed) {
     return p;
 }
 
-static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, int lens) {
+/* One layer of cell forward (without and with a cache) and backward (without
+ * and with the caller's scratch). dirs: 0 one direction, 1 reversed, 2 both
+ * (fastln_rnn_forward2/backward2, y and dy (T, B, 2H)). */
+static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, int lens, int dirs) {
     size_t es = f64 ? 8 : 4;
-    int base = cell & ~FASTLN_CELL_PLAIN;
+    int base = cell & ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST), nd = dirs == 2 ? 2 : 1;
     int64_t G = (base == FASTLN_CELL_LSTM ? 4 : base == FASTLN_CELL_GRU ? 3 : 1) * H;
     int64_t sizes[10]; int np;
-    if (cell & FASTLN_CELL_PLAIN) { int64_t s[] = {G*I, G*H, G}; np = 3; memcpy(sizes, s, sizeof s); }
+    if ((cell & FASTLN_CELL_PLAIN) && base == FASTLN_CELL_GRU) { int64_t s[] = {G*I, G*H, G, H}; np = 4; memcpy(sizes, s, sizeof s); }
+    else if (cell & FASTLN_CELL_PLAIN) { int64_t s[] = {G*I, G*H, G}; np = 3; memcpy(sizes, s, sizeof s); }
     else if (cell == FASTLN_CELL_LSTM) { int64_t s[] = {G*I, G*H, G, G, G, G, G, H, H}; np = 9; memcpy(sizes, s, sizeof s); }
     else if (cell == FASTLN_CELL_GRU) { int64_t s[] = {G*I, G*H, 2*H, 2*H, 2*H, 2*H, H, H, H, H}; np = 10; memcpy(sizes, s, sizeof s); }
     else { int64_t s[] = {G*I, G*H, H, H}; np = 4; memcpy(sizes, s, sizeof s); }
-    fastln_rnn_args a; memset(&a, 0, sizeof a);
-    a.cell = cell; a.steps = T; a.batch = B; a.input = I; a.hidden = H; a.eps = 1e-5;
-    void *params[10], *grads[10];
-    for (int k = 0; k < np; k++) { params[k] = fill(sizes[k], es, k + 1); grads[k] = malloc(sizes[k] * es); a.params[k] = params[k]; a.grads[k] = grads[k]; }
     int64_t *len = NULL;
-    if (lens) { len = malloc(B * 8); for (int64_t b = 0; b < B; b++) len[b] = 1 + (b * 7) % T; a.lengths = len; }
-    void *x = fill(T * B * I, es, 11), *y = malloc(T * B * H * es), *h = fill(B * H, es, 12), *c = fill(B * H, es, 13);
-    int64_t cs = fastln_rnn_cache_size(cell, T, B, H);
-    void *cache = malloc(cs * es);
-    a.x = x; a.y = y; a.h = h; a.c = c; a.cache = NULL;
-    int rc = f64 ? fastln_rnn_forward_f64(&a) : fastln_rnn_forward_f32(&a);   /* inference */
-    { void *h0 = fill(B * H, es, 12); memcpy(h, h0, B * H * es); free(h0); }
-    a.cache = cache;
-    rc |= f64 ? fastln_rnn_forward_f64(&a) : fastln_rnn_forward_f32(&a);
-    void *dy = fill(T * B * H, es, 14), *dx = malloc(T * B * I * es), *dh = fill(B * H, es, 15), *dc = fill(B * H, es, 16);
-    int64_t ws = fastln_rnn_work_size(cell, T, B, H);
-    void *work = malloc(ws * es);
-    a.dy = dy; a.dx = dx; a.dh = dh; a.dc = dc;
-    for (int w = 0; w < 2; w++) {
-        a.work = w ? work : NULL;
-        rc |= f64 ? fastln_rnn_backward_f64(&a) : fastln_rnn_backward_f32(&a);
+    if (lens) { len = malloc(B * 8); for (int64_t b = 0; b < B; b++) len[b] = 1 + (b * 7) % T; }
+    void *x = fill(T * B * I, es, 11), *y = malloc(T * B * H * nd * es), *dy = fill(T * B * H * nd, es, 14);
+    void *dx = malloc(T * B * I * es);
+    int64_t cs = fastln_rnn_cache_size(cell, T, B, H), ws = fastln_rnn_work_size(cell, T, B, H);
+    fastln_rnn_args a[2];
+    void *params[2][10], *grads[2][10], *h[2], *c[2], *cache[2], *dh[2], *dc[2], *work[2];
+    for (int d = 0; d < nd; d++) {
+        memset(&a[d], 0, sizeof a[d]);
+        a[d].cell = cell; a[d].steps = T; a[d].batch = B; a[d].input = I; a[d].hidden = H; a[d].eps = 1e-5;
+        for (int k = 0; k < np; k++) { params[d][k] = fill(sizes[k], es, k + 1 + d); grads[d][k] = malloc(sizes[k] * es); a[d].params[k] = params[d][k]; a[d].grads[k] = grads[d][k]; }
+        h[d] = fill(B * H, es, 12); c[d] = fill(B * H, es, 13); cache[d] = malloc(cs * es);
+        dh[d] = fill(B * H, es, 15); dc[d] = fill(B * H, es, 16); work[d] = malloc(ws * es);
+        a[d].lengths = len; a[d].reverse = dirs == 1 || d == 1; a[d].ldy = nd * H;
+        a[d].x = x; a[d].y = (char *)y + d * H * es; a[d].h = h[d]; a[d].c = c[d];
+        a[d].dy = (char *)dy + d * H * es; a[d].dx = dx; a[d].dh = dh[d]; a[d].dc = dc[d];
     }
-    for (int k = 0; k < np; k++) { free(params[k]); free(grads[k]); }
-    free(len); free(x); free(y); free(h); free(c); free(cache); free(dy); free(dx); free(dh); free(dc); free(work);
+#define FWD() (nd == 2 ? (f64 ? fastln_rnn_forward2_f64(a) : fastln_rnn_forward2_f32(a)) \
+                       : (f64 ? fastln_rnn_forward_f64(a) : fastln_rnn_forward_f32(a)))
+#define BWD() (nd == 2 ? (f64 ? fastln_rnn_backward2_f64(a) : fastln_rnn_backward2_f32(a)) \
+                       : (f64 ? fastln_rnn_backward_f64(a) : fastln_rnn_backward_f32(a)))
+    int rc = FWD();   /* inference */
+    for (int d = 0; d < nd; d++) {
+        void *h0 = fill(B * H, es, 12); memcpy(h[d], h0, B * H * es); free(h0);
+        a[d].cache = cache[d];
+    }
+    rc |= FWD();
+    for (int w = 0; w < 2; w++) {
+        for (int d = 0; d < nd; d++) a[d].work = w ? work[d] : NULL;
+        rc |= BWD();
+    }
+#undef FWD
+#undef BWD
+    for (int d = 0; d < nd; d++) {
+        for (int k = 0; k < np; k++) { free(params[d][k]); free(grads[d][k]); }
+        free(h[d]); free(c[d]); free(cache[d]); free(dh[d]); free(dc[d]); free(work[d]);
+    }
+    free(len); free(x); free(y); free(dy); free(dx);
     return rc;
 }
 
@@ -155,15 +174,17 @@ int main(void) {
     for (int i = 0; i < 3; i++) {
         if (!fastln_isa_supported(isas[i])) continue;
         fastln_set_isa(isas[i]);
-        /* the LN cells, then the plain RNN (tanh, relu) and LSTM */
-        for (int cell = 0; cell < 11; cell = cell == 3 ? 8 : cell + 1)
+        /* the LN cells, then the plain RNN (tanh, relu), LSTM and GRU (both forms) */
+        int cells[] = {0, 1, 2, 3, 8, 9, 10, 11, 11 | FASTLN_CELL_RESET_FIRST};
+        for (int ci = 0; ci < 9; ci++)
             for (int f64 = 0; f64 < 2; f64++)
                 for (int lens = 0; lens < 2; lens++) {
                     int64_t cfg[][4] = {{1, 1, 1, 1}, {5, 1, 3, 40}, {7, 3, 5, 37}, {3, 9, 2, 33}, {9, 34, 17, 64}, {2, 2, 300, 8}};
                     for (int q = 0; q < 6; q++) {
                         for (int nt = 1; nt <= 3; nt += 2) {
                             fastln_set_num_threads(nt);
-                            bad |= run(cell, cfg[q][0], cfg[q][1], cfg[q][2], cfg[q][3], f64, lens);
+                            bad |= run(cells[ci], cfg[q][0], cfg[q][1], cfg[q][2], cfg[q][3],
+                                       f64, lens, (q + lens) % 3);
                             n++;
                         }
                     }
