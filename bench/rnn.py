@@ -17,6 +17,12 @@ Cases:
 - Streaming, T=1000, B=1, I=64, H=128: forward (fastln cache=False, torch
   no_grad) and the per-call time of fastln's m.step(x_t, state) on B=1 (the
   eager peer's one-step cell is shown for context).
+- The other models at T=100, B=32, I=128, H=256, forward (cache=False,
+  no_grad) and forward+backward: GRU and LNGRU against torch.nn.GRU, RNN and
+  LNRNN against torch.nn.RNN, bidirectional LSTM and LNLSTM against
+  torch.nn.LSTM(bidirectional=True). The plain models are loaded from the
+  torch module (from_torch) and their y checked against it over the first
+  10 steps.
 
 Timing follows bench/harness.py: medians per call, the
 peers timed in turns in one process on the same thread count, ratios of
@@ -51,10 +57,11 @@ from fastln import _selfcheck  # noqa: E402
 torch = harness._torch           # None when torch is not installed
 
 try:
+    from fastln import rnn as fastln_rnn  # noqa: E402
     from fastln.rnn import LNLSTM  # noqa: E402
     RNN_IMPORT_ERROR = None
 except Exception as e:          # not landed yet, or broken
-    LNLSTM = None
+    LNLSTM = fastln_rnn = None
     RNN_IMPORT_ERROR = f"{type(e).__name__}: {e}"
 
 EPS = 1e-5
@@ -74,6 +81,15 @@ TARGETS = {
     "stream_eager_over_fastln": ("ge", 10.0),
     "step_us": ("le", 10.0),
 }
+
+# the other models: (name, fastln class, from_torch?, torch class, bidirectional)
+MODELS = [("GRU", "GRU", True, "GRU", False), ("LNGRU", "LNGRU", False, "GRU", False),
+          ("RNN", "RNN", True, "RNN", False), ("LNRNN", "LNRNN", False, "RNN", False),
+          ("LSTM bidir", "LSTM", True, "LSTM", True),
+          ("LNLSTM bidir", "LNLSTM", False, "LSTM", True)]
+# targets on fastln/torch time, per model and part
+MODEL_TARGETS = {("GRU", "fwd"): 0.8, ("GRU", "fwdbwd"): 0.8,
+                 ("LNLSTM bidir", "fwd"): 1.1, ("LNLSTM bidir", "fwdbwd"): 1.0}
 
 
 # ---- the PyTorch eager LN-LSTM peer -------------------------------------------
@@ -377,7 +393,65 @@ def _bench_threads(n, kw, seed=0):
         tm.update(_selfcheck.time_peers(steps, gap=gap, groups=groups, **kw))
 
     res["ratios"] = _ratios(tm)
+    if fastln_rnn is not None and have_torch:
+        res["models"] = _bench_models(checks, gap, kw, seed)
     return res
+
+
+def _bench_models(checks, gap, kw, seed):
+    """MODELS at LSTM_CASE: {name: {part: (fastln s, torch s)}}."""
+    T, B, I, H = (LSTM_CASE[k] for k in "TBIH")
+    rng = np.random.default_rng(seed + 3)
+    x = rng.standard_normal((T, B, I), dtype=np.float32)
+    xt = torch.from_numpy(x)
+    xg = torch.from_numpy(x.copy()).requires_grad_(True)
+    out = {}
+    for name, cls, load, tcls, bidir in MODELS:
+        torch.manual_seed(seed)
+        peer = getattr(torch.nn, tcls)(I, H, bidirectional=bidir)
+        model_cls = getattr(fastln_rnn, cls)
+        m = (model_cls.from_torch(peer) if load
+             else model_cls(I, H, bidirectional=bidir, seed=seed))
+        dy = rng.standard_normal((T, B, H * (2 if bidir else 1)), dtype=np.float32)
+        dyt = torch.from_numpy(dy)
+        if load:
+            with torch.no_grad():
+                want = peer(xt)[0].numpy()[:CHECK_STEPS]
+            got = m.forward(x, cache=False)[0][:CHECK_STEPS]
+            if not np.allclose(got, want, rtol=RTOL, atol=ATOL) and not bidir:
+                checks.append(f"{name}: y differs from torch's, max|diff| "
+                              f"{_max_err(got, want):.1e}")
+
+        def fastln_fwd(m=m):
+            return m.forward(x, cache=False)
+
+        def fastln_fwdbwd(m=m, dy=dy):
+            m.forward(x)
+            return m.backward(dy)
+
+        def torch_fwd(peer=peer):
+            with torch.no_grad():
+                return peer(xt)
+
+        params = list(peer.parameters())
+
+        def torch_fwdbwd(peer=peer, params=params, dyt=dyt):
+            for p in params:
+                p.grad = None
+            xg.grad = None
+            y, _ = peer(xg)
+            (y * dyt).sum().backward()
+        groups = {"fastln_fwd": "fastln", "fastln_fwdbwd": "fastln", "torch_fwd": "torch",
+                  "torch_fwdbwd": "torch"}
+        t = {}
+        t.update(_selfcheck.time_peers({"fastln_fwd": fastln_fwd, "torch_fwd": torch_fwd},
+                                       gap=gap, groups=groups, **kw))
+        t.update(_selfcheck.time_peers({"fastln_fwdbwd": fastln_fwdbwd,
+                                        "torch_fwdbwd": torch_fwdbwd},
+                                       gap=gap, groups=groups, **kw))
+        out[name] = {part: (t[f"fastln_{part}"], t[f"torch_{part}"])
+                     for part in ("fwd", "fwdbwd")}
+    return out
 
 
 def _ratios(tm):
@@ -487,11 +561,33 @@ def format_table(result, markdown=False):
                          f"gradients max rel. diff {ci['f64_grad_maxreldiff']:.1e}; float32 y "
                          f"first {CHECK_STEPS} steps ok, whole sequence max|diff| "
                          f"{ci['f32_y_maxdiff_full']:.1e} (rounding drift)")
+        if res.get("models"):
+            lines.append("")
+            lines.extend(harness.table_lines(*_models_table(res["models"]), markdown))
         if res["checks"]:
             lines.append("")
             lines.extend(f"!! CHECK: {c}" for c in res["checks"])
         lines.append("")
     return "\n".join(lines).rstrip("\n")
+
+
+def _models_table(models):
+    """(heads, rows) of the other models: times in ms and fastln/torch ratios."""
+    heads = ["model, T=100 B=32 I=128 H=256", "peer", "fwd fastln", "fwd peer",
+             "fwd fastln/peer", "fwd+bwd fastln", "fwd+bwd peer", "fwd+bwd fastln/peer"]
+    rows = []
+    for name, _, _, tcls, bidir in MODELS:
+        if name not in models:
+            continue
+        row = [name, f"nn.{tcls}" + ("(bidirectional)" if bidir else "")]
+        for part in ("fwd", "fwdbwd"):
+            a, b = models[name][part]
+            r = a / b
+            tgt = MODEL_TARGETS.get((name, part))
+            mark = "" if tgt is None else f" (≤{tgt:g} {'ok' if r <= tgt else 'MISS'})"
+            row += [_ms(a), _ms(b), f"{r:.2f}x{mark}"]
+        rows.append(row)
+    return heads, rows
 
 
 def results_md(result):
