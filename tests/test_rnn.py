@@ -8,19 +8,22 @@ import numpy as np
 import pytest
 
 from fastln import rnn_reference as ref
-from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN
+from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
 
 from _rnn_torch import torch_rnn
 from _util import F32, F64, FLOAT_DTYPES, named
 
 # (cell, nonlinearity): every model variant
 VARIANTS = [("rnn", "tanh"), ("rnn", "relu"), ("lstm", None), ("gru", None),
-            ("rnn_plain", "tanh"), ("rnn_plain", "relu"), ("lstm_plain", None)]
-VIDS = ["rnn-tanh", "rnn-relu", "lstm", "gru", "plain-rnn-tanh", "plain-rnn-relu", "plain-lstm"]
-CELLS = ["rnn", "lstm", "gru", "rnn_plain", "lstm_plain"]
-CLASSES = {"rnn": LNRNN, "lstm": LNLSTM, "gru": LNGRU, "rnn_plain": RNN, "lstm_plain": LSTM}
+            ("rnn_plain", "tanh"), ("rnn_plain", "relu"), ("lstm_plain", None),
+            ("gru_plain", None)]
+VIDS = ["rnn-tanh", "rnn-relu", "lstm", "gru", "plain-rnn-tanh", "plain-rnn-relu", "plain-lstm",
+        "plain-gru"]
+CELLS = ["rnn", "lstm", "gru", "rnn_plain", "lstm_plain", "gru_plain"]
+CLASSES = {"rnn": LNRNN, "lstm": LNLSTM, "gru": LNGRU, "rnn_plain": RNN, "lstm_plain": LSTM,
+           "gru_plain": GRU}
 REF = {"rnn": ref.lnrnn_forward, "lstm": ref.lnlstm_forward, "gru": ref.lngru_forward,
-       "rnn_plain": ref.rnn_forward, "lstm_plain": ref.lstm_forward}
+       "rnn_plain": ref.rnn_forward, "lstm_plain": ref.lstm_forward, "gru_plain": ref.gru_forward}
 
 variants = pytest.mark.parametrize("variant", VARIANTS, ids=VIDS)
 dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=["f32", "f64"])
