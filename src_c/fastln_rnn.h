@@ -31,7 +31,7 @@
  *     without lengths) while active, and time s after, so that each sequence
  *     runs from its last valid time back to its first (the reverse half of a
  *     bidirectional layer); the final state is the one after time 0.
- *   ldy: elements between the rows of y and dy (0: H), so that the two
+ *   ldy: elements between the rows of y and dy (0: H; else at least H), so that the two
  *     directions of a bidirectional layer share one (T, B, 2H) output.
  *
  * Math: Ba, Kiros & Hinton (2016), eq. 4 and supplementary eqs. 20-28, as

@@ -156,6 +156,7 @@ static int check_args(const fastln_rnn_args *a, int backward)
                  : !a->x || !a->y || !a->h)
         return FASTLN_EINVAL;
     if (L.cell == FASTLN_CELL_LSTM && !(backward ? a->dc : a->c)) return FASTLN_EINVAL;
+    if (a->ldy < 0 || (a->ldy > 0 && a->ldy < a->hidden)) return FASTLN_EINVAL;
     return FASTLN_OK;
 }
 
@@ -239,7 +240,7 @@ static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int f32)
             int rc = fn(a, n0);
             if (rc == FASTLN_EINTR) __atomic_store_n(&j.stop, 1, __ATOMIC_RELEASE);
             pthread_join(th, NULL);
-            return rc ? rc : j.rc == FASTLN_EINTR ? FASTLN_OK : j.rc;
+            return rc ? rc : j.rc;
         }
         j.args.interrupt = a[1].interrupt;   /* no thread: in turn */
         j.args.interrupt_ctx = a[1].interrupt_ctx;
