@@ -485,6 +485,9 @@ class _LNRecurrent(Generic[_State]):
         >>> bool(np.all(y[2:, 1] == 0))          # sequence 1 ended after 2 steps
         True
         """
+        if self.reverse and self.bidirectional:
+            raise ValueError("reverse=True runs the one direction of a unidirectional model "
+                             "backwards; a bidirectional model already runs both")
         xs = self._input(x, "x", self.input_size)
         T, B = xs.shape[:2]
         states = self._states(state, B, "state")

@@ -311,6 +311,13 @@ def test_reverse_attribute(torch, variant, dtype, rng):
         m.step(x[0])
 
 
+def test_reverse_on_a_bidirectional_model_raises():
+    m = _bidir(VARIANTS[2])
+    m.reverse = True
+    with pytest.raises(ValueError, match="reverse"):
+        m.forward(_x())
+
+
 # ---------------------------------------------------------------- float64 finite differences
 
 def _fd_coords(shape, rng, limit):
