@@ -4,13 +4,25 @@
  *  - fastln.h: LayerNorm, RMSNorm and add + LayerNorm, forward and backward,
  *    on float, double, float16 and bfloat16 storage, with and without weight
  *    and bias, in place and not; H = 1, 7, 16, 33, 300, 1024 and N = 1, 5, 67;
- *  - fastln_rnn.h: every cell (LN-RNN tanh/relu, LN-LSTM, LN-GRU, plain RNN
- *    tanh/relu, plain LSTM), float and double, odd sizes, B = 1, lengths:
- *    forward with and without a cache against a loop over time; backward
- *    (every gradient, dx and the initial state's) against central differences
- *    of that loop's loss sum(dy y) + sum(dh h_T) + sum(dc c_T).
- * Each ISA path this CPU runs, on 1 and 3 threads (the RNN cases' references
- * are computed once for all paths). No BLAS is set: the RNN engine's products
+ *  - fastln_rnn.h, float and double:
+ *    - every cell (LN-RNN tanh/relu, LN-LSTM, LN-GRU, plain RNN tanh/relu,
+ *      plain LSTM, plain GRU and its RESET_FIRST form), odd sizes, B = 1,
+ *      lengths: forward with and without a cache against a loop over time;
+ *      backward (every gradient, dx and the initial state's, with and without
+ *      scratch) against central differences of that loop's loss
+ *      sum(dy y) + sum(dh h_T) + sum(dc c_T);
+ *    - reverse = 1 (LN-RNN, LN-LSTM, LN-GRU, plain LSTM, both plain GRUs; B = 1
+ *      with and without lengths, and a padded batch) the same way, against the
+ *      loop run over each sequence's own times from its last back to its first;
+ *    - both directions at once (fastln_rnn_forward2_* and backward2_*, y and dy
+ *      one (T, B, 2H) array, ldy = 2H; LN-LSTM and plain GRU): y against the
+ *      two loops side by side, each direction's final state, and each one's
+ *      gradients and dx (the sum of both directions') against central
+ *      differences of the sum of the two losses; and a layer large enough for
+ *      threads within each direction and, on x86, for the directions to run
+ *      side by side, its gradients against the single-direction calls.
+ * Each ISA path this CPU runs, on 1 and 3 threads (the RNN cases' loops and
+ * central differences are computed once for all paths). No BLAS is set: the RNN engine's products
  * take its own C loop.
  *
  * An output passes when max|got - ref| <= tol * max(1, max|ref|). Outputs are
@@ -25,6 +37,7 @@
 
 #define EPS 1e-5
 #define RMS_EPS 1e-6
+#define NELEM(a) (sizeof (a) / sizeof *(a))
 
 enum { F32, F64, F16, BF16 };
 static const char *DT_NAME[] = {"float32", "float64", "float16", "bfloat16"};
@@ -355,7 +368,7 @@ static void check_norm(int dt, int64_t N, int64_t H, int weighted) {
 /* ---- the RNN engine ---- */
 
 typedef struct {
-    int cell, base, plain, lstm, np;
+    int cell, base, plain, reset_first, lstm, gru, np;
     int64_t T, B, I, H, G, size[10];
 } rnn_case;
 
@@ -363,18 +376,20 @@ static rnn_case rnn_shape(int cell, int64_t T, int64_t B, int64_t I, int64_t H) 
     rnn_case c;
     memset(&c, 0, sizeof c);
     c.cell = cell; c.T = T; c.B = B; c.I = I; c.H = H;
-    c.base = cell & ~FASTLN_CELL_PLAIN;
+    c.base = cell & ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST);
     c.plain = (cell & FASTLN_CELL_PLAIN) != 0;
+    c.reset_first = (cell & FASTLN_CELL_RESET_FIRST) != 0;
     c.lstm = c.base == FASTLN_CELL_LSTM;
-    c.G = (c.lstm ? 4 : c.base == FASTLN_CELL_GRU ? 3 : 1) * H;
+    c.gru = c.base == FASTLN_CELL_GRU;
+    c.G = (c.lstm ? 4 : c.gru ? 3 : 1) * H;
     int64_t G = c.G;
     /* W_ih, W_hh, then the cell's vectors (fastln_rnn.h's legend) */
     int64_t lstm[] = {G * I, G * H, G, G, G, G, G, H, H};
     int64_t gru[] = {G * I, G * H, 2 * H, 2 * H, 2 * H, 2 * H, H, H, H, H};
     int64_t rnn[] = {G * I, G * H, H, H};
-    int64_t plain[] = {G * I, G * H, G};
-    const int64_t *s = c.plain ? plain : c.lstm ? lstm : c.base == FASTLN_CELL_GRU ? gru : rnn;
-    c.np = c.plain ? 3 : c.lstm ? 9 : c.base == FASTLN_CELL_GRU ? 10 : 4;
+    int64_t plain[] = {G * I, G * H, G, H};   /* bias, and the plain GRU's bias_hn */
+    const int64_t *s = c.plain ? plain : c.lstm ? lstm : c.gru ? gru : rnn;
+    c.np = c.plain ? (c.gru ? 4 : 3) : c.lstm ? 9 : c.gru ? 10 : 4;
     memcpy(c.size, s, c.np * sizeof(int64_t));
     return c;
 }
@@ -392,22 +407,25 @@ static void ln_vec(double *out, const double *a, int64_t n, const double *w, con
 }
 
 /* One layer over the sequence in double: y (T, B, H); h, c (B, H) from the
- * initial to the final state. Rows past their length hold their state and
- * output 0. */
+ * initial to the final state. Sequence b steps through its own times 0 .. n-1
+ * (n = len[b], or T without lengths) in order, or from n-1 back to 0 when
+ * rev; its y is 0 at the times from n on, and its final state is the one
+ * after its last step. */
 static void ref_rnn(const rnn_case *c, double *const *p, const double *x, const int64_t *len,
-                    double *y, double *h, double *cs) {
+                    int rev, double *y, double *h, double *cs) {
     int64_t T = c->T, B = c->B, I = c->I, H = c->H, G = c->G;
     double *ai = xmalloc(G * sizeof(double)), *ah = xmalloc(G * sizeof(double));
     double *li = xmalloc(G * sizeof(double)), *lh = xmalloc(G * sizeof(double));
     double *hn = xmalloc(H * sizeof(double));
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t b = 0; b < B; b++) {
-            double *yr = y + (t * B + b) * H, *hr = h + b * H, *cr = cs ? cs + b * H : NULL;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = len ? len[b] : T;
+        double *hr = h + b * H, *cr = cs ? cs + b * H : NULL;
+        for (int64_t t = n; t < T; t++)
+            for (int64_t j = 0; j < H; j++) y[(t * B + b) * H + j] = 0;
+        for (int64_t s = 0; s < n; s++) {
+            int64_t t = rev ? n - 1 - s : s;
+            double *yr = y + (t * B + b) * H;
             const double *xr = x + (t * B + b) * I;
-            if (len && t >= len[b]) {
-                for (int64_t j = 0; j < H; j++) yr[j] = 0;
-                continue;
-            }
             for (int64_t g = 0; g < G; g++) {
                 ai[g] = ah[g] = 0;
                 for (int64_t k = 0; k < I; k++) ai[g] += p[0][g * I + k] * xr[k];
@@ -426,7 +444,23 @@ static void ref_rnn(const rnn_case *c, double *const *p, const double *x, const 
                 if (!c->plain) ln_vec(lh, cr, H, p[7], p[8]);
                 for (int64_t j = 0; j < H; j++)
                     hn[j] = sigmoid(li[3 * H + j]) * tanh(c->plain ? cr[j] : lh[j]);
-            } else if (c->base == FASTLN_CELL_GRU) {   /* blocks z, r, n */
+            } else if (c->gru && c->plain) {   /* blocks r, z, n; li: r, lh: r h */
+                for (int64_t j = 0; j < H; j++) {
+                    li[j] = sigmoid(ai[j] + ah[j] + p[2][j]);
+                    lh[j] = li[j] * hr[j];
+                }
+                for (int64_t j = 0; j < H; j++) {
+                    double z = sigmoid(ai[H + j] + ah[H + j] + p[2][H + j]);
+                    double a = ai[2 * H + j] + p[2][2 * H + j];
+                    if (c->reset_first) {   /* + (r h) W_hn^T + bias_hn */
+                        a += p[3][j];
+                        for (int64_t k = 0; k < H; k++) a += p[1][(2 * H + j) * H + k] * lh[k];
+                    } else {                /* + r (h W_hn^T + bias_hn) */
+                        a += li[j] * (ah[2 * H + j] + p[3][j]);
+                    }
+                    hn[j] = (1 - z) * tanh(a) + z * hr[j];
+                }
+            } else if (c->gru) {   /* blocks z, r, n */
                 ln_vec(li, ai, 2 * H, p[2], p[3]);
                 ln_vec(lh, ah, 2 * H, p[4], p[5]);
                 for (int64_t j = 0; j < 2 * H; j++) li[j] += lh[j];
@@ -446,18 +480,19 @@ static void ref_rnn(const rnn_case *c, double *const *p, const double *x, const 
             memcpy(hr, hn, H * sizeof(double));
             memcpy(yr, hn, H * sizeof(double));
         }
+    }
     free(ai); free(ah); free(li); free(lh); free(hn);
 }
 
 /* t[k]: params 0..np-1, then x, h0, c0 (LSTM); the loss the backward differentiates */
-static double rnn_loss(const rnn_case *c, double *const *t, const int64_t *len,
+static double rnn_loss(const rnn_case *c, double *const *t, const int64_t *len, int rev,
                        const double *dy, const double *dh, const double *dc) {
     size_t ny = (size_t)(c->T * c->B * c->H), nh = (size_t)(c->B * c->H);
     double *y = xmalloc(ny * sizeof(double)), *h = xmalloc(nh * sizeof(double));
     double *cs = c->lstm ? xmalloc(nh * sizeof(double)) : NULL;
     memcpy(h, t[c->np + 1], nh * sizeof(double));
     if (cs) memcpy(cs, t[c->np + 2], nh * sizeof(double));
-    ref_rnn(c, t, t[c->np], len, y, h, cs);
+    ref_rnn(c, t, t[c->np], len, rev, y, h, cs);
     double L = 0;
     for (size_t i = 0; i < ny; i++) L += dy[i] * y[i];
     for (size_t i = 0; i < nh; i++) L += dh[i] * h[i] + (cs ? dc[i] * cs[i] : 0);
@@ -465,124 +500,355 @@ static double rnn_loss(const rnn_case *c, double *const *t, const int64_t *len,
     return L;
 }
 
-/* Every output of one cell's forward and backward on (T, B, I, H), storage
- * dt (F32 or F64); lens: a padded batch. The gradients are checked at up to
- * 40 elements of each tensor, spread over it (every element of a small one). */
-static void check_rnn(int cell, int dt, int64_t T, int64_t B, int64_t I, int64_t H, int lens) {
-    rnn_case c = rnn_shape(cell, T, B, I, H);
-    int nt = c.np + (c.lstm ? 3 : 2);   /* tensors: params, x, h0, c0 */
-    size_t n[13], nh = (size_t)(B * H), ny = (size_t)(T * B * H), es = size_of(dt);
-    double *t[13], *g[13];
-    void *K[13], *GK[13];
-    for (int k = 0; k < c.np; k++) n[k] = (size_t)c.size[k];
-    n[c.np] = (size_t)(T * B * I);
-    n[c.np + 1] = n[c.np + 2] = nh;
-    for (int k = 0; k < nt; k++) {
-        int is_ln = !c.plain && k >= 2 && k < c.np && !(c.lstm && k == 2);   /* LN gains and biases */
+/* Lengths of a padded batch: mode 1: the first row T, the others spread over
+ * 1 .. T; mode 2: every row spread over 1 .. T (B = 1 is padded too); 0: none */
+static int64_t *rnn_lengths(int64_t T, int64_t B, int mode) {
+    if (!mode) return NULL;
+    int64_t *len = xmalloc(B * sizeof(int64_t));
+    for (int64_t b = 0; b < B; b++)
+        len[b] = mode == 1 ? (b == 0 ? T : 1 + (b * 7) % T) : 1 + (b * 3 + T / 2) % T;
+    return len;
+}
+
+/* One direction of a layer: its tensors (params, x, h0, c0 for an LSTM) in
+ * double (t, holding the stored values) and stored (K), the weights of its
+ * loss sum(dy y) + sum(dh h_T) + sum(dc c_T), the reference forward, the
+ * central differences g of the loss at picked elements, and the buffers the
+ * engine writes. */
+typedef struct {
+    rnn_case c;
+    int dt, rev, nt, shares_x;
+    size_t n[13], nh, ny;
+    double *t[13], g[13][40];
+    void *K[13], *GK[10];
+    int picked[13][40], npick[13];
+    double *dy, *dh, *dc;
+    void *DY, *DH0, *DC0;
+    double *y, *h, *cs;
+    void *Y, *HK, *CK, *DHK, *DCK, *DX, *cache, *work;
+} rnn_dir;
+
+static const char *rnn_tensor_name(const rnn_dir *d, int k) {
+    static const char *name[] = {"W_ih", "W_hh", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"};
+    int np = d->c.np;
+    return k < np ? name[k] : k == np ? "x" : k == np + 1 ? "h0" : "c0";
+}
+
+/* the engine's gradient of tensor k */
+static void *rnn_grad_out(const rnn_dir *d, int k) {
+    int np = d->c.np;
+    return k < np ? d->GK[k] : k == np ? d->DX : k == np + 1 ? d->DHK : d->DCK;
+}
+
+/* x_of: the direction whose input this one shares, or NULL for an input of its own */
+static void rnn_dir_init(rnn_dir *d, int cell, int dt, int64_t T, int64_t B, int64_t I,
+                         int64_t H, int rev, const rnn_dir *x_of) {
+    memset(d, 0, sizeof *d);
+    rnn_case c = d->c = rnn_shape(cell, T, B, I, H);
+    size_t es = size_of(dt);
+    d->dt = dt; d->rev = rev; d->shares_x = x_of != NULL;
+    d->nt = c.np + (c.lstm ? 3 : 2);
+    d->nh = (size_t)(B * H);
+    d->ny = (size_t)(T * B * H);
+    for (int k = 0; k < c.np; k++) d->n[k] = (size_t)c.size[k];
+    d->n[c.np] = (size_t)(T * B * I);
+    d->n[c.np + 1] = d->n[c.np + 2] = d->nh;
+    for (int k = 0; k < d->nt; k++) {
+        if (k == c.np && x_of) {
+            d->t[k] = x_of->t[k];
+            d->K[k] = x_of->K[k];
+            continue;
+        }
+        /* LN gains (around 1) and biases; other vectors and the weights around 0 */
+        int is_ln = !c.plain && k >= 2 && k < c.np && !(c.lstm && k == 2);
         int gain = is_ln && (k % 2 == (c.lstm ? 1 : 0));
         double scale = k == 0 ? 1 / sqrt((double)I) : k == 1 ? 1 / sqrt((double)H) : 0.5;
-        t[k] = randv(n[k], gain ? 1.0 : 0.0, gain ? 0.3 : scale);
-        K[k] = store(dt, t[k], n[k]);
-        g[k] = xmalloc(n[k] * sizeof(double));
-        GK[k] = nans(dt, n[k]);
+        d->t[k] = randv(d->n[k], gain ? 1.0 : 0.0, gain ? 0.3 : scale);
+        d->K[k] = store(dt, d->t[k], d->n[k]);
+        if (k < c.np) d->GK[k] = nans(dt, d->n[k]);
     }
-    int64_t *len = NULL;
-    if (lens) {
-        len = xmalloc(B * sizeof(int64_t));
-        for (int64_t b = 0; b < B; b++) len[b] = b == 0 ? T : 1 + (b * 7) % T;
+    d->dy = randv(d->ny, 0, 1);
+    d->dh = randv(d->nh, 0, 1);
+    d->dc = randv(d->nh, 0, 1);
+    d->DY = store(dt, d->dy, d->ny);
+    d->DH0 = store(dt, d->dh, d->nh);
+    d->DC0 = store(dt, d->dc, d->nh);
+    d->y = xmalloc(d->ny * sizeof(double));
+    d->h = xmalloc(d->nh * sizeof(double));
+    d->cs = xmalloc(d->nh * sizeof(double));
+    d->Y = nans(dt, d->ny);
+    d->HK = nans(dt, d->nh);
+    d->CK = nans(dt, d->nh);
+    d->DHK = nans(dt, d->nh);
+    d->DCK = nans(dt, d->nh);
+    d->DX = nans(dt, d->n[c.np]);
+    d->cache = xmalloc(fastln_rnn_cache_size(cell, T, B, H) * es);
+    d->work = xmalloc(fastln_rnn_work_size(cell, T, B, H) * es);
+}
+
+static void rnn_dir_free(rnn_dir *d) {
+    for (int k = 0; k < d->nt; k++) {
+        if (k == d->c.np && d->shares_x) continue;
+        free(d->t[k]);
+        free(d->K[k]);
     }
-    double *dy = randv(ny, 0, 1), *dh = randv(nh, 0, 1), *dc = randv(nh, 0, 1);
-    void *DY = store(dt, dy, ny), *DH0 = store(dt, dh, nh), *DC0 = store(dt, dc, nh);
-    double *y = xmalloc(ny * sizeof(double)), *h = xmalloc(nh * sizeof(double));
-    double *cs = xmalloc(nh * sizeof(double));
-    void *Y = nans(dt, ny), *HK = nans(dt, nh), *CK = nans(dt, nh), *DHK = nans(dt, nh),
-         *DCK = nans(dt, nh), *DX = nans(dt, n[c.np]);
-    void *cache = xmalloc(fastln_rnn_cache_size(cell, T, B, H) * es);
-    void *work = xmalloc(fastln_rnn_work_size(cell, T, B, H) * es);
-    snprintf(where, sizeof where, "rnn cell %d %s T=%lld B=%lld I=%lld H=%lld%s", cell,
-             DT_NAME[dt], (long long)T, (long long)B, (long long)I, (long long)H,
-             lens ? " lengths" : "");
+    for (int k = 0; k < d->c.np; k++) free(d->GK[k]);
+    void *all[] = {d->dy, d->dh, d->dc, d->DY, d->DH0, d->DC0, d->y, d->h, d->cs, d->Y,
+                   d->HK, d->CK, d->DHK, d->DCK, d->DX, d->cache, d->work};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+}
 
-    memcpy(h, t[c.np + 1], nh * sizeof(double));
-    memcpy(cs, t[c.np + 2 < nt ? c.np + 2 : c.np + 1], nh * sizeof(double));
-    ref_rnn(&c, t, t[c.np], len, y, h, c.lstm ? cs : NULL);
+/* the reference forward from the initial state */
+static void rnn_dir_ref(rnn_dir *d, const int64_t *len) {
+    int np = d->c.np;
+    memcpy(d->h, d->t[np + 1], d->nh * sizeof(double));
+    if (d->c.lstm) memcpy(d->cs, d->t[np + 2], d->nh * sizeof(double));
+    ref_rnn(&d->c, d->t, d->t[np], len, d->rev, d->y, d->h, d->c.lstm ? d->cs : NULL);
+}
 
-    fastln_rnn_args a;
-    memset(&a, 0, sizeof a);
-    a.cell = cell; a.steps = T; a.batch = B; a.input = I; a.hidden = H; a.eps = EPS;
-    for (int k = 0; k < c.np; k++) { a.params[k] = K[k]; a.grads[k] = GK[k]; }
-    a.lengths = len; a.x = K[c.np]; a.y = Y; a.h = HK; a.c = c.lstm ? CK : NULL;
-    int (*fwd)(const fastln_rnn_args *) = dt == F64 ? fastln_rnn_forward_f64 : fastln_rnn_forward_f32;
-    int (*bwd)(const fastln_rnn_args *) = dt == F64 ? fastln_rnn_backward_f64 : fastln_rnn_backward_f32;
-    /* central differences of the loss at up to 40 elements of each tensor */
+static double rnn_losses(rnn_dir *d, int nd, const int64_t *len) {
+    double L = 0;
+    for (int i = 0; i < nd; i++)
+        L += rnn_loss(&d[i].c, d[i].t, len, d[i].rev, d[i].dy, d[i].dh, d[i].dc);
+    return L;
+}
+
+/* Central differences of the summed loss of nd directions at up to 40
+ * elements of each tensor, spread over it (every element of a small one).
+ * d[1] shares d[0]'s x: its elements are picked once, in d[0], and their
+ * differences are the sum of both directions' input gradients. */
+static void rnn_diffs(rnn_dir *d, int nd, const int64_t *len) {
     const double step = 1e-6;
-    int picked[13][40], npick[13];
-    for (int k = 0; k < nt; k++) {
-        npick[k] = n[k] < 40 ? (int)n[k] : 40;
-        for (int q = 0; q < npick[k]; q++) {
-            int i = npick[k] == (int)n[k] ? q : (int)((n[k] - 1) * (size_t)q / 39);
-            double keep = t[k][i];
-            t[k][i] = keep + step;
-            double up = rnn_loss(&c, t, len, dy, dh, dc);
-            t[k][i] = keep - step;
-            double down = rnn_loss(&c, t, len, dy, dh, dc);
-            t[k][i] = keep;
-            g[k][q] = (up - down) / (2 * step);
-            picked[k][q] = i;
+    for (int i = 0; i < nd; i++)
+        for (int k = 0; k < d[i].nt; k++) {
+            size_t n = d[i].n[k];
+            int m = i > 0 && k == d[i].c.np ? 0 : n < 40 ? (int)n : 40;
+            d[i].npick[k] = m;
+            for (int q = 0; q < m; q++) {
+                size_t e = m == (int)n ? (size_t)q : (n - 1) * (size_t)q / 39;
+                double *v = d[i].t[k] + e, keep = *v;
+                *v = keep + step;
+                double up = rnn_losses(d, nd, len);
+                *v = keep - step;
+                double down = rnn_losses(d, nd, len);
+                *v = keep;
+                d[i].g[k][q] = (up - down) / (2 * step);
+                d[i].picked[k][q] = (int)e;
+            }
         }
+}
+
+/* the engine's arguments for this direction alone (y, dy: (T, B, H)) */
+static void rnn_dir_args(const rnn_dir *d, fastln_rnn_args *a, const int64_t *len) {
+    memset(a, 0, sizeof *a);
+    a->cell = d->c.cell; a->steps = d->c.T; a->batch = d->c.B; a->input = d->c.I;
+    a->hidden = d->c.H; a->eps = EPS; a->reverse = d->rev; a->lengths = len;
+    for (int k = 0; k < d->c.np; k++) { a->params[k] = d->K[k]; a->grads[k] = d->GK[k]; }
+    a->x = d->K[d->c.np]; a->y = d->Y; a->h = d->HK; a->c = d->c.lstm ? d->CK : NULL;
+    a->cache = d->cache; a->dy = d->DY; a->dh = d->DHK; a->dc = d->c.lstm ? d->DCK : NULL;
+}
+
+/* the initial state into h, c, for a forward */
+static void rnn_dir_start_forward(rnn_dir *d) {
+    size_t es = size_of(d->dt);
+    memcpy(d->HK, d->K[d->c.np + 1], d->nh * es);
+    if (d->c.lstm) memcpy(d->CK, d->K[d->c.np + 2], d->nh * es);
+}
+
+/* the final state's gradient into dh, dc, NaN-filled gradients, and a's
+ * scratch and dx for a backward (use_work: scratch given, no dx asked for) */
+static void rnn_dir_start_backward(rnn_dir *d, fastln_rnn_args *a, int use_work) {
+    size_t es = size_of(d->dt);
+    memcpy(d->DHK, d->DH0, d->nh * es);
+    if (d->c.lstm) memcpy(d->DCK, d->DC0, d->nh * es);
+    for (int k = 0; k < d->c.np; k++) fill_nan(d->GK[k], d->dt, d->n[k]);
+    fill_nan(d->DX, d->dt, d->n[d->c.np]);
+    a->work = use_work ? d->work : NULL;
+    a->dx = use_work ? NULL : d->DX;
+}
+
+/* the recurrence compounds rounding over the steps */
+static double rnn_tol_fwd(const rnn_dir *d) { return (d->dt == F64 ? 1e-11 : 1e-5) * d->c.T; }
+static double rnn_tol_bwd(const rnn_dir *d) { return d->dt == F64 ? 1e-6 : 2e-4 * d->c.T; }
+
+static void rnn_dir_expect_state(const rnn_dir *d, const char *tag) {
+    char what[80];
+    snprintf(what, sizeof what, "forward h%s", tag);
+    expect(what, d->HK, d->dt, d->h, d->nh, rnn_tol_fwd(d));
+    snprintf(what, sizeof what, "forward c%s", tag);
+    if (d->c.lstm) expect(what, d->CK, d->dt, d->cs, d->nh, rnn_tol_fwd(d));
+}
+
+/* the engine's gradients at the picked elements against the central differences */
+static void rnn_dir_expect_grads(const rnn_dir *d, int use_work, const char *tag) {
+    for (int k = 0; k < d->nt; k++) {
+        if (!d->npick[k] || (k == d->c.np && use_work)) continue;   /* no dx asked for */
+        const void *got = rnn_grad_out(d, k);
+        double gv[40];
+        char what[80];
+        for (int q = 0; q < d->npick[k]; q++) gv[q] = get(got, d->dt, d->picked[k][q]);
+        snprintf(what, sizeof what, "backward d%s%s%s", rnn_tensor_name(d, k), tag,
+                 use_work ? " (work)" : "");
+        expect(what, gv, F64, d->g[k], d->npick[k], rnn_tol_bwd(d));
     }
-    /* the recurrence compounds rounding over the steps */
-    double tf = (dt == F64 ? 1e-11 : 1e-5) * T, tb = dt == F64 ? 1e-6 : 2e-4 * T;
-    static const char *tensor[] = {"W_ih", "W_hh", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"};
+}
+
+typedef int (*rnn_fn)(const fastln_rnn_args *);
+
+/* Every output of one cell's forward and backward on (T, B, I, H), storage
+ * dt (F32 or F64), lengths of mode lens, in one direction (rev: reverse). */
+static void check_rnn(int cell, int dt, int64_t T, int64_t B, int64_t I, int64_t H, int lens,
+                      int rev) {
+    rnn_dir d;
+    rnn_dir_init(&d, cell, dt, T, B, I, H, rev, NULL);
+    int64_t *len = rnn_lengths(T, B, lens);
+    snprintf(where, sizeof where, "rnn cell %d %s T=%lld B=%lld I=%lld H=%lld%s%s", cell,
+             DT_NAME[dt], (long long)T, (long long)B, (long long)I, (long long)H,
+             lens ? " lengths" : "", rev ? " reverse" : "");
+    rnn_dir_ref(&d, len);
+    rnn_diffs(&d, 1, len);
+    fastln_rnn_args a;
+    rnn_dir_args(&d, &a, len);
+    rnn_fn fwd = dt == F64 ? fastln_rnn_forward_f64 : fastln_rnn_forward_f32;
+    rnn_fn bwd = dt == F64 ? fastln_rnn_backward_f64 : fastln_rnn_backward_f32;
     for (int p = 0; p < npaths; p++) {   /* the same inputs on every path */
         use_path(p);
         for (int with_cache = 0; with_cache < 2; with_cache++) {
-            memcpy(HK, K[c.np + 1], nh * es);
-            if (c.lstm) memcpy(CK, K[c.np + 2], nh * es);
-            a.cache = with_cache ? cache : NULL;
+            rnn_dir_start_forward(&d);
+            a.cache = with_cache ? d.cache : NULL;
             expect_ok(fwd(&a), with_cache ? "forward (cache)" : "forward");
-            expect(with_cache ? "forward y (cache)" : "forward y", Y, dt, y, ny, tf);
-            expect("forward h", HK, dt, h, nh, tf);
-            if (c.lstm) expect("forward c", CK, dt, cs, nh, tf);
+            expect(with_cache ? "forward y (cache)" : "forward y", d.Y, dt, d.y, d.ny,
+                   rnn_tol_fwd(&d));
+            rnn_dir_expect_state(&d, "");
         }
-
         for (int use_work = 0; use_work < 2; use_work++) {
-            memcpy(DHK, DH0, nh * es);
-            if (c.lstm) memcpy(DCK, DC0, nh * es);
-            a.cache = cache; a.dy = DY; a.dh = DHK; a.dc = c.lstm ? DCK : NULL;
-            a.work = use_work ? work : NULL;
-            a.dx = use_work ? NULL : DX;
-            for (int k = 0; k < c.np; k++) fill_nan(GK[k], dt, n[k]);
-            fill_nan(DX, dt, n[c.np]);
+            a.cache = d.cache;
+            rnn_dir_start_backward(&d, &a, use_work);
             expect_ok(bwd(&a), use_work ? "backward (work)" : "backward");
-            for (int k = 0; k < nt; k++) {
-                if (k == c.np && use_work) continue;   /* no dx asked for */
-                const void *got = k < c.np ? GK[k] : k == c.np ? DX : k == c.np + 1 ? DHK : DCK;
-                double *gv = xmalloc(npick[k] * sizeof(double));
-                char what[64];
-                for (int q = 0; q < npick[k]; q++) gv[q] = get(got, dt, picked[k][q]);
-                snprintf(what, sizeof what, "backward d%s%s",
-                         k < c.np ? tensor[k] : k == c.np ? "x" : k == c.np + 1 ? "h0" : "c0",
-                         use_work ? " (work)" : "");
-                expect(what, gv, F64, g[k], npick[k], tb);
-                free(gv);
+            rnn_dir_expect_grads(&d, use_work, "");
+        }
+    }
+    rnn_dir_free(&d);
+    free(len);
+}
+
+/* Both directions of a layer through fastln_rnn_forward2_* and backward2_*,
+ * sharing x, with y and dy one (T, B, 2H) array: y against the forward
+ * reference in its first H columns and the reverse one in its last H, and each
+ * direction's final state. With diffs, each direction's gradients, dh and dc,
+ * and dx (the sum of both directions' input gradients) against central
+ * differences of the sum of the two losses; without (a layer too large for
+ * those), every element of them against the single-direction calls on the
+ * same path (dx: the sum of theirs), within dt's rounding. */
+static void check_rnn_pair(int cell, int dt, int64_t T, int64_t B, int64_t I, int64_t H,
+                           int lens, int diffs) {
+    rnn_dir d[2];
+    rnn_dir_init(&d[0], cell, dt, T, B, I, H, 0, NULL);
+    rnn_dir_init(&d[1], cell, dt, T, B, I, H, 1, &d[0]);
+    int64_t *len = rnn_lengths(T, B, lens);
+    snprintf(where, sizeof where, "rnn pair cell %d %s T=%lld B=%lld I=%lld H=%lld%s%s", cell,
+             DT_NAME[dt], (long long)T, (long long)B, (long long)I, (long long)H,
+             lens ? " lengths" : "", diffs ? "" : " (against one direction's calls)");
+    rnn_dir_ref(&d[0], len);
+    rnn_dir_ref(&d[1], len);
+    if (diffs) rnn_diffs(d, 2, len);
+    int np = d[0].c.np, nt = d[0].nt;
+    size_t ny = d[0].ny, es = size_of(dt), rows = (size_t)(T * B);
+    double *y2 = xmalloc(2 * ny * sizeof(double));
+    void *Y2 = nans(dt, 2 * ny), *DY2 = xmalloc(2 * ny * es);
+    for (size_t r = 0; r < rows; r++)   /* row r: the forward's H values, then the reverse's */
+        for (int i = 0; i < 2; i++)
+            for (int64_t j = 0; j < H; j++) {
+                y2[(2 * r + i) * H + j] = d[i].y[r * H + j];
+                put(DY2, dt, (2 * r + i) * H + j, d[i].dy[r * H + j]);
+            }
+    fastln_rnn_args a[2], one[2];
+    double *ref[2][13];
+    for (int i = 0; i < 2; i++) {
+        rnn_dir_args(&d[i], &one[i], len);
+        a[i] = one[i];
+        a[i].y = (char *)Y2 + i * H * es;
+        a[i].dy = (char *)DY2 + i * H * es;
+        a[i].ldy = 2 * H;
+        for (int k = 0; k < nt; k++) ref[i][k] = diffs ? NULL : xmalloc(d[i].n[k] * sizeof(double));
+    }
+    rnn_fn fwd = dt == F64 ? fastln_rnn_forward_f64 : fastln_rnn_forward_f32;
+    rnn_fn bwd = dt == F64 ? fastln_rnn_backward_f64 : fastln_rnn_backward_f32;
+    rnn_fn fwd2 = dt == F64 ? fastln_rnn_forward2_f64 : fastln_rnn_forward2_f32;
+    rnn_fn bwd2 = dt == F64 ? fastln_rnn_backward2_f64 : fastln_rnn_backward2_f32;
+    static const char *tag[] = {"", " (reverse)"};
+    for (int p = 0; p < npaths; p++) {
+        use_path(p);
+        if (!diffs) {   /* the reference gradients: each direction on its own */
+            for (int i = 0; i < 2; i++) {
+                rnn_dir_start_forward(&d[i]);
+                expect_ok(fwd(&one[i]), "forward (one direction)");
+                rnn_dir_start_backward(&d[i], &one[i], 0);
+                expect_ok(bwd(&one[i]), "backward (one direction)");
+                for (int k = 0; k < nt; k++) load(ref[i][k], rnn_grad_out(&d[i], k), dt, d[i].n[k]);
+            }
+            for (size_t e = 0; e < d[0].n[np]; e++) ref[0][np][e] += ref[1][np][e];
+        }
+        for (int with_cache = 0; with_cache < 2; with_cache++) {
+            for (int i = 0; i < 2; i++) {
+                rnn_dir_start_forward(&d[i]);
+                a[i].cache = with_cache ? d[i].cache : NULL;
+            }
+            fill_nan(Y2, dt, 2 * ny);
+            expect_ok(fwd2(a), with_cache ? "forward2 (cache)" : "forward2");
+            expect(with_cache ? "forward2 y (cache)" : "forward2 y", Y2, dt, y2, 2 * ny,
+                   rnn_tol_fwd(&d[0]));
+            for (int i = 0; i < 2; i++) rnn_dir_expect_state(&d[i], tag[i]);
+        }
+        for (int use_work = 0; use_work < 2; use_work++) {
+            for (int i = 0; i < 2; i++) {
+                a[i].cache = d[i].cache;
+                rnn_dir_start_backward(&d[i], &a[i], use_work);
+            }
+            a[1].dx = NULL;   /* backward2 writes both directions' sum to a[0].dx */
+            expect_ok(bwd2(a), use_work ? "backward2 (work)" : "backward2");
+            for (int i = 0; i < 2; i++) {
+                if (diffs) {
+                    rnn_dir_expect_grads(&d[i], use_work, tag[i]);
+                    continue;
+                }
+                for (int k = 0; k < nt; k++) {
+                    if (k == np && (i || use_work)) continue;   /* dx: a[0]'s, when asked for */
+                    char what[80];
+                    snprintf(what, sizeof what, "backward2 d%s%s%s", rnn_tensor_name(&d[i], k),
+                             tag[i], use_work ? " (work)" : "");
+                    expect(what, rnn_grad_out(&d[i], k), dt, ref[i][k], d[i].n[k], TOL[dt]);
+                }
             }
         }
     }
-    for (int k = 0; k < nt; k++) { free(t[k]); free(g[k]); free(K[k]); free(GK[k]); }
-    void *all[] = {len, dy, dh, dc, DY, DH0, DC0, y, h, cs, Y, HK, CK, DHK, DCK, DX, cache, work};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < nt; k++) free(ref[i][k]);
+    rnn_dir_free(&d[1]);   /* before d[0], whose x it shares */
+    rnn_dir_free(&d[0]);
+    free(len); free(y2); free(Y2); free(DY2);
 }
 
 int main(void) {
     const char *isas[] = {"generic", "avx2", "avx512"};
     const int64_t Hs[] = {1, 7, 16, 33, 300, 1024}, Ns[] = {1, 5, 67};
+    enum { PLAIN = FASTLN_CELL_PLAIN, GRU_RF = FASTLN_CELL_PLAIN | FASTLN_CELL_GRU |
+                                               FASTLN_CELL_RESET_FIRST };
     /* T, B, I, H: single elements, B = 1 (the dot-product path), odd sizes,
-     * more rows than a packed block */
-    const int64_t rnn_cfg[][4] = {{1, 1, 1, 1}, {4, 1, 3, 9}, {3, 5, 7, 7}, {2, 19, 4, 16}, {3, 3, 5, 33}};
-    const int cells[] = {FASTLN_CELL_RNN_TANH, FASTLN_CELL_RNN_RELU, FASTLN_CELL_LSTM, FASTLN_CELL_GRU,
-                         FASTLN_CELL_PLAIN | FASTLN_CELL_RNN_TANH, FASTLN_CELL_PLAIN | FASTLN_CELL_RNN_RELU,
-                         FASTLN_CELL_PLAIN | FASTLN_CELL_LSTM};
+     * more rows than a packed block; the last three with lengths */
+    const int64_t rnn_cfg[][4] = {{1, 1, 1, 1}, {4, 1, 3, 9}, {3, 5, 7, 7}, {2, 19, 4, 16},
+                                  {3, 3, 5, 33}};
+    const int cells[] = {FASTLN_CELL_RNN_TANH, FASTLN_CELL_RNN_RELU, FASTLN_CELL_LSTM,
+                         FASTLN_CELL_GRU, PLAIN | FASTLN_CELL_RNN_TANH,
+                         PLAIN | FASTLN_CELL_RNN_RELU, PLAIN | FASTLN_CELL_LSTM,
+                         PLAIN | FASTLN_CELL_GRU, GRU_RF};
+    /* reverse = 1 and the pair: T, B, I, H, lengths mode (rnn_lengths) */
+    const int64_t rev_cfg[][5] = {{1, 1, 1, 1, 0}, {4, 1, 3, 9, 0}, {5, 1, 3, 6, 2},
+                                  {7, 5, 4, 7, 2}};
+    const int rev_cells[] = {FASTLN_CELL_RNN_TANH, FASTLN_CELL_LSTM, FASTLN_CELL_GRU,
+                             PLAIN | FASTLN_CELL_LSTM, PLAIN | FASTLN_CELL_GRU, GRU_RF};
+    const int64_t pair_cfg[][5] = {{3, 1, 2, 5, 0}, {6, 4, 3, 7, 2}};
+    const int pair_cells[] = {FASTLN_CELL_LSTM, PLAIN | FASTLN_CELL_GRU};
     for (int i = 0; i < 3; i++) {
         if (!fastln_isa_supported(isas[i])) continue;
         if (fastln_set_isa(isas[i]) != 0) { printf("ERROR: fastln_set_isa(%s)\n", isas[i]); return 1; }
@@ -599,11 +865,24 @@ int main(void) {
                     for (int weighted = 0; weighted < 2; weighted++)
                         if (weighted || q == 1) check_norm(dt, Ns[q], Hs[h], weighted);
     }
-    for (int ci = 0; ci < 7; ci++)   /* each case on every path */
+    for (size_t ci = 0; ci < NELEM(cells); ci++)   /* each case on every path */
         for (int dt = F32; dt <= F64; dt++)
-            for (int q = 0; q < 5; q++)
+            for (size_t q = 0; q < NELEM(rnn_cfg); q++)
                 check_rnn(cells[ci], dt, rnn_cfg[q][0], rnn_cfg[q][1], rnn_cfg[q][2],
-                          rnn_cfg[q][3], q >= 2);
+                          rnn_cfg[q][3], q >= 2, 0);
+    for (size_t ci = 0; ci < NELEM(rev_cells); ci++)
+        for (int dt = F32; dt <= F64; dt++)
+            for (size_t q = 0; q < NELEM(rev_cfg); q++)
+                check_rnn(rev_cells[ci], dt, rev_cfg[q][0], rev_cfg[q][1], rev_cfg[q][2],
+                          rev_cfg[q][3], (int)rev_cfg[q][4], 1);
+    for (size_t ci = 0; ci < NELEM(pair_cells); ci++)
+        for (int dt = F32; dt <= F64; dt++)
+            for (size_t q = 0; q < NELEM(pair_cfg); q++)
+                check_rnn_pair(pair_cells[ci], dt, pair_cfg[q][0], pair_cfg[q][1],
+                               pair_cfg[q][2], pair_cfg[q][3], (int)pair_cfg[q][4], 1);
+    /* large enough for threads within each direction, and on x86 for the two
+     * directions running side by side (rnn.c's thresholds) */
+    check_rnn_pair(FASTLN_CELL_LSTM, F32, 8, 10, 64, 64, 2, 0);
     for (int p = 0; p < npaths; p++)
         printf("%s, %d thread(s): %s\n", paths[p].isa, paths[p].threads,
                paths[p].failures ? "FAIL" : "ok");
