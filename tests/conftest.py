@@ -30,6 +30,7 @@ C_BUILD_MODULES = ("test_c", "test_cross")   # modules with start_builds / stop_
 _c_builds = []   # (module, build folder) of the builds started
 
 
+@pytest.hookimpl(trylast=True)   # after -m and -k have deselected: only the builds needed
 def pytest_collection_modifyitems(config, items):
     mods = {getattr(item, "module", None) for item in items}
     builders = [m for m in mods if getattr(m, "__name__", "") in C_BUILD_MODULES]
