@@ -709,7 +709,9 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
         x and y are (B, T, features) instead of (T, B, features). States
         are (num_layers, B, H) either way.
     eps : float, default 1e-5
-        Added to the variance in every LayerNorm; finite and >= 0.
+        Added to the variance in every LayerNorm; finite and >= 0. With 0, a
+        zero state (the default) makes LN(h W_hh^T) of the first step 0/0,
+        and the outputs NaN, as layer_norm of a constant row.
     dtype : {numpy.float32, numpy.float64}, default numpy.float32
         The dtype of the parameters and of the data (x, dy, states).
     seed : int or None, default None
