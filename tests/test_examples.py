@@ -327,3 +327,80 @@ def test_layer_norm_of_a_scaled_vector_keeps_only_the_sign():
         np.testing.assert_allclose(fastln.layer_norm(-x * w, gain, bias), 2 * bias - base,
                                    atol=1e-3)
     np.testing.assert_array_equal(fastln.layer_norm(0 * w, gain, bias)[0], bias)
+
+
+# ---------------------------------------------------------------- gradient_flow.py
+
+def test_gradient_flow_smoke(example_deps, tmp_path, capsys):
+    import gradient_flow as G
+
+    res = G.main(["--quick", "--no-progress", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    args = G.parse_args(["--quick"])
+    labels = [label for label, _ in G.MODELS]
+    assert set(res["table"]) == {(k, m, s) for k in G.KINDS for m in labels
+                                 for s in args.scales}
+    assert res["t_points"] == [args.T - 1, 0]
+    for r in list(res["table"].values()) + list(res["trained_table"].values()):
+        assert sorted(r["at"]) == [0, args.T - 1]
+        values = list(r["at"].values()) + [r["rate"], r["lyap"], r["rate_long"]]
+        assert np.all(np.isfinite(values)), r
+    assert set(res["trained_table"]) == set(labels)
+    for r in res["trained_table"].values():
+        assert 0 <= r["mse"] < 10 and 0 < r["max_norm"] < np.inf
+    assert set(res["variants"]) == {(k, name) for k in G.KINDS for name, _ in G.VARIANTS}
+    for r in res["variants"].values():
+        assert np.all(np.isfinite([r["lyap"], r["rate"], r["rate_long"], r["rstd"],
+                                   r["gain"], r["h_norm"]])), r
+    assert set(res["dynamics"]) == {(k, m) for k in G.KINDS for m in labels}
+    for stats in res["dynamics"].values():
+        assert [a.shape for a in stats] == [(args.lyap_T,)] * 3
+        assert all(np.all(np.isfinite(a)) and np.all(a >= 0) for a in stats)
+    # LN(h W_hh^T) does not see the scale of W_hh (up to eps); the plain LSTM does
+    for kind in G.KINDS:
+        t = res["table"]
+        assert abs(t[kind, "LN-LSTM", 1.0]["lyap"] - t[kind, "LN-LSTM", 2.0]["lyap"]) < 0.01
+        assert abs(t[kind, "LSTM", 1.0]["lyap"] - t[kind, "LSTM", 2.0]["lyap"]) > 0.05
+    for name in ("| model | W_hh x |", "| LN-LSTM | 2 |", "| model | eval MSE |",
+                 "| variant | Lyapunov (gaussian) |", "| ln_hh gain 0.1 |"):
+        assert name in out, out
+    assert re.search(r"^wall time: \d+\.\d s$", out, re.M), out
+    assert res["figures"] == [str(tmp_path / "gradient_flow.png"),
+                              str(tmp_path / "gradient_flow_dynamics.png")]
+    for png in res["figures"]:
+        check_png(png)
+
+
+def test_gradient_flow_measurements():
+    """The example's chunked, renormalized backward gives the log norms of one
+    plain backward; at the fixed point h = 0 of a tanh RNN with zero input the
+    Lyapunov exponent and the gradient's growth rate are log of W_hh's
+    spectral radius."""
+    import gradient_flow as G
+
+    rng = np.random.default_rng(0)
+    for cls in ("RNN", "LNLSTM"):
+        m = G.make_model(cls, 3, 8, seed=1, scale=1.5)
+        x = rng.standard_normal((30, 4, 3))
+        readout = rng.standard_normal(8)
+        y, _ = m.forward(x)
+        dy = np.zeros_like(y)
+        dy[-1] = readout
+        dx, _ = m.backward(dy)
+        np.testing.assert_allclose(G.grad_logs(m, x, readout, chunk=7),
+                                   np.log(np.linalg.norm(dx, axis=2)), rtol=0, atol=1e-9)
+
+    m = G.make_model("RNN", 2, 8, seed=3, scale=2.0)
+    rho = np.abs(np.linalg.eigvals(m.params["weight_hh_l0"])).max()
+    x = np.zeros((600, 2, 2))
+    lam = G.lyapunov(m, x, 1e-8, 10, 100, np.random.default_rng(1))
+    assert abs(lam - np.log(rho)) < 0.02, (lam, np.log(rho))
+    curve = G.grad_logs(m, x, rng.standard_normal(8), chunk=50).mean(axis=1)
+    assert abs(G.growth_rate(curve, 100, 500) - np.log(rho)) < 0.02
+
+    t = np.arange(50)
+    assert G.growth_rate(0.3 * (49 - t), 0, 50) == pytest.approx(0.3)     # grows to the past
+    assert G.growth_rate(-0.3 * (49 - t), 0, 50) == pytest.approx(-0.3)
+    assert G.fmt_ln(np.log(2.4e9)) == "2.4e+09"
+    assert G.fmt_ln(-1000.0) == "5.1e-435"     # exp(-1000) = 5.08e-435
+    assert G.fmt_ln(-np.inf) == "0"
