@@ -438,9 +438,8 @@ class _LNRecurrent(Generic[_State]):
             modified.
         lengths : array_like of int, shape (B,), optional
             The length of each sequence of a padded batch, in [1, T]. After its
-            length a sequence holds its state and its output is 0. The
-            padding of x must be finite: the weight gradients' products read
-            it (times 0).
+            length a sequence holds its state and its output is 0; the
+            padding of x is never read (it may hold anything, NaN included).
         cache : bool, default True
             Keep what :meth:`backward` needs (about 11 H values per sequence,
             step and layer for LNLSTM), replacing the cache of an earlier

@@ -381,8 +381,9 @@ static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t 
     SFX(small_nt)(f->aih, x, w_ih, M, G, I, 0, 0, G);
 }
 
-/* xs (steps [s0, s1), B, I) = the rows of x (T, B, I) that those steps read:
- * shared by the enclosing team. With back, the other way (x <- xs). */
+/* xs (steps [s0, s1), B, I) = the rows of x (T, B, I) that those steps read,
+ * 0 where a row is inactive (its padding is never read, so need not be
+ * finite): shared by the enclosing team. With back, the other way (x <- xs). */
 static void SFX(gather_steps)(const SFX(layer) *ly, T *xs, T *x, int64_t s0, int64_t s1,
                               int64_t I, int back)
 {
@@ -392,7 +393,8 @@ static void SFX(gather_steps)(const SFX(layer) *ly, T *xs, T *x, int64_t s0, int
         int64_t s = s0 + i / B, b = i % B;
         T *row = x + (SFX(time_of)(ly, s, b) * B + b) * I;
         if (back) memcpy(row, xs + i * I, (size_t)I * sizeof(T));
-        else memcpy(xs + i * I, row, (size_t)I * sizeof(T));
+        else if (SFX(active)(ly, s, b)) memcpy(xs + i * I, row, (size_t)I * sizeof(T));
+        else memset(xs + i * I, 0, (size_t)I * sizeof(T));
     }
 }
 
@@ -632,16 +634,18 @@ static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
 }
 
 /* The products that end a backward: dW_ih = dA_ih^T x, dW_hh = dA_hh^T h_{t-1}
- * and dx = dA_ih W_ih (dx NULL: none), over every step at once. A reverse
- * layer's steps run its times backwards: x is gathered into step order for
- * dW_ih, and that buffer then takes dx in step order to scatter it back. */
+ * and dx = dA_ih W_ih (dx NULL: none), over every step at once. With lengths,
+ * x is gathered with its padding as 0 (dA_ih is 0 there, and 0 times a
+ * non-finite padding value would not be); a reverse layer's steps run its
+ * times backwards, so the gather puts x in step order, and that buffer then
+ * takes dx in step order to scatter it back. */
 static int SFX(bwd_products)(SFX(bwd_ctx) *k, const T *x, T *dx, T **grads, int64_t I, int nt)
 {
     const SFX(layer) *ly = &k->ly;
     const int64_t TB = ly->steps * ly->B, G = ly->G, H = ly->H;
     const T *hseq = ly->cache + ly->L.hseq;   /* h_{t-1} for t = 0..T-1 */
     T *xs = NULL;
-    if (ly->reverse) {
+    if (ly->reverse || ly->len) {
         xs = (T *)malloc((size_t)(TB * I) * sizeof(T));
         if (!xs) return FASTLN_ENOMEM;
         ON_TEAM(nt, SFX(gather_steps)(ly, xs, (T *)x, 0, ly->steps, I, 0););
@@ -654,8 +658,9 @@ static int SFX(bwd_products)(SFX(bwd_ctx) *k, const T *x, T *dx, T **grads, int6
     } else if (!rc) {
         rc = SFX(gemm_layer)('T', 'N', G, H, TB, k->dah, hseq, grads[1], nt);
     }
-    if (!rc && dx) rc = SFX(gemm_layer)('N', 'N', TB, I, G, k->dai, ly->p[0], xs ? xs : dx, nt);
-    if (!rc && dx && xs) ON_TEAM(nt, SFX(gather_steps)(ly, xs, dx, 0, ly->steps, I, 1););
+    T *dxs = ly->reverse ? xs : dx;
+    if (!rc && dx) rc = SFX(gemm_layer)('N', 'N', TB, I, G, k->dai, ly->p[0], dxs, nt);
+    if (!rc && dx && ly->reverse) ON_TEAM(nt, SFX(gather_steps)(ly, xs, dx, 0, ly->steps, I, 1););
     free(xs);
     return rc;
 }

@@ -311,6 +311,29 @@ def test_reverse_attribute(torch, variant, dtype, rng):
         m.step(x[0])
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=VIDS)
+@pytest.mark.parametrize("bidir", [False, True], ids=["uni", "bidir"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+def test_padding_is_never_read(variant, bidir, dtype):
+    """NaN and inf past each sequence's length change no output and no gradient:
+    the results are bitwise those of zero padding (two layers, so the second
+    layer reads the first's padded y too)."""
+    m = make(variant, 3, 4, L=2, dtype=dtype, bidir=bidir)
+    x = np.random.default_rng(0).standard_normal((6, 3, 3)).astype(dtype)
+    lengths = np.array([6, 2, 4])
+    runs = []
+    for pad in (0.0, np.nan, np.inf):
+        xp = x.copy()
+        xp[2:, 1], xp[4:, 2] = pad, -pad
+        y, state = m.forward(xp, lengths=lengths)
+        dx, dstate = m.backward(np.ones_like(y))
+        runs.append([y, dx, *as_tuple(variant, state), *as_tuple(variant, dstate),
+                     *(m.grads[k].copy() for k in sorted(m.grads))])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_reverse_on_a_bidirectional_model_raises():
     m = _bidir(VARIANTS[2])
     m.reverse = True
