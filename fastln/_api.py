@@ -246,6 +246,47 @@ def _overlap_partly(a: _Array, b: _Array) -> bool:
     return not same
 
 
+def _channels(x: _Array, L: _Rows, kt: np.dtype[Any]) -> Optional[Tuple[int, int, int]]:
+    """(N, C, S) when x, normalized over one axis that is not the last, can be
+    read in place as (N, C, S) channels-first rows (C-contiguous, aligned,
+    native, of the kernel's dtype); else None."""
+    if (len(L.axes) != 1 or x.dtype != kt or not x.dtype.isnative
+            or not (x.flags.c_contiguous and x.flags.aligned)):
+        return None
+    a = L.axes[0]
+    S = int(np.prod(x.shape[a + 1:], dtype=np.int64))
+    if S <= 1:
+        return None
+    return L.N // S, x.shape[a], S
+
+
+def _channels_output(x: _Array, L: _Rows, out: Optional[_Array]
+                     ) -> Tuple[_Array, Callable[[], _Array]]:
+    """The array the channels-first kernel writes, and a function that returns
+    the result: out itself when it is C-contiguous and aligned (x itself
+    included), else fresh memory (copied into out at the end), so that out=
+    never changes the values."""
+    fresh = _core._empty_rows(L.N, L.H, x.dtype).reshape(x.shape)
+    if out is None:
+        return fresh, lambda: fresh
+    if type(out) is not np.ndarray:
+        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != x.shape:
+        raise ValueError(f"out has shape {out.shape}, expected {x.shape}")
+    if out.dtype != x.dtype:
+        raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    if (out.dtype.isnative and out.flags.c_contiguous and out.flags.aligned
+            and not _overlap_partly(out, x)):
+        return out, lambda: out
+
+    def finish() -> _Array:
+        np.copyto(out, fresh)
+        return out
+    return fresh, finish
+
+
 def layer_norm(x: Any, weight: Any, bias: Any, axis: Any, eps: Any, out: Optional[_Array],
                return_stats: bool) -> Union[_Array, Tuple[_Array, _Array, _Array]]:
     x, kt = _array(x, "x")
@@ -253,6 +294,13 @@ def layer_norm(x: Any, weight: Any, bias: Any, axis: Any, eps: Any, out: Optiona
     L = _Rows(x, axis)
     w = L.param(weight, "weight", kt)
     b = L.param(bias, "bias", kt)
+    cf = _channels(x, L, kt)
+    if cf is not None:
+        y, done = _channels_output(x, L, out)
+        mean = np.empty(L.batch_shape, kt) if return_stats else None
+        rstd = np.empty(L.batch_shape, kt) if return_stats else None
+        _core._norm_channels(x, w, b, eps, y, mean, rstd, *cf, False)
+        return done() if mean is None or rstd is None else (done(), mean, rstd)
     st = _storage(kt, x)
     y, finish, (xr, w, b) = L.output(out, "out", _result_dtype(x, kt), st,
                                      [L.rows(x, st), w, b])
@@ -287,6 +335,12 @@ def rms_norm(x: Any, weight: Any, axis: Any, eps: Any, out: Optional[_Array],
     eps = _check_eps(eps)
     L = _Rows(x, axis)
     w = L.param(weight, "weight", kt)
+    cf = _channels(x, L, kt)
+    if cf is not None:
+        y, done = _channels_output(x, L, out)
+        rstd = np.empty(L.batch_shape, kt) if return_stats else None
+        _core._norm_channels(x, w, None, eps, y, None, rstd, *cf, True)
+        return done() if rstd is None else (done(), rstd)
     st = _storage(kt, x)
     y, finish, (xr, w) = L.output(out, "out", _result_dtype(x, kt), st, [L.rows(x, st), w])
     rstd = np.empty(L.N, kt) if return_stats else None

@@ -218,6 +218,20 @@ def _rms_norm_backward_rows(
     dy: _Array, x: _Array, rstd: _Array, w: _Array | None, dx: _Array, dw: _Array
 ) -> None: ...
 
+def _norm_channels(
+    x: _Array,
+    w: _Array | None,
+    b: _Array | None,
+    eps: float,
+    y: _Array,
+    mean: _Array | None,
+    rstd: _Array | None,
+    N: int,
+    C: int,
+    S: int,
+    rms: bool,
+) -> int: ...
+
 # ---- LN-RNN engine (used by fastln.rnn) ---------------------------------------
 
 # cell name -> the engine's cell code

@@ -49,6 +49,17 @@ cdef extern from "fastln.h" nogil:
                             int64_t N, int64_t H, double eps)
     int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
                             int64_t N, int64_t H, double eps)
+    int fastln_layer_norm_channels_f32(float *y, float *mean, float *rstd, const float *x,
+                                       const float *weight, const float *bias, int64_t N,
+                                       int64_t C, int64_t S, double eps)
+    int fastln_layer_norm_channels_f64(double *y, double *mean, double *rstd, const double *x,
+                                       const double *weight, const double *bias, int64_t N,
+                                       int64_t C, int64_t S, double eps)
+    int fastln_rms_norm_channels_f32(float *y, float *rstd, const float *x, const float *weight,
+                                     int64_t N, int64_t C, int64_t S, double eps)
+    int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
+                                     const double *weight, int64_t N, int64_t C, int64_t S,
+                                     double eps)
     int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy,
                                      const float *x, const float *rstd, const float *weight,
                                      int64_t N, int64_t H)
@@ -1387,6 +1398,50 @@ def _rnn_backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double 
     with nogil:
         rc = fastln_rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward2_f64(a)
     return _rnn_status(rc)
+
+
+# ---- channels first (fastln.h) ----------------------------------------------
+
+def _norm_channels(x, w, b, double eps, y, mean, rstd, int64_t N, int64_t C, int64_t S,
+                   bint rms):
+    """layer_norm (or rms_norm: rms, b and mean None) over C of contiguous (N, C, S)
+    arrays x, y of one float type; mean, rstd (N, S) or None; w, b (C) or None."""
+    cdef int tn = _float_type(x)
+    if tn < 0 or N < 0 or C < 1 or S < 1:
+        raise ValueError("internal: bad x or sizes")
+    _arr(x, tn, N * C * S, False, "x")
+    _arr(y, tn, N * C * S, True, "y")
+    for a in (mean, rstd):
+        if a is not None:
+            _arr(a, tn, N * S, True, "stats")
+    for a in (w, b):
+        if a is not None:
+            _arr(a, tn, C, False, "weight")
+    cdef void *px = _ptr(x)
+    cdef void *py = _ptr(y)
+    cdef void *pm = _ptr(mean)
+    cdef void *pr = _ptr(rstd)
+    cdef void *pw = _ptr(w)
+    cdef void *pb = _ptr(b)
+    cdef int rc
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            if rms:
+                rc = fastln_rms_norm_channels_f32(<float *>py, <float *>pr, <float *>px,
+                                                  <float *>pw, N, C, S, eps)
+            else:
+                rc = fastln_layer_norm_channels_f32(<float *>py, <float *>pm, <float *>pr,
+                                                    <float *>px, <float *>pw, <float *>pb,
+                                                    N, C, S, eps)
+        else:
+            if rms:
+                rc = fastln_rms_norm_channels_f64(<double *>py, <double *>pr, <double *>px,
+                                                  <double *>pw, N, C, S, eps)
+            else:
+                rc = fastln_layer_norm_channels_f64(<double *>py, <double *>pm, <double *>pr,
+                                                    <double *>px, <double *>pw, <double *>pb,
+                                                    N, C, S, eps)
+    return _check(rc)
 
 
 # The cache sizes are read once, at import; invalid overrides are ignored.

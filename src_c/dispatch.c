@@ -192,6 +192,35 @@ int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x
     return kt()->ln_f64(y, mean, rstd, x, weight, bias, N, H, eps, p.threads, p.stream);
 }
 
+/* Channels first: the positions N * S are the rows, C their length. */
+#define CHANNELS(q, name, T, fn, rms)                                                       \
+    q int name(T *y, T *mean, T *rstd, const T *x, const T *weight, const T *bias, int64_t N, \
+             int64_t C, int64_t S, double eps)                                              \
+    {                                                                                       \
+        if (N < 0 || C < 1 || S < 1 || (N > 0 && C > INT64_MAX / N / S)) return FASTLN_EINVAL; \
+        const fastln_plan p = plan_for(FASTLN_CALL_FWD, N * S, C, sizeof(T));              \
+        return kt()->fn(y, mean, rstd, x, weight, bias, N, C, S, eps, rms, p.threads,      \
+                        p.stream && (const T *)y != x);                                     \
+    }
+CHANNELS(, fastln_layer_norm_channels_f32, float, cf_f32, 0)
+CHANNELS(, fastln_layer_norm_channels_f64, double, cf_f64, 0)
+CHANNELS(static, rms_channels_f32, float, cf_f32, 1)
+CHANNELS(static, rms_channels_f64, double, cf_f64, 1)
+#undef CHANNELS
+
+int fastln_rms_norm_channels_f32(float *y, float *rstd, const float *x, const float *weight,
+                                 int64_t N, int64_t C, int64_t S, double eps)
+{
+    return rms_channels_f32(y, NULL, rstd, x, weight, NULL, N, C, S, eps);
+}
+
+int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
+                                 const double *weight, int64_t N, int64_t C, int64_t S,
+                                 double eps)
+{
+    return rms_channels_f64(y, NULL, rstd, x, weight, NULL, N, C, S, eps);
+}
+
 int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, const float *dy,
                                    const float *x, const float *mean, const float *rstd,
                                    const float *weight, int64_t N, int64_t H)

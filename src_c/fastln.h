@@ -73,6 +73,21 @@ int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weig
 int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
                         int64_t N, int64_t H, double eps);
 
+/* ---- Channels first: x, y (N, C, S) contiguous, normalized over the C
+ * channels at each of the N * S positions (axis 1 of (N, C, *spatial));
+ * mean, rstd (N, S) or NULL; weight, bias (C) or NULL. y may be x. ---- */
+int fastln_layer_norm_channels_f32(float *y, float *mean, float *rstd, const float *x,
+                                   const float *weight, const float *bias,
+                                   int64_t N, int64_t C, int64_t S, double eps);
+int fastln_layer_norm_channels_f64(double *y, double *mean, double *rstd, const double *x,
+                                   const double *weight, const double *bias,
+                                   int64_t N, int64_t C, int64_t S, double eps);
+int fastln_rms_norm_channels_f32(float *y, float *rstd, const float *x, const float *weight,
+                                 int64_t N, int64_t C, int64_t S, double eps);
+int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
+                                 const double *weight, int64_t N, int64_t C, int64_t S,
+                                 double eps);
+
 /* dx = rstd*(g - xhat*mean(g*xhat)), g = dy*weight, xhat = x*rstd */
 int fastln_rms_norm_backward_f32(float *dx, float *dweight,
                                  const float *dy, const float *x, const float *rstd,

@@ -58,6 +58,11 @@ typedef struct {
     int (*half_bwd)(int kind, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
                     const uint16_t *x, const float *mean, const float *rstd, const float *w,
                     int64_t N, int64_t H, int nt, int stream);
+    /* channels-first (N, C, S) LayerNorm, or RMSNorm with rms (norm_channels.h) */
+    int (*cf_f32)(float *, float *, float *, const float *, const float *, const float *,
+                  int64_t, int64_t, int64_t, double, int, int, int);
+    int (*cf_f64)(double *, double *, double *, const double *, const double *,
+                  const double *, int64_t, int64_t, int64_t, double, int, int, int);
     /* LN-RNN layer (rnn_engine.h); nt as above */
     int (*rnn_fwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);

@@ -17,6 +17,7 @@
 #include "norm_rows.h"
 #include "norm_half.h"
 #include "norm_drivers.h"
+#include "norm_channels.h"
 #include "rnn_cells.h"
 #include "rnn_engine.h"
 #include "type_end.h"
@@ -29,6 +30,7 @@
 #include "norm_rows.h"
 #include "norm_half.h"
 #include "norm_drivers.h"
+#include "norm_channels.h"
 #include "rnn_cells.h"
 #include "rnn_engine.h"
 #include "type_end.h"
@@ -46,6 +48,7 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(rms_norm, _f32_, ISA),            CAT3(rms_norm, _f64_, ISA),
     CAT3(rms_norm_backward, _f32_, ISA),   CAT3(rms_norm_backward, _f64_, ISA),
     CAT3(half_fwd, _f32_, ISA),            CAT3(half_bwd, _f32_, ISA),
+    CAT3(norm_channels, _f32_, ISA),       CAT3(norm_channels, _f64_, ISA),
     CAT3(rnn_forward, _f32_, ISA),         CAT3(rnn_forward, _f64_, ISA),
     CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),
 };

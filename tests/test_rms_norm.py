@@ -110,6 +110,13 @@ def test_layouts(dtype, layout, axis, rng):
     w = weight_for(rng, normalized_shape(shape, axis), dtype)
     y, rstd = check(relayout(x, layout), relayout(w, layout), axis=axis)
     y0, rstd0 = fastln.rms_norm(x, w, axis=axis, return_stats=True)
+    if axis == 0:
+        # C-ordered x over a leading axis takes the channels-first kernel, the other
+        # layouts the row kernels: the same values to rounding, not bitwise
+        tight = dict(rtol=4e-6, atol=4e-6) if dtype == F32 else dict(rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(y, y0, **tight)
+        np.testing.assert_allclose(rstd, rstd0, **tight)
+        return
     np.testing.assert_array_equal(y, y0)
     np.testing.assert_array_equal(rstd, rstd0)
 

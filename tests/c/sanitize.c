@@ -97,6 +97,13 @@ static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, in
         rc |= fastln_layer_norm_backward_##SFX(s, dw, db, dy, x, mean, rstd, NULL, N, H);    \
         rc |= fastln_add_layer_norm_##SFX(y, s, mean, rstd, x, r, w, b, N, H, 1e-5);         \
         rc |= fastln_rms_norm_##SFX(y, rstd, x, w, N, H, 1e-6);                              \
+        if (N > 0) {   /* the same data as (N, H, 1), (1, N, H) and (1, H, N): channels first */ \
+            rc |= fastln_layer_norm_channels_##SFX(y, mean, rstd, x, w, b, N, H, 1, 1e-5);   \
+            rc |= fastln_layer_norm_channels_##SFX(y, NULL, NULL, x, NULL, NULL, 1, N, H, 1e-5); \
+            rc |= fastln_layer_norm_channels_##SFX(x, mean, rstd, x, w, b, 1, H, N, 1e-5);   \
+            rc |= fastln_rms_norm_channels_##SFX(y, NULL, x, NULL, 1, N, H, 1e-6);           \
+            rc |= fastln_rms_norm_channels_##SFX(y, rstd, x, w, 1, H, N, 1e-6);              \
+        }                                                                                    \
         rc |= fastln_rms_norm_backward_##SFX(s, dw, dy, x, rstd, w, N, H);                   \
         memcpy(y, x, n * sizeof(T));   /* in place: y is the input and the output */          \
         rc |= fastln_layer_norm_##SFX(y, mean, rstd, y, w, b, N, H, 1e-5);                   \

@@ -1,0 +1,149 @@
+/*
+ * Channels-first LayerNorm and RMSNorm, written once per (element type, ISA)
+ * (type_begin.h): x, y (N, C, S) contiguous, normalized over the C channels
+ * at each of the N * S positions (the LayerNorm of ConvNeXt-style networks,
+ * axis 1 of (N, C, H, W)); mean, rstd (N, S) or NULL; weight, bias (C) or
+ * NULL.
+ *
+ * A row's C values lie S apart, so a position-at-a-time kernel would read one
+ * element per cache line. Instead a tile of neighbouring positions walks the
+ * channels together: each channel contributes one contiguous run of the
+ * tile's positions, and each position keeps its own running sums (one vector
+ * lane a position). The tile's values stay in L2 across its three sweeps
+ * (the sum around the first channel's value, the centred sum of squares, the
+ * output), so x is read from memory once and y written once. The statistics
+ * are those of the row kernels: shifted by the first value, two passes, sums
+ * in double (in T over blocks of CF_BLOCK channels first).
+ */
+
+/* Positions a tile holds at most, and the bytes of x its sweeps revisit:
+ * a tile of CF_TILE_BYTES stays in L2 between them, and the longer its runs,
+ * the fewer the tiles' overheads and the better the prefetchers follow. */
+#ifndef CF_TILE
+#define CF_TILE 256
+#define CF_TILE_BYTES (128 << 10)
+#endif
+
+/* Channels per block of the running sums: each block sums in T, one lane a
+ * position, and is folded into the double sums, so that T's rounding covers
+ * at most CF_BLOCK terms. */
+#define CF_BLOCK 32
+
+/* Position j of a tile redone in double straight from x, as ln_row_double
+ * does a row (norm_stats.h): for statistics that T may have lost (overflow,
+ * underflow, a non-finite value). */
+static void SFX(cf_column_double)(T *y, T *mean, T *rstd, const T *x, const T *w,
+                                  const T *b, int64_t C, int64_t S, double eps, int rms)
+{
+    double s = 0, ss = 0;
+    for (int64_t c = 0; c < C && !rms; c++) s += (double)x[c * S];
+    double m = s / (double)C;
+    for (int64_t c = 0; c < C; c++) ss += ((double)x[c * S] - m) * ((double)x[c * S] - m);
+    double r = 1.0 / sqrt(ss / (double)C + eps);
+    if (mean) *mean = (T)m;
+    if (rstd) *rstd = (T)r;
+    for (int64_t c = 0; c < C; c++)
+        y[c * S] = (T)(((double)x[c * S] - m) * r * (w ? (double)w[c] : 1.0) +
+                       (b && !rms ? (double)b[c] : 0.0));
+}
+
+/* One tile: positions [s0, s0 + m) of sample n. rms: RMSNorm (no mean, no
+ * bias). stream: y's runs go out with non-temporal stores from a buffer in
+ * L1 (an output of many runs S apart would otherwise be read for ownership,
+ * run by run). */
+static void SFX(cf_tile)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                         int64_t C, int64_t S, int64_t s0, int64_t m, double eps, int rms,
+                         int stream)
+{
+    double acc[CF_TILE];
+    T shift[CF_TILE], d[CF_TILE], r[CF_TILE], part[CF_TILE];
+    unsigned char redo[CF_TILE];   /* statistics T may have lost: see cf_column_double */
+    int any_redo = 0;
+    const T *x0 = x + s0;
+    for (int64_t j = 0; j < m; j++) {
+        shift[j] = rms ? (T)0 : x0[j];
+        d[j] = 0;
+        acc[j] = 0;
+        redo[j] = 0;
+    }
+    for (int pass = rms; pass < 2; pass++) {   /* 0: sum around the shift; 1: squares */
+        for (int64_t c0 = 0; c0 < C; c0 += CF_BLOCK) {
+            int64_t c1 = c0 + CF_BLOCK < C ? c0 + CF_BLOCK : C;
+            for (int64_t j = 0; j < m; j++) part[j] = 0;
+            for (int64_t c = c0; c < c1; c++) {
+                const T *xc = x0 + c * S;
+                if (pass == 0) {
+#pragma omp simd
+                    for (int64_t j = 0; j < m; j++) part[j] += xc[j] - shift[j];
+                } else {
+#pragma omp simd
+                    for (int64_t j = 0; j < m; j++) {
+                        T v = (xc[j] - shift[j]) - d[j];
+                        part[j] = FMA(v, v, part[j]);
+                    }
+                }
+            }
+#pragma omp simd
+            for (int64_t j = 0; j < m; j++) acc[j] += (double)part[j];
+        }
+        for (int64_t j = 0; j < m; j++) {
+            double v = acc[j] / (double)C;
+            if (pass == 0) {
+                d[j] = (T)v;
+                redo[j] = !isfinite(v);
+            } else {
+                r[j] = (T)(1.0 / sqrt(v + eps));
+                /* as stats_suspect: a float mean square out of range may be
+                 * an overflow, or an underflow (0 included, when some values
+                 * differ: checked by the redo itself) */
+                redo[j] |= !isfinite(v) || (sizeof(T) == 4 && !(v >= 1e-30 && v <= 1e30));
+            }
+            any_redo |= redo[j];
+            acc[j] = 0;
+        }
+    }
+    if (any_redo) stream = 0;   /* the redone positions are written over */
+    for (int64_t j = 0; j < m; j++) {
+        if (mean) mean[s0 + j] = shift[j] + d[j];
+        if (rstd) rstd[s0 + j] = r[j];
+    }
+    T *y0 = y + s0, *out = part;   /* part: free again, a buffer for stream */
+    for (int64_t c = 0; c < C; c++) {
+        const T *xc = x0 + c * S;
+        T *yc = y0 + c * S;
+        const T wc = w ? w[c] : (T)1, bc = b && !rms ? b[c] : (T)0;
+        if (!stream) out = yc;
+#pragma omp simd
+        for (int64_t j = 0; j < m; j++) out[j] = FMA(((xc[j] - shift[j]) - d[j]) * r[j], wc, bc);
+        if (stream) stream_copy(yc, out, (size_t)m * sizeof(T));
+    }
+    for (int64_t j = 0; j < m && any_redo; j++)
+        if (redo[j])
+            SFX(cf_column_double)(y0 + j, mean ? mean + s0 + j : NULL, rstd ? rstd + s0 + j : NULL,
+                                  x0 + j, w, b, C, S, eps, rms);
+}
+
+/* The (N, C, S) array in tiles of up to CF_TILE positions (fewer for many
+ * channels: see CF_TILE_BYTES), shared by nt threads. */
+static int SFX(norm_channels)(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,
+                              int64_t N, int64_t C, int64_t S, double eps, int rms, int nt,
+                              int stream)
+{
+    (void)nt;   /* unused in a serial build */
+    int64_t len = CF_TILE_BYTES / (C * (int64_t)sizeof(T)) / 16 * 16;   /* positions a tile */
+    len = len < 16 ? 16 : len > CF_TILE ? CF_TILE : len;
+    const int64_t tiles = (S + len - 1) / len;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < N * tiles; q++) {
+            int64_t n = q / tiles, s0 = q % tiles * len;
+            int64_t m = S - s0 < len ? S - s0 : len;
+            SFX(cf_tile)(y + n * C * S, mean ? mean + n * S : NULL,
+                         rstd ? rstd + n * S : NULL, x + n * C * S, w, b, C, S, s0, m, eps,
+                         rms, stream);
+        }
+        if (stream) stream_fence();
+    }
+    return FASTLN_OK;
+}

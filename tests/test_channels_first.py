@@ -1,0 +1,125 @@
+"""layer_norm and rms_norm over one axis that is not the last (channels first,
+e.g. axis 1 of (N, C, H, W)): the kernel that reads such an array in place
+(src_c/norm_channels.h), against the float64 reference and PyTorch, on every
+ISA path and thread count, with NaN, inf, large offsets, one channel, many
+channels, tails of tiles and empty batches; and the general path it stands in
+for (taken with out=, or a non-contiguous x) agrees with it.
+"""
+import numpy as np
+import pytest
+
+import fastln
+from fastln import reference as ref
+
+from _util import F32, F64
+
+# (shape, axis): tiles with tails, one channel, many channels (short tiles),
+# a middle axis, an empty batch
+CASES = [((2, 5, 3, 4), 1), ((3, 7, 10), 1), ((2, 3, 4, 5), 2), ((4, 96, 7, 9), 1),
+         ((1, 300, 65), 1), ((2, 1, 5), 1), ((3, 4, 1000), 1), ((2, 4099, 20), 1),
+         ((0, 4, 6), 1), ((2, 6, 3), 0)]
+IDS = ["x".join(map(str, s)) + f"-axis{a}" for s, a in CASES]
+
+
+def tol(dtype):
+    return (1e-5, 1e-5) if dtype == F32 else (1e-12, 1e-12)
+
+
+def close(got, want, dtype, what):
+    rtol, atol = tol(dtype)
+    assert got.dtype == dtype, (what, got.dtype)
+    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * scale, err_msg=what)
+
+
+def data(rng, shape, axis, dtype, offset=10.0):
+    x = (rng.standard_normal(shape) * 3 + offset).astype(dtype)
+    C = shape[axis]
+    return x, (1 + 0.5 * rng.standard_normal(C)).astype(dtype), rng.standard_normal(C).astype(dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("params", [True, False], ids=["wb", "none"])
+def test_matches_reference(isa, case, dtype, params, rng):
+    shape, axis = case
+    x, w, b = data(rng, shape, axis, dtype)
+    if not params:
+        w = b = None
+    y, mean, rstd = fastln.layer_norm(x, w, b, axis=axis, return_stats=True)
+    yr, mr, rr = ref.layer_norm(x, w, b, axis=axis, return_stats=True)
+    close(y, yr, dtype, "layer_norm y")
+    close(mean, mr, dtype, "mean")
+    close(rstd, rr, dtype, "rstd")
+    assert y.shape == x.shape and mean.shape == mr.shape
+    y, rs = fastln.rms_norm(x, w, axis=axis, return_stats=True)
+    yr, rsr = ref.rms_norm(x, w, axis=axis, return_stats=True)
+    close(y, yr, dtype, "rms_norm y")
+    close(rs, rsr, dtype, "rms_norm rstd")
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+def test_same_as_the_general_path(dtype, rng):
+    """out= (and a non-contiguous view) take the transposing general path."""
+    x, w, b = data(rng, (3, 16, 9, 11), 1, dtype)
+    y = fastln.layer_norm(x, w, b, axis=1)
+    out = np.empty_like(x)
+    fastln.layer_norm(x, w, b, axis=1, out=out)
+    close(y, out.astype(F64), dtype, "out=")
+    xs = np.asfortranarray(x)
+    close(fastln.layer_norm(xs, w, b, axis=1), y.astype(F64), dtype, "Fortran-ordered x")
+    close(fastln.rms_norm(x, w, axis=1), fastln.rms_norm(xs, w, axis=1).astype(F64), dtype,
+          "rms_norm")
+
+
+def test_bitwise_on_any_thread_count(rng):
+    x, w, b = data(rng, (4, 40, 33, 17), 1, F32)
+    runs = []
+    for n in (1, 2, 3):
+        with fastln.threads(n):
+            runs.append(fastln.layer_norm(x, w, b, axis=1, return_stats=True)
+                        + (fastln.rms_norm(x, w, axis=1),))
+    for other in runs[1:]:
+        for a, c in zip(runs[0], other):
+            np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+def test_nan_and_inf_stay_in_their_position(isa, dtype, rng):
+    x, w, b = data(rng, (2, 8, 5, 6), 1, dtype)
+    x[0, 3, 1, 2] = np.nan
+    x[1, 0, 4, 5] = np.inf
+    y = fastln.layer_norm(x, w, b, axis=1)
+    bad = np.zeros((2, 5, 6), bool)
+    bad[0, 1, 2] = bad[1, 4, 5] = True
+    assert np.isnan(np.moveaxis(y, 1, -1)[bad]).all()
+    good = ~bad
+    with np.errstate(invalid="ignore"):
+        yr = ref.layer_norm(x, w, b, axis=1)
+    close(np.moveaxis(y, 1, -1)[good], np.moveaxis(yr, 1, -1)[good], dtype, "finite positions")
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+def test_large_offset(isa, dtype, rng):
+    """Values 1e4 from zero with a spread of 1: the statistics are taken around
+    each position's first channel, as the row kernels take them."""
+    x, w, b = data(rng, (2, 64, 7, 5), 1, dtype, offset=1e4)
+    x = (x - 1e4) / 3 + 1e4
+    close(fastln.layer_norm(x, w, b, axis=1), ref.layer_norm(x, w, b, axis=1), dtype,
+          "offset 1e4")
+
+
+def test_torch_parity(torch, rng):
+    """NCHW LayerNorm as torch computes it: permute, F.layer_norm, permute back."""
+    x, w, b = data(rng, (2, 24, 6, 7), 1, F64)
+    t = torch.nn.functional.layer_norm(torch.from_numpy(x).permute(0, 2, 3, 1), (24,),
+                                       torch.from_numpy(w), torch.from_numpy(b), 1e-5)
+    close(fastln.layer_norm(x, w, b, axis=1), t.permute(0, 3, 1, 2).numpy(), F64, "torch")
+
+
+def test_bad_weight_names_it(rng):
+    x, w, _ = data(rng, (2, 6, 5), 1, F32)
+    with pytest.raises(ValueError, match="weight"):
+        fastln.layer_norm(x, w[:5], axis=1)
+    with pytest.raises(ValueError, match="weight"):
+        fastln.rms_norm(x, np.ones(5, F32), axis=1)
