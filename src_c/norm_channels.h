@@ -58,6 +58,7 @@ static void SFX(cf_tile)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
     double acc[CF_TILE];
     T shift[CF_TILE], d[CF_TILE], r[CF_TILE], part[CF_TILE];
     unsigned char redo[CF_TILE];   /* statistics T may have lost: see cf_column_double */
+    int differs[CF_TILE];          /* some value differs from the shift */
     int any_redo = 0;
     const T *x0 = x + s0;
     for (int64_t j = 0; j < m; j++) {
@@ -65,6 +66,7 @@ static void SFX(cf_tile)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
         d[j] = 0;
         acc[j] = 0;
         redo[j] = 0;
+        differs[j] = 0;
     }
     for (int pass = rms; pass < 2; pass++) {   /* 0: sum around the shift; 1: squares */
         for (int64_t c0 = 0; c0 < C; c0 += CF_BLOCK) {
@@ -80,6 +82,7 @@ static void SFX(cf_tile)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
                     for (int64_t j = 0; j < m; j++) {
                         T v = (xc[j] - shift[j]) - d[j];
                         part[j] = FMA(v, v, part[j]);
+                        differs[j] |= xc[j] != shift[j];
                     }
                 }
             }
@@ -94,9 +97,10 @@ static void SFX(cf_tile)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
             } else {
                 r[j] = (T)(1.0 / sqrt(v + eps));
                 /* as stats_suspect: a float mean square out of range may be
-                 * an overflow, or an underflow (0 included, when some values
-                 * differ: checked by the redo itself) */
-                redo[j] |= !isfinite(v) || (sizeof(T) == 4 && !(v >= 1e-30 && v <= 1e30));
+                 * an overflow, or an underflow (0 too, unless every value is
+                 * the shift: a constant column) */
+                redo[j] |= !isfinite(v) || (sizeof(T) == 4 && !(v >= 1e-30 && v <= 1e30) &&
+                                            (v != 0 || differs[j]));
             }
             any_redo |= redo[j];
             acc[j] = 0;

@@ -123,3 +123,16 @@ def test_bad_weight_names_it(rng):
         fastln.layer_norm(x, w[:5], axis=1)
     with pytest.raises(ValueError, match="weight"):
         fastln.rms_norm(x, np.ones(5, F32), axis=1)
+
+
+@pytest.mark.parametrize("value", [0.0, 5.0, 1e-30], ids=["zeros", "fives", "tiny"])
+def test_constant_and_tiny_columns(isa, value, rng):
+    """A constant column normalizes to the bias; values whose float squares
+    underflow take the double redo and still match the reference."""
+    x = np.full((2, 6, 5, 7), value, F32)
+    x[1, :3, 2, 3] = [value, -value, 2 * value]
+    w, b = rng.standard_normal(6).astype(F32), rng.standard_normal(6).astype(F32)
+    y = fastln.layer_norm(x, w, b, axis=1)
+    close(y, ref.layer_norm(x, w, b, axis=1), F32, "layer_norm")
+    np.testing.assert_array_equal(y[0], np.broadcast_to(b[:, None, None], (6, 5, 7)))
+    close(fastln.rms_norm(x, w, axis=1), ref.rms_norm(x, w, axis=1), F32, "rms_norm")
