@@ -127,10 +127,11 @@ static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
 
 #include "gemm_packed.h"
 
-/* The recurrent product of a step in parts, for a GRU with RESET_FIRST:
- * C (B, N) (+)= A (B, K) W^T, W (N, K) (forward), or A W, W (K, N)
- * (backward); rows ldc, lda apart; packed panels P, the dot kernels at
- * B == 1, or BLAS (outside any parallel region), as rec_product. */
+/* A recurrent product by method (SFX(rec) below): C (B, N) (+)= A (B, K) W^T,
+ * W (N, K) (forward), or A W, W (K, N) (backward); rows ldc, lda apart; the
+ * packed panels P of W (method 1), the dot kernels at B == 1 (method 2), or
+ * BLAS (method 0, outside any parallel region). rec_product is the whole
+ * step's; a GRU with RESET_FIRST takes its step's in two parts. */
 static void SFX(rec_part)(int method, const float *P, T *C, int64_t ldc, const T *A,
                           int64_t lda, const T *W, int64_t B, int64_t N, int64_t K,
                           int backward, int acc)
@@ -231,25 +232,7 @@ static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh
                              int64_t G, int64_t H, int backward)
 {
     int64_t N = backward ? H : G, K = backward ? G : H;
-#if HAVE_PACKED
-    if (rc->method == 1) {
-        SFX(packed_gemm)(C, N, A, K, 1, rc->packed, FASTLN_NR, B, N, K, backward);
-        return;
-    }
-#endif
-    if (rc->method == 2) {   /* blocks of 64 output columns over the team */
-        int64_t nb = (N + 63) / 64;
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < nb; j++) {
-            int64_t j1 = j * 64 + 64 < N ? j * 64 + 64 : N;
-            if (backward) SFX(small_nn)(C, A, w_hh, B, G, H, 1, j * 64, j1);
-            else SFX(small_nt)(C, A, w_hh, B, G, H, 0, j * 64, j1);
-        }
-        return;
-    }
-    if (backward) GEMM('N', 'N', B, H, G, 1, A, G, w_hh, H, 1, C, H);
-    else GEMM('N', 'T', B, G, H, 1, A, H, w_hh, H, 0, C, G);
-    (void)N; (void)K;
+    SFX(rec_part)(rc->method, rc->packed, C, N, A, K, w_hh, B, N, K, backward, backward);
 }
 
 /* ---- layer drivers ----------------------------------------------------- */
