@@ -199,6 +199,18 @@ class _Rows:
                              f"{self.norm_shape}: {self.where()}")
         return np.require(p, dtype=dtype, requirements=("C", "A")).reshape(self.H)
 
+    def check_out(self, out: Any, name: str, result_dtype: np.dtype[Any]) -> None:
+        """A TypeError or ValueError naming ``name`` unless out is a writeable
+        ndarray of x's shape and the result's dtype."""
+        if type(out) is not np.ndarray:   # subclasses (np.matrix, masked arrays) too
+            raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+        if out.shape != self.shape:
+            raise ValueError(f"{name} has shape {out.shape}, expected {self.shape}")
+        if out.dtype != result_dtype:
+            raise TypeError(f"{name} has dtype {out.dtype}, expected {result_dtype}")
+        if not out.flags.writeable:
+            raise ValueError(f"{name} is read-only")
+
     def output(self, out: Optional[_Array], name: str, result_dtype: np.dtype[Any],
                kernel_dtype: np.dtype[Any], inputs: Sequence[Optional[_Array]]
                ) -> Tuple[_Array, Callable[[], _Array], Sequence[Any]]:
@@ -214,14 +226,7 @@ class _Rows:
             if result_dtype == kernel_dtype:
                 return r, (lambda: self.unrows(r)), inputs
             return r, (lambda: self.unrows(r).astype(result_dtype)), inputs
-        if type(out) is not np.ndarray:   # subclasses (np.matrix, masked arrays) too
-            raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
-        if out.shape != self.shape:
-            raise ValueError(f"{name} has shape {out.shape}, expected {self.shape}")
-        if out.dtype != result_dtype:
-            raise TypeError(f"{name} has dtype {out.dtype}, expected {result_dtype}")
-        if not out.flags.writeable:
-            raise ValueError(f"{name} is read-only")
+        self.check_out(out, name, result_dtype)
         m = self.moved(out)
         if out.dtype == kernel_dtype and out.dtype.isnative and m.flags.c_contiguous \
                 and m.flags.aligned:
@@ -266,20 +271,14 @@ def _channels_output(x: _Array, L: _Rows, out: Optional[_Array]
     the result: out itself when it is C-contiguous and aligned (x itself
     included), else fresh memory (copied into out at the end), so that out=
     never changes the values."""
+    if out is not None:
+        L.check_out(out, "out", x.dtype)
+        if (out.dtype.isnative and out.flags.c_contiguous and out.flags.aligned
+                and not _overlap_partly(out, x)):
+            return out, lambda: out
     fresh = _core._empty_rows(L.N, L.H, x.dtype).reshape(x.shape)
     if out is None:
         return fresh, lambda: fresh
-    if type(out) is not np.ndarray:
-        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
-    if out.shape != x.shape:
-        raise ValueError(f"out has shape {out.shape}, expected {x.shape}")
-    if out.dtype != x.dtype:
-        raise TypeError(f"out has dtype {out.dtype}, expected {x.dtype}")
-    if not out.flags.writeable:
-        raise ValueError("out is read-only")
-    if (out.dtype.isnative and out.flags.c_contiguous and out.flags.aligned
-            and not _overlap_partly(out, x)):
-        return out, lambda: out
 
     def finish() -> _Array:
         np.copyto(out, fresh)
