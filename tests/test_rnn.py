@@ -42,10 +42,10 @@ def make(variant, I, H, L=1, dtype=F64, batch_first=False, seed=0, eps=1e-5):
     return CLASSES[cell](**kw)
 
 
-def random_params(rng, variant, I, H, L, dtype):
+def random_params(rng, variant, I, H, L, dtype, bidirectional=False):
     """Parameters away from the init (gains != 1, biases != 0, weights a bit larger)."""
     p = {}
-    for name, shape in ref.param_shapes(variant[0], I, H, L).items():
+    for name, shape in ref.param_shapes(variant[0], I, H, L, bidirectional=bidirectional).items():
         if name.startswith("weight_"):
             a = rng.uniform(-1.5, 1.5, shape) / np.sqrt(H)
         elif "_weight_" in name:                        # LN gains

@@ -10,10 +10,23 @@ import pytest
 
 import fastln
 from fastln import rnn_reference as ref
-from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
+from fastln.rnn import GRU, LNLSTM, LSTM, RNN
 
 from _rnn_torch import torch_rnn
 from _util import F32, F64, FLOAT_DTYPES, named
+from test_rnn import (
+    CLASSES,
+    REF,
+    as_tuple,
+    check,
+    check_state,
+    from_tuple,
+    has_cell,
+    is_plain,
+    rand_lengths,
+    rand_x,
+)
+from test_rnn import random_params as _random_params
 
 # (cell, option): option is the nonlinearity of the RNNs and linear_before_reset of the GRU
 VARIANTS = [("rnn", "tanh"), ("rnn", "relu"), ("lstm", None), ("gru", None),
@@ -21,11 +34,6 @@ VARIANTS = [("rnn", "tanh"), ("rnn", "relu"), ("lstm", None), ("gru", None),
             ("gru_plain", True), ("gru_plain", False)]
 VIDS = ["lnrnn-tanh", "lnrnn-relu", "lnlstm", "lngru", "rnn-tanh", "rnn-relu", "lstm",
         "gru-lbr", "gru-nolbr"]
-CLASSES = {"rnn": LNRNN, "lstm": LNLSTM, "gru": LNGRU, "rnn_plain": RNN, "lstm_plain": LSTM,
-           "gru_plain": GRU}
-REF = {"rnn": ref.lnrnn_forward, "lstm": ref.lnlstm_forward, "gru": ref.lngru_forward,
-       "rnn_plain": ref.rnn_forward, "lstm_plain": ref.lstm_forward,
-       "gru_plain": ref.gru_forward}
 
 # every variant bidirectional, and the plain GRU also unidirectional
 CASES = ([pytest.param(v, True, id=i + "-bidir") for v, i in zip(VARIANTS, VIDS)]
@@ -35,13 +43,6 @@ dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=["f32", "f64"])
 
 
 # ---------------------------------------------------------------- helpers
-
-def is_plain(variant):
-    return variant[0].endswith("_plain")
-
-
-def has_cell(variant):
-    return variant[0].startswith("lstm")
 
 
 def options(variant):
@@ -59,17 +60,8 @@ def make(variant, I, H, L=1, dtype=F64, batch_first=False, bidir=True, seed=0):
 
 
 def random_params(rng, variant, I, H, L, dtype, bidir=True):
-    """Parameters away from the init (gains != 1, biases != 0, weights a bit larger)."""
-    p = {}
-    for name, shape in ref.param_shapes(variant[0], I, H, L, bidirectional=bidir).items():
-        if name.startswith("weight_"):
-            a = rng.uniform(-1.5, 1.5, shape) / np.sqrt(H)
-        elif "_weight_" in name:                        # LN gains
-            a = 1.0 + 0.3 * rng.standard_normal(shape)
-        else:                                           # LN biases and the plain biases
-            a = 0.3 * rng.standard_normal(shape)
-        p[name] = a.astype(dtype)
-    return p
+    """test_rnn's random parameters, for both directions unless bidir is False."""
+    return _random_params(rng, variant, I, H, L, dtype, bidirectional=bidir)
 
 
 def randomized(rng, variant, I, H, L=1, dtype=F64, batch_first=False, bidir=True):
@@ -77,14 +69,6 @@ def randomized(rng, variant, I, H, L=1, dtype=F64, batch_first=False, bidir=True
     m = make(variant, I, H, L, dtype, batch_first, bidir)
     m.load_state_dict(random_params(rng, variant, I, H, L, dtype, bidir))
     return m
-
-
-def as_tuple(variant, s):
-    return tuple(s) if has_cell(variant) else (s,)
-
-
-def from_tuple(variant, t):
-    return tuple(t) if has_cell(variant) else t[0]
 
 
 def rand_state(rng, variant, n, B, H, dtype):
@@ -108,37 +92,6 @@ def torch_ref(torch, m, variant, x, state, lengths, dy, dstate, bidir=True):
                      eps=m.eps, nonlinearity=opt.get("nonlinearity", "tanh"),
                      batch_first=m.batch_first, dy=dy, dstate=dstate, bidirectional=bidir,
                      linear_before_reset=opt.get("linear_before_reset", True))
-
-
-def check_state(variant, got, want, dtype, what="state"):
-    if has_cell(variant):
-        assert isinstance(got, tuple) and len(got) == 2, (what, type(got))
-    for i, (g, w) in enumerate(zip(as_tuple(variant, got), as_tuple(variant, want))):
-        check(g, w, dtype, "%s[%d]" % (what, i))
-
-
-def rand_x(rng, T, B, I, dtype, batch_first=False):
-    return rng.standard_normal((B, T, I) if batch_first else (T, B, I)).astype(dtype)
-
-
-def rand_lengths(rng, T, B):
-    lengths = rng.integers(1, T + 1, size=B)
-    lengths[0] = T                     # one full sequence and, if B > 1, one of length 1
-    if B > 1:
-        lengths[-1] = 1
-    return lengths
-
-
-def check(got, want, dtype, what):
-    """got has want's shape and ``dtype``, and is within the tolerance of a whole recurrent
-    pass in ``dtype`` (float32: 1e-4, float64: 1e-10; absolute part scaled by max|want|)."""
-    got = np.asarray(got)
-    want = np.asarray(want, F64)
-    assert got.shape == want.shape, (what, got.shape, want.shape)
-    assert got.dtype == np.dtype(dtype), (what, got.dtype, dtype)
-    t = 1e-4 if np.dtype(dtype) == np.dtype(F32) else 1e-10
-    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
-    np.testing.assert_allclose(got.astype(F64), want, rtol=t, atol=t * scale, err_msg=what)
 
 
 def time_major(a, batch_first):
