@@ -5,7 +5,8 @@ API. See README.md for a tour; ``python -m fastln`` runs a self-check and a
 benchmark against the peers installed.
 
 Functions: :func:`layer_norm`, :func:`layer_norm_backward`,
-:func:`rms_norm`, :func:`rms_norm_backward` and :func:`add_layer_norm` (from
+:func:`rms_norm`, :func:`rms_norm_backward`, and the fused residual ops
+:func:`add_layer_norm`, :func:`add_rms_norm` and their backward (from
 :mod:`fastln._core`). Layers: :class:`LayerNorm` and :class:`RMSNorm` (from
 :mod:`fastln.layers`). Threads: :func:`get_num_threads`,
 :func:`set_num_threads` and :func:`threads`. Instruction sets:
@@ -45,6 +46,9 @@ from types import ModuleType as _ModuleType
 from fastln import _core
 from fastln._core import (
     add_layer_norm,
+    add_layer_norm_backward,
+    add_rms_norm,
+    add_rms_norm_backward,
     get_isa,
     has_openmp,
     layer_norm,
@@ -66,6 +70,7 @@ __version__: str = "0.1.0"
 
 __all__ = [
     "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "add_layer_norm",
+    "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward",
     "LayerNorm", "RMSNorm", "get_num_threads", "set_num_threads", "threads",
     "get_isa", "supported_isas", "has_openmp", "cache_info", "set_cache_limit", "empty_cache",
     "__version__",

@@ -365,16 +365,51 @@ def rms_norm_backward(dy: Any, x: Any, rstd: Any, weight: Any, axis: Any,
     return finish(), dw.reshape(L.norm_shape)
 
 
-def add_layer_norm(x: Any, residual: Any, weight: Any, bias: Any, axis: Any, eps: Any,
-                   out: Any, return_stats: bool
-                   ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array, _Array]]:
+def _residual_period(L: _Rows, shape: Tuple[int, ...], name: str) -> Tuple[Tuple[int, ...], int]:
+    """A residual's shape padded to x's dimensions, and its rows' period R:
+    row n of x takes residual row n % R. R = N where it has x's shape, fewer
+    where it broadcasts over leading batch axes only (those before the first
+    axis where it has x's size), and 0 where it broadcasts otherwise (a
+    broadcast copy then holds its N rows). Only batch (non-normalized) axes may
+    broadcast: a ValueError naming ``name`` otherwise."""
+    nd = len(L.shape)
+    padded = (1,) * (nd - len(shape)) + tuple(shape)
+    if len(shape) > nd or any(p not in (1, n) for p, n in zip(padded, L.shape)):
+        raise ValueError(f"{name} has shape {tuple(shape)}, which does not broadcast to "
+                         f"x's shape {L.shape}")
+    if any(padded[a] != L.shape[a] for a in L.axes):
+        raise ValueError(f"{name} has shape {tuple(shape)}: it may broadcast over the batch "
+                         f"axes only, not the normalized ones ({L.where()})")
+    rb = [n for i, n in enumerate(padded) if i not in L.axes]
+    k = len(rb)
+    while k > 0 and rb[k - 1] == L.batch_shape[k - 1]:
+        k -= 1
+    if any(n != 1 for n in rb[:k]):
+        return padded, 0
+    return padded, int(np.prod(rb, dtype=np.int64))
+
+
+def _residual_rows(L: _Rows, residual: _Array, st: np.dtype[Any]) -> _Array:
+    """residual as (R, H) rows of dtype st (see _residual_period)."""
+    if residual.shape == L.shape:
+        return L.rows(residual, st)
+    padded, R = _residual_period(L, residual.shape, "residual")
+    r = residual.reshape(padded)
+    if R == 0:
+        return L.rows(np.broadcast_to(r, L.shape), st)
+    return np.require(L.moved(r), dtype=st, requirements=("C", "A")).reshape(R, L.H)
+
+
+def add_norm(rms: bool, x: Any, residual: Any, input_bias: Any, weight: Any, bias: Any,
+             axis: Any, eps: Any, out: Any, return_stats: bool) -> Tuple[_Array, ...]:
+    """add_layer_norm, or add_rms_norm with rms (bias None)."""
     x, kx = _array(x, "x")
     residual, kr = _array(residual, "residual")
     eps = _check_eps(eps)
     L = _Rows(x, axis)
-    L.check_shape(residual, "residual")
     kt = np.promote_types(kx, kr)
     rdt = np.result_type(_result_dtype(x, kx), _result_dtype(residual, kr))
+    bi = L.param(input_bias, "input_bias", kt)
     w = L.param(weight, "weight", kt)
     b = L.param(bias, "bias", kt)
     if out is None or isinstance(out, np.ndarray):
@@ -386,12 +421,74 @@ def add_layer_norm(x: Any, residual: Any, weight: Any, bias: Any, axis: Any, eps
     if out_y is not None and out_s is not None and np.may_share_memory(out_y, out_s):
         raise ValueError("out: the y and s buffers overlap")
     st = _storage(kt, x, residual)
-    y, finish_y, inputs = L.output(out_y, "out", rdt, st,
-                                   [L.rows(x, st), L.rows(residual, st), w, b])
-    s, finish_s, (xr, rr, w, b) = L.output(out_s, "out[1]", rdt, st, inputs)
-    mean = np.empty(L.N, kt) if return_stats else None
+    rr = _residual_rows(L, residual, st)
+    y, finish_y, inputs = L.output(out_y, "out", rdt, st, [L.rows(x, st), rr, bi, w, b])
+    s, finish_s, (xr, rr, bi, w, b) = L.output(out_s, "out[1]", rdt, st, inputs)
+    if rr.shape[0] != L.N and np.may_share_memory(rr, s):
+        rr = rr.copy()   # a broadcast residual that s would overwrite
+    mean = np.empty(L.N, kt) if return_stats and not rms else None
     rstd = np.empty(L.N, kt) if return_stats else None
-    _core._add_layer_norm_rows(xr, rr, w, b, eps, y, s, mean, rstd)
-    if mean is None or rstd is None:
+    _core._add_norm_rows(rms, xr, rr, bi, w, b, eps, y, s, mean, rstd)
+    if rstd is None:
         return finish_y(), finish_s()
+    if mean is None:
+        return finish_y(), finish_s(), rstd.reshape(L.batch_shape)
     return finish_y(), finish_s(), mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)
+
+
+def _reduce_to(a: _Array, shape: Tuple[int, ...], dtype: np.dtype[Any]) -> _Array:
+    """a summed (in float64) over the axes along which shape broadcasts to a's shape."""
+    lead = a.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and a.shape[lead + i] != 1)
+    return a.sum(axis=axes, dtype=np.float64).reshape(shape).astype(dtype)
+
+
+def add_norm_backward(rms: bool, dy: Any, s: Any, mean: Any, rstd: Any, weight: Any, ds: Any,
+                      axis: Any, out: Optional[_Array], input_bias_grad: bool,
+                      residual_shape: Any) -> Tuple[_Array, ...]:
+    """add_layer_norm_backward, or add_rms_norm_backward with rms (mean None)."""
+    s, kt = _array(s, "s")
+    dy, _ = _array(dy, "dy")
+    L = _Rows(s, axis)
+    L.check_shape(dy, "dy")
+    if ds is not None:
+        ds, _ = _array(ds, "ds")
+        L.check_shape(ds, "ds")
+    m = None if rms else L.stats(mean, "mean", kt)
+    r = L.stats(rstd, "rstd", kt)
+    w = L.param(weight, "weight", kt)
+    rshape = None
+    if residual_shape is not None:
+        try:
+            rshape = tuple(operator.index(n) for n in residual_shape)
+        except TypeError:
+            raise TypeError(f"residual_shape must be a tuple of ints, got "
+                            f"{residual_shape!r}") from None
+        padded, period = _residual_period(L, rshape, "residual_shape")
+    # float16/bfloat16 rows are widened to float32 (the fused backward's kernels
+    # take float32 and float64); dsum is rounded back on the way out
+    rdt = _result_dtype(s, kt)
+    dsum, finish, (dyr, sr, dsr, m, r, w) = L.output(
+        out, "out", rdt, kt,
+        [L.rows(dy, kt), L.rows(s, kt), None if ds is None else L.rows(ds, kt), m, r, w])
+    dw = np.empty(L.H, kt)
+    db = None if rms else np.empty(L.H, kt)
+    # a residual of one row (every batch axis broadcast, the normalized ones in
+    # order): its gradient is dsum's column sums, as input_bias's
+    bias_like = rshape is not None and period == 1 and list(L.axes) == sorted(L.axes)
+    di = np.empty(L.H, kt) if input_bias_grad or bias_like else None
+    _core._add_norm_backward_rows(rms, dyr, sr, dsr, m, r, w, dsum, dw, db, di)
+    res: list[_Array] = [finish(), dw.reshape(L.norm_shape)]
+    if db is not None:
+        res.append(db.reshape(L.norm_shape))
+    if input_bias_grad:
+        res.append(di.reshape(L.norm_shape))
+    if rshape is not None:
+        if rshape == L.shape:
+            res.append(res[0])
+        elif bias_like:
+            res.append(di.reshape(rshape).astype(rdt))
+        else:
+            res.append(_reduce_to(res[0], rshape, rdt))
+    return tuple(res)

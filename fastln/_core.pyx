@@ -45,6 +45,22 @@ cdef extern from "fastln.h" nogil:
                                   const double *x, const double *residual,
                                   const double *weight, const double *bias,
                                   int64_t N, int64_t H, double eps)
+    int fastln_add_norm_f32(int rms, float *y, float *s, float *mean, float *rstd,
+                            const float *x, const float *residual, int64_t R,
+                            const float *input_bias, const float *weight, const float *bias,
+                            int64_t N, int64_t H, double eps)
+    int fastln_add_norm_f64(int rms, double *y, double *s, double *mean, double *rstd,
+                            const double *x, const double *residual, int64_t R,
+                            const double *input_bias, const double *weight, const double *bias,
+                            int64_t N, int64_t H, double eps)
+    int fastln_add_norm_backward_f32(int rms, float *dsum, float *dweight, float *dbias,
+                                     float *dinput_bias, const float *dy, const float *s,
+                                     const float *ds, const float *mean, const float *rstd,
+                                     const float *weight, int64_t N, int64_t H)
+    int fastln_add_norm_backward_f64(int rms, double *dsum, double *dweight, double *dbias,
+                                     double *dinput_bias, const double *dy, const double *s,
+                                     const double *ds, const double *mean, const double *rstd,
+                                     const double *weight, int64_t N, int64_t H)
     int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
                             int64_t N, int64_t H, double eps)
     int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
@@ -86,6 +102,10 @@ cdef extern from "fastln.h" nogil:
                                    float *rstd, const uint16_t *x, const uint16_t *residual,
                                    const float *weight, const float *bias, int64_t N, int64_t H,
                                    double eps)
+    int fastln_add_norm_half(int kind, int rms, uint16_t *y, uint16_t *s, float *mean,
+                             float *rstd, const uint16_t *x, const uint16_t *residual, int64_t R,
+                             const float *input_bias, const float *weight, const float *bias,
+                             int64_t N, int64_t H, double eps)
     int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
                              const float *weight, int64_t N, int64_t H, double eps)
     int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight,
@@ -407,8 +427,8 @@ cdef int _ln_bwd(int tn, dx, dw, db, dy, x, mean, rstd, w, int64_t N, int64_t H)
     return _check(rc)
 
 
-cdef int _add_ln(int tn, y, s, mean, rstd, x, res, w, b, int64_t N, int64_t H,
-                 double eps) except -1:
+cdef int _add_norm(int tn, int rms, y, s, mean, rstd, x, res, int64_t R, bi, w, b,
+                   int64_t N, int64_t H, double eps) except -1:
     cdef int rc
     cdef void *py = _ptr(y)
     cdef void *ps = _ptr(s)
@@ -416,23 +436,52 @@ cdef int _add_ln(int tn, y, s, mean, rstd, x, res, w, b, int64_t N, int64_t H,
     cdef void *pr = _ptr(rstd)
     cdef void *px = _ptr(x)
     cdef void *pres = _ptr(res)
+    cdef void *pbi = _ptr(bi)
     cdef void *pw = _ptr(w)
     cdef void *pb = _ptr(b)
     if N == 0:
         return 0
     with nogil:
         if tn >= _HALF_BASE:
-            rc = fastln_add_layer_norm_half(tn - _HALF_BASE, <uint16_t *>py, <uint16_t *>ps, <float *>pm,
-                                            <float *>pr, <uint16_t *>px, <uint16_t *>pres,
-                                            <float *>pw, <float *>pb, N, H, eps)
+            rc = fastln_add_norm_half(tn - _HALF_BASE, rms, <uint16_t *>py, <uint16_t *>ps,
+                                      <float *>pm, <float *>pr, <uint16_t *>px,
+                                      <uint16_t *>pres, R, <float *>pbi, <float *>pw,
+                                      <float *>pb, N, H, eps)
         elif tn == cnp.NPY_FLOAT:
-            rc = fastln_add_layer_norm_f32(<float *>py, <float *>ps, <float *>pm, <float *>pr,
-                                           <float *>px, <float *>pres, <float *>pw,
-                                           <float *>pb, N, H, eps)
+            rc = fastln_add_norm_f32(rms, <float *>py, <float *>ps, <float *>pm, <float *>pr,
+                                     <float *>px, <float *>pres, R, <float *>pbi, <float *>pw,
+                                     <float *>pb, N, H, eps)
         else:
-            rc = fastln_add_layer_norm_f64(<double *>py, <double *>ps, <double *>pm,
-                                           <double *>pr, <double *>px, <double *>pres,
-                                           <double *>pw, <double *>pb, N, H, eps)
+            rc = fastln_add_norm_f64(rms, <double *>py, <double *>ps, <double *>pm,
+                                     <double *>pr, <double *>px, <double *>pres, R,
+                                     <double *>pbi, <double *>pw, <double *>pb, N, H, eps)
+    return _check(rc)
+
+
+cdef int _add_bwd(int tn, int rms, dx, dw, db, di, dy, x, ds, mean, rstd, w, int64_t N,
+                  int64_t H) except -1:
+    cdef int rc
+    cdef void *pdx = _ptr(dx)
+    cdef void *pdw = _ptr(dw)
+    cdef void *pdb = _ptr(db)
+    cdef void *pdi = _ptr(di)
+    cdef void *pdy = _ptr(dy)
+    cdef void *px = _ptr(x)
+    cdef void *pds = _ptr(ds)
+    cdef void *pm = _ptr(mean)
+    cdef void *pr = _ptr(rstd)
+    cdef void *pw = _ptr(w)
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            rc = fastln_add_norm_backward_f32(rms, <float *>pdx, <float *>pdw, <float *>pdb,
+                                              <float *>pdi, <float *>pdy, <float *>px,
+                                              <float *>pds, <float *>pm, <float *>pr,
+                                              <float *>pw, N, H)
+        else:
+            rc = fastln_add_norm_backward_f64(rms, <double *>pdx, <double *>pdw, <double *>pdb,
+                                              <double *>pdi, <double *>pdy, <double *>px,
+                                              <double *>pds, <double *>pm, <double *>pr,
+                                              <double *>pw, N, H)
     return _check(rc)
 
 
@@ -495,12 +544,30 @@ def _layer_norm_backward_rows(dy, x, mean, rstd, w, dx, dw, db):
             cnp.PyArray_DIM(<cnp.ndarray>x, 1))
 
 
-def _add_layer_norm_rows(x, res, w, b, double eps, y, s, mean, rstd):
-    if res is None:
-        raise ValueError("internal: residual is required")
-    cdef int tn = _rows_ok(x, (y, s), (mean, rstd), (res, y, s), (mean, rstd), (w, b))
-    _add_ln(tn, y, s, mean, rstd, x, res, w, b, cnp.PyArray_DIM(<cnp.ndarray>x, 0),
-            cnp.PyArray_DIM(<cnp.ndarray>x, 1), eps)
+def _add_norm_rows(bint rms, x, res, bi, w, b, double eps, y, s, mean, rstd):
+    """add_layer_norm (add_rms_norm with rms) on canonical arrays; res holds R
+    rows of H, R >= 1 dividing N (row n adds res row n % R)."""
+    cdef int tn = _rows_ok(x, (y, s), (mean, rstd), (y, s), (mean, rstd), (bi, w, b))
+    cdef int64_t N = cnp.PyArray_DIM(<cnp.ndarray>x, 0), H = cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+    if not (res is not None and _fast(res, cnp.PyArray_TYPE(<cnp.ndarray>x))
+            and cnp.PyArray_SIZE(<cnp.ndarray>res) % H == 0):
+        raise ValueError("internal: bad residual array")
+    cdef int64_t R = cnp.PyArray_SIZE(<cnp.ndarray>res) // H
+    if N > 0 and (R < 1 or N % R != 0):
+        raise ValueError("internal: the residual's rows must divide x's")
+    _add_norm(tn, rms, y, s, mean, rstd, x, res, R, bi, w, b, N, H, eps)
+
+
+def _add_norm_backward_rows(bint rms, dy, x, ds, mean, rstd, w, dx, dw, db, di):
+    """The fused add's backward on canonical float32/float64 arrays (db, mean
+    None with rms); ds and di may be None."""
+    if rstd is None or dy is None or (not rms and (mean is None or db is None)):
+        raise ValueError("internal: dy, rstd (and for LayerNorm mean, db) are required")
+    cdef int tn = _rows_ok(x, (dx, dw), (db, di), (dy, dx, ds), (mean, rstd), (w, dw, db, di))
+    if tn >= _HALF_BASE:
+        raise ValueError("internal: the fused backward takes float32 or float64 rows")
+    _add_bwd(tn, rms, dx, dw, db, di, dy, x, ds, mean, rstd, w,
+             cnp.PyArray_DIM(<cnp.ndarray>x, 0), cnp.PyArray_DIM(<cnp.ndarray>x, 1))
 
 
 def _rms_norm_rows(x, w, double eps, y, rstd):
@@ -851,16 +918,21 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
     return _api.rms_norm_backward(dy, x, rstd, weight, axis, out)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
-                   return_stats=False):
-    """Fused residual add and layer norm: ``s = x + residual``, ``y = layer_norm(s)``.
+def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis=-1, eps=1e-5,
+                   out=None, return_stats=False):
+    """Fused residual add and layer norm: ``s = x + residual (+ input_bias)``, ``y = layer_norm(s)``.
 
-    One pass over memory: s is written and normalized while it is in cache.
+    One pass over memory: s is written and normalized while it is in cache,
+    and y is bitwise ``layer_norm(s)``. This is ONNX Runtime's
+    SkipLayerNormalization (x its input, residual its skip, input_bias its
+    bias), and the post-norm residual block of a transformer.
 
     Parameters
     ----------
     x, residual : array_like
-        The two summands, of the same shape. Each takes the dtype rules of
+        The two summands. residual has x's shape, or broadcasts to it over
+        the batch (non-normalized) axes only, as a skip of shape (S, H)
+        against x of (B, S, H) does. Each takes the dtype rules of
         :func:`layer_norm`; where they differ, the sum is computed in the
         promotion of their compute dtypes, and y and s take
         ``np.result_type`` of the dtypes each alone would give (float16 with
@@ -868,6 +940,10 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
         Torch tensors as in :func:`layer_norm`.
     weight, bias : array_like, optional
         Gain and bias of the normalized shape; None means 1 and 0.
+    input_bias : array_like, optional
+        A vector of the normalized shape added into s, as
+        ``(x + residual) + input_bias``: the bias of the dense layer that
+        produced x.
     axis : int or tuple of int, default -1
         The normalized axes.
     eps : float, default 1e-5
@@ -896,8 +972,14 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
         As :func:`layer_norm`, for residual too; ``out`` neither an ndarray
         nor a 2-tuple.
     ValueError
-        As :func:`layer_norm`; residual not of x's shape; y_out and s_out
-        overlapping each other.
+        As :func:`layer_norm`; residual not broadcasting to x's shape over
+        the batch axes; input_bias not of the normalized shape; y_out and
+        s_out overlapping each other.
+
+    See Also
+    --------
+    add_layer_norm_backward : its gradients.
+    add_rms_norm : the same with RMSNorm.
 
     Examples
     --------
@@ -907,8 +989,11 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
     >>> y, s = fastln.add_layer_norm(x, residual)
     >>> s
     array([[1., 4., 7.]])
-    >>> np.allclose(y, fastln.layer_norm(s))
+    >>> np.array_equal(y, fastln.layer_norm(s))
     True
+    >>> y, s = fastln.add_layer_norm(x, residual, input_bias=[1., 1., 1.])
+    >>> s
+    array([[2., 5., 8.]])
     """
     cdef int tn = _float_type(x)
     cdef cnp.ndarray xa, y, s
@@ -921,7 +1006,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
         y_out, s_out = out
     else:
         tn = -1
-    if tn >= 0:
+    if tn >= 0 and input_bias is None:
         xa = <cnp.ndarray>x
         nd = cnp.PyArray_NDIM(xa)
         H = cnp.PyArray_DIM(xa, nd - 1)
@@ -935,15 +1020,207 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, ou
             y = _empty_like(xa, nd, tn) if y_out is None else <cnp.ndarray>y_out
             s = _empty_like(xa, nd, tn) if s_out is None else <cnp.ndarray>s_out
             if not return_stats:
-                _add_ln(tn, y, s, None, None, xa, residual, weight, bias,
-                        cnp.PyArray_SIZE(xa) // H, H, eps)
+                _add_norm(tn, 0, y, s, None, None, xa, residual, cnp.PyArray_SIZE(xa) // H,
+                          None, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
                 return y, s
             mean = _empty_like(xa, nd - 1, tn)
             rstd = _empty_like(xa, nd - 1, tn)
-            _add_ln(tn, y, s, mean, rstd, xa, residual, weight, bias,
-                    cnp.PyArray_SIZE(xa) // H, H, eps)
+            _add_norm(tn, 0, y, s, mean, rstd, xa, residual, cnp.PyArray_SIZE(xa) // H,
+                      None, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
             return y, s, mean, rstd
-    return _api.add_layer_norm(x, residual, weight, bias, axis, eps, out, return_stats)
+    return _api.add_norm(False, x, residual, input_bias, weight, bias, axis, eps, out,
+                         return_stats)
+
+
+def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6, out=None,
+                 return_stats=False):
+    """Fused residual add and RMS norm: ``s = x + residual (+ input_bias)``, ``y = rms_norm(s)``.
+
+    One pass over memory, as :func:`add_layer_norm`: y is bitwise
+    ``rms_norm(s)``. This is ONNX Runtime's SkipSimplifiedLayerNormalization,
+    the pre-norm residual block of Llama-style models: s is the residual
+    stream that goes on, y the normalized input of the next layer.
+
+    Parameters
+    ----------
+    x, residual : array_like
+        The two summands, as in :func:`add_layer_norm`: residual has x's
+        shape or broadcasts to it over the batch axes. float16 and bfloat16
+        (ml_dtypes) storage as in :func:`layer_norm`.
+    weight : array_like, optional
+        Gain of the normalized shape; None means 1.
+    input_bias : array_like, optional
+        A vector of the normalized shape added into s, as
+        ``(x + residual) + input_bias``.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    eps : float, default 1e-6
+        Added to the mean square; finite and >= 0.
+    out : ndarray or tuple, optional
+        y's buffer, or a tuple ``(y_out, s_out)``, as in
+        :func:`add_layer_norm`.
+    return_stats : bool, default False
+        Also return ``rstd``, the reciprocal root mean square of s.
+
+    Returns
+    -------
+    y : ndarray
+        ``rms_norm(s)``.
+    s : ndarray
+        ``x + residual (+ input_bias)``, of x's shape, in y's dtype.
+    rstd : ndarray
+        Only with ``return_stats=True``: of x's shape without the normalized
+        axes, in the compute dtype.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`add_layer_norm`.
+
+    See Also
+    --------
+    add_rms_norm_backward : its gradients.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> x = np.array([[1., 2., 3.], [4., 5., 6.]], np.float32)
+    >>> y, s = fastln.add_rms_norm(x, np.ones(3, np.float32))   # one residual row for both
+    >>> s
+    array([[2., 3., 4.],
+           [5., 6., 7.]], dtype=float32)
+    >>> np.array_equal(y, fastln.rms_norm(s))
+    True
+    """
+    return _api.add_norm(True, x, residual, input_bias, weight, None, axis, eps, out,
+                         return_stats)
+
+
+def add_layer_norm_backward(dy, s, mean, rstd, weight=None, *, ds=None, axis=-1, out=None,
+                            input_bias_grad=False, residual_shape=None):
+    """The gradients of :func:`add_layer_norm`, in one sweep.
+
+    With ``y, s, mean, rstd = add_layer_norm(x, residual, weight, bias,
+    input_bias=..., return_stats=True)`` and a loss L, given ``dy = dL/dy``
+    (and ``ds``, a gradient of L that reaches s by another way, such as the
+    residual stream of a pre-norm block), the gradient of the sum is
+    ``dsum = layer_norm_backward(dy, s, mean, rstd, weight)[0] + ds``, and it
+    is the gradient of x and of the residual. Deterministic: bitwise the same
+    on any thread count.
+
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of y, of s's shape.
+    s, mean, rstd : array_like
+        The sum and its statistics, as add_layer_norm returned them.
+    weight : array_like, optional
+        The gain the forward used; None means 1.
+    ds : array_like, optional
+        An incoming gradient of s, of s's shape, added into dsum.
+    axis : int or tuple of int, default -1
+        The normalized axes, as in the forward.
+    out : ndarray, optional
+        dsum's buffer: a writable ndarray of s's shape and dsum's dtype. It
+        may be dy or ds (in place).
+    input_bias_grad : bool, default False
+        Also return the gradient of ``input_bias``: dsum summed over the
+        batch axes, reduced as dweight is.
+    residual_shape : tuple of int, optional
+        The shape of a residual that broadcast in the forward: also return
+        its gradient, dsum summed over the broadcast axes. (dsum itself when
+        it is s's shape.)
+
+    Returns
+    -------
+    dsum : ndarray
+        Gradient of x and of a residual of x's shape: s's shape and dtype
+        (float16 and bfloat16 are computed in float32 and rounded once).
+    dweight, dbias : ndarray
+        Gradients of weight and bias, of the normalized shape.
+    dinput_bias : ndarray
+        Only with ``input_bias_grad=True``.
+    dresidual : ndarray
+        Only with ``residual_shape``: of that shape.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`layer_norm_backward`, for ds too; residual_shape not
+        broadcasting to s's shape over its batch axes.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> rng = np.random.default_rng(0)
+    >>> x, r = rng.standard_normal((2, 4, 8)), rng.standard_normal((4, 8))
+    >>> y, s, mean, rstd = fastln.add_layer_norm(x, r, return_stats=True)
+    >>> dy, ds = rng.standard_normal(y.shape), rng.standard_normal(y.shape)
+    >>> dsum, dw, db, dr = fastln.add_layer_norm_backward(
+    ...     dy, s, mean, rstd, ds=ds, residual_shape=r.shape)
+    >>> dx, _, _ = fastln.layer_norm_backward(dy, s, mean, rstd)
+    >>> np.allclose(dsum, dx + ds), np.allclose(dr, dsum.sum(axis=0))
+    (True, True)
+    """
+    return _api.add_norm_backward(False, dy, s, mean, rstd, weight, ds, axis, out,
+                                  input_bias_grad, residual_shape)
+
+
+def add_rms_norm_backward(dy, s, rstd, weight=None, *, ds=None, axis=-1, out=None,
+                          input_bias_grad=False, residual_shape=None):
+    """The gradients of :func:`add_rms_norm`, in one sweep.
+
+    ``dsum = rms_norm_backward(dy, s, rstd, weight)[0] + ds``, the gradient
+    of x and of the residual, as :func:`add_layer_norm_backward` describes.
+
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of y, of s's shape.
+    s, rstd : array_like
+        The sum and its rstd, as add_rms_norm returned them.
+    weight : array_like, optional
+        The gain the forward used; None means 1.
+    ds : array_like, optional
+        An incoming gradient of s, added into dsum.
+    axis : int or tuple of int, default -1
+        The normalized axes, as in the forward.
+    out : ndarray, optional
+        dsum's buffer, as in :func:`add_layer_norm_backward`.
+    input_bias_grad : bool, default False
+        Also return the gradient of ``input_bias``.
+    residual_shape : tuple of int, optional
+        Also return the gradient of a residual of this (broadcast) shape.
+
+    Returns
+    -------
+    dsum : ndarray
+        Gradient of x and of a residual of x's shape.
+    dweight : ndarray
+        Gradient of weight, of the normalized shape.
+    dinput_bias : ndarray
+        Only with ``input_bias_grad=True``.
+    dresidual : ndarray
+        Only with ``residual_shape``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`add_layer_norm_backward`.
+
+    Examples
+    --------
+    >>> import numpy as np, fastln
+    >>> rng = np.random.default_rng(0)
+    >>> x, r = rng.standard_normal((4, 8)), rng.standard_normal((4, 8))
+    >>> y, s, rstd = fastln.add_rms_norm(x, r, return_stats=True)
+    >>> dy = rng.standard_normal(y.shape)
+    >>> dsum, dw, dbi = fastln.add_rms_norm_backward(dy, s, rstd, input_bias_grad=True)
+    >>> np.allclose(dbi, dsum.sum(axis=0))
+    True
+    """
+    return _api.add_norm_backward(True, dy, s, None, rstd, weight, ds, axis, out,
+                                  input_bias_grad, residual_shape)
 
 
 # ---- threads and instruction sets ------------------------------------------

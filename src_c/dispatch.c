@@ -262,6 +262,39 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
                             p.stream);
 }
 
+/* The general fused add; without its extras (R = N, no input bias, LayerNorm)
+ * the add + LayerNorm kernels, whose y is the same LayerNorm of s */
+#define ADD_NORM(name, T, fn, add_fn)                                                          \
+    int name(int rms, T *y, T *s, T *mean, T *rstd, const T *x, const T *residual, int64_t R, \
+             const T *input_bias, const T *weight, const T *bias, int64_t N, int64_t H,       \
+             double eps)                                                                       \
+    {                                                                                          \
+        if (N < 0 || H < 1 || R < 1 || N % R != 0) return FASTLN_EINVAL;                       \
+        const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, sizeof(T));                      \
+        if (!rms && R == N && !input_bias)                                                     \
+            return kt()->add_fn(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,        \
+                                p.threads, p.stream);                                          \
+        const fastln_add_args a = {rms, 0, y, s, mean, rstd, x, residual, input_bias,          \
+                                   weight, bias, N, H, R, eps};                                \
+        return kt()->fn(&a, p.threads, p.stream);                                              \
+    }
+ADD_NORM(fastln_add_norm_f32, float, add_norm_f32, add_ln_f32)
+ADD_NORM(fastln_add_norm_f64, double, add_norm_f64, add_ln_f64)
+#undef ADD_NORM
+
+#define ADD_NORM_BWD(name, T, fn)                                                              \
+    int name(int rms, T *dsum, T *dweight, T *dbias, T *dinput_bias, const T *dy, const T *s, \
+             const T *ds, const T *mean, const T *rstd, const T *weight, int64_t N, int64_t H) \
+    {                                                                                          \
+        if (N < 0 || H < 1) return FASTLN_EINVAL;                                              \
+        const fastln_plan p = plan_for(FASTLN_CALL_BWD, N, H, sizeof(T));                      \
+        return kt()->fn(dsum, dweight, rms ? NULL : dbias, dinput_bias, dy, s, ds,             \
+                        rms ? NULL : mean, rstd, weight, N, H, p.threads, p.stream);           \
+    }
+ADD_NORM_BWD(fastln_add_norm_backward_f32, float, add_bwd_f32)
+ADD_NORM_BWD(fastln_add_norm_backward_f64, double, add_bwd_f64)
+#undef ADD_NORM_BWD
+
 int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
                         int64_t N, int64_t H, double eps)
 {
@@ -329,6 +362,22 @@ int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, 
     const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, 2);
     return kt()->half_fwd(FASTLN_OP_ADD, kind, y, s, mean, rstd, x, residual, weight, bias, N,
                           H, eps, p.threads, p.stream);
+}
+
+int fastln_add_norm_half(int kind, int rms, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                         const uint16_t *x, const uint16_t *residual, int64_t R,
+                         const float *input_bias, const float *weight, const float *bias,
+                         int64_t N, int64_t H, double eps)
+{
+    if (!rms && R == N && !input_bias)
+        return fastln_add_layer_norm_half(kind, y, s, mean, rstd, x, residual, weight, bias, N,
+                                          H, eps);
+    if (N < 0 || H < 1 || R < 1 || N % R != 0 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    if (N == 0) return FASTLN_OK;
+    const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, 2);
+    const fastln_add_args a = {rms, kind, y, s, mean, rstd, x, residual, input_bias, weight,
+                               bias, N, H, R, eps};
+    return kt()->add_norm_f32(&a, p.threads, p.stream);
 }
 
 int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,

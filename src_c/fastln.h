@@ -67,6 +67,34 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
                               const double *weight, const double *bias,
                               int64_t N, int64_t H, double eps);
 
+/* ---- Fused residual add + norm, general: s = x + residual[n % R]
+ * (+ input_bias); y = LN(s) with rms 0, RMSNorm(s) with rms 1 (mean and bias
+ * unused). residual (R, H) with N a multiple of R (R = N: a residual row per
+ * row; R = 1: one row for every row); input_bias (H) or NULL. y is bitwise
+ * the LayerNorm or RMSNorm of s. y and s may be x, and s the residual when
+ * R = N. ---- */
+int fastln_add_norm_f32(int rms, float *y, float *s, float *mean, float *rstd,
+                        const float *x, const float *residual, int64_t R,
+                        const float *input_bias, const float *weight, const float *bias,
+                        int64_t N, int64_t H, double eps);
+int fastln_add_norm_f64(int rms, double *y, double *s, double *mean, double *rstd,
+                        const double *x, const double *residual, int64_t R,
+                        const double *input_bias, const double *weight, const double *bias,
+                        int64_t N, int64_t H, double eps);
+
+/* Its backward: dsum = dx of the norm at s (fastln_layer_norm_backward, or
+ * fastln_rms_norm_backward with rms: mean and dbias unused) + ds, the
+ * incoming gradient of s (may be NULL); dinput_bias (H, may be NULL): the
+ * column sums of dsum, reduced as dweight is. dsum may be dy, s or ds. */
+int fastln_add_norm_backward_f32(int rms, float *dsum, float *dweight, float *dbias,
+                                 float *dinput_bias, const float *dy, const float *s,
+                                 const float *ds, const float *mean, const float *rstd,
+                                 const float *weight, int64_t N, int64_t H);
+int fastln_add_norm_backward_f64(int rms, double *dsum, double *dweight, double *dbias,
+                                 double *dinput_bias, const double *dy, const double *s,
+                                 const double *ds, const double *mean, const double *rstd,
+                                 const double *weight, int64_t N, int64_t H);
+
 /* ---- RMSNorm ---- */
 int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
                         int64_t N, int64_t H, double eps);
@@ -97,9 +125,10 @@ int fastln_rms_norm_backward_f64(double *dx, double *dweight,
                                  const double *weight, int64_t N, int64_t H);
 
 /* ---- float16 and bfloat16 storage ---- */
-/* The same five kernels with x, y, dy, dx, residual and s in 16-bit storage:
+/* The same kernels with x, y, dy, dx, residual and s in 16-bit storage:
  * kind FASTLN_F16 (IEEE binary16) or FASTLN_BF16 (bfloat16), as bit patterns.
- * The math is float32; mean, rstd, weight, bias, dweight and dbias are float.
+ * The math is float32; mean, rstd, weight, bias, input_bias, dweight and dbias
+ * are float.
  * Outputs are rounded to nearest even (add_layer_norm normalizes the float
  * sum x + residual, and returns it rounded). FASTLN_EINVAL also for an
  * unknown kind. */
@@ -116,6 +145,10 @@ int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, floa
 int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
                                const uint16_t *x, const uint16_t *residual, const float *weight,
                                const float *bias, int64_t N, int64_t H, double eps);
+int fastln_add_norm_half(int kind, int rms, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                         const uint16_t *x, const uint16_t *residual, int64_t R,
+                         const float *input_bias, const float *weight, const float *bias,
+                         int64_t N, int64_t H, double eps);
 int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
                          const float *weight, int64_t N, int64_t H, double eps);
 int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, const uint16_t *dy,

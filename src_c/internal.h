@@ -24,6 +24,19 @@ static inline void omp_set_num_threads(int n) { (void)n; }
 #define FASTLN_OP_RMS 1
 #define FASTLN_OP_ADD 2
 
+/* A general fused add + norm (norm_add.h): s = x + res[n % R] (+ bi), y =
+ * LayerNorm(s), or RMSNorm(s) with rms (mean, b unused). elem 0: x, res,
+ * y, s of the kernel's type; FASTLN_F16, FASTLN_BF16: half storage (float
+ * kernels only). mean, rstd, bi, w, b are of the kernel's type; any may be
+ * NULL but x, res, y, s. */
+typedef struct {
+    int rms, elem;
+    void *y, *s, *mean, *rstd;
+    const void *x, *res, *bi, *w, *b;
+    int64_t N, H, R;
+    double eps;
+} fastln_add_args;
+
 /* One instruction-set path: the same kernels compiled for one target.
  * Sizes N, H; nt = threads to use (1 = serial, no OpenMP region); the last
  * argument, stream, asks for non-temporal stores of the outputs. */
@@ -58,6 +71,18 @@ typedef struct {
     int (*half_bwd)(int kind, uint16_t *dx, float *dw, float *db, const uint16_t *dy,
                     const uint16_t *x, const float *mean, const float *rstd, const float *w,
                     int64_t N, int64_t H, int nt, int stream);
+    /* the general fused add + norm, and the fused add's backward: dx plus ds,
+     * di the column sums of that dx; LayerNorm with db, else RMSNorm; ds
+     * and di may be NULL */
+    int (*add_norm_f32)(const fastln_add_args *, int nt, int stream);
+    int (*add_norm_f64)(const fastln_add_args *, int nt, int stream);
+    int (*add_bwd_f32)(float *dx, float *dw, float *db, float *di, const float *dy,
+                       const float *x, const float *ds, const float *mean, const float *rstd,
+                       const float *w, int64_t N, int64_t H, int nt, int stream);
+    int (*add_bwd_f64)(double *dx, double *dw, double *db, double *di, const double *dy,
+                       const double *x, const double *ds, const double *mean,
+                       const double *rstd, const double *w, int64_t N, int64_t H, int nt,
+                       int stream);
     /* channels-first (N, C, S) LayerNorm, or RMSNorm with rms (norm_channels.h) */
     int (*cf_f32)(float *, float *, float *, const float *, const float *, const float *,
                   int64_t, int64_t, int64_t, double, int, int, int);

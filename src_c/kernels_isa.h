@@ -15,6 +15,7 @@
 #include "norm_stats.h"
 #include "norm_bwd_stats.h"
 #include "norm_rows.h"
+#include "norm_add.h"
 #include "norm_half.h"
 #include "norm_drivers.h"
 #include "norm_channels.h"
@@ -28,6 +29,7 @@
 #include "norm_stats.h"
 #include "norm_bwd_stats.h"
 #include "norm_rows.h"
+#include "norm_add.h"
 #include "norm_half.h"
 #include "norm_drivers.h"
 #include "norm_channels.h"
@@ -48,6 +50,8 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(rms_norm, _f32_, ISA),            CAT3(rms_norm, _f64_, ISA),
     CAT3(rms_norm_backward, _f32_, ISA),   CAT3(rms_norm_backward, _f64_, ISA),
     CAT3(half_fwd, _f32_, ISA),            CAT3(half_bwd, _f32_, ISA),
+    CAT3(add_norm, _f32_, ISA),            CAT3(add_norm, _f64_, ISA),
+    CAT3(add_backward, _f32_, ISA),        CAT3(add_backward, _f64_, ISA),
     CAT3(norm_channels, _f32_, ISA),       CAT3(norm_channels, _f64_, ISA),
     CAT3(rnn_forward, _f32_, ISA),         CAT3(rnn_forward, _f64_, ISA),
     CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),

@@ -70,6 +70,29 @@ static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
     return FASTLN_OK;
 }
 
+/* The general fused add + norm (norm_add.h), contiguous row ranges a thread */
+static int SFX(add_norm)(const fastln_add_args *g, int nt, int stream)
+{
+    const SFX(add_args) a = {g->rms,       g->elem, stream,           g->y,
+                             g->s,         (T *)g->mean, (T *)g->rstd, g->x,
+                             g->res,       (const T *)g->bi, (const T *)g->w, (const T *)g->b,
+                             g->R,         g->H,    g->eps};
+    const int64_t sn = SFX(add_scratch)(g->H), N = g->N;
+    T *scratch = (T *)malloc((size_t)(nt * sn) * sizeof(T));
+    if (!scratch) return FASTLN_ENOMEM;
+    if (nt <= 1) {
+        SFX(add_norm_rows)(&a, 0, N, scratch);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+            SFX(add_norm_rows)(&a, N * t / p, N * (t + 1) / p, scratch + t * sn);
+        }
+    }
+    free(scratch);
+    return FASTLN_OK;
+}
+
 #if IS_F32
 static int SFX(half_fwd)(int op, int elem, uint16_t *y, uint16_t *s, float *mean, float *rstd,
                          const uint16_t *x, const uint16_t *res, const float *w,
@@ -104,18 +127,33 @@ static int64_t SFX(part_stride)(int64_t H)
     return ps * (int64_t)sizeof(T) % 4096 == 0 ? ps + 1024 / (int64_t)sizeof(T) : ps;
 }
 
+/* The fused add's extras of a backward: ds, an incoming gradient added to dx
+ * (may be NULL), and with di the column sums of that dx (norm_add.h) */
+typedef struct {
+    const T *ds;
+    T *di;
+} SFX(bwd_add);
+
 /* Share t of p: the row blocks [k0, k1) with k0 = nblk*t/p, each into its own
- * partial sums part[k] = [dweight | dbias]. */
+ * partial sums part[k] = [dweight | dbias (LayerNorm) | dx's column sums
+ * (with add->di)]. */
 static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
                             const T *x, const T *mean, const T *rstd, const T *w,
                             int64_t N, int64_t H, int64_t rb, int64_t nblk, T *stage,
-                            const SFX(half_bwd_args) *half, int hot, int64_t t, int64_t p)
+                            const SFX(half_bwd_args) *half, const SFX(bwd_add) *add, int stream,
+                            int hot, int64_t t, int64_t p)
 {
     const int64_t k1 = nblk * (t + 1) / p, re = k1 * rb < N ? k1 * rb : N;   /* share's end */
+    const int has_b = np - (add && add->di) == 2;
     for (int64_t k = nblk * t / p; k < k1; k++) {
-        T *pw = part + k * np * ps, *pb = np == 2 ? pw + ps : NULL;   /* block k's partials */
+        T *pw = part + k * np * ps, *pb = has_b ? pw + ps : NULL;   /* block k's partials */
         memset(pw, 0, (size_t)(np * ps) * sizeof(T));
         int64_t r1 = (k + 1) * rb < N ? (k + 1) * rb : N;
+        if (add) {
+            SFX(bwd_add_rows)(dx, pw, pb, add->di ? pw + (np - 1) * ps : NULL, dy, x, add->ds,
+                              mean, rstd, w, k * rb, r1, H, stage, stream, hot);
+            continue;
+        }
 #if IS_F32
         if (half) {
             SFX(half_bwd_rows)(half, pw, pb, mean, rstd, w, k * rb, r1, re, H, stage);
@@ -130,10 +168,9 @@ static void SFX(bwd_blocks)(T *part, int64_t np, int64_t ps, T *dx, const T *dy,
 
 #define REDUCE_COLS 256   /* bwd_reduce's column chunk */
 
-/* Share t of p of the columns, in chunks of REDUCE_COLS: out_v[j] = sum over
- * blocks k, in order, of part[k][v][j], summed in double (v = 0: dweight,
- * v = 1: dbias). */
-static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps, int64_t H,
+/* Share t of p of the columns, in chunks of REDUCE_COLS: dst[v][j] = sum over
+ * blocks k, in order, of part[k][v][j], summed in double. */
+static void SFX(bwd_reduce)(T *const *dst, const T *part, int64_t np, int64_t ps, int64_t H,
                             int64_t nblk, int64_t t, int64_t p)
 {
     int64_t nc = (H + REDUCE_COLS - 1) / REDUCE_COLS;
@@ -147,8 +184,7 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps,
 #pragma omp simd
                 for (int64_t j = j0; j < j1; j++) acc[j - j0] += (double)pk[j];
             }
-            T *dst = v == 0 ? dw : db;
-            for (int64_t j = j0; j < j1; j++) dst[j] = (T)acc[j - j0];
+            for (int64_t j = j0; j < j1; j++) dst[v][j] = (T)acc[j - j0];
         }
     }
 }
@@ -157,20 +193,23 @@ static void SFX(bwd_reduce)(T *dw, T *db, const T *part, int64_t np, int64_t ps,
  * blocks of fastln_row_block(N) rows, independent of the thread count; each
  * block owns partial sums of dweight and dbias, which are then added in
  * block order: the result is bitwise the same on any number of threads.
- * With half, x, dy and dx are half's (half storage), and dx, dy, x are unused. */
+ * With half, x, dy and dx are half's (half storage), and dx, dy, x are unused.
+ * With add, the fused add's backward: dx gets add->ds added, and add->di
+ * (when not NULL) its column sums, reduced as dweight is. */
 static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
                          const T *x, const T *mean, const T *rstd, const T *w,
-                         int64_t N, int64_t H, int nt, int stream, const SFX(half_bwd_args) *half)
+                         int64_t N, int64_t H, int nt, int stream, const SFX(half_bwd_args) *half,
+                         const SFX(bwd_add) *add)
 {
     int64_t rb = fastln_row_block(N), nblk = (N + rb - 1) / rb;
-    int64_t np = db ? 2 : 1;                         /* partial vectors per block */
+    T *const dst[3] = {dw, db ? db : add ? add->di : NULL, db && add ? add->di : NULL};
+    int64_t np = 1 + (dst[1] != NULL) + (dst[2] != NULL);   /* partial vectors per block */
     int hot = 3.0 * (double)N * (double)H * sizeof(T) <= FASTLN_BWD_HOT_BYTES;
     if (nblk == 0) {                                 /* no rows: zero gradients */
-        memset(dw, 0, (size_t)H * sizeof(T));
-        if (db) memset(db, 0, (size_t)H * sizeof(T));
+        for (int v = 0; v < np; v++) memset(dst[v], 0, (size_t)H * sizeof(T));
         return FASTLN_OK;
     }
-    if (nblk == 1 && !stream && !half) {               /* one block: sums straight into dw, db */
+    if (nblk == 1 && !stream && !half && !add) {     /* one block: sums straight into dw, db */
         memset(dw, 0, (size_t)H * sizeof(T));
         if (db) memset(db, 0, (size_t)H * sizeof(T));
         SFX(bwd_range)(dx, dw, db, dy, x, mean, rstd, w, 0, N, N, H, NULL, hot);
@@ -183,12 +222,12 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
     /* per-thread staging rows for streamed dx (NULL: dx is written in place,
      * also when the allocation fails, which only costs speed); with half, the
      * scratch it needs */
-    int64_t sn = stream ? GROUP * H : 0;
+    int64_t sn = add ? SFX(cache_block)(H) * H : stream ? GROUP * H : 0;
 #if IS_F32
     if (half) sn = SFX(half_scratch)(H);
 #endif
     T *stage = sn ? (T *)malloc((size_t)(nt * sn) * sizeof(T)) : NULL;
-    if (half && !stage) {
+    if ((half || add) && !stage) {
         free(part);
         return FASTLN_ENOMEM;
     }
@@ -197,21 +236,21 @@ static int SFX(backward)(T *dx, T *dw, T *db, const T *dy,
      * region, one barrier fewer */
     const int par_reduce = nt > 1 && H > REDUCE_COLS;
     if (nt <= 1) {
-        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, half, hot,
-                        0, 1);
+        SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk, stage, half, add,
+                        stream, hot, 0, 1);
     } else {
 #pragma omp parallel num_threads(nt)
         {
             int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
             SFX(bwd_blocks)(part, np, ps, dx, dy, x, mean, rstd, w, N, H, rb, nblk,
-                            stage ? stage + t * sn : NULL, half, hot, t, p);
+                            stage ? stage + t * sn : NULL, half, add, stream, hot, t, p);
             if (par_reduce) {
 #pragma omp barrier
-                SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, t, p);
+                SFX(bwd_reduce)(dst, part, np, ps, H, nblk, t, p);
             }
         }
     }
-    if (!par_reduce) SFX(bwd_reduce)(dw, db, part, np, ps, H, nblk, 0, 1);
+    if (!par_reduce) SFX(bwd_reduce)(dst, part, np, ps, H, nblk, 0, 1);
     free(stage);
     free(part);
     return FASTLN_OK;
@@ -221,13 +260,23 @@ static int SFX(layer_norm_backward)(T *dx, T *dw, T *db, const T *dy, const T *x
                                     const T *mean, const T *rstd, const T *w,
                                     int64_t N, int64_t H, int nt, int stream)
 {
-    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt, stream, NULL);
+    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt, stream, NULL, NULL);
 }
 
 static int SFX(rms_norm_backward)(T *dx, T *dw, const T *dy, const T *x, const T *rstd,
                                   const T *w, int64_t N, int64_t H, int nt, int stream)
 {
-    return SFX(backward)(dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt, stream, NULL);
+    return SFX(backward)(dx, dw, NULL, dy, x, NULL, rstd, w, N, H, nt, stream, NULL, NULL);
+}
+
+/* The fused add's backward: LayerNorm (db != NULL) or RMSNorm, dx plus ds
+ * (may be NULL), and into di (may be NULL) the column sums of that dx */
+static int SFX(add_backward)(T *dx, T *dw, T *db, T *di, const T *dy, const T *x, const T *ds,
+                             const T *mean, const T *rstd, const T *w, int64_t N, int64_t H,
+                             int nt, int stream)
+{
+    const SFX(bwd_add) add = {ds, di};
+    return SFX(backward)(dx, dw, db, dy, x, mean, rstd, w, N, H, nt, stream, NULL, &add);
 }
 
 #if IS_F32
@@ -237,6 +286,6 @@ static int SFX(half_bwd)(int elem, uint16_t *dx, float *dw, float *db, const uin
                          const float *w, int64_t N, int64_t H, int nt, int stream)
 {
     SFX(half_bwd_args) half = {elem, stream, dx, dy, x};
-    return SFX(backward)(NULL, dw, db, NULL, NULL, mean, rstd, w, N, H, nt, stream, &half);
+    return SFX(backward)(NULL, dw, db, NULL, NULL, mean, rstd, w, N, H, nt, stream, &half, NULL);
 }
 #endif

@@ -3,7 +3,7 @@
  * FASTLN_BF16; compiled for float only), written once per ISA: half the
  * bytes of float32 in and out, the same float math. On AVX-512 the kernels
  * of avx512_*.c convert in registers. Elsewhere rows go in blocks of about
- * 8192 elements,
+ * 8192 elements (cache_block, norm_add.h),
  * widened into float scratch that stays in L1/L2 (F16C/AVX-512 conversions),
  * run through the float row kernels, and rounded back (nearest even) on the
  * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
@@ -19,16 +19,10 @@ typedef struct {
 } SFX(half_bwd_args);
 
 #if IS_F32
-static int64_t SFX(half_block)(int64_t H)
-{
-    int64_t m = 8192 / H;
-    return m >= 16 ? m / 16 * 16 : m > 0 ? m : 1;
-}
-
 /* floats of per-thread scratch: two float blocks and a half-storage staging block */
 static int64_t SFX(half_scratch)(int64_t H)
 {
-    int64_t e = SFX(half_block)(H) * H;
+    int64_t e = SFX(cache_block)(H) * H;
     return 2 * e + (e + 1) / 2;
 }
 
@@ -63,7 +57,7 @@ static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb
                                  a->stream);
 #else
     (void)re;
-    const int64_t m = SFX(half_block)(H);
+    const int64_t m = SFX(cache_block)(H);
     float *xb = buf, *gb = buf + m * H;
     uint16_t *stage = (uint16_t *)(gb + m * H);
     for (int64_t r = r0; r < r1; r += m) {
@@ -104,7 +98,7 @@ static void SFX(half_fwd_rows)(const SFX(half_fwd_args) *a, int64_t r0, int64_t 
         fastln_avx512_long_fwd(a->elem, a->op == FASTLN_OP_RMS, a->y, a->s, a->mean, a->rstd,
                                a->x, res, a->w, a->b, r0, r1, H, a->eps, buf, a->stream);
 #else
-    const int64_t m = SFX(half_block)(H);
+    const int64_t m = SFX(cache_block)(H);
     float *xb = buf, *rb = buf + m * H;
     uint16_t *stage = (uint16_t *)(rb + m * H);
     for (int64_t r = r0; r < r1; r += m) {
