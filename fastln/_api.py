@@ -265,16 +265,16 @@ def _channels(x: _Array, L: _Rows, kt: np.dtype[Any]) -> Optional[Tuple[int, int
     return L.N // S, x.shape[a], S
 
 
-def _channels_output(x: _Array, L: _Rows, out: Optional[_Array]
+def _channels_output(x: _Array, L: _Rows, out: Optional[_Array], inputs: Sequence[_Array] = ()
                      ) -> Tuple[_Array, Callable[[], _Array]]:
     """The array the channels-first kernel writes, and a function that returns
-    the result: out itself when it is C-contiguous and aligned (x itself
-    included), else fresh memory (copied into out at the end), so that out=
-    never changes the values."""
+    the result: out itself when it is C-contiguous and aligned (x or another
+    input of x's shape itself included), else fresh memory (copied into out
+    at the end), so that out= never changes the values."""
     if out is not None:
         L.check_out(out, "out", x.dtype)
         if (out.dtype.isnative and out.flags.c_contiguous and out.flags.aligned
-                and not _overlap_partly(out, x)):
+                and not any(_overlap_partly(out, a) for a in (x, *inputs))):
             return out, lambda: out
     fresh = _core._empty_rows(L.N, L.H, x.dtype).reshape(x.shape)
     if out is None:
@@ -320,6 +320,12 @@ def layer_norm_backward(dy: Any, x: Any, mean: Any, rstd: Any, weight: Any, axis
     m = L.stats(mean, "mean", kt)
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
+    cf = _channels(x, L, kt)
+    if cf is not None and _channels(dy, L, kt) is not None:
+        dx, done = _channels_output(x, L, out, (dy,))
+        dw, db = np.empty(L.norm_shape, kt), np.empty(L.norm_shape, kt)
+        _core._norm_channels_backward(dy, x, m, r, w, dx, dw, db, *cf)
+        return done(), dw, db
     st = _storage(kt, x, dy)
     dx, finish, (dyr, xr, m, r, w) = L.output(out, "out", _result_dtype(x, kt), st,
                                               [L.rows(dy, st), L.rows(x, st), m, r, w])
@@ -357,6 +363,12 @@ def rms_norm_backward(dy: Any, x: Any, rstd: Any, weight: Any, axis: Any,
     L.check_shape(dy, "dy")
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
+    cf = _channels(x, L, kt)
+    if cf is not None and _channels(dy, L, kt) is not None:
+        dx, done = _channels_output(x, L, out, (dy,))
+        dw = np.empty(L.norm_shape, kt)
+        _core._norm_channels_backward(dy, x, None, r, w, dx, dw, None, *cf)
+        return done(), dw
     st = _storage(kt, x, dy)
     dx, finish, (dyr, xr, r, w) = L.output(out, "out", _result_dtype(x, kt), st,
                                            [L.rows(dy, st), L.rows(x, st), r, w])
@@ -458,14 +470,14 @@ def add_norm_backward(rms: bool, dy: Any, s: Any, mean: Any, rstd: Any, weight: 
     m = None if rms else L.stats(mean, "mean", kt)
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    rshape = None
+    rshape, period = None, 0
     if residual_shape is not None:
         try:
             rshape = tuple(operator.index(n) for n in residual_shape)
         except TypeError:
             raise TypeError(f"residual_shape must be a tuple of ints, got "
                             f"{residual_shape!r}") from None
-        padded, period = _residual_period(L, rshape, "residual_shape")
+        period = _residual_period(L, rshape, "residual_shape")[1]
     # float16/bfloat16 rows are widened to float32 (the fused backward's kernels
     # take float32 and float64); dsum is rounded back on the way out
     rdt = _result_dtype(s, kt)
@@ -482,13 +494,13 @@ def add_norm_backward(rms: bool, dy: Any, s: Any, mean: Any, rstd: Any, weight: 
     res: list[_Array] = [finish(), dw.reshape(L.norm_shape)]
     if db is not None:
         res.append(db.reshape(L.norm_shape))
-    if input_bias_grad:
+    if input_bias_grad and di is not None:
         res.append(di.reshape(L.norm_shape))
     if rshape is not None:
         if rshape == L.shape:
             res.append(res[0])
-        elif bias_like:
+        elif bias_like and di is not None:
             res.append(di.reshape(rshape).astype(rdt))
-        else:
-            res.append(_reduce_to(res[0], rshape, rdt))
+        else:   # from the unrounded dsum, as the column sums are
+            res.append(_reduce_to(L.unrows(dsum), rshape, rdt))
     return tuple(res)

@@ -71,6 +71,16 @@ cdef extern from "fastln.h" nogil:
     int fastln_layer_norm_channels_f64(double *y, double *mean, double *rstd, const double *x,
                                        const double *weight, const double *bias, int64_t N,
                                        int64_t C, int64_t S, double eps)
+    int fastln_layer_norm_channels_backward_f32(float *dx, float *dweight, float *dbias,
+                                                const float *dy, const float *x,
+                                                const float *mean, const float *rstd,
+                                                const float *weight, int64_t N, int64_t C,
+                                                int64_t S)
+    int fastln_layer_norm_channels_backward_f64(double *dx, double *dweight, double *dbias,
+                                                const double *dy, const double *x,
+                                                const double *mean, const double *rstd,
+                                                const double *weight, int64_t N, int64_t C,
+                                                int64_t S)
     int fastln_rms_norm_channels_f32(float *y, float *rstd, const float *x, const float *weight,
                                      int64_t N, int64_t C, int64_t S, double eps)
     int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
@@ -923,7 +933,8 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis
     """Fused residual add and layer norm: ``s = x + residual (+ input_bias)``, ``y = layer_norm(s)``.
 
     One pass over memory: s is written and normalized while it is in cache,
-    and y is bitwise ``layer_norm(s)``. This is ONNX Runtime's
+    and y is bitwise ``layer_norm(s)`` (in float16 and bfloat16, y is the
+    norm of the float32 sum, and s that sum rounded once). This is ONNX Runtime's
     SkipLayerNormalization (x its input, residual its skip, input_bias its
     bias), and the post-norm residual block of a transformer.
 
@@ -1037,7 +1048,8 @@ def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6
     """Fused residual add and RMS norm: ``s = x + residual (+ input_bias)``, ``y = rms_norm(s)``.
 
     One pass over memory, as :func:`add_layer_norm`: y is bitwise
-    ``rms_norm(s)``. This is ONNX Runtime's SkipSimplifiedLayerNormalization,
+    ``rms_norm(s)`` (in float16 and bfloat16, the norm of the float32 sum).
+    This is ONNX Runtime's SkipSimplifiedLayerNormalization,
     the pre-norm residual block of Llama-style models: s is the residual
     stream that goes on, y the normalized input of the next layer.
 
@@ -1718,6 +1730,47 @@ def _norm_channels(x, w, b, double eps, y, mean, rstd, int64_t N, int64_t C, int
                 rc = fastln_layer_norm_channels_f64(<double *>py, <double *>pm, <double *>pr,
                                                     <double *>px, <double *>pw, <double *>pb,
                                                     N, C, S, eps)
+    return _check(rc)
+
+
+def _norm_channels_backward(dy, x, mean, rstd, w, dx, dw, db, int64_t N, int64_t C, int64_t S):
+    """layer_norm_backward (rms_norm_backward where mean and db are None) over C
+    of contiguous (N, C, S) arrays dy, x, dx of one float type; mean, rstd
+    (N, S); w (C) or None; dw, db (C)."""
+    cdef int tn = _float_type(x)
+    if tn < 0 or N < 0 or C < 1 or S < 1 or rstd is None or (mean is None) != (db is None):
+        raise ValueError("internal: bad x, stats or sizes")
+    _arr(x, tn, N * C * S, False, "x")
+    _arr(dy, tn, N * C * S, False, "dy")
+    _arr(dx, tn, N * C * S, True, "dx")
+    for a in (mean, rstd):
+        if a is not None:
+            _arr(a, tn, N * S, False, "stats")
+    for a in (dw, db):
+        if a is not None:
+            _arr(a, tn, C, True, "dweight")
+    if w is not None:
+        _arr(w, tn, C, False, "weight")
+    cdef void *pdy = _ptr(dy)
+    cdef void *px = _ptr(x)
+    cdef void *pdx = _ptr(dx)
+    cdef void *pm = _ptr(mean)
+    cdef void *pr = _ptr(rstd)
+    cdef void *pw = _ptr(w)
+    cdef void *pdw = _ptr(dw)
+    cdef void *pdb = _ptr(db)
+    cdef int rc
+    with nogil:
+        if tn == cnp.NPY_FLOAT:
+            rc = fastln_layer_norm_channels_backward_f32(<float *>pdx, <float *>pdw,
+                                                         <float *>pdb, <float *>pdy,
+                                                         <float *>px, <float *>pm, <float *>pr,
+                                                         <float *>pw, N, C, S)
+        else:
+            rc = fastln_layer_norm_channels_backward_f64(<double *>pdx, <double *>pdw,
+                                                         <double *>pdb, <double *>pdy,
+                                                         <double *>px, <double *>pm,
+                                                         <double *>pr, <double *>pw, N, C, S)
     return _check(rc)
 
 

@@ -221,6 +221,36 @@ int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
     return rms_channels_f64(y, NULL, rstd, x, weight, NULL, N, C, S, eps);
 }
 
+/* Their backward; RMSNorm where mean is NULL */
+#define CHANNELS_BWD(name, T, fn)                                                              \
+    int name(T *dx, T *dweight, T *dbias, const T *dy, const T *x, const T *mean,             \
+             const T *rstd, const T *weight, int64_t N, int64_t C, int64_t S)                  \
+    {                                                                                          \
+        if (N < 0 || C < 1 || S < 1 || (N > 0 && C > INT64_MAX / N / S)) return FASTLN_EINVAL; \
+        const fastln_plan p = plan_for(FASTLN_CALL_BWD, N * S, C, sizeof(T));                  \
+        return kt()->fn(dx, dweight, mean ? dbias : NULL, dy, x, mean, rstd, weight, N, C, S,  \
+                        p.threads, p.stream && (const T *)dx != x && (const T *)dx != dy);     \
+    }
+CHANNELS_BWD(fastln_layer_norm_channels_backward_f32, float, cf_bwd_f32)
+CHANNELS_BWD(fastln_layer_norm_channels_backward_f64, double, cf_bwd_f64)
+#undef CHANNELS_BWD
+
+int fastln_rms_norm_channels_backward_f32(float *dx, float *dweight, const float *dy,
+                                          const float *x, const float *rstd,
+                                          const float *weight, int64_t N, int64_t C, int64_t S)
+{
+    return fastln_layer_norm_channels_backward_f32(dx, dweight, NULL, dy, x, NULL, rstd, weight,
+                                                   N, C, S);
+}
+
+int fastln_rms_norm_channels_backward_f64(double *dx, double *dweight, const double *dy,
+                                          const double *x, const double *rstd,
+                                          const double *weight, int64_t N, int64_t C, int64_t S)
+{
+    return fastln_layer_norm_channels_backward_f64(dx, dweight, NULL, dy, x, NULL, rstd, weight,
+                                                   N, C, S);
+}
+
 int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, const float *dy,
                                    const float *x, const float *mean, const float *rstd,
                                    const float *weight, int64_t N, int64_t H)
@@ -269,7 +299,7 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
              const T *input_bias, const T *weight, const T *bias, int64_t N, int64_t H,       \
              double eps)                                                                       \
     {                                                                                          \
-        if (N < 0 || H < 1 || R < 1 || N % R != 0) return FASTLN_EINVAL;                       \
+        if (N < 0 || H < 1 || R < (N > 0) || (R > 0 && N % R != 0)) return FASTLN_EINVAL;      \
         const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, sizeof(T));                      \
         if (!rms && R == N && !input_bias)                                                     \
             return kt()->add_fn(y, s, mean, rstd, x, residual, weight, bias, N, H, eps,        \
@@ -372,7 +402,8 @@ int fastln_add_norm_half(int kind, int rms, uint16_t *y, uint16_t *s, float *mea
     if (!rms && R == N && !input_bias)
         return fastln_add_layer_norm_half(kind, y, s, mean, rstd, x, residual, weight, bias, N,
                                           H, eps);
-    if (N < 0 || H < 1 || R < 1 || N % R != 0 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    if (N < 0 || H < 1 || R < (N > 0) || (R > 0 && N % R != 0) || !HALF_OK(kind))
+        return FASTLN_EINVAL;
     if (N == 0) return FASTLN_OK;
     const fastln_plan p = plan_for(FASTLN_CALL_ADD, N, H, 2);
     const fastln_add_args a = {rms, kind, y, s, mean, rstd, x, residual, input_bias, weight,

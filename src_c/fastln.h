@@ -69,8 +69,9 @@ int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
 
 /* ---- Fused residual add + norm, general: s = x + residual[n % R]
  * (+ input_bias); y = LN(s) with rms 0, RMSNorm(s) with rms 1 (mean and bias
- * unused). residual (R, H) with N a multiple of R (R = N: a residual row per
- * row; R = 1: one row for every row); input_bias (H) or NULL. y is bitwise
+ * unused). residual (R, H) with N a multiple of R >= 1 (R = N: a residual
+ * row per row; R = 1: one row for every row; with N = 0, R may be 0);
+ * input_bias (H) or NULL. y is bitwise
  * the LayerNorm or RMSNorm of s. y and s may be x, and s the residual when
  * R = N. ---- */
 int fastln_add_norm_f32(int rms, float *y, float *s, float *mean, float *rstd,
@@ -115,6 +116,26 @@ int fastln_rms_norm_channels_f32(float *y, float *rstd, const float *x, const fl
 int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
                                  const double *weight, int64_t N, int64_t C, int64_t S,
                                  double eps);
+
+/* Their backward, as fastln_layer_norm_backward and fastln_rms_norm_backward
+ * on the same (N, C, S) layout: dx, dy like x; dweight, dbias (C). dx may be
+ * x or dy. */
+int fastln_layer_norm_channels_backward_f32(float *dx, float *dweight, float *dbias,
+                                            const float *dy, const float *x, const float *mean,
+                                            const float *rstd, const float *weight, int64_t N,
+                                            int64_t C, int64_t S);
+int fastln_layer_norm_channels_backward_f64(double *dx, double *dweight, double *dbias,
+                                            const double *dy, const double *x,
+                                            const double *mean, const double *rstd,
+                                            const double *weight, int64_t N, int64_t C,
+                                            int64_t S);
+int fastln_rms_norm_channels_backward_f32(float *dx, float *dweight, const float *dy,
+                                          const float *x, const float *rstd,
+                                          const float *weight, int64_t N, int64_t C, int64_t S);
+int fastln_rms_norm_channels_backward_f64(double *dx, double *dweight, const double *dy,
+                                          const double *x, const double *rstd,
+                                          const double *weight, int64_t N, int64_t C,
+                                          int64_t S);
 
 /* dx = rstd*(g - xhat*mean(g*xhat)), g = dy*weight, xhat = x*rstd */
 int fastln_rms_norm_backward_f32(float *dx, float *dweight,

@@ -88,6 +88,13 @@ typedef struct {
                   int64_t, int64_t, int64_t, double, int, int, int);
     int (*cf_f64)(double *, double *, double *, const double *, const double *,
                   const double *, int64_t, int64_t, int64_t, double, int, int, int);
+    /* its backward: dx, dweight, dbias, dy, x, mean, rstd, weight (RMSNorm
+     * where mean is NULL), N, C, S, nt, stream */
+    int (*cf_bwd_f32)(float *, float *, float *, const float *, const float *, const float *,
+                      const float *, const float *, int64_t, int64_t, int64_t, int, int);
+    int (*cf_bwd_f64)(double *, double *, double *, const double *, const double *,
+                      const double *, const double *, const double *, int64_t, int64_t,
+                      int64_t, int, int);
     /* LN-RNN layer (rnn_engine.h); nt as above */
     int (*rnn_fwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);

@@ -53,6 +53,7 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(add_norm, _f32_, ISA),            CAT3(add_norm, _f64_, ISA),
     CAT3(add_backward, _f32_, ISA),        CAT3(add_backward, _f64_, ISA),
     CAT3(norm_channels, _f32_, ISA),       CAT3(norm_channels, _f64_, ISA),
+    CAT3(norm_channels_bwd, _f32_, ISA),   CAT3(norm_channels_bwd, _f64_, ISA),
     CAT3(rnn_forward, _f32_, ISA),         CAT3(rnn_forward, _f64_, ISA),
     CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),
 };

@@ -151,3 +151,135 @@ static int SFX(norm_channels)(T *y, T *mean, T *rstd, const T *x, const T *w, co
     }
     return FASTLN_OK;
 }
+
+/* ---- backward ------------------------------------------------------------ */
+
+#ifndef CF_BWD_TILE
+#define CF_BWD_TILE 1024
+#define CF_BWD_TILE_BYTES (512 << 10)
+#endif
+#define CF_PF_AHEAD 4
+
+/* The backward of one tile, positions [s0, s0 + m) of sample n, with the
+ * row backward's scalars (norm_bwd_stats.h) for each position: sweep 1 sums
+ * d = x - mean, g = dy * weight and g * d over the channels (RMSNorm: g * x),
+ * one lane a position; sweep 2 writes dx = r * (g - c1 - xhat * c2) and the
+ * tile's own sums of dy * xhat and dy per channel into pw, pb (C each; pb
+ * NULL for RMSNorm). Sums that T lost are redone in double, as a row's. */
+static void SFX(cf_bwd_tile)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
+                             const T *rstd, const T *w, int64_t C, int64_t S, int64_t s0,
+                             int64_t m, int stream)
+{
+    const int rms = mean == NULL;
+    double a_d[CF_BWD_TILE], a_g[CF_BWD_TILE], a_gd[CF_BWD_TILE];
+    T p_d[CF_BWD_TILE], p_g[CF_BWD_TILE], p_gd[CF_BWD_TILE], mj[CF_BWD_TILE], dm[CF_BWD_TILE],
+        r[CF_BWD_TILE], c1[CF_BWD_TILE], c2[CF_BWD_TILE];
+    const T *x0 = x + s0, *g0 = dy + s0;
+    for (int64_t j = 0; j < m; j++) {
+        mj[j] = rms ? (T)0 : mean[s0 + j];
+        r[j] = rstd[s0 + j];
+        a_d[j] = a_g[j] = a_gd[j] = 0;
+    }
+    for (int64_t c0 = 0; c0 < C; c0 += CF_BLOCK) {
+        int64_t c1_ = c0 + CF_BLOCK < C ? c0 + CF_BLOCK : C;
+        for (int64_t j = 0; j < m; j++) p_d[j] = p_g[j] = p_gd[j] = 0;
+        for (int64_t c = c0; c < c1_; c++) {
+            const T *xc = x0 + c * S, *gc = g0 + c * S;
+            const T wc = w ? w[c] : (T)1;
+            if (c + CF_PF_AHEAD < C)   /* a run a few channels on, which starts a page */
+                for (int64_t o = 0; o < m; o += 64 / (int64_t)sizeof(T)) {
+                    __builtin_prefetch(xc + CF_PF_AHEAD * S + o);
+                    __builtin_prefetch(gc + CF_PF_AHEAD * S + o);
+                }
+#pragma omp simd
+            for (int64_t j = 0; j < m; j++) {
+                T d = xc[j] - mj[j], g = gc[j] * wc;
+                p_d[j] += d;
+                p_g[j] += g;
+                p_gd[j] = FMA(g, d, p_gd[j]);
+            }
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < m; j++) {
+            a_d[j] += (double)p_d[j];
+            a_g[j] += (double)p_g[j];
+            a_gd[j] += (double)p_gd[j];
+        }
+    }
+    for (int64_t j = 0; j < m; j++) {
+        if (sizeof(T) == 4 && !(isfinite(a_d[j]) && isfinite(a_g[j]) && isfinite(a_gd[j]))) {
+            /* float lanes overflowed: this position's sums in double */
+            a_d[j] = a_g[j] = a_gd[j] = 0;
+            for (int64_t c = 0; c < C; c++) {
+                double d = (double)x0[c * S + j] - (double)mj[j],
+                       g = (double)g0[c * S + j] * (w ? (double)w[c] : 1.0);
+                a_d[j] += d;
+                a_g[j] += g;
+                a_gd[j] += g * d;
+            }
+        }
+        /* RMSNorm: m = dm = c1 = 0 and c2 = r * mean(g * x) */
+        double dmj = rms ? 0 : a_d[j] / (double)C;
+        dm[j] = (T)dmj;
+        c1[j] = rms ? (T)0 : (T)(a_g[j] / (double)C);
+        c2[j] = (T)((double)r[j] * (a_gd[j] - dmj * a_g[j]) / (double)C);
+    }
+    T *out = p_d;   /* free again: a buffer for stream */
+    for (int64_t c = 0; c < C; c++) {
+        const T *xc = x0 + c * S, *gc = g0 + c * S;
+        T *dc = dx + s0 + c * S;
+        const T wc = w ? w[c] : (T)1;
+        T sw = 0, sb = 0;
+        if (!stream) out = dc;
+#pragma omp simd reduction(+ : sw, sb)
+        for (int64_t j = 0; j < m; j++) {
+            T xh = ((xc[j] - mj[j]) - dm[j]) * r[j], g = gc[j];
+            sw = FMA(g, xh, sw);
+            sb += g;
+            out[j] = r[j] * FMA(-xh, c2[j], g * wc - c1[j]);
+        }
+        if (stream) stream_copy(dc, out, (size_t)m * sizeof(T));
+        pw[c] = sw;
+        if (pb) pb[c] = sb;
+    }
+}
+
+/* The backward of an (N, C, S) array: LayerNorm, or RMSNorm where mean is
+ * NULL (db unused). Tiles as the forward's, each with partial sums of its
+ * own; dw, db are their sums in tile order, in double: the same on any
+ * thread count. */
+static int SFX(norm_channels_bwd)(T *dx, T *dw, T *db, const T *dy, const T *x, const T *mean,
+                                  const T *rstd, const T *w, int64_t N, int64_t C, int64_t S,
+                                  int nt, int stream)
+{
+    (void)nt;   /* unused in a serial build */
+    const int np = mean ? 2 : 1;   /* partial vectors a tile */
+    int64_t len = CF_BWD_TILE_BYTES / (2 * C * (int64_t)sizeof(T)) / 16 * 16;   /* x and dy */
+    len = len < 16 ? 16 : len > CF_BWD_TILE ? CF_BWD_TILE : len;
+    const int64_t tiles = (S + len - 1) / len, nq = N * tiles;
+    T *part = (T *)malloc((size_t)(nq * np * C + 1) * sizeof(T));
+    if (!part) return FASTLN_ENOMEM;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < nq; q++) {
+            int64_t n = q / tiles, s0 = q % tiles * len;
+            int64_t m = S - s0 < len ? S - s0 : len;
+            T *pq = part + q * np * C;
+            SFX(cf_bwd_tile)(dx + n * C * S, pq, np == 2 ? pq + C : NULL, dy + n * C * S,
+                             x + n * C * S, mean ? mean + n * S : NULL, rstd + n * S, w, C, S,
+                             s0, m, stream);
+        }
+        if (stream) stream_fence();
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < C; c++) {
+            for (int v = 0; v < np; v++) {
+                double acc = 0;
+                for (int64_t q = 0; q < nq; q++) acc += (double)part[(q * np + v) * C + c];
+                (v == 0 ? dw : db)[c] = (T)acc;
+            }
+        }
+    }
+    free(part);
+    return FASTLN_OK;
+}

@@ -1,9 +1,10 @@
-"""layer_norm and rms_norm over one axis that is not the last (channels first,
-e.g. axis 1 of (N, C, H, W)): the kernel that reads such an array in place
-(src_c/norm_channels.h), against the float64 reference and PyTorch, on every
-ISA path and thread count, with NaN, inf, large offsets, one channel, many
-channels, tails of tiles and empty batches; and the general path it stands in
-for (taken with out=, or a non-contiguous x) agrees with it.
+"""layer_norm and rms_norm, and their backward, over one axis that is not the
+last (channels first, e.g. axis 1 of (N, C, H, W)): the kernels that read
+such an array in place (src_c/norm_channels.h), against the float64
+reference and PyTorch, on every ISA path and thread count, with NaN, inf,
+large offsets, one channel, many channels, tails of tiles and empty batches;
+and the general path they stand in for (taken with out=, or a non-contiguous
+x) agrees with them.
 """
 import numpy as np
 import pytest
@@ -136,3 +137,140 @@ def test_constant_and_tiny_columns(isa, value, rng):
     close(y, ref.layer_norm(x, w, b, axis=1), F32, "layer_norm")
     np.testing.assert_array_equal(y[0], np.broadcast_to(b[:, None, None], (6, 5, 7)))
     close(fastln.rms_norm(x, w, axis=1), ref.rms_norm(x, w, axis=1), F32, "rms_norm")
+
+
+# ---- backward -----------------------------------------------------------------
+
+
+def grads(x, axis, w, b, dy, rms):
+    """fastln's backward at fastln's own forward statistics."""
+    if rms:
+        _, rstd = fastln.rms_norm(x, w, axis=axis, return_stats=True)
+        return fastln.rms_norm_backward(dy, x, rstd, w, axis=axis)
+    _, mean, rstd = fastln.layer_norm(x, w, b, axis=axis, return_stats=True)
+    return fastln.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+
+
+def ref_grads(x, axis, w, dy, rms):
+    if rms:
+        _, rstd = ref.rms_norm(x, w, axis=axis, return_stats=True)
+        return ref.rms_norm_backward(dy, x, rstd, w, axis=axis)
+    _, mean, rstd = ref.layer_norm(x, w, None, axis=axis, return_stats=True)
+    return ref.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_backward_matches_reference(isa, case, dtype, rms, rng):
+    shape, axis = case
+    x, w, b = data(rng, shape, axis, dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    got = grads(x, axis, w, b, dy, rms)
+    want = ref_grads(x, axis, w, dy, rms)
+    assert len(got) == len(want)
+    # dweight and dbias sum over every position: their error grows with the count.
+    # dx's terms are rstd * dy * weight in size, which may far exceed dx (one
+    # channel: dx is 0, rstd 1/sqrt(eps))
+    n = max(1, x.size // shape[axis])
+    rstd = fastln.rms_norm(x, axis=axis, return_stats=True)[1] if rms else \
+        fastln.layer_norm(x, axis=axis, return_stats=True)[2]
+    terms = float(np.abs(rstd).max() * np.abs(dy).max() * np.abs(w).max()) if x.size else 1.0
+    for g, r, what in zip(got, want, ("dx", "dweight", "dbias")):
+        assert g.shape == r.shape, what
+        rtol, atol = tol(dtype)
+        scale = max(1.0, float(np.abs(r).max())) if r.size else 1.0
+        if what == "dx":
+            scale = max(scale, terms)
+        k = 1 if what == "dx" else np.sqrt(n)
+        np.testing.assert_allclose(g, r, rtol=rtol * k, atol=atol * scale * k, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_backward_same_as_the_general_path(dtype, rms, rng):
+    """A Fortran-ordered x takes the transposing general path."""
+    x, w, b = data(rng, (3, 16, 9, 11), 1, dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    fast = grads(x, 1, w, b, dy, rms)
+    general = grads(np.asfortranarray(x), 1, w, b, np.asfortranarray(dy), rms)
+    for f, g in zip(fast, general):
+        close(f, g.astype(F64), dtype, "general path")
+
+
+def test_backward_bitwise_on_any_thread_count(rng):
+    x, w, b = data(rng, (4, 40, 33, 17), 1, F32)
+    dy = rng.standard_normal(x.shape).astype(F32)
+    runs = []
+    for n in (1, 2, 3):
+        with fastln.threads(n):
+            runs.append(grads(x, 1, w, b, dy, False) + grads(x, 1, w, b, dy, True))
+    for other in runs[1:]:
+        for a, c in zip(runs[0], other):
+            np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_backward_in_place_and_out(rms, rng):
+    """out= may be dy itself (in place) or x; any other out gets the same values."""
+    x, w, b = data(rng, (2, 8, 5, 6), 1, F32)
+    dy = rng.standard_normal(x.shape).astype(F32)
+    want = grads(x, 1, w, b, dy, rms)
+    if rms:
+        _, rstd = fastln.rms_norm(x, w, axis=1, return_stats=True)
+
+        def call(dy_, x_, out):
+            return fastln.rms_norm_backward(dy_, x_, rstd, w, axis=1, out=out)
+    else:
+        _, mean, rstd = fastln.layer_norm(x, w, b, axis=1, return_stats=True)
+
+        def call(dy_, x_, out):
+            return fastln.layer_norm_backward(dy_, x_, mean, rstd, w, axis=1, out=out)
+    d = dy.copy()
+    got = call(d, x, d)
+    assert got[0] is d
+    np.testing.assert_array_equal(d, want[0])
+    xc = x.copy()
+    got = call(dy, xc, xc)
+    np.testing.assert_array_equal(xc, want[0])
+    out = np.empty((2, 5, 8, 6), F32).transpose(0, 2, 1, 3)   # not C-contiguous
+    got = call(dy, x, out)
+    assert got[0] is out
+    np.testing.assert_array_equal(out, want[0])
+
+
+def test_backward_nan_stays_in_its_position(isa, rng):
+    x, w, b = data(rng, (2, 8, 5, 6), 1, F32)
+    dy = rng.standard_normal(x.shape).astype(F32)
+    dx = grads(x, 1, w, b, dy, False)[0]
+    dy[0, 3, 1, 2] = np.nan
+    dx2 = grads(x, 1, w, b, dy, False)[0]
+    bad = np.zeros((2, 5, 6), bool)
+    bad[0, 1, 2] = True
+    assert np.isnan(np.moveaxis(dx2, 1, -1)[bad]).all()
+    np.testing.assert_array_equal(np.moveaxis(dx2, 1, -1)[~bad], np.moveaxis(dx, 1, -1)[~bad])
+
+
+def test_backward_overflowing_sums_match_the_reference(isa, rng):
+    """dy near 1e37 with spread-out x: the float sums overflow and the position is
+    redone in double."""
+    x, w, _ = data(rng, (2, 40, 5, 3), 1, F32)
+    dy = (rng.standard_normal(x.shape) * 1e37).astype(F32)
+    dx, dw, db = grads(x, 1, w, None, dy, False)
+    rdx, rdw, rdb = ref_grads(x, 1, w, dy, False)
+    assert np.isfinite(dx).all()
+    np.testing.assert_allclose(dx, rdx, rtol=1e-4, atol=1e-4 * float(np.abs(rdx).max()))
+
+
+def test_backward_torch_parity(torch, rng):
+    """NCHW LayerNorm's gradients as torch autograd gives them through permute."""
+    x, w, b = data(rng, (2, 24, 6, 7), 1, F64)
+    dy = rng.standard_normal(x.shape)
+    tx = torch.from_numpy(x).requires_grad_()
+    tw, tb = torch.from_numpy(w).requires_grad_(), torch.from_numpy(b).requires_grad_()
+    t = torch.nn.functional.layer_norm(tx.permute(0, 2, 3, 1), (24,), tw, tb, 1e-5)
+    t.permute(0, 3, 1, 2).backward(torch.from_numpy(dy))
+    dx, dw, db = grads(x, 1, w, b, dy, False)
+    close(dx, tx.grad.numpy(), F64, "dx")
+    close(dw, tw.grad.numpy(), F64, "dweight")
+    close(db, tb.grad.numpy(), F64, "dbias")
