@@ -1,6 +1,7 @@
 """The wide benchmark: fastln against NumPy, PyTorch, ONNX Runtime and JAX.
 
-    python bench/run.py [--quick] [--threads 1,2] [--no-rnn] [--ops ln,rms,add,f16,bf16]
+    python bench/run.py [--quick] [--threads 1,2] [--no-rnn] [--no-fused]
+                        [--ops ln,rms,add,f16,bf16]
                         [--shapes NxH,...] [--peers numpy,torch,onnxruntime,jax]
                         [--no-plots] [--outdir DIR]
 
@@ -23,7 +24,10 @@ A peer that is not installed is a "-" column. Writes bench/results/latest.json,
 the plots bench/results/throughput.png and speedup_heatmap.png (bench/plots.py;
 skipped with a note when matplotlib is missing) and regenerates
 bench/RESULTS.md. Then the LN-RNN cases of bench/rnn.py (skipped with
---no-rnn) add a "## LN-RNN" section to both. --quick: fewer shapes and samples.
+--no-rnn) add a "## LN-RNN" section to both, and the fused residual norms and
+channels-first cases of bench/fused.py (skipped with --no-fused) a "## Fused
+residual norms and channels-first LayerNorm" section. --quick: fewer shapes and
+samples.
 --shapes replaces every op's shapes; --outdir writes all the outputs to DIR
 instead (handy for a trial run that should not replace the committed results).
 """
@@ -274,6 +278,32 @@ def _rnn_md(rnn_result):
     return "\n" + _rnn_module().results_md(rnn_result) + "\n"
 
 
+# ---- the fused and channels-first section (bench/fused.py); optional, as the LN-RNN one
+
+def _fused_module():
+    return _load("fastln_bench_fused", "fused.py")
+
+
+def _run_fused(nthreads, quick):
+    """bench/fused.py's run() as a JSON-friendly dict, or {"error": message}."""
+    print("fused residual norms and channels-first LayerNorm (bench/fused.py) ...", flush=True)
+    try:
+        return _fused_module().run(threads=nthreads, quick=quick,
+                                   progress=lambda r: print(_fused_module().progress_line(r),
+                                                            flush=True))
+    except Exception as e:  # e.g. a failed check: reported, the other results are still written
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _fused_md(fused_result):
+    if fused_result is None:
+        return ""
+    if "error" in fused_result:
+        return ("\n## Fused residual norms and channels-first LayerNorm\n\n"
+                f"`bench/fused.py` failed: {fused_result['error']}\n")
+    return "\n" + _fused_module().results_md(fused_result) + "\n"
+
+
 def _plots(results, outdir):
     """bench/plots.py's render(): ({'throughput': path, 'heatmap': path}, None), or
     (None, why not)."""
@@ -311,9 +341,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
-                    help="fewer shapes and samples (about 1 min; 1.5 with the LN-RNN part)")
+                    help="fewer shapes and samples (about 1 min; 1.5 with the LN-RNN part, "
+                    "and about 1 more per thread count with the fused part)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--no-rnn", action="store_true", help="skip the LN-RNN section (bench/rnn.py)")
+    ap.add_argument("--no-fused", action="store_true",
+                    help="skip the fused residual norms and channels-first section "
+                    "(bench/fused.py)")
     ap.add_argument("--ops", default=",".join(OPS),
                     help=f"comma-separated subset of {','.join(OPS)} (default: all)")
     ap.add_argument("--shapes", metavar="NxH,...",
@@ -372,20 +406,22 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0
     info["cpu_other_load"] = load.fraction
     rnn_result = None if args.no_rnn else _run_rnn(nthreads, args.quick)
+    fused_result = None if args.no_fused else _run_fused(nthreads, args.quick)
 
     resdir = args.outdir or os.path.join(HERE, "results")
     md_path = os.path.join(args.outdir, "RESULTS.md") if args.outdir else os.path.join(
         HERE, "RESULTS.md")
     os.makedirs(resdir, exist_ok=True)
     results = {"info": info, "quick": args.quick, "command": command, "elapsed_s": elapsed,
-               "threads": nthreads, "ops": ops, "rows": rows, "rnn": rnn_result}
+               "threads": nthreads, "ops": ops, "rows": rows, "rnn": rnn_result,
+               "fused": fused_result}
     _write(os.path.join(resdir, "latest.json"), json.dumps(results, indent=1) + "\n")
     if args.no_plots:
         plots, note = None, "not drawn (--no-plots)"
     else:
         plots, note = _plots(results, resdir)
     _write(md_path, results_md(results, command, plots, note, os.path.dirname(md_path))
-           + _rnn_md(rnn_result) + "\n")
+           + _rnn_md(rnn_result) + _fused_md(fused_result) + "\n")
     print()
     for (op, dtype, part), title in TITLES.items():
         rs = [r for r in rows if r["op"] == op and r["dtype"] == dtype
@@ -397,6 +433,10 @@ def main(argv=None):
     if rnn_result is not None:
         print("LN-RNN:\n" + (_rnn_module().format_table(rnn_result) if "error" not in rnn_result
                              else "failed: " + rnn_result["error"]))
+    if fused_result is not None:
+        print("\nfused residual norms and channels-first LayerNorm:\n"
+              + (_fused_module().format_table(fused_result) if "error" not in fused_result
+                 else "failed: " + fused_result["error"]))
     if load.fraction is not None:
         print(f"other processes used {100 * load.fraction:.0f}% of the CPUs during the run")
     written = [os.path.join(resdir, "latest.json"), md_path] + list((plots or {}).values())

@@ -16,6 +16,8 @@ _Array: TypeAlias = npt.NDArray[Any]
 _Axis: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
 # a real number: Python float or int, or a NumPy floating scalar
 _Eps: TypeAlias = float | np.floating[Any]
+# out= of the fused add: y's buffer, or (y's, s's), either None
+_Out: TypeAlias = _Array | tuple[_Array | None, _Array | None] | None
 
 _api: ModuleType
 # Cython's table of docstrings for doctest (empty)
@@ -112,9 +114,10 @@ def add_layer_norm(
     weight: npt.ArrayLike | None = None,
     bias: npt.ArrayLike | None = None,
     *,
+    input_bias: npt.ArrayLike | None = None,
     axis: _Axis = -1,
     eps: _Eps = 1e-05,
-    out: _Array | tuple[_Array | None, _Array | None] | None = None,
+    out: _Out = None,
     return_stats: Literal[False] = False,
 ) -> tuple[_Array, _Array]: ...
 @overload
@@ -124,9 +127,10 @@ def add_layer_norm(
     weight: npt.ArrayLike | None = None,
     bias: npt.ArrayLike | None = None,
     *,
+    input_bias: npt.ArrayLike | None = None,
     axis: _Axis = -1,
     eps: _Eps = 1e-05,
-    out: _Array | tuple[_Array | None, _Array | None] | None = None,
+    out: _Out = None,
     return_stats: Literal[True],
 ) -> tuple[_Array, _Array, _Array, _Array]: ...
 @overload
@@ -136,11 +140,183 @@ def add_layer_norm(
     weight: npt.ArrayLike | None = None,
     bias: npt.ArrayLike | None = None,
     *,
+    input_bias: npt.ArrayLike | None = None,
     axis: _Axis = -1,
     eps: _Eps = 1e-05,
-    out: _Array | tuple[_Array | None, _Array | None] | None = None,
+    out: _Out = None,
     return_stats: bool = False,
 ) -> tuple[_Array, _Array] | tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_rms_norm(
+    x: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    input_bias: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-06,
+    out: _Out = None,
+    return_stats: Literal[False] = False,
+) -> tuple[_Array, _Array]: ...
+@overload
+def add_rms_norm(
+    x: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    input_bias: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-06,
+    out: _Out = None,
+    return_stats: Literal[True],
+) -> tuple[_Array, _Array, _Array]: ...
+@overload
+def add_rms_norm(
+    x: npt.ArrayLike,
+    residual: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    input_bias: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    eps: _Eps = 1e-06,
+    out: _Out = None,
+    return_stats: bool = False,
+) -> tuple[_Array, _Array] | tuple[_Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[False] = False,
+    residual_shape: None = None,
+) -> tuple[_Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[True],
+    residual_shape: None = None,
+) -> tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[False] = False,
+    residual_shape: Sequence[SupportsIndex],
+) -> tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[True],
+    residual_shape: Sequence[SupportsIndex],
+) -> tuple[_Array, _Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    mean: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: bool = False,
+    residual_shape: Sequence[SupportsIndex] | None = None,
+) -> tuple[_Array, ...]: ...
+@overload
+def add_rms_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[False] = False,
+    residual_shape: None = None,
+) -> tuple[_Array, _Array]: ...
+@overload
+def add_rms_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[True],
+    residual_shape: None = None,
+) -> tuple[_Array, _Array, _Array]: ...
+@overload
+def add_rms_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[False] = False,
+    residual_shape: Sequence[SupportsIndex],
+) -> tuple[_Array, _Array, _Array]: ...
+@overload
+def add_rms_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: Literal[True],
+    residual_shape: Sequence[SupportsIndex],
+) -> tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_rms_norm_backward(
+    dy: npt.ArrayLike,
+    s: npt.ArrayLike,
+    rstd: npt.ArrayLike,
+    weight: npt.ArrayLike | None = None,
+    *,
+    ds: npt.ArrayLike | None = None,
+    axis: _Axis = -1,
+    out: _Array | None = None,
+    input_bias_grad: bool = False,
+    residual_shape: Sequence[SupportsIndex] | None = None,
+) -> tuple[_Array, ...]: ...
 
 # ---- threads and instruction sets --------------------------------------------
 
@@ -200,9 +376,11 @@ def _layer_norm_backward_rows(
     dw: _Array,
     db: _Array,
 ) -> None: ...
-def _add_layer_norm_rows(
+def _add_norm_rows(
+    rms: bool,
     x: _Array,
     res: _Array,
+    bi: _Array | None,
     w: _Array | None,
     b: _Array | None,
     eps: float,
@@ -210,6 +388,19 @@ def _add_layer_norm_rows(
     s: _Array,
     mean: _Array | None,
     rstd: _Array | None,
+) -> None: ...
+def _add_norm_backward_rows(
+    rms: bool,
+    dy: _Array,
+    x: _Array,
+    ds: _Array | None,
+    mean: _Array | None,
+    rstd: _Array,
+    w: _Array | None,
+    dx: _Array,
+    dw: _Array,
+    db: _Array | None,
+    di: _Array | None,
 ) -> None: ...
 def _rms_norm_rows(
     x: _Array, w: _Array | None, eps: float, y: _Array, rstd: _Array | None
@@ -230,6 +421,19 @@ def _norm_channels(
     C: int,
     S: int,
     rms: bool,
+) -> int: ...
+def _norm_channels_backward(
+    dy: _Array,
+    x: _Array,
+    mean: _Array | None,
+    rstd: _Array,
+    w: _Array | None,
+    dx: _Array,
+    dw: _Array,
+    db: _Array | None,
+    N: int,
+    C: int,
+    S: int,
 ) -> int: ...
 
 # ---- LN-RNN engine (used by fastln.rnn) ---------------------------------------

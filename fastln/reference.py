@@ -20,7 +20,17 @@ True
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Literal, Optional, Sequence, SupportsIndex, Tuple, Union, overload
+from typing import (
+    TYPE_CHECKING,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    SupportsIndex,
+    Tuple,
+    Union,
+    overload,
+)
 
 import numpy as np
 
@@ -34,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
-    "add_layer_norm",
+    "add_layer_norm", "add_rms_norm", "add_layer_norm_backward", "add_rms_norm_backward",
 ]
 
 
@@ -289,48 +299,91 @@ def rms_norm_backward(dy: npt.ArrayLike, x: npt.ArrayLike, rstd: npt.ArrayLike,
     return _from_rows(dx, moved, axes), (g * xhat).sum(axis=0).reshape(nshape)
 
 
+def _sum(x: npt.ArrayLike, residual: npt.ArrayLike, input_bias: _Param,
+         axes: Tuple[int, ...]) -> _Array:
+    """(x + residual) + input_bias in float64: residual broadcast to x's shape by
+    NumPy's rules, input_bias (of the normalized shape, in the order of axes)
+    added to every row."""
+    xa = np.asarray(x, np.float64)
+    s = xa + np.broadcast_to(np.asarray(residual, np.float64), xa.shape)
+    if input_bias is None:
+        return s
+    r, moved = _to_rows(s, axes)
+    return _from_rows(r + _param(input_bias, r.shape[1]), moved, axes)
+
+
+def _unbroadcast(g: _Array, shape: Tuple[int, ...]) -> _Array:
+    """g summed over the axes along which an array of ``shape`` broadcast to g's shape."""
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g
+    keep = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return (g.sum(axis=keep, keepdims=True) if keep else g).reshape(shape)
+
+
+def _sum_grads(dx: _Array, ds: Optional[npt.ArrayLike], axes: Tuple[int, ...],
+               input_bias_grad: bool, residual_shape: Optional[Sequence[SupportsIndex]]
+               ) -> List[_Array]:
+    """[dsum, (dinput_bias), (dresidual)] from the norm's dx and the incoming ds."""
+    dsum = dx if ds is None else dx + np.asarray(ds, np.float64)
+    grads = [dsum]
+    if input_bias_grad:
+        r, moved = _to_rows(dsum, axes)
+        grads.append(r.sum(axis=0).reshape(moved[len(moved) - len(axes):]))
+    if residual_shape is not None:
+        grads.append(_unbroadcast(dsum, tuple(operator.index(n) for n in residual_shape)))
+    return grads
+
+
 @overload
 def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
-                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
-                   return_stats: Literal[False] = False) -> Tuple[_Array, _Array]: ...
+                   bias: _Param = None, *, input_bias: _Param = None, axis: _Axis = -1,
+                   eps: float = 1e-5, return_stats: Literal[False] = False
+                   ) -> Tuple[_Array, _Array]: ...
 @overload
 def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
-                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
-                   return_stats: Literal[True]) -> Tuple[_Array, _Array, _Array, _Array]: ...
+                   bias: _Param = None, *, input_bias: _Param = None, axis: _Axis = -1,
+                   eps: float = 1e-5, return_stats: Literal[True]
+                   ) -> Tuple[_Array, _Array, _Array, _Array]: ...
 @overload
 def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
-                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
-                   return_stats: bool = False
+                   bias: _Param = None, *, input_bias: _Param = None, axis: _Axis = -1,
+                   eps: float = 1e-5, return_stats: bool = False
                    ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array, _Array]]: ...
 def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None,
-                   bias: _Param = None, *, axis: _Axis = -1, eps: float = 1e-5,
-                   return_stats: bool = False
+                   bias: _Param = None, *, input_bias: _Param = None, axis: _Axis = -1,
+                   eps: float = 1e-5, return_stats: bool = False
                    ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array, _Array]]:
-    """(layer_norm(x + residual), x + residual), computed in float64.
+    """(layer_norm(s), s) with s = (x + residual) + input_bias, in float64.
 
     The reference of :func:`fastln.add_layer_norm`.
 
     Parameters
     ----------
-    x, residual : array_like
-        The two summands, of the same shape.
+    x : array_like
+        The first summand.
+    residual : array_like
+        The second summand: x's shape, or an array that broadcasts to it
+        (NumPy's rules; fastln allows broadcasting over the batch axes only).
     weight, bias : array_like, optional
         Gain and bias of the normalized shape; None means 1 and 0.
+    input_bias : array_like, optional
+        A vector of the normalized shape added into the sum; None means 0.
     axis : int or tuple of int, default -1
         The normalized axes.
     eps : float, default 1e-5
         Added to the variance.
     return_stats : bool, default False
-        Also return the ``mean`` and ``rstd`` of the sum.
+        Also return the ``mean`` and ``rstd`` of s.
 
     Returns
     -------
     y : ndarray of float64
-        ``layer_norm(x + residual)``.
+        ``layer_norm(s)``, of x's shape.
     s : ndarray of float64
-        ``x + residual``.
+        ``(x + residual) + input_bias``, of x's shape.
     mean, rstd : ndarray of float64
-        Only with ``return_stats=True``.
+        Only with ``return_stats=True``: s's statistics, of x's shape without
+        the normalized axes.
 
     Examples
     --------
@@ -338,9 +391,259 @@ def add_layer_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = N
     >>> y, s = reference.add_layer_norm([[1., 2., 3.]], [[0., 2., 4.]])
     >>> s
     array([[1., 4., 7.]])
+    >>> y, s = reference.add_layer_norm([[1., 2., 3.], [4., 5., 6.]], [1., 1., 1.],
+    ...                                 input_bias=[0., 0., 1.])
+    >>> s
+    array([[2., 3., 5.],
+           [5., 6., 8.]])
     """
-    s = np.asarray(x, np.float64) + np.asarray(residual, np.float64)
+    s = _sum(x, residual, input_bias, _axes(axis, np.ndim(x)))
     if not return_stats:
         return layer_norm(s, weight, bias, axis=axis, eps=eps), s
     y, mean, rstd = layer_norm(s, weight, bias, axis=axis, eps=eps, return_stats=True)
     return y, s, mean, rstd
+
+
+@overload
+def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None, *,
+                 input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
+                 return_stats: Literal[False] = False) -> Tuple[_Array, _Array]: ...
+@overload
+def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None, *,
+                 input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
+                 return_stats: Literal[True]) -> Tuple[_Array, _Array, _Array]: ...
+@overload
+def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None, *,
+                 input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
+                 return_stats: bool = False
+                 ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array]]: ...
+def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None, *,
+                 input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
+                 return_stats: bool = False
+                 ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array]]:
+    """(rms_norm(s), s) with s = (x + residual) + input_bias, in float64.
+
+    The reference of :func:`fastln.add_rms_norm`.
+
+    Parameters
+    ----------
+    x : array_like
+        The first summand.
+    residual : array_like
+        The second summand: x's shape, or an array that broadcasts to it.
+    weight : array_like, optional
+        Gain of the normalized shape; None means 1.
+    input_bias : array_like, optional
+        A vector of the normalized shape added into the sum; None means 0.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    eps : float, default 1e-6
+        Added to the mean square.
+    return_stats : bool, default False
+        Also return the ``rstd`` of s.
+
+    Returns
+    -------
+    y : ndarray of float64
+        ``rms_norm(s)``, of x's shape.
+    s : ndarray of float64
+        ``(x + residual) + input_bias``, of x's shape.
+    rstd : ndarray of float64
+        Only with ``return_stats=True``: ``1 / sqrt(mean(s**2) + eps)``, of
+        x's shape without the normalized axes.
+
+    Examples
+    --------
+    >>> from fastln import reference
+    >>> y, s, rstd = reference.add_rms_norm([[1., 2.]], [[2., 2.]], eps=0.0,
+    ...                                     return_stats=True)
+    >>> s, y.round(4), rstd
+    (array([[3., 4.]]), array([[0.8485, 1.1314]]), array([0.28284271]))
+    """
+    s = _sum(x, residual, input_bias, _axes(axis, np.ndim(x)))
+    if not return_stats:
+        return rms_norm(s, weight, axis=axis, eps=eps), s
+    y, rstd = rms_norm(s, weight, axis=axis, eps=eps, return_stats=True)
+    return y, s, rstd
+
+
+@overload
+def add_layer_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, mean: npt.ArrayLike,
+                            rstd: npt.ArrayLike, weight: _Param = None, *,
+                            ds: Optional[npt.ArrayLike] = None, axis: _Axis = -1,
+                            input_bias_grad: Literal[False] = False,
+                            residual_shape: None = None) -> Tuple[_Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, mean: npt.ArrayLike,
+                            rstd: npt.ArrayLike, weight: _Param = None, *,
+                            ds: Optional[npt.ArrayLike] = None, axis: _Axis = -1,
+                            input_bias_grad: Literal[True], residual_shape: None = None
+                            ) -> Tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, mean: npt.ArrayLike,
+                            rstd: npt.ArrayLike, weight: _Param = None, *,
+                            ds: Optional[npt.ArrayLike] = None, axis: _Axis = -1,
+                            input_bias_grad: Literal[False] = False,
+                            residual_shape: Sequence[SupportsIndex]
+                            ) -> Tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, mean: npt.ArrayLike,
+                            rstd: npt.ArrayLike, weight: _Param = None, *,
+                            ds: Optional[npt.ArrayLike] = None, axis: _Axis = -1,
+                            input_bias_grad: Literal[True],
+                            residual_shape: Sequence[SupportsIndex]
+                            ) -> Tuple[_Array, _Array, _Array, _Array, _Array]: ...
+@overload
+def add_layer_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, mean: npt.ArrayLike,
+                            rstd: npt.ArrayLike, weight: _Param = None, *,
+                            ds: Optional[npt.ArrayLike] = None, axis: _Axis = -1,
+                            input_bias_grad: bool = False,
+                            residual_shape: Optional[Sequence[SupportsIndex]] = None
+                            ) -> Tuple[_Array, ...]: ...
+def add_layer_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, mean: npt.ArrayLike,
+                            rstd: npt.ArrayLike, weight: _Param = None, *,
+                            ds: Optional[npt.ArrayLike] = None, axis: _Axis = -1,
+                            input_bias_grad: bool = False,
+                            residual_shape: Optional[Sequence[SupportsIndex]] = None
+                            ) -> Tuple[_Array, ...]:
+    """Gradients of add_layer_norm: (dsum, dweight, dbias[, dinput_bias][, dresidual]).
+
+    The reference of :func:`fastln.add_layer_norm_backward`. With s = (x +
+    residual) + input_bias and y = layer_norm(s), the gradient of the sum,
+    ``dsum = dL/ds``, is layer_norm's dx plus ``ds``, the gradient that
+    reaches s by another way; it is the gradient of x, and of residual and
+    input_bias summed over the axes along which they broadcast.
+
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of the loss with respect to y, of s's shape.
+    s : array_like
+        The sum the forward normalized.
+    mean, rstd : array_like
+        s's statistics: s's shape without the normalized axes.
+    weight : array_like, optional
+        The forward's gain, of the normalized shape; None means 1.
+    ds : array_like, optional
+        An incoming gradient of s, of s's shape, added into dsum; None means 0.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    input_bias_grad : bool, default False
+        Also return the gradient of input_bias: dsum summed over the batch
+        axes.
+    residual_shape : tuple of int, optional
+        Also return the gradient of a residual of this shape (broadcast to
+        s's shape in the forward): dsum summed over the broadcast axes.
+
+    Returns
+    -------
+    dsum : ndarray of float64
+        s's shape: the gradient of x (and of a residual of x's shape).
+    dweight, dbias : ndarray of float64
+        The normalized shape.
+    dinput_bias : ndarray of float64
+        Only with ``input_bias_grad=True``: the normalized shape.
+    dresidual : ndarray of float64
+        Only with ``residual_shape``: of that shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln import reference
+    >>> x, r = np.array([[1., 2., 3.], [2., 4., 7.]]), np.array([1., 0., -1.])
+    >>> y, s, mean, rstd = reference.add_layer_norm(x, r, return_stats=True)
+    >>> dsum, dweight, dbias, dr = reference.add_layer_norm_backward(
+    ...     np.zeros_like(y), s, mean, rstd, ds=np.ones_like(y), residual_shape=r.shape)
+    >>> dsum, dr
+    (array([[1., 1., 1.],
+           [1., 1., 1.]]), array([2., 2., 2.]))
+    """
+    axes = _axes(axis, np.ndim(s))
+    dx, dweight, dbias = layer_norm_backward(dy, s, mean, rstd, weight, axis=axis)
+    dsum, *rest = _sum_grads(dx, ds, axes, input_bias_grad, residual_shape)
+    return (dsum, dweight, dbias, *rest)
+
+
+@overload
+def add_rms_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, rstd: npt.ArrayLike,
+                          weight: _Param = None, *, ds: Optional[npt.ArrayLike] = None,
+                          axis: _Axis = -1, input_bias_grad: Literal[False] = False,
+                          residual_shape: None = None) -> Tuple[_Array, _Array]: ...
+@overload
+def add_rms_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, rstd: npt.ArrayLike,
+                          weight: _Param = None, *, ds: Optional[npt.ArrayLike] = None,
+                          axis: _Axis = -1, input_bias_grad: Literal[True],
+                          residual_shape: None = None) -> Tuple[_Array, _Array, _Array]: ...
+@overload
+def add_rms_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, rstd: npt.ArrayLike,
+                          weight: _Param = None, *, ds: Optional[npt.ArrayLike] = None,
+                          axis: _Axis = -1, input_bias_grad: Literal[False] = False,
+                          residual_shape: Sequence[SupportsIndex]
+                          ) -> Tuple[_Array, _Array, _Array]: ...
+@overload
+def add_rms_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, rstd: npt.ArrayLike,
+                          weight: _Param = None, *, ds: Optional[npt.ArrayLike] = None,
+                          axis: _Axis = -1, input_bias_grad: Literal[True],
+                          residual_shape: Sequence[SupportsIndex]
+                          ) -> Tuple[_Array, _Array, _Array, _Array]: ...
+@overload
+def add_rms_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, rstd: npt.ArrayLike,
+                          weight: _Param = None, *, ds: Optional[npt.ArrayLike] = None,
+                          axis: _Axis = -1, input_bias_grad: bool = False,
+                          residual_shape: Optional[Sequence[SupportsIndex]] = None
+                          ) -> Tuple[_Array, ...]: ...
+def add_rms_norm_backward(dy: npt.ArrayLike, s: npt.ArrayLike, rstd: npt.ArrayLike,
+                          weight: _Param = None, *, ds: Optional[npt.ArrayLike] = None,
+                          axis: _Axis = -1, input_bias_grad: bool = False,
+                          residual_shape: Optional[Sequence[SupportsIndex]] = None
+                          ) -> Tuple[_Array, ...]:
+    """Gradients of add_rms_norm: (dsum, dweight[, dinput_bias][, dresidual]).
+
+    The reference of :func:`fastln.add_rms_norm_backward`: ``dsum`` is
+    rms_norm's dx plus ``ds``, as in :func:`add_layer_norm_backward`.
+
+    Parameters
+    ----------
+    dy : array_like
+        Gradient of the loss with respect to y, of s's shape.
+    s : array_like
+        The sum the forward normalized.
+    rstd : array_like
+        s's statistic: s's shape without the normalized axes.
+    weight : array_like, optional
+        The forward's gain; None means 1.
+    ds : array_like, optional
+        An incoming gradient of s, added into dsum; None means 0.
+    axis : int or tuple of int, default -1
+        The normalized axes.
+    input_bias_grad : bool, default False
+        Also return the gradient of input_bias.
+    residual_shape : tuple of int, optional
+        Also return the gradient of a residual of this (broadcast) shape.
+
+    Returns
+    -------
+    dsum : ndarray of float64
+        s's shape.
+    dweight : ndarray of float64
+        The normalized shape.
+    dinput_bias : ndarray of float64
+        Only with ``input_bias_grad=True``.
+    dresidual : ndarray of float64
+        Only with ``residual_shape``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln import reference
+    >>> x = np.array([[3., 4.], [1., -1.]])
+    >>> y, s, rstd = reference.add_rms_norm(x, np.zeros(2), return_stats=True)
+    >>> dsum, dweight, dbias = reference.add_rms_norm_backward(
+    ...     np.zeros_like(y), s, rstd, ds=x, input_bias_grad=True)
+    >>> dbias
+    array([4., 3.])
+    """
+    axes = _axes(axis, np.ndim(s))
+    dx, dweight = rms_norm_backward(dy, s, rstd, weight, axis=axis)
+    dsum, *rest = _sum_grads(dx, ds, axes, input_bias_grad, residual_shape)
+    return (dsum, dweight, *rest)

@@ -227,3 +227,123 @@ def test_package_does_not_import_bench():
             with open(os.path.join(ROOT, "fastln", name)) as f:
                 text = f.read()
             assert "from bench" not in text and "import bench" not in text, name
+
+
+# ---- bench/fused.py: the fused residual norms and channels-first cases --------
+
+FUSED_SHAPES = {"add_rms": [(8, 32)], "add_ln": [(8, 32), (3, 48)], "add_ln_bwd": [(8, 32)],
+                "add_rms_bwd": [(8, 32)], "cf_ln": [(2, 6, 3, 5)], "cf_rms": [(2, 6, 3, 5)],
+                "cf_ln_bwd": [(2, 6, 3, 5)]}
+FUSED_TINY = {k: v for k, v in TINY.items() if k != "gap"}
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return _load("fastln_bench_fused_test", "fused.py")
+
+
+@pytest.fixture(scope="module")
+def fused_result(fused):
+    return fused.run(threads=[1], shapes=FUSED_SHAPES, timing=FUSED_TINY)
+
+
+def test_fused_rows(fused, fused_result):
+    import json
+    rows = fused_result["rows"]
+    assert [(r["case"], tuple(r["shape"])) for r in rows] == [
+        (c, s) for c in fused.CASES for s in FUSED_SHAPES[c]]
+    have_torch = _bench.have_peer("torch")
+    have_ort = _bench.have_peer("onnxruntime")
+    for r in rows:
+        assert set(r) >= {"case", "family", "title", "shape", "threads", "bytes", "bytes_counted",
+                          "times", "ratios", "copy_frac", "max_diff", "notes"}
+        assert r["threads"] == 1
+        fam = r["family"]
+        streams = {"fused_fwd": 4, "fused_bwd": 4, "cf_fwd": 2, "cf_bwd": 3}[fam]
+        assert r["bytes"] == streams * 4 * int(np.prod(r["shape"]))
+        t = r["times"]
+        mine = ("fastln", "fastln_out") if fam.startswith("fused") else (
+            "fastln_cf", "fastln_cf_out", "fastln_cl", "fastln_cl_out")
+        for k in mine + ("copy", "copy_nt", "copy_best"):
+            assert t[k] > 0, k
+        assert r["copy_frac"] > 0
+        # every peer that ran agreed with fastln within the checks' tolerance
+        assert all(d <= 1e-3 for d in r["max_diff"].values()), r["max_diff"]
+        if fam == "fused_fwd":
+            assert (t.get("ort") is not None) == have_ort
+            assert (r["ratios"]["ort/fastln"] is not None) == have_ort
+            if have_ort:
+                assert t["ort"] == min(t["ort_run"], t["ort_iobinding"]) and t["ort_out"] > 0
+                assert {"ort_run", "ort_iobinding", "ort_out"} <= set(r["max_diff"])
+        if fam.startswith("fused"):
+            assert (r["ratios"]["torch/fastln"] is not None) == have_torch
+        else:
+            assert r["ratios"]["fastln_cf/fastln_cl"] > 0
+            assert (r["ratios"]["torch_cl/fastln_cf"] is not None) == have_torch
+            assert "fastln_cl" in r["max_diff"]
+        if have_torch:
+            assert "torch" in r["max_diff"] or "torch_cl" in r["max_diff"]
+    json.loads(json.dumps(fused_result))        # JSON-friendly, for --json and latest.json
+
+
+def test_fused_tables(fused, fused_result):
+    text = fused.format_table(fused_result)
+    md = fused.results_md(fused_result)
+    assert md.startswith("## Fused residual norms and channels-first LayerNorm\n")
+    assert "### 1 thread" in md
+    for heading, cols in fused.TABLES.values():
+        assert f"#### {heading}" in md and f"{heading}:" in text
+        assert "| case | shape | bytes counted | " + " | ".join(h for h, _ in cols) + " |" in md
+    for r in fused_result["rows"]:
+        assert f"| {r['title']} | {fused._shape(r)} | " in md
+        assert fused.progress_line(r).startswith(f"  {r['title']} ")
+    assert "x, r in; y, s out" in md and "dy, s, ds in; dsum out" in md
+
+
+def test_fused_catches_a_disagreement(fused, monkeypatch):
+    """A wrong channels-first result (checked against fastln's own channels-last
+    call) or a fused forward that disagrees with its peers stops the case."""
+    real = fastln.layer_norm
+    monkeypatch.setattr(fastln, "layer_norm", lambda x, *a, axis=-1, **k: (
+        real(x, *a, axis=axis, **k) if axis != 1 else real(x, *a, axis=axis, **k) + 1e-2))
+    with pytest.raises(AssertionError, match="fastln_cl y disagrees"):
+        fused.run(threads=[1], cases=["cf_ln"], shapes=FUSED_SHAPES, timing=FUSED_TINY)
+    if _bench.have_peer("torch") or _bench.have_peer("onnxruntime"):
+        real_add = fastln.add_rms_norm
+        monkeypatch.setattr(fastln, "add_rms_norm", lambda *a, **k: tuple(
+            v * 1.01 if i == 0 else v for i, v in enumerate(real_add(*a, **k))))
+        with pytest.raises(AssertionError, match=r"add_rms_norm fwd \(8, 32\): \S+ y disagrees"):
+            fused.run(threads=[1], cases=["add_rms"], shapes=FUSED_SHAPES, timing=FUSED_TINY)
+
+
+def test_fused_arguments(fused, monkeypatch, tmp_path, capsys):
+    with pytest.raises(ValueError, match="cases"):
+        fused.run(cases=["softmax"])
+    with pytest.raises(SystemExit):
+        fused.main(["--cases", "add_rms,nope"])
+    monkeypatch.setattr(fused, "SHAPES", FUSED_SHAPES)
+    monkeypatch.setattr(fused, "timing_kw", lambda quick: FUSED_TINY)
+    path = tmp_path / "fused.json"
+    assert fused.main(["--quick", "--threads", "1", "--cases", "add_ln,cf_rms",
+                       "--json", str(path)]) == 0
+    import json
+    res = json.loads(path.read_text())
+    assert [r["case"] for r in res["rows"]] == ["add_ln", "add_ln", "cf_rms"]
+    assert res["quick"] and res["threads"] == [1]
+    assert "| rms_norm axis=1 fwd | (2, 6, 3, 5) |" in capsys.readouterr().out
+
+
+def test_run_has_a_fused_section(fused_result, monkeypatch, capsys):
+    run = _load("fastln_bench_run_test_fused", "run.py")
+    assert run._fused_md(None) == ""
+    assert "## Fused residual norms and channels-first LayerNorm" in run._fused_md(fused_result)
+    assert "failed: AssertionError: x" in run._fused_md({"error": "AssertionError: x"})
+
+    def broken(**kw):
+        raise AssertionError("x")
+    monkeypatch.setattr(run._fused_module(), "run", broken)
+    assert run._run_fused([1], quick=True) == {"error": "AssertionError: x"}
+    # --no-fused is an option: parsing gets as far as the thread counts
+    with pytest.raises(SystemExit):
+        run.main(["--no-fused", "--threads", "0"])
+    assert "--threads must be" in capsys.readouterr().err

@@ -299,6 +299,17 @@ static int k_rms_bwd(int dt, void *dx, void *dw, const void *dy, const void *x,
     return fastln_rms_norm_backward_half(half_kind(dt), dx, dw, dy, x, rstd, w, N, H);
 }
 
+/* the general add as RMSNorm, one residual row (r's first), input bias bi */
+static int k_add_rms(int dt, void *y, void *s, void *rstd, const void *x, const void *r,
+                     const void *bi, const void *w, int64_t N, int64_t H) {
+    if (dt == F32)
+        return fastln_add_norm_f32(1, y, s, NULL, rstd, x, r, 1, bi, w, NULL, N, H, RMS_EPS);
+    if (dt == F64)
+        return fastln_add_norm_f64(1, y, s, NULL, rstd, x, r, 1, bi, w, NULL, N, H, RMS_EPS);
+    return fastln_add_norm_half(half_kind(dt), 1, y, s, NULL, rstd, x, r, 1, bi, w, NULL, N, H,
+                                RMS_EPS);
+}
+
 /* Every normalization kernel on (N, H) of storage dt; weighted = 0 passes
  * NULL weight and bias. */
 static void check_norm(int dt, int64_t N, int64_t H, int weighted) {
@@ -359,6 +370,36 @@ static void check_norm(int dt, int64_t N, int64_t H, int weighted) {
     expect_ok(k_rms_bwd(dt, DX, DW, DY, X, RSTD, Wk, N, H), "rms_norm_backward");
     expect("rms_norm_backward dx", DX, dt, dx, n, to);
     expect("rms_norm_backward dweight", DW, pt, dw, H, tp);
+
+    /* the general add (RMSNorm of x + r[0] + b), and its backward with ds = r */
+    for (size_t i = 0; i < n; i++) s[i] = x[i] + r[i % H] + b[i % H];
+    ref_rms(y, rstd, s, wr, N, H, RMS_EPS);
+    expect_ok(k_add_rms(dt, Y, S, RSTD, X, R, B, Wk, N, H), "add_rms_norm");
+    expect("add_rms_norm y", Y, dt, y, n, to);
+    expect("add_rms_norm s", S, dt, s, n, to);
+    expect("add_rms_norm rstd", RSTD, pt, rstd, N, tp);
+    if (dt == F32 || dt == F64) {
+        double *di = randv(H, 0, 0);
+        void *DI = nans(pt, H);
+        load(s, S, dt, n);
+        load(rstd, RSTD, pt, N);
+        ref_rms_bwd(dx, dw, dy, s, rstd, wr, N, H);
+        for (int64_t j = 0; j < H; j++) di[j] = 0;
+        for (size_t i = 0; i < n; i++) {
+            dx[i] += r[i];
+            di[i % H] += dx[i];
+        }
+        expect_ok(dt == F32 ? fastln_add_norm_backward_f32(1, DX, DW, NULL, DI, DY, S, R, NULL,
+                                                           RSTD, Wk, N, H)
+                            : fastln_add_norm_backward_f64(1, DX, DW, NULL, DI, DY, S, R, NULL,
+                                                           RSTD, Wk, N, H),
+                  "add_rms_norm_backward");
+        expect("add_rms_norm_backward dsum", DX, dt, dx, n, to);
+        expect("add_rms_norm_backward dweight", DW, pt, dw, H, tp);
+        expect("add_rms_norm_backward dinput_bias", DI, pt, di, H, tp);
+        free(di);
+        free(DI);
+    }
 
     void *all[] = {x, r, dy, w, b, X, R, DY, W, B, y, s, dx, mean, rstd, dw, db,
                    Y, S, DX, MEAN, RSTD, DW, DB};

@@ -97,12 +97,20 @@ static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, in
         rc |= fastln_layer_norm_backward_##SFX(s, dw, db, dy, x, mean, rstd, NULL, N, H);    \
         rc |= fastln_add_layer_norm_##SFX(y, s, mean, rstd, x, r, w, b, N, H, 1e-5);         \
         rc |= fastln_rms_norm_##SFX(y, rstd, x, w, N, H, 1e-6);                              \
+        /* the general add: one residual row, an input bias; its backward with ds */         \
+        rc |= fastln_add_norm_##SFX(1, y, s, NULL, rstd, x, r, 1, b, w, NULL, N, H, 1e-6);    \
+        rc |= fastln_add_norm_##SFX(0, y, s, mean, rstd, x, r, N, b, w, b, N, H, 1e-5);      \
+        rc |= fastln_add_norm_backward_##SFX(0, y, dw, db, w, dy, s, r, mean, rstd, w, N, H); \
+        rc |= fastln_add_norm_backward_##SFX(1, dy, dw, NULL, b, dy, s, NULL, NULL, rstd, w, N, H); \
         if (N > 0) {   /* the same data as (N, H, 1), (1, N, H) and (1, H, N): channels first */ \
             rc |= fastln_layer_norm_channels_##SFX(y, mean, rstd, x, w, b, N, H, 1, 1e-5);   \
             rc |= fastln_layer_norm_channels_##SFX(y, NULL, NULL, x, NULL, NULL, 1, N, H, 1e-5); \
             rc |= fastln_layer_norm_channels_##SFX(x, mean, rstd, x, w, b, 1, H, N, 1e-5);   \
             rc |= fastln_rms_norm_channels_##SFX(y, NULL, x, NULL, 1, N, H, 1e-6);           \
             rc |= fastln_rms_norm_channels_##SFX(y, rstd, x, w, 1, H, N, 1e-6);              \
+            rc |= fastln_layer_norm_channels_##SFX(y, mean, rstd, x, w, b, 1, H, N, 1e-5);   \
+            rc |= fastln_layer_norm_channels_backward_##SFX(s, dw, db, dy, x, mean, rstd, w, 1, H, N); \
+            rc |= fastln_rms_norm_channels_backward_##SFX(dy, dw, dy, x, rstd, NULL, 1, H, N); \
         }                                                                                    \
         rc |= fastln_rms_norm_backward_##SFX(s, dw, dy, x, rstd, w, N, H);                   \
         memcpy(y, x, n * sizeof(T));   /* in place: y is the input and the output */          \
@@ -133,6 +141,8 @@ static int ln_half(int kind, int64_t N, int64_t H) {
     rc |= fastln_layer_norm_half(kind, y, NULL, NULL, x, NULL, NULL, N, H, 1e-5);
     rc |= fastln_layer_norm_backward_half(kind, s, dw, db, dy, x, mean, rstd, w, N, H);
     rc |= fastln_add_layer_norm_half(kind, y, s, mean, rstd, x, r, w, b, N, H, 1e-5);
+    rc |= fastln_add_norm_half(kind, 1, y, s, NULL, rstd, x, r, 1, b, w, NULL, N, H, 1e-6);
+    rc |= fastln_add_norm_half(kind, 0, y, s, mean, rstd, x, r, N, b, w, b, N, H, 1e-5);
     rc |= fastln_rms_norm_half(kind, y, rstd, x, w, N, H, 1e-6);
     rc |= fastln_rms_norm_backward_half(kind, s, dw, dy, x, rstd, w, N, H);
     memcpy(y, x, n * 2);   /* in place */
