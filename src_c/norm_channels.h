@@ -29,6 +29,18 @@
  * at most CF_BLOCK terms. */
 #define CF_BLOCK 32
 
+/* A tile's first sweep prefetches the run this many channels on: each run
+ * starts a page of its own, which the hardware prefetchers have not seen. */
+#define CF_PF_AHEAD 4
+
+/* Positions a tile: CF_TILE_BYTES of each array it reads, a multiple of 16,
+ * from 16 to CF_TILE */
+static int64_t SFX(cf_tile_len)(int64_t C)
+{
+    int64_t len = CF_TILE_BYTES / (C * (int64_t)sizeof(T)) / 16 * 16;
+    return len < 16 ? 16 : len > CF_TILE ? CF_TILE : len;
+}
+
 /* Position j of a tile redone in double straight from x, as ln_row_double
  * does a row (norm_stats.h): for statistics that T may have lost (overflow,
  * underflow, a non-finite value). */
@@ -74,6 +86,9 @@ static void SFX(cf_tile)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
             for (int64_t j = 0; j < m; j++) part[j] = 0;
             for (int64_t c = c0; c < c1; c++) {
                 const T *xc = x0 + c * S;
+                if (pass == rms && c + CF_PF_AHEAD < C)   /* x's first sweep: see CF_PF_AHEAD */
+                    for (int64_t o = 0; o < m; o += 64 / (int64_t)sizeof(T))
+                        __builtin_prefetch(xc + CF_PF_AHEAD * S + o);
                 if (pass == 0) {
 #pragma omp simd
                     for (int64_t j = 0; j < m; j++) part[j] += xc[j] - shift[j];
@@ -134,8 +149,7 @@ static int SFX(norm_channels)(T *y, T *mean, T *rstd, const T *x, const T *w, co
                               int stream)
 {
     (void)nt;   /* unused in a serial build */
-    int64_t len = CF_TILE_BYTES / (C * (int64_t)sizeof(T)) / 16 * 16;   /* positions a tile */
-    len = len < 16 ? 16 : len > CF_TILE ? CF_TILE : len;
+    const int64_t len = SFX(cf_tile_len)(C);
     const int64_t tiles = (S + len - 1) / len;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -154,12 +168,6 @@ static int SFX(norm_channels)(T *y, T *mean, T *rstd, const T *x, const T *w, co
 
 /* ---- backward ------------------------------------------------------------ */
 
-#ifndef CF_BWD_TILE
-#define CF_BWD_TILE 1024
-#define CF_BWD_TILE_BYTES (512 << 10)
-#endif
-#define CF_PF_AHEAD 4
-
 /* The backward of one tile, positions [s0, s0 + m) of sample n, with the
  * row backward's scalars (norm_bwd_stats.h) for each position: sweep 1 sums
  * d = x - mean, g = dy * weight and g * d over the channels (RMSNorm: g * x),
@@ -171,9 +179,9 @@ static void SFX(cf_bwd_tile)(T *dx, T *pw, T *pb, const T *dy, const T *x, const
                              int64_t m, int stream)
 {
     const int rms = mean == NULL;
-    double a_d[CF_BWD_TILE], a_g[CF_BWD_TILE], a_gd[CF_BWD_TILE];
-    T p_d[CF_BWD_TILE], p_g[CF_BWD_TILE], p_gd[CF_BWD_TILE], mj[CF_BWD_TILE], dm[CF_BWD_TILE],
-        r[CF_BWD_TILE], c1[CF_BWD_TILE], c2[CF_BWD_TILE];
+    double a_d[CF_TILE], a_g[CF_TILE], a_gd[CF_TILE];
+    T p_d[CF_TILE], p_g[CF_TILE], p_gd[CF_TILE], mj[CF_TILE], dm[CF_TILE],
+        r[CF_TILE], c1[CF_TILE], c2[CF_TILE];
     const T *x0 = x + s0, *g0 = dy + s0;
     for (int64_t j = 0; j < m; j++) {
         mj[j] = rms ? (T)0 : mean[s0 + j];
@@ -186,7 +194,7 @@ static void SFX(cf_bwd_tile)(T *dx, T *pw, T *pb, const T *dy, const T *x, const
         for (int64_t c = c0; c < c1_; c++) {
             const T *xc = x0 + c * S, *gc = g0 + c * S;
             const T wc = w ? w[c] : (T)1;
-            if (c + CF_PF_AHEAD < C)   /* a run a few channels on, which starts a page */
+            if (c + CF_PF_AHEAD < C)   /* see CF_PF_AHEAD */
                 for (int64_t o = 0; o < m; o += 64 / (int64_t)sizeof(T)) {
                     __builtin_prefetch(xc + CF_PF_AHEAD * S + o);
                     __builtin_prefetch(gc + CF_PF_AHEAD * S + o);
@@ -254,8 +262,7 @@ static int SFX(norm_channels_bwd)(T *dx, T *dw, T *db, const T *dy, const T *x, 
 {
     (void)nt;   /* unused in a serial build */
     const int np = mean ? 2 : 1;   /* partial vectors a tile */
-    int64_t len = CF_BWD_TILE_BYTES / (2 * C * (int64_t)sizeof(T)) / 16 * 16;   /* x and dy */
-    len = len < 16 ? 16 : len > CF_BWD_TILE ? CF_BWD_TILE : len;
+    const int64_t len = SFX(cf_tile_len)(C);
     const int64_t tiles = (S + len - 1) / len, nq = N * tiles;
     T *part = (T *)malloc((size_t)(nq * np * C + 1) * sizeof(T));
     if (!part) return FASTLN_ENOMEM;
