@@ -44,8 +44,9 @@ void fastln_avx512_bwd_rows16(int elem, void *dx, float *pw, float *pb, const vo
                               const float *w, int64_t r0, int64_t r1, int64_t re, int64_t H,
                               int stream);
 
-/* The forwards of rows longer than FWD16_MAX_H, as fastln_avx512_fwd_rows16;
- * buf: 2H floats of scratch for float16/bfloat16 rows */
+/* The forwards of rows longer than FWD16_MAX_H, as fastln_avx512_fwd_rows16,
+ * and with res and rms add + RMSNorm; buf: 2H floats of scratch for
+ * float16/bfloat16 rows */
 void fastln_avx512_long_fwd(int elem, int rms, void *y, void *s, float *mean, float *rstd,
                             const void *x, const void *res, const float *w, const float *b,
                             int64_t r0, int64_t r1, int64_t H, double eps, float *buf,

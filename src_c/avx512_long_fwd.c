@@ -349,7 +349,7 @@ static inline __attribute__((always_inline)) void long_rows_k(
 }
 
 /* long_rows_k for each storage (bfloat16 twice: bf16i 1 and 0) and variant
- * (LayerNorm, RMSNorm, add + LayerNorm), a function of each, as the
+ * (LayerNorm, RMSNorm, add + LayerNorm, add + RMSNorm), a function of each, as the
  * sixteen-row kernels have: in one function for all of them, GCC keeps the
  * weight pointers on the stack and reloads them for each vector. */
 #define LONG_FN(KN, V, E, BI, RMS, ADD)                                                     \
@@ -361,10 +361,11 @@ static inline __attribute__((always_inline)) void long_rows_k(
         long_rows_k(E, BI, RMS, ADD && E == ELEM_F32 && !nt, y, ADD ? s : NULL, mean, rstd, \
                     x, ADD ? res : NULL, w, b, r0, r1, H, eps, buf, nt, stg);               \
     }
-#define LONG_FNS(KN, E, BI)        \
-    LONG_FN(KN, _ln, E, BI, 0, 0)  \
-    LONG_FN(KN, _rms, E, BI, 1, 0) \
-    LONG_FN(KN, _add, E, BI, 0, 1)
+#define LONG_FNS(KN, E, BI)           \
+    LONG_FN(KN, _ln, E, BI, 0, 0)     \
+    LONG_FN(KN, _rms, E, BI, 1, 0)    \
+    LONG_FN(KN, _add, E, BI, 0, 1)    \
+    LONG_FN(KN, _addrms, E, BI, 1, 1)
 LONG_FNS(f32, ELEM_F32, 0)
 LONG_FNS(f16, FASTLN_F16, 0)
 LONG_FNS(bf16i, FASTLN_BF16, 1)
@@ -388,7 +389,7 @@ static __attribute__((noipa)) void long_f32_ln_nt(
                     nt, stg);
 }
 
-/* long_rows_k for elem; with res (not with rms) add + LayerNorm into y and s */
+/* long_rows_k for elem; with res add + LayerNorm (add + RMSNorm with rms) into y and s */
 void fastln_avx512_long_fwd(int elem, int rms, void *y, void *s, float *mean, float *rstd,
                             const void *x, const void *res, const float *w, const float *b,
                             int64_t r0, int64_t r1, int64_t H, double eps, float *buf, int nt)
@@ -400,11 +401,12 @@ void fastln_avx512_long_fwd(int elem, int rms, void *y, void *s, float *mean, fl
         return;
     }
 #define F_(KN, V) CAT3(long_, KN, V)(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf, nt, stg)
-#define VARIANT(KN)                 \
-    do {                            \
-        if (rms) F_(KN, _rms);      \
-        else if (res) F_(KN, _add); \
-        else F_(KN, _ln);           \
+#define VARIANT(KN)                          \
+    do {                                     \
+        if (rms && res) F_(KN, _addrms);     \
+        else if (rms) F_(KN, _rms);          \
+        else if (res) F_(KN, _add);          \
+        else F_(KN, _ln);                    \
     } while (0)
     if (elem == ELEM_F32) VARIANT(f32);
     else if (elem == FASTLN_F16) VARIANT(f16);

@@ -28,21 +28,9 @@ typedef struct {
     T *mean, *rstd;
     const void *x, *res;
     const T *bi, *w, *b;
-    int64_t R, H;
+    int64_t N, R, H;
     double eps;
 } SFX(add_args);
-
-/* dst = (x + res) + bi (bi may be NULL), one row */
-static inline void SFX(add_row)(T *dst, const T *x, const T *res, const T *bi, int64_t H)
-{
-    if (bi) {
-#pragma omp simd
-        for (int64_t i = 0; i < H; i++) dst[i] = (x[i] + res[i]) + bi[i];
-    } else {
-#pragma omp simd
-        for (int64_t i = 0; i < H; i++) dst[i] = x[i] + res[i];
-    }
-}
 
 /* Floats of per-thread scratch that add_norm_rows needs */
 static int64_t SFX(add_scratch)(int64_t H)
@@ -51,11 +39,53 @@ static int64_t SFX(add_scratch)(int64_t H)
     return 2 * e + 2 * H + (e + 1) / 2;
 }
 
-/* Rows [r0, r1) of a fused add + norm; buf: add_scratch(H) elements. */
+#if !AVX512_F32
+/* Rows [r0, r1) of rows of T a row at a time, each summed and normalized in
+ * one sweep over memory (add_ln_row, add_rms_row); buf: 2H elements with
+ * stream. */
+static void SFX(add_norm_each)(const SFX(add_args) *a, int64_t r0, int64_t r1, T *buf)
+{
+    const int64_t H = a->H;
+    T *const s = (T *)a->s, *const y = (T *)a->y;
+    for (int64_t n = r0; n < r1; n++) {
+        const T *xr = (const T *)a->x + n * H, *rr = (const T *)a->res + n % a->R * H;
+        T *sr = a->stream ? buf : s + n * H, *yr = a->stream ? buf + H : y + n * H;
+        T *rstd = a->rstd ? a->rstd + n : NULL;
+        if (a->rms) SFX(add_rms_row)(yr, sr, rstd, xr, rr, a->bi, a->w, H, a->eps);
+        else SFX(add_ln_row)(yr, sr, a->mean ? a->mean + n : NULL, rstd, xr, rr, a->bi, a->w,
+                             a->b, H, a->eps);
+        if (a->stream) {
+            stream_copy(s + n * H, sr, (size_t)H * sizeof(T));
+            stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
+        }
+    }
+    if (a->stream) stream_fence();
+}
+#endif
+
+/* Rows [r0, r1) of a fused add + norm; buf: add_scratch(H) elements. On
+ * AVX-512, add + RMSNorm of long rows without a broadcast or an input bias
+ * goes through the long-row kernel, whose sweeps sum the next row while
+ * they write this one; other float rows go in blocks, summed first and
+ * then normalized by the sixteen-row and long-row kernels. Elsewhere rows
+ * of T go one at a time (add_norm_each) and half storage in blocks. */
 static void SFX(add_norm_rows)(const SFX(add_args) *a, int64_t r0, int64_t r1, T *buf)
 {
     const int64_t H = a->H, m = SFX(cache_block)(H);
     const int half = a->elem != 0;
+#if AVX512_F32
+    if (a->rms && H > FWD16_MAX_H && !a->bi && a->R == a->N) {
+        fastln_avx512_long_fwd(a->elem, 1, a->y, a->s, NULL, a->rstd, a->x, a->res, a->w, NULL,
+                               r0, r1, H, a->eps, buf, a->stream);
+        if (a->stream) stream_fence();
+        return;
+    }
+#else
+    if (!half) {
+        SFX(add_norm_each)(a, r0, r1, buf);
+        return;
+    }
+#endif
     T *const sb = buf, *const yb = buf + m * H, *const rb = yb + m * H, *const stage = rb + H;
     for (int64_t r = r0; r < r1; r += m) {
         const int64_t n = r1 - r < m ? r1 - r : m, e = n * H;

@@ -76,7 +76,7 @@ static int SFX(add_norm)(const fastln_add_args *g, int nt, int stream)
     const SFX(add_args) a = {g->rms,       g->elem, stream,           g->y,
                              g->s,         (T *)g->mean, (T *)g->rstd, g->x,
                              g->res,       (const T *)g->bi, (const T *)g->w, (const T *)g->b,
-                             g->R,         g->H,    g->eps};
+                             g->N,         g->R,    g->H,         g->eps};
     const int64_t sn = SFX(add_scratch)(g->H), N = g->N;
     T *scratch = (T *)malloc((size_t)(nt * sn) * sizeof(T));
     if (!scratch) return FASTLN_ENOMEM;

@@ -54,40 +54,42 @@ static void SFX(ln_rows)(T *y, T *mean, T *rstd, const T *x, const T *w, const T
     if (stream) stream_fence();
 }
 
-#if !AVX512_F32   /* AVX-512 float: avx512_rows16_fwd.c, avx512_long_fwd.c */
+/* dst = (x + res) + bi (bi may be NULL), one row */
+static inline void SFX(add_row)(T *dst, const T *x, const T *res, const T *bi, int64_t H)
+{
+    if (bi) {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) dst[i] = (x[i] + res[i]) + bi[i];
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) dst[i] = x[i] + res[i];
+    }
+}
+
+#if !AVX512_F32   /* AVX-512 float: the fused kernels of avx512_*.c */
+/* add + LayerNorm of one row: sr = (x + res) (+ bi), yr = its LayerNorm,
+ * bitwise ln_rows' on sr (the sum is formed first, then its statistics are
+ * taken from L1 as a row's). mean, rstd: the row's, or NULL. */
+static void SFX(add_ln_row)(T *yr, T *sr, T *mean, T *rstd, const T *xr, const T *rr,
+                            const T *bi, const T *w, const T *b, int64_t H, double eps)
+{
+    SFX(add_row)(sr, xr, rr, bi, H);
+    T shift = sr[0];
+    double total = SFX(sum_shifted)(sr, H, shift);
+    T dm = (T)(total / (double)H);
+    SFX(ln_finish_row)(yr, mean, rstd, sr, w, b, H, eps, shift, total, dm,
+                       SFX(sumsq_centered)(sr, H, shift, dm) / (double)H);
+}
+
 static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
                              const T *w, const T *b, int64_t r0, int64_t r1, int64_t H,
                              double eps, T *buf)
 {
     int stream = buf != NULL;
-    T *sbuf = buf, *ybuf = stream ? buf + H : NULL;
     for (int64_t n = r0; n < r1; n++) {
-        const T *xr = x + n * H, *rr = res + n * H;
-        T *sr = stream ? sbuf : s + n * H, *yr = stream ? ybuf : y + n * H;
-        T shift = xr[0] + rr[0];
-        /* sweep 1: s = x + residual, and sum(s - shift) on the fly */
-        double total = 0;
-        for (int64_t c0 = 0; c0 < H; c0 += CHUNK) {
-            int64_t m = H - c0 < CHUNK ? H - c0 : CHUNK, i = c0;
-            T acc[NACC];
-            SFX(acc_zero)(acc);
-            for (; i + NACC <= c0 + m; i += NACC)
-                for (int k = 0; k < NACC; k++) {
-                    T v = xr[i + k] + rr[i + k];
-                    sr[i + k] = v;
-                    acc[k] += v - shift;
-                }
-            for (int k = 0; k < c0 + m - i; k++) {
-                T v = xr[i + k] + rr[i + k];
-                sr[i + k] = v;
-                acc[k] += v - shift;
-            }
-            total += SFX(hsum)(acc);
-        }
-        T dm = (T)(total / (double)H);
-        SFX(ln_finish_row)(yr, mean ? mean + n : NULL, rstd ? rstd + n : NULL, sr, w, b, H,
-                           eps, shift, total, dm,
-                           SFX(sumsq_centered)(sr, H, shift, dm) / (double)H);
+        T *sr = stream ? buf : s + n * H, *yr = stream ? buf + H : y + n * H;
+        SFX(add_ln_row)(yr, sr, mean ? mean + n : NULL, rstd ? rstd + n : NULL, x + n * H,
+                        res + n * H, NULL, w, b, H, eps);
         if (stream) {
             stream_copy(s + n * H, sr, (size_t)H * sizeof(T));
             stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
@@ -97,6 +99,32 @@ static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *
 }
 #endif
 
+/* RMSNorm of one row from ss = sum(x^2) (redone in double where float
+ * squares over- or underflowed) */
+static inline void SFX(rms_finish_row)(T *yr, T *rstd, const T *xr, const T *w, int64_t H,
+                                       double eps, double ss)
+{
+    if (SFX(stats_suspect)(ss / (double)H, xr, H, 0)) {   /* float squares over/underflowed */
+        ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < H; i++) ss += (double)xr[i] * (double)xr[i];
+    }
+    double rd = 1.0 / sqrt(ss / (double)H + eps);
+    T r = (T)rd;
+    if (rstd) *rstd = r;
+    if (isinf(r) && !isinf(rd)) {
+        /* float rstd overflows (rms below ~3e-39 with eps = 0): y in double */
+        for (int64_t i = 0; i < H; i++)
+            yr[i] = (T)((double)xr[i] * rd * (w ? (double)w[i] : 1.0));
+    } else if (w) {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r * w[i];
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r;
+    }
+}
+
 static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
                           int64_t r0, int64_t r1, int64_t H, double eps, T *buf)
 {
@@ -104,30 +132,23 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
     for (int64_t n = r0; n < r1; n++) {
         const T *xr = x + n * H;
         T *yr = stream ? buf : y + n * H;
-        double ss = SFX(sumsq_centered)(xr, H, 0, 0);
-        if (SFX(stats_suspect)(ss / (double)H, xr, H, 0)) {   /* float squares over/underflowed */
-            ss = 0;
-#pragma omp simd reduction(+ : ss)
-            for (int64_t i = 0; i < H; i++) ss += (double)xr[i] * (double)xr[i];
-        }
-        double rd = 1.0 / sqrt(ss / (double)H + eps);
-        T r = (T)rd;
-        if (rstd) rstd[n] = r;
-        if (isinf(r) && !isinf(rd)) {
-            /* float rstd overflows (rms below ~3e-39 with eps = 0): y in double */
-            for (int64_t i = 0; i < H; i++)
-                yr[i] = (T)((double)xr[i] * rd * (w ? (double)w[i] : 1.0));
-        } else if (w) {
-#pragma omp simd
-            for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r * w[i];
-        } else {
-#pragma omp simd
-            for (int64_t i = 0; i < H; i++) yr[i] = xr[i] * r;
-        }
+        SFX(rms_finish_row)(yr, rstd ? rstd + n : NULL, xr, w, H, eps,
+                            SFX(sumsq_centered)(xr, H, 0, 0));
         if (stream) stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
     }
     if (stream) stream_fence();
 }
+
+#if !AVX512_F32
+/* add + RMSNorm of one row: sr = (x + res) (+ bi), yr = its RMSNorm, bitwise
+ * rms_rows' on sr */
+static void SFX(add_rms_row)(T *yr, T *sr, T *rstd, const T *xr, const T *rr, const T *bi,
+                             const T *w, int64_t H, double eps)
+{
+    SFX(add_row)(sr, xr, rr, bi, H);
+    SFX(rms_finish_row)(yr, rstd, sr, w, H, eps, SFX(sumsq_centered)(sr, H, 0, 0));
+}
+#endif
 
 #if AVX512_F32
 /* The one-row code the AVX-512 forwards fall back to (avx512.h) */
