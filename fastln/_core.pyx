@@ -928,6 +928,47 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
     return _api.rms_norm_backward(dy, x, rstd, weight, axis, out)
 
 
+cdef object _add_fast(bint rms, x, residual, input_bias, weight, bias, axis, eps, out,
+                      bint return_stats):
+    """The fast path of add_layer_norm (add_rms_norm with rms): C-contiguous
+    float32/float64 x and residual of one shape, over the last axis, no input
+    bias, fast outputs; its result, or None where it does not apply."""
+    cdef int tn = _float_type(x)
+    cdef cnp.ndarray xa, y, s
+    cdef int nd
+    cdef cnp.npy_intp H, N
+    y_out = s_out = None
+    if out is None or type(out) is cnp.ndarray:
+        y_out = out
+    elif type(out) is tuple and len(out) == 2:
+        y_out, s_out = out
+    else:
+        return None
+    if tn < 0 or input_bias is not None:
+        return None
+    xa = <cnp.ndarray>x
+    nd = cnp.PyArray_NDIM(xa)
+    H = cnp.PyArray_DIM(xa, nd - 1)
+    if not (H > 0 and _last_axis(axis, nd) and _fast(residual, tn)
+            and _same_shape(xa, residual, nd) and _fast_eps(eps)
+            and _fast_vec(weight, tn, H) and _fast_vec(bias, tn, H)
+            and _fast_add_out(y_out, xa, residual, tn, weight, bias)
+            and _fast_add_out(s_out, xa, residual, tn, weight, bias)
+            and (y_out is None or s_out is None
+                 or not _overlap_any(<cnp.ndarray>y_out, <cnp.ndarray>s_out))):
+        return None
+    N = cnp.PyArray_SIZE(xa) // H
+    y = _empty_like(xa, nd, tn) if y_out is None else <cnp.ndarray>y_out
+    s = _empty_like(xa, nd, tn) if s_out is None else <cnp.ndarray>s_out
+    if not return_stats:
+        _add_norm(tn, rms, y, s, None, None, xa, residual, N, None, weight, bias, N, H, eps)
+        return y, s
+    mean = None if rms else _empty_like(xa, nd - 1, tn)
+    rstd = _empty_like(xa, nd - 1, tn)
+    _add_norm(tn, rms, y, s, mean, rstd, xa, residual, N, None, weight, bias, N, H, eps)
+    return (y, s, rstd) if rms else (y, s, mean, rstd)
+
+
 def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis=-1, eps=1e-5,
                    out=None, return_stats=False):
     """Fused residual add and layer norm: ``s = x + residual (+ input_bias)``, ``y = layer_norm(s)``.
@@ -1006,39 +1047,9 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis
     >>> s
     array([[2., 5., 8.]])
     """
-    cdef int tn = _float_type(x)
-    cdef cnp.ndarray xa, y, s
-    cdef int nd
-    cdef cnp.npy_intp H
-    y_out = s_out = None
-    if out is None or type(out) is cnp.ndarray:
-        y_out = out
-    elif type(out) is tuple and len(out) == 2:
-        y_out, s_out = out
-    else:
-        tn = -1
-    if tn >= 0 and input_bias is None:
-        xa = <cnp.ndarray>x
-        nd = cnp.PyArray_NDIM(xa)
-        H = cnp.PyArray_DIM(xa, nd - 1)
-        if (H > 0 and _last_axis(axis, nd) and _fast(residual, tn)
-                and _same_shape(xa, residual, nd) and _fast_eps(eps)
-                and _fast_vec(weight, tn, H) and _fast_vec(bias, tn, H)
-                and _fast_add_out(y_out, xa, residual, tn, weight, bias)
-                and _fast_add_out(s_out, xa, residual, tn, weight, bias)
-                and (y_out is None or s_out is None
-                     or not _overlap_any(<cnp.ndarray>y_out, <cnp.ndarray>s_out))):
-            y = _empty_like(xa, nd, tn) if y_out is None else <cnp.ndarray>y_out
-            s = _empty_like(xa, nd, tn) if s_out is None else <cnp.ndarray>s_out
-            if not return_stats:
-                _add_norm(tn, 0, y, s, None, None, xa, residual, cnp.PyArray_SIZE(xa) // H,
-                          None, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
-                return y, s
-            mean = _empty_like(xa, nd - 1, tn)
-            rstd = _empty_like(xa, nd - 1, tn)
-            _add_norm(tn, 0, y, s, mean, rstd, xa, residual, cnp.PyArray_SIZE(xa) // H,
-                      None, weight, bias, cnp.PyArray_SIZE(xa) // H, H, eps)
-            return y, s, mean, rstd
+    r = _add_fast(False, x, residual, input_bias, weight, bias, axis, eps, out, return_stats)
+    if r is not None:
+        return r
     return _api.add_norm(False, x, residual, input_bias, weight, bias, axis, eps, out,
                          return_stats)
 
@@ -1104,6 +1115,9 @@ def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6
     >>> np.array_equal(y, fastln.rms_norm(s))
     True
     """
+    r = _add_fast(True, x, residual, input_bias, weight, None, axis, eps, out, return_stats)
+    if r is not None:
+        return r
     return _api.add_norm(True, x, residual, input_bias, weight, None, axis, eps, out,
                          return_stats)
 

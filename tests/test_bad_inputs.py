@@ -292,7 +292,8 @@ RAISES = [
     case("lnb dy shape", ValueError, "dy", lambda: LNB(DY[:, :7], X, S4, S4)),
     case("rmsb rstd shape", ValueError, "rstd", lambda: RMSB(DY, X, np.ones((4, 1), F32))),
     case("add residual shape", ValueError, "residual", lambda: ADD(X, X.T)),
-    case("add residual broadcastable row", ValueError, "residual", lambda: ADD(X, X[0])),
+    case("add residual broadcast over the normalized axis", ValueError, "residual",
+         lambda: ADD(X, X[:, :1])),
     # ---- dtypes
     case("ln x complex64", TypeError, "x", lambda: LN(X.astype(np.complex64))),
     case("rms x object", TypeError, "x", lambda: RMS(X.astype(object))),

@@ -59,7 +59,7 @@ CASES = [
     ("add eps inf", ValueError, "eps", lambda: ADD(X, X, eps=-np.inf)),
     # ---- mismatched shapes
     ("add residual shape", ValueError, "residual", lambda: ADD(X, np.ones((4, 7), np.float32))),
-    ("add residual row", ValueError, "residual", lambda: ADD(X, np.ones(8, np.float32))),
+    ("add residual rows", ValueError, "residual", lambda: ADD(X, np.ones((2, 8), np.float32))),
     ("add residual transposed", ValueError, "residual",
      lambda: ADD(X, np.ones((8, 4), np.float32))),
     ("lnb dy shape", ValueError, "dy", lambda: LNB(np.ones((4, 7), np.float32), X, STATS4, STATS4)),
