@@ -436,8 +436,6 @@ def add_norm(rms: bool, x: Any, residual: Any, input_bias: Any, weight: Any, bia
     rr = _residual_rows(L, residual, st)
     y, finish_y, inputs = L.output(out_y, "out", rdt, st, [L.rows(x, st), rr, bi, w, b])
     s, finish_s, (xr, rr, bi, w, b) = L.output(out_s, "out[1]", rdt, st, inputs)
-    if rr.shape[0] != L.N and np.may_share_memory(rr, s):
-        rr = rr.copy()   # a broadcast residual that s would overwrite
     mean = np.empty(L.N, kt) if return_stats and not rms else None
     rstd = np.empty(L.N, kt) if return_stats else None
     _core._add_norm_rows(rms, xr, rr, bi, w, b, eps, y, s, mean, rstd)

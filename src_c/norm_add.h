@@ -4,11 +4,13 @@
  * R rows, an input bias, LayerNorm or RMSNorm) and the backward that adds an
  * incoming gradient of the sum.
  *
- * Rows go in blocks of cache_block(H) rows, which stay in L1/L2: a block's
- * sum s is formed once, then normalized by the path's own row kernels
- * (norm_rows.h and, on AVX-512, avx512_*.c). So y is bitwise the norm of s,
- * as layer_norm(s) or rms_norm(s) would give it, and x, the residual and s
- * cross memory once. Shape legend: x, y, s, dy, ds, dsum (N, H); residual
+ * Each form leaves y bitwise the norm of s, as layer_norm(s) or rms_norm(s)
+ * would give it, and reads x and the residual and writes s and y once:
+ * rows go in blocks of cache_block(H) rows, which stay in L1/L2, whose sums
+ * the path's own row kernels then normalize (norm_rows.h and, on AVX-512,
+ * avx512_*.c); or one at a time (add_ln_row, add_rms_row), summed and then
+ * normalized from L1; or, for add + RMSNorm of long float rows on AVX-512,
+ * through the long-row kernel itself. Shape legend: x, y, s, dy, ds, dsum (N, H); residual
  * (R, H) with N a multiple of R, row n adding residual row n % R; input_bias,
  * weight, bias (H); mean, rstd (N).
  */
