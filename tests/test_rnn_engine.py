@@ -101,10 +101,13 @@ def test_ctrl_c_stops_a_long_forward():
     (a SIGINT from another thread) raises KeyboardInterrupt long before the
     sequence ends. Run in a child process, so that a miss cannot hit pytest."""
     code = """
-import threading, time, _thread
+import signal, threading, time, _thread
 import numpy as np
 from fastln.rnn import LNLSTM
-m = LNLSTM(4, 256, num_layers=3)
+# Python's own SIGINT handler, which interrupt_main needs: a child of a shell
+# job started in the background inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
+m = LNLSTM(4, 256)
 x = np.zeros((50000, 8, 4), np.float32)   # seconds of work on 2 cores, many chunks
 threading.Timer(0.5, _thread.interrupt_main).start()
 t0 = time.perf_counter()
