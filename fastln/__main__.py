@@ -71,6 +71,12 @@ def self_check():
                  reference.rms_norm_backward(dy, x, rr, w))
             note("add_layer_norm", ("y", "sum"), fastln.add_layer_norm(x, res, w, b),
                  reference.add_layer_norm(x, res, w, b))
+            ya, sa, ra = fastln.add_rms_norm(x, res[0], w, input_bias=b, return_stats=True)
+            note("add_rms_norm", ("y", "sum", "rstd"), (ya, sa, ra),
+                 reference.add_rms_norm(x, res[0], w, input_bias=b, return_stats=True))
+            note("add_rms_norm_backward", ("dsum", "dweight", "dinput_bias"),
+                 fastln.add_rms_norm_backward(dy, sa, ra, w, ds=res, input_bias_grad=True),
+                 reference.add_rms_norm_backward(dy, sa, ra, w, ds=res, input_bias_grad=True))
 
         tol = TOL[dtype]
         for fn in dict.fromkeys(k[0] for k in errs):
@@ -78,7 +84,7 @@ def self_check():
             passed = all(e <= tol for _, e in outs)
             ok &= passed
             detail = "  ".join(f"{nm} {e:.1e}" for nm, e in outs)
-            print(f"  {fn:<20} {np.dtype(dtype).name:<8} {detail:<46} "
+            print(f"  {fn:<22} {np.dtype(dtype).name:<8} {detail:<46} "
                   f"tol {tol:.0e}  {'PASS' if passed else 'FAIL'}", flush=True)
             results.append({"function": fn, "dtype": np.dtype(dtype).name, "tol": tol,
                             "errors": dict(outs), "pass": passed})
