@@ -55,7 +55,6 @@ all rows, normwise): a disagreement raises AssertionError. A peer that is not
 installed, or fails to set up, is a "-" column with a note.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -627,8 +626,7 @@ def results_md(result):
         "reads and writes (\"bytes counted\"). Every peer's outputs match fastln's "
         "(rtol = atol = 1e-4) before it is timed. "
         f"Run took {result['elapsed_s']:.0f} s"
-        + (f"; other processes used {100 * load:.0f}% of the CPUs meanwhile"
-           + (" (timings unreliable)" if load > 0.1 else "") if load is not None else "") + ".",
+        + harness.load_phrase(load) + ".",
         "",
         format_table(result, markdown=True),
     ]
@@ -659,26 +657,14 @@ def main(argv=None):
                if m is None]
     if missing:
         print(f"not installed: {', '.join(missing)} (their columns are '-')", flush=True)
-    busy = _selfcheck.cpu_busy()
-    if busy is not None and busy > 0.2:
-        print(f"warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
-              "timings will be noisy", flush=True)
+    harness.warn_if_busy()
     print(f"fastln {fastln.__version__}, fused and channels-first benchmark, threads "
           f"{nthreads}{' (quick)' if args.quick else ''} ...", flush=True)
     result = run(threads=nthreads, quick=args.quick, cases=cases,
                  progress=lambda r: print(progress_line(r), flush=True))
     print()
     print(format_table(result, markdown=True))
-    load = result["info"].get("cpu_other_load")
-    if load is not None:
-        print(f"\nother processes used {100 * load:.0f}% of the CPUs during the run "
-              f"({result['elapsed_s']:.0f} s)" + ("; timings unreliable, rerun when the "
-                                                  "machine is quiet" if load > 0.1 else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        print(f"wrote {args.json}")
+    harness.report_and_save(result, args.json)
     return 0
 
 

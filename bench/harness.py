@@ -21,6 +21,7 @@ LayerNorm; its backward is jax.vjp of it). JAX is imported only when asked for
 """
 import contextlib
 import importlib.util
+import json
 import os
 
 import numpy as np
@@ -590,6 +591,40 @@ def run_grid(shapes, *, threads=None, progress=None, **kw):
         if threads:
             restore_peer_threads(saved)
     return rows
+
+
+# ---- a run's reports -------------------------------------------------------
+
+def warn_if_busy():
+    """Prints a warning when other processes keep more than a fifth of the CPUs busy."""
+    busy = _selfcheck.cpu_busy()
+    if busy is not None and busy > 0.2:
+        print(f"warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
+              "timings will be noisy", flush=True)
+
+
+def load_phrase(load):
+    """"; other processes used N% of the CPUs meanwhile", marked unreliable past
+    10%, or "" when the load is unknown: for the results' markdown."""
+    if load is None:
+        return ""
+    return (f"; other processes used {100 * load:.0f}% of the CPUs meanwhile"
+            + (" (timings unreliable)" if load > 0.1 else ""))
+
+
+def report_and_save(result, json_path):
+    """Prints the load of a script's run (result["info"]["cpu_other_load"] over
+    result["elapsed_s"]) and writes result to json_path, if one is given."""
+    load = result["info"].get("cpu_other_load")
+    if load is not None:
+        print(f"\nother processes used {100 * load:.0f}% of the CPUs during the run "
+              f"({result['elapsed_s']:.0f} s)" + ("; timings unreliable, rerun when the "
+                                                  "machine is quiet" if load > 0.1 else ""))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"wrote {json_path}")
 
 
 # ---- formatting -------------------------------------------------------------

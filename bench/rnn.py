@@ -39,7 +39,6 @@ cache=False output and step() are checked too; disagreements are printed.
 If fastln.rnn cannot be imported, only the torch peers are timed.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -604,8 +603,7 @@ def results_md(result):
         "with dx. \"eager/fastln\" is fastln's speedup, \"fastln/nn.LSTM\" its time relative to "
         "nn.LSTM; the targets in parentheses. "
         f"Run took {result['elapsed_s']:.0f} s"
-        + (f"; other processes used {100 * load:.0f}% of the CPUs meanwhile"
-           + (" (timings unreliable)" if load > 0.1 else "") if load is not None else "") + ".",
+        + harness.load_phrase(load) + ".",
         "",
         format_table(result, markdown=True),
     ]
@@ -625,25 +623,13 @@ def main(argv=None):
               flush=True)
     if torch is None:
         print("torch is not installed: no peers to time", flush=True)
-    busy = _selfcheck.cpu_busy()
-    if busy is not None and busy > 0.2:
-        print(f"warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
-              "timings will be noisy", flush=True)
+    harness.warn_if_busy()
     print(f"fastln {fastln.__version__}, LN-RNN benchmark, threads {nthreads}"
           f"{' (quick)' if args.quick else ''} ...", flush=True)
     result = run(threads=nthreads, quick=args.quick)
     print()
     print(format_table(result))
-    load = result["info"].get("cpu_other_load")
-    if load is not None:
-        print(f"\nother processes used {100 * load:.0f}% of the CPUs during the run "
-              f"({result['elapsed_s']:.0f} s)" + ("; timings unreliable, rerun when the "
-                                                  "machine is quiet" if load > 0.1 else ""))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        print(f"wrote {args.json}")
+    harness.report_and_save(result, args.json)
     return 0
 
 

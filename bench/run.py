@@ -177,8 +177,7 @@ def results_md(results, command, plots=None, plots_note=None, md_dir=HERE):
         f"- threads: {', '.join(map(str, threads))} (fastln, torch and ONNX Runtime on the same "
         "count in each section; JAX's count is given per section)",
         f"- run: {'quick, ' if results.get('quick') else ''}{results['elapsed_s']:.0f} s"
-        + (f"; other processes used {100 * busy:.0f}% of the CPUs meanwhile"
-           + (" (timings unreliable)" if busy > 0.1 else "") if busy is not None else ""),
+        + harness.load_phrase(busy),
         "",
     ]
     if plots:
