@@ -34,36 +34,13 @@ typedef struct {
     double eps;
 } SFX(add_args);
 
-/* Floats of per-thread scratch that add_norm_rows needs */
+/* Elements of per-thread scratch that add_norm_rows needs */
 static int64_t SFX(add_scratch)(int64_t H)
 {
     int64_t e = SFX(cache_block)(H) * H;
     return 2 * e + 2 * H + (e + 1) / 2;
 }
 
-#if !AVX512_F32
-/* Rows [r0, r1) of rows of T a row at a time, each summed and normalized in
- * one sweep over memory (add_ln_row, add_rms_row); buf: 2H elements with
- * stream. */
-static void SFX(add_norm_each)(const SFX(add_args) *a, int64_t r0, int64_t r1, T *buf)
-{
-    const int64_t H = a->H;
-    T *const s = (T *)a->s, *const y = (T *)a->y;
-    for (int64_t n = r0; n < r1; n++) {
-        const T *xr = (const T *)a->x + n * H, *rr = (const T *)a->res + n % a->R * H;
-        T *sr = a->stream ? buf : s + n * H, *yr = a->stream ? buf + H : y + n * H;
-        T *rstd = a->rstd ? a->rstd + n : NULL;
-        if (a->rms) SFX(add_rms_row)(yr, sr, rstd, xr, rr, a->bi, a->w, H, a->eps);
-        else SFX(add_ln_row)(yr, sr, a->mean ? a->mean + n : NULL, rstd, xr, rr, a->bi, a->w,
-                             a->b, H, a->eps);
-        if (a->stream) {
-            stream_copy(s + n * H, sr, (size_t)H * sizeof(T));
-            stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
-        }
-    }
-    if (a->stream) stream_fence();
-}
-#endif
 
 /* Rows [r0, r1) of a fused add + norm; buf: add_scratch(H) elements. On
  * AVX-512, add + RMSNorm of long rows without a broadcast or an input bias
@@ -84,7 +61,9 @@ static void SFX(add_norm_rows)(const SFX(add_args) *a, int64_t r0, int64_t r1, T
     }
 #else
     if (!half) {
-        SFX(add_norm_each)(a, r0, r1, buf);
+        SFX(add_norm_each)(a->rms, (T *)a->y, (T *)a->s, a->mean, a->rstd, (const T *)a->x,
+                           (const T *)a->res, a->R, a->bi, a->w, a->b, r0, r1, H, a->eps,
+                           a->stream ? buf : NULL);
         return;
     }
 #endif

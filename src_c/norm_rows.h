@@ -66,39 +66,6 @@ static inline void SFX(add_row)(T *dst, const T *x, const T *res, const T *bi, i
     }
 }
 
-#if !AVX512_F32   /* AVX-512 float: the fused kernels of avx512_*.c */
-/* add + LayerNorm of one row: sr = (x + res) (+ bi), yr = its LayerNorm,
- * bitwise ln_rows' on sr (the sum is formed first, then its statistics are
- * taken from L1 as a row's). mean, rstd: the row's, or NULL. */
-static void SFX(add_ln_row)(T *yr, T *sr, T *mean, T *rstd, const T *xr, const T *rr,
-                            const T *bi, const T *w, const T *b, int64_t H, double eps)
-{
-    SFX(add_row)(sr, xr, rr, bi, H);
-    T shift = sr[0];
-    double total = SFX(sum_shifted)(sr, H, shift);
-    T dm = (T)(total / (double)H);
-    SFX(ln_finish_row)(yr, mean, rstd, sr, w, b, H, eps, shift, total, dm,
-                       SFX(sumsq_centered)(sr, H, shift, dm) / (double)H);
-}
-
-static void SFX(add_ln_rows)(T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
-                             const T *w, const T *b, int64_t r0, int64_t r1, int64_t H,
-                             double eps, T *buf)
-{
-    int stream = buf != NULL;
-    for (int64_t n = r0; n < r1; n++) {
-        T *sr = stream ? buf : s + n * H, *yr = stream ? buf + H : y + n * H;
-        SFX(add_ln_row)(yr, sr, mean ? mean + n : NULL, rstd ? rstd + n : NULL, x + n * H,
-                        res + n * H, NULL, w, b, H, eps);
-        if (stream) {
-            stream_copy(s + n * H, sr, (size_t)H * sizeof(T));
-            stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
-        }
-    }
-    if (stream) stream_fence();
-}
-#endif
-
 /* RMSNorm of one row from ss = sum(x^2) (redone in double where float
  * squares over- or underflowed) */
 static inline void SFX(rms_finish_row)(T *yr, T *rstd, const T *xr, const T *w, int64_t H,
@@ -139,7 +106,21 @@ static void SFX(rms_rows)(T *y, T *rstd, const T *x, const T *w,
     if (stream) stream_fence();
 }
 
-#if !AVX512_F32
+#if !AVX512_F32   /* AVX-512 float: the fused kernels of avx512_*.c */
+/* add + LayerNorm of one row: sr = (x + res) (+ bi), yr = its LayerNorm,
+ * bitwise ln_rows' on sr (the sum is formed first, then its statistics are
+ * taken from L1 as a row's). mean, rstd: the row's, or NULL. */
+static void SFX(add_ln_row)(T *yr, T *sr, T *mean, T *rstd, const T *xr, const T *rr,
+                            const T *bi, const T *w, const T *b, int64_t H, double eps)
+{
+    SFX(add_row)(sr, xr, rr, bi, H);
+    T shift = sr[0];
+    double total = SFX(sum_shifted)(sr, H, shift);
+    T dm = (T)(total / (double)H);
+    SFX(ln_finish_row)(yr, mean, rstd, sr, w, b, H, eps, shift, total, dm,
+                       SFX(sumsq_centered)(sr, H, shift, dm) / (double)H);
+}
+
 /* add + RMSNorm of one row: sr = (x + res) (+ bi), yr = its RMSNorm, bitwise
  * rms_rows' on sr */
 static void SFX(add_rms_row)(T *yr, T *sr, T *rstd, const T *xr, const T *rr, const T *bi,
@@ -147,6 +128,29 @@ static void SFX(add_rms_row)(T *yr, T *sr, T *rstd, const T *xr, const T *rr, co
 {
     SFX(add_row)(sr, xr, rr, bi, H);
     SFX(rms_finish_row)(yr, rstd, sr, w, H, eps, SFX(sumsq_centered)(sr, H, 0, 0));
+}
+
+/* add + LayerNorm, or with rms add + RMSNorm (mean, b unused), of rows
+ * [r0, r1) one at a time: row n adds residual row n % R (R = r1: each row its
+ * own) and bi (may be NULL). buf != NULL: streaming stores through buf (2H
+ * elements). */
+static void SFX(add_norm_each)(int rms, T *y, T *s, T *mean, T *rstd, const T *x, const T *res,
+                               int64_t R, const T *bi, const T *w, const T *b, int64_t r0,
+                               int64_t r1, int64_t H, double eps, T *buf)
+{
+    int stream = buf != NULL;
+    for (int64_t n = r0; n < r1; n++) {
+        const T *xr = x + n * H, *rr = res + n % R * H;
+        T *sr = stream ? buf : s + n * H, *yr = stream ? buf + H : y + n * H;
+        T *rs = rstd ? rstd + n : NULL;
+        if (rms) SFX(add_rms_row)(yr, sr, rs, xr, rr, bi, w, H, eps);
+        else SFX(add_ln_row)(yr, sr, mean ? mean + n : NULL, rs, xr, rr, bi, w, b, H, eps);
+        if (stream) {
+            stream_copy(s + n * H, sr, (size_t)H * sizeof(T));
+            stream_copy(y + n * H, yr, (size_t)H * sizeof(T));
+        }
+    }
+    if (stream) stream_fence();
 }
 #endif
 
@@ -297,7 +301,7 @@ static void SFX(add_ln_range)(T *y, T *s, T *mean, T *rstd, const T *x, const T 
         fastln_avx512_long_fwd(ELEM_F32, 0, y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, NULL,
                                buf != NULL);
 #else
-    SFX(add_ln_rows)(y, s, mean, rstd, x, res, w, b, r0, r1, H, eps, buf);
+    SFX(add_norm_each)(0, y, s, mean, rstd, x, res, r1, NULL, w, b, r0, r1, H, eps, buf);
 #endif
 }
 
