@@ -461,7 +461,11 @@ def _rnn_forward(
     h: _Array,
     c: _Array | None,
     reverse: bool = False,
+    wbf16: bool = False,
+    packed: _Array | None = None,
 ) -> int: ...
+def _rnn_pack(cell: str, wbf16: bool, I: int, H: int, w_ih: _Array, w_hh: _Array
+              ) -> _Array | None: ...
 def _rnn_forward2(
     cell: str,
     T: int,
@@ -476,6 +480,8 @@ def _rnn_forward2(
     y: _Array,
     h2: Sequence[_Array] | _Array,
     c2: Sequence[_Array] | _Array | None,
+    wbf16: bool = False,
+    packed2: Sequence[_Array | None] | None = None,
 ) -> int: ...
 def _rnn_backward(
     cell: str,

@@ -1486,7 +1486,13 @@ cdef extern from "fastln_rnn.h" nogil:
         void *interrupt_ctx
         int reverse
         int64_t ldy
+        int wtype
+        const void *packed
     int FASTLN_EINTR
+    int FASTLN_RNN_W_BF16
+    int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden)
+    int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input,
+                        int64_t hidden, const void *w_ih, const void *w_hh)
     int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
     int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
     int fastln_rnn_forward_f32(const fastln_rnn_args *a)
@@ -1567,23 +1573,30 @@ cdef int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
         raise ValueError("internal: bad array for " + what)
     return 0
 
-cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
-    """dst[k] = the data of arrays[k], each checked against sizes[k]."""
+cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,
+                   int nbf16=0) except -1:
+    """dst[k] = the data of arrays[k], each checked against sizes[k]; the
+    first nbf16 hold bfloat16 bits (uint16)."""
     if len(arrays) != len(sizes):
         raise ValueError("internal: wrong number of " + what)
     for k in range(len(sizes)):
-        _arr(arrays[k], tn, sizes[k], writable, what)
+        _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
     return 0
 
 cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
-                    int64_t H, double eps, x, params, lengths, cache, bint cache_required) except -1:
-    """Fills the sizes, parameters, x, lengths and cache of a; returns the type number."""
+                    int64_t H, double eps, x, params, lengths, cache, bint cache_required,
+                    bint wbf16=False) except -1:
+    """Fills the sizes, parameters, x, lengths and cache of a; returns the type number.
+    wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
     cdef int tn = _float_type(x)
     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
         raise ValueError("internal: bad x or sizes")
     _arr(x, tn, T * B * I, False, "x")
-    _arr_list(<void **>a.params, params, tn, _rnn_param_sizes(cell, I, H), False, "params")
+    _arr_list(<void **>a.params, params, tn, _rnn_param_sizes(cell, I, H), False, "params",
+              2 if wbf16 else 0)
+    if wbf16:
+        a.wtype = FASTLN_RNN_W_BF16
     if lengths is not None:
         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
     cdef int code = _CELLS[cell]
@@ -1604,11 +1617,18 @@ cdef int _rnn_status(int rc) except -1:
 
 cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
-                           int d, int nd) except -1:
+                           int d, int nd, bint wbf16=False, packed=None) except -1:
     """a = direction d of nd (d = 1: reverse) of one layer forward: y (T, B, nd*H)
-    takes its H columns at offset d*H; h, c (B, H) are updated in place."""
+    takes its H columns at offset d*H; h, c (B, H) are updated in place.
+    wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
     memset(a, 0, sizeof(a[0]))
-    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False)
+    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
+                             wbf16)
+    if packed is not None:
+        _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
+        if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= fastln_rnn_packed_size(
+                _CELLS[cell], a.wtype, I, H):
+            a.packed = _ptr(packed)
     _arr(y, tn, T * B * H * nd, True, "y")
     _arr(h, tn, B * H, True, "h")
     if cell.startswith("lstm"):
@@ -1618,14 +1638,39 @@ cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, i
     a.reverse, a.ldy = d, H * nd
     return tn
 
+def _rnn_pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):
+    """One layer's weights packed for the forward on the path in use
+    (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
+    cdef int code = _CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
+    cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
+    if tn < 0 or I < 1 or H < 1:
+        raise ValueError("internal: bad weights for _rnn_pack")
+    sizes = _rnn_param_sizes(cell, I, H)
+    _arr(w_ih, tn, sizes[0], False, "w_ih")
+    _arr(w_hh, tn, sizes[1], False, "w_hh")
+    cdef int64_t n = fastln_rnn_packed_size(code, wt, I, H)
+    if n <= 0 or tn == cnp.NPY_DOUBLE:
+        return None
+    out = np.empty(n, np.uint8)
+    cdef void *o = _ptr(out)
+    cdef const void *wi = _ptr(w_ih)
+    cdef const void *wh = _ptr(w_hh)
+    cdef int rc
+    with nogil:
+        rc = fastln_rnn_pack(o, n, code, wt, I, H, wi, wh)
+    _check(rc)
+    return out
+
 def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                 x, params, lengths, cache, y, h, c, bint reverse=False):
+                 x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,
+                 packed=None):
     """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
-    with reverse, each sequence runs from its last valid step back to its first."""
+    with reverse, each sequence runs from its last valid step back to its first.
+    wbf16: W_ih and W_hh are bfloat16 bits (uint16); packed: None or _rnn_pack's."""
     cdef fastln_rnn_args a
     _init_blas()
     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
-                                    y, h, c, 0, 1)
+                                    y, h, c, 0, 1, wbf16, packed)
     a.reverse = reverse
     cdef int rc
     with nogil:
@@ -1633,16 +1678,18 @@ def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double ep
     return _rnn_status(rc)
 
 def _rnn_forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                  x, params2, lengths, caches2, y, h2, c2):
+                  x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):
     """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
-    params2, caches2, h2, c2: a pair each (forward, reverse), caches2 may be None."""
+    params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
+    and packed2 may be None."""
     cdef fastln_rnn_args a[2]
     _init_blas()
     cdef int tn = 0, d
     for d in range(2):
         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
                                None if caches2 is None else caches2[d], y, h2[d],
-                               None if c2 is None else c2[d], d, 2)
+                               None if c2 is None else c2[d], d, 2, wbf16,
+                               None if packed2 is None else packed2[d])
     cdef int rc
     with nogil:
         rc = fastln_rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else fastln_rnn_forward2_f64(a)

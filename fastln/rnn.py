@@ -50,6 +50,7 @@ True
 """
 from __future__ import annotations
 
+import copy
 import numbers
 import operator
 import re
@@ -111,6 +112,24 @@ _LAYOUTS = {
 # the directions of a bidirectional layer: parameter-name suffixes, in state order
 _DIRECTIONS = ("", "_reverse")
 
+try:  # bfloat16 models, where ml_dtypes is installed
+    import ml_dtypes as _ml_dtypes
+    _BF16: Optional[np.dtype[Any]] = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    _BF16 = None
+
+
+def _model_dtype(dtype: Any, name: str) -> np.dtype[Any]:
+    """dtype as a model's: float32, float64 or bfloat16 (ml_dtypes), else a TypeError."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be float32, float64 or ml_dtypes.bfloat16, "
+                        f"got {dtype!r}") from None
+    if dt not in (np.float32, np.float64) and dt != _BF16:
+        raise TypeError(f"{name} must be float32, float64 or ml_dtypes.bfloat16, got {dt}")
+    return dt
+
 
 def _bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
@@ -151,20 +170,23 @@ class _LNRecurrent(Generic[_State]):
         # its last valid step back to its first (ONNX's direction="reverse")
         self.reverse = False
         self.eps = _api._check_eps(eps)
-        dt = np.dtype(dtype)
-        if dt not in (np.float32, np.float64):
-            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+        dt = _model_dtype(dtype, "dtype")
         self.dtype: np.dtype[Any] = dt
+        # the dtype of the state, the arrays between layers and every parameter
+        # but a bfloat16 model's weight matrices: float32 for bfloat16
+        self._dt: np.dtype[Any] = np.dtype(np.float32) if dt == _BF16 else dt
         H = self.hidden_size
         gates, layout = _LAYOUTS[self._kind]
         rng = np.random.default_rng(seed)
         bound = 1.0 / np.sqrt(H)
         self.params: Dict[str, _Array] = {}
         self._shapes: Dict[str, Tuple[int, ...]] = {}
+        self._matrices: set[str] = set()   # the weight matrices' keys
         D = self.num_directions
         self._keys = [[[f"{name}_l{k}{sfx}" for name, _, _ in layout] for sfx in _DIRECTIONS[:D]]
                       for k in range(self.num_layers)]
-        self._checked: Dict[Tuple[int, int], List[_Array]] = {}
+        # (layer, direction) -> (the params arrays, the arrays handed to the engine)
+        self._checked: Dict[Tuple[int, int], Tuple[List[Any], List[_Array]]] = {}
         for k, sfx in ((k, sfx) for k in range(self.num_layers) for sfx in _DIRECTIONS[:D]):
             I = self.input_size if k == 0 else D * H
             for name, units, init in layout:
@@ -173,18 +195,35 @@ class _LNRecurrent(Generic[_State]):
                 if units is None:
                     shape = (gates * H, I if name == "weight_ih" else H)
                     value = rng.uniform(-bound, bound, shape)
+                    self._matrices.add(key)
                 else:
                     shape = (units * H,)
                     value = np.ones(shape) if init == "ones" else np.zeros(shape)
-                self.params[key] = np.ascontiguousarray(value, dtype=dt)
                 self._shapes[key] = shape
-        self.grads: Dict[str, _Array] = {key: np.zeros(shape, dt)
+                self.params[key] = self._param_array(key, value)
+        self.grads: Dict[str, _Array] = {key: np.zeros(shape, self._dt)
                                           for key, shape in self._shapes.items()}
         # (T, B, each layer's input, each layer's cache array, lengths)
         self._cache: Optional[Tuple[int, int, List[_Array], List[_Array],
                                     Optional[_Array]]] = None
         self._spare: List[_Array] = []   # cache arrays of a finished forward, reused by the next
         self._work: List[_Array] = []    # backward scratch per direction, likewise
+        # (layer, direction) -> (W_ih, W_hh, their packed form): see _packed
+        self._packs: Dict[Tuple[int, int], Tuple[_Array, _Array, Optional[_Array]]] = {}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickles the configuration and parameters, not what a call keeps
+        (the cache, scratch, checked and packed arrays), which an unpickled
+        model rebuilds."""
+        state = self.__dict__.copy()
+        state.update(_checked={}, _packs={}, _cache=None, _spare=[], _work=[])
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for value in self.params.values():   # bfloat16 weights stay read-only
+            if isinstance(value, np.ndarray) and value.dtype == _BF16:
+                value.flags.writeable = False
 
     @property
     def num_directions(self) -> int:
@@ -196,36 +235,70 @@ class _LNRecurrent(Generic[_State]):
     def _layer_keys(self, k: int, d: int = 0) -> List[str]:
         return self._keys[k][d]
 
+    def _param_dtype(self, key: str) -> np.dtype[Any]:
+        return self.dtype if key in self._matrices else self._dt
+
+    def _param_array(self, key: str, value: Any) -> _Array:
+        """value as params[key]: a C-contiguous array of the parameter's dtype
+        (a bfloat16 model's weight matrices are read-only: the model keeps
+        their packed form, see _packed)."""
+        a = np.array(value, dtype=self._param_dtype(key), order="C")
+        if a.dtype == _BF16:
+            a.flags.writeable = False
+        return a
+
     def _layer_params(self, k: int, d: int = 0) -> List[_Array]:
-        """Direction d of layer k's parameters as C-contiguous arrays of the
-        model's dtype (the last good list is reused while params holds the
-        same arrays; the engine re-checks sizes on every call anyway)."""
+        """Direction d of layer k's parameters as C-contiguous arrays of their
+        dtypes, a bfloat16 model's weight matrices as their uint16 bits (the
+        last good list is reused while params holds the same arrays; the
+        engine re-checks sizes on every call anyway)."""
         current = list(map(self.params.get, self._layer_keys(k, d)))
         last = self._checked.get((k, d))
-        if last is not None and all(map(operator.is_, current, last)):
-            return last
+        if last is not None and all(map(operator.is_, current, last[0])):
+            return last[1]
         out = []
         for key in self._layer_keys(k, d):
             p = self.params.get(key)
             if p is None:
                 raise ValueError(f"params[{key!r}] is missing")
-            p = self._array(p, f"params[{key!r}]")
+            if self._param_dtype(key) == _BF16:
+                p = np.require(_api._asarray(p, f"params[{key!r}]"), _BF16, ["C", "A"])
+            else:
+                p = self._array(p, f"params[{key!r}]")
             if p.shape != self._shapes[key]:
                 raise ValueError(f"params[{key!r}] has shape {p.shape}, "
                                  f"expected {self._shapes[key]}")
-            out.append(p)
-        if all(map(operator.is_, current, out)):
-            self._checked[(k, d)] = out
+            out.append(p.view(np.uint16) if p.dtype == _BF16 else p)
+        if all(o is c or o.base is c for o, c in zip(out, current)):
+            self._checked[(k, d)] = (current, out)
         return out
+
+    def _packed(self, k: int, d: int, params: List[_Array]) -> Optional[_Array]:
+        """Layer k, direction d's weight matrices packed for the engine's
+        product kernels (params: _layer_params(k, d)), kept while params
+        holds the same read-only W_ih and W_hh; None for writable ones
+        (they may change in place: the engine packs them on every call)."""
+        w_ih, w_hh = (self.params.get(key) for key in self._layer_keys(k, d)[:2])
+        if not (isinstance(w_ih, np.ndarray) and isinstance(w_hh, np.ndarray)
+                and not w_ih.flags.writeable and not w_hh.flags.writeable):
+            return None
+        hit = self._packs.get((k, d))
+        if hit is not None and hit[0] is w_ih and hit[1] is w_hh:
+            return hit[2]
+        I = self.input_size if k == 0 else self.num_directions * self.hidden_size
+        packed = _core._rnn_pack(self._cell_name(), self._dt is not self.dtype, I, self.hidden_size,
+                                 params[0], params[1])
+        self._packs[(k, d)] = (w_ih, w_hh, packed)
+        return packed
 
     def _layer_grads(self, k: int, d: int = 0) -> List[_Array]:
         out = []
         for key in self._layer_keys(k, d):
             g = self.grads.get(key)
-            if not (isinstance(g, np.ndarray) and g.dtype == self.dtype
+            if not (isinstance(g, np.ndarray) and g.dtype == self._dt
                     and g.shape == self._shapes[key] and g.flags.c_contiguous
                     and g.flags.writeable):
-                g = self.grads[key] = np.empty(self._shapes[key], self.dtype)
+                g = self.grads[key] = np.empty(self._shapes[key], self._dt)
             out.append(g)
         return out
 
@@ -236,7 +309,8 @@ class _LNRecurrent(Generic[_State]):
         -------
         dict of str to ndarray
             The keys of ``params`` (such as ``weight_ih_l0``), each a copy in
-            the model's dtype.
+            the model's dtype (a bfloat16 model: its weight matrices in
+            bfloat16, the other parameters in float32).
 
         Examples
         --------
@@ -244,10 +318,12 @@ class _LNRecurrent(Generic[_State]):
         >>> sorted(LNRNN(input_size=2, hidden_size=3).state_dict())
         ['ln_bias_l0', 'ln_weight_l0', 'weight_hh_l0', 'weight_ih_l0']
         """
-        return {key: np.array(value, dtype=self.dtype) for key, value in self.params.items()}
+        return {key: np.array(value, dtype=self._param_dtype(key))
+                for key, value in self.params.items()}
 
     def load_state_dict(self, state_dict: Mapping[str, npt.ArrayLike]) -> None:
-        """Copies every parameter from ``state_dict``, casting to the model's dtype.
+        """Copies every parameter from ``state_dict``, casting to the model's dtype
+        (a bfloat16 model: its weight matrices to bfloat16, the rest to float32).
 
         Parameters
         ----------
@@ -291,11 +367,11 @@ class _LNRecurrent(Generic[_State]):
             if value.shape != shape:
                 raise ValueError(f"state_dict[{key!r}] has shape {value.shape}, "
                                  f"expected {shape}")
-            if not (np.issubdtype(value.dtype, np.floating)
+            if not (np.issubdtype(value.dtype, np.floating) or value.dtype == _BF16
                     or np.issubdtype(value.dtype, np.integer)):
                 raise TypeError(f"state_dict[{key!r}] has dtype {value.dtype}, "
                                 f"expected a real number type")
-            new[key] = np.array(value, dtype=self.dtype)
+            new[key] = self._param_array(key, value)
         self.params.update(new)
 
     # ---- argument checks ----
@@ -303,7 +379,7 @@ class _LNRecurrent(Generic[_State]):
     def _input(self, x: Any, name: str, last: int, T: Optional[int] = None,
                B: Optional[int] = None) -> _Array:
         """x as a time-major C-contiguous (T, B, last) array of the model's dtype."""
-        x = self._array(x, name, strict=True, layout=False)
+        x = self._array(x, name, strict=True, layout=False, data=name == "x")
         order = "(B, T, {})" if self.batch_first else "(T, B, {})"
         if x.ndim != 3 or x.shape[2] != last:
             raise ValueError(f"{name} must have shape {order.format(last)}, got {x.shape}")
@@ -319,23 +395,32 @@ class _LNRecurrent(Generic[_State]):
                              f"{(x.transpose(1, 0, 2) if self.batch_first else x).shape}")
         return np.require(x, requirements=["C", "A"])
 
-    def _array(self, a: Any, name: str, strict: bool = False, layout: bool = True) -> _Array:
-        """a as an array of the model's dtype (native byte order, aligned and
-        C-contiguous unless layout is False). Another real type is cast, or
-        with strict (data: x, dy, states) a TypeError; non-numbers raise a
-        TypeError naming the argument. A torch tensor is read as an array
-        (one that requires grad is a TypeError) and then cast like a list."""
-        dt = self.dtype
+    def _array(self, a: Any, name: str, strict: bool = False, layout: bool = True,
+               data: bool = False) -> _Array:
+        """a as an array of the model's compute dtype (float32 for bfloat16;
+        native byte order, aligned and C-contiguous unless layout is False).
+        Another real type is cast, or with strict (data: x, dy, states) a
+        TypeError; non-numbers raise a TypeError naming the argument. With
+        data (x), a bfloat16 model also takes bfloat16. A torch tensor is
+        read as an array (one that requires grad is a TypeError) and then
+        cast like a list."""
+        dt = self._dt
         if _torch.is_tensor(a):
             t = _api._tensor(a, name)
             if t.dtype.kind not in "fiub" and t.dtype not in _api._LOW_PRECISION:
                 raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
-            a = t.astype(dt, copy=False)
+            a = t if data and t.dtype == self.dtype else t.astype(dt, copy=False)
+        if data and isinstance(a, np.ndarray) and a.dtype == _BF16 and self.dtype == _BF16:
+            a = a.astype(dt)
         if isinstance(a, np.ndarray):
-            kind = a.dtype.kind
+            kind = "f" if a.dtype in _api._LOW_PRECISION else a.dtype.kind
             if kind not in "fiub":
                 raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}")
             if strict and (kind != "f" or a.dtype.itemsize != dt.itemsize):
+                if dt != self.dtype:
+                    raise TypeError(f"{name} has dtype {a.dtype}, but the {self.dtype} "
+                                    f"model takes {'bfloat16 or ' if data else ''}{dt}; "
+                                    f"convert it with .astype(np.{dt})")
                 raise TypeError(f"{name} has dtype {a.dtype}, but the model is {dt}; "
                                 f"convert it with .astype(np.{dt})")
         else:
@@ -353,10 +438,10 @@ class _LNRecurrent(Generic[_State]):
         shape = (self.num_directions * self.num_layers, B, self.hidden_size)
         n = 2 if self._has_cell else 1
         if state is None:
-            return [np.zeros(shape, self.dtype) for _ in range(n)]
+            return [np.zeros(shape, self._dt) for _ in range(n)]
         parts = state if self._has_cell and type(state) is tuple else (state,)
         if len(parts) == n:   # the common case, quickly
-            dt = self.dtype
+            dt = self._dt
             a = parts[0]
             if type(a) is np.ndarray and a.dtype is dt and a.shape == shape:
                 if n == 1:
@@ -374,13 +459,13 @@ class _LNRecurrent(Generic[_State]):
         out = []
         for part in parts:
             if part is None:
-                out.append(np.zeros(shape, self.dtype))
+                out.append(np.zeros(shape, self._dt))
                 continue
             a = self._array(part, name, strict=True, layout=False)
             if a.shape != shape:
                 what = "(2 * num_layers, B, H)" if self.bidirectional else "(num_layers, B, H)"
                 raise ValueError(f"{name} must have shape {what} = {shape}, got {a.shape}")
-            out.append(np.array(a, dtype=self.dtype, order="C"))
+            out.append(np.array(a, dtype=self._dt, order="C"))
         return out
 
     @staticmethod
@@ -410,7 +495,7 @@ class _LNRecurrent(Generic[_State]):
             if a.size == size:
                 return self._spare.pop(i)
         self._spare = []   # a different shape: let the old arrays go
-        return np.empty(size, self.dtype)
+        return np.empty(size, self._dt)
 
     def _pack_state(self, parts: List[_Array]) -> _State:
         return cast(_State, tuple(parts) if self._has_cell else parts[0])
@@ -426,16 +511,16 @@ class _LNRecurrent(Generic[_State]):
         ----------
         x : array_like, shape (T, B, input_size), or (B, T, input_size) with batch_first
             The input sequences, T >= 1 steps of B >= 1 sequences. An ndarray
-            must have the model's float type (in either byte order); lists
-            and other array-likes are converted, CPU torch tensors that do not
-            require grad too (the results are NumPy arrays: fastln has no
-            autograd).
+            must have the model's float type (in either byte order; a
+            bfloat16 model takes bfloat16 or float32); lists and other
+            array-likes are converted, CPU torch tensors that do not require
+            grad too (the results are NumPy arrays: fastln has no autograd).
         state : ndarray or tuple of ndarray, optional
             The initial state, None for zeros. LNLSTM and LSTM: a tuple
             ``(h, c)`` (either may be None); LNRNN, LNGRU, GRU and RNN:
             ``h``. Each of shape (D * num_layers, B, hidden_size), D = 2 if
-            bidirectional else 1, and the model's float type. It is not
-            modified.
+            bidirectional else 1, and the model's float type (float32 for a
+            bfloat16 model, whose state stays float32). It is not modified.
         lengths : array_like of int, shape (B,), optional
             The length of each sequence of a padded batch, in [1, T]. After its
             length a sequence holds its state and its output is 0; the
@@ -444,7 +529,7 @@ class _LNRecurrent(Generic[_State]):
             Keep what :meth:`backward` needs (about 11 H values per sequence,
             step and layer for LNLSTM), replacing the cache of an earlier
             forward. With False nothing is kept (and an earlier cache is
-            dropped).
+            dropped). A bfloat16 model runs inference only: it needs False.
 
         Returns
         -------
@@ -465,12 +550,19 @@ class _LNRecurrent(Generic[_State]):
             numbers), or a torch tensor that requires grad (pass
             ``x.detach()``); an LNLSTM/LSTM state that is not an (h, c) tuple;
             lengths not integers; a parameter in ``params`` that is not
-            numbers.
+            numbers; cache=True on a bfloat16 model.
         ValueError
             x not 3-D with ``input_size`` features, or without a step or a
             sequence; a state not of shape (D * num_layers, B, hidden_size);
             lengths not of shape (B,) or outside [1, T]; a parameter in
             ``params`` missing or of the wrong shape.
+
+        Notes
+        -----
+        A row's results do not depend on the other rows of its batch: on the
+        float32 and bfloat16 paths of x86 CPUs (AVX2, AVX-512), row b of a
+        batch is bitwise what the same sequence gives alone, for any B (not
+        on the generic path, nor in float64, whose products are BLAS's).
 
         Examples
         --------
@@ -487,6 +579,10 @@ class _LNRecurrent(Generic[_State]):
         if self.reverse and self.bidirectional:
             raise ValueError("reverse=True runs the one direction of a unidirectional model "
                              "backwards; a bidirectional model already runs both")
+        if cache and self.dtype == _BF16:
+            raise TypeError("a bfloat16 model runs inference only: call forward(x, "
+                            "cache=False) or step(); train in float32 (the model's "
+                            ".to(np.float32)) and convert with .to(ml_dtypes.bfloat16)")
         xs = self._input(x, "x", self.input_size)
         T, B = xs.shape[:2]
         states = self._states(state, B, "state")
@@ -498,26 +594,31 @@ class _LNRecurrent(Generic[_State]):
         inputs: List[_Array] = []
         caches: List[_Array] = []
         size = _core._rnn_cache_size(cell, T, B, H)
+        bf = self._dt is not self.dtype   # a bfloat16 model
         for k in range(self.num_layers):
             I = xs.shape[2]
-            y = np.empty((T, B, D * H), self.dtype)
+            y = np.empty((T, B, D * H), self._dt)
             store = [self._cache_array(size) for _ in range(D)] if cache else None
             h = states[0][D * k:D * k + D]
             c = states[1][D * k:D * k + D] if self._has_cell else None
+            ps = [self._layer_params(k, d) for d in range(D)]
+            packed = [self._packed(k, d, ps[d]) for d in range(D)]
             if D == 1:
-                _core._rnn_forward(cell, T, B, I, H, self.eps, xs, self._layer_params(k), lens,
+                _core._rnn_forward(cell, T, B, I, H, self.eps, xs, ps[0], lens,
                                    None if store is None else store[0], y, h[0],
-                                   None if c is None else c[0], bool(self.reverse))
+                                   None if c is None else c[0], bool(self.reverse), bf,
+                                   packed[0])
             else:
-                _core._rnn_forward2(cell, T, B, I, H, self.eps, xs,
-                                    (self._layer_params(k, 0), self._layer_params(k, 1)), lens,
-                                    store, y, h, c)
+                _core._rnn_forward2(cell, T, B, I, H, self.eps, xs, ps, lens, store, y, h, c,
+                                    bf, packed)
             if store is not None:
                 inputs.append(xs)
                 caches.extend(store)
             xs = y
         if cache:
             self._cache = (T, B, inputs, caches, lens)
+        if bf:
+            xs = xs.astype(_BF16)
         y = xs.transpose(1, 0, 2).copy() if self.batch_first else xs
         return y, self._pack_state(states)
 
@@ -525,6 +626,8 @@ class _LNRecurrent(Generic[_State]):
 
     def backward(self, dy: npt.ArrayLike, dstate: _StateArg = None) -> Tuple[_Array, _State]:
         """Back-propagates through the last forward (with cache=True) in time.
+
+        A bfloat16 model has no backward (TypeError): train in float32.
 
         Parameters
         ----------
@@ -577,6 +680,9 @@ class _LNRecurrent(Generic[_State]):
         >>> dx.shape, dh0.shape, m.grads["weight_ih_l0"].shape
         ((5, 2, 3), (1, 2, 4), (4, 3))
         """
+        if self.dtype == _BF16:
+            raise TypeError("a bfloat16 model runs inference only and has no backward: "
+                            "train in float32 (the model's .to(np.float32))")
         if self._cache is None:
             raise RuntimeError("backward needs the cache of a forward: call forward(x) "
                                "again first, with cache=True (the default); each forward's "
@@ -619,17 +725,19 @@ class _LNRecurrent(Generic[_State]):
         ----------
         x_t : array_like, shape (B, input_size)
             The inputs of one step (whatever ``batch_first`` is), of the
-            model's float type (as x in :meth:`forward`).
+            model's float type (as x in :meth:`forward`: a bfloat16 model
+            takes bfloat16 or float32).
         state : ndarray or tuple of ndarray, optional
             The state before the step, as in :meth:`forward`; None for zeros.
 
         Returns
         -------
         h : ndarray, shape (B, hidden_size)
-            The top layer's output.
+            The top layer's output, in the model's dtype.
         state : ndarray or tuple of ndarray
             The state after the step, in the form of :meth:`forward`'s (new
-            arrays; the given state is not modified).
+            arrays, float32 for a bfloat16 model; the given state is not
+            modified).
 
         Raises
         ------
@@ -641,6 +749,13 @@ class _LNRecurrent(Generic[_State]):
         Notes
         -----
         Keeps no cache, and leaves the cache of an earlier forward as it is.
+        A stream of steps gives bitwise the outputs and state of one forward
+        over the same inputs, and (on the x86 float32 and bfloat16 paths) a
+        row's results do not depend on the other rows of the batch. Weight
+        matrices that are read-only arrays (a bfloat16 model's always are;
+        ``m.params[key].flags.writeable = False`` makes others so) are
+        packed for the product kernels once and kept; writable ones are
+        packed on every call, since they may change in place.
 
         Examples
         --------
@@ -658,10 +773,10 @@ class _LNRecurrent(Generic[_State]):
             raise ValueError(f"step() runs a stream forward in time; a "
                              f"{'bidirectional' if self.bidirectional else 'reverse'} model "
                              f"needs the whole sequence: call forward(x) instead")
-        dt, xs = self.dtype, x_t
+        dt, xs = self._dt, x_t
         if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
                 and xs.flags.aligned):
-            xs = self._array(xs, "x_t", strict=True)
+            xs = self._array(xs, "x_t", strict=True, data=True)
         shape = xs.shape
         if len(shape) != 2 or shape[1] != self.input_size or shape[0] < 1:
             raise ValueError(f"x_t must have shape (B, {self.input_size}) with B >= 1, "
@@ -670,13 +785,62 @@ class _LNRecurrent(Generic[_State]):
         states = self._states(state, B, "state")
         h = states[0]
         c = states[1] if self._has_cell else (None,) * self.num_layers
-        forward = _core._rnn_forward
+        forward, bf = _core._rnn_forward, self._dt is not self.dtype   # bf: bfloat16
         for k in range(self.num_layers):
             y = np.empty((B, H), dt)
-            forward(cell, 1, B, xs.shape[1], H, eps, xs, self._layer_params(k), None, None, y,
-                    h[k], c[k])
+            ps = self._layer_params(k)
+            forward(cell, 1, B, xs.shape[1], H, eps, xs, ps, None, None, y, h[k], c[k], False,
+                    bf, self._packed(k, 0, ps))
             xs = y
+        if bf:
+            xs = xs.astype(_BF16)
         return xs, cast(_State, (h, states[1]) if self._has_cell else h)
+
+    def to(self, dtype: npt.DTypeLike) -> Self:
+        """A copy of the model with its parameters in dtype (as PyTorch's ``.to``).
+
+        Parameters
+        ----------
+        dtype : float32, float64 or ml_dtypes.bfloat16
+            The new model's dtype. A bfloat16 model stores its weight
+            matrices in bfloat16 (read-only arrays) and every other
+            parameter in float32; it runs inference only (``forward(x,
+            cache=False)`` and :meth:`step`): the products take their
+            inputs rounded to bfloat16 with float32 sums (VDPBF16PS where
+            the CPU has AVX512-BF16), and the state, the LN statistics and
+            the gates stay float32.
+
+        Returns
+        -------
+        model
+            A new model of the same class and configuration; this one is not
+            changed (its cache and gradients are not copied).
+
+        Raises
+        ------
+        TypeError
+            dtype is not one of the three (bfloat16 needs ml_dtypes).
+
+        Examples
+        --------
+        >>> import ml_dtypes, numpy as np
+        >>> from fastln.rnn import LNLSTM
+        >>> m = LNLSTM(input_size=3, hidden_size=4, seed=0).to(ml_dtypes.bfloat16)
+        >>> m.params["weight_hh_l0"].dtype, m.params["ln_c_weight_l0"].dtype
+        (dtype(bfloat16), dtype('float32'))
+        >>> y, (h, c) = m.forward(np.ones((2, 1, 3), np.float32), cache=False)
+        >>> y.dtype, c.dtype
+        (dtype(bfloat16), dtype('float32'))
+        """
+        dt = _model_dtype(dtype, "dtype")
+        new = copy.copy(self)
+        new.dtype = dt
+        new._dt = np.dtype(np.float32) if dt == _BF16 else dt
+        new._checked, new._packs = {}, {}
+        new._cache, new._spare, new._work = None, [], []
+        new.params = {key: new._param_array(key, value) for key, value in self.params.items()}
+        new.grads = {key: np.zeros(shape, new._dt) for key, shape in self._shapes.items()}
+        return new
 
     def _cell_name(self) -> str:
         return self._kind
@@ -711,8 +875,11 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
         Added to the variance in every LayerNorm; finite and >= 0. With 0, a
         zero state (the default) makes LN(h W_hh^T) of the first step 0/0,
         and the outputs NaN, as layer_norm of a constant row.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        The dtype of the parameters and of the data (x, dy, states).
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
+        The dtype of the parameters and of the data (x, dy, states). A
+        bfloat16 model (for inference) keeps its weight matrices in
+        bfloat16 and its other parameters and states in float32: see
+        :meth:`to`.
     seed : int or None, default None
         Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
         LN gains start at 1, LN biases and ``bias`` at 0.
@@ -788,13 +955,14 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
         -------
         LNLSTM
             Of the sizes of the weights, the number of layers found and the
-            dtype of ``weight_ih`` (float32 or float64).
+            dtype of ``weight_ih`` (float32, float64, or bfloat16 for
+            an inference model).
 
         Raises
         ------
         TypeError
             module is neither a torch module nor a mapping, or its weights are
-            not float32 or float64.
+            not float32, float64 or bfloat16.
         ValueError
             Keys that do not map to LNLSTM's, layers not numbered 0..n-1, no
             ``weight_ih``/``weight_hh``, or shapes that disagree.
@@ -840,7 +1008,7 @@ class LNGRU(_LNRecurrent[_Array]):
         x and y are (B, T, features) instead of (T, B, features).
     eps : float, default 1e-5
         Added to the variance in every LayerNorm.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
     seed : int or None, default None
         As for :class:`LNLSTM`.
     bidirectional : bool, default False
@@ -891,7 +1059,7 @@ class LNRNN(_LNRecurrent[_Array]):
         x and y are (B, T, features) instead of (T, B, features).
     eps : float, default 1e-5
         Added to the variance in every LayerNorm.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
     seed : int or None, default None
         As for :class:`LNLSTM`.
     nonlinearity : {"tanh", "relu"}, default "tanh"
@@ -967,9 +1135,9 @@ class _Plain(_LNRecurrent[_State]):
         if getattr(module, "proj_size", 0):
             raise ValueError("module must be without proj_size")
         dtype = _torch.module_dtype(module)
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32 or "
-                            f"float64: convert it first, e.g. module.float()")
+        if dtype not in (np.float32, np.float64) and dtype != _BF16:
+            raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32, "
+                            f"float64 or bfloat16: convert it first, e.g. module.float()")
         if module.num_layers > 1 and module.dropout:
             warnings.warn(f"module has dropout={module.dropout} between layers; fastln's "
                           f"RNNs apply no dropout (as torch in eval mode)", stacklevel=3)
@@ -1012,7 +1180,7 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         Stacked layers.
     batch_first : bool, default False
         x and y are (B, T, features) instead of (T, B, features).
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
     seed : int or None, default None
         Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
         ``bias`` starts at 0 (as in LNLSTM, so that the two compare fairly).
@@ -1055,7 +1223,8 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         Parameters
         ----------
         module : torch.nn.LSTM
-            Without ``proj_size``, float32 or float64. Its ``bias_ih_l{k} +
+            Without ``proj_size``, float32, float64 or bfloat16 (a
+            bfloat16 module gives a bfloat16 model, for inference). Its ``bias_ih_l{k} +
             bias_hh_l{k}`` become ``bias_l{k}`` (and likewise with the suffix
             ``_reverse``); ``batch_first`` and ``bidirectional`` are kept;
             dropout between layers is not applied (a warning says so).
@@ -1068,7 +1237,7 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         Raises
         ------
         TypeError
-            module is not a ``torch.nn.LSTM``, or not float32 or float64.
+            module is not a ``torch.nn.LSTM``, or not float32, float64 or bfloat16.
         ValueError
             module has ``proj_size``.
 
@@ -1109,7 +1278,7 @@ class RNN(_Plain[_Array]):
         Stacked layers.
     batch_first : bool, default False
         x and y are (B, T, features) instead of (T, B, features).
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
     seed : int or None, default None
         As for :class:`LSTM`.
     nonlinearity : {"tanh", "relu"}, default "tanh"
@@ -1212,7 +1381,7 @@ class GRU(_Plain[_Array]):
         Stacked layers.
     batch_first : bool, default False
         x and y are (B, T, features) instead of (T, B, features).
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
     seed : int or None, default None
         As for :class:`LSTM`.
     bidirectional : bool, default False
@@ -1347,8 +1516,9 @@ def _lnlstm_from_torch(cls: Type[_M], module: Any, eps: Optional[float] = None) 
     if "weight_ih" not in first or "weight_hh" not in first:
         raise ValueError("module must have weight_ih and weight_hh")
     dtype = first["weight_ih"].dtype
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(f"module has dtype {dtype}; the RNN engine runs float32 or float64")
+    if dtype not in (np.float32, np.float64) and dtype != _BF16:
+        raise TypeError(f"module has dtype {dtype}; the RNN engine runs float32, float64 "
+                        f"or bfloat16")
     H, I = first["weight_hh"].shape[1], first["weight_ih"].shape[1]
     model = cls(I, H, len(layers), eps=1e-5 if eps is None else eps, dtype=dtype)
     new = model.state_dict()   # starts from the defaults: LNLSTM's bias (none there) is 0

@@ -2,6 +2,9 @@
  * Public entry points: pick the instruction-set path once, pick the thread
  * count per call, and forward to that path's kernel.
  */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE   /* syscall (the AMX permission), under -std=c99 */
+#endif
 #include "internal.h"
 #ifdef FASTLN_X86
 #include <emmintrin.h>
@@ -40,6 +43,44 @@ int fastln_isa_supported(const char *name)
 #else
     return strcmp(name, "generic") == 0;
 #endif
+}
+
+/* AMX with bfloat16 (Intel's tile unit): the CPU has AMX-TILE and
+ * AMX-BF16 (CPUID leaf 7), the OS saves tile state (XCR0 bits 17, 18), and
+ * Linux grants this process the tile data (arch_prctl). FASTLN_NO_AMX=1
+ * turns it off (the other bfloat16 path then runs). Decided once. */
+#if defined(FASTLN_X86) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static int amx_usable(void)
+{
+    const char *off = getenv("FASTLN_NO_AMX");
+    if (off && *off && strcmp(off, "0") != 0) return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return 0;   /* AMX-TILE, AMX-BF16 */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0;   /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18) */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+#else
+static int amx_usable(void) { return 0; }
+#endif
+
+int fastln_cpu_has_amx_bf16(void)
+{
+    static int has = -1;
+    int h = __atomic_load_n(&has, __ATOMIC_ACQUIRE);
+    if (h < 0) {
+        h = amx_usable();
+        __atomic_store_n(&has, h, __ATOMIC_RELEASE);
+    }
+    return h;
 }
 
 int fastln_cpu_has_avx512bf16(void)

@@ -95,7 +95,34 @@ typedef struct {
     void *interrupt_ctx;
     int reverse;                  /* 0, or 1: run each sequence backwards in time */
     int64_t ldy;                  /* row stride of y and dy; 0: H */
+    int wtype;                    /* FASTLN_RNN_W_SAME, or FASTLN_RNN_W_BF16 (forward, float) */
+    const void *packed;           /* forward: NULL, or this layer's weights from fastln_rnn_pack */
 } fastln_rnn_args;
+
+/* The storage of W_ih and W_hh (params[0], params[1]). FASTLN_RNN_W_BF16:
+ * bfloat16 (uint16_t bit patterns), for inference: fastln_rnn_forward_f32
+ * and _forward2_f32 without a cache. The products then take A (the input, or
+ * h) rounded to bfloat16, with float sums: VDPBF16PS where the CPU has
+ * AVX512-BF16, elsewhere the weights widened to float. Everything else (the
+ * state, the LN statistics, the gates) is float. */
+#define FASTLN_RNN_W_SAME 0
+#define FASTLN_RNN_W_BF16 1
+
+/* Packed weights. A forward packs W_ih and W_hh into the layout of its
+ * product kernels on every call; fastln_rnn_pack does it once, for weights
+ * that do not change, and fastln_rnn_args.packed hands the result to every
+ * forward (float) of that layer. The layout belongs to the instruction-set
+ * path in use: a forward on another path, or of another cell or size,
+ * ignores it and packs again. The engine reads the weights only through the
+ * packed copy, so it must be redone when they change.
+ * fastln_rnn_packed_size: the bytes fastln_rnn_pack writes for a layer of
+ * this cell (with its flags), wtype and sizes on the current path; 0 where
+ * the path has no packed kernels (nothing to pack: pass packed = NULL);
+ * -1 for bad arguments. fastln_rnn_pack: FASTLN_OK, FASTLN_EINVAL (bad
+ * arguments, size too small), FASTLN_ENOMEM. */
+int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden);
+int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input,
+                    int64_t hidden, const void *w_ih, const void *w_hh);
 
 /* Elements of the forward cache of one layer (same type as the data), and of
  * the optional backward scratch. */

@@ -33,80 +33,168 @@ typedef __m256 SFX(vf);
 #endif
 #define NV (FASTLN_NR / VL)
 
-/* One tile: rows [0, mr) of A and C, ncols (<= 32) columns of C. mr is a
- * constant after inlining, so the accumulators live in registers. */
-static inline __attribute__((always_inline)) void SFX(tile)(
-    float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks, const float *P,
-    int64_t ldp, int64_t K, int mr, int ncols, int acc)
+/* Panels a single tile runs side by side when it has only mr rows: enough
+ * chains of FMAs (mr * npn * NV) to cover an FMA's latency. */
+#define NPN_MAX 4
+#define NPN(mr) (8 / ((mr) * NV) >= NPN_MAX ? NPN_MAX : 8 / ((mr) * NV) > 1 ? 8 / ((mr) * NV) : 1)
+
+/* Columns [0, ncols) of one row of a tile's panel: c = acc ? c + v : v. */
+static inline __attribute__((always_inline)) void SFX(tile_store)(float *c, const SFX(vf) *v,
+                                                                 int ncols, int acc)
 {
-    SFX(vf) c[MR][NV];
-    for (int r = 0; r < mr; r++)
-        for (int v = 0; v < NV; v++) c[r][v] = VZERO();
-    for (int64_t k = 0; k < K; k++) {
-        SFX(vf) b[NV];
-        for (int v = 0; v < NV; v++) b[v] = VLOAD(P + k * ldp + v * VL);
-        for (int r = 0; r < mr; r++) {
-            SFX(vf) a = VSET1(A[r * ars + k * aks]);
-            for (int v = 0; v < NV; v++) c[r][v] = VFMA(a, b[v], c[r][v]);
-        }
-    }
-    for (int r = 0; r < mr; r++) {
-        float *cr = C + r * ldc;
-        if (ncols == FASTLN_NR) {
-            for (int v = 0; v < NV; v++)
-                VSTORE(cr + v * VL, acc ? VADD(c[r][v], VLOAD(cr + v * VL)) : c[r][v]);
-        } else {   /* the last, partial panel */
-            float tmp[FASTLN_NR];
-            for (int v = 0; v < NV; v++) VSTORE(tmp + v * VL, c[r][v]);
-            for (int j = 0; j < ncols; j++) cr[j] = acc ? cr[j] + tmp[j] : tmp[j];
-        }
+    if (ncols == FASTLN_NR) {
+        for (int j = 0; j < NV; j++)
+            VSTORE(c + j * VL, acc ? VADD(v[j], VLOAD(c + j * VL)) : v[j]);
+    } else {   /* the last, partial panel */
+        float tmp[FASTLN_NR];
+        for (int j = 0; j < NV; j++) VSTORE(tmp + j * VL, v[j]);
+        for (int j = 0; j < ncols; j++) c[j] = acc ? c[j] + tmp[j] : tmp[j];
     }
 }
 
-/* C (M, N) (+)= op(A) (M, K) P, element (m, k) of op(A) at A[m*ars + k*aks],
- * or, with ars == 0, A packed by pack_at: blocks of MR rows, k-major. P is
- * packed in panels (ldp == FASTLN_NR), or a row-major (K, N) matrix with
- * N % FASTLN_NR == 0 (ldp == N) read in place.
- * The (panel, block of MB rows) tiles are shared among the threads of the
+/* One tile: rows [0, mr) of A and C against npn panels (pst floats apart),
+ * the last of which has ncols (<= 32) columns. mr and npn are constants
+ * after inlining, so the accumulators live in registers. Every element of C
+ * is one chain of FMAs over k from zero, then stored (or added to C with
+ * acc), whatever mr and npn are: they set only how many chains run side by
+ * side, so a row's results do not depend on the rows computed with it. */
+static inline __attribute__((always_inline)) void SFX(tile)(
+    float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks, const float *P,
+    int64_t ldp, int64_t pst, int64_t K, int mr, int npn, int ncols, int acc)
+{
+    SFX(vf) c[MR][NPN_MAX * NV];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < npn * NV; v++) c[r][v] = VZERO();
+    for (int64_t k = 0; k < K; k++) {
+        if (npn == 1) {   /* each panel vector serves every row */
+            SFX(vf) b[NV];
+            for (int v = 0; v < NV; v++) b[v] = VLOAD(P + k * ldp + v * VL);
+            for (int r = 0; r < mr; r++) {
+                SFX(vf) a = VSET1(A[r * ars + k * aks]);
+                for (int v = 0; v < NV; v++) c[r][v] = VFMA(a, b[v], c[r][v]);
+            }
+        } else {
+            for (int r = 0; r < mr; r++) {
+                SFX(vf) a = VSET1(A[r * ars + k * aks]);
+                for (int v = 0; v < npn * NV; v++)
+                    c[r][v] = VFMA(a, VLOAD(P + v / NV * pst + k * ldp + v % NV * VL), c[r][v]);
+            }
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int q = 0; q < npn; q++)
+            SFX(tile_store)(C + r * ldc + q * FASTLN_NR, c[r] + q * NV,
+                            q == npn - 1 ? ncols : FASTLN_NR, acc);
+}
+
+#include "gemm_bf16.h"
+
+/* C (M, N) (+)= op(A) (M, K) P. float (bf 0): element (m, k) of op(A) at
+ * A[m*ars + k*aks], or, with ars == 0, A packed by pack_at: blocks of MR
+ * rows, k-major; P packed in panels (ldp == FASTLN_NR), or a row-major
+ * (K, N) matrix with N % FASTLN_NR == 0 (ldp == N) read in place.
+ * bfloat16 pairs (gemm_bf16.h; bf 1: VDPBF16PS, 2: AMX): A rows of
+ * bfloat16 ars apart (aks 1), K a multiple of 32, P packed by pack_nt_bf16
+ * (ldp unused).
+ * The (panels, block of MB rows) tiles are shared among the threads of the
  * enclosing parallel region (orphaned omp for; serial outside one) in a
  * static schedule: in the recurrent products each thread keeps the same
- * panels of the weights in its own L2 from step to step. */
+ * panels of the weights in its own L2 from step to step. Fewer than MR rows
+ * take NPN(M) panels per tile. The k loop runs in passes of KC, each added
+ * to C; so every element of C is computed by the same operations in the
+ * same order whatever M, the row's place and the thread count are. */
 #define MB ((64 / MR) * MR)
 #define KC 256   /* k per pass: a panel's slice (32 KiB) and A's stay in L1/L2 */
-static void SFX(packed_gemm)(float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks,
-                             const float *P, int64_t ldp, int64_t M, int64_t N, int64_t K,
-                             int acc)
+static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, int64_t ars,
+                                 int64_t aks, const void *P, int64_t ldp, int64_t M, int64_t N,
+                                 int64_t K, int acc)
 {
-    int64_t pst = ldp == FASTLN_NR ? K * FASTLN_NR : FASTLN_NR;   /* panel to panel */
+    /* panel to panel, in elements of P */
+    int64_t pst = bf ? K * FASTLN_NR : ldp == FASTLN_NR ? K * FASTLN_NR : FASTLN_NR;
     int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + MB - 1) / MB;
     int64_t rs = ars ? ars : 1, ks = ars ? aks : MR;
+    int gp = M < MR && bf != 2 ? NPN(M) : 1;   /* panels per work item */
+#if HAVE_BF16DOT
+    if (bf == 2) SFX(amx_setup)();
+#endif
+    int64_t ng = (np + gp - 1) / gp;
+    /* Tile (rows from mm, r rows, n panels from p; ncols: the last panel's) */
+#define A_AT(mm) ((ars ? (const float *)A + (mm) * ars : (const float *)A + (mm) / MR * K * MR) \
+                  + k0 * ks)
+#if HAVE_BF16DOT
+#define TILE(mm, r, n)                                                                        \
+    (bf ? SFX(tile_bf16)(C + (mm) * ldc + p * FASTLN_NR, ldc,                                 \
+                         (const uint16_t *)A + (mm) * ars + k0, ars,                          \
+                         (const uint16_t *)P + p * pst + k0 * FASTLN_NR, pst, kn / 2, r, n,   \
+                         ncols, ac)                                                           \
+        : SFX(tile)(C + (mm) * ldc + p * FASTLN_NR, ldc, A_AT(mm), rs, ks,                    \
+                    (const float *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac))
+#else
+#define TILE(mm, r, n)                                                                        \
+    SFX(tile)(C + (mm) * ldc + p * FASTLN_NR, ldc, A_AT(mm), rs, ks,                          \
+              (const float *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac)
+#endif
     /* The same static schedule in every pass: a thread owns its C tiles, so
      * the passes need no barrier, and the k order never depends on threads. */
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
         int64_t kn = K - k0 < KC ? K - k0 : KC;
         int ac = acc || k0 > 0;
 #pragma omp for schedule(static) nowait
-        for (int64_t q = 0; q < np * nmb; q++) {
-            int64_t p = q % np, m = q / np * MB, m1 = m + MB < M ? m + MB : M;
-            int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
-            const float *Pp = P + p * pst + k0 * ldp;
-            float *Cp = C + p * FASTLN_NR;
-#define A_AT(m) ((ars ? A + (m) * ars : A + (m) / MR * K * MR) + k0 * ks)
-            for (; m + MR <= m1; m += MR)
-                SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, ldp, kn, MR, ncols, ac);
-            switch (m1 - m) {
-#define TAIL(k) case k: SFX(tile)(Cp + m * ldc, ldc, A_AT(m), rs, ks, Pp, ldp, kn, k, ncols, ac); break;
-                TAIL(1) TAIL(2)
+        for (int64_t q = 0; q < ng * nmb; q++) {
+            int64_t p0 = q % ng * gp, m = q / ng * MB, m1 = m + MB < M ? m + MB : M;
+            int cnt = np - p0 < gp ? (int)(np - p0) : gp;
+            if (gp > 1) {   /* M < MR rows against cnt panels at once */
+                int64_t p = p0;
+                int ncols = N - (p + cnt - 1) * FASTLN_NR < FASTLN_NR
+                                ? (int)(N - (p + cnt - 1) * FASTLN_NR) : FASTLN_NR;
+#define SMALL(r)                                   \
+    switch (cnt) {                                 \
+        case 4: TILE(m, r, 4); break;              \
+        case 3: TILE(m, r, 3); break;              \
+        case 2: TILE(m, r, 2); break;              \
+        default: TILE(m, r, 1); break;             \
+    }
+                if (M == 1) SMALL(1) else SMALL(2)
+#undef SMALL
+                continue;
+            }
+            for (int64_t p = p0; p < p0 + cnt; p++) {
+                int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
+                int64_t mm = m;
+#if HAVE_BF16DOT
+                if (bf == 2) {   /* 16 rows at a time */
+                    for (; mm < m1; mm += 16)
+                        SFX(tile_amx)(C + mm * ldc + p * FASTLN_NR, ldc,
+                                      (const uint16_t *)A + mm * ars + k0, ars,
+                                      (const uint16_t *)P + p * pst + k0 * FASTLN_NR, kn,
+                                      m1 - mm < 16 ? (int)(m1 - mm) : 16, ncols, ac);
+                    continue;
+                }
+#endif
+                for (; mm + MR <= m1; mm += MR) TILE(mm, MR, 1);
+                switch (m1 - mm) {
+#define TAIL(r) case r: TILE(mm, r, 1); break;
+                    TAIL(1) TAIL(2)
 #if MR > 3
-                TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
+                    TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
 #endif
 #undef TAIL
-                default: break;
+                    default: break;
+                }
             }
-#undef A_AT
         }
     }
+#undef A_AT
+#undef TILE
 #pragma omp barrier
+}
+
+/* The float product: see packed_gemm_any. */
+static inline void SFX(packed_gemm)(float *C, int64_t ldc, const float *A, int64_t ars,
+                                    int64_t aks, const float *P, int64_t ldp, int64_t M,
+                                    int64_t N, int64_t K, int acc)
+{
+    SFX(packed_gemm_any)(0, C, ldc, A, ars, aks, P, ldp, M, N, K, acc);
 }
 #undef KC
 #undef MB
@@ -179,6 +267,9 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
 #undef VFMA
 #undef VADD
 #undef NV
+#undef NPN
+#undef NPN_MAX
 #else
 #define HAVE_PACKED 0
+#define HAVE_BF16DOT 0
 #endif

@@ -100,6 +100,10 @@ typedef struct {
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f64)(const fastln_rnn_args *, int);
+    /* fastln_rnn_pack on this path (out NULL: the size; see rnn_engine.h) */
+    int64_t (*rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t input,
+                        int64_t hidden,
+                        const void *w_ih, const void *w_hh, int nt);
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;
@@ -109,8 +113,10 @@ extern const fastln_kernel_table fastln_kernels_avx2;
 extern const fastln_kernel_table fastln_kernels_avx512;
 #endif
 
-/* Whether the CPU has AVX512-BF16 (dispatch.c). */
+/* Whether the CPU has AVX512-BF16; whether this process may use AMX-BF16
+ * tiles (dispatch.c). */
 int fastln_cpu_has_avx512bf16(void);
+int fastln_cpu_has_amx_bf16(void);
 
 /* The default thread count where none is set and OpenMP's is unchanged
  * since load; 0: OpenMP's (dispatch.c). */
@@ -155,6 +161,19 @@ void fastln_gemm_f64(char ta, char tb, int64_t M, int64_t N, int64_t K, double a
 int64_t fastln_packed_size(int64_t N, int64_t K);
 void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K);
 void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N);
+
+/* The header of fastln_rnn_pack's output: what it packed, and how (the
+ * format of one path's kernels). The engine uses packed weights only when
+ * all of it matches the layer and the path. */
+#define FASTLN_PACK_MAGIC 0x504e4c46u   /* "FLNP" */
+#define FASTLN_PACK_F32 1               /* float panels (fastln_pack_nt) */
+#define FASTLN_PACK_BF16 2              /* bfloat16 pair panels (gemm_bf16.h) */
+typedef struct {
+    uint32_t magic;
+    int32_t format, cell, reserved;
+    int64_t input, hidden;
+    char pad[32];   /* the parts start 64 bytes in */
+} fastln_rnn_pack_header;
 
 /* dst = src over the threads a kernel would use (the benchmarks' ceiling). */
 void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores);

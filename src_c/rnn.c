@@ -6,6 +6,9 @@
  */
 #include <limits.h>
 #include "internal.h"
+#if defined(FASTLN_X86)
+#include <xmmintrin.h>
+#endif
 #if defined(_OPENMP) && (defined(__unix__) || defined(__APPLE__))
 #include <pthread.h>
 #define HAVE_PTHREADS 1
@@ -112,17 +115,36 @@ int64_t fastln_packed_size(int64_t N, int64_t K)
 }
 
 /* Panels are shared among the threads of an enclosing parallel region
- * (orphaned omp for, with its barrier); serial outside one. */
+ * (orphaned omp for, with its barrier); serial outside one. Row n of W
+ * becomes column j of its panel: on x86, 4 rows and 4 values of k at a
+ * time through a 4 x 4 transpose in SSE registers (the baseline of every
+ * x86-64 build), which makes packing a small matrix, as a single step with
+ * writable weights needs, cost a fraction of the scalar copy. */
 void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
 {
     int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < np; p++) {
         float *panel = P + p * K * FASTLN_NR;
-        for (int j = 0; j < FASTLN_NR; j++) {
-            int64_t n = p * FASTLN_NR + j;
-            for (int64_t k = 0; k < K; k++)   /* row n of W becomes column j */
-                panel[k * FASTLN_NR + j] = n < N ? W[n * K + k] : 0.0f;
+        for (int j = 0; j < FASTLN_NR; j += 4) {
+            int64_t n = p * FASTLN_NR + j, k = 0;
+#if defined(FASTLN_X86)
+            if (n + 4 <= N)
+                for (; k + 4 <= K; k += 4) {
+                    const float *w = W + n * K + k;
+                    __m128 r0 = _mm_loadu_ps(w), r1 = _mm_loadu_ps(w + K);
+                    __m128 r2 = _mm_loadu_ps(w + 2 * K), r3 = _mm_loadu_ps(w + 3 * K);
+                    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+                    float *d = panel + k * FASTLN_NR + j;
+                    _mm_storeu_ps(d, r0);
+                    _mm_storeu_ps(d + FASTLN_NR, r1);
+                    _mm_storeu_ps(d + 2 * FASTLN_NR, r2);
+                    _mm_storeu_ps(d + 3 * FASTLN_NR, r3);
+                }
+#endif
+            for (; k < K; k++)
+                for (int i = 0; i < 4; i++)
+                    panel[k * FASTLN_NR + j + i] = n + i < N ? W[(n + i) * K + k] : 0.0f;
         }
     }
 }
@@ -143,8 +165,9 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N)
 
 /* ---- entry points ---- */
 
-/* Sizes every product (and its BLAS int arguments) can take. */
-static int check_args(const fastln_rnn_args *a, int backward)
+/* Sizes every product (and its BLAS int arguments) can take; bfloat16
+ * weights only for a float forward without a cache. */
+static int check_args(const fastln_rnn_args *a, int backward, int f32)
 {
     fastln_rnn_layout L;
     if (!a || a->steps < 1 || a->batch < 1 || a->input < 1 || a->hidden < 1 ||
@@ -157,6 +180,9 @@ static int check_args(const fastln_rnn_args *a, int backward)
         return FASTLN_EINVAL;
     if (L.cell == FASTLN_CELL_LSTM && !(backward ? a->dc : a->c)) return FASTLN_EINVAL;
     if (a->ldy < 0 || (a->ldy > 0 && a->ldy < a->hidden)) return FASTLN_EINVAL;
+    if (a->wtype != FASTLN_RNN_W_SAME &&
+        (a->wtype != FASTLN_RNN_W_BF16 || backward || !f32 || a->cache))
+        return FASTLN_EINVAL;
     return FASTLN_OK;
 }
 
@@ -175,16 +201,38 @@ static int rnn_threads(const fastln_rnn_args *a)
     return fastln_get_num_threads();
 }
 
-#define ENTRY(name, fn, backward)                          \
+#define ENTRY(name, fn, backward, f32)                     \
     int name(const fastln_rnn_args *a)                     \
     {                                                      \
-        int rc = check_args(a, backward);                  \
+        int rc = check_args(a, backward, f32);             \
         return rc ? rc : fastln_kernels()->fn(a, rnn_threads(a)); \
     }
-ENTRY(fastln_rnn_forward_f32, rnn_fwd_f32, 0)
-ENTRY(fastln_rnn_forward_f64, rnn_fwd_f64, 0)
-ENTRY(fastln_rnn_backward_f32, rnn_bwd_f32, 1)
-ENTRY(fastln_rnn_backward_f64, rnn_bwd_f64, 1)
+ENTRY(fastln_rnn_forward_f32, rnn_fwd_f32, 0, 1)
+ENTRY(fastln_rnn_forward_f64, rnn_fwd_f64, 0, 0)
+ENTRY(fastln_rnn_backward_f32, rnn_bwd_f32, 1, 1)
+ENTRY(fastln_rnn_backward_f64, rnn_bwd_f64, 1, 0)
+
+static int pack_args_ok(int cell, int wtype, int64_t I, int64_t H)
+{
+    fastln_rnn_layout L;
+    return I >= 1 && H >= 1 && I <= INT_MAX && !fastln_rnn_layout_for(&L, cell, 1, 1, H) &&
+           L.G <= INT_MAX && (wtype == FASTLN_RNN_W_SAME || wtype == FASTLN_RNN_W_BF16);
+}
+
+int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t I, int64_t H)
+{
+    if (!pack_args_ok(cell, wtype, I, H)) return -1;
+    return fastln_kernels()->rnn_pack(NULL, 0, cell, wtype, I, H, NULL, NULL, 1);
+}
+
+int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t I, int64_t H,
+                    const void *w_ih, const void *w_hh)
+{
+    if (!out || !w_ih || !w_hh || !pack_args_ok(cell, wtype, I, H)) return FASTLN_EINVAL;
+    int64_t n = fastln_kernels()->rnn_pack(out, size, cell, wtype, I, H, w_ih, w_hh,
+                                           fastln_get_num_threads());
+    return n > 0 ? FASTLN_OK : n == 0 ? FASTLN_EINVAL : (int)-n;
+}
 
 /* ---- both directions of a layer ---- */
 
@@ -255,11 +303,11 @@ static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int f32)
     return j.rc;
 }
 
-static int check_pair(const fastln_rnn_args a[2], int backward)
+static int check_pair(const fastln_rnn_args a[2], int backward, int f32)
 {
     if (!a) return FASTLN_EINVAL;
-    int rc = check_args(&a[0], backward);
-    if (!rc) rc = check_args(&a[1], backward);
+    int rc = check_args(&a[0], backward, f32);
+    if (!rc) rc = check_args(&a[1], backward, f32);
     if (!rc && (a[0].steps != a[1].steps || a[0].batch != a[1].batch ||
                 a[0].input != a[1].input))
         rc = FASTLN_EINVAL;
@@ -286,14 +334,14 @@ static void add_into(void *dst, const void *src, int64_t n, int f32)
 
 static int forward2(layer_fn fn, const fastln_rnn_args a[2], int f32)
 {
-    int rc = check_pair(a, 0);
+    int rc = check_pair(a, 0, f32);
     return rc ? rc : run_pair(fn, a, a[1].dx, f32);
 }
 
 /* a[1]'s input gradient goes to scratch, then is added to a[0]'s */
 static int backward2(layer_fn fn, const fastln_rnn_args a[2], int f32)
 {
-    int rc = check_pair(a, 1);
+    int rc = check_pair(a, 1, f32);
     if (rc) return rc;
     int64_t n = a[0].steps * a[0].batch * a[0].input;
     void *dx1 = NULL;

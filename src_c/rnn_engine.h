@@ -127,18 +127,38 @@ static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
 
 #include "gemm_packed.h"
 
-/* A recurrent product by method (SFX(rec) below): C (B, N) (+)= A (B, K) W^T,
- * W (N, K) (forward), or A W, W (K, N) (backward); rows ldc, lda apart; the
- * packed panels P of W (method 1), the dot kernels at B == 1 (method 2), or
+/* How a layer does its recurrent products. */
+typedef struct {
+    int method;      /* 0: BLAS, 1: packed float, 2: small (B == 1), 3: packed bfloat16 */
+    const void *packed;     /* methods 1, 3: the packed W_hh (forward) or W_hh^T (backward);
+                               RESET_FIRST: only its [r, z] blocks */
+    const void *packed_n;   /* methods 1, 3, RESET_FIRST: the n block W_hn, likewise */
+    const void *packed_ih;  /* forward on the packed path: W_ih packed, else NULL */
+    uint16_t *abuf;         /* method 3: the product's A rounded to bfloat16 */
+    int amx;                /* method 3: on AMX tiles */
+    void *own;              /* what rec_free frees */
+} SFX(rec);
+
+/* A recurrent product by rc's method: C (B, N) (+)= A (B, K) W^T, W (N, K)
+ * (forward), or A W, W (K, N) (backward); rows ldc, lda apart; P the packed
+ * panels of W (methods 1 and 3), the dot kernels at B == 1 (method 2), or
  * BLAS (method 0, outside any parallel region). rec_product is the whole
  * step's; a GRU with RESET_FIRST takes its step's in two parts. */
-static void SFX(rec_part)(int method, const float *P, T *C, int64_t ldc, const T *A,
+static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, const T *A,
                           int64_t lda, const T *W, int64_t B, int64_t N, int64_t K,
                           int backward, int acc)
 {
+    int method = rc->method;
+#if HAVE_BF16DOT
+    if (method == 3) {
+        SFX(rows_to_bf16)(rc->abuf, A, lda, B, K);
+        SFX(packed_gemm_bf16)(rc->amx, C, ldc, rc->abuf, (const uint16_t *)P, B, N, K, acc);
+        return;
+    }
+#endif
 #if HAVE_PACKED
     if (method == 1) {
-        SFX(packed_gemm)(C, ldc, A, lda, 1, P, FASTLN_NR, B, N, K, acc);
+        SFX(packed_gemm)(C, ldc, A, lda, 1, (const float *)P, FASTLN_NR, B, N, K, acc);
         return;
     }
 #else
@@ -174,53 +194,197 @@ static int SFX(gemm_layer)(char ta, char tb, int64_t M, int64_t N, int64_t K, co
 #endif
 }
 
-/* How a layer does its recurrent products. */
-typedef struct {
-    int method;      /* 0: BLAS, 1: packed (float, x86), 2: small (B == 1) */
-    float *packed;   /* method 1: the packed W_hh (forward) or W_hh^T (backward);
-                        RESET_FIRST: only its [r, z] blocks */
-    float *packed_n;    /* method 1, RESET_FIRST: the n block W_hn, likewise */
-    float *packed_ih;   /* forward on the packed path: W_ih packed, else NULL */
-} SFX(rec);
-
-/* Packs what the products of a layer need: W_hh for the recurrent kernel
- * when B > 1 (in two parts for a plain GRU with rf, RESET_FIRST), and
- * (forward, with_ih) W_ih for the input projections. */
-static int SFX(rec_init)(SFX(rec) *rc, const T *w_hh, const T *w_ih, int64_t B, int64_t G,
-                         int64_t H, int64_t I, int backward, int with_ih, int rf, int nt)
+/* Backward: packs W_hh^T for the recurrent kernel when B > 1 (in two parts
+ * for a plain GRU with rf, RESET_FIRST); B == 1 takes the dot kernels. */
+static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int64_t B, int64_t G, int64_t H,
+                             int rf, int nt)
 {
+    memset(rc, 0, sizeof *rc);
     rc->method = B == 1 ? 2 : 0;
-    rc->packed = rc->packed_n = rc->packed_ih = NULL;
 #if HAVE_PACKED
+    if (B == 1) return FASTLN_OK;
     int64_t Gh = rf ? 2 * H : G;   /* the gates of the product with h */
-    int64_t N = backward ? H : Gh, K = backward ? Gh : H;
-    int64_t nh = B > 1 ? fastln_packed_size(N, K) : 0;
-    int64_t nn = B > 1 && rf ? fastln_packed_size(H, H) : 0;
-    int64_t ni = with_ih ? fastln_packed_size(G, I) : 0;
-    if (nh + nn + ni == 0) return FASTLN_OK;
-    float *buf = (float *)malloc((size_t)(nh + nn + ni) * sizeof(float));
+    int64_t nh = fastln_packed_size(H, Gh), nn = rf ? fastln_packed_size(H, H) : 0;
+    float *buf = (float *)malloc((size_t)(nh + nn) * sizeof(float));
     if (!buf) return FASTLN_ENOMEM;
-    if (B > 1) {
-        rc->packed = buf;
-        rc->packed_n = rf ? buf + nh : NULL;
-        rc->method = 1;
-    }
-    rc->packed_ih = with_ih ? buf + nh + nn : NULL;
-    const T *w_hn = w_hh + 2 * H * H;
+    rc->own = buf;
+    rc->packed = buf;
+    rc->packed_n = rf ? buf + nh : NULL;
+    rc->method = 1;
     ON_TEAM(nt,
-        if (rc->packed && backward) fastln_pack_nn(rc->packed, w_hh, K, N);
-        else if (rc->packed) fastln_pack_nt(rc->packed, w_hh, N, K);
-        if (rc->packed_n && backward) fastln_pack_nn(rc->packed_n, w_hn, H, H);
-        else if (rc->packed_n) fastln_pack_nt(rc->packed_n, w_hn, H, H);
-        if (rc->packed_ih) fastln_pack_nt(rc->packed_ih, w_ih, G, I););
+        fastln_pack_nn(buf, w_hh, Gh, H);
+        if (rf) fastln_pack_nn(buf + nh, w_hh + 2 * H * H, H, H););
 #else
-    (void)w_hh; (void)w_ih; (void)G; (void)H; (void)I; (void)backward; (void)with_ih; (void)rf;
-    (void)nt;
+    (void)w_hh; (void)G; (void)H; (void)rf; (void)nt;
 #endif
     return FASTLN_OK;
 }
 
-static void SFX(rec_free)(SFX(rec) *rc) { free(rc->packed ? rc->packed : rc->packed_ih); }
+/* ---- packed weights for the forward ------------------------------------ */
+
+#if IS_F32
+/* The format of a forward's packed weights on this path for weights stored
+ * as wtype: bfloat16 pair panels where the CPU has VDPBF16PS, float panels
+ * on the other x86 paths, none on the generic path (BLAS). */
+static int SFX(pack_format)(int wtype)
+{
+#if HAVE_BF16DOT
+    if (wtype == FASTLN_RNN_W_BF16 && fastln_cpu_has_avx512bf16()) return FASTLN_PACK_BF16;
+#endif
+    (void)wtype;
+    return HAVE_PACKED ? FASTLN_PACK_F32 : 0;
+}
+
+/* Byte offsets of a packed layer's parts after its header (W_hh, or its
+ * [r, z] blocks with rf; W_hn with rf; W_ih), each 64-byte aligned; returns
+ * the whole size. */
+static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int64_t H, int64_t I)
+{
+    int64_t Gh = rf ? 2 * H : G, n[3], at = (int64_t)sizeof(fastln_rnn_pack_header);
+#if HAVE_BF16DOT
+    if (fmt == FASTLN_PACK_BF16) {
+        n[0] = 2 * SFX(packed_size_bf16)(Gh, H);
+        n[1] = rf ? 2 * SFX(packed_size_bf16)(H, H) : 0;
+        n[2] = 2 * SFX(packed_size_bf16)(G, I);
+    } else
+#endif
+    {
+        (void)fmt;
+        n[0] = 4 * fastln_packed_size(Gh, H);
+        n[1] = rf ? 4 * fastln_packed_size(H, H) : 0;
+        n[2] = 4 * fastln_packed_size(G, I);
+    }
+    for (int i = 0; i < 3; i++) {
+        off[i] = at;
+        at += (n[i] + 63) / 64 * 64;
+    }
+    return at;
+}
+
+/* The parts of a packed layer (blob + off[i]) from W_ih (G, I) and W_hh
+ * (G, H), bfloat16 for FASTLN_PACK_BF16, else float: shared by the
+ * enclosing team. */
+static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, int64_t G,
+                            int64_t H, int64_t I, const void *w_ih, const void *w_hh)
+{
+    int64_t Gh = rf ? 2 * H : G;
+#if HAVE_BF16DOT
+    if (fmt == FASTLN_PACK_BF16) {
+        const uint16_t *wh = (const uint16_t *)w_hh;
+        SFX(pack_nt_bf16)((uint16_t *)(blob + off[0]), wh, Gh, H);
+        if (rf) SFX(pack_nt_bf16)((uint16_t *)(blob + off[1]), wh + 2 * H * H, H, H);
+        SFX(pack_nt_bf16)((uint16_t *)(blob + off[2]), (const uint16_t *)w_ih, G, I);
+        return;
+    }
+#endif
+    (void)fmt;
+    const float *wh = (const float *)w_hh;
+    fastln_pack_nt((float *)(blob + off[0]), wh, Gh, H);
+    if (rf) fastln_pack_nt((float *)(blob + off[1]), wh + 2 * H * H, H, H);
+    fastln_pack_nt((float *)(blob + off[2]), (const float *)w_ih, G, I);
+}
+
+/* w (n) = the bfloat16 values of src as float, in a new array (NULL: no memory). */
+static float *SFX(widened)(const void *src, int64_t n)
+{
+    float *w = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (w) widen_half(FASTLN_BF16, w, (const uint16_t *)src, n);
+    return w;
+}
+
+/* fastln_rnn_pack on this path (rnn.c checks the arguments): out NULL
+ * returns the size in bytes (0: this path packs nothing). */
+static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t I,
+                             int64_t H, const void *w_ih, const void *w_hh, int nt)
+{
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, cell, 1, 1, H);
+    int fmt = SFX(pack_format)(wtype);
+    int64_t off[3];
+    if (!fmt) return 0;
+    int64_t total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
+    if (!out) return total;
+    if (size < total) return -FASTLN_EINVAL;
+    float *wi = NULL, *wh = NULL;
+    if (wtype == FASTLN_RNN_W_BF16 && fmt == FASTLN_PACK_F32) {
+        wi = SFX(widened)(w_ih, L.G * I);
+        wh = SFX(widened)(w_hh, L.G * H);
+        if (!wi || !wh) {
+            free(wi);
+            free(wh);
+            return -FASTLN_ENOMEM;
+        }
+    }
+    fastln_rnn_pack_header hd;
+    memset(&hd, 0, sizeof hd);
+    hd.magic = FASTLN_PACK_MAGIC;
+    hd.format = fmt;
+    hd.cell = cell;
+    hd.input = I;
+    hd.hidden = H;
+    memcpy(out, &hd, sizeof hd);
+    ON_TEAM(nt, SFX(pack_parts)((char *)out, off, fmt, L.reset_first, L.G, H, I,
+                                wi ? (const void *)wi : w_ih, wh ? (const void *)wh : w_hh););
+    free(wi);
+    free(wh);
+    return total;
+}
+
+/* Whether a->packed holds this layer packed in format fmt. */
+static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
+{
+    const fastln_rnn_pack_header *hd = (const fastln_rnn_pack_header *)a->packed;
+    return fmt && hd && hd->magic == FASTLN_PACK_MAGIC && hd->format == fmt &&
+           hd->cell == a->cell && hd->input == a->input && hd->hidden == a->hidden;
+}
+
+/* Forward: the products of a layer on the packed kernels where this path
+ * has them, for every B (so that a row's results do not depend on the batch
+ * it is in), with a->packed when it was packed for this path, cell and
+ * sizes, else packed here; w_ih, w_hh are float, or bfloat16 for the
+ * bfloat16 format. abuf gets room for the bfloat16 A of the larger product
+ * (Tc steps of input, or one step of h). Elsewhere the dot kernels at
+ * B == 1 and BLAS. */
+static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
+                             const void *w_hh, int64_t Tc, int nt)
+{
+    memset(rc, 0, sizeof *rc);
+    rc->method = a->batch == 1 ? 2 : 0;
+    if (!fmt) return FASTLN_OK;
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
+    const int64_t B = a->batch, I = a->input, H = a->hidden;
+    int64_t off[3], total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
+    const char *blob = (const char *)a->packed;
+    int64_t nab = 0;
+    (void)B;
+    (void)Tc;
+#if HAVE_BF16DOT
+    if (fmt == FASTLN_PACK_BF16) {   /* the larger A: Tc steps of input, or one step of h */
+        nab = bf16_rows_size(Tc * B, I);
+        if (bf16_rows_size(B, H) > nab) nab = bf16_rows_size(B, H);
+        rc->amx = fastln_cpu_has_amx_bf16();
+    }
+#endif
+    int fresh = !SFX(prepacked)(a, fmt);
+    char *buf = (char *)malloc((size_t)((fresh ? total : 0) + 2 * nab + 1));
+    if (!buf) return FASTLN_ENOMEM;
+    rc->own = buf;
+    rc->abuf = nab ? (uint16_t *)(buf + (fresh ? total : 0)) : NULL;
+    if (nab) memset(rc->abuf, 0, (size_t)nab * sizeof(uint16_t));   /* AMX reads whole blocks */
+    if (fresh) {
+        ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
+        blob = buf;
+    }
+    rc->method = fmt == FASTLN_PACK_BF16 ? 3 : 1;
+    rc->packed = blob + off[0];
+    rc->packed_n = L.reset_first ? blob + off[1] : NULL;
+    rc->packed_ih = blob + off[2];
+    return FASTLN_OK;
+}
+#endif
+
+static void SFX(rec_free)(SFX(rec) *rc) { free(rc->own); }
 
 /* Whether the per-step product runs inside the step's parallel region. */
 static inline int SFX(rec_in_region)(const SFX(rec) *rc) { return rc->method != 0; }
@@ -232,7 +396,7 @@ static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh
                              int64_t G, int64_t H, int backward)
 {
     int64_t N = backward ? H : G, K = backward ? G : H;
-    SFX(rec_part)(rc->method, rc->packed, C, N, A, K, w_hh, B, N, K, backward, backward);
+    SFX(rec_part)(rc, rc->packed, C, N, A, K, w_hh, B, N, K, backward, backward);
 }
 
 /* ---- layer drivers ----------------------------------------------------- */
@@ -325,7 +489,7 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
     const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
     T *hn = cache ? cache + L->hseq + (t + 1) * B * H : f->h;
     T *aih = f->aih + (t - f->c0) * B * G, *ahh = f->ahh_s, *rh = f->xc_s;
-    SFX(rec_part)(f->rc.method, f->rc.packed, ahh, G, hp, H, f->w_hh, B, 2 * H, H, 0, 0);
+    SFX(rec_part)(&f->rc, f->rc.packed, ahh, G, hp, H, f->w_hh, B, 2 * H, H, 0, 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++) {
         if (SFX(active)(ly, t, b))
@@ -333,7 +497,7 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
         else   /* r h of a held row: 0, so that its products stay finite */
             memset(rh + b * H, 0, (size_t)H * sizeof(T));
     }
-    SFX(rec_part)(f->rc.method, f->rc.packed_n, ahh + 2 * H, G, rh, H, f->w_hh + 2 * H * H, B, H,
+    SFX(rec_part)(&f->rc, f->rc.packed_n, ahh + 2 * H, G, rh, H, f->w_hh + 2 * H * H, B, H,
                   H, 0, 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++) {
@@ -349,14 +513,24 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
     if (cache) stream_fence();
 }
 
-/* f->aih (M, G) = x (M, I) W_ih^T on the packed kernel or, for tiny M, the
- * dot kernel (on one thread of the team). */
+/* f->aih (M, G) = x (M, I) W_ih^T on the packed kernels (bfloat16: x
+ * rounded to bfloat16 first) or, without them, the dot kernel (on one
+ * thread of the team). */
 static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t M, int64_t I)
 {
     const int64_t G = f->ly.G;
+#if HAVE_BF16DOT
+    if (f->rc.method == 3) {
+        SFX(rows_to_bf16)(f->rc.abuf, x, I, M, I);
+        SFX(packed_gemm_bf16)(f->rc.amx, f->aih, G, f->rc.abuf,
+                              (const uint16_t *)f->rc.packed_ih, M, G, I, 0);
+        return;
+    }
+#endif
 #if HAVE_PACKED
     if (f->rc.packed_ih) {
-        SFX(packed_gemm)(f->aih, G, x, I, 1, f->rc.packed_ih, FASTLN_NR, M, G, I, 0);
+        SFX(packed_gemm)(f->aih, G, x, I, 1, (const float *)f->rc.packed_ih, FASTLN_NR, M, G, I,
+                         0);
         return;
     }
 #endif
@@ -452,12 +626,33 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     f.rs_s = n_rs ? next : NULL;
     next += n_rs;
     f.xg = n_xg ? next : NULL;
-    int rc = SFX(rec_init)(&f.rc, f.w_hh, w_ih, B, G, H, I, 0, Ts * B > 4, L->reset_first,
-                           nt);
+#if IS_F32
+    /* bfloat16 weights go into pair panels as they are, else widen to float
+     * first (unless packed weights are given and hold them already) */
+    int fmt = SFX(pack_format)(a->wtype), bf = fmt == FASTLN_PACK_BF16;
+    float *wi = NULL, *wh = NULL;
+    int widen = a->wtype == FASTLN_RNN_W_BF16 && !bf && !SFX(prepacked)(a, fmt);
+    if (widen) {
+        wi = SFX(widened)(a->params[0], G * I);
+        wh = SFX(widened)(a->params[1], G * H);
+        w_ih = wi;
+        f.w_hh = wh;
+    }
+    int rc = widen && (!wi || !wh)
+                 ? FASTLN_ENOMEM
+                 : SFX(rec_init_fwd)(&f.rc, a, fmt, bf ? a->params[0] : (const void *)w_ih,
+                                     bf ? a->params[1] : (const void *)f.w_hh, Tc, nt);
     if (rc) {
+        free(wi);
+        free(wh);
         free(scratch);
         return rc;
     }
+#else
+    memset(&f.rc, 0, sizeof f.rc);
+    f.rc.method = B == 1 ? 2 : 0;
+    int rc = FASTLN_OK;
+#endif
     if (cache) {
         memcpy(cache + L->hseq, f.h, (size_t)(B * H) * sizeof(T));
         if (lstm) memcpy(cache + L->cseq, f.c, (size_t)(B * H) * sizeof(T));
@@ -473,6 +668,10 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
         if (lstm) memcpy(f.c, cache + L->cseq + Ts * B * H, (size_t)(B * H) * sizeof(T));
     }
     SFX(rec_free)(&f.rc);
+#if IS_F32
+    free(wi);
+    free(wh);
+#endif
     free(scratch);
     return rc;
 }
@@ -586,7 +785,7 @@ static void SFX(bwd_step_rf)(SFX(bwd_ctx) *k, int64_t t)
                          k->dh + b * H, k->dy + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy,
                          act + b * G, hp + b * H);
     }
-    SFX(rec_part)(k->rc.method, k->rc.packed_n, k->drh, H, dahn, H, k->w_hh + 2 * H * H, B, H, H,
+    SFX(rec_part)(&k->rc, k->rc.packed_n, k->drh, H, dahn, H, k->w_hh + 2 * H * H, B, H, H,
                   1, 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++)
@@ -594,7 +793,7 @@ static void SFX(bwd_step_rf)(SFX(bwd_ctx) *k, int64_t t)
             SFX(gru_rf_bwd2)(ly, dai + b * G, dahrz + b * 2 * H, k->dg + b * gw, k->dh + b * H,
                              k->drh + b * H, act + b * G, hp + b * H);
     SFX(bwd_sums)(k, t, NULL, NULL, NULL);
-    SFX(rec_part)(k->rc.method, k->rc.packed, k->dh, H, dahrz, 2 * H, k->w_hh, B, H, 2 * H, 1, 1);
+    SFX(rec_part)(&k->rc, k->rc.packed, k->dh, H, dahrz, 2 * H, k->w_hh, B, H, 2 * H, 1, 1);
 }
 
 static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
@@ -699,7 +898,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + 2 * G)) * sizeof(T));
     T *buf = a->work ? (T *)a->work : own;
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
-    int rc = buf && k.acc ? SFX(rec_init)(&k.rc, k.w_hh, p[0], B, G, H, I, 1, 0, L->reset_first, nt)
+    int rc = buf && k.acc ? SFX(rec_init_bwd)(&k.rc, k.w_hh, B, G, H, L->reset_first, nt)
                           : FASTLN_ENOMEM;
     if (rc) {
         free(own);
@@ -750,6 +949,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
 }
 
 #undef HAVE_PACKED
+#undef HAVE_BF16DOT
 #undef HAVE_GEMV16
 #undef COLBLK
 

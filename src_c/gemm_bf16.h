@@ -1,0 +1,155 @@
+/*
+ * bfloat16 products for the LN-RNN engine's inference with bfloat16
+ * weights: AMX tiles (TDPBF16PS) where the process may use them, else
+ * AVX512-BF16's VDPBF16PS, which multiplies pairs of bfloat16 values and
+ * adds both products to float accumulators. Included by gemm_packed.h,
+ * whose packed_gemm_any runs these tiles.
+ *
+ * Pair panels (pack_nt_bf16): W (N, K) bfloat16 in panels of FASTLN_NR = 32
+ * columns; pair q of a panel is 64 values, column j's (W[n][2q], W[n][2q+1])
+ * at 2j (n = panel * 32 + j), so that its first 32 values are the 16 pairs
+ * of columns 0-15 (one vector) and the next 32 those of columns 16-31.
+ * K is rounded up to a multiple of 32 (Kp, one AMX tile's depth) and the
+ * panel zero-padded past K and N. A (the input or h, float) is rounded to
+ * bfloat16 first (rows_to_bf16), into rows of Kp, zero past K; AMX reads
+ * it 16 rows at a time, so its buffer has whole blocks of 16 rows.
+ */
+#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
+#define HAVE_BF16DOT 1
+
+/* K rounded up for the pair panels and bfloat16 rows */
+static inline int64_t bf16_kp(int64_t K) { return (K + 31) / 32 * 32; }
+
+/* Elements of the pair panels of an (N, K) matrix (uint16_t values). */
+static inline int64_t SFX(packed_size_bf16)(int64_t N, int64_t K)
+{
+    return (N + FASTLN_NR - 1) / FASTLN_NR * bf16_kp(K) * FASTLN_NR;
+}
+
+/* P = the pair panels of W (N, K) bfloat16: panels shared by the enclosing
+ * team (orphaned omp for, with its barrier). */
+static void SFX(pack_nt_bf16)(uint16_t *P, const uint16_t *W, int64_t N, int64_t K)
+{
+    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, Q = bf16_kp(K) / 2;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; p++) {
+        uint16_t *panel = P + p * Q * 2 * FASTLN_NR;
+        for (int j = 0; j < FASTLN_NR; j++) {
+            int64_t n = p * FASTLN_NR + j;
+            const uint16_t *w = W + n * K;
+            for (int64_t q = 0; q < Q; q++) {
+                panel[q * 2 * FASTLN_NR + 2 * j] = n < N && 2 * q < K ? w[2 * q] : 0;
+                panel[q * 2 * FASTLN_NR + 2 * j + 1] = n < N && 2 * q + 1 < K ? w[2 * q + 1] : 0;
+            }
+        }
+    }
+}
+
+/* dst (M, bf16_kp(K)) = src (M, K) rounded to bfloat16 (nearest even),
+ * zeros past K; src rows lds apart: rows shared by the enclosing team. */
+static void SFX(rows_to_bf16)(uint16_t *dst, const float *src, int64_t lds, int64_t M,
+                              int64_t K)
+{
+    int64_t Kp = bf16_kp(K);
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        narrow_half(FASTLN_BF16, dst + m * Kp, src + m * lds, K);
+        memset(dst + m * Kp + K, 0, (size_t)(Kp - K) * sizeof(uint16_t));
+    }
+}
+
+/* Elements of a buffer for rows_to_bf16 of M rows of K. */
+static inline int64_t bf16_rows_size(int64_t M, int64_t K)
+{
+    return (M + 15) / 16 * 16 * bf16_kp(K);
+}
+
+/* The AMX tiles of packed_gemm_any: 0, 1 for C (16 rows x 16 columns, a
+ * panel's two halves), 2 for A (16 rows x 32 k), 3, 4 for B (16 pairs x 16
+ * columns). Loaded on each thread before its tiles run (the configuration
+ * is per thread, and other code may change it). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} SFX(amx_config);
+
+static inline void SFX(amx_setup)(void)
+{
+    SFX(amx_config) c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 5; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* One AMX tile of C: rows [0, mr) (mr <= 16; A has 16 readable rows, lda
+ * values apart) against one pair panel, K (a multiple of 32) values of k,
+ * the last panel's ncols columns. Each element of C is TDPBF16PS's sum over
+ * the pairs, 32 values of k at a time, from zero, whatever mr is. */
+static inline void SFX(tile_amx)(float *C, int64_t ldc, const uint16_t *A, int64_t lda,
+                                 const uint16_t *P, int64_t K, int mr, int ncols, int acc)
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t k = 0; k < K; k += 32) {
+        _tile_loadd(2, A + k, lda * 2);
+        _tile_loadd(3, P + k * FASTLN_NR, 2 * FASTLN_NR * 2);
+        _tile_loadd(4, P + k * FASTLN_NR + FASTLN_NR, 2 * FASTLN_NR * 2);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+    }
+    float out[16][FASTLN_NR] __attribute__((aligned(64)));
+    _tile_stored(0, out[0], FASTLN_NR * 4);
+    _tile_stored(1, out[0] + 16, FASTLN_NR * 4);
+    for (int r = 0; r < mr; r++) {
+        __m512 v[2] = {_mm512_load_ps(out[r]), _mm512_load_ps(out[r] + 16)};
+        SFX(tile_store)(C + r * ldc, v, ncols, acc);
+    }
+}
+
+/* One tile of C (see SFX(tile) in gemm_packed.h): rows [0, mr) of A (bfloat16,
+ * lda apart) against npn pair panels (pst values apart), Q pairs of k. Every
+ * element of C is one chain of VDPBF16PS over the pairs from zero, then
+ * stored (or added with acc), whatever mr and npn are. */
+static inline __attribute__((always_inline)) void SFX(tile_bf16)(
+    float *C, int64_t ldc, const uint16_t *A, int64_t lda, const uint16_t *P, int64_t pst,
+    int64_t Q, int mr, int npn, int ncols, int acc)
+{
+    __m512 c[MR][NPN_MAX * 2];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < npn * 2; v++) c[r][v] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < Q; q++) {
+        __m512bh b[NPN_MAX * 2];
+        for (int v = 0; v < npn * 2; v++)
+            b[v] = (__m512bh)_mm512_loadu_si512(P + v / 2 * pst + q * 2 * FASTLN_NR + v % 2 * 32);
+        for (int r = 0; r < mr; r++) {
+            uint32_t pair;
+            memcpy(&pair, A + r * lda + 2 * q, 4);
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)pair);
+            for (int v = 0; v < npn * 2; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int q = 0; q < npn; q++)
+            SFX(tile_store)(C + r * ldc + q * FASTLN_NR, c[r] + q * 2,
+                            q == npn - 1 ? ncols : FASTLN_NR, acc);
+}
+
+/* C (M, N) (+)= A (M, K) W^T: A bfloat16 rows from rows_to_bf16, P the pair
+ * panels of W; on AMX tiles with amx, else VDPBF16PS. See packed_gemm_any. */
+static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, int64_t ars,
+                                 int64_t aks, const void *P, int64_t ldp, int64_t M, int64_t N,
+                                 int64_t K, int acc);
+static inline void SFX(packed_gemm_bf16)(int amx, float *C, int64_t ldc, const uint16_t *A,
+                                         const uint16_t *P, int64_t M, int64_t N, int64_t K,
+                                         int acc)
+{
+    SFX(packed_gemm_any)(amx ? 2 : 1, C, ldc, A, bf16_kp(K), 1, P, 0, M, N, bf16_kp(K), acc);
+}
+#else
+#define HAVE_BF16DOT 0
+#endif
