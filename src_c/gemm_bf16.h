@@ -64,10 +64,10 @@ static inline int64_t bf16_rows_size(int64_t M, int64_t K)
     return (M + 15) / 16 * 16 * bf16_kp(K);
 }
 
-/* The AMX tiles of packed_gemm_any: 0, 1 for C (16 rows x 16 columns, a
- * panel's two halves), 2 for A (16 rows x 32 k), 3, 4 for B (16 pairs x 16
- * columns). Loaded on each thread before its tiles run (the configuration
- * is per thread, and other code may change it). */
+/* The AMX tiles of packed_gemm_any: 0-3 for C (16 rows x 16 columns: the
+ * two halves of one panel, or of two), 4 for A (16 rows x 32 k), 5-7 for B
+ * (16 pairs x 16 columns). Loaded on each thread before its tiles run (the
+ * configuration is per thread, and other code may change it). */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -79,35 +79,63 @@ static inline void SFX(amx_setup)(void)
     SFX(amx_config) c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < 8; t++) {
         c.colsb[t] = 64;
         c.rows[t] = 16;
     }
     _tile_loadconfig(&c);
 }
 
-/* One AMX tile of C: rows [0, mr) (mr <= 16; A has 16 readable rows, lda
- * values apart) against one pair panel, K (a multiple of 32) values of k,
- * the last panel's ncols columns. Each element of C is TDPBF16PS's sum over
- * the pairs, 32 values of k at a time, from zero, whatever mr is. */
-static inline void SFX(tile_amx)(float *C, int64_t ldc, const uint16_t *A, int64_t lda,
-                                 const uint16_t *P, int64_t K, int mr, int ncols, int acc)
+/* C rows [0, mr) of one panel (ncols columns) from a 16 x 32 float tile */
+static inline void SFX(amx_out)(float *C, int64_t ldc, const float (*out)[FASTLN_NR], int mr,
+                                int ncols, int acc)
 {
+    for (int r = 0; r < mr; r++) {
+        __m512 v[2] = {_mm512_load_ps(out[r]), _mm512_load_ps(out[r] + 16)};
+        SFX(tile_store)(C + r * ldc, v, ncols, acc);
+    }
+}
+
+/* AMX tiles of C: rows [0, mr) (mr <= 16; A has 16 readable rows, lda values
+ * apart) against one pair panel, or two (two: P2, pst values on, and C's
+ * next 32 columns), K (a multiple of 32) values of k; the last panel has
+ * ncols columns. Each element of C is TDPBF16PS's sum over the pairs, 32
+ * values of k at a time, from zero, whatever mr is and however many panels
+ * run: two give the tile unit four independent sums, which a single row
+ * (B = 1) needs to keep it busy. */
+static inline void SFX(tile_amx)(float *C, int64_t ldc, const uint16_t *A, int64_t lda,
+                                 const uint16_t *P, int64_t pst, int two, int64_t K, int mr,
+                                 int ncols, int acc)
+{
+    const int64_t ldb = 2 * FASTLN_NR * 2;   /* bytes from pair to pair */
     _tile_zero(0);
     _tile_zero(1);
+    if (two) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
     for (int64_t k = 0; k < K; k += 32) {
-        _tile_loadd(2, A + k, lda * 2);
-        _tile_loadd(3, P + k * FASTLN_NR, 2 * FASTLN_NR * 2);
-        _tile_loadd(4, P + k * FASTLN_NR + FASTLN_NR, 2 * FASTLN_NR * 2);
-        _tile_dpbf16ps(0, 2, 3);
-        _tile_dpbf16ps(1, 2, 4);
+        const uint16_t *p = P + k * FASTLN_NR;
+        _tile_loadd(4, A + k, lda * 2);
+        _tile_loadd(5, p, ldb);
+        _tile_loadd(6, p + FASTLN_NR, ldb);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        if (two) {
+            _tile_loadd(7, p + pst, ldb);
+            _tile_loadd(5, p + pst + FASTLN_NR, ldb);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_dpbf16ps(3, 4, 5);
+        }
     }
     float out[16][FASTLN_NR] __attribute__((aligned(64)));
     _tile_stored(0, out[0], FASTLN_NR * 4);
     _tile_stored(1, out[0] + 16, FASTLN_NR * 4);
-    for (int r = 0; r < mr; r++) {
-        __m512 v[2] = {_mm512_load_ps(out[r]), _mm512_load_ps(out[r] + 16)};
-        SFX(tile_store)(C + r * ldc, v, ncols, acc);
+    SFX(amx_out)(C, ldc, (const float(*)[FASTLN_NR])out, mr, two ? FASTLN_NR : ncols, acc);
+    if (two) {
+        _tile_stored(2, out[0], FASTLN_NR * 4);
+        _tile_stored(3, out[0] + 16, FASTLN_NR * 4);
+        SFX(amx_out)(C + FASTLN_NR, ldc, (const float(*)[FASTLN_NR])out, mr, ncols, acc);
     }
 }
 

@@ -113,7 +113,8 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
     int64_t pst = bf ? K * FASTLN_NR : ldp == FASTLN_NR ? K * FASTLN_NR : FASTLN_NR;
     int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + MB - 1) / MB;
     int64_t rs = ars ? ars : 1, ks = ars ? aks : MR;
-    int gp = M < MR && bf != 2 ? NPN(M) : 1;   /* panels per work item */
+    /* panels per work item: few rows take several at once */
+    int gp = bf == 2 ? (M <= 16 ? 2 : 1) : M < MR ? NPN(M) : 1;
 #if HAVE_BF16DOT
     if (bf == 2) SFX(amx_setup)();
 #endif
@@ -143,6 +144,18 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
         for (int64_t q = 0; q < ng * nmb; q++) {
             int64_t p0 = q % ng * gp, m = q / ng * MB, m1 = m + MB < M ? m + MB : M;
             int cnt = np - p0 < gp ? (int)(np - p0) : gp;
+#if HAVE_BF16DOT
+            if (bf == 2) {   /* AMX: 16 rows at a time, two panels where the item has two */
+                int64_t p = p0, pl = p0 + cnt - 1;
+                int ncols = N - pl * FASTLN_NR < FASTLN_NR ? (int)(N - pl * FASTLN_NR) : FASTLN_NR;
+                for (int64_t mm = m; mm < m1; mm += 16)
+                    SFX(tile_amx)(C + mm * ldc + p * FASTLN_NR, ldc,
+                                  (const uint16_t *)A + mm * ars + k0, ars,
+                                  (const uint16_t *)P + p * pst + k0 * FASTLN_NR, pst, cnt == 2,
+                                  kn, m1 - mm < 16 ? (int)(m1 - mm) : 16, ncols, ac);
+                continue;
+            }
+#endif
             if (gp > 1) {   /* M < MR rows against cnt panels at once */
                 int64_t p = p0;
                 int ncols = N - (p + cnt - 1) * FASTLN_NR < FASTLN_NR
@@ -161,16 +174,6 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
             for (int64_t p = p0; p < p0 + cnt; p++) {
                 int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
                 int64_t mm = m;
-#if HAVE_BF16DOT
-                if (bf == 2) {   /* 16 rows at a time */
-                    for (; mm < m1; mm += 16)
-                        SFX(tile_amx)(C + mm * ldc + p * FASTLN_NR, ldc,
-                                      (const uint16_t *)A + mm * ars + k0, ars,
-                                      (const uint16_t *)P + p * pst + k0 * FASTLN_NR, kn,
-                                      m1 - mm < 16 ? (int)(m1 - mm) : 16, ncols, ac);
-                    continue;
-                }
-#endif
                 for (; mm + MR <= m1; mm += MR) TILE(mm, MR, 1);
                 switch (m1 - mm) {
 #define TAIL(r) case r: TILE(mm, r, 1); break;

@@ -15,11 +15,12 @@ import pickle
 
 import numpy as np
 import pytest
-from _util import run_python
 
 import fastln
 from fastln import rnn_reference
 from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
+
+from _util import run_python
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
