@@ -1,6 +1,7 @@
-"""The LN-RNN benchmark: fastln.rnn.LNLSTM against PyTorch, float32.
+"""The LN-RNN benchmark: fastln.rnn.LNLSTM against PyTorch, float32, and
+bfloat16 inference.
 
-    python bench/rnn.py [--quick] [--threads 1,2] [--json PATH]
+    python bench/rnn.py [--quick] [--threads 1,2] [--bf16-only | --no-bf16] [--json PATH]
 
 Cases:
 
@@ -23,6 +24,28 @@ Cases:
   torch.nn.LSTM(bidirectional=True). The plain models are loaded from the
   torch module (from_torch) and their y checked against it over the first
   10 steps.
+- bfloat16 inference (``--bf16-only`` runs only this section, ``--no-bf16``
+  skips it), once, on the largest thread count of --threads: a model's
+  ``.to(ml_dtypes.bfloat16)`` copy (bfloat16 weight matrices, float32
+  state) against the same model in float32, with writable weights (the
+  default: packed on every call) and with every params array read-only
+  (packed once and kept), and against torch bfloat16 and float32 modules.
+  * forward(x, cache=False), T=100, I=128, H=256, B = 1, 32, 256: LNLSTM
+    (peer: torch.nn.LSTM, which has no LN), LSTM, GRU and RNN (tanh), the
+    plain ones loaded from the torch module; the bfloat16 model and torch's
+    bfloat16 module (``module.to(torch.bfloat16)``, no_grad) get bfloat16 x;
+  * accuracy, T=100, B=32, standard-normal x, default init: LNLSTM and LSTM,
+    max|y_bf16 - y_f32| over all steps and over the first 10, the one-step
+    error (one bfloat16 step against one float32 step from the float32
+    model's state at each t, the max over t), and the all-steps difference
+    of a float32 model whose weights are rounded to bfloat16 (the LN-LSTM is
+    chaotic under the default init: its all-steps difference measures the
+    model's sensitivity to weight rounding, not the kernels); torch's
+    bfloat16 nn.LSTM against its float32 one, for comparison;
+  * step() latency, LNLSTM, B=1, I=H=128: bfloat16 (x bfloat16 or float32),
+    float32 writable and read-only weights, timed in turns.
+  The products' path (AMX, AVX512-BF16 or float32 kernels on widened
+  weights; FASTLN_NO_AMX=1 in the environment turns AMX off) is printed.
 
 Timing follows bench/harness.py: medians per call, the
 peers timed in turns in one process on the same thread count, ratios of
@@ -39,8 +62,10 @@ cache=False output and step() are checked too; disagreements are printed.
 If fastln.rnn cannot be imported, only the torch peers are timed.
 """
 import argparse
+import copy
 import math
 import os
+import platform
 import sys
 import time
 
@@ -453,6 +478,248 @@ def _bench_models(checks, gap, kw, seed):
     return out
 
 
+# ---- bfloat16 inference ---------------------------------------------------------
+
+BF16_CASE = dict(T=100, I=128, H=256)
+BF16_BATCHES = (1, 32, 256)
+# (fastln class, torch peer class); the plain models are loaded from the peer
+BF16_MODELS = (("LNLSTM", "LSTM"), ("LSTM", "LSTM"), ("GRU", "GRU"), ("RNN", "RNN"))
+BF16_ACC_CASE = dict(T=100, B=32, I=128, H=256)
+BF16_ACC_MODELS = ("LNLSTM", "LSTM")
+BF16_STEP_CASE = dict(B=1, I=128, H=128)
+# a bfloat16 model's y over the first CHECK_STEPS steps further than this from
+# float32's is reported: rounding to bfloat16 moves y by a few of its ulps per
+# step (the LN-LSTM amplifies that over steps); a wrong kernel moves it by O(1)
+BF16_FLAG_DIFF = 0.25
+BF16_FWD = ("fastln_bf16", "fastln_f32", "fastln_f32_ro", "torch_bf16", "torch_f32")
+BF16_STEPS = ("bf16", "bf16_xf32", "f32", "f32_ro")
+
+
+def _bf16():
+    """ml_dtypes.bfloat16, or None where ml_dtypes is missing."""
+    mod = harness._ml_dtypes
+    return None if mod is None else mod.bfloat16
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _amx_granted():
+    """Whether Linux lets this process use AMX tile data (the request the engine
+    makes; it is idempotent)."""
+    if platform.machine() != "x86_64" or not {"amx_tile", "amx_bf16"} <= _cpu_flags():
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        return libc.syscall(158, 0x1023, 18) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def bf16_path():
+    """The path of a bfloat16 model's products, as the engine chooses it: "AMX",
+    "AVX512-BF16" (VDPBF16PS) or "float32 kernels" (on widened weights)."""
+    if fastln.get_isa() != "avx512" or "avx512_bf16" not in _cpu_flags():
+        return "float32 kernels"
+    if os.environ.get("FASTLN_NO_AMX", "") not in ("", "0") or not _amx_granted():
+        return "AVX512-BF16"
+    return "AMX"
+
+
+def _readonly(m):
+    """A float32 copy of model m with every params array read-only: the engine
+    packs its weight matrices once and keeps them."""
+    r = m.to(np.float32)
+    for a in r.params.values():
+        a.flags.writeable = False
+    return r
+
+
+def _bf16_models(name, tcls, I, H, seed):
+    """(float32 fastln model, its torch peer or None): LNLSTM from its default
+    init, the plain models loaded from the peer."""
+    peer = None
+    if torch is not None:
+        torch.manual_seed(seed)
+        peer = getattr(torch.nn, tcls)(I, H)
+    cls = getattr(fastln_rnn, name)
+    if peer is not None and name != "LNLSTM":
+        return cls.from_torch(peer), peer
+    return cls(I, H, seed=seed), peer
+
+
+def _torch_bf16(peer):
+    """A bfloat16 copy of a torch module (``.to`` converts in place)."""
+    return copy.deepcopy(peer).to(torch.bfloat16)
+
+
+def _bf16_forward(checks, gap, kw, seed, batches):
+    """forward(x, cache=False) of BF16_MODELS at each B: a list of rows."""
+    bf = _bf16()
+    T, I, H = (BF16_CASE[k] for k in "TIH")
+    ns = min(CHECK_STEPS, T)
+    rows = []
+    for B in batches:
+        rng = np.random.default_rng(seed + 10 + B)
+        x = rng.standard_normal((T, B, I), dtype=np.float32)
+        xb = x.astype(bf)
+        for name, tcls in BF16_MODELS:
+            m, peer = _bf16_models(name, tcls, I, H, seed)
+            mro, mb = _readonly(m), m.to(bf)
+            fns = {"fastln_bf16": lambda mb=mb, xb=xb: mb.forward(xb, cache=False),
+                   "fastln_f32": lambda m=m, x=x: m.forward(x, cache=False),
+                   "fastln_f32_ro": lambda mro=mro, x=x: mro.forward(x, cache=False)}
+            row = {"model": name, "peer": None if peer is None else f"nn.{tcls}", "B": B, "T": T,
+                   "maxdiff": {}}
+            label = f"bf16 {name} B={B}"
+            y32 = m.forward(x, cache=False)[0]
+            yro = mro.forward(x, cache=False)[0]
+            if not np.array_equal(y32, yro):
+                checks.append(f"{label}: float32 y with read-only weights differs from writable "
+                              f"ones: max|diff|={_max_err(y32, yro):.3g}")
+            yb = mb.forward(xb, cache=False)[0]
+            d = row["maxdiff"]["bf16_vs_f32_first10"] = _max_err(yb[:ns], y32[:ns])
+            d_all = row["maxdiff"]["bf16_vs_f32_all"] = _max_err(yb, y32)
+            if not d <= BF16_FLAG_DIFF:
+                checks.append(f"{label}: bfloat16 y (first {ns} steps) differs from float32's "
+                              f"by {d:.3g} (> {BF16_FLAG_DIFF:g}); all steps {d_all:.3g}")
+            if peer is not None:
+                pb = _torch_bf16(peer)
+                xt = torch.from_numpy(x)
+                xtb = xt.to(torch.bfloat16)
+                with torch.no_grad():
+                    yt = peer(xt)[0].numpy()
+                    ytb = pb(xtb)[0].float().numpy()
+                if name != "LNLSTM":        # same weights: fastln and torch compute the same
+                    d = row["maxdiff"]["f32_vs_torch_f32_first10"] = _max_err(y32[:ns], yt[:ns])
+                    if not np.allclose(y32[:ns], yt[:ns], rtol=RTOL, atol=ATOL):
+                        checks.append(f"{label}: float32 y (first {ns} steps) differs from "
+                                      f"nn.{tcls}'s: max|diff|={d:.3g}")
+                    row["maxdiff"]["bf16_vs_torch_bf16_first10"] = _max_err(yb[:ns], ytb[:ns])
+                    row["maxdiff"]["torch_bf16_vs_f32_first10"] = _max_err(ytb[:ns], yt[:ns])
+
+                def torch_bf16(pb=pb, xtb=xtb):
+                    with torch.no_grad():
+                        return pb(xtb)
+
+                def torch_f32(peer=peer, xt=xt):
+                    with torch.no_grad():
+                        return peer(xt)
+                fns["torch_bf16"], fns["torch_f32"] = torch_bf16, torch_f32
+            groups = {k: k.split("_")[0] for k in fns}
+            t = _selfcheck.time_peers(fns, gap=gap, groups=groups, **kw)
+            row["times"] = {k: t.get(k) for k in BF16_FWD}
+            row["ratios"] = _bf16_ratios(row["times"])
+            rows.append(row)
+    return rows
+
+
+def _bf16_ratios(t):
+    def div(a, b):
+        return t[a] / t[b] if t.get(a) is not None and t.get(b) is not None else None
+    return {"bf16_over_f32": div("fastln_bf16", "fastln_f32"),
+            "bf16_over_f32_ro": div("fastln_bf16", "fastln_f32_ro"),
+            "bf16_over_torch_bf16": div("fastln_bf16", "torch_bf16"),
+            "f32_over_torch_f32": div("fastln_f32", "torch_f32")}
+
+
+def _bf16_accuracy(seed):
+    """max|y_bf16 - y_f32| of BF16_ACC_MODELS at BF16_ACC_CASE (see the docstring)."""
+    bf = _bf16()
+    T, B, I, H = (BF16_ACC_CASE[k] for k in "TBIH")
+    ns = min(CHECK_STEPS, T)
+    x = np.random.default_rng(seed + 20).standard_normal((T, B, I), dtype=np.float32)
+    out = {}
+    lstm = None
+    for name in BF16_ACC_MODELS:
+        m, peer = _bf16_models(name, "LSTM", I, H, seed)
+        if name == "LSTM":
+            lstm = peer
+        mb = m.to(bf)
+        mr = mb.to(np.float32)                # float32, weights rounded to bfloat16
+        y32 = m.forward(x, cache=False)[0]
+        yb = mb.forward(x, cache=False)[0]
+        yr = mr.forward(x, cache=False)[0]
+        one, state = 0.0, None
+        for t in range(T):                    # from the float32 model's state at each t
+            hb, _ = mb.step(x[t], state)
+            h32, state = m.step(x[t], state)
+            one = max(one, _max_err(hb, h32))
+        out[f"fastln {name}"] = {"all": _max_err(yb, y32), "first10": _max_err(yb[:ns], y32[:ns]),
+                                 "one_step": one, "rounded_weights_all": _max_err(yr, y32),
+                                 "rounded_weights_first10": _max_err(yr[:ns], y32[:ns])}
+    if lstm is not None:
+        pb = _torch_bf16(lstm)
+        xt = torch.from_numpy(x)
+        with torch.no_grad():
+            y32 = lstm(xt)[0].numpy()
+            yb = pb(xt.to(torch.bfloat16))[0].float().numpy()
+            one, state = 0.0, (torch.zeros(1, B, H), torch.zeros(1, B, H))
+            for t in range(T):                # its state goes in as bfloat16
+                hb = pb(xt[t:t + 1].to(torch.bfloat16),
+                        tuple(s.to(torch.bfloat16) for s in state))[0]
+                h32, state = lstm(xt[t:t + 1], state)
+                one = max(one, _max_err(hb.float().numpy(), h32.numpy()))
+        out["torch nn.LSTM"] = {"all": _max_err(yb, y32), "first10": _max_err(yb[:ns], y32[:ns]),
+                                "one_step": one}
+    return out
+
+
+def _bf16_step(gap, kw, seed):
+    """Median seconds per step() call of an LNLSTM at BF16_STEP_CASE, timed in turns."""
+    bf = _bf16()
+    B, I, H = (BF16_STEP_CASE[k] for k in "BIH")
+    m = LNLSTM(I, H, seed=seed)
+    x0 = np.random.default_rng(seed + 30).standard_normal((B, I), dtype=np.float32)
+
+    def stepper(model, x_t):
+        state = [model.step(x_t, None)[1]]
+
+        def step():
+            h, state[0] = model.step(x_t, state[0])
+            return h
+        return step
+    mb = m.to(bf)
+    fns = {"bf16": stepper(mb, x0.astype(bf)), "bf16_xf32": stepper(mb, x0),
+           "f32": stepper(m, x0), "f32_ro": stepper(_readonly(m), x0)}
+    return _selfcheck.time_peers(fns, gap=gap, groups=dict.fromkeys(fns, "fastln"), **kw)
+
+
+def bench_bf16(n, kw, seed=0, batches=BF16_BATCHES):
+    """The bfloat16 inference cases on the current thread setting (n threads).
+    Returns a JSON-friendly dict: 'threads', 'path', the cases, 'fwd' (rows with
+    'times' in median s/call, 'ratios', 'maxdiff'), 'accuracy', 'step' (median
+    s/call), 'checks' (disagreements), or 'skipped' (why) without ml_dtypes or
+    fastln.rnn."""
+    res = {"threads": n, "path": None, "fastln_no_amx": os.environ.get("FASTLN_NO_AMX"),
+           "case": BF16_CASE, "batches": list(batches), "accuracy_case": BF16_ACC_CASE,
+           "step_case": BF16_STEP_CASE, "checks": [], "skipped": None}
+    if fastln_rnn is None:
+        res["skipped"] = f"fastln.rnn cannot be imported ({RNN_IMPORT_ERROR})"
+        return res
+    if _bf16() is None:
+        res["skipped"] = "bfloat16 needs ml_dtypes"
+        return res
+    res["path"] = bf16_path()
+    if torch is None:
+        res["checks"].append("torch is not installed: no peers")
+    gap = _selfcheck.SPIN_GAP if n > 1 else 0.0
+    res["fwd"] = _bf16_forward(res["checks"], gap, kw, seed, batches)
+    res["accuracy"] = _bf16_accuracy(seed)
+    res["step"] = _bf16_step(gap, kw, seed)
+    return res
+
+
 def _ratios(tm):
     def div(a, b):
         return tm[a] / tm[b] if tm.get(a) is not None and tm.get(b) is not None else None
@@ -470,24 +737,33 @@ def _ratios(tm):
     return r
 
 
-def run(threads=(1, 2), quick=False):
-    """Time every case at each thread count. Returns a JSON-friendly dict:
-    {'info', 'quick', 'fastln_rnn' (import error or None), 'cases', 'targets',
-     'results': [{'threads', 'fastln', 'times' (median s/call), 'ratios', 'checks'}]}."""
+def run(threads=(1, 2), quick=False, float32=True, bf16=True):
+    """Time every case at each thread count (``float32``: the float32 cases) and
+    the bfloat16 inference cases (``bf16``) at the largest. Returns a
+    JSON-friendly dict: {'info', 'quick', 'fastln_rnn' (import error or None),
+    'cases', 'targets', 'results': [{'threads', 'fastln', 'times' (median
+    s/call), 'ratios', 'checks'}], 'bf16': bench_bf16's dict or None}."""
     kw = (dict(repeats=5, budget=0.5, min_sample=1e-3, min_repeats=3) if quick
           else dict(repeats=15, budget=2.0, min_sample=2e-3, min_repeats=5))
     info = harness.machine_info()
     results = []
+    bf = None
     t0 = time.perf_counter()
     with _selfcheck.OtherLoad() as load:
-        for n in threads:
+        for n in (threads if float32 else ()):
             harness.set_peer_threads(n)      # first: torch may share fastln's libgomp
             with fastln.threads(n):
                 results.append(_bench_threads(n, kw))
+        if bf16:
+            n = max(threads)
+            harness.set_peer_threads(n)
+            with fastln.threads(n):
+                bf = bench_bf16(n, kw)
     info["cpu_other_load"] = load.fraction
     return {"info": info, "quick": quick, "elapsed_s": time.perf_counter() - t0,
             "fastln_rnn": RNN_IMPORT_ERROR, "cases": {"lstm": LSTM_CASE, "stream": STREAM_CASE},
-            "targets": {k: list(v) for k, v in TARGETS.items()}, "results": results}
+            "targets": {k: list(v) for k, v in TARGETS.items()}, "results": results,
+            "bf16": bf}
 
 
 # ---- formatting ---------------------------------------------------------------
@@ -567,7 +843,69 @@ def format_table(result, markdown=False):
             lines.append("")
             lines.extend(f"!! CHECK: {c}" for c in res["checks"])
         lines.append("")
+    if result.get("bf16"):
+        lines.extend(format_bf16(result["bf16"], markdown))
     return "\n".join(lines).rstrip("\n")
+
+
+def _diff(v):
+    return "-" if v is None else f"{v:.1e}"
+
+
+def _times_ratio(r):
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def format_bf16(res, markdown=False):
+    """The lines of bench_bf16's tables: forward times, accuracy, step() latency."""
+    n = res["threads"]
+    title = f"bfloat16 inference, {n} thread{'s' if n > 1 else ''}"
+    if res.get("skipped"):
+        return [f"{title}: skipped ({res['skipped']})"]
+    no_amx = res.get("fastln_no_amx")
+    path = res["path"] + (f" (FASTLN_NO_AMX={no_amx})" if no_amx else "")
+    T, I, H = (res["case"][k] for k in "TIH")
+    lines = [f"### {title}" if markdown else f"{title}:", ""]
+    lines.append(f"forward(x, cache=False), T={T} I={I} H={H}, ms per call; the bfloat16 "
+                 f"products run on: {path}. \"ro\": read-only float32 weights (packed once); "
+                 "ratios are of times (< 1: bfloat16 is faster).")
+    lines.append("")
+    heads = ["model", "B", "peer", "fastln bf16", "f32", "f32 ro", "torch bf16", "torch f32",
+             "bf16/f32", "bf16/f32 ro", "bf16/torch bf16"]
+    rows = []
+    for r in res["fwd"]:
+        t, q = r["times"], r["ratios"]
+        rows.append([r["model"], str(r["B"]), r["peer"] or "-"]
+                    + [_ms(t.get(k)) for k in BF16_FWD]
+                    + [_times_ratio(q[k]) for k in ("bf16_over_f32", "bf16_over_f32_ro",
+                                                    "bf16_over_torch_bf16")])
+    lines.extend(harness.table_lines(heads, rows, markdown))
+    lines.append("")
+    c = res["accuracy_case"]
+    lines.append(f"accuracy, T={c['T']} B={c['B']} I={c['I']} H={c['H']}, standard-normal x, "
+                 "default init: max|y_bf16 - y_f32| over all steps, over the first "
+                 f"{CHECK_STEPS}, and of one step from the float32 model's state (max over t); "
+                 "\"rounded\": a float32 model with the weights rounded to bfloat16.")
+    lines.append("")
+    heads = ["model", "all steps", f"first {CHECK_STEPS}", "one step", "rounded, all steps",
+             f"rounded, first {CHECK_STEPS}"]
+    rows = [[name, _diff(a["all"]), _diff(a["first10"]), _diff(a["one_step"]),
+             _diff(a.get("rounded_weights_all")), _diff(a.get("rounded_weights_first10"))]
+            for name, a in res["accuracy"].items()]
+    lines.extend(harness.table_lines(heads, rows, markdown))
+    lines.append("")
+    c, s = res["step_case"], res["step"]
+    lines.append("step() latency, µs per call (the state carried from call to call):")
+    lines.append("")
+    heads = ["case", "bf16 (x bf16)", "bf16 (x f32)", "f32", "f32 ro", "bf16/f32", "bf16/f32 ro"]
+    row = [f"LNLSTM B={c['B']} I={c['I']} H={c['H']}"] + [_us(s.get(k)) for k in BF16_STEPS] + [
+        _times_ratio(s["bf16"] / s["f32"]), _times_ratio(s["bf16"] / s["f32_ro"])]
+    lines.extend(harness.table_lines(heads, [row], markdown))
+    if res["checks"]:
+        lines.append("")
+        lines.extend(f"!! CHECK: {c}" for c in res["checks"])
+    lines.append("")
+    return lines
 
 
 def _models_table(models):
@@ -601,8 +939,12 @@ def results_md(result):
         "(F.layer_norm; input projection and its LN for all steps at once); nn.LSTM has no LN "
         "(oneDNN). Forward-only torch runs under no_grad; fwd+bwd is (y*dy).sum().backward() "
         "with dx. \"eager/fastln\" is fastln's speedup, \"fastln/nn.LSTM\" its time relative to "
-        "nn.LSTM; the targets in parentheses. "
-        f"Run took {result['elapsed_s']:.0f} s"
+        "nn.LSTM; the targets in parentheses."
+        + (" The bfloat16 tables time a model's `.to(ml_dtypes.bfloat16)` copy (inference "
+           "only: bfloat16 weight matrices, float32 state) against the same model in float32 "
+           "and torch's modules in bfloat16 and float32 (no_grad)." if result.get("bf16")
+           else "")
+        + f" Run took {result['elapsed_s']:.0f} s"
         + harness.load_phrase(load) + ".",
         "",
         format_table(result, markdown=True),
@@ -616,6 +958,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--bf16-only", action="store_true",
+                      help="only the bfloat16 inference cases")
+    only.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 inference cases")
     args = ap.parse_args(argv)
     nthreads = harness.parse_threads(ap, args.threads)
     if RNN_IMPORT_ERROR is not None:
@@ -624,9 +970,11 @@ def main(argv=None):
     if torch is None:
         print("torch is not installed: no peers to time", flush=True)
     harness.warn_if_busy()
-    print(f"fastln {fastln.__version__}, LN-RNN benchmark, threads {nthreads}"
+    part = " (bfloat16 only)" if args.bf16_only else ""
+    print(f"fastln {fastln.__version__}, LN-RNN benchmark{part}, threads {nthreads}"
           f"{' (quick)' if args.quick else ''} ...", flush=True)
-    result = run(threads=nthreads, quick=args.quick)
+    result = run(threads=nthreads, quick=args.quick, float32=not args.bf16_only,
+                 bf16=not args.no_bf16)
     print()
     print(format_table(result))
     harness.report_and_save(result, args.json)
