@@ -102,8 +102,10 @@ typedef struct {
 /* The storage of W_ih and W_hh (params[0], params[1]). FASTLN_RNN_W_BF16:
  * bfloat16 (uint16_t bit patterns), for inference: fastln_rnn_forward_f32
  * and _forward2_f32 without a cache. The products then take A (the input, or
- * h) rounded to bfloat16, with float sums: VDPBF16PS where the CPU has
- * AVX512-BF16, elsewhere the weights widened to float. Everything else (the
+ * h) rounded to bfloat16, with float sums: AMX tiles where the CPU has
+ * AMX-BF16 and the OS grants them (FASTLN_NO_AMX=1 in the environment turns
+ * them off), else VDPBF16PS where it has AVX512-BF16, else the weights
+ * widened to float. Everything else (the
  * state, the LN statistics, the gates) is float. */
 #define FASTLN_RNN_W_SAME 0
 #define FASTLN_RNN_W_BF16 1

@@ -7,7 +7,8 @@
  *  - the LN-RNN engine (fastln_rnn.h): every cell, ISA path and dtype; odd
  *    sizes, B = 1, lengths, 1 and 3 threads; one direction, reversed, and
  *    both (forward2/backward2); forward with and without a cache, backward
- *    with and without the caller's scratch;
+ *    with and without the caller's scratch; inference with weights packed
+ *    by fastln_rnn_pack and with bfloat16 weights, unpacked and packed;
  *  - the cache of large outputs (pool.h): blocks of every size class
  *    allocated, written to their last byte, resized, freed and reused from 3
  *    threads at once while the limit changes; every block released at the
@@ -25,6 +26,53 @@ static void *fill(size_t n, size_t es, unsigned seed) {
         if (es == 4) ((float *)p)[i] = (float)v; else ((double *)p)[i] = v;
     }
     return p;
+}
+
+/* Inference (float, no cache) of the nd directions in a: each direction's
+ * weights packed by fastln_rnn_pack, then in bfloat16 (the upper halves of
+ * their float values) unpacked and packed. a is left as it was. */
+static int run_packed(fastln_rnn_args *a, int nd, int cell, int64_t I, int64_t H) {
+    int base = cell & ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST);
+    int64_t G = (base == FASTLN_CELL_LSTM ? 4 : base == FASTLN_CELL_GRU ? 3 : 1) * H;
+    int64_t count[2] = {G * I, G * H};   /* elements of W_ih, W_hh */
+    int rc = 0;
+    for (int wt = FASTLN_RNN_W_SAME; wt <= FASTLN_RNN_W_BF16; wt++) {
+        void *w[2][2], *pk[2] = {NULL, NULL};
+        for (int d = 0; d < nd; d++)
+            for (int m = 0; m < 2; m++) {
+                w[d][m] = (void *)a[d].params[m];
+                if (wt == FASTLN_RNN_W_BF16) {
+                    uint16_t *b = malloc(count[m] * 2);
+                    for (int64_t i = 0; i < count[m]; i++) {
+                        uint32_t u;
+                        memcpy(&u, (const float *)w[d][m] + i, 4);
+                        b[i] = (uint16_t)(u >> 16);
+                    }
+                    a[d].params[m] = b;
+                    a[d].wtype = FASTLN_RNN_W_BF16;
+                }
+            }
+        rc |= nd == 2 ? fastln_rnn_forward2_f32(a) : fastln_rnn_forward_f32(a);   /* unpacked */
+        for (int d = 0; d < nd; d++) {
+            int64_t size = fastln_rnn_packed_size(cell, wt, I, H);
+            if (size < 0) rc |= FASTLN_EINVAL;
+            if (size <= 0) continue;   /* the path has no packed kernels */
+            pk[d] = malloc(size);
+            rc |= fastln_rnn_pack(pk[d], size, cell, wt, I, H, a[d].params[0], a[d].params[1]);
+            a[d].packed = pk[d];
+        }
+        rc |= nd == 2 ? fastln_rnn_forward2_f32(a) : fastln_rnn_forward_f32(a);   /* packed */
+        for (int d = 0; d < nd; d++) {
+            free(pk[d]);
+            a[d].packed = NULL;
+            a[d].wtype = FASTLN_RNN_W_SAME;
+            for (int m = 0; m < 2; m++) {
+                if (wt == FASTLN_RNN_W_BF16) free((void *)a[d].params[m]);
+                a[d].params[m] = w[d][m];
+            }
+        }
+    }
+    return rc;
 }
 
 /* One layer of cell forward (without and with a cache) and backward (without
@@ -62,6 +110,8 @@ static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, in
 #define BWD() (nd == 2 ? (f64 ? fastln_rnn_backward2_f64(a) : fastln_rnn_backward2_f32(a)) \
                        : (f64 ? fastln_rnn_backward_f64(a) : fastln_rnn_backward_f32(a)))
     int rc = FWD();   /* inference */
+    if (!f64)         /* inference with packed weights, and with bfloat16 ones */
+        rc |= run_packed(a, nd, cell, I, H);
     for (int d = 0; d < nd; d++) {
         void *h0 = fill(B * H, es, 12); memcpy(h[d], h0, B * H * es); free(h0);
         a[d].cache = cache[d];
