@@ -125,6 +125,7 @@ cdef extern from "fastln.h" nogil:
 cdef extern from "internal.h" nogil:
     void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
     void fastln_set_default_threads(int n)
+    int fastln_half_convert(int kind, int widen, void *dst, const void *src, int64_t n)
 
 cdef extern from "policy.h" nogil:
     ctypedef struct fastln_caches:
@@ -1455,6 +1456,27 @@ def _parallel_copy(dst, src, bint nt=False):
         fastln_parallel_copy(d, s, n, nt)
 
 
+def _bf16_convert(src, dst):
+    """dst[...] = src between float32 and bfloat16 bits (uint16): a float32
+    src is rounded to nearest even (NaN stays NaN), a uint16 src widened.
+    Both C-contiguous with the same number of elements, dst writable."""
+    if not (isinstance(src, cnp.ndarray) and isinstance(dst, cnp.ndarray)):
+        raise TypeError("src and dst must be NumPy arrays")
+    cdef int ts = cnp.PyArray_TYPE(<cnp.ndarray>src), td = cnp.PyArray_TYPE(<cnp.ndarray>dst)
+    cdef bint widen = ts == cnp.NPY_UINT16 and td == cnp.NPY_FLOAT32
+    if not (widen or (ts == cnp.NPY_FLOAT32 and td == cnp.NPY_UINT16)):
+        raise TypeError(f"src and dst must be float32 and uint16 (bfloat16 bits), or uint16 "
+                        f"and float32, got {src.dtype} and {dst.dtype}")
+    if not (_fast(src, ts) and _fast(dst, td) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>dst)
+            and cnp.PyArray_SIZE(<cnp.ndarray>src) == cnp.PyArray_SIZE(<cnp.ndarray>dst)):
+        raise ValueError("src and dst must be C-contiguous arrays of the same size, dst writable")
+    cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>dst)
+    cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>src)
+    cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>src)
+    with nogil:
+        fastln_half_convert(FASTLN_BF16, widen, d, s, n)
+
+
 # ---- LN-RNN engine (src_c/fastln_rnn.h) ------------------------------------
 # fastln.rnn calls these with canonical arrays (time-major, C-contiguous, the
 # model's dtype); the sizes are re-checked here so that no caller can make the
@@ -1651,7 +1673,9 @@ def _rnn_pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):
     cdef int64_t n = fastln_rnn_packed_size(code, wt, I, H)
     if n <= 0 or tn == cnp.NPY_DOUBLE:
         return None
-    out = np.empty(n, np.uint8)
+    buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
+    cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63
+    out = buf[skip:skip + n]
     cdef void *o = _ptr(out)
     cdef const void *wi = _ptr(w_ih)
     cdef const void *wh = _ptr(w_hh)

@@ -119,6 +119,21 @@ except ImportError:  # pragma: no cover
     _BF16 = None
 
 
+def _to_bf16(a: _Array) -> _Array:
+    """A new bfloat16 array of a's values (float32), rounded to nearest even."""
+    a = np.require(a, requirements=["C", "A"])
+    out = np.empty(a.shape, _BF16)
+    _core._bf16_convert(a, out.view(np.uint16))
+    return out
+
+
+def _from_bf16(a: _Array) -> _Array:
+    """A new C-contiguous float32 array of a's values (bfloat16)."""
+    out = np.empty(a.shape, np.float32)
+    _core._bf16_convert(np.require(a, requirements=["C", "A"]).view(np.uint16), out)
+    return out
+
+
 def _model_dtype(dtype: Any, name: str) -> np.dtype[Any]:
     """dtype as a model's: float32, float64 or bfloat16 (ml_dtypes), else a TypeError."""
     try:
@@ -411,7 +426,7 @@ class _LNRecurrent(Generic[_State]):
                 raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
             a = t if data and t.dtype == self.dtype else t.astype(dt, copy=False)
         if data and isinstance(a, np.ndarray) and a.dtype == _BF16 and self.dtype == _BF16:
-            a = a.astype(dt)
+            a = _from_bf16(a)
         if isinstance(a, np.ndarray):
             kind = "f" if a.dtype in _api._LOW_PRECISION else a.dtype.kind
             if kind not in "fiub":
@@ -618,7 +633,7 @@ class _LNRecurrent(Generic[_State]):
         if cache:
             self._cache = (T, B, inputs, caches, lens)
         if bf:
-            xs = xs.astype(_BF16)
+            xs = _to_bf16(xs)
         y = xs.transpose(1, 0, 2).copy() if self.batch_first else xs
         return y, self._pack_state(states)
 
@@ -793,7 +808,7 @@ class _LNRecurrent(Generic[_State]):
                     bf, self._packed(k, 0, ps))
             xs = y
         if bf:
-            xs = xs.astype(_BF16)
+            xs = _to_bf16(xs)
         return xs, cast(_State, (h, states[1]) if self._has_cell else h)
 
     def to(self, dtype: npt.DTypeLike) -> Self:

@@ -497,6 +497,15 @@ static void copy_bytes(char *dst, const char *src, size_t n, int nt)
     memcpy(dst, src, n);
 }
 
+int fastln_half_convert(int kind, int widen, void *dst, const void *src, int64_t n)
+{
+    if (n < 0 || !HALF_OK(kind)) return FASTLN_EINVAL;
+    if (n == 0) return FASTLN_OK;
+    /* as a kernel on rows of 1024 values */
+    int nt = plan_for(FASTLN_CALL_FWD, (n + 1023) / 1024, 1024, 2).threads;
+    return kt()->half_convert(kind, widen, dst, src, n, nt);
+}
+
 /* dst = src (nbytes), split in contiguous static blocks over the threads that a
  * kernel would use: the copy of the same bytes that the benchmarks compare with
  * (with nt, by non-temporal stores, as the kernels write large outputs). */

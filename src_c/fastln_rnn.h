@@ -121,7 +121,8 @@ typedef struct {
  * this cell (with its flags), wtype and sizes on the current path; 0 where
  * the path has no packed kernels (nothing to pack: pass packed = NULL);
  * -1 for bad arguments. fastln_rnn_pack: FASTLN_OK, FASTLN_EINVAL (bad
- * arguments, size too small), FASTLN_ENOMEM. */
+ * arguments, size too small), FASTLN_ENOMEM. out may have any alignment;
+ * at a multiple of 64 bytes the kernels read whole cache lines. */
 int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden);
 int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input,
                     int64_t hidden, const void *w_ih, const void *w_hh);

@@ -45,17 +45,21 @@ static void SFX(pack_nt_bf16)(uint16_t *P, const uint16_t *W, int64_t N, int64_t
     }
 }
 
-/* dst (M, bf16_kp(K)) = src (M, K) rounded to bfloat16 (nearest even),
- * zeros past K; src rows lds apart: rows shared by the enclosing team. */
+/* dst (bf16_kp(K)) = src (K) rounded to bfloat16 (nearest even), zeros past K */
+static inline void SFX(row_to_bf16)(uint16_t *dst, const float *src, int64_t K)
+{
+    narrow_half(FASTLN_BF16, dst, src, K);
+    memset(dst + K, 0, (size_t)(bf16_kp(K) - K) * sizeof(uint16_t));
+}
+
+/* dst (M, bf16_kp(K)) = src (M, K) by row_to_bf16; src rows lds apart: rows
+ * shared by the enclosing team. */
 static void SFX(rows_to_bf16)(uint16_t *dst, const float *src, int64_t lds, int64_t M,
                               int64_t K)
 {
     int64_t Kp = bf16_kp(K);
 #pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; m++) {
-        narrow_half(FASTLN_BF16, dst + m * Kp, src + m * lds, K);
-        memset(dst + m * Kp + K, 0, (size_t)(Kp - K) * sizeof(uint16_t));
-    }
+    for (int64_t m = 0; m < M; m++) SFX(row_to_bf16)(dst + m * Kp, src + m * lds, K);
 }
 
 /* Elements of a buffer for rows_to_bf16 of M rows of K. */
@@ -64,10 +68,12 @@ static inline int64_t bf16_rows_size(int64_t M, int64_t K)
     return (M + 15) / 16 * 16 * bf16_kp(K);
 }
 
-/* The AMX tiles of packed_gemm_any: 0-3 for C (16 rows x 16 columns: the
- * two halves of one panel, or of two), 4 for A (16 rows x 32 k), 5-7 for B
- * (16 pairs x 16 columns). Loaded on each thread before its tiles run (the
- * configuration is per thread, and other code may change it). */
+/* The AMX tiles of packed_gemm_any, each 16 rows of 64 bytes: 0-3 for C
+ * (16 rows x 16 columns: the two halves of one panel for two blocks of rows,
+ * or of two panels), then A (16 rows x 32 k) and B (16 pairs x 16 columns):
+ * 4, 5 for A and 6, 7 for B, or 4 for A and 5-7 for B. Loaded on each
+ * thread before its tiles run (the configuration is per thread, and other
+ * code may change it). */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -86,58 +92,82 @@ static inline void SFX(amx_setup)(void)
     _tile_loadconfig(&c);
 }
 
-/* C rows [0, mr) of one panel (ncols columns) from a 16 x 32 float tile */
-static inline void SFX(amx_out)(float *C, int64_t ldc, const float (*out)[FASTLN_NR], int mr,
-                                int ncols, int acc)
-{
-    for (int r = 0; r < mr; r++) {
-        __m512 v[2] = {_mm512_load_ps(out[r]), _mm512_load_ps(out[r] + 16)};
-        SFX(tile_store)(C + r * ldc, v, ncols, acc);
-    }
-}
+/* C rows [0, mr) of one panel (ncols columns) from AMX C tiles ta, tb (its
+ * two 16-column halves; tile numbers are literals): stored in place where
+ * the tiles cover whole rows of C that nothing is added to, else through a
+ * float buffer. */
+#define AMX_OUT(ta, tb, C, ldc, mr, ncols, acc)                                         \
+    do {                                                                                \
+        if ((mr) == 16 && (ncols) == FASTLN_NR && !(acc)) {                             \
+            _tile_stored(ta, C, (ldc) * 4);                                             \
+            _tile_stored(tb, (C) + 16, (ldc) * 4);                                      \
+        } else {                                                                        \
+            float out_[16][FASTLN_NR] __attribute__((aligned(64)));                     \
+            _tile_stored(ta, out_[0], FASTLN_NR * 4);                                   \
+            _tile_stored(tb, out_[0] + 16, FASTLN_NR * 4);                              \
+            for (int r_ = 0; r_ < (mr); r_++) {                                         \
+                __m512 v_[2] = {_mm512_load_ps(out_[r_]), _mm512_load_ps(out_[r_] + 16)};\
+                SFX(tile_store)((C) + r_ * (ldc), v_, ncols, acc);                      \
+            }                                                                           \
+        }                                                                               \
+    } while (0)
 
-/* AMX tiles of C: rows [0, mr) (mr <= 16; A has 16 readable rows, lda values
- * apart) against one pair panel, or two (two: P2, pst values on, and C's
- * next 32 columns), K (a multiple of 32) values of k; the last panel has
- * ncols columns. Each element of C is TDPBF16PS's sum over the pairs, 32
- * values of k at a time, from zero, whatever mr is and however many panels
- * run: two give the tile unit four independent sums, which a single row
- * (B = 1) needs to keep it busy. */
-static inline void SFX(tile_amx)(float *C, int64_t ldc, const uint16_t *A, int64_t lda,
+/* AMX tiles of C: rows [0, mr) (mr <= 32; A has 16 or 32 readable rows, lda
+ * values apart) against one pair panel, or, with two (mr <= 16), two (the
+ * second pst values on, for C's next 32 columns); K (a multiple of 32)
+ * values of k; the last panel has ncols columns. Four C tiles run where
+ * there are two blocks of 16 rows or two panels: four independent sums keep
+ * the tile unit busy. Each element of C is TDPBF16PS's sum over the pairs,
+ * 32 values of k at a time, from zero, whatever mr is and however the tiles
+ * are grouped. */
+static inline __attribute__((always_inline)) void SFX(tile_amx)(float *C, int64_t ldc, const uint16_t *A, int64_t lda,
                                  const uint16_t *P, int64_t pst, int two, int64_t K, int mr,
                                  int ncols, int acc)
 {
     const int64_t ldb = 2 * FASTLN_NR * 2;   /* bytes from pair to pair */
+    const int rows2 = mr > 16;
     _tile_zero(0);
     _tile_zero(1);
-    if (two) {
+    if (two || rows2) {
         _tile_zero(2);
         _tile_zero(3);
     }
     for (int64_t k = 0; k < K; k += 32) {
         const uint16_t *p = P + k * FASTLN_NR;
+        if (rows2) {   /* C 0, 1: rows 0-15; 2, 3: rows 16-31 */
+            _tile_loadd(4, A + k, lda * 2);
+            _tile_loadd(5, A + 16 * lda + k, lda * 2);
+            _tile_loadd(6, p, ldb);
+            _tile_loadd(7, p + FASTLN_NR, ldb);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+            continue;
+        }
         _tile_loadd(4, A + k, lda * 2);
         _tile_loadd(5, p, ldb);
         _tile_loadd(6, p + FASTLN_NR, ldb);
         _tile_dpbf16ps(0, 4, 5);
         _tile_dpbf16ps(1, 4, 6);
-        if (two) {
+        if (two) {   /* C 2, 3: the second panel */
             _tile_loadd(7, p + pst, ldb);
             _tile_loadd(5, p + pst + FASTLN_NR, ldb);
             _tile_dpbf16ps(2, 4, 7);
             _tile_dpbf16ps(3, 4, 5);
         }
     }
-    float out[16][FASTLN_NR] __attribute__((aligned(64)));
-    _tile_stored(0, out[0], FASTLN_NR * 4);
-    _tile_stored(1, out[0] + 16, FASTLN_NR * 4);
-    SFX(amx_out)(C, ldc, (const float(*)[FASTLN_NR])out, mr, two ? FASTLN_NR : ncols, acc);
-    if (two) {
-        _tile_stored(2, out[0], FASTLN_NR * 4);
-        _tile_stored(3, out[0] + 16, FASTLN_NR * 4);
-        SFX(amx_out)(C + FASTLN_NR, ldc, (const float(*)[FASTLN_NR])out, mr, ncols, acc);
+    if (rows2) {
+        AMX_OUT(0, 1, C, ldc, 16, ncols, acc);
+        AMX_OUT(2, 3, C + 16 * ldc, ldc, mr - 16, ncols, acc);
+    } else if (two) {
+        AMX_OUT(0, 1, C, ldc, mr, FASTLN_NR, acc);
+        AMX_OUT(2, 3, C + FASTLN_NR, ldc, mr, ncols, acc);
+    } else {
+        AMX_OUT(0, 1, C, ldc, mr, ncols, acc);
     }
 }
+#undef AMX_OUT
 
 /* One tile of C (see SFX(tile) in gemm_packed.h): rows [0, mr) of A (bfloat16,
  * lda apart) against npn pair panels (pst values apart), Q pairs of k. Every
@@ -162,9 +192,10 @@ static inline __attribute__((always_inline)) void SFX(tile_bf16)(
         }
     }
     for (int r = 0; r < mr; r++)
-        for (int q = 0; q < npn; q++)
-            SFX(tile_store)(C + r * ldc + q * FASTLN_NR, c[r] + q * 2,
-                            q == npn - 1 ? ncols : FASTLN_NR, acc);
+        for (int q = 0; q < npn; q++) {
+            __m512 v[2] = {c[r][2 * q], c[r][2 * q + 1]};   /* c stays in registers */
+            SFX(tile_store)(C + r * ldc + q * FASTLN_NR, v, q == npn - 1 ? ncols : FASTLN_NR, acc);
+        }
 }
 
 /* C (M, N) (+)= A (M, K) W^T: A bfloat16 rows from rows_to_bf16, P the pair

@@ -82,9 +82,12 @@ static inline __attribute__((always_inline)) void SFX(tile)(
         }
     }
     for (int r = 0; r < mr; r++)
-        for (int q = 0; q < npn; q++)
-            SFX(tile_store)(C + r * ldc + q * FASTLN_NR, c[r] + q * NV,
-                            q == npn - 1 ? ncols : FASTLN_NR, acc);
+        for (int q = 0; q < npn; q++) {
+            /* a copy: c's address is never taken, so c stays in registers */
+            SFX(vf) v[NV];
+            for (int j = 0; j < NV; j++) v[j] = c[r][q * NV + j];
+            SFX(tile_store)(C + r * ldc + q * FASTLN_NR, v, q == npn - 1 ? ncols : FASTLN_NR, acc);
+        }
 }
 
 #include "gemm_bf16.h"
@@ -145,14 +148,14 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
             int64_t p0 = q % ng * gp, m = q / ng * MB, m1 = m + MB < M ? m + MB : M;
             int cnt = np - p0 < gp ? (int)(np - p0) : gp;
 #if HAVE_BF16DOT
-            if (bf == 2) {   /* AMX: 16 rows at a time, two panels where the item has two */
+            if (bf == 2) {   /* AMX: 32 rows at a time, or 16 against two panels */
                 int64_t p = p0, pl = p0 + cnt - 1;
                 int ncols = N - pl * FASTLN_NR < FASTLN_NR ? (int)(N - pl * FASTLN_NR) : FASTLN_NR;
-                for (int64_t mm = m; mm < m1; mm += 16)
+                for (int64_t mm = m; mm < m1; mm += 32)
                     SFX(tile_amx)(C + mm * ldc + p * FASTLN_NR, ldc,
                                   (const uint16_t *)A + mm * ars + k0, ars,
                                   (const uint16_t *)P + p * pst + k0 * FASTLN_NR, pst, cnt == 2,
-                                  kn, m1 - mm < 16 ? (int)(m1 - mm) : 16, ncols, ac);
+                                  kn, m1 - mm < 32 ? (int)(m1 - mm) : 32, ncols, ac);
                 continue;
             }
 #endif

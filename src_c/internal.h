@@ -100,6 +100,8 @@ typedef struct {
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f64)(const fastln_rnn_args *, int);
+    /* float <-> half storage (norm_half.h) */
+    int (*half_convert)(int elem, int widen, void *dst, const void *src, int64_t n, int nt);
     /* fastln_rnn_pack on this path (out NULL: the size; see rnn_engine.h) */
     int64_t (*rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t input,
                         int64_t hidden,
@@ -121,6 +123,12 @@ int fastln_cpu_has_amx_bf16(void);
 /* The default thread count where none is set and OpenMP's is unchanged
  * since load; 0: OpenMP's (dispatch.c). */
 void fastln_set_default_threads(int n);
+
+/* dst (n) = src (n) converted between float and half storage kind
+ * (FASTLN_F16, FASTLN_BF16): with widen uint16_t to float, else float to
+ * uint16_t, nearest even; on the threads of a kernel on n values
+ * (dispatch.c). FASTLN_EINVAL for a bad kind or n < 0. */
+int fastln_half_convert(int kind, int widen, void *dst, const void *src, int64_t n);
 
 /* The path in use (dispatch.c). */
 const fastln_kernel_table *fastln_kernels(void);

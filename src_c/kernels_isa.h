@@ -56,5 +56,5 @@ const fastln_kernel_table CAT3(fastln_kernels_, ISA, ) = {
     CAT3(norm_channels_bwd, _f32_, ISA),   CAT3(norm_channels_bwd, _f64_, ISA),
     CAT3(rnn_forward, _f32_, ISA),         CAT3(rnn_forward, _f64_, ISA),
     CAT3(rnn_backward, _f32_, ISA),        CAT3(rnn_backward, _f64_, ISA),
-    CAT3(rnn_pack, _f32_, ISA),
+    CAT3(half_convert, _f32_, ISA),        CAT3(rnn_pack, _f32_, ISA),
 };

@@ -119,4 +119,22 @@ static void SFX(half_fwd_rows)(const SFX(half_fwd_args) *a, int64_t r0, int64_t 
     if (a->stream) stream_fence();
 #endif
 }
+
+/* dst (n) = src (n) converted between float and half storage elem: with
+ * widen, uint16_t to float, else float to uint16_t (nearest even), in nt
+ * contiguous parts (64-value bounds) on nt threads. */
+static int SFX(half_convert)(int elem, int widen, void *dst, const void *src, int64_t n,
+                             int nt)
+{
+    (void)nt;   /* without OpenMP */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int64_t t = omp_get_thread_num(), p = omp_get_num_threads();
+        int64_t i0 = (n * t / p) & ~(int64_t)63;
+        int64_t i1 = t + 1 == p ? n : (n * (t + 1) / p) & ~(int64_t)63;
+        if (widen) widen_half(elem, (float *)dst + i0, (const uint16_t *)src + i0, i1 - i0);
+        else narrow_half(elem, (uint16_t *)dst + i0, (const float *)src + i0, i1 - i0);
+    }
+    return FASTLN_OK;
+}
 #endif   /* IS_F32 */

@@ -135,6 +135,8 @@ typedef struct {
     const void *packed_n;   /* methods 1, 3, RESET_FIRST: the n block W_hn, likewise */
     const void *packed_ih;  /* forward on the packed path: W_ih packed, else NULL */
     uint16_t *abuf;         /* method 3: the product's A rounded to bfloat16 */
+    uint16_t *hbuf;         /* method 3, not RESET_FIRST: h (B, H) rounded to bfloat16,
+                               written by each step's rows for the next step's product */
     int amx;                /* method 3: on AMX tiles */
     void *own;              /* what rec_free frees */
 } SFX(rec);
@@ -343,8 +345,8 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
  * it is in), with a->packed when it was packed for this path, cell and
  * sizes, else packed here; w_ih, w_hh are float, or bfloat16 for the
  * bfloat16 format. abuf gets room for the bfloat16 A of the larger product
- * (Tc steps of input, or one step of h). Elsewhere the dot kernels at
- * B == 1 and BLAS. */
+ * (Tc steps of input, or one step of h), hbuf for h. Elsewhere the dot
+ * kernels at B == 1 and BLAS. */
 static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
                              const void *w_hh, int64_t Tc, int nt)
 {
@@ -356,22 +358,27 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     const int64_t B = a->batch, I = a->input, H = a->hidden;
     int64_t off[3], total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
     const char *blob = (const char *)a->packed;
-    int64_t nab = 0;
+    int64_t nab = 0, nhb = 0;
     (void)B;
     (void)Tc;
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {   /* the larger A: Tc steps of input, or one step of h */
         nab = bf16_rows_size(Tc * B, I);
         if (bf16_rows_size(B, H) > nab) nab = bf16_rows_size(B, H);
+        nhb = L.reset_first ? 0 : bf16_rows_size(B, H);
         rc->amx = fastln_cpu_has_amx_bf16();
     }
 #endif
     int fresh = !SFX(prepacked)(a, fmt);
-    char *buf = (char *)malloc((size_t)((fresh ? total : 0) + 2 * nab + 1));
-    if (!buf) return FASTLN_ENOMEM;
-    rc->own = buf;
+    char *raw = (char *)malloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + 64));
+    if (!raw) return FASTLN_ENOMEM;
+    rc->own = raw;
+    /* 64-byte aligned: a tile's or a vector's row of the panels is one cache line */
+    char *buf = raw + (-(uintptr_t)raw & 63);
     rc->abuf = nab ? (uint16_t *)(buf + (fresh ? total : 0)) : NULL;
-    if (nab) memset(rc->abuf, 0, (size_t)nab * sizeof(uint16_t));   /* AMX reads whole blocks */
+    rc->hbuf = nhb ? rc->abuf + nab : NULL;
+    /* AMX reads whole blocks of 16 rows */
+    if (nab) memset(rc->abuf, 0, (size_t)(nab + nhb) * sizeof(uint16_t));
     if (fresh) {
         ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
         blob = buf;
@@ -445,6 +452,13 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
     const int64_t B = ly->B, H = ly->H, G = ly->G, R = L->nrstd;
     T *cache = ly->cache;
     const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
+#if HAVE_BF16DOT
+    if (mode == 1 && f->rc.hbuf) {   /* h in bfloat16 from the last step's rows */
+        if (t == 0) SFX(rows_to_bf16)(f->rc.hbuf, hp, H, B, H);
+        SFX(packed_gemm_bf16)(f->rc.amx, f->ahh_s, G, f->rc.hbuf, (const uint16_t *)f->rc.packed,
+                              B, G, H, 0);
+    } else
+#endif
     if (mode != 0) SFX(rec_product)(&f->rc, f->ahh_s, hp, f->w_hh, B, G, H, 0);
     if (mode == 2) return;
     T *aih = f->aih + (t - f->c0) * B * G;
@@ -460,6 +474,9 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
         SFX(fwd_row)(ly, on, ai, ah, act, xc, R ? rs + b * R : NULL, hp + b * H, cp ? cp + b * H : NULL,
                      hn + b * H, cn ? cn + b * H : NULL,
                      f->y + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy);
+#if HAVE_BF16DOT
+        if (f->rc.hbuf) SFX(row_to_bf16)(f->rc.hbuf + b * bf16_kp(H), hn + b * H, H);
+#endif
         if (cache && on) {
             /* The row was computed in scratch that stays in L1/L2; the cache
              * (about 11 H values a row) goes out with non-temporal stores, so
@@ -613,9 +630,10 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     int64_t n_aih = Tc * B * G, n_ahh = B * G;
     int64_t n_act = gated ? B * G : 0, n_xc = L->xc >= 0 ? B * H : 0;
     int64_t n_rs = cache ? 0 : B * L->nrstd, n_xg = ly->reverse ? Tc * B * I : 0;
-    T *scratch = (T *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + n_xg + 1) *
-                             sizeof(T));
-    if (!scratch) return FASTLN_ENOMEM;
+    char *raw = (char *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + n_xg + 1) *
+                                   sizeof(T) + 64);
+    if (!raw) return FASTLN_ENOMEM;
+    T *scratch = (T *)(raw + (-(uintptr_t)raw & 63));   /* the product rows on cache lines */
     T *aih_s = scratch, *next = scratch + n_aih;
     f.ahh_s = next;
     next += n_ahh;
@@ -645,7 +663,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     if (rc) {
         free(wi);
         free(wh);
-        free(scratch);
+        free(raw);
         return rc;
     }
 #else
@@ -672,7 +690,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     free(wi);
     free(wh);
 #endif
-    free(scratch);
+    free(raw);
     return rc;
 }
 

@@ -7,7 +7,9 @@
   for bit.
 - bfloat16 models (``.to(ml_dtypes.bfloat16)``): parameters, errors,
   accuracy against the float32 model and the float64 reference with stated
-  bounds, steps against one forward, bfloat16 and float32 inputs, torch.
+  bounds, steps against one forward, bfloat16 and float32 inputs (strided
+  and misaligned too), torch; the float32 <-> bfloat16 conversions against
+  ml_dtypes' bits.
 - Packed weights: read-only weights give bitwise what writable ones give,
   and a replaced array is packed again.
 """
@@ -192,6 +194,49 @@ def test_inputs_in_bfloat16_or_float32(make):
     assert np.array_equal(_bits(y32), _bits(yb))
     for a, c in zip(_parts(s32), _parts(sb)):
         assert a.dtype == np.float32 and np.array_equal(a, c)
+
+
+def test_bfloat16_inputs_any_layout():
+    """A bfloat16 x that is strided, or misaligned in its buffer (as a dask
+    worker may receive it), gives the bits of a contiguous copy."""
+    b = LNLSTM(6, 20, seed=3).to(BF16)
+    x = np.random.default_rng(4).standard_normal((5, 6, 6)).astype(BF16)
+    want, _ = b.forward(np.ascontiguousarray(x[:, ::2]), cache=False)
+    got, _ = b.forward(x[:, ::2], cache=False)
+    assert np.array_equal(_bits(got), _bits(want))
+    raw = np.zeros(x.nbytes + 1, np.uint8)
+    odd = raw[1:].view(BF16).reshape(x.shape)
+    odd[...] = x
+    assert not odd.flags.aligned
+    got, _ = b.forward(odd[:, ::2], cache=False)
+    assert np.array_equal(_bits(got), _bits(want))
+    h, _ = b.step(odd[0, ::2])
+    assert np.array_equal(_bits(h), _bits(want[0]))
+
+
+def test_conversions_round_as_ml_dtypes():
+    """The engine's float32 <-> bfloat16 conversions give ml_dtypes' bits:
+    nearest even, subnormals kept, inf kept, NaN stays NaN."""
+    from fastln import _core
+
+    rng = np.random.default_rng(5)
+    f = (rng.standard_normal(4099) * 10.0 ** rng.integers(-40, 38, 4099)).astype(np.float32)
+    f[:6] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-45]
+    f[6:10] = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF],
+                       np.uint32).view(np.float32)   # ties to even, and to inf
+    want = f.astype(BF16)
+    got = np.empty(f.shape, np.uint16)
+    _core._bf16_convert(f, got)
+    finite = ~np.isnan(f)
+    assert np.array_equal(got[finite], _bits(want)[finite])
+    assert np.isnan(got.view(BF16)[~finite].astype(np.float32)).all()
+    back = np.empty(f.shape, np.float32)
+    _core._bf16_convert(_bits(want), back)
+    assert np.array_equal(back.view(np.uint32), want.astype(np.float32).view(np.uint32))
+    with pytest.raises(TypeError, match="float32 and uint16"):
+        _core._bf16_convert(f, np.empty(f.shape, np.float32))
+    with pytest.raises(ValueError, match="same size"):
+        _core._bf16_convert(f, np.empty(3, np.uint16))
 
 
 @pytest.mark.parametrize("make", MODELS)
