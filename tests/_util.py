@@ -3,15 +3,25 @@
 Kept out of conftest.py so that tests can import them by name; conftest.py
 puts this directory on sys.path.
 """
+import importlib
 import os
 import re
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 FLOAT_DTYPES = [F32, F64]
+
+
+def require(module):
+    """module, imported; a skip where it is missing, but a failure under CI,
+    which installs every optional peer."""
+    if os.environ.get("CI"):
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
 
 
 def named(arg):

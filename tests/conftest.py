@@ -6,6 +6,8 @@
 * ``torch``: PyTorch, skipped when missing -- unless FASTLN_REQUIRE_TORCH=1
   (set by CI), where a missing torch is a failure.
 * ``rng``: a seeded NumPy Generator.
+* ``dask_client``: a dask.distributed client of a LocalCluster of two worker
+  processes, one per test module.
 
 Once the tests are collected, the C builds of tests/test_c.py and
 tests/test_cross.py start in the background when any of their tests is
@@ -81,6 +83,27 @@ def torch():
             pytest.fail("FASTLN_REQUIRE_TORCH=1 but torch cannot be imported: %r" % (exc,))
         return _torch
     return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    from _util import require
+
+    distributed = require("distributed")
+    # distributed writes its workers' OMP_NUM_THREADS=1 (and MKL_..., ...) into
+    # this process's os.environ too; a torch imported later would take it and
+    # cap OpenMP, fastln included, at one thread for the rest of the test run
+    environ = dict(os.environ)
+    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                       host="127.0.0.1", dashboard_address=None)
+    client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.fixture

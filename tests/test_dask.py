@@ -3,8 +3,6 @@
 Skipped where dask is missing -- unless the CI environment variable is set
 (CI installs dask), where a missing dask is a failure.
 """
-import importlib
-import os
 import warnings
 
 import numpy as np
@@ -13,17 +11,10 @@ import pytest
 import fastln
 from fastln import reference as ref
 
-from _util import F16, F32, F64, as_f64, assert_close, named, result_dtype, run_python
+from _util import F16, F32, F64, as_f64, assert_close, named, require, result_dtype, run_python
 
-
-def _require(module):
-    if os.environ.get("CI"):
-        return importlib.import_module(module)   # CI installs it: fail, never skip
-    return pytest.importorskip(module)
-
-
-dask = _require("dask")
-da = _require("dask.array")
+dask = require("dask")
+da = require("dask.array")
 import fastln.dask as fd  # noqa: E402  (after the skip: it needs dask)
 
 FUNCS = {"layer_norm": (fastln.layer_norm, ref.layer_norm),
@@ -209,37 +200,20 @@ def test_missing_dask_says_how_to_install():
 
 # ------------------------------------------------------------------ dask.distributed
 
-@pytest.fixture(scope="module")
-def client():
-    distributed = _require("distributed")
-    # distributed writes its workers' OMP_NUM_THREADS=1 (and MKL_..., ...) into
-    # this process's os.environ too; a torch imported later would take it and
-    # cap OpenMP, fastln included, at one thread for the rest of the test run
-    environ = dict(os.environ)
-    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                       host="127.0.0.1", dashboard_address=None)
-    client = distributed.Client(cluster)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
-        os.environ.clear()
-        os.environ.update(environ)
 
 
 @pytest.mark.parametrize("name", FUNCS)
-def test_local_cluster_of_two_workers(client, name):
-    assert len(client.scheduler_info()["workers"]) == 2
+def test_local_cluster_of_two_workers(dask_client, name):
+    assert len(dask_client.scheduler_info()["workers"]) == 2
     x = da.random.default_rng(7).standard_normal((4000, 256), chunks=(1000, 256), dtype=F32)
     w, b = np.linspace(0.5, 1.5, 256, dtype=F32), np.full(256, 0.25, F32)
     y = _run(name, x, w, b, -1)
-    y = client.persist(y)
-    _require("distributed").wait(y)
-    owners = client.who_has(y)                        # block key -> workers holding it
+    y = dask_client.persist(y)
+    require("distributed").wait(y)
+    owners = dask_client.who_has(y)                        # block key -> workers holding it
     assert len(owners) == 4
     assert len({ws[0] for ws in owners.values()}) == 2, owners   # both workers ran blocks
-    xn, yn = client.compute([x, y], sync=True)
+    xn, yn = dask_client.compute([x, y], sync=True)
     fast, slow = FUNCS[name]
     args = (w, b) if name == "layer_norm" else (w,)
     assert yn.dtype == F32

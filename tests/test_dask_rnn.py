@@ -12,8 +12,6 @@ Skipped where dask is missing -- unless the CI environment variable is set
 (CI installs dask and distributed), where a missing one is a failure.
 """
 import doctest
-import importlib
-import os
 import pickle
 import warnings
 
@@ -23,17 +21,10 @@ import pytest
 import fastln
 from fastln.rnn import LNGRU, LNLSTM, LSTM
 
-from _util import F32, F64, named
+from _util import F32, F64, named, require
 
-
-def _require(module):
-    if os.environ.get("CI"):
-        return importlib.import_module(module)   # CI installs it: fail, never skip
-    return pytest.importorskip(module)
-
-
-dask = _require("dask")
-da = _require("dask.array")
+dask = require("dask")
+da = require("dask.array")
 import fastln.dask as fd  # noqa: E402  (after the skip: it needs dask)
 
 T, B, I, H = 7, 16, 6, 10
@@ -283,36 +274,19 @@ def test_the_graph_holds_the_model_once(rng):
 
 # ------------------------------------------------------------------ dask.distributed
 
-@pytest.fixture(scope="module")
-def client():
-    distributed = _require("distributed")
-    # distributed writes its workers' OMP_NUM_THREADS=1 (and MKL_..., ...) into
-    # this process's os.environ too; a torch imported later would take it and
-    # cap OpenMP, fastln included, at one thread for the rest of the test run
-    environ = dict(os.environ)
-    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                       host="127.0.0.1", dashboard_address=None)
-    client = distributed.Client(cluster)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
-        os.environ.clear()
-        os.environ.update(environ)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_float32_bitwise_local_cluster(client, name, rng):
+def test_float32_bitwise_local_cluster(dask_client, name, rng):
     model = MODELS[name](F32)
     xn = _data(rng, F32)
     lens = _lengths(rng)
     for kind in (None, "dask"):
         lengths = None if kind is None else lens
-        _check(model, xn, _dask(xn), lengths, _lazy_lengths(lengths, kind), client=client)
+        _check(model, xn, _dask(xn), lengths, _lazy_lengths(lengths, kind), client=dask_client)
 
 
-def test_bfloat16_local_cluster(client, rng):
+def test_bfloat16_local_cluster(dask_client, rng):
     bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
     base = MODELS["lnlstm_bidir"](F32)
     if not hasattr(base, "to"):
@@ -320,34 +294,34 @@ def test_bfloat16_local_cluster(client, rng):
     model = base.to(bf16)
     xn = _data(rng, bf16)
     lens = _lengths(rng)
-    yn = _check(model, xn, _dask(xn), lens, _lazy_lengths(lens, "dask"), client=client)
+    yn = _check(model, xn, _dask(xn), lens, _lazy_lengths(lens, "dask"), client=dask_client)
     assert yn.dtype == bf16
 
 
-def test_float64_local_cluster(client, rng):
+def test_float64_local_cluster(dask_client, rng):
     model = MODELS["lngru"](F64)
     xn = _data(rng, F64)
     lens = _lengths(rng)
-    _check(model, xn, _dask(xn), lens, lens, client=client, exact=False)
+    _check(model, xn, _dask(xn), lens, lens, client=dask_client, exact=False)
 
 
-def test_each_worker_unpickles_the_model_at_most_once(client, rng):
-    workers = len(client.scheduler_info()["workers"])
+def test_each_worker_unpickles_the_model_at_most_once(dask_client, rng):
+    workers = len(dask_client.scheduler_info()["workers"])
     assert workers == 2
     model = _Counted(I, H, seed=6)
     xn = _data(rng, F32)
     x = _dask(xn, (2,) * 8)
     lens = _lengths(rng)
-    client.run(_reset)
+    dask_client.run(_reset)
     y = fd.rnn_forward(model, x, lens)
-    yn = client.compute(y, sync=True)
-    counts = client.run(_unpickled)
+    yn = dask_client.compute(y, sync=True)
+    counts = dask_client.run(_unpickled)
     assert 1 <= sum(counts.values()) <= workers, counts
     assert max(counts.values()) <= 1, counts
     np.testing.assert_array_equal(yn, model.forward(xn, lengths=lens, cache=False)[0])
     # the counter sees a model that travels with every task: one per block
-    client.run(_reset)
+    dask_client.run(_reset)
     naive = x.map_blocks(lambda b, m: m.forward(b, cache=False)[0], model,
                          chunks=(T, x.chunks[1], H), dtype=F32, meta=np.empty((0, 0, 0), F32))
-    client.compute(naive, sync=True)
-    assert sum(client.run(_unpickled).values()) > workers
+    dask_client.compute(naive, sync=True)
+    assert sum(dask_client.run(_unpickled).values()) > workers
