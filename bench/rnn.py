@@ -65,7 +65,6 @@ import argparse
 import copy
 import math
 import os
-import platform
 import sys
 import time
 
@@ -76,6 +75,7 @@ import numpy as np  # noqa: E402
 
 import fastln  # noqa: E402
 from bench import harness  # noqa: E402
+from fastln import _core as fastln_core  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
 
 torch = harness._torch           # None when torch is not installed
@@ -501,39 +501,11 @@ def _bf16():
     return None if mod is None else mod.bfloat16
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def _amx_granted():
-    """Whether Linux lets this process use AMX tile data (the request the engine
-    makes; it is idempotent)."""
-    if platform.machine() != "x86_64" or not {"amx_tile", "amx_bf16"} <= _cpu_flags():
-        return False
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-        return libc.syscall(158, 0x1023, 18) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def bf16_path():
     """The path of a bfloat16 model's products, as the engine chooses it: "AMX",
     "AVX512-BF16" (VDPBF16PS) or "float32 kernels" (on widened weights)."""
-    if fastln.get_isa() != "avx512" or "avx512_bf16" not in _cpu_flags():
-        return "float32 kernels"
-    if os.environ.get("FASTLN_NO_AMX", "") not in ("", "0") or not _amx_granted():
-        return "AVX512-BF16"
-    return "AMX"
+    path = fastln_core._rnn_bf16_products()
+    return "float32 kernels" if path == "float32" else path
 
 
 def _readonly(m):

@@ -126,6 +126,7 @@ cdef extern from "internal.h" nogil:
     void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
     void fastln_set_default_threads(int n)
     int fastln_half_convert(int kind, int widen, void *dst, const void *src, int64_t n)
+    const char *fastln_rnn_bf16_products()
 
 cdef extern from "policy.h" nogil:
     ctypedef struct fastln_caches:
@@ -1475,6 +1476,13 @@ def _bf16_convert(src, dst):
     cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>src)
     with nogil:
         fastln_half_convert(FASTLN_BF16, widen, d, s, n)
+
+
+def _rnn_bf16_products():
+    """Where a bfloat16 model's products run on the path in use: "AMX",
+    "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
+    kernels' panels)."""
+    return fastln_rnn_bf16_products().decode()
 
 
 # ---- LN-RNN engine (src_c/fastln_rnn.h) ------------------------------------

@@ -120,6 +120,12 @@ extern const fastln_kernel_table fastln_kernels_avx512;
 int fastln_cpu_has_avx512bf16(void);
 int fastln_cpu_has_amx_bf16(void);
 
+/* Where a bfloat16 layer's products run on the path in use, as the engine
+ * chooses (rnn_engine.h: pair panels on the AVX-512 path of a CPU with
+ * AVX512-BF16, on AMX tiles where they are usable): "AMX", "AVX512-BF16",
+ * or "float32" (weights widened into the float kernels' panels) (rnn.c). */
+const char *fastln_rnn_bf16_products(void);
+
 /* The default thread count where none is set and OpenMP's is unchanged
  * since load; 0: OpenMP's (dispatch.c). */
 void fastln_set_default_threads(int n);

@@ -219,6 +219,12 @@ static int pack_args_ok(int cell, int wtype, int64_t I, int64_t H)
            L.G <= INT_MAX && (wtype == FASTLN_RNN_W_SAME || wtype == FASTLN_RNN_W_BF16);
 }
 
+const char *fastln_rnn_bf16_products(void)
+{
+    if (strcmp(fastln_get_isa(), "avx512") != 0 || !fastln_cpu_has_avx512bf16()) return "float32";
+    return fastln_cpu_has_amx_bf16() ? "AMX" : "AVX512-BF16";
+}
+
 int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t I, int64_t H)
 {
     if (!pack_args_ok(cell, wtype, I, H)) return -1;
