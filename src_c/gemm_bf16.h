@@ -120,9 +120,9 @@ static inline void SFX(amx_setup)(void)
  * the tile unit busy. Each element of C is TDPBF16PS's sum over the pairs,
  * 32 values of k at a time, from zero, whatever mr is and however the tiles
  * are grouped. */
-static inline __attribute__((always_inline)) void SFX(tile_amx)(float *C, int64_t ldc, const uint16_t *A, int64_t lda,
-                                 const uint16_t *P, int64_t pst, int two, int64_t K, int mr,
-                                 int ncols, int acc)
+static inline __attribute__((always_inline)) void SFX(tile_amx)(
+    float *C, int64_t ldc, const uint16_t *A, int64_t lda, const uint16_t *P, int64_t pst,
+    int two, int64_t K, int mr, int ncols, int acc)
 {
     const int64_t ldb = 2 * FASTLN_NR * 2;   /* bytes from pair to pair */
     const int rows2 = mr > 16;

@@ -19,6 +19,10 @@ static inline int omp_get_max_threads(void) { return 1; }
 static inline void omp_set_num_threads(int n) { (void)n; }
 #endif
 
+/* p rounded up to a multiple of 64 bytes (a block allocated with 64 bytes to
+ * spare): vectors and AMX tile rows read from there are whole cache lines */
+static inline void *fastln_align64(void *p) { return (char *)p + (-(uintptr_t)p & 63); }
+
 /* Forward operations of the 16-bit storage kernels */
 #define FASTLN_OP_LN 0
 #define FASTLN_OP_RMS 1

@@ -344,9 +344,9 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
  * has them, for every B (so that a row's results do not depend on the batch
  * it is in), with a->packed when it was packed for this path, cell and
  * sizes, else packed here; w_ih, w_hh are float, or bfloat16 for the
- * bfloat16 format. abuf gets room for the bfloat16 A of the larger product
- * (Tc steps of input, or one step of h), hbuf for h. Elsewhere the dot
- * kernels at B == 1 and BLAS. */
+ * bfloat16 format. abuf gets room for Tc steps of input in bfloat16, hbuf
+ * for h (RESET_FIRST, whose products round h and r h themselves, takes
+ * them in abuf). Elsewhere the dot kernels at B == 1 and BLAS. */
 static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
                              const void *w_hh, int64_t Tc, int nt)
 {
@@ -362,10 +362,13 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     (void)B;
     (void)Tc;
 #if HAVE_BF16DOT
-    if (fmt == FASTLN_PACK_BF16) {   /* the larger A: Tc steps of input, or one step of h */
+    if (fmt == FASTLN_PACK_BF16) {
         nab = bf16_rows_size(Tc * B, I);
-        if (bf16_rows_size(B, H) > nab) nab = bf16_rows_size(B, H);
-        nhb = L.reset_first ? 0 : bf16_rows_size(B, H);
+        nhb = bf16_rows_size(B, H);
+        if (L.reset_first) {
+            nab = nab > nhb ? nab : nhb;
+            nhb = 0;
+        }
         rc->amx = fastln_cpu_has_amx_bf16();
     }
 #endif
@@ -373,8 +376,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     char *raw = (char *)malloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + 64));
     if (!raw) return FASTLN_ENOMEM;
     rc->own = raw;
-    /* 64-byte aligned: a tile's or a vector's row of the panels is one cache line */
-    char *buf = raw + (-(uintptr_t)raw & 63);
+    char *buf = (char *)fastln_align64(raw);
     rc->abuf = nab ? (uint16_t *)(buf + (fresh ? total : 0)) : NULL;
     rc->hbuf = nhb ? rc->abuf + nab : NULL;
     /* AMX reads whole blocks of 16 rows */
@@ -633,7 +635,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     char *raw = (char *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + n_xg + 1) *
                                    sizeof(T) + 64);
     if (!raw) return FASTLN_ENOMEM;
-    T *scratch = (T *)(raw + (-(uintptr_t)raw & 63));   /* the product rows on cache lines */
+    T *scratch = (T *)fastln_align64(raw);   /* the product rows on cache lines */
     T *aih_s = scratch, *next = scratch + n_aih;
     f.ahh_s = next;
     next += n_ahh;
