@@ -1,7 +1,7 @@
 """Loading the recurrent node of an ONNX graph (LSTM, GRU or RNN) into the
 matching plain model of :mod:`fastln.rnn`: :func:`from_onnx`.
 
-onnx is an optional dependency (``pip install fastln[onnx]``): it is imported
+onnx is an optional dependency (``pip install "fastln[onnx]"``): it is imported
 on the first call, never by ``import fastln``.
 """
 from __future__ import annotations
@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
+
+from . import _optional
 
 _Array = npt.NDArray[Any]
 
@@ -35,9 +37,8 @@ def _import_onnx() -> Any:
     try:
         import onnx
         import onnx.numpy_helper  # noqa: F401  (a submodule: import it explicitly)
-    except ImportError as e:
-        raise ImportError(f"fastln.rnn.from_onnx needs the onnx package: "
-                          f"pip install fastln[onnx] ({e})") from None
+    except ImportError:
+        raise _optional.missing("onnx", "fastln.rnn.from_onnx") from None
     return onnx
 
 
@@ -149,7 +150,7 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     Raises
     ------
     ImportError
-        onnx is not installed (``pip install fastln[onnx]``).
+        onnx is not installed (``pip install "fastln[onnx]"``).
     TypeError
         model is neither a ModelProto nor a path; node is not a str; the
         weights are not float32 or float64 (float16: convert the model

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import _optional
+
 
 def is_tensor(v: Any) -> bool:
     return type(v).__module__.startswith("torch") and hasattr(v, "detach")
@@ -28,7 +30,7 @@ def _bfloat16() -> Any:
     try:
         import ml_dtypes
     except ImportError:
-        raise TypeError("a bfloat16 tensor needs ml_dtypes (pip install ml_dtypes)") from None
+        raise _optional.missing("ml_dtypes", "a bfloat16 tensor") from None
     return ml_dtypes.bfloat16
 
 

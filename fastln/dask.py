@@ -17,7 +17,7 @@ sends it to each worker once.
 
 ``import fastln`` does not import this module (nor dask): ``import
 fastln.dask``, or naming ``fastln.dask`` after ``import fastln``, loads it. It
-needs dask (``pip install "dask[array]"``), and fastln installed wherever the
+needs dask (``pip install "fastln[dask]"``), and fastln installed wherever the
 blocks run. weight and bias may be NumPy arrays, array-likes, dask arrays or
 CPU torch tensors that do not require grad.
 """
@@ -30,11 +30,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, SupportsIndex,
 import numpy as np
 import numpy.typing as npt
 
+from fastln import _optional
+
 try:
     import dask
     import dask.array as da
-except ImportError as _e:  # pragma: no cover
-    raise ImportError('fastln.dask needs dask: pip install "dask[array]"') from _e
+except ImportError:  # pragma: no cover
+    raise _optional.missing("dask", "fastln.dask") from None
 
 import fastln
 from fastln import _api

@@ -51,6 +51,7 @@ True
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 import operator
 import re
@@ -73,7 +74,7 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from . import _api, _core, _torch
+from . import _api, _core, _optional, _torch
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -119,6 +120,13 @@ except ImportError:  # pragma: no cover
     _BF16 = None
 
 
+def _is_bf16(dtype: Any) -> bool:
+    """Whether dtype is ml_dtypes' bfloat16: never without ml_dtypes (NumPy
+    reads ``dtype == None`` as ``dtype == float64``, so _BF16 is never
+    compared while it is None)."""
+    return _BF16 is not None and dtype == _BF16
+
+
 def _to_bf16(a: _Array) -> _Array:
     """A new bfloat16 array of a's values (float32), rounded to nearest even."""
     a = np.require(a, requirements=["C", "A"])
@@ -139,9 +147,11 @@ def _model_dtype(dtype: Any, name: str) -> np.dtype[Any]:
     try:
         dt = np.dtype(dtype)
     except TypeError:
+        if _BF16 is None and "bfloat16" in str(dtype):
+            raise _optional.missing("ml_dtypes", "a bfloat16 model") from None
         raise TypeError(f"{name} must be float32, float64 or ml_dtypes.bfloat16, "
                         f"got {dtype!r}") from None
-    if dt not in (np.float32, np.float64) and dt != _BF16:
+    if dt not in (np.float32, np.float64) and not _is_bf16(dt):
         raise TypeError(f"{name} must be float32, float64 or ml_dtypes.bfloat16, got {dt}")
     return dt
 
@@ -189,11 +199,10 @@ class _LNRecurrent(Generic[_State]):
         self.dtype: np.dtype[Any] = dt
         # the dtype of the state, the arrays between layers and every parameter
         # but a bfloat16 model's weight matrices: float32 for bfloat16
-        self._dt: np.dtype[Any] = np.dtype(np.float32) if dt == _BF16 else dt
+        self._dt: np.dtype[Any] = np.dtype(np.float32) if _is_bf16(dt) else dt
         H = self.hidden_size
         gates, layout = _LAYOUTS[self._kind]
         rng = np.random.default_rng(seed)
-        bound = 1.0 / np.sqrt(H)
         self.params: Dict[str, _Array] = {}
         self._shapes: Dict[str, Tuple[int, ...]] = {}
         self._matrices: set[str] = set()   # the weight matrices' keys
@@ -202,22 +211,29 @@ class _LNRecurrent(Generic[_State]):
                       for k in range(self.num_layers)]
         # (layer, direction) -> (the params arrays, the arrays handed to the engine)
         self._checked: Dict[Tuple[int, int], Tuple[List[Any], List[_Array]]] = {}
+        inits: List[Tuple[str, str]] = []
         for k, sfx in ((k, sfx) for k in range(self.num_layers) for sfx in _DIRECTIONS[:D]):
             I = self.input_size if k == 0 else D * H
             for name, units, init in layout:
                 key = f"{name}_l{k}{sfx}"
-                shape: Tuple[int, ...]
                 if units is None:
-                    shape = (gates * H, I if name == "weight_ih" else H)
-                    value = rng.uniform(-bound, bound, shape)
+                    self._shapes[key] = (gates * H, I if name == "weight_ih" else H)
                     self._matrices.add(key)
                 else:
-                    shape = (units * H,)
-                    value = np.ones(shape) if init == "ones" else np.zeros(shape)
-                self._shapes[key] = shape
-                self.params[key] = self._param_array(key, value)
-        self.grads: Dict[str, _Array] = {key: np.zeros(shape, self._dt)
-                                          for key, shape in self._shapes.items()}
+                    self._shapes[key] = (units * H,)
+                inits.append((key, init))
+        try:
+            for key, init in inits:
+                self.params[key] = self._initial(key, init, rng, 1.0 / np.sqrt(H))
+            self.grads: Dict[str, _Array] = {key: np.zeros(shape, self._dt)
+                                              for key, shape in self._shapes.items()}
+        except MemoryError:
+            need = sum(math.prod(shape) * (self._param_dtype(key).itemsize + self._dt.itemsize)
+                       for key, shape in self._shapes.items())
+            raise MemoryError(f"{type(self).__name__}(input_size={self.input_size}, "
+                              f"hidden_size={H}, num_layers={self.num_layers}) in {dt} "
+                              f"needs {need / 2**30:.1f} GiB for its parameters and their "
+                              f"gradients, which this process cannot allocate") from None
         # (T, B, each layer's input, each layer's cache array, lengths)
         self._cache: Optional[Tuple[int, int, List[_Array], List[_Array],
                                     Optional[_Array]]] = None
@@ -237,7 +253,7 @@ class _LNRecurrent(Generic[_State]):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         for value in self.params.values():   # bfloat16 weights stay read-only
-            if isinstance(value, np.ndarray) and value.dtype == _BF16:
+            if isinstance(value, np.ndarray) and _is_bf16(value.dtype):
                 value.flags.writeable = False
 
     @property
@@ -253,12 +269,30 @@ class _LNRecurrent(Generic[_State]):
     def _param_dtype(self, key: str) -> np.dtype[Any]:
         return self.dtype if key in self._matrices else self._dt
 
+    def _initial(self, key: str, init: str, rng: np.random.Generator, bound: float) -> _Array:
+        """params[key]'s initial value, made in the parameter's dtype: a weight
+        matrix draws U(-bound, bound) in float64 a block of rows at a time
+        (the same stream of draws as one call for the whole matrix) and rounds
+        each block into place, so no float64 copy of the matrix exists."""
+        shape = self._shapes[key]
+        dt = self._param_dtype(key)
+        if init != "uniform":
+            return self._param_array(key, np.full(shape, 1.0 if init == "ones" else 0.0, dt))
+        a = np.empty(shape, dt)
+        rows = max(1, (1 << 20) // shape[1])   # 8 MiB of float64 draws at a time
+        for r in range(0, shape[0], rows):
+            block = a[r:r + rows]
+            block[...] = rng.uniform(-bound, bound, block.shape)
+        if _is_bf16(dt):
+            a.flags.writeable = False
+        return a
+
     def _param_array(self, key: str, value: Any) -> _Array:
         """value as params[key]: a C-contiguous array of the parameter's dtype
         (a bfloat16 model's weight matrices are read-only: the model keeps
         their packed form, see _packed)."""
         a = np.array(value, dtype=self._param_dtype(key), order="C")
-        if a.dtype == _BF16:
+        if _is_bf16(a.dtype):
             a.flags.writeable = False
         return a
 
@@ -276,14 +310,14 @@ class _LNRecurrent(Generic[_State]):
             p = self.params.get(key)
             if p is None:
                 raise ValueError(f"params[{key!r}] is missing")
-            if self._param_dtype(key) == _BF16:
+            if _is_bf16(self._param_dtype(key)):
                 p = np.require(_api._asarray(p, f"params[{key!r}]"), _BF16, ["C", "A"])
             else:
                 p = self._array(p, f"params[{key!r}]")
             if p.shape != self._shapes[key]:
                 raise ValueError(f"params[{key!r}] has shape {p.shape}, "
                                  f"expected {self._shapes[key]}")
-            out.append(p.view(np.uint16) if p.dtype == _BF16 else p)
+            out.append(p.view(np.uint16) if _is_bf16(p.dtype) else p)
         if all(o is c or o.base is c for o, c in zip(out, current)):
             self._checked[(k, d)] = (current, out)
         return out
@@ -382,7 +416,7 @@ class _LNRecurrent(Generic[_State]):
             if value.shape != shape:
                 raise ValueError(f"state_dict[{key!r}] has shape {value.shape}, "
                                  f"expected {shape}")
-            if not (np.issubdtype(value.dtype, np.floating) or value.dtype == _BF16
+            if not (np.issubdtype(value.dtype, np.floating) or _is_bf16(value.dtype)
                     or np.issubdtype(value.dtype, np.integer)):
                 raise TypeError(f"state_dict[{key!r}] has dtype {value.dtype}, "
                                 f"expected a real number type")
@@ -400,9 +434,8 @@ class _LNRecurrent(Generic[_State]):
             raise ValueError(f"{name} must have shape {order.format(last)}, got {x.shape}")
         if self.batch_first:
             x = x.transpose(1, 0, 2)
-        if x.shape[0] < 1 or x.shape[1] < 1:
-            raise ValueError(f"{name} must have at least one time step and one sequence, "
-                             f"got shape {x.shape}")
+        if x.shape[0] < 1:
+            raise ValueError(f"{name} must have at least one time step, got shape {x.shape}")
         if T is not None and x.shape[:2] != (T, B):
             want: Tuple[Optional[int], ...] = (B, T) if self.batch_first else (T, B)
             raise ValueError(f"{name} must have shape {order.format(last)} = "
@@ -425,7 +458,7 @@ class _LNRecurrent(Generic[_State]):
             if t.dtype.kind not in "fiub" and t.dtype not in _api._LOW_PRECISION:
                 raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
             a = t if data and t.dtype == self.dtype else t.astype(dt, copy=False)
-        if data and isinstance(a, np.ndarray) and a.dtype == _BF16 and self.dtype == _BF16:
+        if data and isinstance(a, np.ndarray) and _is_bf16(a.dtype) and _is_bf16(self.dtype):
             a = _from_bf16(a)
         if isinstance(a, np.ndarray):
             kind = "f" if a.dtype in _api._LOW_PRECISION else a.dtype.kind
@@ -454,6 +487,10 @@ class _LNRecurrent(Generic[_State]):
         n = 2 if self._has_cell else 1
         if state is None:
             return [np.zeros(shape, self._dt) for _ in range(n)]
+        if not self._has_cell and isinstance(state, tuple):
+            raise TypeError(f"{name} of {type(self).__name__} is h itself, an array of shape "
+                            f"(D * num_layers, B, H) = {shape}, not a tuple: pass h, "
+                            f"not (h,)")
         parts = state if self._has_cell and type(state) is tuple else (state,)
         if len(parts) == n:   # the common case, quickly
             dt = self._dt
@@ -488,6 +525,8 @@ class _LNRecurrent(Generic[_State]):
         if lengths is None:
             return None
         a = np.asarray(lengths)
+        if a.size == 0 and not isinstance(lengths, np.ndarray):
+            a = a.astype(np.int64)   # [] for B = 0
         if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
             raise TypeError(f"lengths must hold integers, got dtype {a.dtype}")
         if a.shape != (B,):
@@ -525,7 +564,8 @@ class _LNRecurrent(Generic[_State]):
         Parameters
         ----------
         x : array_like, shape (T, B, input_size), or (B, T, input_size) with batch_first
-            The input sequences, T >= 1 steps of B >= 1 sequences. An ndarray
+            The input sequences, T >= 1 steps of B sequences (B = 0 gives
+            empty results). An ndarray
             must have the model's float type (in either byte order; a
             bfloat16 model takes bfloat16 or float32); lists and other
             array-likes are converted, CPU torch tensors that do not require
@@ -594,7 +634,7 @@ class _LNRecurrent(Generic[_State]):
         if self.reverse and self.bidirectional:
             raise ValueError("reverse=True runs the one direction of a unidirectional model "
                              "backwards; a bidirectional model already runs both")
-        if cache and self.dtype == _BF16:
+        if cache and _is_bf16(self.dtype):
             raise TypeError("a bfloat16 model runs inference only: call forward(x, "
                             "cache=False) or step(); train in float32 (the model's "
                             ".to(np.float32)) and convert with .to(ml_dtypes.bfloat16)")
@@ -606,6 +646,11 @@ class _LNRecurrent(Generic[_State]):
         if not cache:
             self._spare, self._work = [], []   # inference keeps nothing
         H, cell, D = self.hidden_size, self._cell_name(), self.num_directions
+        if B == 0:   # no sequences: empty results, and a cache for an empty backward
+            if cache:
+                self._cache = (T, 0, [], [], lens)
+            y = np.zeros((0, T, D * H) if self.batch_first else (T, 0, D * H), self.dtype)
+            return y, self._pack_state(states)
         inputs: List[_Array] = []
         caches: List[_Array] = []
         size = _core._rnn_cache_size(cell, T, B, H)
@@ -695,7 +740,7 @@ class _LNRecurrent(Generic[_State]):
         >>> dx.shape, dh0.shape, m.grads["weight_ih_l0"].shape
         ((5, 2, 3), (1, 2, 4), (4, 3))
         """
-        if self.dtype == _BF16:
+        if _is_bf16(self.dtype):
             raise TypeError("a bfloat16 model runs inference only and has no backward: "
                             "train in float32 (the model's .to(np.float32))")
         if self._cache is None:
@@ -706,6 +751,14 @@ class _LNRecurrent(Generic[_State]):
         H, cell, D = self.hidden_size, self._cell_name(), self.num_directions
         g = self._input(dy, "dy", D * H, T, B)
         dstates = self._states(dstate, B, "dstate")
+        if B == 0:   # no sequences: empty gradients of the data, zero ones of the parameters
+            for k in range(self.num_layers):
+                for d in range(D):
+                    for grad in self._layer_grads(k, d):
+                        grad.fill(0)
+            self._release_cache()
+            shape = (0, T, self.input_size) if self.batch_first else (T, 0, self.input_size)
+            return np.zeros(shape, self.dtype), self._pack_state(dstates)
         size = _core._rnn_work_size(cell, T, B, H)
         if len(self._work) != D or self._work[0].size != size:
             self._work = [np.empty(size, self.dtype) for _ in range(D)]
@@ -764,9 +817,14 @@ class _LNRecurrent(Generic[_State]):
         Notes
         -----
         Keeps no cache, and leaves the cache of an earlier forward as it is.
-        A stream of steps gives bitwise the outputs and state of one forward
-        over the same inputs, and (on the x86 float32 and bfloat16 paths) a
-        row's results do not depend on the other rows of the batch. Weight
+        On the x86 float32 and bfloat16 paths (AVX2, AVX-512), a stream of
+        steps gives bitwise the outputs and state of one forward over the
+        same inputs, and a row's results do not depend on the other rows of
+        the batch. In float64 and on the generic path, where a forward
+        computes the input products of all its steps in one BLAS call, the
+        two agree to rounding (within 1e-13 in float64 and 1e-5 in float32,
+        relative to the outputs' largest magnitude). B = 0 gives an empty h
+        and returns the (empty) state. Weight
         matrices that are read-only arrays (a bfloat16 model's always are;
         ``m.params[key].flags.writeable = False`` makes others so) are
         packed for the product kernels once and kept; writable ones are
@@ -793,11 +851,13 @@ class _LNRecurrent(Generic[_State]):
                 and xs.flags.aligned):
             xs = self._array(xs, "x_t", strict=True, data=True)
         shape = xs.shape
-        if len(shape) != 2 or shape[1] != self.input_size or shape[0] < 1:
-            raise ValueError(f"x_t must have shape (B, {self.input_size}) with B >= 1, "
-                             f"got {shape}")
+        if len(shape) != 2 or shape[1] != self.input_size:
+            raise ValueError(f"x_t must have shape (B, {self.input_size}), got {shape}")
         B, H, cell, eps = shape[0], self.hidden_size, self._cell_name(), self.eps
         states = self._states(state, B, "state")
+        if B == 0:
+            return (np.zeros((0, H), self.dtype),
+                    cast(_State, tuple(states) if self._has_cell else states[0]))
         h = states[0]
         c = states[1] if self._has_cell else (None,) * self.num_layers
         forward, bf = _core._rnn_forward, self._dt is not self.dtype   # bf: bfloat16
@@ -834,7 +894,10 @@ class _LNRecurrent(Generic[_State]):
         Raises
         ------
         TypeError
-            dtype is not one of the three (bfloat16 needs ml_dtypes).
+            dtype is not one of the three.
+        ImportError
+            dtype is ``"bfloat16"`` and ml_dtypes is not installed
+            (``pip install "fastln[bfloat16]"``).
 
         Examples
         --------
@@ -850,7 +913,7 @@ class _LNRecurrent(Generic[_State]):
         dt = _model_dtype(dtype, "dtype")
         new = copy.copy(self)
         new.dtype = dt
-        new._dt = np.dtype(np.float32) if dt == _BF16 else dt
+        new._dt = np.dtype(np.float32) if _is_bf16(dt) else dt
         new._checked, new._packs = {}, {}
         new._cache, new._spare, new._work = None, [], []
         new.params = {key: new._param_array(key, value) for key, value in self.params.items()}
@@ -944,6 +1007,13 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
     """
     _kind = "lstm"
     _has_cell = True
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, eps: float = 1e-5,
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
+                 bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
+                         bidirectional)
 
     @classmethod
     def from_torch(cls, module: Any, eps: Optional[float] = None) -> Self:
@@ -1059,6 +1129,13 @@ class LNGRU(_LNRecurrent[_Array]):
     """
     _kind = "gru"
 
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, eps: float = 1e-5,
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
+                 bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
+                         bidirectional)
+
 
 class LNRNN(_LNRecurrent[_Array]):
     """Layer-normalized Elman RNN (Ba et al. 2016, eq. 4):
@@ -1150,7 +1227,7 @@ class _Plain(_LNRecurrent[_State]):
         if getattr(module, "proj_size", 0):
             raise ValueError("module must be without proj_size")
         dtype = _torch.module_dtype(module)
-        if dtype not in (np.float32, np.float64) and dtype != _BF16:
+        if dtype not in (np.float32, np.float64) and not _is_bf16(dtype):
             raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32, "
                             f"float64 or bfloat16: convert it first, e.g. module.float()")
         if module.num_layers > 1 and module.dropout:
@@ -1230,6 +1307,12 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
     """
     _kind = "lstm_plain"
     _has_cell = True
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None, bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
+                         bidirectional)
 
     @classmethod
     def from_torch(cls, module: Any) -> Self:
@@ -1531,7 +1614,7 @@ def _lnlstm_from_torch(cls: Type[_M], module: Any, eps: Optional[float] = None) 
     if "weight_ih" not in first or "weight_hh" not in first:
         raise ValueError("module must have weight_ih and weight_hh")
     dtype = first["weight_ih"].dtype
-    if dtype not in (np.float32, np.float64) and dtype != _BF16:
+    if dtype not in (np.float32, np.float64) and not _is_bf16(dtype):
         raise TypeError(f"module has dtype {dtype}; the RNN engine runs float32, float64 "
                         f"or bfloat16")
     H, I = first["weight_hh"].shape[1], first["weight_ih"].shape[1]

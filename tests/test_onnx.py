@@ -535,7 +535,7 @@ def test_onnx_missing(monkeypatch):
     node, arrays = random_case("RNN", {}, "forward", False, False)
     model = make_model(node, arrays)
     monkeypatch.setitem(sys.modules, "onnx", None)   # import onnx raises ImportError
-    with pytest.raises(ImportError, match=r"pip install fastln\[onnx\]"):
+    with pytest.raises(ImportError, match=r"pip install \"fastln\[onnx\]\""):
         from_onnx(model)
 
 
