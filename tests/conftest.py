@@ -14,6 +14,11 @@ tests/test_cross.py start in the background when any of their tests is
 selected (see their start_builds), and their tests move to the end of the run:
 the other tests run while the builds compile (each compiles the whole C core),
 where a test waiting on a build would leave a core idle.
+
+With FASTLN_SKIPPED_LOG=PATH, the node id of every skipped test (or module,
+where a whole module skips) is appended to PATH, one a line: .ci/run runs the
+suite as a user's environment has it, then runs those again once torch and
+the cross tools are installed (``python -m pytest @PATH``).
 """
 import os
 import shutil
@@ -42,6 +47,21 @@ def pytest_collection_modifyitems(config, items):
             _c_builds.append((mod, folder))
             mod.start_builds(folder, {item.name for item in items if item.module is mod})
         items.sort(key=lambda item: getattr(item, "module", None) in builders)   # stable
+
+
+def _log_skip(report):
+    path = os.environ.get("FASTLN_SKIPPED_LOG")
+    if path and report.skipped:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(report.nodeid + "\n")
+
+
+def pytest_runtest_logreport(report):
+    _log_skip(report)
+
+
+def pytest_collectreport(report):
+    _log_skip(report)
 
 
 def pytest_sessionfinish(session):

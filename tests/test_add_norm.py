@@ -41,8 +41,6 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 import fastln
 from fastln import reference as ref
@@ -632,9 +630,10 @@ def test_finite_differences(kind, case):
 @pytest.mark.parametrize("with_bi", [False, True])
 @pytest.mark.parametrize("dtype", [F32, F64], ids=dt_id)
 @pytest.mark.parametrize("kind", KINDS)
-def test_torch_autograd(kind, dtype, with_bi):
+def test_torch_autograd(kind, dtype, with_bi, torch):
     """F.layer_norm(x + r + b) / F.rms_norm(x + r + b), r of shape (S, H), with a
     loss sum(y * dy) + sum(s * ds): every gradient against fastln's backward."""
+    F = torch.nn.functional
     rng = np.random.default_rng(13)
     B, S, H = 3, 4, 48
     eps = EPS[kind]
