@@ -10,7 +10,7 @@ import pytest
 
 import fastln
 
-from _util import F32, F64, FLOAT_DTYPES, big_inputs, run_python
+from _util import F32, F64, FLOAT_DTYPES, big_inputs, require, run_python
 
 SHAPES = [(4096, 256), (3000, 1000)]
 THREAD_COUNTS = (1, 2, 3, 8)
@@ -142,21 +142,13 @@ def test_threads_context_manager_restores(restore_threads):
     assert fastln.get_num_threads() == 2
 
 
-def _threadpoolctl():
-    """threadpoolctl, a test dependency: a failure under CI, a skip elsewhere."""
-    if os.environ.get("CI"):
-        import threadpoolctl
-        return threadpoolctl
-    return pytest.importorskip("threadpoolctl")
-
-
 @pytest.mark.skipif(not fastln.has_openmp(), reason="built without OpenMP")
 def test_threadpoolctl_sees_fastlns_openmp():
     """threadpool_info() lists the OpenMP runtime fastln's module is linked to;
     its num_threads is OpenMP's limit, fastln's default count (set_num_threads
     is fastln's own and is not written into OpenMP), and a threadpool_limits
     on it shows there and caps fastln."""
-    _threadpoolctl()
+    require("threadpoolctl")
     code = ("import fastln, json, threadpoolctl as t; a = t.threadpool_info(); "
             "n = fastln.get_num_threads()\n"
             "with t.threadpool_limits(1, 'openmp'): b = t.threadpool_info(); "
@@ -171,7 +163,7 @@ def test_threadpoolctl_sees_fastlns_openmp():
 
 
 def test_threadpoolctl_limits_openmp(restore_threads):
-    threadpoolctl = _threadpoolctl()
+    threadpoolctl = require("threadpoolctl")
     if not fastln.has_openmp():
         pytest.skip("built without OpenMP")
     fastln.set_num_threads(2)

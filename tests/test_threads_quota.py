@@ -7,7 +7,7 @@ import pytest
 import fastln
 from fastln import _cgroup, _threads
 
-from _util import run_python
+from _util import require, run_python
 
 V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n"
 V1_MOUNT = ("35 25 0:30 {root} /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:10 - cgroup "
@@ -152,6 +152,7 @@ def test_machine_default_is_within_the_affinity_mask():
 def test_default_caps_the_openmp_count_and_the_overrides_win():
     """The quota default applies without a count set; set_num_threads,
     OMP_NUM_THREADS and threadpoolctl win over it"""
+    require("threadpoolctl")
     code = """
 import fastln
 from fastln import _core
@@ -163,14 +164,10 @@ fastln.set_num_threads(None)
 c = fastln.get_num_threads()
 _core._set_default_threads(0)
 d = fastln.get_num_threads()
-try:
-    from threadpoolctl import threadpool_limits
-except ImportError:
-    e = 2
-else:
-    _core._set_default_threads(1)
-    with threadpool_limits(2, "openmp"):
-        e = fastln.get_num_threads()
+from threadpoolctl import threadpool_limits
+_core._set_default_threads(1)
+with threadpool_limits(2, "openmp"):
+    e = fastln.get_num_threads()
 print(a, b, c, d, e)
 """
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
