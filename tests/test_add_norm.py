@@ -731,3 +731,27 @@ def test_bad_input(case):
     call, exc, name = BAD[case]
     with pytest.raises(exc, match=named(name)):
         call()
+
+
+# ---- 10. y against the norm of s, as the README states it ------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dt_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_y_is_the_norm_of_s_or_of_its_float32_sum(isa, kind, dtype):
+    """float32/float64: y is bitwise layer_norm(s) (rms_norm(s)). float16 and
+    bfloat16: y is bitwise the norm of the float32 sum, rounded once; s is
+    that sum rounded."""
+    rng = np.random.default_rng(17)
+    norm = fastln.layer_norm if kind == "ln" else fastln.rms_norm
+    for B, S, H in [(2, 3, 1), (3, 5, 64), (2, 7, 100), (1, 4, 1030)]:
+        x, r = randn(rng, (B, S, H), dtype, 0.5, 3.0), randn(rng, (S, H), dtype)
+        w, bi = randn(rng, (H,), F32, 1.0, 0.5), randn(rng, (H,), F32)
+        b = randn(rng, (H,), F32) if kind == "ln" else None
+        y, s, _, _ = fwd(kind, x, r, w, b, bi.astype(dtype))
+        args = (w, b) if kind == "ln" else (w,)
+        if dtype in HALF:
+            s32 = (x.astype(F32) + r.astype(F32)) + bi.astype(dtype).astype(F32)
+            assert np.array_equal(s, s32.astype(dtype))
+            assert np.array_equal(y, norm(s32, *args, eps=EPS[kind]).astype(dtype))
+        else:
+            assert np.array_equal(y, norm(s, *[a.astype(dtype) for a in args], eps=EPS[kind]))
