@@ -302,3 +302,29 @@ def test_dtype_sentinels_are_never_compared_while_none():
             for lineno, line in enumerate(f, 1):
                 if pattern.search(line) and "is not None and" not in line:
                     raise AssertionError(f"{os.path.relpath(path, ROOT)}:{lineno}: {line.strip()}")
+
+
+def test_torch_is_taken_through_the_fixture():
+    """A test that needs torch takes the ``torch`` fixture of conftest.py, which
+    skips without torch but fails under FASTLN_REQUIRE_TORCH=1; a module-level
+    import or a bare importorskip would skip (or break collection) silently."""
+    bad = []
+    for path in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py")):
+        if os.path.basename(path) == "conftest.py":
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in tree.body:   # module level: collection needs torch
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and "torch" in _imported_by(node):
+                bad.append(f"{os.path.basename(path)}:{node.lineno} imports torch")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip" \
+                    and node.args and getattr(node.args[0], "value", "").startswith("torch"):
+                bad.append(f"{os.path.basename(path)}:{node.lineno} importorskip(torch)")
+    assert not bad, bad
+
+
+def _imported_by(node):
+    if isinstance(node, ast.Import):
+        return {a.name.split(".")[0] for a in node.names}
+    return {node.module.split(".")[0]} if node.module else set()

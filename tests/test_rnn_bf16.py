@@ -319,8 +319,7 @@ def test_reference_with_rounded_weights():
     np.testing.assert_allclose(y.astype(np.float64), want, atol=8e-3)
 
 
-def test_from_torch_bfloat16():
-    torch = pytest.importorskip("torch")
+def test_from_torch_bfloat16(torch):
     torch.manual_seed(0)
     mod = torch.nn.LSTM(6, 10, num_layers=2).to(torch.bfloat16)
     m = LSTM.from_torch(mod)
