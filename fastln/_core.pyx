@@ -1350,11 +1350,20 @@ def _set_default_threads(int n):
     since load (fastln._threads sets it at import); 0: OpenMP's default."""
     fastln_set_default_threads(n)
 
+def _parse_bytes(s):
+    """The bytes a size gives ("33554432", "48K", " 32MiB ", "1g", "0"), or
+    None where s is not one: fastln_parse_bytes (src_c/policy.h) reads it,
+    the one parser of FASTLN_CACHE_LIMIT and the FASTLN_L*_BYTES variables."""
+    if not isinstance(s, str) or "\0" in s:
+        return None
+    cdef double v = fastln_parse_bytes(s.encode())
+    return int(v) if v >= 0 else None
+
 def _parse_cache_bytes(s):
-    """The bytes a FASTLN_L*_BYTES value gives ("48K", "32M", "33554432"), or
-    None where it is not a valid size (1 byte to 1 PiB)."""
-    cdef double v = fastln_parse_bytes(str(s).encode())
-    return int(v) if v > 0 else None
+    """The bytes a FASTLN_L*_BYTES value gives, or None where it is not a
+    size of at least 1 byte (those the C core ignores)."""
+    v = _parse_bytes(s)
+    return v if v else None
 
 cdef dict _caches_dict(const fastln_caches *c):
     return dict(l1=int(c.l1), l2=int(c.l2), l3=int(c.l3), l3_shared=bool(c.l3_shared),
@@ -1873,8 +1882,9 @@ import warnings as _warnings
 
 def _warn_invalid_cache_env():
     for name, value in _invalid_cache_env(_os.environ):
-        _warnings.warn(f"{name}={value!r} is not a size in bytes (such as 33554432, 48K or "
-                       f"32M); the detected size is used", RuntimeWarning, stacklevel=3)
+        _warnings.warn(f"{name}={value!r} is not a size in bytes of at least 1 (such as "
+                       f"33554432, 48K or 32MiB); the detected size is used", RuntimeWarning,
+                       stacklevel=3)
 
 fastln_caches_get()
 _warn_invalid_cache_env()
