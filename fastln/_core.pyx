@@ -598,6 +598,14 @@ def _rms_norm_backward_rows(dy, x, rstd, w, dx, dw):
 
 # ---- public functions: fast path, else fastln._api -------------------------
 
+cdef inline int _check_flag(object v, str name) except -1:
+    """TypeError unless v is True or False (NumPy's bools too): a flag is not
+    read from a truthy value such as "yes" or 1."""
+    if v is True or v is False or isinstance(v, np.bool_):
+        return 0
+    raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+
+
 def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
                return_stats=False):
     """Layer normalization (Ba, Kiros & Hinton, 2016) over ``axis``.
@@ -684,6 +692,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     >>> fastln.layer_norm(x, out=x) is x
     True
     """
+    _check_flag(return_stats, "return_stats")
     cdef int tn, vt
     cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
@@ -841,6 +850,7 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
     >>> rstd.shape
     (1,)
     """
+    _check_flag(return_stats, "return_stats")
     cdef int tn, vt
     cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
@@ -1049,6 +1059,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis
     >>> s
     array([[2., 5., 8.]])
     """
+    _check_flag(return_stats, "return_stats")
     r = _add_fast(False, x, residual, input_bias, weight, bias, axis, eps, out, return_stats)
     if r is not None:
         return r
@@ -1117,6 +1128,7 @@ def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6
     >>> np.array_equal(y, fastln.rms_norm(s))
     True
     """
+    _check_flag(return_stats, "return_stats")
     r = _add_fast(True, x, residual, input_bias, weight, None, axis, eps, out, return_stats)
     if r is not None:
         return r
@@ -1190,6 +1202,7 @@ def add_layer_norm_backward(dy, s, mean, rstd, weight=None, *, ds=None, axis=-1,
     >>> np.allclose(dsum, dx + ds), np.allclose(dr, dsum.sum(axis=0))
     (True, True)
     """
+    _check_flag(input_bias_grad, "input_bias_grad")
     return _api.add_norm_backward(False, dy, s, mean, rstd, weight, ds, axis, out,
                                   input_bias_grad, residual_shape)
 
@@ -1247,6 +1260,7 @@ def add_rms_norm_backward(dy, s, rstd, weight=None, *, ds=None, axis=-1, out=Non
     >>> np.allclose(dbi, dsum.sum(axis=0))
     True
     """
+    _check_flag(input_bias_grad, "input_bias_grad")
     return _api.add_norm_backward(True, dy, s, None, rstd, weight, ds, axis, out,
                                   input_bias_grad, residual_shape)
 
