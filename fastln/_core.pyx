@@ -655,7 +655,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
         x, weight or bias of a dtype that is not a real number type (complex,
         object, str, ...); eps not a real number (or a bool); axis not an int
         or a tuple of ints; ``out`` not a plain ndarray, or of another dtype
-        than y's.
+        than y's; return_stats not a bool.
     ValueError
         x 0-d, or of size 0 along a normalized axis; an axis out of range or
         repeated; weight or bias not of the normalized shape; eps negative or
@@ -1186,8 +1186,9 @@ def add_layer_norm_backward(dy, s, mean, rstd, weight=None, *, ds=None, axis=-1,
     Raises
     ------
     TypeError, ValueError
-        As :func:`layer_norm_backward`, for ds too; residual_shape not
-        broadcasting to s's shape over its batch axes.
+        As :func:`layer_norm_backward`, for ds too; input_bias_grad not a
+        bool; residual_shape not broadcasting to s's shape over its batch
+        axes.
 
     Examples
     --------
