@@ -25,9 +25,9 @@ require grad wherever they take an array (read without a copy where its dtype
 allows), and return NumPy arrays; fastln has no autograd. A tensor that
 requires grad raises a TypeError naming the argument: pass ``x.detach()``.
 
-The environment variable ``FASTLN_ISA`` ("avx512", "avx2" or "generic")
-forces an instruction-set path; one this CPU cannot run is ignored, with a
-RuntimeWarning at import.
+The environment variable ``FASTLN_ISA`` ("avx512", "avx2" or "generic", in
+any case) forces an instruction-set path; one this CPU cannot run is
+ignored, with a RuntimeWarning at import.
 
 Examples
 --------
@@ -111,8 +111,11 @@ def supported_isas() -> list[str]:
     return [name for name in ISAS if _core.isa_supported(name)]
 
 
+# The names are case-insensitive and white space around them is ignored, as
+# in the C core's reading of FASTLN_ISA (src_c/dispatch.c).
 _env_isa = _os.environ.get("FASTLN_ISA")
-if _env_isa and _env_isa != get_isa():
+_env_isa_key = (_env_isa or "").strip(" \t\n\v\f\r").lower()
+if _env_isa_key and _env_isa_key != get_isa():
     _warnings.warn(f"FASTLN_ISA={_env_isa!r} is unknown or not supported on this CPU "
                    f"(choices: {', '.join(supported_isas())}); using {get_isa()!r}",
                    RuntimeWarning, stacklevel=2)

@@ -598,6 +598,14 @@ def _rms_norm_backward_rows(dy, x, rstd, w, dx, dw):
 
 # ---- public functions: fast path, else fastln._api -------------------------
 
+cdef inline int _check_flag(object v, str name) except -1:
+    """TypeError unless v is True or False (NumPy's bools too): a flag is not
+    read from a truthy value such as "yes" or 1."""
+    if v is True or v is False or isinstance(v, np.bool_):
+        return 0
+    raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+
+
 def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
                return_stats=False):
     """Layer normalization (Ba, Kiros & Hinton, 2016) over ``axis``.
@@ -647,7 +655,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
         x, weight or bias of a dtype that is not a real number type (complex,
         object, str, ...); eps not a real number (or a bool); axis not an int
         or a tuple of ints; ``out`` not a plain ndarray, or of another dtype
-        than y's.
+        than y's; return_stats not a bool.
     ValueError
         x 0-d, or of size 0 along a normalized axis; an axis out of range or
         repeated; weight or bias not of the normalized shape; eps negative or
@@ -684,6 +692,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     >>> fastln.layer_norm(x, out=x) is x
     True
     """
+    _check_flag(return_stats, "return_stats")
     cdef int tn, vt
     cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
@@ -841,6 +850,7 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
     >>> rstd.shape
     (1,)
     """
+    _check_flag(return_stats, "return_stats")
     cdef int tn, vt
     cdef int code = _kernel_code(x, &tn, &vt)
     cdef cnp.ndarray xa, y
@@ -1049,6 +1059,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis
     >>> s
     array([[2., 5., 8.]])
     """
+    _check_flag(return_stats, "return_stats")
     r = _add_fast(False, x, residual, input_bias, weight, bias, axis, eps, out, return_stats)
     if r is not None:
         return r
@@ -1117,6 +1128,7 @@ def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6
     >>> np.array_equal(y, fastln.rms_norm(s))
     True
     """
+    _check_flag(return_stats, "return_stats")
     r = _add_fast(True, x, residual, input_bias, weight, None, axis, eps, out, return_stats)
     if r is not None:
         return r
@@ -1174,8 +1186,9 @@ def add_layer_norm_backward(dy, s, mean, rstd, weight=None, *, ds=None, axis=-1,
     Raises
     ------
     TypeError, ValueError
-        As :func:`layer_norm_backward`, for ds too; residual_shape not
-        broadcasting to s's shape over its batch axes.
+        As :func:`layer_norm_backward`, for ds too; input_bias_grad not a
+        bool; residual_shape not broadcasting to s's shape over its batch
+        axes.
 
     Examples
     --------
@@ -1190,6 +1203,7 @@ def add_layer_norm_backward(dy, s, mean, rstd, weight=None, *, ds=None, axis=-1,
     >>> np.allclose(dsum, dx + ds), np.allclose(dr, dsum.sum(axis=0))
     (True, True)
     """
+    _check_flag(input_bias_grad, "input_bias_grad")
     return _api.add_norm_backward(False, dy, s, mean, rstd, weight, ds, axis, out,
                                   input_bias_grad, residual_shape)
 
@@ -1247,6 +1261,7 @@ def add_rms_norm_backward(dy, s, rstd, weight=None, *, ds=None, axis=-1, out=Non
     >>> np.allclose(dbi, dsum.sum(axis=0))
     True
     """
+    _check_flag(input_bias_grad, "input_bias_grad")
     return _api.add_norm_backward(True, dy, s, None, rstd, weight, ds, axis, out,
                                   input_bias_grad, residual_shape)
 
@@ -1350,11 +1365,20 @@ def _set_default_threads(int n):
     since load (fastln._threads sets it at import); 0: OpenMP's default."""
     fastln_set_default_threads(n)
 
+def _parse_bytes(s):
+    """The bytes a size gives ("33554432", "48K", " 32MiB ", "1g", "0"), or
+    None where s is not one: fastln_parse_bytes (src_c/policy.h) reads it,
+    the one parser of FASTLN_CACHE_LIMIT and the FASTLN_L*_BYTES variables."""
+    if not isinstance(s, str) or "\0" in s:
+        return None
+    cdef double v = fastln_parse_bytes(s.encode())
+    return int(v) if v >= 0 else None
+
 def _parse_cache_bytes(s):
-    """The bytes a FASTLN_L*_BYTES value gives ("48K", "32M", "33554432"), or
-    None where it is not a valid size (1 byte to 1 PiB)."""
-    cdef double v = fastln_parse_bytes(str(s).encode())
-    return int(v) if v > 0 else None
+    """The bytes a FASTLN_L*_BYTES value gives, or None where it is not a
+    size of at least 1 byte (those the C core ignores)."""
+    v = _parse_bytes(s)
+    return v if v else None
 
 cdef dict _caches_dict(const fastln_caches *c):
     return dict(l1=int(c.l1), l2=int(c.l2), l3=int(c.l3), l3_shared=bool(c.l3_shared),
@@ -1873,8 +1897,9 @@ import warnings as _warnings
 
 def _warn_invalid_cache_env():
     for name, value in _invalid_cache_env(_os.environ):
-        _warnings.warn(f"{name}={value!r} is not a size in bytes (such as 33554432, 48K or "
-                       f"32M); the detected size is used", RuntimeWarning, stacklevel=3)
+        _warnings.warn(f"{name}={value!r} is not a size in bytes of at least 1 (such as "
+                       f"33554432, 48K or 32MiB); the detected size is used", RuntimeWarning,
+                       stacklevel=3)
 
 fastln_caches_get()
 _warn_invalid_cache_env()

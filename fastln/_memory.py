@@ -12,7 +12,8 @@ are ordinary NumPy arrays that own their memory (NumPy's allocator
 interface, NEP 49); the cache keeps only blocks no array uses any more.
 
 The cache keeps at most 1 GiB by default (oldest blocks released first, 8
-blocks at most); ``FASTLN_CACHE_LIMIT`` (bytes, read at import) or
+blocks at most); ``FASTLN_CACHE_LIMIT`` (a size in bytes such as
+``536870912``, ``512M`` or ``2GiB``, read at import) or
 :func:`set_cache_limit` changes that, and 0 turns it off. Where another
 NumPy allocator is in use (one set through ``PyDataMem_SetHandler`` by a
 memory profiler, say), fastln allocates through it and keeps no cache.
@@ -118,17 +119,19 @@ def empty_cache() -> None:
 
 
 def _limit_from_env() -> None:
-    """Applies FASTLN_CACHE_LIMIT, where set: a count of bytes (else a warning,
-    and the default stays)."""
+    """Applies FASTLN_CACHE_LIMIT, where set: a size in bytes, read by the
+    parser of the FASTLN_L*_BYTES variables (an int, optionally with a K, M
+    or G suffix, 0 or more; else a warning, and the limit stays)."""
     text = os.environ.get("FASTLN_CACHE_LIMIT")
     if text is None:
         return
-    try:
-        set_cache_limit(int(text))
-    except ValueError:
-        warnings.warn(f"FASTLN_CACHE_LIMIT={text!r} is not a count of bytes (an int, 0 or "
-                      f"more); the limit stays {cache_info().limit}", RuntimeWarning,
-                      stacklevel=3)
+    nbytes = _core._parse_bytes(text)
+    if nbytes is None:
+        warnings.warn(f"FASTLN_CACHE_LIMIT={text!r} is not a size in bytes (such as 0, "
+                      f"536870912, 512M or 2GiB); the limit stays {cache_info().limit}",
+                      RuntimeWarning, stacklevel=3)
+        return
+    set_cache_limit(nbytes)
 
 
 _limit_from_env()

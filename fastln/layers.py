@@ -58,6 +58,30 @@ def _shape(normalized_shape: Any) -> Tuple[int, ...]:
     return shape
 
 
+def _flag(value: Any, name: str) -> bool:
+    """value as a bool: flags take True or False (NumPy's bools too), not
+    truthy values such as "yes" or 1."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _is_meta(v: Any) -> bool:
+    """Whether v is a torch tensor on the meta device (a shape, no values)."""
+    return _torch.is_tensor(v) and bool(getattr(v, "is_meta", False))
+
+
+def _check_materialized(module: Any) -> None:
+    """ValueError where a parameter or buffer of a torch module is on the meta
+    device: it has a shape but no values to copy."""
+    tensors = list(module.named_parameters()) + list(module.named_buffers())
+    meta = [name for name, t in tensors if _is_meta(t)]
+    if meta:
+        raise ValueError(f"module's parameters are on the meta device and hold no values "
+                         f"({', '.join(meta)}): materialize them first, e.g. "
+                         f"module.to_empty(device='cpu') and then initialize or load them")
+
+
 def _axes(shape: Tuple[int, ...]) -> Union[int, Tuple[int, ...]]:
     """The trailing axes: -1 itself for one axis (the kernels' fast path takes a plain int)."""
     return -1 if len(shape) == 1 else tuple(range(-len(shape), 0))
@@ -123,10 +147,11 @@ class _Norm(abc.ABC):
         ------
         TypeError
             state is not a mapping, or a value is not of a real number type.
-        KeyError
-            A key is missing or unexpected (as in PyTorch).
         ValueError
-            A value is not of ``normalized_shape``.
+            A key is missing or unexpected (the message names them, as the
+            models of :mod:`fastln.rnn` do), a value is not of
+            ``normalized_shape``, or a value is a torch tensor on the meta
+            device (no values).
 
         Notes
         -----
@@ -145,10 +170,14 @@ class _Norm(abc.ABC):
         expected = {k for k in self._param_names if getattr(self, k) is not None}
         missing, unexpected = expected - set(state.keys()), set(state.keys()) - expected
         if missing or unexpected:
-            raise KeyError(f"state_dict mismatch: missing {sorted(missing)}, "
-                           f"unexpected {sorted(unexpected)}")
+            raise ValueError(f"state_dict keys do not match the layer's: missing "
+                             f"{sorted(missing, key=str)}, "
+                             f"unexpected {sorted(unexpected, key=str)}")
         new = {}
         for k in expected:
+            if _is_meta(state[k]):
+                raise ValueError(f"state_dict[{k!r}] is a tensor on the meta device, which "
+                                 f"holds no values")
             v = _api._real_array(_torch.to_numpy(state[k]), f"state_dict[{k!r}]")
             if v.shape != self.normalized_shape:
                 raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, "
@@ -228,7 +257,8 @@ class LayerNorm(_Norm):
     ------
     TypeError
         normalized_shape is not an int or a tuple/list of ints; dtype is not
-        a floating dtype; eps is not a real number.
+        a floating dtype; eps is not a real number; elementwise_affine or
+        bias is not a bool.
     ValueError
         A size in normalized_shape is below 1, or eps is negative or not
         finite.
@@ -265,10 +295,12 @@ class LayerNorm(_Norm):
                  elementwise_affine: bool = True, bias: bool = True,
                  dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine: bool = bool(elementwise_affine)
-        self.weight = np.ones(self.normalized_shape, self.dtype) if elementwise_affine else None
+        self.elementwise_affine: bool = _flag(elementwise_affine, "elementwise_affine")
+        has_bias = _flag(bias, "bias")
+        self.weight = (np.ones(self.normalized_shape, self.dtype) if self.elementwise_affine
+                       else None)
         self.bias: Optional[_Array] = (np.zeros(self.normalized_shape, self.dtype)
-                                       if elementwise_affine and bias else None)
+                                       if self.elementwise_affine and has_bias else None)
 
     @classmethod
     def from_torch(cls, module: Any) -> Self:
@@ -290,6 +322,8 @@ class LayerNorm(_Norm):
         ------
         TypeError
             module is not a ``torch.nn.LayerNorm``.
+        ValueError
+            module's parameters are on the meta device (they hold no values).
 
         Examples
         --------
@@ -299,6 +333,7 @@ class LayerNorm(_Norm):
         LayerNorm((8,), eps=1e-05, dtype=float32)
         """
         _torch.check_module(module, "LayerNorm")
+        _check_materialized(module)
         layer = cls(tuple(module.normalized_shape), eps=module.eps,
                     elementwise_affine=module.elementwise_affine,
                     bias=module.bias is not None, dtype=_torch.module_dtype(module))
@@ -433,8 +468,9 @@ class RMSNorm(_Norm):
     def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float = 1e-6,
                  elementwise_affine: bool = True, dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine: bool = bool(elementwise_affine)
-        self.weight = np.ones(self.normalized_shape, self.dtype) if elementwise_affine else None
+        self.elementwise_affine: bool = _flag(elementwise_affine, "elementwise_affine")
+        self.weight = (np.ones(self.normalized_shape, self.dtype) if self.elementwise_affine
+                       else None)
 
     @classmethod
     def from_torch(cls, module: Any) -> Self:
@@ -458,6 +494,8 @@ class RMSNorm(_Norm):
         ------
         TypeError
             module is not a ``torch.nn.RMSNorm``.
+        ValueError
+            module's parameters are on the meta device (they hold no values).
 
         Examples
         --------
@@ -466,6 +504,7 @@ class RMSNorm(_Norm):
         RMSNorm((8,), eps=1e-06, dtype=float32)
         """
         _torch.check_module(module, "RMSNorm")
+        _check_materialized(module)
         dtype = _torch.module_dtype(module)
         eps = module.eps if module.eps is not None else float(np.finfo(dtype).eps)
         layer = cls(tuple(module.normalized_shape), eps=eps,

@@ -17,8 +17,33 @@
 
 /* ---- instruction-set dispatch ---- */
 
-static const fastln_kernel_table *table_for(const char *name)
+/* name in lower case without surrounding white space, into buf of n bytes
+ * ("" where it does not fit or is NULL): instruction-set names are
+ * case-insensitive ("AVX2" is "avx2") */
+static const char *isa_key(const char *name, char *buf, size_t n)
 {
+    size_t len = 0;
+    buf[0] = '\0';
+    if (!name) return buf;
+    while (*name == ' ' || (*name >= '\t' && *name <= '\r')) name++;
+    for (; name[len] && len < n; len++)
+        buf[len] = name[len] >= 'A' && name[len] <= 'Z' ? (char)(name[len] - 'A' + 'a') : name[len];
+    if (len == n) {   /* longer than any name */
+        buf[0] = '\0';
+        return buf;
+    }
+    while (len > 0 && (buf[len - 1] == ' ' || (buf[len - 1] >= '\t' && buf[len - 1] <= '\r')))
+        len--;
+    buf[len] = '\0';
+    return buf;
+}
+
+#define ISA_KEY(name, buf) isa_key((name), (buf), sizeof(buf))
+
+static const fastln_kernel_table *table_for(const char *raw)
+{
+    char buf[16];
+    const char *name = ISA_KEY(raw, buf);
     if (strcmp(name, "generic") == 0) return &fastln_kernels_generic;
 #ifdef FASTLN_X86
     if (strcmp(name, "avx2") == 0) return &fastln_kernels_avx2;
@@ -27,8 +52,10 @@ static const fastln_kernel_table *table_for(const char *name)
     return NULL;
 }
 
-int fastln_isa_supported(const char *name)
+int fastln_isa_supported(const char *raw)
 {
+    char buf[16];
+    const char *name = ISA_KEY(raw, buf);
     if (!table_for(name)) return 0;
 #if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
@@ -101,7 +128,8 @@ int fastln_cpu_has_avx512bf16(void)
 
 static const fastln_kernel_table *g_table = NULL;
 
-/* The best supported path, unless FASTLN_ISA names a supported one. */
+/* The best supported path, unless FASTLN_ISA names a supported one (in any
+ * case, white space around it ignored). */
 static const fastln_kernel_table *choose_table(void)
 {
     const char *env = getenv("FASTLN_ISA");

@@ -195,7 +195,8 @@ int fastln_has_openmp(void);
 /* The path in use: "avx512", "avx2" or "generic". Chosen at first use from the
  * CPU and the FASTLN_ISA environment variable. */
 const char *fastln_get_isa(void);
-/* Forces a path; returns 0, or -1 when the name is unknown or the CPU lacks it. */
+/* Forces a path; returns 0, or -1 when the name is unknown or the CPU lacks it.
+ * Names are case-insensitive here and in fastln_isa_supported. */
 int fastln_set_isa(const char *name);
 /* 1 when this CPU (and OS) can run the named path. */
 int fastln_isa_supported(const char *name);

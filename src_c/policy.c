@@ -2,7 +2,6 @@
  * The run-time policy (policy.h): cache sizes, read once, and the plan of a
  * call derived from them.
  */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,28 +19,40 @@
 
 /* ---- reading the cache sizes ---- */
 
+/* The C locale's white space, whatever the process's locale */
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* Letters of the suffix, in either case */
+static int is_letter(char c, char lower) { return c == lower || c == lower - 'a' + 'A'; }
+
 double fastln_parse_bytes(const char *s)
 {
-    if (!s || !isdigit((unsigned char)*s)) return -1;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s) return -1;
-    for (const char *p = s; p < end; p++)   /* an integer: digits only */
-        if (!isdigit((unsigned char)*p)) return -1;
+    if (!s) return -1;
+    while (is_space(*s)) s++;
+    if (!is_digit(*s)) return -1;
+    double v = 0;   /* digits only: no sign, point, exponent or base prefix */
+    for (; is_digit(*s); s++)
+        if (v <= FASTLN_MAX_BYTES) v = v * 10 + (*s - '0');   /* past the cap, stays past it */
     double unit = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 'K': unit = 1024.0; end++; break;
-    case 'M': unit = 1024.0 * 1024; end++; break;
-    case 'G': unit = 1024.0 * 1024 * 1024; end++; break;
-    default: break;
+    if (is_letter(*s, 'k')) unit = 1024.0;
+    else if (is_letter(*s, 'm')) unit = 1024.0 * 1024;
+    else if (is_letter(*s, 'g')) unit = 1024.0 * 1024 * 1024;
+    if (unit > 1) {
+        s++;
+        if (is_letter(s[0], 'i') && is_letter(s[1], 'b')) s += 2;
+        else if (is_letter(s[0], 'b')) s++;
+    } else if (is_letter(*s, 'b')) {
+        s++;
     }
-    if (unit > 1 && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'B' || end[1] == 'b'))
-        end += 2;
-    else if (unit > 1 && (end[0] == 'B' || end[0] == 'b'))
-        end += 1;
-    if (*end != '\0') return -1;
+    while (is_space(*s)) s++;
+    if (*s != '\0') return -1;
     v *= unit;
-    return v >= 1 && v <= 1125899906842624.0 /* 1 PiB */ ? v : -1;
+    return v <= FASTLN_MAX_BYTES ? v : -1;
 }
 
 /* sysconf's size of a level (glibc), or 0 */
@@ -155,7 +166,7 @@ static int g_caches_ready = 0;
 static void detect_with_env(fastln_caches *c)
 {
     fastln_caches_detect(c, 1, "/sys/devices/system/cpu/cpu0/cache", 1);
-    double v = fastln_parse_bytes(getenv("FASTLN_L1_BYTES"));
+    double v = fastln_parse_bytes(getenv("FASTLN_L1_BYTES"));   /* 0 or invalid: ignored */
     if (v > 0) c->l1 = v;
     v = fastln_parse_bytes(getenv("FASTLN_L2_BYTES"));
     if (v > 0) c->l2 = v;

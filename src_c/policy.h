@@ -8,10 +8,9 @@
  * once below. The sizes are read once per process: the environment
  * variables FASTLN_L1_BYTES, FASTLN_L2_BYTES and FASTLN_L3_BYTES where set
  * and valid, else sysconf, else sysfs, else cpuid, else the fallback
- * FASTLN_FALLBACK_L*. An override value is a positive integer number of
- * bytes with an optional binary suffix K, M or G (KiB, MiB, GiB: "48K",
- * "32M", "32MiB"); an invalid one is ignored (the Python module warns about
- * it at import).
+ * FASTLN_FALLBACK_L*. An override value is a size (fastln_parse_bytes) of
+ * at least 1 byte; another is ignored (the Python module warns about it at
+ * import).
  */
 #ifndef FASTLN_POLICY_H
 #define FASTLN_POLICY_H
@@ -45,7 +44,16 @@ void fastln_caches_set(const fastln_caches *c);
  * 2: L2, 4: L3). */
 int fastln_caches_detect(fastln_caches *c, int use_sysconf, const char *sysfs_root,
                          int use_cpuid);
-/* An override's value in bytes, or -1 where s is not a valid size */
+/* The largest size fastln_parse_bytes accepts: 1 PiB */
+#define FASTLN_MAX_BYTES 1125899906842624.0
+/* The bytes a size gives, or -1 where s is not one. A size is an unsigned
+ * decimal integer with an optional binary suffix K, M or G (KiB, MiB, GiB),
+ * which may be followed by B or iB; a bare B is allowed too. Letters are
+ * case-insensitive and white space around the size is ignored ("48K",
+ * " 32mib ", "1G", "4096B"). The value is at most FASTLN_MAX_BYTES; 0 is a
+ * size (callers that need at least 1 byte check). The sizes of the cache
+ * overrides, of sysfs and of FASTLN_CACHE_LIMIT (through the Python module)
+ * are read by this one function. */
 double fastln_parse_bytes(const char *s);
 
 /* ---- thresholds: each a multiple of one cache size ---- */

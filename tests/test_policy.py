@@ -153,14 +153,14 @@ def test_policy_rejects_unknown_arguments():
 @pytest.mark.parametrize("text,value", [
     ("33554432", 32 * MiB), ("48K", 48 * KiB), ("48k", 48 * KiB), ("2048K", 2 * MiB),
     ("32M", 32 * MiB), ("32MiB", 32 * MiB), ("32MB", 32 * MiB), ("1G", 1024 * MiB),
-    ("1", 1),
+    ("1", 1), (" 32M", 32 * MiB), ("32m ", 32 * MiB), ("4096B", 4096), ("2gib", 2048 * MiB),
 ])
 def test_parse_cache_bytes(text, value):
     assert _core._parse_cache_bytes(text) == value
 
 
 @pytest.mark.parametrize("text", [
-    "", "0", "-1", "32X", "3.5M", "1e6", "0x100", " 32M", "32M ", "M", "32Mi", "inf",
+    "", "0", "0K", "-1", "32X", "3.5M", "1e6", "0x100", "32 M", "M", "32Mi", "inf",
     "nan", "2P", "99999999999G",
 ])
 def test_parse_cache_bytes_rejects(text):
