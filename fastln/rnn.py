@@ -189,7 +189,7 @@ class _LNRecurrent(Generic[_State]):
         self.input_size = _positive_int(input_size, "input_size")
         self.hidden_size = _positive_int(hidden_size, "hidden_size")
         self.num_layers = _positive_int(num_layers, "num_layers")
-        self.batch_first = bool(batch_first)
+        self.batch_first = _bool(batch_first, "batch_first")
         self.bidirectional = _bool(bidirectional, "bidirectional")
         # a unidirectional model whose one direction runs each sequence from
         # its last valid step back to its first (ONNX's direction="reverse")
@@ -631,6 +631,7 @@ class _LNRecurrent(Generic[_State]):
         >>> bool(np.all(y[2:, 1] == 0))          # sequence 1 ended after 2 steps
         True
         """
+        cache = _bool(cache, "cache")
         if self.reverse and self.bidirectional:
             raise ValueError("reverse=True runs the one direction of a unidirectional model "
                              "backwards; a bidirectional model already runs both")

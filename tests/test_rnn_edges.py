@@ -148,3 +148,17 @@ def test_to_float64_and_back_keeps_a_float_model_trainable():
     y, _ = m.forward(np.ones((2, 1, 3)))
     m.backward(np.ones_like(y))
     assert m.grads["weight_hh_l0"].dtype == F64
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=IDS)
+def test_flags_take_bools(cls):
+    for bad in ("yes", 1, None):
+        with pytest.raises(TypeError, match="batch_first"):
+            cls(3, 4, batch_first=bad)
+        with pytest.raises(TypeError, match="bidirectional"):
+            cls(3, 4, bidirectional=bad)
+        with pytest.raises(TypeError, match="cache"):
+            cls(3, 4).forward(np.ones((2, 1, 3), F32), cache=bad)
+    y, _ = cls(3, 4, batch_first=np.bool_(True)).forward(np.ones((1, 2, 3), F32),
+                                                         cache=np.bool_(False))
+    assert y.shape == (1, 2, 4)
