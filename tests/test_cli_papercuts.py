@@ -141,6 +141,19 @@ def test_server_serves_a_bare_lnlstm_state_dict(tmp_path, no_uvicorn, capsys):
     assert no_uvicorn == [{"host": "127.0.0.1", "port": 8123, "log_level": "warning"}]
 
 
+def test_bare_state_dict_served_over_http(tmp_path):
+    import asyncio
+    lt, sm = serve("loadtest"), serve("model")
+    model = rnn.LNLSTM(6, 10, 2, seed=3)
+    path = bare(tmp_path / "lnlstm.npz", model)
+    inputs = [sm.stream_inputs(0, i, 5, 6) for i in range(3)]
+    wants = [sm.reference_run(model, xs) for xs in inputs]
+    with lt.start_server("--model", path, "--threads", 1) as url:
+        out = asyncio.run(lt.drive(url, inputs, wants, time_limit=60, request_timeout=20))
+    assert out["messages"] == []
+    assert (out["errors"], out["mismatches"], out["steps"]) == (0, 0, 15)
+
+
 def test_server_takes_an_onnx_file_as_model(tmp_path, no_uvicorn, capsys):
     pytest.importorskip("onnx")
     from tests.test_serve import onnx_lstm
@@ -194,6 +207,12 @@ def test_files_of_another_kind_are_named_so(tmp_path, capsys):
     (tmp_path / "bad.npz").write_bytes(b"garbage\x00\xff")
     line, _ = server_error(["--model", str(tmp_path / "bad.npz")], capsys)
     assert "is not an .npz file" in line and "pickled" not in line
+
+
+def test_server_settings_errors_name_the_option(tmp_path, capsys):
+    path = bare(tmp_path / "m.npz", rnn.LNLSTM(4, 6))
+    line, _ = server_error(["--model", path, "--max-batch", "0"], capsys)
+    assert "--max-batch must be at least 1, got 0" in line
 
 
 @pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])

@@ -382,8 +382,11 @@ def main(argv=None):
     try:
         app = create_app(model, args.batching == "on", args.max_batch, args.window_ms,
                          args.max_streams, args.max_body, args.max_queue)
-    except (TypeError, ValueError) as e:
-        p.error(str(e))
+    except (TypeError, ValueError) as e:   # create_app names its arguments: give the options
+        message = str(e)
+        for name in ("max_batch", "window_ms", "max_streams", "max_body", "max_queue"):
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        p.error(message)
     print(f"serving {json.dumps(config_of(model))} on http://{args.host}:{args.port} "
           f"(batching {args.batching})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
