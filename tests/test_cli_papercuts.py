@@ -395,6 +395,8 @@ def test_c_makefile_rebuilds_when_its_configuration_changes(tmp_path):
     (cdir / "build" / "config.stamp").write_text(stamp)
     os.utime(cdir / "build" / "config.stamp", (now - 50, now - 50))
     assert "-o build/" not in make()   # the same configuration again: nothing to do
+    shutil.rmtree(cdir / "build")        # make clean all: the stamp is written again
+    assert "> build/config.stamp" in make("clean", "all")
 
 
 # ---------------------------------------------------------------- 7. setup.py's docstring
