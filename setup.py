@@ -12,6 +12,16 @@ the checkout's fastln/ folder: the README's commands (`pip install . &&
 python -m fastln`, `python -m pytest`) run from the checkout, where ./fastln
 shadows the installed package, so the checkout needs the extension too.
 
+What a build leaves in the checkout (all ignored by git): build/ is
+setuptools' work folder (build/temp.*: the object files; build/lib.*: the
+package staged for installing); fastln.egg-info/ is setuptools' metadata of
+the package, written as pip builds it; fastln/_core.c is Cython's output, the
+C translation of fastln/_core.pyx that the compiler builds (regenerated when
+the .pyx changes); fastln/_core.*.so (or .pyd) is the extension, copied there
+as above. `git clean -fdX` removes them all. The installed package keeps its
+own copy of the extension, but Python started in the checkout imports
+./fastln, which then lacks it: run from another folder, or rebuild.
+
 Environment: FASTLN_NO_OPENMP=1 skips OpenMP; FASTLN_NATIVE=1 adds
 -march=native (local experiments only); FASTLN_DEBUG=1 keeps -g.
 """

@@ -19,10 +19,12 @@ LayerNormalization node, float32 LayerNorm only) and JAX (jax.jit of a jnp
 LayerNorm; its backward is jax.vjp of it). JAX is imported only when asked for
 (``peers``); the DEFAULT_PEERS are the ones ``python -m fastln`` times.
 """
+import argparse
 import contextlib
 import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -722,6 +724,21 @@ def table_lines(heads, cells, markdown=False):
     return [fmt(heads), "  ".join("-" * wd for wd in widths)] + [fmt(c) for c in cells]
 
 
+def check_output_path(ap, flag, path):
+    """argparse's error unless a file can be written at path (its folder exists
+    and is writable, and path is not a folder): checked before a run, so that
+    a long run does not end in an error on writing its results."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        ap.error(f"{flag} {path}: is a folder, expected a file path")
+    if not os.path.isdir(folder):
+        ap.error(f"{flag} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        ap.error(f"{flag} {path}: the folder {folder} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        ap.error(f"{flag} {path}: the file is not writable")
+
+
 def parse_threads(ap, text):
     """A comma-separated list of positive thread counts, or argparse's error."""
     try:
@@ -758,3 +775,23 @@ def format_table(rows, markdown=False, parts=("fwd", "bwd"), detail=False):
             label = "" if case_label(r) == "layer_norm" else f"{case_label(r)} "
             lines.append(f"!!   {label}({r['N']}, {r['H']}) t={r['threads']}: {m}")
     return "\n".join(lines)
+
+
+def main(argv=None):
+    """The module has no command line of its own: --help says so and names the
+    scripts that use it; a run without arguments prints a usage line that says
+    so (exit status 2), and any argument is argparse's error (exit status 2)."""
+    ap = argparse.ArgumentParser(
+        prog="bench/harness.py",
+        description="bench/harness.py is a library module, the benchmark machinery of "
+                    "bench/run.py, bench/rnn.py and bench/fused.py; by itself it runs "
+                    "nothing. Run `python bench/run.py --help` (or bench/rnn.py, "
+                    "bench/fused.py) instead.")
+    ap.parse_args(argv)
+    print(f"usage: {ap.prog} is a library module, not a script: run python bench/run.py "
+          f"(or bench/rnn.py, bench/fused.py); --help for each", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

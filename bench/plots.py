@@ -221,8 +221,15 @@ def main(argv=None):
                     help="bench/run.py's results (default bench/results/latest.json)")
     ap.add_argument("--outdir", help="where to write the PNGs (default: beside the JSON)")
     args = ap.parse_args(argv)
-    with open(args.json) as f:
-        results = json.load(f)
+    try:
+        with open(args.json) as f:
+            results = json.load(f)
+    except OSError as e:
+        ap.error(f"--json {args.json}: {e.strerror or e} (write it with python bench/run.py)")
+    except ValueError as e:   # json.JSONDecodeError and UnicodeDecodeError
+        ap.error(f"--json {args.json}: not JSON ({e})")
+    if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
+        ap.error(f"--json {args.json}: not the results of bench/run.py (no 'rows' list)")
     paths = render(results, args.outdir or os.path.dirname(os.path.abspath(args.json)))
     if not paths:
         print("no float32 LayerNorm rows: nothing to draw")

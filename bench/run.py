@@ -64,7 +64,8 @@ TITLES = {("layer_norm", "float32", "fwd"): "LayerNorm forward, float32",
           ("layer_norm", "float16", "fwd"): "LayerNorm forward, float16",
           ("layer_norm", "bfloat16", "fwd"): "LayerNorm forward, bfloat16"}
 
-BF16_TARGET = 1.8       # the issue: bfloat16 forward past the cache >= 1.8x float32's elements/s
+# bfloat16 forward past the cache: >= 1.8x float32's elements/s (bench/README.md)
+BF16_TARGET = 1.8
 
 
 def timing_kw(quick, N, H):
@@ -138,7 +139,7 @@ def _jax_note(rows):
 
 
 def _bf16_target(rows, l3):
-    """A line on the issue's bfloat16 target for the 16-bit rows past the cache."""
+    """A line on the bfloat16 target (bench/README.md) for the 16-bit rows past the cache."""
     past = [r for r in rows if r.get("dtype") == "bfloat16" and r.get("elems_vs_f32")
             and r["fwd_bytes"] > l3]
     if not past:
@@ -176,7 +177,9 @@ def results_md(results, command, plots=None, plots_note=None, md_dir=HERE):
         f"OpenMP {'on' if info['openmp'] else 'off'}",
         f"- threads: {', '.join(map(str, threads))} (fastln, torch and ONNX Runtime on the same "
         "count in each section; JAX's count is given per section)",
-        f"- run: {'quick, ' if results.get('quick') else ''}{results['elapsed_s']:.0f} s"
+        f"- run: {'quick, ' if results.get('quick') else ''}{results['elapsed_s']:.0f} s in all"
+        + (f", the LayerNorm cases {results['ln_elapsed_s']:.0f} s"
+           if results.get("ln_elapsed_s") is not None else "")
         + harness.load_phrase(busy),
         "",
     ]
@@ -260,9 +263,15 @@ def _rnn_module():
     return _load("fastln_bench_rnn", "rnn.py")
 
 
+def _section(what):
+    """A progress line on stderr, flushed, as a section of the run begins."""
+    print(f"-- {what} ...", file=sys.stderr, flush=True)
+
+
 def _run_rnn(nthreads, quick):
     """bench/rnn.py's run() as a JSON-friendly dict, or {"error": message}."""
     print("LN-RNN (bench/rnn.py) ...", flush=True)
+    _section("LN-RNN (bench/rnn.py): a line per case follows")
     try:
         return _rnn_module().run(threads=nthreads, quick=quick)
     except Exception as e:  # e.g. a failed check: reported, the LN results are still written
@@ -286,6 +295,7 @@ def _fused_module():
 def _run_fused(nthreads, quick):
     """bench/fused.py's run() as a JSON-friendly dict, or {"error": message}."""
     print("fused residual norms and channels-first LayerNorm (bench/fused.py) ...", flush=True)
+    _section("fused residual norms and channels-first LayerNorm (bench/fused.py)")
     try:
         return _fused_module().run(threads=nthreads, quick=quick,
                                    progress=lambda r: print(_fused_module().progress_line(r),
@@ -359,6 +369,7 @@ def main(argv=None):
                     help="write latest.json, RESULTS.md and the plots to DIR instead of "
                     "bench/results and bench/RESULTS.md")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()   # the whole run's wall time counts from here
     nthreads = harness.parse_threads(ap, args.threads)
     ops = _parse_list(ap, args.ops, list(OPS), "--ops")
     peers = _parse_list(ap, args.peers, list(harness.PEERS), "--peers")
@@ -384,6 +395,7 @@ def main(argv=None):
         print(f"warning: other processes keep {100 * info['cpu_busy_before']:.0f}% of the CPUs "
               "busy; timings will be noisy", flush=True)
 
+    _section(f"LayerNorm cases: {len(todo) * len(nthreads)}, a line per case follows")
     t0 = time.perf_counter()
     rows = []
     total = len(todo) * len(nthreads)
@@ -402,16 +414,18 @@ def main(argv=None):
                     rows.append(row)
                     print(f"[{len(rows)}/{total} {time.perf_counter() - t0:.0f} s]"
                           + harness.progress_line(row), flush=True)
-    elapsed = time.perf_counter() - t0
+    ln_elapsed = time.perf_counter() - t0
     info["cpu_other_load"] = load.fraction
     rnn_result = None if args.no_rnn else _run_rnn(nthreads, args.quick)
     fused_result = None if args.no_fused else _run_fused(nthreads, args.quick)
+    _section("writing the results")
 
     resdir = args.outdir or os.path.join(HERE, "results")
     md_path = os.path.join(args.outdir, "RESULTS.md") if args.outdir else os.path.join(
         HERE, "RESULTS.md")
     os.makedirs(resdir, exist_ok=True)
-    results = {"info": info, "quick": args.quick, "command": command, "elapsed_s": elapsed,
+    results = {"info": info, "quick": args.quick, "command": command,
+               "elapsed_s": time.perf_counter() - t_start, "ln_elapsed_s": ln_elapsed,
                "threads": nthreads, "ops": ops, "rows": rows, "rnn": rnn_result,
                "fused": fused_result}
     _write(os.path.join(resdir, "latest.json"), json.dumps(results, indent=1) + "\n")
@@ -440,7 +454,8 @@ def main(argv=None):
         print(f"other processes used {100 * load.fraction:.0f}% of the CPUs during the run")
     written = [os.path.join(resdir, "latest.json"), md_path] + list((plots or {}).values())
     print("\nwrote " + ", ".join(os.path.relpath(p) for p in written)
-          + ("" if plots else f"; plots {note}") + f" ({elapsed:.0f} s)")
+          + ("" if plots else f"; plots {note}")
+          + f" ({time.perf_counter() - t_start:.0f} s in all)")
     return 0
 
 

@@ -505,8 +505,9 @@ def make_parser():
     p.add_argument("--out", default=".",
                    help="folder for gradient_flow.png and gradient_flow_dynamics.png")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    C.add_threads_arg(p)
-    p.set_defaults(threads=1)   # the batches here are small: one thread is fastest
+    # one thread by default: the batches here are small, and one thread is fastest
+    p.add_argument("--threads", type=C.positive_int, default=1,
+                   help="fastln's thread count for the run")
     return p
 
 

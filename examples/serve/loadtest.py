@@ -20,7 +20,9 @@ barrier for a thread the OS has paused takes milliseconds instead of
 microseconds).
 
 Prints a markdown table and writes it to examples/serve/RESULTS.md, and the
-latency plot to examples/figures/serve_latency.png (--no-write: neither).
+latency plot to examples/figures/serve_latency.png (--no-write: neither). A
+--quick run only prints: its 20-step numbers are a smoke test, and the files
+keep the full run's.
 """
 import argparse
 import asyncio
@@ -40,9 +42,9 @@ import fastln
 from fastln.rnn import LNLSTM
 
 if __package__:
-    from .model import bfloat16, load_model, reference_run, save_model, stream_inputs
+    from .model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
 else:   # run as a script: this directory is sys.path[0]
-    from model import bfloat16, load_model, reference_run, save_model, stream_inputs
+    from model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
 
 try:
     import sniffio  # noqa: F401
@@ -329,31 +331,44 @@ def plot(rows, path):
     plt.close(fig)
 
 
-def main(argv=None):
+def make_parser():
+    """The command line's parser; every option shows its default in --help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64, 256],
                    help="concurrent streams of each run")
     p.add_argument("--steps", type=int, default=200, help="steps per stream")
-    p.add_argument("--quick", action="store_true", help="1 and 8 streams, 20 steps")
+    p.add_argument("--quick", action="store_true",
+                   help="1 and 8 streams, 20 steps; prints only, writes no file")
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],
-                   default=["float32", "bfloat16"])
-    p.add_argument("--batching", nargs="+", choices=["off", "on"], default=["off", "on"])
-    p.add_argument("--input", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-batch", type=int, default=256)
-    p.add_argument("--window-ms", type=float, default=2.0)
+                   default=["float32", "bfloat16"], help="the model's dtypes")
+    p.add_argument("--batching", nargs="+", choices=["off", "on"], default=["off", "on"],
+                   help="the server's --batching settings")
+    p.add_argument("--input", type=int, default=128, help="the model's input_size I")
+    p.add_argument("--hidden", type=int, default=256, help="the model's hidden_size H")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the inputs")
+    p.add_argument("--max-batch", type=int, default=256, help="the server's --max-batch")
+    p.add_argument("--window-ms", type=float, default=2.0, help="the server's --window-ms")
     p.add_argument("--threads", type=int, default=1,
-                   help="fastln threads of the server and of the reference run (default 1)")
+                   help="fastln threads of the server and of the reference run")
     p.add_argument("--time-limit", type=float, default=120.0, help="seconds per run at most")
-    p.add_argument("--request-timeout", type=float, default=30.0)
+    p.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds per request at most")
     p.add_argument("--no-write", action="store_true", help="write neither RESULTS.md nor the PNG")
+    return p
+
+
+def main(argv=None):
+    p = make_parser()
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.steps = [1, 8], 20
     if min(args.sessions) < 1 or args.steps < 1 or args.threads < 1:
         p.error("--sessions, --steps and --threads must be at least 1")
+    if min(args.input, args.hidden, args.max_batch) < 1:
+        p.error("--input, --hidden and --max-batch must be at least 1")
+    if not (args.window_ms >= 0 and args.time_limit > 0 and args.request_timeout > 0):
+        p.error("--window-ms must be at least 0, --time-limit and --request-timeout above 0")
     fastln.set_num_threads(args.threads)
     command = "python examples/serve/loadtest.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
@@ -361,7 +376,10 @@ def main(argv=None):
         rows, rates = run_all(args, workdir)
     print()
     print(table(rows))
-    if not args.no_write:
+    if args.quick:
+        print(f"\n--quick: nothing written ({os.path.relpath(RESULTS)} and "
+              f"{os.path.relpath(FIGURE)} hold a full run's results)")
+    elif not args.no_write:
         write_results(rows, rates, args, command.strip())
         plot(rows, FIGURE)
         print(f"\nwrote {RESULTS} and {FIGURE}")

@@ -10,6 +10,13 @@ A model file is an ``.npz`` holding a fastln.rnn model's ``state_dict()`` and
 them). A bfloat16 model's arrays are stored as float32, which holds bfloat16
 values exactly; :func:`load_model` converts them back with ``model.to``.
 
+:func:`load_model` also reads an ``.npz`` of a bare state_dict
+(``np.savez(path, **model.state_dict())``): the parameter names and shapes
+give the class, the sizes, the layers and the dtype; eps is the class's
+default, which the state_dict does not hold. An RNN, LNRNN or GRU needs the
+config entry, as its nonlinearity or linear_before_reset changes the
+outputs and leaves the parameters alike.
+
 Write a new LN-LSTM (default initialization) to a file, for server.py::
 
     python examples/serve/model.py model.npz [--input 128 --hidden 256 --layers 1
@@ -17,6 +24,8 @@ Write a new LN-LSTM (default initialization) to a file, for server.py::
 """
 import argparse
 import json
+import os
+import re
 
 import numpy as np
 
@@ -24,6 +33,14 @@ from fastln import rnn
 
 CLASSES = {name: getattr(rnn, name) for name in ("LNLSTM", "LNGRU", "LNRNN", "LSTM", "GRU", "RNN")}
 DTYPES = ("float32", "float64", "bfloat16")
+# the settings that change a model's outputs but not its parameters' names and shapes
+HIDDEN_SETTINGS = {"RNN": "nonlinearity ('tanh' or 'relu')",
+                   "LNRNN": "nonlinearity ('tanh' or 'relu')",
+                   "GRU": "linear_before_reset (True or False)"}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help keeps the description's line breaks and shows every option's default."""
 
 
 def bfloat16():
@@ -91,21 +108,102 @@ def freeze(model):
     return model
 
 
+def _read_npz(path):
+    """The arrays of the .npz file path, as a dict; ValueError for a file that is
+    not one (FileNotFoundError for a missing one)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:   # not .npy/.npz: NumPy takes it for a pickle
+        raise ValueError(f"{path} is not an .npz file ({type(e).__name__}); a model file is "
+                         f"an .npz of save_model or of np.savez(path, **model.state_dict())"
+                         ) from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} holds one array (an .npy file), not an .npz of a model's "
+                         f"parameters")
+    with f:
+        return {key: f[key] for key in f.files}
+
+
+def infer_config(arrays, path="the file"):
+    """The config of a forward model whose state_dict is ``arrays`` (a dict of
+    parameter name to array, as np.savez(path, **model.state_dict()) writes it):
+    the class from the parameter names (and, for LSTM and RNN, which share them,
+    the rows of weight_hh), the sizes from the shapes, num_layers from the
+    names, the dtype from weight_ih_l0's; eps is the class default. ValueError
+    when the arrays do not fit one class, or fit one whose outputs depend on a
+    setting the parameters do not show (HIDDEN_SETTINGS)."""
+    how = ("write it with save_model (examples/serve/model.py: "
+           "save_model(path, model)), which stores the model's config next to its "
+           "state_dict")
+    names, layers = set(), set()
+    for key in arrays:
+        m = re.fullmatch(r"(\w+?)_l(\d+)(_reverse)?", key)
+        if m is None:
+            raise ValueError(f"{path} has no config entry and {key!r} is not a parameter "
+                             f"name of a fastln.rnn state_dict; {how}")
+        if m.group(3):
+            raise ValueError(f"{path} holds a bidirectional model ({key}); a stream is "
+                             f"served one step at a time, forward only")
+        names.add(m.group(1))
+        layers.add(int(m.group(2)))
+    if "weight_ih_l0" not in arrays or "weight_hh_l0" not in arrays:
+        raise ValueError(f"{path} has no config entry, nor weight_ih_l0 and weight_hh_l0 "
+                         f"of a fastln.rnn state_dict; {how}")
+    w_ih, w_hh = arrays["weight_ih_l0"], arrays["weight_hh_l0"]
+    if w_ih.ndim != 2 or w_hh.ndim != 2 or w_hh.shape[1] == 0:
+        raise ValueError(f"{path}: weight_ih_l0 {w_ih.shape} and weight_hh_l0 {w_hh.shape} "
+                         f"are not the weight matrices of a fastln.rnn model")
+    hidden = w_hh.shape[1]
+    gates = w_hh.shape[0] // hidden
+    fits = [name for name, cls in CLASSES.items()
+            if {n for n, _, _ in rnn._LAYOUTS[cls._kind][1]} == names
+            and rnn._LAYOUTS[cls._kind][0] == gates]
+    if len(fits) != 1:
+        raise ValueError(f"{path} has no config entry, and its parameters "
+                         f"({', '.join(sorted(names))}; weight_hh_l0 {w_hh.shape}) fit "
+                         f"{'none' if not fits else ' and '.join(fits)} of "
+                         f"{', '.join(CLASSES)}; {how}")
+    name = fits[0]
+    if name in HIDDEN_SETTINGS:
+        article = "a" if name == "GRU" else "an"
+        raise ValueError(f"{path} has no config entry: it holds {article} {name} state_dict, "
+                         f"whose {HIDDEN_SETTINGS[name]} the parameters do not show; {how}")
+    if w_ih.dtype.kind == "V" and w_ih.dtype.itemsize == 2:   # bfloat16, as np.savez keeps it
+        dtype = "bfloat16"
+    else:
+        dtype = np.dtype(w_ih.dtype).name
+    if dtype not in DTYPES:
+        raise ValueError(f"{path}: weight_ih_l0 has dtype {dtype}, expected one of {DTYPES}")
+    return {"class": name, "input_size": int(w_ih.shape[1]), "hidden_size": int(hidden),
+            "num_layers": max(layers) + 1, "dtype": dtype}
+
+
 def load_model(path):
-    """The model saved in ``path`` by save_model, with read-only weights."""
-    with np.load(path, allow_pickle=False) as f:
-        if "config" not in f:
-            raise ValueError(f"{path} has no config entry: not a model file of save_model")
-        cfg = json.loads(str(f["config"]))
-        arrays = {key: f[key] for key in f.files if key != "config"}
+    """The model saved in ``path`` by save_model, or by np.savez of a forward
+    LNLSTM, LNGRU or LSTM's state_dict (see infer_config), with read-only weights.
+    FileNotFoundError for a missing file, ValueError for one that is neither."""
+    arrays = _read_npz(path)
+    if "config" in arrays:
+        cfg = json.loads(str(arrays.pop("config")))
+    else:
+        cfg = infer_config(arrays, path)
     kwargs = dict(cfg)
     name, dtype = kwargs.pop("class"), kwargs.pop("dtype")
     if name not in CLASSES:
         raise ValueError(f"{path}: class {name!r} is not one of {', '.join(CLASSES)}")
     if dtype not in DTYPES:
         raise ValueError(f"{path}: dtype {dtype!r} is not one of {DTYPES}")
+    if dtype == "bfloat16":   # bfloat16 matrices of a bare state_dict, stored as 2-byte voids
+        arrays = {key: a.view(bfloat16()).astype(np.float32)
+                  if a.dtype.kind == "V" and a.dtype.itemsize == 2 else a
+                  for key, a in arrays.items()}
     model = CLASSES[name](dtype=np.float32 if dtype == "bfloat16" else dtype, **kwargs)
-    model.load_state_dict(arrays)
+    try:
+        model.load_state_dict(arrays)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
     if dtype == "bfloat16":
         model = model.to(bfloat16())
     return freeze(model)
@@ -129,19 +227,33 @@ def reference_run(model, xs):
     return np.stack(ys)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description="Writes a new LN-LSTM to a model file.")
+def make_parser():
+    """The command line's parser; every option shows its default in --help."""
+    p = argparse.ArgumentParser(description="Writes a new LN-LSTM to a model file.",
+                                formatter_class=HelpFormatter)
     p.add_argument("path", help="the .npz file to write")
-    p.add_argument("--input", type=int, default=128, help="input_size I (default 128)")
-    p.add_argument("--hidden", type=int, default=256, help="hidden_size H (default 256)")
-    p.add_argument("--layers", type=int, default=1, help="num_layers (default 1)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--input", type=int, default=128, help="input_size I")
+    p.add_argument("--hidden", type=int, default=256, help="hidden_size H")
+    p.add_argument("--layers", type=int, default=1, help="num_layers")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the model's dtype")
     p.add_argument("--seed", type=int, default=0, help="seeds the initial weights")
+    return p
+
+
+def main(argv=None):
+    p = make_parser()
     args = p.parse_args(argv)
-    model = rnn.LNLSTM(args.input, args.hidden, args.layers, seed=args.seed)
+    try:
+        model = rnn.LNLSTM(args.input, args.hidden, args.layers, seed=args.seed)
+    except (TypeError, ValueError) as e:   # sizes below 1
+        p.error(f"--input, --hidden and --layers: {e}")
     if args.dtype == "bfloat16":
         model = model.to(bfloat16())
-    save_model(args.path, model)
+    try:
+        save_model(args.path, model)
+    except OSError as e:
+        p.error(f"cannot write {args.path}: {e.strerror or e}")
     print(f"wrote {args.path}: {json.dumps(config_of(model))}")
 
 

@@ -8,6 +8,10 @@ Run (with fastln importable: installed, or PYTHONPATH=. in a checkout built in p
         [--max-batch 256] [--window-ms 2] [--max-streams 1024]
     python examples/serve/server.py --onnx lstm.onnx     # an ONNX LSTM, GRU or RNN node
 
+--model takes a file of model.py's save_model, an .npz of a forward LNLSTM,
+LNGRU or LSTM's bare state_dict (np.savez(path, **model.state_dict())), or an
+.onnx file (served as --onnx would).
+
 Endpoints (JSON)::
 
     POST   /streams               -> 201 {"stream": id}        a new stream, zero state
@@ -40,6 +44,7 @@ import collections
 import contextlib
 import json
 import math
+import os
 import secrets
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -53,9 +58,9 @@ from starlette.routing import Route
 import fastln
 
 if __package__:
-    from .model import check_streamable, config_of, freeze, input_dtype, load_model
+    from .model import HelpFormatter, check_streamable, config_of, freeze, input_dtype, load_model
 else:   # run as a script: this directory is sys.path[0]
-    from model import check_streamable, config_of, freeze, input_dtype, load_model
+    from model import HelpFormatter, check_streamable, config_of, freeze, input_dtype, load_model
 
 
 class StreamClosed(Exception):
@@ -310,22 +315,61 @@ def create_app(model, batching=True, max_batch=256, window_ms=2.0, max_streams=1
                      exception_handlers={HTTPException: error})
 
 
-def main(argv=None):
+def port_number(text):
+    """A TCP port, 1 to 65535, or argparse's error."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {port}")
+    return port
+
+
+def make_parser():
+    """The command line's parser; every option shows its default in --help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=HelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="an .npz model file (examples/serve/model.py)")
+    source.add_argument("--model", help="a model file: an .npz of examples/serve/model.py's "
+                        "save_model or of a model's state_dict, or an .onnx file")
     source.add_argument("--onnx", help="an .onnx file with one LSTM, GRU or RNN node")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--batching", choices=["on", "off"], default="on")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--port", type=port_number, default=8000, help="the TCP port to listen on")
+    p.add_argument("--batching", choices=["on", "off"], default="on",
+                   help="dynamic batching of the streams' steps")
     p.add_argument("--max-batch", type=int, default=256, help="requests per batch at most")
     p.add_argument("--window-ms", type=float, default=2.0,
                    help="how long the oldest waiting request waits for others")
     p.add_argument("--max-streams", type=int, default=1024, help="open streams at most")
     p.add_argument("--max-body", type=int, default=1 << 16, help="request body bytes at most")
     p.add_argument("--max-queue", type=int, default=4096, help="waiting steps at most")
-    p.add_argument("--threads", type=int, help="fastln's threads (default: all cores)")
+    p.add_argument("--threads", type=int,
+                   help="fastln's threads; None keeps fastln's own (all cores)")
+    return p
+
+
+def open_model(p, args):
+    """The model of --model or --onnx, or argparse's error naming the option."""
+    flag, path = ("--model", args.model) if args.model else ("--onnx", args.onnx)
+    if not os.path.isfile(path):
+        p.error(f"{flag} {path}: no such file")
+    if flag == "--onnx" or path.lower().endswith(".onnx"):
+        try:
+            return freeze(fastln.rnn.from_onnx(path))
+        except ImportError as e:
+            p.error(f"{flag} {path}: reading ONNX needs the onnx package ({e})")
+        except Exception as e:   # onnx's parser raises protobuf's DecodeError, among others
+            p.error(f"{flag} {path}: not an ONNX model fastln.rnn.from_onnx reads "
+                    f"({type(e).__name__}: {e})")
+    try:
+        return load_model(path)
+    except (OSError, TypeError, ValueError) as e:
+        p.error(f"{flag} {e}")
+
+
+def main(argv=None):
+    p = make_parser()
     args = p.parse_args(argv)
 
     import uvicorn
@@ -334,15 +378,15 @@ def main(argv=None):
         p.error(f"--threads must be at least 1, got {args.threads}")
     if args.threads is not None:
         fastln.set_num_threads(args.threads)
-    if args.model:
-        model = load_model(args.model)
-    else:
-        model = freeze(fastln.rnn.from_onnx(args.onnx))
+    model = open_model(p, args)
     try:
         app = create_app(model, args.batching == "on", args.max_batch, args.window_ms,
                          args.max_streams, args.max_body, args.max_queue)
-    except (TypeError, ValueError) as e:
-        p.error(str(e))
+    except (TypeError, ValueError) as e:   # create_app names its arguments: give the options
+        message = str(e)
+        for name in ("max_batch", "window_ms", "max_streams", "max_body", "max_queue"):
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        p.error(message)
     print(f"serving {json.dumps(config_of(model))} on http://{args.host}:{args.port} "
           f"(batching {args.batching})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -1,0 +1,411 @@
+"""The command lines of the served-model example, the benchmarks, ``python -m
+fastln`` and the C example's Makefile, as a new user meets them:
+
+1. loadtest.py --quick writes no tracked file (a full run still writes them).
+2. server.py --model takes an .npz of a bare state_dict (the class and sizes
+   inferred from the parameters, a clear error where they cannot be) and an
+   .onnx file; a missing file, a file of another kind and a port out of range
+   are one-line argparse errors.
+3. Every option of server.py, model.py and loadtest.py shows its default in
+   --help; gradient_flow.py's --threads help says what its default does.
+4. bench/harness.py says it is a library module; bench/plots.py's missing
+   --json and ``python -m fastln --json`` into a missing folder are argparse
+   errors, the latter before anything runs.
+5. bench/rnn.py prints no targets; bench/run.py reports the whole run's wall
+   time and prints a progress line per section to stderr.
+6. examples/c/Makefile rebuilds when CC, CFLAGS or OPENMP change.
+7. setup.py's docstring says why each build artifact is in the checkout.
+"""
+import ast
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from fastln import rnn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
+
+def serve(name):
+    """examples.serve.<name>, skipped where the example's packages are missing."""
+    for dep in ("starlette", "uvicorn", "httpx", "ml_dtypes"):
+        pytest.importorskip(dep)
+    return importlib.import_module(f"examples.serve.{name}")
+
+
+def bench(name):
+    spec = importlib.util.spec_from_file_location(f"fastln_bench_{name}_cli",
+                                                  os.path.join(ROOT, "bench", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def exits(code, fn, *args):
+    with pytest.raises(SystemExit) as info:
+        fn(*args)
+    assert info.value.code == code
+
+
+# ---------------------------------------------------------------- 1. loadtest --quick
+
+FAKE_ROW = {"dtype": "float32", "batching": "on", "streams": 1, "steps": 20, "steps_per_s": 1.0,
+            "p50_ms": 1.0, "p99_ms": 2.0, "mean_batch": 1.0, "errors": 0, "mismatches": 0,
+            "cut": False}
+
+
+@pytest.fixture
+def fake_loadtest(monkeypatch, tmp_path):
+    """loadtest with run_all answering at once and its output paths in tmp_path."""
+    import fastln
+    lt = serve("loadtest")
+    threads = fastln.get_num_threads()   # main sets --threads for the whole process
+    monkeypatch.setattr(lt, "run_all", lambda args, workdir: ([dict(FAKE_ROW)],
+                                                               {"float32": (1.0, 2.0)}))
+    monkeypatch.setattr(lt, "RESULTS", str(tmp_path / "RESULTS.md"))
+    monkeypatch.setattr(lt, "FIGURE", str(tmp_path / "figures" / "serve_latency.png"))
+    yield lt
+    fastln.set_num_threads(threads)
+
+
+def test_quick_loadtest_writes_nothing(fake_loadtest, tmp_path, capsys):
+    assert fake_loadtest.main(["--quick"]) == 0
+    assert os.listdir(tmp_path) == []
+    assert "nothing written" in capsys.readouterr().out
+
+
+def test_full_loadtest_writes_its_results(fake_loadtest, tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(fake_loadtest, "plot", lambda rows, path: drawn.append(path))
+    assert fake_loadtest.main(["--sessions", "1", "--steps", "3"]) == 0
+    assert "| float32 | on | 1 | 20 |" in (tmp_path / "RESULTS.md").read_text()
+    assert drawn == [fake_loadtest.FIGURE]
+
+
+# ---------------------------------------------------------------- 2. server.py --model
+
+def bare(path, model):
+    np.savez(path, **model.state_dict())
+    return str(path)
+
+
+def bf16(model):
+    import ml_dtypes
+    return model.to(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: rnn.LNLSTM(5, 8, 2, seed=1),
+    lambda: rnn.LSTM(5, 8, seed=2),
+    lambda: rnn.LNGRU(5, 8, 3, seed=3),
+    lambda: rnn.LNLSTM(5, 8, dtype=np.float64, seed=4),
+    lambda: bf16(rnn.LNLSTM(5, 8, seed=5)),
+    lambda: bf16(rnn.LSTM(5, 8, 2, seed=6)),
+], ids=["LNLSTM-2", "LSTM", "LNGRU-3", "LNLSTM-f64", "LNLSTM-bf16", "LSTM-bf16"])
+def test_bare_state_dict_loads_as_its_model(make, tmp_path):
+    sm = serve("model")
+    model = make()
+    loaded = sm.load_model(bare(tmp_path / "m.npz", model))
+    assert sm.config_of(loaded) == sm.config_of(model)
+    xs = np.random.default_rng(0).standard_normal((4, 5), dtype=np.float32)
+    assert np.array_equal(sm.reference_run(loaded, xs), sm.reference_run(model, xs))
+
+
+@pytest.fixture
+def no_uvicorn(monkeypatch):
+    """uvicorn.run records its app instead of serving."""
+    import uvicorn
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    return served
+
+
+def test_server_serves_a_bare_lnlstm_state_dict(tmp_path, no_uvicorn, capsys):
+    server = serve("server")
+    path = bare(tmp_path / "lnlstm.npz", rnn.LNLSTM(6, 10, seed=0))
+    server.main(["--model", path, "--port", "8123"])
+    out = capsys.readouterr().out
+    assert '"class": "LNLSTM", "input_size": 6, "hidden_size": 10' in out
+    assert no_uvicorn == [{"host": "127.0.0.1", "port": 8123, "log_level": "warning"}]
+
+
+def test_bare_state_dict_served_over_http(tmp_path):
+    import asyncio
+    lt, sm = serve("loadtest"), serve("model")
+    model = rnn.LNLSTM(6, 10, 2, seed=3)
+    path = bare(tmp_path / "lnlstm.npz", model)
+    inputs = [sm.stream_inputs(0, i, 5, 6) for i in range(3)]
+    wants = [sm.reference_run(model, xs) for xs in inputs]
+    with lt.start_server("--model", path, "--threads", 1) as url:
+        out = asyncio.run(lt.drive(url, inputs, wants, time_limit=60, request_timeout=20))
+    assert out["messages"] == []
+    assert (out["errors"], out["mismatches"], out["steps"]) == (0, 0, 15)
+
+
+def test_server_takes_an_onnx_file_as_model(tmp_path, no_uvicorn, capsys):
+    pytest.importorskip("onnx")
+    from tests.test_serve import onnx_lstm
+    server = serve("server")
+    path = tmp_path / "lstm.onnx"
+    onnx_lstm(path, 5, 9)
+    server.main(["--model", str(path)])
+    assert '"class": "LSTM", "input_size": 5, "hidden_size": 9' in capsys.readouterr().out
+
+
+def server_error(argv, capsys):
+    """server.main(argv)'s argparse error: (its last line, all of stderr)."""
+    server = serve("server")
+    exits(2, server.main, argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1], err
+
+
+@pytest.mark.parametrize("make, setting", [
+    (lambda: rnn.GRU(4, 6), "linear_before_reset"),
+    (lambda: rnn.RNN(4, 6), "nonlinearity"),
+    (lambda: rnn.LNRNN(4, 6), "nonlinearity"),
+])
+def test_bare_state_dict_with_hidden_settings_is_refused(make, setting, tmp_path, capsys):
+    line, _ = server_error(["--model", bare(tmp_path / "m.npz", make())], capsys)
+    assert setting in line and "save_model" in line and "no config entry" in line
+
+
+def test_bidirectional_and_foreign_npz_are_refused(tmp_path, capsys):
+    line, _ = server_error(["--model", bare(tmp_path / "bi.npz",
+                                            rnn.LNLSTM(4, 6, bidirectional=True))], capsys)
+    assert "bidirectional" in line
+    np.savez(tmp_path / "other.npz", weights=np.zeros(3))
+    line, _ = server_error(["--model", str(tmp_path / "other.npz")], capsys)
+    assert "'weights'" in line and "save_model" in line
+
+
+def test_missing_model_file_is_one_line(tmp_path, capsys):
+    line, err = server_error(["--model", str(tmp_path / "nope.npz")], capsys)
+    assert line.endswith("--model " + str(tmp_path / "nope.npz") + ": no such file")
+    assert "FileNotFoundError" not in err
+    line, _ = server_error(["--onnx", str(tmp_path / "nope.onnx")], capsys)
+    assert "--onnx" in line and "no such file" in line
+
+
+def test_files_of_another_kind_are_named_so(tmp_path, capsys):
+    (tmp_path / "bad.onnx").write_bytes(b"garbage\x00\xff")
+    line, _ = server_error(["--model", str(tmp_path / "bad.onnx")], capsys)
+    assert "not an ONNX model" in line and "pickled" not in line
+    (tmp_path / "bad.npz").write_bytes(b"garbage\x00\xff")
+    line, _ = server_error(["--model", str(tmp_path / "bad.npz")], capsys)
+    assert "is not an .npz file" in line and "pickled" not in line
+
+
+def test_server_settings_errors_name_the_option(tmp_path, capsys):
+    path = bare(tmp_path / "m.npz", rnn.LNLSTM(4, 6))
+    line, _ = server_error(["--model", path, "--max-batch", "0"], capsys)
+    assert "--max-batch must be at least 1, got 0" in line
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_port_out_of_range_is_an_argparse_error(port, capsys):
+    line, _ = server_error(["--model", "m.npz", "--port", port], capsys)
+    assert "argument --port" in line
+
+
+# ---------------------------------------------------------------- 3. defaults in --help
+
+def assert_every_option_shows_its_default(parser):
+    import argparse
+    assert issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)
+    options = re.split(r"\n(?:options|optional arguments):", parser.format_help())[1]
+    for action in parser._actions:
+        if "-h" in action.option_strings or not action.option_strings:
+            continue
+        assert action.help, action.option_strings
+        start = re.search(r"\n  " + re.escape(action.option_strings[0]) + r"\b", options)
+        block = options[start.end():]
+        nxt = re.search(r"\n  -", block)
+        block = block[:nxt.start()] if nxt else block
+        assert "(default:" in block, (action.option_strings, block)
+
+
+@pytest.mark.parametrize("name", ["server", "model", "loadtest"])
+def test_serve_options_show_their_defaults(name):
+    assert_every_option_shows_its_default(serve(name).make_parser())
+
+
+def test_gradient_flow_threads_help_matches_its_default():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        import gradient_flow
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    parser = gradient_flow.make_parser()
+    (threads,) = [a for a in parser._actions if "--threads" in a.option_strings]
+    assert threads.default == 1 and "None" not in threads.help
+    assert_every_option_shows_its_default(parser)
+    assert gradient_flow.parse_args([]).threads == 1
+
+
+# ---------------------------------------------------------------- 4. bench and python -m fastln
+
+def test_harness_says_it_is_a_library_module(capsys):
+    harness = bench("harness")
+    assert harness.main([]) == 2
+    assert "library module" in capsys.readouterr().err
+    exits(2, harness.main, ["--quick"])
+    exits(0, harness.main, ["--help"])
+    assert "library module" in capsys.readouterr().out
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "harness.py"), "-x"],
+                         capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert run.returncode == 2 and "unrecognized arguments: -x" in run.stderr
+
+
+def test_plots_missing_json_is_an_argparse_error(tmp_path, capsys):
+    exits(2, bench("plots").main, ["--json", str(tmp_path / "missing.json")])
+    err = capsys.readouterr().err
+    assert "--json" in err and "No such file" in err and "Traceback" not in err
+    (tmp_path / "bad.json").write_text("{")
+    exits(2, bench("plots").main, ["--json", str(tmp_path / "bad.json")])
+    assert "not JSON" in capsys.readouterr().err
+
+
+def ran(*args, **kwargs):
+    raise AssertionError("the run started before the --json path was checked")
+
+
+def test_fastln_json_into_a_missing_folder_fails_before_running(tmp_path, monkeypatch, capsys):
+    from fastln import __main__ as main_mod
+    monkeypatch.setattr(main_mod, "self_check", ran)
+    exits(2, main_mod.main, ["--json", str(tmp_path / "no" / "such" / "x.json")])
+    out, err = capsys.readouterr()
+    assert out == "" and "--json" in err and "does not exist" in err
+    exits(2, main_mod.main, ["--json", str(tmp_path)])
+    assert "is a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["rnn", "fused"])
+def test_bench_json_into_a_missing_folder_fails_before_running(script, tmp_path, monkeypatch,
+                                                                capsys):
+    mod = bench(script)
+    monkeypatch.setattr(mod, "run", ran)
+    exits(2, mod.main, ["--json", str(tmp_path / "no" / "x.json")])
+    out, err = capsys.readouterr()
+    assert "--json" in err and "does not exist" in err and "(quick)" not in out
+
+
+# ---------------------------------------------------------------- 5. bench output
+
+def rnn_result():
+    """A result of bench/rnn.py's run() with made-up times, ratios past and short
+    of every former target."""
+    keys = ["fwd_eager_over_fastln", "fwd_fastln_over_lstm", "fwd_nocache_eager_over_fastln",
+            "fwd_nocache_fastln_over_lstm", "fwdbwd_eager_over_fastln",
+            "fwdbwd_fastln_over_lstm", "stream_eager_over_fastln", "stream_fastln_over_lstm"]
+    results = [{"threads": n, "fastln": True, "times": {"fastln_fwd": 1e-3, "fastln_step": 2e-5},
+                "ratios": {**{k: 0.5 * n for k in keys}, "step_us": 20.0 / n}, "checks": [],
+                "models": {"GRU": {"fwd": (2e-3, 1e-3), "fwdbwd": (1e-3, 2e-3)},
+                           "LNLSTM bidir": {"fwd": (3e-3, 1e-3), "fwdbwd": (1e-3, 3e-3)}}}
+               for n in (1, 4)]
+    return {"info": {"cpu_other_load": 0.0}, "quick": True, "elapsed_s": 1.0,
+            "fastln_rnn": None, "results": results, "bf16": None}
+
+
+def test_rnn_tables_carry_no_targets():
+    mod = bench("rnn")
+    text = mod.format_table(rnn_result()) + mod.results_md(rnn_result())
+    assert "0.50x" in text and "2.00x" in text and "step 20.0 µs" in text
+    for word in ("MISS", " ok", "≥", "≤", "target"):
+        assert word not in text, word
+
+
+def test_rnn_progress_goes_to_stderr(capsys):
+    bench("rnn")._progress("a case")
+    out, err = capsys.readouterr()
+    assert out == "" and "a case" in err
+
+
+def test_run_reports_the_whole_wall_time(tmp_path, monkeypatch, capsys):
+    run = bench("run")
+    skew = [0.0]
+    monkeypatch.setattr(run, "time", types.SimpleNamespace(
+        perf_counter=lambda: time.perf_counter() + skew[0]))
+
+    def slow_rnn(nthreads, quick):   # a section that takes 500 s of the run's clock
+        skew[0] += 500.0
+        return {"error": "left out"}
+    monkeypatch.setattr(run, "_run_rnn", slow_rnn)
+    monkeypatch.setattr(run, "timing_kw", lambda quick, N, H: dict(
+        repeats=2, min_sample=1e-4, budget=0.005, min_repeats=1))
+    assert run.main(["--quick", "--shapes", "3x16", "--ops", "ln", "--threads", "1",
+                     "--peers", "numpy", "--no-fused", "--no-plots",
+                     "--outdir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    total = int(re.search(r"\((\d+) s in all\)", out).group(1))
+    assert total >= 500
+    results = json.loads((tmp_path / "latest.json").read_text())
+    assert results["elapsed_s"] >= 500 > results["ln_elapsed_s"]
+    assert "s in all, the LayerNorm cases" in (tmp_path / "RESULTS.md").read_text()
+    assert "-- LayerNorm cases" in err and "-- writing the results" in err
+
+
+# ---------------------------------------------------------------- 6. the C example's Makefile
+
+@pytest.mark.skipif(shutil.which("make") is None or shutil.which("cmp") is None,
+                    reason="no make or cmp")
+def test_c_makefile_rebuilds_when_its_configuration_changes(tmp_path):
+    shutil.copytree(os.path.join(ROOT, "src_c"), tmp_path / "src_c")
+    cdir = tmp_path / "examples" / "c"
+    cdir.mkdir(parents=True)
+    for name in ("Makefile", "normalize.c"):
+        shutil.copy(os.path.join(ROOT, "examples", "c", name), cdir / name)
+
+    def make(*args):
+        return subprocess.run(["make", "-n", *args], cwd=cdir, capture_output=True,
+                              text=True, check=True).stdout
+
+    targets = sorted(set(re.findall(r"-o (build/\S+)", make("-B"))))
+    assert "build/normalize" in targets and len(targets) > 3
+    # a finished default build: sources, then the stamp, then the outputs, oldest first
+    now = time.time()
+    for path in list((tmp_path / "src_c").iterdir()) + [cdir / "normalize.c",
+                                                        cdir / "Makefile"]:
+        os.utime(path, (now - 100, now - 100))
+    os.utime(cdir / "build" / "config.stamp", (now - 50, now - 50))
+    for target in targets:
+        (cdir / target).touch()
+        os.utime(cdir / target, (now - 10, now - 10))
+    assert "-o build/" not in make()
+    stamp = (cdir / "build" / "config.stamp").read_text()
+    for change in (["OPENMP="], ["CFLAGS=-O2 -DNAME='a b'"], ["CC=gcc-other"]):
+        compiles = make(*change)
+        assert sorted(set(re.findall(r"-o (build/\S+)", compiles))) == targets, change
+        assert change[0].split("=", 1)[1] in (cdir / "build" / "config.stamp").read_text()
+    assert "-fopenmp -I" not in make("OPENMP=")
+    (cdir / "build" / "config.stamp").write_text(stamp)
+    os.utime(cdir / "build" / "config.stamp", (now - 50, now - 50))
+    assert "-o build/" not in make()   # the same configuration again: nothing to do
+    shutil.rmtree(cdir / "build")        # make clean all: the stamp is written again
+    assert "> build/config.stamp" in make("clean", "all")
+
+
+# ---------------------------------------------------------------- 7. setup.py's docstring
+
+def test_setup_docstring_explains_each_build_artifact():
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    for artifact, why in (("build/", "setuptools"), ("fastln.egg-info/", "setuptools"),
+                          ("fastln/_core.c", "Cython's output"),
+                          ("fastln/_core.*.so", "the extension")):
+        sentence = doc[doc.index(artifact):].split(";")[0]
+        assert why in sentence, (artifact, sentence)
