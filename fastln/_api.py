@@ -7,15 +7,32 @@ kernels in fastln._core, and puts the results back in the caller's shape and
 dtype (or into ``out``). Every error a user can trigger is raised here, and
 names the argument at fault.
 
+Where an input or out= is not such rows, the forwards work a block of rows
+at a time (_by_rows, _by_channels): a block is gathered into scratch of at
+most _BLOCK_BYTES, normalized, and scattered into the output, so that a
+forward's scratch does not grow with the input. Rows (and channels-first
+positions) are computed independently, so the blocks change no value.
+
 Torch tensors are read here too (fastln._core's fast path takes only
 ndarrays): a CPU tensor that does not require grad becomes an ndarray sharing
-its memory; the results are NumPy arrays.
+its memory. The results are NumPy arrays; an out= tensor is written through
+the NumPy array that shares its memory, and that array is returned.
 """
 from __future__ import annotations
 
 import numbers
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Iterable,
+    Iterator,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 
@@ -34,6 +51,16 @@ try:  # bfloat16, where ml_dtypes is installed
     _LOW_PRECISION.add(np.dtype(_ml_dtypes.bfloat16))
 except ImportError:  # pragma: no cover
     pass
+
+
+# Scratch bytes a block of the general path holds, per gathered input or
+# scattered output (see the module docstring)
+_BLOCK_BYTES = 4 << 20
+
+
+def _half(dt: np.dtype[Any]) -> bool:
+    """dt is float16 or bfloat16, in either byte order."""
+    return dt.newbyteorder("=") in _LOW_PRECISION
 
 
 def _tensor(t: Any, name: str) -> _Array:
@@ -71,7 +98,7 @@ def _array(a: Any, name: str) -> Tuple[_Array, np.dtype[Any]]:
     """a as an ndarray, and the kernel dtype (float32 or float64) for it."""
     a = _asarray(a, name)
     dt = a.dtype
-    if dt in _LOW_PRECISION:
+    if _half(dt):
         return a, np.dtype(np.float32)
     if dt.kind == "f":
         if dt.itemsize == 4:
@@ -87,7 +114,7 @@ def _array(a: Any, name: str) -> Tuple[_Array, np.dtype[Any]]:
 def _real_array(a: Any, name: str) -> _Array:
     """a as an ndarray of a real (float, int, bool) dtype, else TypeError naming it."""
     arr = _asarray(a, name)
-    if arr.dtype.kind not in "fiub" and arr.dtype not in _LOW_PRECISION:
+    if arr.dtype.kind not in "fiub" and not _half(arr.dtype):
         raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
     return arr
 
@@ -96,15 +123,15 @@ def _storage(kernel_dtype: np.dtype[Any], *arrays: _Array) -> np.dtype[Any]:
     """The dtype the row kernels read and write: float16/bfloat16 itself where
     every array has that one dtype (the kernels convert in registers and
     compute in float32), else the kernel dtype."""
-    dt = arrays[0].dtype
-    if dt in _LOW_PRECISION and all(a.dtype == dt for a in arrays):
-        return dt.newbyteorder("=")
+    dt = arrays[0].dtype.newbyteorder("=")
+    if _half(dt) and all(a.dtype.newbyteorder("=") == dt for a in arrays):
+        return dt
     return kernel_dtype
 
 
 def _result_dtype(a: _Array, kernel_dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype of outputs shaped like a: a's own for float types, else the kernel's."""
-    return a.dtype.newbyteorder("=") if a.dtype.kind == "f" or a.dtype in _LOW_PRECISION \
+    return a.dtype.newbyteorder("=") if a.dtype.kind == "f" or _half(a.dtype) \
         else kernel_dtype
 
 
@@ -251,12 +278,178 @@ def _overlap_partly(a: _Array, b: _Array) -> bool:
     return not same
 
 
+def _out_array(out: Any, name: str) -> Any:
+    """out, with a CPU torch tensor as the ndarray that shares its memory (a
+    bfloat16 tensor as an ml_dtypes.bfloat16 view of its bits), so that the
+    results are written into the tensor. A tensor that requires grad is
+    refused, naming the argument, as for inputs."""
+    if not _torch.is_tensor(out):
+        return out
+    if getattr(out, "requires_grad", False):
+        raise TypeError(f"{name} is a torch tensor that requires grad, and fastln does not "
+                        f"autograd; pass {name}.detach() (it shares the tensor's memory)")
+    device = getattr(out, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        raise TypeError(f"{name} is a torch tensor on device {device}; fastln writes CPU "
+                        f"memory only")
+    try:
+        if str(out.dtype) == "torch.bfloat16":
+            import torch
+            return out.view(torch.int16).numpy().view(_torch._bfloat16())
+        return out.numpy()
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise TypeError(f"{name} is a torch tensor that NumPy cannot write: {e}") from None
+
+
+def _c_rows(a: _Array, dt: np.dtype[Any]) -> bool:
+    """a can be handed to a kernel as it is: C-contiguous, aligned, native dtype dt."""
+    return (a.dtype == dt and a.dtype.isnative and a.flags.c_contiguous
+            and a.flags.aligned)
+
+
+def _c_ordered(a: _Array) -> bool:
+    """a.astype(float32) (which keeps a's memory order) is C-contiguous: a's
+    axes of more than one element have non-increasing strides' magnitudes."""
+    st = [abs(s) for n, s in zip(a.shape, a.strides) if n > 1]
+    return all(p >= q for p, q in zip(st, st[1:]))
+
+
+def _same_view(a: _Array, b: _Array) -> bool:
+    """a and b are the same elements of the same memory, in the same order."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides
+            and a.dtype.itemsize == b.dtype.itemsize)
+
+
+def _unalias(outs: Sequence[_Array], ins: Sequence[Optional[_Array]]) -> list[Optional[_Array]]:
+    """ins, with a copy of each that shares memory with an output other than as
+    the same view (an output that is its input itself is written in place,
+    a block after it was read)."""
+    return [a.copy() if a is not None and any(np.may_share_memory(o, a)
+                                              and not _same_view(o, a) for o in outs)
+            else a for a in ins]
+
+
+def _runs(shape: Tuple[int, ...], per: int
+          ) -> Iterator[Tuple[Tuple[Union[int, slice], ...], int, int]]:
+    """Runs of consecutive positions (C order) of an array of shape, at most
+    ``per`` (>= 1) each unless one position is all: (an index of the array's
+    leading len(shape) axes, the run's first position, its length)."""
+    j, inner = len(shape), 1
+    while j > 0 and inner * shape[j - 1] <= per:
+        j -= 1
+        inner *= shape[j]
+    if j == 0:
+        yield (), 0, inner
+        return
+    step, first = max(1, per // inner), 0
+    for outer in np.ndindex(*shape[:j - 1]):
+        for a in range(0, shape[j - 1], step):
+            n = min(step, shape[j - 1] - a)
+            yield outer + (slice(a, a + n),), first, n * inner
+            first += n * inner
+
+
+class _Scratch:
+    """Reusable blocks of scratch, one per slot, each of at most size elements."""
+
+    def __init__(self, size: int, dtype: np.dtype[Any]) -> None:
+        self.size, self.dtype = size, dtype
+        self.bufs: dict[int, _Array] = {}
+
+    def get(self, slot: int, shape: Tuple[int, ...]) -> _Array:
+        buf = self.bufs.get(slot)
+        if buf is None:
+            buf = self.bufs[slot] = np.empty(self.size, self.dtype)
+        return buf[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+
+
+def _by_rows(L: _Rows, st: np.dtype[Any], ins: Sequence[_Array], outs: Sequence[_Array],
+             stats: Sequence[Optional[_Array]], kernel: Callable[..., Any]) -> None:
+    """kernel(in_rows, out_rows, stats) on C-contiguous (n, H) rows of dtype st.
+
+    ins and outs have x's shape (outs writable, unaliased by ins: see
+    _unalias); stats are (N,) or None, passed as the block's slice. Where
+    every in and out is such rows already, one call takes all N rows. Else
+    blocks of at most _BLOCK_BYTES a scratch array (one row where a row is
+    larger): inputs gathered (and converted), outputs scattered (and
+    converted). Rows are independent, so the blocks change no value.
+    """
+    if L.N == 0:
+        return
+    mi, mo = [L.moved(a) for a in ins], [L.moved(o) for o in outs]
+    direct = all(_c_rows(m, st) for m in mi + mo)
+    per = L.N if direct else max(1, _BLOCK_BYTES // (L.H * st.itemsize))
+    scratch = _Scratch(min(per, L.N) * L.H, st)
+    for idx, n0, n in _runs(L.batch_shape, per):
+        rin: list[_Array] = []
+        rout: list[_Array] = []
+        back = []
+        for k, m in enumerate(mi + mo):
+            blk = m[idx]
+            if _c_rows(blk, st):
+                r = blk
+            else:
+                r = scratch.get(k, blk.shape)
+                if k < len(mi):
+                    np.copyto(r, blk, casting="unsafe")
+                else:
+                    back.append((blk, r))
+            (rin if k < len(mi) else rout).append(r.reshape(n, L.H))
+        kernel(rin, rout, [None if a is None else a[n0:n0 + n] for a in stats])
+        for blk, r in back:
+            np.copyto(blk, r, casting="unsafe")
+
+
+def _by_channels(L: _Rows, kt: np.dtype[Any], x: _Array, y: _Array,
+                 stats: Sequence[Optional[_Array]], kernel: Callable[..., Any]) -> None:
+    """kernel(xs, ys, stats, n, C, s) on contiguous (n, C, s) arrays of dtype
+    kt, x normalized over its one axis a: (N, C, S) with N the positions of
+    the axes before a, S of those after.
+
+    y has x's shape (writable, unaliased by x); stats are (N * S,) or None,
+    passed as the block's slice. Where x and y are (N, C, S) arrays of kt
+    already, one call takes them. Else blocks of at most _BLOCK_BYTES a
+    scratch array (whole samples, or runs of one sample's positions): x
+    gathered (16-bit widened), y scattered (rounded). Positions are
+    independent, so the blocks change no value.
+    """
+    a = L.axes[0]
+    pre, C, post = x.shape[:a], x.shape[a], x.shape[a + 1:]
+    S = int(np.prod(post, dtype=np.int64))
+    if L.N == 0:
+        return
+    if _c_rows(x, kt) and _c_rows(y, kt):
+        kernel(x, y, stats, L.N // S, C, S)
+        return
+    per = max(1, _BLOCK_BYTES // (C * kt.itemsize))   # positions a block
+    blocks: Iterable[Tuple[Tuple[Any, ...], int, int, int]]
+    if S <= per:
+        blocks = ((idx, n0 * S, n, S) for idx, n0, n in _runs(pre, per // S))
+    else:
+        blocks = ((p + (slice(None),) + idx, i * S + s0, 1, m)
+                  for i, p in enumerate(np.ndindex(*pre)) for idx, s0, m in _runs(post, per))
+    scratch = _Scratch(min(per, L.N) * C, kt)
+    for idx, p0, n, s in blocks:
+        xb, yb = x[idx], y[idx]
+        xs = xb if _c_rows(xb, kt) else scratch.get(0, xb.shape)
+        if xs is not xb:
+            np.copyto(xs, xb, casting="unsafe")
+        ys = yb if _c_rows(yb, kt) else scratch.get(1, yb.shape)
+        kernel(xs, ys, [None if t is None else t[p0:p0 + n * s] for t in stats], n, C, s)
+        if ys is not yb:
+            np.copyto(yb, ys, casting="unsafe")
+
+
 def _channels(x: _Array, L: _Rows, kt: np.dtype[Any]) -> Optional[Tuple[int, int, int]]:
-    """(N, C, S) when x, normalized over one axis that is not the last, can be
-    read in place as (N, C, S) channels-first rows (C-contiguous, aligned,
-    native, of the kernel's dtype); else None."""
-    if (len(L.axes) != 1 or x.dtype != kt or not x.dtype.isnative
-            or not (x.flags.c_contiguous and x.flags.aligned)):
+    """(N, C, S) when x, normalized over one axis that is not the last, takes
+    the channels-first kernel: read in place where it is C-contiguous,
+    aligned, native and of the kernel's dtype; and for float16/bfloat16 x
+    where its float32 widening is C-contiguous (_c_ordered), as the float32
+    call on that widening does, widened a block at a time. Else None."""
+    if len(L.axes) != 1:
+        return None
+    if not (_c_rows(x, kt) or (_half(x.dtype) and _c_ordered(x))):
         return None
     a = L.axes[0]
     S = int(np.prod(x.shape[a + 1:], dtype=np.int64))
@@ -265,12 +458,73 @@ def _channels(x: _Array, L: _Rows, kt: np.dtype[Any]) -> Optional[Tuple[int, int
     return L.N // S, x.shape[a], S
 
 
+def _target(out: Optional[_Array], L: _Rows, dt: np.dtype[Any], name: str = "out",
+            rows: bool = True) -> _Array:
+    """The array of x's shape that a forward writes: out (checked), or fresh
+    memory of dtype dt, laid out as the kernel's rows (rows) or as x (C order)."""
+    if out is not None:
+        L.check_out(out, name, dt)
+        return out
+    fresh = _core._empty_rows(L.N, L.H, dt)
+    return L.unrows(fresh) if rows else fresh.reshape(L.shape)
+
+
+def layer_norm(x: Any, weight: Any, bias: Any, axis: Any, eps: Any, out: Optional[_Array],
+               return_stats: bool) -> Union[_Array, Tuple[_Array, _Array, _Array]]:
+    x, kt = _array(x, "x")
+    out = _out_array(out, "out")
+    eps = _check_eps(eps)
+    L = _Rows(x, axis)
+    w = L.param(weight, "weight", kt)
+    b = L.param(bias, "bias", kt)
+    mean = np.empty(L.N, kt) if return_stats else None
+    rstd = np.empty(L.N, kt) if return_stats else None
+    cf = _channels(x, L, kt)
+    y = _target(out, L, _result_dtype(x, kt), rows=cf is None)
+    x, w, b = _unalias([y], [x, w, b])
+    if cf is not None:
+        _by_channels(L, kt, x, y, (mean, rstd), lambda xs, ys, st, n, c, s:
+                     _core._norm_channels(xs, w, b, eps, ys, st[0], st[1], n, c, s, False))
+    else:
+        _by_rows(L, _storage(kt, x), [x], [y], (mean, rstd), lambda i, o, st:
+                 _core._layer_norm_rows(i[0], w, b, eps, o[0], *st))
+    if mean is None or rstd is None:
+        return y
+    return y, mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)
+
+
+def _channels_backward(L: _Rows, cf: Tuple[int, int, int], dy: _Array, x: _Array,
+                       out: Optional[_Array], call: Callable[[_Array, _Array, _Array], Any]
+                       ) -> _Array:
+    """dx of the channels-first backward, for float16/bfloat16 x: dy and x
+    widened to float32 C-contiguous arrays as the float32 call would take
+    them, call(dyw, xw, dx32), and dx32 rounded into out or a fresh array."""
+    dyw = np.ascontiguousarray(dy, np.float32)
+    xw = np.ascontiguousarray(x, np.float32)
+    dx32 = np.empty(x.shape, np.float32)
+    call(dyw, xw, dx32)
+    dx = _target(out, L, _result_dtype(x, np.dtype(np.float32)), rows=False)
+    np.copyto(dx, dx32, casting="unsafe")
+    return dx
+
+
+def _half_channels(x: _Array, dy: _Array, L: _Rows) -> Optional[Tuple[int, int, int]]:
+    """(N, C, S) where a float16/bfloat16 backward takes the channels-first
+    kernel, as the float32 call on x and dy widened does (dy float16,
+    bfloat16 or float32); else None."""
+    if not _half(x.dtype) or not (_half(dy.dtype) or dy.dtype == np.float32):
+        return None
+    if not _c_ordered(dy):
+        return None
+    return _channels(x, L, np.dtype(np.float32))
+
+
 def _channels_output(x: _Array, L: _Rows, out: Optional[_Array], inputs: Sequence[_Array] = ()
                      ) -> Tuple[_Array, Callable[[], _Array]]:
-    """The array the channels-first kernel writes, and a function that returns
-    the result: out itself when it is C-contiguous and aligned (x or another
-    input of x's shape itself included), else fresh memory (copied into out
-    at the end), so that out= never changes the values."""
+    """The array the channels-first backward writes, and a function that
+    returns the result: out itself when it is C-contiguous and aligned (x or
+    another input of x's shape itself included), else fresh memory (copied
+    into out at the end), so that out= never changes the values."""
     if out is not None:
         L.check_out(out, "out", x.dtype)
         if (out.dtype.isnative and out.flags.c_contiguous and out.flags.aligned
@@ -286,44 +540,26 @@ def _channels_output(x: _Array, L: _Rows, out: Optional[_Array], inputs: Sequenc
     return fresh, finish
 
 
-def layer_norm(x: Any, weight: Any, bias: Any, axis: Any, eps: Any, out: Optional[_Array],
-               return_stats: bool) -> Union[_Array, Tuple[_Array, _Array, _Array]]:
-    x, kt = _array(x, "x")
-    eps = _check_eps(eps)
-    L = _Rows(x, axis)
-    w = L.param(weight, "weight", kt)
-    b = L.param(bias, "bias", kt)
-    cf = _channels(x, L, kt)
-    if cf is not None:
-        y, done = _channels_output(x, L, out)
-        mean = np.empty(L.batch_shape, kt) if return_stats else None
-        rstd = np.empty(L.batch_shape, kt) if return_stats else None
-        _core._norm_channels(x, w, b, eps, y, mean, rstd, *cf, False)
-        return done() if mean is None or rstd is None else (done(), mean, rstd)
-    st = _storage(kt, x)
-    y, finish, (xr, w, b) = L.output(out, "out", _result_dtype(x, kt), st,
-                                     [L.rows(x, st), w, b])
-    mean = np.empty(L.N, kt) if return_stats else None
-    rstd = np.empty(L.N, kt) if return_stats else None
-    _core._layer_norm_rows(xr, w, b, eps, y, mean, rstd)
-    if mean is None or rstd is None:
-        return finish()
-    return finish(), mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)
-
-
 def layer_norm_backward(dy: Any, x: Any, mean: Any, rstd: Any, weight: Any, axis: Any,
                         out: Optional[_Array]) -> Tuple[_Array, _Array, _Array]:
     x, kt = _array(x, "x")
     dy, _ = _array(dy, "dy")
+    out = _out_array(out, "out")
     L = _Rows(x, axis)
     L.check_shape(dy, "dy")
     m = L.stats(mean, "mean", kt)
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    cf = _channels(x, L, kt)
-    if cf is not None and _channels(dy, L, kt) is not None:
-        dx, done = _channels_output(x, L, out, (dy,))
+    cf = _half_channels(x, dy, L) if _half(x.dtype) else \
+        _channels(x, L, kt) if _c_rows(dy, kt) else None
+    if cf is not None:
         dw, db = np.empty(L.norm_shape, kt), np.empty(L.norm_shape, kt)
+        if _half(x.dtype):
+            dx = _channels_backward(L, cf, dy, x, out, lambda dyw, xw, dx32:
+                                    _core._norm_channels_backward(dyw, xw, m, r, w, dx32, dw,
+                                                                  db, *cf))
+            return dx, dw, db
+        dx, done = _channels_output(x, L, out, (dy,))
         _core._norm_channels_backward(dy, x, m, r, w, dx, dw, db, *cf)
         return done(), dw, db
     st = _storage(kt, x, dy)
@@ -337,36 +573,44 @@ def layer_norm_backward(dy: Any, x: Any, mean: Any, rstd: Any, weight: Any, axis
 def rms_norm(x: Any, weight: Any, axis: Any, eps: Any, out: Optional[_Array],
              return_stats: bool) -> Union[_Array, Tuple[_Array, _Array]]:
     x, kt = _array(x, "x")
+    out = _out_array(out, "out")
     eps = _check_eps(eps)
     L = _Rows(x, axis)
     w = L.param(weight, "weight", kt)
-    cf = _channels(x, L, kt)
-    if cf is not None:
-        y, done = _channels_output(x, L, out)
-        rstd = np.empty(L.batch_shape, kt) if return_stats else None
-        _core._norm_channels(x, w, None, eps, y, None, rstd, *cf, True)
-        return done() if rstd is None else (done(), rstd)
-    st = _storage(kt, x)
-    y, finish, (xr, w) = L.output(out, "out", _result_dtype(x, kt), st, [L.rows(x, st), w])
     rstd = np.empty(L.N, kt) if return_stats else None
-    _core._rms_norm_rows(xr, w, eps, y, rstd)
+    cf = _channels(x, L, kt)
+    y = _target(out, L, _result_dtype(x, kt), rows=cf is None)
+    x, w = _unalias([y], [x, w])
+    if cf is not None:
+        _by_channels(L, kt, x, y, (None, rstd), lambda xs, ys, st, n, c, s:
+                     _core._norm_channels(xs, w, None, eps, ys, st[0], st[1], n, c, s, True))
+    else:
+        _by_rows(L, _storage(kt, x), [x], [y], (rstd,), lambda i, o, st:
+                 _core._rms_norm_rows(i[0], w, eps, o[0], *st))
     if rstd is None:
-        return finish()
-    return finish(), rstd.reshape(L.batch_shape)
+        return y
+    return y, rstd.reshape(L.batch_shape)
 
 
 def rms_norm_backward(dy: Any, x: Any, rstd: Any, weight: Any, axis: Any,
                       out: Optional[_Array]) -> Tuple[_Array, _Array]:
     x, kt = _array(x, "x")
     dy, _ = _array(dy, "dy")
+    out = _out_array(out, "out")
     L = _Rows(x, axis)
     L.check_shape(dy, "dy")
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    cf = _channels(x, L, kt)
-    if cf is not None and _channels(dy, L, kt) is not None:
-        dx, done = _channels_output(x, L, out, (dy,))
+    cf = _half_channels(x, dy, L) if _half(x.dtype) else \
+        _channels(x, L, kt) if _c_rows(dy, kt) else None
+    if cf is not None:
         dw = np.empty(L.norm_shape, kt)
+        if _half(x.dtype):
+            dx = _channels_backward(L, cf, dy, x, out, lambda dyw, xw, dx32:
+                                    _core._norm_channels_backward(dyw, xw, None, r, w, dx32,
+                                                                  dw, None, *cf))
+            return dx, dw
+        dx, done = _channels_output(x, L, out, (dy,))
         _core._norm_channels_backward(dy, x, None, r, w, dx, dw, None, *cf)
         return done(), dw
     st = _storage(kt, x, dy)
@@ -401,17 +645,6 @@ def _residual_period(L: _Rows, shape: Tuple[int, ...], name: str) -> Tuple[Tuple
     return padded, int(np.prod(rb, dtype=np.int64))
 
 
-def _residual_rows(L: _Rows, residual: _Array, st: np.dtype[Any]) -> _Array:
-    """residual as (R, H) rows of dtype st (see _residual_period)."""
-    if residual.shape == L.shape:
-        return L.rows(residual, st)
-    padded, R = _residual_period(L, residual.shape, "residual")
-    r = residual.reshape(padded)
-    if R == 0:
-        return L.rows(np.broadcast_to(r, L.shape), st)
-    return np.require(L.moved(r), dtype=st, requirements=("C", "A")).reshape(R, L.H)
-
-
 def add_norm(rms: bool, x: Any, residual: Any, input_bias: Any, weight: Any, bias: Any,
              axis: Any, eps: Any, out: Any, return_stats: bool) -> Tuple[_Array, ...]:
     """add_layer_norm, or add_rms_norm with rms (bias None)."""
@@ -424,26 +657,41 @@ def add_norm(rms: bool, x: Any, residual: Any, input_bias: Any, weight: Any, bia
     bi = L.param(input_bias, "input_bias", kt)
     w = L.param(weight, "weight", kt)
     b = L.param(bias, "bias", kt)
+    out = _out_array(out, "out")
     if out is None or isinstance(out, np.ndarray):
         out_y, out_s = out, None
     elif isinstance(out, tuple) and len(out) == 2:
-        out_y, out_s = out
+        out_y, out_s = _out_array(out[0], "out"), _out_array(out[1], "out[1]")
     else:
         raise TypeError("out must be an ndarray (for y) or a tuple (y_out, s_out)")
     if out_y is not None and out_s is not None and np.may_share_memory(out_y, out_s):
         raise ValueError("out: the y and s buffers overlap")
     st = _storage(kt, x, residual)
-    rr = _residual_rows(L, residual, st)
-    y, finish_y, inputs = L.output(out_y, "out", rdt, st, [L.rows(x, st), rr, bi, w, b])
-    s, finish_s, (xr, rr, bi, w, b) = L.output(out_s, "out[1]", rdt, st, inputs)
+    padded, R = (L.shape, L.N) if residual.shape == L.shape else \
+        _residual_period(L, residual.shape, "residual")
+    y = _target(out_y, L, rdt, "out")
+    s = _target(out_s, L, rdt, "out[1]")
+    x, residual, bi, w, b = _unalias([y, s], [x, residual, bi, w, b])
     mean = np.empty(L.N, kt) if return_stats and not rms else None
     rstd = np.empty(L.N, kt) if return_stats else None
-    _core._add_norm_rows(rms, xr, rr, bi, w, b, eps, y, s, mean, rstd)
+
+    def kernel(i: Sequence[_Array], o: Sequence[_Array], stats: Sequence[Any]) -> None:
+        _core._add_norm_rows(rms, i[0], i[1], bi, w, b, eps, o[0], o[1], *stats)
+    # a residual that repeats with period R < N rows is read in place where it
+    # is such rows, else a block's rows of its broadcast are gathered
+    rm = L.moved(residual.reshape(padded))
+    if (0 < R < L.N and _c_rows(rm, st)
+            and all(_c_rows(L.moved(a), st) for a in (x, y, s))):
+        kernel([L.moved(x).reshape(L.N, L.H), rm.reshape(R, L.H)],
+               [L.moved(y).reshape(L.N, L.H), L.moved(s).reshape(L.N, L.H)], (mean, rstd))
+    else:
+        _by_rows(L, st, [x, np.broadcast_to(residual.reshape(padded), L.shape)], [y, s],
+                 (mean, rstd), kernel)
     if rstd is None:
-        return finish_y(), finish_s()
+        return y, s
     if mean is None:
-        return finish_y(), finish_s(), rstd.reshape(L.batch_shape)
-    return finish_y(), finish_s(), mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)
+        return y, s, rstd.reshape(L.batch_shape)
+    return y, s, mean.reshape(L.batch_shape), rstd.reshape(L.batch_shape)
 
 
 def _reduce_to(a: _Array, shape: Tuple[int, ...], dtype: np.dtype[Any]) -> _Array:
@@ -460,6 +708,7 @@ def add_norm_backward(rms: bool, dy: Any, s: Any, mean: Any, rstd: Any, weight: 
     """add_layer_norm_backward, or add_rms_norm_backward with rms (mean None)."""
     s, kt = _array(s, "s")
     dy, _ = _array(dy, "dy")
+    out = _out_array(out, "out")
     L = _Rows(s, axis)
     L.check_shape(dy, "dy")
     if ds is not None:

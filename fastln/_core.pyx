@@ -632,9 +632,14 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
         (batch) axes are independent samples.
     eps : float, default 1e-5
         Added to the variance; finite and >= 0.
-    out : ndarray, optional
+    out : ndarray or torch.Tensor, optional
         Where to write y: a plain ndarray of x's shape and y's dtype,
-        writable. May be ``x`` itself (in place).
+        writable, in any layout. May be ``x`` itself (in place). A CPU torch
+        tensor (not requiring grad) is written through the ndarray that
+        shares its memory (``out.numpy()``), and that ndarray is returned.
+        Input that is not C-contiguous rows of the compute dtype is copied a
+        block of rows at a time (a few MiB), so with ``out`` nothing is
+        allocated that grows with x (statistics aside).
     return_stats : bool, default False
         Also return the statistics ``mean`` and ``rstd`` that
         :func:`layer_norm_backward` takes.
@@ -642,7 +647,8 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     Returns
     -------
     y : ndarray
-        x's shape, in the dtype given above; ``out`` itself when given.
+        x's shape, in the dtype given above; ``out`` itself when given (for a
+        torch tensor, the ndarray sharing its memory).
     mean, rstd : ndarray
         Only with ``return_stats=True``: each sample's mean and
         ``1 / sqrt(var + eps)``, of x's shape without the normalized axes, in
@@ -654,8 +660,9 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     TypeError
         x, weight or bias of a dtype that is not a real number type (complex,
         object, str, ...); eps not a real number (or a bool); axis not an int
-        or a tuple of ints; ``out`` not a plain ndarray, or of another dtype
-        than y's; return_stats not a bool.
+        or a tuple of ints; ``out`` not a plain ndarray or a CPU torch
+        tensor, a tensor that requires grad, or of another dtype than y's;
+        return_stats not a bool.
     ValueError
         x 0-d, or of size 0 along a normalized axis; an axis out of range or
         repeated; weight or bias not of the normalized shape; eps negative or
@@ -666,7 +673,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, out=None,
     C-contiguous, aligned, native-order float32/float64 input normalized over
     the last axis (with weight, bias and out of the same dtype and layout)
     takes the fast path without a copy. The variance is centered (two passes
-    over each row); a row holding a NaN or inf gives NaN in that row only.
+    over each row); a NaN or inf stays in its row (see the README's guarantees).
     An x without samples (a batch axis of size 0) gives empty results.
 
     Examples
@@ -738,15 +745,17 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
         The forward's gain, of the normalized shape; None means 1.
     axis : int or tuple of int, default -1
         The forward's normalized axes.
-    out : ndarray, optional
+    out : ndarray or torch.Tensor, optional
         Where to write dx: a plain ndarray of x's shape and dx's dtype,
-        writable. May be ``dy`` itself.
+        writable. May be ``dy`` itself. A CPU torch tensor as in
+        :func:`layer_norm`.
 
     Returns
     -------
     dx : ndarray
         x's shape; x's dtype for float input, float64 for integers and bool
-        (``out`` itself when given).
+        (``out`` itself when given; for a torch tensor, the ndarray sharing
+        its memory).
     dweight, dbias : ndarray
         The normalized shape, in the compute dtype (float32 for float16,
         bfloat16 and float32 x; else float64). Always returned: without
@@ -820,16 +829,18 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
         The normalized axes.
     eps : float, default 1e-6
         Added to the mean square; finite and >= 0.
-    out : ndarray, optional
+    out : ndarray or torch.Tensor, optional
         Where to write y: a plain ndarray of x's shape and y's dtype,
-        writable. May be ``x`` itself.
+        writable. May be ``x`` itself. A CPU torch tensor, and the memory
+        used, as in :func:`layer_norm`.
     return_stats : bool, default False
         Also return ``rstd``, which :func:`rms_norm_backward` takes.
 
     Returns
     -------
     y : ndarray
-        x's shape and dtype as above (``out`` itself when given).
+        x's shape and dtype as above (``out`` itself when given; for a torch
+        tensor, the ndarray sharing its memory).
     rstd : ndarray
         Only with ``return_stats=True``: ``1 / sqrt(mean(x**2) + eps)`` of
         each sample, x's shape without the normalized axes, in the compute
@@ -893,9 +904,10 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, out=None):
         The forward's gain, of the normalized shape; None means 1.
     axis : int or tuple of int, default -1
         The forward's normalized axes.
-    out : ndarray, optional
+    out : ndarray or torch.Tensor, optional
         Where to write dx: a plain ndarray of x's shape and dx's dtype,
-        writable. May be ``dy`` itself.
+        writable. May be ``dy`` itself. A CPU torch tensor as in
+        :func:`layer_norm`.
 
     Returns
     -------
@@ -1014,9 +1026,11 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis
         Added to the variance; finite and >= 0.
     out : ndarray or tuple, optional
         y's buffer, or a tuple ``(y_out, s_out)`` (either may be None). Each
-        must be a writable plain ndarray of x's shape and the result dtype;
+        must be a writable plain ndarray of x's shape and the result dtype,
+        or a CPU torch tensor (written and returned as in :func:`layer_norm`);
         the two must not overlap each other, but may be ``x`` and
-        ``residual`` (``out=(x, residual)`` works in place).
+        ``residual`` (``out=(x, residual)`` works in place). With both given,
+        nothing is allocated that grows with x (statistics aside).
     return_stats : bool, default False
         Also return the ``mean`` and ``rstd`` of s, as :func:`layer_norm`.
 
@@ -1160,8 +1174,9 @@ def add_layer_norm_backward(dy, s, mean, rstd, weight=None, *, ds=None, axis=-1,
         An incoming gradient of s, of s's shape, added into dsum.
     axis : int or tuple of int, default -1
         The normalized axes, as in the forward.
-    out : ndarray, optional
-        dsum's buffer: a writable ndarray of s's shape and dsum's dtype. It
+    out : ndarray or torch.Tensor, optional
+        dsum's buffer: a writable ndarray of s's shape and dsum's dtype, or a
+        CPU torch tensor (written and returned as in :func:`layer_norm`). It
         may be dy or ds (in place).
     input_bias_grad : bool, default False
         Also return the gradient of ``input_bias``: dsum summed over the
@@ -1227,7 +1242,7 @@ def add_rms_norm_backward(dy, s, rstd, weight=None, *, ds=None, axis=-1, out=Non
         An incoming gradient of s, added into dsum.
     axis : int or tuple of int, default -1
         The normalized axes, as in the forward.
-    out : ndarray, optional
+    out : ndarray or torch.Tensor, optional
         dsum's buffer, as in :func:`add_layer_norm_backward`.
     input_bias_grad : bool, default False
         Also return the gradient of ``input_bias``.

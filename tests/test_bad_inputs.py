@@ -444,7 +444,6 @@ RAISES = [
     # ---- RNN: x, dy, x_t
     case("rnn x 2-D", ValueError, "x", lambda: _gru().forward(_rx()[0])),
     case("rnn x T=0", ValueError, "x", lambda: _lstm().forward(_rx(T=0))),
-    case("rnn x B=0", ValueError, "x", lambda: _rnn().forward(_rx(B=0))),
     case("rnn x input size", ValueError, "x", lambda: _gru().forward(_rx(I=I0 + 1))),
     case("rnn x float64", TypeError, "x", lambda: _lstm().forward(_rx(dtype=F64))),
     case("rnn x int32", TypeError, "x", lambda: _gru().forward(_rx().astype(np.int32))),

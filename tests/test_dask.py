@@ -195,7 +195,7 @@ def test_missing_dask_says_how_to_install():
     p = run_python("import sys; sys.modules['dask'] = None\n"
                    "try:\n    import fastln.dask\nexcept ImportError as e:\n    print(e)")
     assert p.returncode == 0, p.stderr
-    assert 'pip install "dask[array]"' in p.stdout, p.stdout
+    assert 'pip install "fastln[dask]"' in p.stdout, p.stdout
 
 
 # ------------------------------------------------------------------ dask.distributed
