@@ -649,7 +649,7 @@ def main(argv=None):
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args(argv)
     if args.json is not None:
-        harness.check_output_path(ap, "--json", args.json)
+        _selfcheck.check_output_path(ap, "--json", args.json)
     nthreads = harness.parse_threads(ap, args.threads)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]

@@ -724,21 +724,6 @@ def table_lines(heads, cells, markdown=False):
     return [fmt(heads), "  ".join("-" * wd for wd in widths)] + [fmt(c) for c in cells]
 
 
-def check_output_path(ap, flag, path):
-    """argparse's error unless a file can be written at path (its folder exists
-    and is writable, and path is not a folder): checked before a run, so that
-    a long run does not end in an error on writing its results."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        ap.error(f"{flag} {path}: is a folder, expected a file path")
-    if not os.path.isdir(folder):
-        ap.error(f"{flag} {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        ap.error(f"{flag} {path}: the folder {folder} is not writable")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        ap.error(f"{flag} {path}: the file is not writable")
-
-
 def parse_threads(ap, text):
     """A comma-separated list of positive thread counts, or argparse's error."""
     try:

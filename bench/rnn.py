@@ -920,7 +920,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     nthreads = harness.parse_threads(ap, args.threads)
     if args.json is not None:
-        harness.check_output_path(ap, "--json", args.json)
+        _selfcheck.check_output_path(ap, "--json", args.json)
     if RNN_IMPORT_ERROR is not None:
         print(f"fastln.rnn cannot be imported ({RNN_IMPORT_ERROR}); timing the torch peers only",
               flush=True)

@@ -7,7 +7,6 @@ Exits with status 1 when the self-check fails. Takes under 30 s on two cores
 """
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -138,21 +137,6 @@ def table(rows, part):
                      for line in [heads] + cells)
 
 
-def _check_writable(ap, path):
-    """argparse's error unless a file can be written at path (its folder exists and
-    is writable, and path is not a folder); checked before the run, so that the
-    run does not end in an error on writing its results."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        ap.error(f"--json {path}: is a folder, expected a file path")
-    if not os.path.isdir(folder):
-        ap.error(f"--json {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        ap.error(f"--json {path}: the folder {folder} is not writable")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        ap.error(f"--json {path}: the file is not writable")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m fastln", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,7 +146,7 @@ def main(argv=None):
     ap.add_argument("--json", metavar="PATH", help="write the results to PATH as JSON")
     args = ap.parse_args(argv)
     if args.json is not None:
-        _check_writable(ap, args.json)
+        _selfcheck.check_output_path(ap, "--json", args.json)
     if args.threads is not None:
         if args.threads < 1:
             ap.error("--threads must be >= 1")

@@ -3,6 +3,7 @@
 Kept out of conftest.py so that tests can import them by name; conftest.py
 puts this directory on sys.path.
 """
+import argparse
 import importlib
 import os
 import re
@@ -273,3 +274,18 @@ def kill_builds(started):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def assert_every_option_shows_its_default(parser):
+    """Every option of an argparse parser has help that ends in its default."""
+    assert issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)
+    options = re.split(r"\n(?:options|optional arguments):", parser.format_help())[1]
+    for action in parser._actions:
+        if "-h" in action.option_strings or not action.option_strings:
+            continue
+        assert action.help, action.option_strings
+        start = re.search(r"\n  " + re.escape(action.option_strings[0]) + r"\b", options)
+        block = options[start.end():]
+        nxt = re.search(r"\n  -", block)
+        block = block[:nxt.start()] if nxt else block
+        assert "(default:" in block, (action.option_strings, block)

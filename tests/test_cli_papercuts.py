@@ -33,15 +33,17 @@ import pytest
 
 from fastln import rnn
 
+from _util import assert_every_option_shows_its_default, require
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.append(ROOT)
 
 
 def serve(name):
-    """examples.serve.<name>, skipped where the example's packages are missing."""
+    """examples.serve.<name>; its packages missing: a skip, or a failure under CI."""
     for dep in ("starlette", "uvicorn", "httpx", "ml_dtypes"):
-        pytest.importorskip(dep)
+        require(dep)
     return importlib.import_module(f"examples.serve.{name}")
 
 
@@ -155,7 +157,7 @@ def test_bare_state_dict_served_over_http(tmp_path):
 
 
 def test_server_takes_an_onnx_file_as_model(tmp_path, no_uvicorn, capsys):
-    pytest.importorskip("onnx")
+    require("onnx")
     from tests.test_serve import onnx_lstm
     server = serve("server")
     path = tmp_path / "lstm.onnx"
@@ -222,21 +224,6 @@ def test_port_out_of_range_is_an_argparse_error(port, capsys):
 
 
 # ---------------------------------------------------------------- 3. defaults in --help
-
-def assert_every_option_shows_its_default(parser):
-    import argparse
-    assert issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)
-    options = re.split(r"\n(?:options|optional arguments):", parser.format_help())[1]
-    for action in parser._actions:
-        if "-h" in action.option_strings or not action.option_strings:
-            continue
-        assert action.help, action.option_strings
-        start = re.search(r"\n  " + re.escape(action.option_strings[0]) + r"\b", options)
-        block = options[start.end():]
-        nxt = re.search(r"\n  -", block)
-        block = block[:nxt.start()] if nxt else block
-        assert "(default:" in block, (action.option_strings, block)
-
 
 @pytest.mark.parametrize("name", ["server", "model", "loadtest"])
 def test_serve_options_show_their_defaults(name):

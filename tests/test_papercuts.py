@@ -15,7 +15,6 @@
 * The comments of the pure-Python modules carry no measurement logs nor
   references to issues or to files outside the repository.
 """
-import argparse
 import os
 import re
 import sys
@@ -26,7 +25,7 @@ import pytest
 import fastln
 import fastln.rnn
 
-from _util import run_python
+from _util import assert_every_option_shows_its_default, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -329,19 +328,7 @@ def test_examples_defaults_are_sensible(script):
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_every_example_option_has_help_and_shows_its_default(script):
-    parser = SCRIPTS[script].make_parser()
-    assert isinstance(parser.formatter_class, type)
-    assert issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)
-    options = re.split(r"\n(?:options|optional arguments):", parser.format_help())[1]
-    for action in parser._actions:
-        if "-h" in action.option_strings:
-            continue
-        assert action.help, action.option_strings
-        start = re.search(r"\n  " + re.escape(action.option_strings[0]) + r"\b", options)
-        block = options[start.end():]
-        nxt = re.search(r"\n  -", block)
-        block = block[:nxt.start()] if nxt else block
-        assert "(default:" in block, (action.option_strings, block)
+    assert_every_option_shows_its_default(SCRIPTS[script].make_parser())
 
 
 # ---------------------------------------------------------------- comments
