@@ -1496,25 +1496,29 @@ def _parallel_copy(dst, src, bint nt=False):
         fastln_parallel_copy(d, s, n, nt)
 
 
-def _bf16_convert(src, dst):
-    """dst[...] = src between float32 and bfloat16 bits (uint16): a float32
-    src is rounded to nearest even (NaN stays NaN), a uint16 src widened.
-    Both C-contiguous with the same number of elements, dst writable."""
+def _half_convert(src, dst):
+    """dst[...] = src between float32 and a 16-bit type: float16, or bfloat16
+    as its bits (uint16). A float32 src is rounded to nearest even (NaN stays
+    NaN), a 16-bit src widened exactly. Both C-contiguous and aligned, of
+    native byte order, with the same number of elements; dst writable."""
     if not (isinstance(src, cnp.ndarray) and isinstance(dst, cnp.ndarray)):
         raise TypeError("src and dst must be NumPy arrays")
     cdef int ts = cnp.PyArray_TYPE(<cnp.ndarray>src), td = cnp.PyArray_TYPE(<cnp.ndarray>dst)
-    cdef bint widen = ts == cnp.NPY_UINT16 and td == cnp.NPY_FLOAT32
-    if not (widen or (ts == cnp.NPY_FLOAT32 and td == cnp.NPY_UINT16)):
-        raise TypeError(f"src and dst must be float32 and uint16 (bfloat16 bits), or uint16 "
-                        f"and float32, got {src.dtype} and {dst.dtype}")
+    cdef int half = td if ts == cnp.NPY_FLOAT32 else ts
+    cdef bint widen = td == cnp.NPY_FLOAT32
+    if not ((ts == cnp.NPY_FLOAT32) != widen
+            and half in (cnp.NPY_UINT16, cnp.NPY_FLOAT16)):
+        raise TypeError(f"src and dst must be float32 and float16 or uint16 (bfloat16 bits), "
+                        f"either way round, got {src.dtype} and {dst.dtype}")
     if not (_fast(src, ts) and _fast(dst, td) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>dst)
             and cnp.PyArray_SIZE(<cnp.ndarray>src) == cnp.PyArray_SIZE(<cnp.ndarray>dst)):
         raise ValueError("src and dst must be C-contiguous arrays of the same size, dst writable")
+    cdef int kind = FASTLN_F16 if half == cnp.NPY_FLOAT16 else FASTLN_BF16
     cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>dst)
     cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>src)
     cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>src)
     with nogil:
-        fastln_half_convert(FASTLN_BF16, widen, d, s, n)
+        fastln_half_convert(kind, widen, d, s, n)
 
 
 def _rnn_bf16_products():

@@ -131,14 +131,14 @@ def _to_bf16(a: _Array) -> _Array:
     """A new bfloat16 array of a's values (float32), rounded to nearest even."""
     a = np.require(a, requirements=["C", "A"])
     out = np.empty(a.shape, _BF16)
-    _core._bf16_convert(a, out.view(np.uint16))
+    _core._half_convert(a, out.view(np.uint16))
     return out
 
 
 def _from_bf16(a: _Array) -> _Array:
     """A new C-contiguous float32 array of a's values (bfloat16)."""
     out = np.empty(a.shape, np.float32)
-    _core._bf16_convert(np.require(a, requirements=["C", "A"]).view(np.uint16), out)
+    _core._half_convert(np.require(a, requirements=["C", "A"]).view(np.uint16), out)
     return out
 
 
