@@ -533,13 +533,15 @@ def _channels_backward(L: _Rows, cf: Tuple[int, int, int], dy: _Array, x: _Array
     return dx
 
 
-def _half_channels(x: _Array, dy: _Array, L: _Rows) -> Optional[Tuple[int, int, int]]:
-    """(N, C, S) where a float16/bfloat16 backward takes the channels-first
-    kernel, as the float32 call on x and dy widened does (dy float16,
-    bfloat16 or float32); else None."""
-    if not _half(x.dtype) or not (_half(dy.dtype) or dy.dtype == np.float32):
-        return None
-    if not _c_ordered(dy):
+def _backward_channels(x: _Array, dy: _Array, L: _Rows, kt: np.dtype[Any]
+                       ) -> Optional[Tuple[int, int, int]]:
+    """(N, C, S) where a backward takes the channels-first kernel, else None:
+    x as in _channels and dy C-contiguous rows of kt; for float16/bfloat16 x,
+    as the float32 call on x and dy widened does (dy float16, bfloat16 or
+    float32, its widening C-contiguous)."""
+    if not _half(x.dtype):
+        return _channels(x, L, kt) if _c_rows(dy, kt) else None
+    if not (_half(dy.dtype) or dy.dtype == np.float32) or not _c_ordered(dy):
         return None
     return _channels(x, L, np.dtype(np.float32))
 
@@ -575,8 +577,7 @@ def layer_norm_backward(dy: Any, x: Any, mean: Any, rstd: Any, weight: Any, axis
     m = L.stats(mean, "mean", kt)
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    cf = _half_channels(x, dy, L) if _half(x.dtype) else \
-        _channels(x, L, kt) if _c_rows(dy, kt) else None
+    cf = _backward_channels(x, dy, L, kt)
     if cf is not None:
         dw, db = np.empty(L.norm_shape, kt), np.empty(L.norm_shape, kt)
         if _half(x.dtype):
@@ -626,8 +627,7 @@ def rms_norm_backward(dy: Any, x: Any, rstd: Any, weight: Any, axis: Any,
     L.check_shape(dy, "dy")
     r = L.stats(rstd, "rstd", kt)
     w = L.param(weight, "weight", kt)
-    cf = _half_channels(x, dy, L) if _half(x.dtype) else \
-        _channels(x, L, kt) if _c_rows(dy, kt) else None
+    cf = _backward_channels(x, dy, L, kt)
     if cf is not None:
         dw = np.empty(L.norm_shape, kt)
         if _half(x.dtype):
