@@ -152,6 +152,14 @@ def _result_dtype(a: _Array, kernel_dtype: np.dtype[Any]) -> np.dtype[Any]:
         else kernel_dtype
 
 
+def _flag(value: Any, name: str) -> bool:
+    """value as a bool: flags take True or False (NumPy's bools too), not
+    truthy values such as "yes" or 1."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def _check_eps(eps: Any) -> float:
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")

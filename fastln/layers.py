@@ -58,14 +58,6 @@ def _shape(normalized_shape: Any) -> Tuple[int, ...]:
     return shape
 
 
-def _flag(value: Any, name: str) -> bool:
-    """value as a bool: flags take True or False (NumPy's bools too), not
-    truthy values such as "yes" or 1."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
 def _is_meta(v: Any) -> bool:
     """Whether v is a torch tensor on the meta device (a shape, no values)."""
     return _torch.is_tensor(v) and bool(getattr(v, "is_meta", False))
@@ -295,8 +287,8 @@ class LayerNorm(_Norm):
                  elementwise_affine: bool = True, bias: bool = True,
                  dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine: bool = _flag(elementwise_affine, "elementwise_affine")
-        has_bias = _flag(bias, "bias")
+        self.elementwise_affine: bool = _api._flag(elementwise_affine, "elementwise_affine")
+        has_bias = _api._flag(bias, "bias")
         self.weight = (np.ones(self.normalized_shape, self.dtype) if self.elementwise_affine
                        else None)
         self.bias: Optional[_Array] = (np.zeros(self.normalized_shape, self.dtype)
@@ -468,7 +460,7 @@ class RMSNorm(_Norm):
     def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float = 1e-6,
                  elementwise_affine: bool = True, dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine: bool = _flag(elementwise_affine, "elementwise_affine")
+        self.elementwise_affine: bool = _api._flag(elementwise_affine, "elementwise_affine")
         self.weight = (np.ones(self.normalized_shape, self.dtype) if self.elementwise_affine
                        else None)
 

@@ -156,12 +156,6 @@ def _model_dtype(dtype: Any, name: str) -> np.dtype[Any]:
     return dt
 
 
-def _bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -189,8 +183,8 @@ class _LNRecurrent(Generic[_State]):
         self.input_size = _positive_int(input_size, "input_size")
         self.hidden_size = _positive_int(hidden_size, "hidden_size")
         self.num_layers = _positive_int(num_layers, "num_layers")
-        self.batch_first = _bool(batch_first, "batch_first")
-        self.bidirectional = _bool(bidirectional, "bidirectional")
+        self.batch_first = _api._flag(batch_first, "batch_first")
+        self.bidirectional = _api._flag(bidirectional, "bidirectional")
         # a unidirectional model whose one direction runs each sequence from
         # its last valid step back to its first (ONNX's direction="reverse")
         self.reverse = False
@@ -276,8 +270,8 @@ class _LNRecurrent(Generic[_State]):
         each block into place, so no float64 copy of the matrix exists."""
         shape = self._shapes[key]
         dt = self._param_dtype(key)
-        if init != "uniform":
-            return self._param_array(key, np.full(shape, 1.0 if init == "ones" else 0.0, dt))
+        if init != "uniform":   # a gain or a bias: a vector of float32 or float64
+            return np.full(shape, 1.0 if init == "ones" else 0.0, dt)
         a = np.empty(shape, dt)
         rows = max(1, (1 << 20) // shape[1])   # 8 MiB of float64 draws at a time
         for r in range(0, shape[0], rows):
@@ -631,7 +625,7 @@ class _LNRecurrent(Generic[_State]):
         >>> bool(np.all(y[2:, 1] == 0))          # sequence 1 ended after 2 steps
         True
         """
-        cache = _bool(cache, "cache")
+        cache = _api._flag(cache, "cache")
         if self.reverse and self.bidirectional:
             raise ValueError("reverse=True runs the one direction of a unidirectional model "
                              "backwards; a bidirectional model already runs both")
@@ -1523,7 +1517,7 @@ class GRU(_Plain[_Array]):
                  batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
                  seed: Optional[int] = None, bidirectional: bool = False,
                  linear_before_reset: bool = True) -> None:
-        self.linear_before_reset = _bool(linear_before_reset, "linear_before_reset")
+        self.linear_before_reset = _api._flag(linear_before_reset, "linear_before_reset")
         super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
                          bidirectional)
 
