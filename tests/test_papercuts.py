@@ -15,6 +15,7 @@
 * The comments of the pure-Python modules carry no measurement logs nor
   references to issues or to files outside the repository.
 """
+import glob
 import os
 import re
 import sys
@@ -333,7 +334,9 @@ def test_every_example_option_has_help_and_shows_its_default(script):
 
 # ---------------------------------------------------------------- comments
 
-OWNED = ["fastln/__init__.py", "fastln/_api.py", "fastln/layers.py", "fastln/rnn.py",
+OWNED = ["fastln/__init__.py", "fastln/_api.py", "fastln/layers.py",
+         *sorted(os.path.relpath(p, ROOT)
+                 for p in glob.glob(os.path.join(ROOT, "fastln", "rnn", "*.py"))),
          "fastln/dask.py", "fastln/_memory.py", "fastln/_torch.py", "fastln/reference.py",
          "fastln/rnn_reference.py", "examples/_common.py", "examples/sequential_digits.py",
          "examples/longer_sequences.py"]

@@ -144,7 +144,7 @@ def test_a_model_too_large_states_its_memory():
 
 def test_to_float64_and_back_keeps_a_float_model_trainable():
     m = LNLSTM(3, 4, seed=0).to(np.float64)
-    assert fastln.rnn._is_bf16(m.dtype) is False
+    assert fastln.rnn._bf16._is_bf16(m.dtype) is False
     y, _ = m.forward(np.ones((2, 1, 3)))
     m.backward(np.ones_like(y))
     assert m.grads["weight_hh_l0"].dtype == F64

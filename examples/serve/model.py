@@ -30,6 +30,7 @@ import re
 import numpy as np
 
 from fastln import rnn
+from fastln.rnn._base import _LAYOUTS
 
 CLASSES = {name: getattr(rnn, name) for name in ("LNLSTM", "LNGRU", "LNRNN", "LSTM", "GRU", "RNN")}
 DTYPES = ("float32", "float64", "bfloat16")
@@ -158,8 +159,8 @@ def infer_config(arrays, path="the file"):
     hidden = w_hh.shape[1]
     gates = w_hh.shape[0] // hidden
     fits = [name for name, cls in CLASSES.items()
-            if {n for n, _, _ in rnn._LAYOUTS[cls._kind][1]} == names
-            and rnn._LAYOUTS[cls._kind][0] == gates]
+            if {n for n, _, _ in _LAYOUTS[cls._kind][1]} == names
+            and _LAYOUTS[cls._kind][0] == gates]
     if len(fits) != 1:
         raise ValueError(f"{path} has no config entry, and its parameters "
                          f"({', '.join(sorted(names))}; weight_hh_l0 {w_hh.shape}) fit "

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from . import _optional
+from .. import _optional
 
 _Array = npt.NDArray[Any]
 
@@ -241,7 +241,7 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     [True, True, True]
     """
     onnx = _import_onnx()
-    from .rnn import GRU, LSTM, RNN  # not at the top: fastln.rnn imports this module
+    from ._cells import GRU, LSTM, RNN  # not at the top: it imports the cells lazily too
 
     if isinstance(model, (str, os.PathLike)):
         model = onnx.load(os.fspath(model))

@@ -1,0 +1,59 @@
+"""Layer-normalized recurrent networks: LNRNN, LNLSTM and LNGRU, and the
+plain LSTM, GRU and RNN (the same engine without LayerNorm) as their
+baselines, in one or both directions.
+
+The cells of Ba, Kiros & Hinton, "Layer Normalization" (2016): eq. 4 for the
+plain RNN and supplementary eqs. 20-28 for the LSTM and GRU, with one set of
+gains and biases shared by every time step. The exact equations are in
+docs/design.md ("Recurrent networks") and in :mod:`fastln.rnn_reference`, the
+slow float64 reference these models are tested against.
+
+Each layer runs in the C engine (src_c/fastln_rnn.h): one BLAS product for the
+input projections of all time steps, then per step one recurrent product and
+one fused row kernel (LN statistics, gates, state update, LN(c), output).
+Backward runs the steps in reverse the same way and ends with BLAS products
+for the weight gradients and dx. Python here only checks arguments and moves
+arrays between layers; nothing depends on the sequence length beyond the
+cache kept for backward, so a model runs on sequences of any length.
+
+All six models share one interface: ``forward`` (also ``model(x)``),
+``backward``, ``step``, ``state_dict`` and ``load_state_dict``, with the
+parameters in the dict ``params`` and their gradients in ``grads``; LNLSTM,
+LSTM, GRU and RNN also have a ``from_torch`` constructor, and
+:func:`from_onnx` loads an ONNX LSTM, GRU or RNN node.
+
+``bidirectional=True`` runs every layer in both directions, as PyTorch does:
+the reverse direction of each sequence runs from its last valid step (per
+``lengths``) back to its first, y has 2H features (the forward direction's,
+then the reverse's), layer k+1 reads them, states are (2 * num_layers, B, H)
+with layer k's directions at 2k and 2k+1, and the reverse direction's
+parameters carry the suffix ``_reverse``. The two directions of a layer are
+independent and run side by side, each on half the threads, on the float32
+x86 paths. A backward consumes the
+cache of its forward: each ``forward`` (with ``cache=True``) serves one
+``backward``, and a second backward without a new forward raises a
+RuntimeError (as in :class:`fastln.LayerNorm`). Data (x, dy, states) may be
+CPU torch tensors that do not require grad; results are NumPy arrays.
+
+Examples
+--------
+>>> import numpy as np
+>>> from fastln.rnn import LNLSTM
+>>> m = LNLSTM(input_size=8, hidden_size=16, num_layers=2, seed=0)
+>>> x = np.ones((5, 3, 8), np.float32)            # (T, B, I)
+>>> y, (h, c) = m.forward(x)
+>>> y.shape, h.shape
+((5, 3, 16), (2, 3, 16))
+>>> dx, (dh0, dc0) = m.backward(np.ones_like(y))
+>>> sorted(m.grads) == sorted(m.params)
+True
+"""
+from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
+from ._onnx import from_onnx
+
+__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx"]
+
+# the public names say where users import them from (reprs, pickles, docs)
+for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, from_onnx):
+    _obj.__module__ = __name__
+del _obj

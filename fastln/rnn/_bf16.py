@@ -1,0 +1,58 @@
+"""The bfloat16 side of the recurrent models: the dtype (from ml_dtypes,
+an optional package) and the conversions between bfloat16 and float32."""
+from __future__ import annotations
+
+from typing import (
+    Any,
+    Optional,
+)
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _core, _optional
+
+_Array = npt.NDArray[Any]
+
+try:  # bfloat16 models, where ml_dtypes is installed
+    import ml_dtypes as _ml_dtypes
+    _BF16: Optional[np.dtype[Any]] = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    _BF16 = None
+
+
+def _is_bf16(dtype: Any) -> bool:
+    """Whether dtype is ml_dtypes' bfloat16: never without ml_dtypes (NumPy
+    reads ``dtype == None`` as ``dtype == float64``, so _BF16 is never
+    compared while it is None)."""
+    return _BF16 is not None and dtype == _BF16
+
+
+def _to_bf16(a: _Array) -> _Array:
+    """A new bfloat16 array of a's values (float32), rounded to nearest even."""
+    a = np.require(a, requirements=["C", "A"])
+    out = np.empty(a.shape, _BF16)
+    _core._half_convert(a, out.view(np.uint16))
+    return out
+
+
+def _from_bf16(a: _Array) -> _Array:
+    """A new C-contiguous float32 array of a's values (bfloat16)."""
+    out = np.empty(a.shape, np.float32)
+    _core._half_convert(np.require(a, requirements=["C", "A"]).view(np.uint16), out)
+    return out
+
+
+def _model_dtype(dtype: Any, name: str) -> np.dtype[Any]:
+    """dtype as a model's: float32, float64 or bfloat16 (ml_dtypes), else a TypeError."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        if _BF16 is None and "bfloat16" in str(dtype):
+            raise _optional.missing("ml_dtypes", "a bfloat16 model") from None
+        raise TypeError(f"{name} must be float32, float64 or ml_dtypes.bfloat16, "
+                        f"got {dtype!r}") from None
+    if dt not in (np.float32, np.float64) and not _is_bf16(dt):
+        raise TypeError(f"{name} must be float32, float64 or ml_dtypes.bfloat16, got {dt}")
+    return dt
+

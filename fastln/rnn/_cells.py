@@ -1,0 +1,665 @@
+"""The six recurrent models: LNLSTM, LNGRU and LNRNN (Ba, Kiros & Hinton,
+2016), and the plain LSTM, RNN and GRU, the same engine without LayerNorm."""
+from __future__ import annotations
+
+import warnings
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Optional,
+    Tuple,
+)
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _api, _torch
+from ._base import _DIRECTIONS, _Array, _LNRecurrent, _State
+from ._bf16 import _is_bf16
+from ._from_torch import _lnlstm_from_torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
+    """Layer-normalized LSTM (Ba et al. 2016, supplementary eqs. 20-22).
+
+    ``gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias`` (each LN over all
+    4H gates, order i, f, g, o), ``c' = f*c + i*g``, ``h' = o*tanh(LN(c'; ln_c))``.
+
+    Parameters
+    ----------
+    input_size : int
+        The features I of x (I_0; the layers above read H features).
+    hidden_size : int
+        The features H of the state and of y.
+    num_layers : int, default 1
+        Stacked layers; layer k+1 reads layer k's output.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features). States
+        are (num_layers, B, H) either way.
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm; finite and >= 0. With 0, a
+        zero state (the default) makes LN(h W_hh^T) of the first step 0/0,
+        and the outputs NaN, as layer_norm of a constant row.
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
+        The dtype of the parameters and of the data (x, dy, states). A
+        bfloat16 model (for inference) keeps its weight matrices in
+        bfloat16 and its other parameters and states in float32: see
+        :meth:`to`.
+    seed : int or None, default None
+        Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
+        LN gains start at 1, LN biases and ``bias`` at 0.
+    bidirectional : bool, default False
+        Run every layer in both directions (see the module's notes): y has
+        2 * hidden_size features, states 2 * num_layers layers, and the
+        reverse direction's parameters the suffix ``_reverse``.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}``,
+        ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``, ``ln_hh_weight_l{k}``,
+        ``ln_hh_bias_l{k}`` (4H), ``ln_c_weight_l{k}``, ``ln_c_bias_l{k}`` (H);
+        a bidirectional model also has each with the suffix ``_reverse``.
+        May be updated in place or replaced (by arrays of these shapes).
+    reverse : bool
+        False; set it to True on a unidirectional model to run each sequence
+        from its last valid step back to its first (ONNX's
+        ``direction="reverse"``, the reverse half of a bidirectional layer).
+    grads : dict of ndarray
+        Filled by :meth:`backward` (zeros before).
+
+    Raises
+    ------
+    TypeError
+        A size that is not an int, eps that is not a real number, or a dtype
+        other than float32 and float64.
+    ValueError
+        A size below 1, or eps negative or not finite.
+
+    Notes
+    -----
+    The state is a tuple (h, c), each (D * num_layers, B, H), D = 2 if
+    bidirectional else 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LNLSTM
+    >>> m = LNLSTM(input_size=8, hidden_size=16, seed=0)
+    >>> m
+    LNLSTM(input_size=8, hidden_size=16, num_layers=1, batch_first=False, eps=1e-05, dtype=float32)
+    >>> y, (h, c) = m(np.zeros((5, 3, 8), np.float32))
+    >>> y.shape, h.shape, c.shape
+    ((5, 3, 16), (1, 3, 16), (1, 3, 16))
+    """
+    _kind = "lstm"
+    _has_cell = True
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, eps: float = 1e-5,
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
+                 bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
+                         bidirectional)
+
+    @classmethod
+    def from_torch(cls, module: Any, eps: Optional[float] = None) -> Self:
+        """An LNLSTM with the weights of PyTorch's benchmark LN-LSTM.
+
+        Loads modules built from ``LayerNormLSTMCell`` of PyTorch's
+        ``benchmarks/fastrnns/custom_lstms.py``: a cell, an ``LSTMLayer`` or a
+        ``StackedLSTM``, or their ``state_dict()``. The names map as
+        ``weight_ih``, ``weight_hh`` -> ``weight_ih_l{k}``, ``weight_hh_l{k}``;
+        ``layernorm_i``, ``layernorm_h``, ``layernorm_c`` -> ``ln_ih_*``,
+        ``ln_hh_*``, ``ln_c_*`` (weight and bias); ``bias_l{k}``, which the
+        benchmark lacks, is 0.
+
+        Parameters
+        ----------
+        module : torch.nn.Module or mapping
+            The module or its state_dict (names optionally under ``layers.{k}.cell.``).
+        eps : float, optional
+            Defaults to the eps of the module's ``layernorm_i`` (0 for the
+            benchmark's decomposed LayerNorm, which has none), or 1e-5 for a
+            state_dict.
+
+        Returns
+        -------
+        LNLSTM
+            Of the sizes of the weights, the number of layers found and the
+            dtype of ``weight_ih`` (float32, float64, or bfloat16 for
+            an inference model).
+
+        Raises
+        ------
+        TypeError
+            module is neither a torch module nor a mapping, or its weights are
+            not float32, float64 or bfloat16.
+        ValueError
+            Keys that do not map to LNLSTM's, layers not numbered 0..n-1, no
+            ``weight_ih``/``weight_hh``, or shapes that disagree.
+
+        Notes
+        -----
+        The benchmark cell carries ``LN(c')`` as its cell state, where the
+        paper (and fastln) carries ``c'`` and normalizes only inside
+        ``h' = o * tanh(LN(c'))``. The first step's output is therefore the
+        same, and later steps differ unless the torch cell follows the paper.
+
+        Examples
+        --------
+        A state_dict of the benchmark cell's names (without the LayerNorm
+        entries, which then keep their defaults):
+
+        >>> import numpy as np
+        >>> from fastln.rnn import LNLSTM
+        >>> rng = np.random.default_rng(0)
+        >>> sd = {"weight_ih": rng.standard_normal((16, 3)).astype(np.float32),
+        ...       "weight_hh": rng.standard_normal((16, 4)).astype(np.float32)}
+        >>> LNLSTM.from_torch(sd)
+        LNLSTM(input_size=3, hidden_size=4, num_layers=1, batch_first=False, eps=1e-05,
+               dtype=float32)
+        """
+        return _lnlstm_from_torch(cls, module, eps)
+
+
+class LNGRU(_LNRecurrent[_Array]):
+    """Layer-normalized GRU (Ba et al. 2016, supplementary eqs. 23-28).
+
+    ``[z; r] = LN(x W_ih[z,r]^T; ln_ih) + LN(h W_hh[z,r]^T; ln_hh)`` (each LN over
+    2H), ``n = tanh(LN(x W_ih[n]^T; ln_in) + sigmoid(r) * LN(h W_hh[n]^T; ln_hn))``,
+    ``h' = (1 - sigmoid(z)) * h + sigmoid(z) * n``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm.
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LNLSTM`.
+    bidirectional : bool, default False
+        As for :class:`LNLSTM`.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (3H, I_k) and ``weight_hh_l{k}`` (3H, H) with rows
+        in blocks [z, r, n]; ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``,
+        ``ln_hh_weight_l{k}``, ``ln_hh_bias_l{k}`` (2H); ``ln_in_weight_l{k}``,
+        ``ln_in_bias_l{k}``, ``ln_hn_weight_l{k}``, ``ln_hn_bias_l{k}`` (H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`.
+
+    Notes
+    -----
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LNGRU
+    >>> m = LNGRU(input_size=3, hidden_size=4, batch_first=True, seed=0)
+    >>> y, h = m(np.zeros((2, 5, 3), np.float32))      # (B, T, I)
+    >>> y.shape, h.shape
+    ((2, 5, 4), (1, 2, 4))
+    """
+    _kind = "gru"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, eps: float = 1e-5,
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
+                 bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
+                         bidirectional)
+
+
+class LNRNN(_LNRecurrent[_Array]):
+    """Layer-normalized Elman RNN (Ba et al. 2016, eq. 4):
+    ``h' = f(LN(x W_ih^T + h W_hh^T; ln))``, f = tanh or relu.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    eps : float, default 1e-5
+        Added to the variance in every LayerNorm.
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LNLSTM`.
+    nonlinearity : {"tanh", "relu"}, default "tanh"
+        The f above.
+    bidirectional : bool, default False
+        As for :class:`LNLSTM`.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H),
+        ``ln_weight_l{k}``, ``ln_bias_l{k}`` (H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`; ValueError also for another nonlinearity.
+
+    Notes
+    -----
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LNRNN
+    >>> m = LNRNN(3, 4, nonlinearity="relu", dtype=np.float64, seed=0)
+    >>> y, h = m(np.ones((5, 2, 3)))
+    >>> y.dtype, bool((y >= 0).all())
+    (dtype('float64'), True)
+    """
+    _kind = "rnn"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, eps: float = 1e-5,
+                 dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
+                 nonlinearity: str = "tanh", bidirectional: bool = False) -> None:
+        self.nonlinearity = _nonlinearity(nonlinearity)
+        super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
+                         bidirectional)
+
+    def _cell_name(self) -> str:
+        return "rnn_" + self.nonlinearity
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"
+
+
+def _nonlinearity(value: Any) -> str:
+    if value not in ("tanh", "relu"):
+        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {value!r}")
+    return str(value)
+
+
+# ---- the plain cells, and loading torch modules ----
+
+class _Plain(_LNRecurrent[_State]):
+    """LSTM and RNN: the engine's cells without LayerNorm (hence no eps)."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None, bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, 0.0, dtype, seed,
+                         bidirectional)
+
+    @classmethod
+    def _torch_model(cls, module: Any, extra: Dict[str, Any]) -> Self:
+        """A model of module's sizes and directions whose parameters are
+        module's, the two biases of each layer summed where the cell's
+        equations allow (in float64, then rounded once)."""
+        if getattr(module, "proj_size", 0):
+            raise ValueError("module must be without proj_size")
+        dtype = _torch.module_dtype(module)
+        if dtype not in (np.float32, np.float64) and not _is_bf16(dtype):
+            raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32, "
+                            f"float64 or bfloat16: convert it first, e.g. module.float()")
+        if module.num_layers > 1 and module.dropout:
+            warnings.warn(f"module has dropout={module.dropout} between layers; fastln's "
+                          f"RNNs apply no dropout (as torch in eval mode)", stacklevel=3)
+        model = cls(module.input_size, module.hidden_size, module.num_layers,
+                    module.batch_first, dtype=dtype, bidirectional=bool(module.bidirectional),
+                    **extra)
+        sd = {k: _torch.to_numpy(v) for k, v in module.state_dict().items()}
+        H, state = model.hidden_size, {}
+        for k in range(model.num_layers):
+            for sfx in _DIRECTIONS[:model.num_directions]:
+                layer = f"_l{k}{sfx}"
+                state["weight_ih" + layer] = sd["weight_ih" + layer]
+                state["weight_hh" + layer] = sd["weight_hh" + layer]
+                b_ih = b_hh = np.zeros(model._shapes["weight_ih" + layer][0])
+                if module.bias:
+                    b_ih = sd["bias_ih" + layer].astype(np.float64)
+                    b_hh = sd["bias_hh" + layer].astype(np.float64)
+                if model._kind == "gru_plain":   # b_hn stays inside r * (...)
+                    state["bias" + layer] = np.concatenate([b_ih[:2 * H] + b_hh[:2 * H],
+                                                            b_ih[2 * H:]])
+                    state["bias_hn" + layer] = b_hh[2 * H:]
+                else:
+                    state["bias" + layer] = b_ih + b_hh
+        model.load_state_dict(state)
+        return model
+
+
+class LSTM(_Plain[Tuple[_Array, _Array]]):
+    """Plain LSTM (no LayerNorm) in the same engine: the baseline of LNLSTM.
+
+    ``gates = x W_ih^T + h W_hh^T + bias`` (order i, f, g, o),
+    ``c' = sigmoid(f)*c + sigmoid(i)*tanh(g)``, ``h' = sigmoid(o)*tanh(c')``:
+    torch.nn.LSTM's equations with its two biases summed into one.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
+    seed : int or None, default None
+        Seeds the generator of the initial weights, U(-1/sqrt(H), 1/sqrt(H));
+        ``bias`` starts at 0 (as in LNLSTM, so that the two compare fairly).
+    bidirectional : bool, default False
+        As for :class:`LNLSTM`.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}`` (4H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`.
+
+    Notes
+    -----
+    Methods and state are those of :class:`LNLSTM`: ``forward``, ``backward``,
+    ``step``, ``state_dict``, ``load_state_dict``; the state is (h, c).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import LSTM
+    >>> m = LSTM(input_size=4, hidden_size=8, seed=0)
+    >>> y, (h, c) = m.forward(np.zeros((3, 2, 4), np.float32))
+    >>> y.shape
+    (3, 2, 8)
+    """
+    _kind = "lstm_plain"
+    _has_cell = True
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None, bidirectional: bool = False) -> None:
+        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
+                         bidirectional)
+
+    @classmethod
+    def from_torch(cls, module: Any) -> Self:
+        """An LSTM with the sizes and weights of a ``torch.nn.LSTM``.
+
+        Parameters
+        ----------
+        module : torch.nn.LSTM
+            Without ``proj_size``, float32, float64 or bfloat16 (a
+            bfloat16 module gives a bfloat16 model, for inference). Its ``bias_ih_l{k} +
+            bias_hh_l{k}`` become ``bias_l{k}`` (and likewise with the suffix
+            ``_reverse``); ``batch_first`` and ``bidirectional`` are kept;
+            dropout between layers is not applied (a warning says so).
+
+        Returns
+        -------
+        LSTM
+            Its forward matches ``module(x)`` (in eval mode) to rounding.
+
+        Raises
+        ------
+        TypeError
+            module is not a ``torch.nn.LSTM``, or not float32, float64 or bfloat16.
+        ValueError
+            module has ``proj_size``.
+
+        Warns
+        -----
+        UserWarning
+            module has dropout between layers, which fastln does not apply.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from fastln.rnn import LSTM
+        >>> t = torch.nn.LSTM(4, 8, num_layers=2)
+        >>> m = LSTM.from_torch(t)
+        >>> m
+        LSTM(input_size=4, hidden_size=8, num_layers=2, batch_first=False, dtype=float32)
+        >>> x = np.random.default_rng(0).standard_normal((5, 3, 4)).astype(np.float32)
+        >>> with torch.no_grad():
+        ...     want = t(torch.from_numpy(x))[0].numpy()
+        >>> bool(np.allclose(m.forward(x)[0], want, atol=1e-5))
+        True
+        """
+        _torch.check_module(module, "LSTM")
+        return cls._torch_model(module, {})
+
+
+class RNN(_Plain[_Array]):
+    """Plain Elman RNN (no LayerNorm) in the same engine: the baseline of LNRNN.
+
+    ``h' = f(x W_ih^T + h W_hh^T + bias)``, f = tanh or relu: torch.nn.RNN's
+    equation with its two biases summed into one.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state and y.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LSTM`.
+    nonlinearity : {"tanh", "relu"}, default "tanh"
+        The f above.
+    bidirectional : bool, default False
+        As for :class:`LSTM`.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (H, I_k), ``weight_hh_l{k}`` (H, H), ``bias_l{k}`` (H).
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LNLSTM`; ValueError also for another nonlinearity.
+
+    Notes
+    -----
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import RNN
+    >>> m = RNN(input_size=3, hidden_size=4, seed=0)
+    >>> y, h = m.forward(np.zeros((5, 2, 3), np.float32))
+    >>> bool(np.all(y == 0))        # zero input, zero state and zero bias
+    True
+    """
+    _kind = "rnn_plain"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None, nonlinearity: str = "tanh",
+                 bidirectional: bool = False) -> None:
+        self.nonlinearity = _nonlinearity(nonlinearity)
+        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
+                         bidirectional)
+
+    def _cell_name(self) -> str:
+        return f"rnn_{self.nonlinearity}_plain"
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"
+
+    @classmethod
+    def from_torch(cls, module: Any) -> Self:
+        """An RNN with the sizes, nonlinearity and weights of a ``torch.nn.RNN``.
+
+        Parameters
+        ----------
+        module : torch.nn.RNN
+            As for :meth:`LSTM.from_torch`; its ``nonlinearity`` is kept.
+
+        Returns
+        -------
+        RNN
+            Its forward matches ``module(x)`` (in eval mode) to rounding.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`LSTM.from_torch`, for a ``torch.nn.RNN``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from fastln.rnn import RNN
+        >>> RNN.from_torch(torch.nn.RNN(4, 8, nonlinearity="relu", batch_first=True))
+        RNN(input_size=4, hidden_size=8, num_layers=1, batch_first=True, dtype=float32,
+            nonlinearity='relu')
+        """
+        _torch.check_module(module, "RNN")
+        return cls._torch_model(module, {"nonlinearity": module.nonlinearity})
+
+
+class GRU(_Plain[_Array]):
+    """Plain GRU (no LayerNorm) in the same engine: the baseline of LNGRU.
+
+    torch.nn.GRU's equations (gate blocks r, z, n)::
+
+        r = sigmoid(x W_ir^T + h W_hr^T + bias[r])
+        z = sigmoid(x W_iz^T + h W_hz^T + bias[z])
+        n = tanh(x W_in^T + bias[n] + r * (h W_hn^T + bias_hn))
+        h' = (1 - z) * n + z * h
+
+    with torch's two biases summed where they add (r and z); ``bias_hn``
+    stays inside ``r * (...)``. With ``linear_before_reset=False`` the reset
+    gate scales h before its product, ONNX's default form:
+    ``n = tanh(x W_in^T + bias[n] + (r * h) W_hn^T + bias_hn)``.
+
+    Parameters
+    ----------
+    input_size, hidden_size : int
+        The features I of x and H of the state.
+    num_layers : int, default 1
+        Stacked layers.
+    batch_first : bool, default False
+        x and y are (B, T, features) instead of (T, B, features).
+    dtype : {numpy.float32, numpy.float64, ml_dtypes.bfloat16}, default numpy.float32
+    seed : int or None, default None
+        As for :class:`LSTM`.
+    bidirectional : bool, default False
+        As for :class:`LSTM`.
+    linear_before_reset : bool, default True
+        True: torch's (and Keras's) form above; False: ONNX's default form.
+
+    Attributes
+    ----------
+    params : dict of ndarray
+        ``weight_ih_l{k}`` (3H, I_k), ``weight_hh_l{k}`` (3H, H), rows in
+        blocks [r, z, n]; ``bias_l{k}`` (3H) = [b_ir + b_hr, b_iz + b_hz,
+        b_in]; ``bias_hn_l{k}`` (H) = b_hn. A bidirectional model also has
+        each with the suffix ``_reverse``.
+    grads : dict of ndarray
+        Filled by :meth:`backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`LSTM`; TypeError also for a linear_before_reset that is
+        not a bool.
+
+    Notes
+    -----
+    The state is h, (D * num_layers, B, H), D = 2 if bidirectional else 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fastln.rnn import GRU
+    >>> m = GRU(input_size=3, hidden_size=4, bidirectional=True, seed=0)
+    >>> y, h = m.forward(np.ones((5, 2, 3), np.float32))
+    >>> y.shape, h.shape
+    ((5, 2, 8), (2, 2, 4))
+    """
+    _kind = "gru_plain"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
+                 seed: Optional[int] = None, bidirectional: bool = False,
+                 linear_before_reset: bool = True) -> None:
+        self.linear_before_reset = _api._flag(linear_before_reset, "linear_before_reset")
+        super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
+                         bidirectional)
+
+    def _cell_name(self) -> str:
+        return "gru_plain" if self.linear_before_reset else "gru_plain_reset_first"
+
+    def __repr__(self) -> str:
+        if self.linear_before_reset:
+            return super().__repr__()
+        return super().__repr__()[:-1] + ", linear_before_reset=False)"
+
+    @classmethod
+    def from_torch(cls, module: Any) -> Self:
+        """A GRU with the sizes, directions and weights of a ``torch.nn.GRU``.
+
+        Parameters
+        ----------
+        module : torch.nn.GRU
+            As for :meth:`LSTM.from_torch`: ``bias_ih_l{k} + bias_hh_l{k}``
+            become ``bias_l{k}`` in the r and z blocks, ``bias_ih``'s n block
+            is ``bias_l{k}``'s, and ``bias_hh``'s n block is ``bias_hn_l{k}``.
+
+        Returns
+        -------
+        GRU
+            Its forward matches ``module(x)`` (in eval mode) to rounding.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`LSTM.from_torch`, for a ``torch.nn.GRU``.
+
+        Examples
+        --------
+        >>> import numpy as np, torch
+        >>> from fastln.rnn import GRU
+        >>> t = torch.nn.GRU(4, 8, num_layers=2, bidirectional=True)
+        >>> m = GRU.from_torch(t)
+        >>> x = np.random.default_rng(0).standard_normal((5, 3, 4)).astype(np.float32)
+        >>> with torch.no_grad():
+        ...     want = t(torch.from_numpy(x))[0].numpy()
+        >>> bool(np.allclose(m.forward(x)[0], want, atol=1e-5))
+        True
+        """
+        _torch.check_module(module, "GRU")
+        return cls._torch_model(module, {})
+
+
+# PyTorch's benchmark LayerNormLSTMCell (benchmarks/fastrnns/custom_lstms.py)
