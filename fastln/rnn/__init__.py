@@ -50,10 +50,13 @@ True
 """
 from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
 from ._onnx import from_onnx
+from ._streams import StreamTable, TableFullError, UnknownStreamError
 
-__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx"]
+__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx", "StreamTable",
+           "TableFullError", "UnknownStreamError"]
 
 # the public names say where users import them from (reprs, pickles, docs)
-for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, from_onnx):
+for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, from_onnx, StreamTable, TableFullError,
+             UnknownStreamError):
     _obj.__module__ = __name__
 del _obj

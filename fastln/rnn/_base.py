@@ -772,6 +772,21 @@ class _LNRecurrent(Generic[_State]):
             xs = _to_bf16(xs)
         return xs, cast(_State, (h, states[1]) if self._has_cell else h)
 
+    def _table_step(self, h_table: _Array, c_table: Optional[_Array], slots: _Array,
+                    x: npt.ArrayLike, out: Optional[_Array]) -> _Array:
+        """step() of the streams whose states are rows `slots` of the tables
+        (num_layers, capacity, H), which it updates (StreamTable.step)."""
+        state = (h_table[:, slots], c_table[:, slots]) if c_table is not None else h_table[:, slots]
+        y, new = self.step(x, state)
+        if c_table is not None:
+            h_table[:, slots], c_table[:, slots] = new
+        else:
+            h_table[:, slots] = new
+        if out is not None:
+            out[...] = y
+            return out
+        return y
+
     def to(self, dtype: npt.DTypeLike) -> Self:
         """A copy of the model with its parameters in dtype (as PyTorch's ``.to``).
 
