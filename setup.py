@@ -42,7 +42,8 @@ from setuptools.command.build_ext import build_ext
 C_SOURCES = ["src_c/avx512_rows16_fwd_half.c", "src_c/avx512_long_bwd.c",
              "src_c/avx512_long_fwd.c", "src_c/avx512_rows16_bwd.c", "src_c/avx512_rows16_fwd.c",
              "src_c/kernels_avx2.c", "src_c/kernels_avx512.c", "src_c/kernels_generic.c",
-             "src_c/dispatch.c", "src_c/policy.c", "src_c/rnn.c", "src_c/pool.c"]
+             "src_c/dispatch.c", "src_c/policy.c", "src_c/rnn.c", "src_c/rnn_step.c",
+             "src_c/pool.c"]
 
 assert sorted(C_SOURCES) == sorted(glob.glob("src_c/*.c")), "C_SOURCES and src_c/*.c differ"
 
@@ -145,9 +146,20 @@ ext = Extension(
     depends=sorted(glob.glob("src_c/*.h")),
 )
 
+# the recurrent engine's binding: compiles no C of its own, it calls the
+# kernels of fastln._core through the functions that fastln/_core.pxd declares
+engine = Extension(
+    "fastln.rnn._engine",
+    sources=["fastln/rnn/_engine.pyx"],
+    include_dirs=["src_c", np.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                   ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
+    depends=["fastln/_core.pxd", "src_c/fastln_rnn.h"],
+)
+
 setup(
-    ext_modules=cythonize([ext], language_level=3),
+    ext_modules=cythonize([ext, engine], language_level=3),
     cmdclass={"build_ext": BuildExt},
     # PEP 561: the stubs of the compiled module and the marker that the package is typed
-    package_data={"fastln": ["py.typed", "*.pyi"]},
+    package_data={"fastln": ["py.typed", "*.pyi"], "fastln.rnn": ["*.pyi"]},
 )

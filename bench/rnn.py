@@ -75,8 +75,8 @@ import numpy as np  # noqa: E402
 
 import fastln  # noqa: E402
 from bench import harness  # noqa: E402
-from fastln import _core as fastln_core  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
+from fastln.rnn import _engine as fastln_engine  # noqa: E402
 
 torch = harness._torch           # None when torch is not installed
 
@@ -503,7 +503,7 @@ def _bf16():
 def bf16_path():
     """The path of a bfloat16 model's products, as the engine chooses it: "AMX",
     "AVX512-BF16" (VDPBF16PS) or "float32 kernels" (on widened weights)."""
-    path = fastln_core._rnn_bf16_products()
+    path = fastln_engine.bf16_products()
     return "float32 kernels" if path == "float32" else path
 
 

@@ -22,6 +22,8 @@ _Out: TypeAlias = _Array | tuple[_Array | None, _Array | None] | None
 _api: ModuleType
 # Cython's table of docstrings for doctest (empty)
 __test__: dict[str, str]
+# the C functions that fastln.rnn._engine cimports (fastln/_core.pxd), as capsules
+__pyx_capi__: dict[str, Any]
 
 # ---- public functions --------------------------------------------------------
 
@@ -329,7 +331,6 @@ def isa_supported(name: str) -> bool: ...
 def _set_isa(name: str) -> None: ...
 def _parallel_copy(dst: _Array, src: _Array, nt: bool = ...) -> None: ...
 def _half_convert(src: _Array, dst: _Array) -> None: ...
-def _rnn_bf16_products() -> str: ...
 def _set_default_threads(n: int) -> None: ...
 
 # ---- the run-time policy -----------------------------------------------------
@@ -439,87 +440,3 @@ def _norm_channels_backward(
     S: int,
 ) -> int: ...
 
-# ---- LN-RNN engine (used by fastln.rnn) ---------------------------------------
-
-# cell name -> the engine's cell code
-_CELLS: dict[str, int]
-# (cell, input size, hidden size) -> _rnn_param_sizes' result
-_SIZES: dict[tuple[str, int, int], tuple[int, ...]]
-
-def _rnn_param_sizes(cell: str, I: int, H: int) -> tuple[int, ...]: ...
-def _rnn_cache_size(cell: str, T: int, B: int, H: int) -> int: ...
-def _rnn_work_size(cell: str, T: int, B: int, H: int) -> int: ...
-def _rnn_forward(
-    cell: str,
-    T: int,
-    B: int,
-    I: int,
-    H: int,
-    eps: float,
-    x: _Array,
-    params: Sequence[_Array],
-    lengths: _Array | None,
-    cache: _Array | None,
-    y: _Array,
-    h: _Array,
-    c: _Array | None,
-    reverse: bool = False,
-    wbf16: bool = False,
-    packed: _Array | None = None,
-) -> int: ...
-def _rnn_pack(cell: str, wbf16: bool, I: int, H: int, w_ih: _Array, w_hh: _Array
-              ) -> _Array | None: ...
-def _rnn_forward2(
-    cell: str,
-    T: int,
-    B: int,
-    I: int,
-    H: int,
-    eps: float,
-    x: _Array,
-    params2: Sequence[Sequence[_Array]],
-    lengths: _Array | None,
-    caches2: Sequence[_Array] | None,
-    y: _Array,
-    h2: Sequence[_Array] | _Array,
-    c2: Sequence[_Array] | _Array | None,
-    wbf16: bool = False,
-    packed2: Sequence[_Array | None] | None = None,
-) -> int: ...
-def _rnn_backward(
-    cell: str,
-    T: int,
-    B: int,
-    I: int,
-    H: int,
-    eps: float,
-    x: _Array,
-    params: Sequence[_Array],
-    lengths: _Array | None,
-    cache: _Array,
-    dy: _Array,
-    dh: _Array,
-    dc: _Array | None,
-    dx: _Array | None,
-    grads: Sequence[_Array],
-    work: _Array | None = None,
-    reverse: bool = False,
-) -> int: ...
-def _rnn_backward2(
-    cell: str,
-    T: int,
-    B: int,
-    I: int,
-    H: int,
-    eps: float,
-    x: _Array,
-    params2: Sequence[Sequence[_Array]],
-    lengths: _Array | None,
-    caches2: Sequence[_Array],
-    dy: _Array,
-    dh2: Sequence[_Array] | _Array,
-    dc2: Sequence[_Array] | _Array | None,
-    dx: _Array | None,
-    grads2: Sequence[Sequence[_Array]],
-    works2: Sequence[_Array | None],
-) -> int: ...

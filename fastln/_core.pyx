@@ -126,7 +126,6 @@ cdef extern from "internal.h" nogil:
     void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
     void fastln_set_default_threads(int n)
     int fastln_half_convert(int kind, int widen, void *dst, const void *src, int64_t n)
-    const char *fastln_rnn_bf16_products()
 
 cdef extern from "policy.h" nogil:
     ctypedef struct fastln_caches:
@@ -210,20 +209,7 @@ try:
 except ImportError:  # pragma: no cover
     pass
 
-cdef inline bint _fast(object a, int tn) noexcept:
-    """a is an aligned, C-contiguous, native-order ndarray of type number tn."""
-    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
 
-cdef inline int _float_type(object x) noexcept:
-    """NPY_FLOAT or NPY_DOUBLE when x takes the fast path (any rank >= 1), else -1."""
-    if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:
-        return -1
-    cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    if (tn == cnp.NPY_FLOAT or tn == cnp.NPY_DOUBLE) and _fast(x, tn):
-        return tn
-    return -1
 
 cdef inline int _kernel_code(object x, int *tn, int *vt) noexcept:
     """The code _ln and the like take for x on the fast path: x's type number
@@ -338,15 +324,6 @@ def _empty_rows(int64_t N, int64_t H, dtype):
         return cnp.PyArray_EMPTY(2, dims, dtype.num, 0)
     return _cached_empty(2, dims, dtype.num)
 
-cdef inline void *_ptr(object a) noexcept:
-    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
-
-cdef inline int _check(int rc) except -1:
-    if rc == 1:
-        raise MemoryError("fastln: could not allocate scratch memory")
-    if rc != 0:
-        raise ValueError("fastln: invalid sizes")
-    return 0
 
 
 # ---- row kernels on canonical arrays ---------------------------------------
@@ -1521,48 +1498,10 @@ def _half_convert(src, dst):
         fastln_half_convert(kind, widen, d, s, n)
 
 
-def _rnn_bf16_products():
-    """Where a bfloat16 model's products run on the path in use: "AMX",
-    "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
-    kernels' panels)."""
-    return fastln_rnn_bf16_products().decode()
-
-
-# ---- LN-RNN engine (src_c/fastln_rnn.h) ------------------------------------
-# fastln.rnn calls these with canonical arrays (time-major, C-contiguous, the
-# model's dtype); the sizes are re-checked here so that no caller can make the
-# engine read or write past a buffer. BLAS is SciPy's, found on first use.
+# ---- the recurrent engine's entry points (fastln/_core.pxd) ----------------
+# fastln.rnn._engine binds the engine; it calls the C functions through these.
 
 cdef extern from "fastln_rnn.h" nogil:
-    ctypedef void (*fastln_sgemm_fn)(char *, char *, int *, int *, int *, float *, float *,
-                                     int *, float *, int *, float *, float *, int *)
-    ctypedef void (*fastln_dgemm_fn)(char *, char *, int *, int *, int *, double *, double *,
-                                     int *, double *, int *, double *, double *, int *)
-    ctypedef struct fastln_rnn_args:
-        int cell
-        int64_t steps, batch, input, hidden
-        double eps
-        const void *params[10]
-        const int64_t *lengths
-        void *h
-        void *c
-        void *dh
-        void *dc
-        const void *x
-        void *y
-        void *cache
-        const void *dy
-        void *dx
-        void *grads[10]
-        void *work
-        int (*interrupt)(void *ctx) noexcept
-        void *interrupt_ctx
-        int reverse
-        int64_t ldy
-        int wtype
-        const void *packed
-    int FASTLN_EINTR
-    int FASTLN_RNN_W_BF16
     int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden)
     int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input,
                         int64_t hidden, const void *w_ih, const void *w_hh)
@@ -1576,253 +1515,59 @@ cdef extern from "fastln_rnn.h" nogil:
     int fastln_rnn_forward2_f64(const fastln_rnn_args *a)
     int fastln_rnn_backward2_f32(const fastln_rnn_args *a)
     int fastln_rnn_backward2_f64(const fastln_rnn_args *a)
+    int fastln_rnn_step_f32(const fastln_rnn_step_args *s)
+    int fastln_rnn_step_f64(const fastln_rnn_step_args *s)
     void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
+    const char *fastln_rnn_bf16_products()
 
-cdef extern from "Python.h":
-    int PyErr_CheckSignals_raw "PyErr_CheckSignals" () nogil
-    void *PyCapsule_GetPointer(object capsule, const char *name) except? NULL
-    const char *PyCapsule_GetName(object capsule) except? NULL
+cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden) noexcept nogil:
+    return fastln_rnn_packed_size(cell, wtype, input, hidden)
 
-cdef bint _blas_ready = False
+cdef int rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input, int64_t hidden,
+                  const void *w_ih, const void *w_hh) noexcept nogil:
+    return fastln_rnn_pack(out, size, cell, wtype, input, hidden, w_ih, w_hh)
 
-cdef int _init_blas() except -1:
-    """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
-    global _blas_ready
-    if _blas_ready:
-        return 0
-    from scipy.linalg import cython_blas
-    capi = cython_blas.__pyx_capi__
-    s, d = capi["sgemm"], capi["dgemm"]
-    fastln_rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
-                        <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
-    _blas_ready = True
-    return 0
+cdef int64_t rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H) noexcept nogil:
+    return fastln_rnn_cache_size(cell, T, B, H)
 
-cdef int _poll_signals(void *ctx) noexcept nogil:
-    """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
-    with gil:
-        return PyErr_CheckSignals_raw()
+cdef int64_t rnn_work_size(int cell, int64_t T, int64_t B, int64_t H) noexcept nogil:
+    return fastln_rnn_work_size(cell, T, B, H)
 
-cdef int _pending() except -1:
-    return -1   # re-raises the exception _poll_signals left set
+cdef int rnn_forward_f32(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_forward_f32(a)
 
-# the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
-_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,
-          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
-          "gru_plain_reset_first": 27}
+cdef int rnn_forward_f64(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_forward_f64(a)
 
-_SIZES = {}
+cdef int rnn_backward_f32(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_backward_f32(a)
 
-def _rnn_param_sizes(str cell, int64_t I, int64_t H):
-    """Element counts of one layer's parameters, in fastln_rnn.h order."""
-    key = (cell, I, H)
-    sizes = _SIZES.get(key)
-    if sizes is None:
-        if cell == "lstm":
-            sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
-        elif cell == "gru":
-            sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
-        elif cell == "lstm_plain":
-            sizes = (4 * H * I, 4 * H * H, 4 * H)
-        elif cell.startswith("gru_plain"):
-            sizes = (3 * H * I, 3 * H * H, 3 * H, H)
-        elif cell.endswith("_plain"):
-            sizes = (H * I, H * H, H)
-        else:
-            sizes = (H * I, H * H, H, H)
-        if len(_SIZES) < 64:
-            _SIZES[key] = sizes
-    return sizes
+cdef int rnn_backward_f64(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_backward_f64(a)
 
-def _rnn_cache_size(str cell, int64_t T, int64_t B, int64_t H):
-    return fastln_rnn_cache_size(_CELLS[cell], T, B, H)
+cdef int rnn_forward2_f32(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_forward2_f32(a)
 
-def _rnn_work_size(str cell, int64_t T, int64_t B, int64_t H):
-    return fastln_rnn_work_size(_CELLS[cell], T, B, H)
+cdef int rnn_forward2_f64(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_forward2_f64(a)
 
-cdef int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
-    if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n
-            and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))):
-        raise ValueError("internal: bad array for " + what)
-    return 0
+cdef int rnn_backward2_f32(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_backward2_f32(a)
 
-cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,
-                   int nbf16=0) except -1:
-    """dst[k] = the data of arrays[k], each checked against sizes[k]; the
-    first nbf16 hold bfloat16 bits (uint16)."""
-    if len(arrays) != len(sizes):
-        raise ValueError("internal: wrong number of " + what)
-    for k in range(len(sizes)):
-        _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
-        dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
-    return 0
+cdef int rnn_backward2_f64(const fastln_rnn_args *a) noexcept nogil:
+    return fastln_rnn_backward2_f64(a)
 
-cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
-                    int64_t H, double eps, x, params, lengths, cache, bint cache_required,
-                    bint wbf16=False) except -1:
-    """Fills the sizes, parameters, x, lengths and cache of a; returns the type number.
-    wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
-    cdef int tn = _float_type(x)
-    if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
-        raise ValueError("internal: bad x or sizes")
-    _arr(x, tn, T * B * I, False, "x")
-    _arr_list(<void **>a.params, params, tn, _rnn_param_sizes(cell, I, H), False, "params",
-              2 if wbf16 else 0)
-    if wbf16:
-        a.wtype = FASTLN_RNN_W_BF16
-    if lengths is not None:
-        _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
-    cdef int code = _CELLS[cell]
-    if cache is not None or cache_required:
-        _arr(cache, tn, fastln_rnn_cache_size(code, T, B, H), True, "cache")
-    a.cell = code
-    a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
-    a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
-    a.lengths = <const int64_t *>_ptr(lengths)
-    a.cache = _ptr(cache)
-    a.interrupt = _poll_signals
-    return tn
+cdef int rnn_step_f32(const fastln_rnn_step_args *s) noexcept nogil:
+    return fastln_rnn_step_f32(s)
 
-cdef int _rnn_status(int rc) except -1:
-    if rc == FASTLN_EINTR:
-        return _pending()
-    return _check(rc)
+cdef int rnn_step_f64(const fastln_rnn_step_args *s) noexcept nogil:
+    return fastln_rnn_step_f64(s)
 
-cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
-                           int64_t H, double eps, x, params, lengths, cache, y, h, c,
-                           int d, int nd, bint wbf16=False, packed=None) except -1:
-    """a = direction d of nd (d = 1: reverse) of one layer forward: y (T, B, nd*H)
-    takes its H columns at offset d*H; h, c (B, H) are updated in place.
-    wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
-    memset(a, 0, sizeof(a[0]))
-    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
-                             wbf16)
-    if packed is not None:
-        _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
-        if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= fastln_rnn_packed_size(
-                _CELLS[cell], a.wtype, I, H):
-            a.packed = _ptr(packed)
-    _arr(y, tn, T * B * H * nd, True, "y")
-    _arr(h, tn, B * H, True, "h")
-    if cell.startswith("lstm"):
-        _arr(c, tn, B * H, True, "c")
-    a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
-    a.h, a.c = _ptr(h), _ptr(c)
-    a.reverse, a.ldy = d, H * nd
-    return tn
+cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept nogil:
+    fastln_rnn_set_blas(sgemm, dgemm)
 
-def _rnn_pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):
-    """One layer's weights packed for the forward on the path in use
-    (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
-    cdef int code = _CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
-    cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
-    if tn < 0 or I < 1 or H < 1:
-        raise ValueError("internal: bad weights for _rnn_pack")
-    sizes = _rnn_param_sizes(cell, I, H)
-    _arr(w_ih, tn, sizes[0], False, "w_ih")
-    _arr(w_hh, tn, sizes[1], False, "w_hh")
-    cdef int64_t n = fastln_rnn_packed_size(code, wt, I, H)
-    if n <= 0 or tn == cnp.NPY_DOUBLE:
-        return None
-    buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
-    cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63
-    out = buf[skip:skip + n]
-    cdef void *o = _ptr(out)
-    cdef const void *wi = _ptr(w_ih)
-    cdef const void *wh = _ptr(w_hh)
-    cdef int rc
-    with nogil:
-        rc = fastln_rnn_pack(o, n, code, wt, I, H, wi, wh)
-    _check(rc)
-    return out
-
-def _rnn_forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                 x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,
-                 packed=None):
-    """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
-    with reverse, each sequence runs from its last valid step back to its first.
-    wbf16: W_ih and W_hh are bfloat16 bits (uint16); packed: None or _rnn_pack's."""
-    cdef fastln_rnn_args a
-    _init_blas()
-    cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
-                                    y, h, c, 0, 1, wbf16, packed)
-    a.reverse = reverse
-    cdef int rc
-    with nogil:
-        rc = fastln_rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_forward_f64(&a)
-    return _rnn_status(rc)
-
-def _rnn_forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                  x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):
-    """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
-    params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
-    and packed2 may be None."""
-    cdef fastln_rnn_args a[2]
-    _init_blas()
-    cdef int tn = 0, d
-    for d in range(2):
-        tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
-                               None if caches2 is None else caches2[d], y, h2[d],
-                               None if c2 is None else c2[d], d, 2, wbf16,
-                               None if packed2 is None else packed2[d])
-    cdef int rc
-    with nogil:
-        rc = fastln_rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else fastln_rnn_forward2_f64(a)
-    return _rnn_status(rc)
-
-cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
-                            int64_t H, double eps, x, params, lengths, cache, dy, dh, dc, dx,
-                            grads, work, int d, int nd) except -1:
-    """a = direction d of nd of one layer backward: dy (T, B, nd*H) read at
-    column offset d*H; dh, dc (B,H) from the final to the initial state's
-    gradient in place; dx (T,B,I) or None; grads filled (params' sizes);
-    work: None or scratch of _rnn_work_size elements."""
-    memset(a, 0, sizeof(a[0]))
-    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
-    _arr(dy, tn, T * B * H * nd, False, "dy")
-    _arr(dh, tn, B * H, True, "dh")
-    if cell.startswith("lstm"):
-        _arr(dc, tn, B * H, True, "dc")
-    if dx is not None:
-        _arr(dx, tn, T * B * I, True, "dx")
-    _arr_list(a.grads, grads, tn, _rnn_param_sizes(cell, I, H), True, "grads")
-    if work is not None:
-        _arr(work, tn, fastln_rnn_work_size(a.cell, T, B, H), True, "work")
-    a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
-    a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
-    a.reverse, a.ldy = d, H * nd
-    return tn
-
-def _rnn_backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                  x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,
-                  bint reverse=False):
-    """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
-    cdef fastln_rnn_args a
-    _init_blas()
-    cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
-                                     dy, dh, dc, dx, grads, work, 0, 1)
-    a.reverse = reverse
-    cdef int rc
-    with nogil:
-        rc = fastln_rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward_f64(&a)
-    return _rnn_status(rc)
-
-def _rnn_backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                   x, params2, lengths, caches2, dy, dh2, dc2, dx, grads2, works2):
-    """Both directions of one layer backward (fastln_rnn_backward2): dy (T,B,2H);
-    dx receives the sum of the two directions' input gradients; the other
-    arguments a pair each (forward, reverse), dc2 None without a cell state."""
-    cdef fastln_rnn_args a[2]
-    _init_blas()
-    cdef int tn = 0, d
-    for d in range(2):
-        tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
-                                caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
-                                dx if d == 0 else None, grads2[d], works2[d], d, 2)
-    cdef int rc
-    with nogil:
-        rc = fastln_rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else fastln_rnn_backward2_f64(a)
-    return _rnn_status(rc)
+cdef const char *rnn_bf16_products() noexcept nogil:
+    return fastln_rnn_bf16_products()
 
 
 # ---- channels first (fastln.h) ----------------------------------------------

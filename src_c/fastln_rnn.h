@@ -148,6 +148,35 @@ int fastln_rnn_forward2_f64(const fastln_rnn_args a[2]);
 int fastln_rnn_backward2_f32(const fastln_rnn_args a[2]);
 int fastln_rnn_backward2_f64(const fastln_rnn_args a[2]);
 
+/* One time step of a stack of layers (the forward of each at T = 1, one
+ * call), for B streams whose states are rows of state tables:
+ *   layers[k]: layer k's arguments, as for fastln_rnn_forward_*, with cell
+ *     (the same for every layer), input, hidden (the same for every layer),
+ *     eps, params, wtype and packed set; the step sets the rest. Layer 0
+ *     reads x (B, layers[0].input), layer k > 0 layer k-1's output.
+ *   y (B, H): the top layer's output.
+ *   h, c (num_layers, table_rows, H): the state tables (c: LSTM only, else
+ *     NULL). With rows (B indices in [0, table_rows), no two alike) stream b's
+ *     state is row rows[b] of each layer's table, gathered before the step
+ *     and written back after it, only when every layer succeeded. Without
+ *     rows, table_rows == B and the tables are the batch's state, updated in
+ *     place; h_in, c_in (num_layers, B, H), when given, are copied into them
+ *     first (the step's input state, left unchanged).
+ * Returns FASTLN_OK, FASTLN_EINVAL (bad sizes, cells, chaining or rows; repeated
+ * rows are the caller's to rule out) or FASTLN_ENOMEM. */
+typedef struct {
+    const fastln_rnn_args *layers;
+    int64_t num_layers, batch, table_rows;
+    const int64_t *rows;          /* (B) or NULL */
+    void *h, *c;                  /* state tables */
+    const void *h_in, *c_in;      /* NULL, or the input state (without rows only) */
+    const void *x;
+    void *y;
+} fastln_rnn_step_args;
+
+int fastln_rnn_step_f32(const fastln_rnn_step_args *s);
+int fastln_rnn_step_f64(const fastln_rnn_step_args *s);
+
 /* Fortran BLAS ?gemm (column-major, int arguments), or NULL for the C loop. */
 typedef void (*fastln_sgemm_fn)(char *, char *, int *, int *, int *, float *, float *, int *,
                                 float *, int *, float *, float *, int *);

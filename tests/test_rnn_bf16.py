@@ -120,14 +120,14 @@ def test_batch_invariance_other_paths(env):
     if env.get("FASTLN_ISA") == "avx2" and "avx2" not in fastln.supported_isas():
         pytest.fail("an x86 CPU with the packed kernels has AVX2")
     code = """
-import numpy as np, ml_dtypes, fastln
+import numpy as np, ml_dtypes, fastln, fastln.rnn._engine
 import test_rnn_bf16 as t
 from fastln.rnn import LNLSTM, GRU
 for make in (lambda: LNLSTM(12, 40, seed=1), lambda: GRU(12, 40, seed=2)):
     m = make()
     t._assert_row_invariant(m, 12)
     t._assert_row_invariant(m.to(ml_dtypes.bfloat16), 12)
-print("ok", fastln._core._rnn_bf16_products())
+print("ok", fastln.rnn._engine.bf16_products())
 """
     import os
     env = dict(os.environ, **env)
@@ -136,7 +136,7 @@ print("ok", fastln._core._rnn_bf16_products())
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-2000:]
     # the products ran where the environment sent them: AVX2 has no bfloat16
     # products; without AMX, VDPBF16PS where the CPU has it
-    here = fastln._core._rnn_bf16_products()
+    here = fastln.rnn._engine.bf16_products()
     want = "float32" if "FASTLN_ISA" in env or here == "float32" else "AVX512-BF16"
     assert out.stdout.split()[1] == want, out.stdout
 

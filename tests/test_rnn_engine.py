@@ -6,7 +6,7 @@ import pytest
 
 import fastln
 from fastln import _core
-from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN
+from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN, _engine
 
 from _util import run_python
 
@@ -87,7 +87,7 @@ def test_cache_size(cls, kw, per_h):
     plus one step for the initial state; nothing at all with cache=False."""
     T, B, H = 50, 4, 64
     cell = cls(8, H)._cell_name()
-    size = _core._rnn_cache_size(cell, T, B, H)
+    size = _engine.cache_size(cell, T, B, H)
     assert size <= per_h * H * T * B
     m = cls(8, H)
     m.forward(np.zeros((T, B, 8), np.float32), cache=False)
@@ -131,18 +131,18 @@ def test_engine_rechecks_sizes():
     x = np.zeros((T, B, I), np.float32)
     y, h, c = (np.zeros((T, B, H), np.float32), np.zeros((B, H), np.float32),
                np.zeros((B, H), np.float32))
-    _core._rnn_forward("lstm", T, B, I, H, 1e-5, x, params, None, None, y, h, c)
+    _engine.forward("lstm", T, B, I, H, 1e-5, x, params, None, None, y, h, c)
     with pytest.raises(ValueError, match="internal"):
-        _core._rnn_forward("lstm", T + 1, B, I, H, 1e-5, x, params, None, None, y, h, c)
+        _engine.forward("lstm", T + 1, B, I, H, 1e-5, x, params, None, None, y, h, c)
     with pytest.raises(ValueError, match="internal"):
-        _core._rnn_forward("lstm", T, B, I, H, 1e-5, x, params, None, None, y, h, None)
+        _engine.forward("lstm", T, B, I, H, 1e-5, x, params, None, None, y, h, None)
     with pytest.raises(ValueError, match="internal"):
-        _core._rnn_forward("lstm", T, B, I, H, 1e-5, x, params[:-1], None, None, y, h, c)
+        _engine.forward("lstm", T, B, I, H, 1e-5, x, params[:-1], None, None, y, h, c)
     with pytest.raises(ValueError, match="internal"):
-        _core._rnn_forward("lstm", T, B, I, H, 1e-5, x, params, np.ones(B, np.int32), None,
+        _engine.forward("lstm", T, B, I, H, 1e-5, x, params, np.ones(B, np.int32), None,
                            y, h, c)
     with pytest.raises(ValueError, match="internal"):
-        _core._rnn_backward("lstm", T, B, I, H, 1e-5, x, params, None, None, y, h, c, None,
+        _engine.backward("lstm", T, B, I, H, 1e-5, x, params, None, None, y, h, c, None,
                             [np.zeros_like(p) for p in params])
 
 

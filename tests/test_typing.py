@@ -237,6 +237,7 @@ GOOD = """\
 
     import fastln
     from fastln import _core
+    from fastln.rnn import _engine
 
     A = npt.NDArray[Any]
     x = np.ones((4, 8), np.float32)
@@ -263,8 +264,8 @@ GOOD = """\
     ok: bool = _core.isa_supported("avx2")
     n: int = _core.get_num_threads() + _core.get_requested_threads()
     _core.set_num_threads(n)
-    cells: Dict[str, int] = _core._CELLS
-    size: int = _core._rnn_cache_size("lstm", 5, 2, 8) + _core._rnn_work_size("gru", 5, 2, 8)
+    cells: Dict[str, int] = _engine.CELLS
+    size: int = _engine.cache_size("lstm", 5, 2, 8) + _engine.work_size("gru", 5, 2, 8)
 """
 
 # each line marked `# E: code` must get that mypy error, and no other line any

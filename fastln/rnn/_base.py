@@ -23,7 +23,8 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .. import _api, _core, _torch
+from .. import _api, _torch
+from . import _engine
 from ._bf16 import _BF16, _from_bf16, _is_bf16, _model_dtype, _to_bf16
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class _LNRecurrent(Generic[_State]):
         if hit is not None and hit[0] is w_ih and hit[1] is w_hh:
             return hit[2]
         I = self.input_size if k == 0 else self.num_directions * self.hidden_size
-        packed = _core._rnn_pack(self._cell_name(), self._dt is not self.dtype, I, self.hidden_size,
+        packed = _engine.pack(self._cell_name(), self._dt is not self.dtype, I, self.hidden_size,
                                  params[0], params[1])
         self._packs[(k, d)] = (w_ih, w_hh, packed)
         return packed
@@ -554,7 +555,7 @@ class _LNRecurrent(Generic[_State]):
             return y, self._pack_state(states)
         inputs: List[_Array] = []
         caches: List[_Array] = []
-        size = _core._rnn_cache_size(cell, T, B, H)
+        size = _engine.cache_size(cell, T, B, H)
         bf = self._dt is not self.dtype   # a bfloat16 model
         for k in range(self.num_layers):
             I = xs.shape[2]
@@ -565,12 +566,12 @@ class _LNRecurrent(Generic[_State]):
             ps = [self._layer_params(k, d) for d in range(D)]
             packed = [self._packed(k, d, ps[d]) for d in range(D)]
             if D == 1:
-                _core._rnn_forward(cell, T, B, I, H, self.eps, xs, ps[0], lens,
+                _engine.forward(cell, T, B, I, H, self.eps, xs, ps[0], lens,
                                    None if store is None else store[0], y, h[0],
                                    None if c is None else c[0], bool(self.reverse), bf,
                                    packed[0])
             else:
-                _core._rnn_forward2(cell, T, B, I, H, self.eps, xs, ps, lens, store, y, h, c,
+                _engine.forward2(cell, T, B, I, H, self.eps, xs, ps, lens, store, y, h, c,
                                     bf, packed)
             if store is not None:
                 inputs.append(xs)
@@ -660,7 +661,7 @@ class _LNRecurrent(Generic[_State]):
             self._release_cache()
             shape = (0, T, self.input_size) if self.batch_first else (T, 0, self.input_size)
             return np.zeros(shape, self.dtype), self._pack_state(dstates)
-        size = _core._rnn_work_size(cell, T, B, H)
+        size = _engine.work_size(cell, T, B, H)
         if len(self._work) != D or self._work[0].size != size:
             self._work = [np.empty(size, self.dtype) for _ in range(D)]
         work = self._work
@@ -670,12 +671,12 @@ class _LNRecurrent(Generic[_State]):
             dh = dstates[0][D * k:D * k + D]
             dc = dstates[1][D * k:D * k + D] if self._has_cell else None
             if D == 1:
-                _core._rnn_backward(cell, T, B, I, H, self.eps, inputs[k],
+                _engine.backward(cell, T, B, I, H, self.eps, inputs[k],
                                     self._layer_params(k), lens, caches[k], g, dh[0],
                                     None if dc is None else dc[0], dx, self._layer_grads(k),
                                     work[0], bool(self.reverse))
             else:
-                _core._rnn_backward2(cell, T, B, I, H, self.eps, inputs[k],
+                _engine.backward2(cell, T, B, I, H, self.eps, inputs[k],
                                      (self._layer_params(k, 0), self._layer_params(k, 1)), lens,
                                      caches[2 * k:2 * k + 2], g, dh, dc, dx,
                                      (self._layer_grads(k, 0), self._layer_grads(k, 1)), work)
@@ -761,7 +762,7 @@ class _LNRecurrent(Generic[_State]):
                     cast(_State, tuple(states) if self._has_cell else states[0]))
         h = states[0]
         c = states[1] if self._has_cell else (None,) * self.num_layers
-        forward, bf = _core._rnn_forward, self._dt is not self.dtype   # bf: bfloat16
+        forward, bf = _engine.forward, self._dt is not self.dtype   # bf: bfloat16
         for k in range(self.num_layers):
             y = np.empty((B, H), dt)
             ps = self._layer_params(k)

@@ -1,0 +1,97 @@
+"""Stubs of fastln.rnn._engine, the Cython binding of the LN-RNN engine
+(fastln/rnn/_engine.pyx), for type checkers."""
+from collections.abc import Sequence
+from typing import Any
+
+import numpy.typing as npt
+from typing_extensions import TypeAlias
+
+_Array: TypeAlias = npt.NDArray[Any]
+
+# Cython's table of the module's doctests
+__test__: dict[str, str]
+
+def bf16_products() -> str: ...
+
+# cell name -> the engine's cell code
+CELLS: dict[str, int]
+# (cell, input size, hidden size) -> param_sizes' result
+_SIZES: dict[tuple[str, int, int], tuple[int, ...]]
+
+def param_sizes(cell: str, I: int, H: int) -> tuple[int, ...]: ...
+def cache_size(cell: str, T: int, B: int, H: int) -> int: ...
+def work_size(cell: str, T: int, B: int, H: int) -> int: ...
+def forward(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params: Sequence[_Array],
+    lengths: _Array | None,
+    cache: _Array | None,
+    y: _Array,
+    h: _Array,
+    c: _Array | None,
+    reverse: bool = False,
+    wbf16: bool = False,
+    packed: _Array | None = None,
+) -> int: ...
+def pack(cell: str, wbf16: bool, I: int, H: int, w_ih: _Array, w_hh: _Array
+              ) -> _Array | None: ...
+def forward2(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params2: Sequence[Sequence[_Array]],
+    lengths: _Array | None,
+    caches2: Sequence[_Array] | None,
+    y: _Array,
+    h2: Sequence[_Array] | _Array,
+    c2: Sequence[_Array] | _Array | None,
+    wbf16: bool = False,
+    packed2: Sequence[_Array | None] | None = None,
+) -> int: ...
+def backward(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params: Sequence[_Array],
+    lengths: _Array | None,
+    cache: _Array,
+    dy: _Array,
+    dh: _Array,
+    dc: _Array | None,
+    dx: _Array | None,
+    grads: Sequence[_Array],
+    work: _Array | None = None,
+    reverse: bool = False,
+) -> int: ...
+def backward2(
+    cell: str,
+    T: int,
+    B: int,
+    I: int,
+    H: int,
+    eps: float,
+    x: _Array,
+    params2: Sequence[Sequence[_Array]],
+    lengths: _Array | None,
+    caches2: Sequence[_Array],
+    dy: _Array,
+    dh2: Sequence[_Array] | _Array,
+    dc2: Sequence[_Array] | _Array | None,
+    dx: _Array | None,
+    grads2: Sequence[Sequence[_Array]],
+    works2: Sequence[_Array | None],
+) -> int: ...

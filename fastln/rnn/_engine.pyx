@@ -1,0 +1,271 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=True, embedsignature=True
+"""The Cython binding of the LN-RNN engine (src_c/fastln_rnn.h) for fastln.rnn.
+
+fastln.rnn calls these with canonical arrays (time-major, C-contiguous, the
+model's dtype); the sizes are re-checked here so that no caller can make the
+engine read or write past a buffer. The engine itself is compiled into
+fastln._core, whose entry points this module cimports (fastln/_core.pxd).
+BLAS is SciPy's, found on first use. No math lives here.
+"""
+from libc.stdint cimport int64_t
+from libc.string cimport memset
+cimport numpy as cnp
+import numpy as np
+
+from fastln._core cimport (
+    FASTLN_EINTR, FASTLN_RNN_W_BF16, _arr, _check, _fast, _float_type, _ptr, fastln_dgemm_fn,
+    fastln_rnn_args, fastln_rnn_step_args, fastln_sgemm_fn, rnn_backward2_f32,
+    rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products, rnn_cache_size,
+    rnn_forward2_f32, rnn_forward2_f64, rnn_forward_f32, rnn_forward_f64, rnn_pack,
+    rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size)
+
+cnp.import_array()
+
+
+def bf16_products():
+    """Where a bfloat16 model's products run on the path in use: "AMX",
+    "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
+    kernels' panels)."""
+    return rnn_bf16_products().decode()
+
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals_raw "PyErr_CheckSignals" () nogil
+    void *PyCapsule_GetPointer(object capsule, const char *name) except? NULL
+    const char *PyCapsule_GetName(object capsule) except? NULL
+
+cdef bint _blas_ready = False
+
+cdef int _init_blas() except -1:
+    """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
+    global _blas_ready
+    if _blas_ready:
+        return 0
+    from scipy.linalg import cython_blas
+    capi = cython_blas.__pyx_capi__
+    s, d = capi["sgemm"], capi["dgemm"]
+    rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
+                        <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
+    _blas_ready = True
+    return 0
+
+cdef int _poll_signals(void *ctx) noexcept nogil:
+    """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
+    with gil:
+        return PyErr_CheckSignals_raw()
+
+cdef int _pending() except -1:
+    return -1   # re-raises the exception _poll_signals left set
+
+# the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
+CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,
+          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
+          "gru_plain_reset_first": 27}
+
+_SIZES = {}
+
+def param_sizes(str cell, int64_t I, int64_t H):
+    """Element counts of one layer's parameters, in fastln_rnn.h order."""
+    key = (cell, I, H)
+    sizes = _SIZES.get(key)
+    if sizes is None:
+        if cell == "lstm":
+            sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
+        elif cell == "gru":
+            sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
+        elif cell == "lstm_plain":
+            sizes = (4 * H * I, 4 * H * H, 4 * H)
+        elif cell.startswith("gru_plain"):
+            sizes = (3 * H * I, 3 * H * H, 3 * H, H)
+        elif cell.endswith("_plain"):
+            sizes = (H * I, H * H, H)
+        else:
+            sizes = (H * I, H * H, H, H)
+        if len(_SIZES) < 64:
+            _SIZES[key] = sizes
+    return sizes
+
+def cache_size(str cell, int64_t T, int64_t B, int64_t H):
+    return rnn_cache_size(CELLS[cell], T, B, H)
+
+def work_size(str cell, int64_t T, int64_t B, int64_t H):
+    return rnn_work_size(CELLS[cell], T, B, H)
+
+cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,
+                   int nbf16=0) except -1:
+    """dst[k] = the data of arrays[k], each checked against sizes[k]; the
+    first nbf16 hold bfloat16 bits (uint16)."""
+    if len(arrays) != len(sizes):
+        raise ValueError("internal: wrong number of " + what)
+    for k in range(len(sizes)):
+        _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
+        dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
+    return 0
+
+cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+                    int64_t H, double eps, x, params, lengths, cache, bint cache_required,
+                    bint wbf16=False) except -1:
+    """Fills the sizes, parameters, x, lengths and cache of a; returns the type number.
+    wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
+    cdef int tn = _float_type(x)
+    if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
+        raise ValueError("internal: bad x or sizes")
+    _arr(x, tn, T * B * I, False, "x")
+    _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",
+              2 if wbf16 else 0)
+    if wbf16:
+        a.wtype = FASTLN_RNN_W_BF16
+    if lengths is not None:
+        _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
+    cdef int code = CELLS[cell]
+    if cache is not None or cache_required:
+        _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")
+    a.cell = code
+    a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
+    a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
+    a.lengths = <const int64_t *>_ptr(lengths)
+    a.cache = _ptr(cache)
+    a.interrupt = _poll_signals
+    return tn
+
+cdef int _rnn_status(int rc) except -1:
+    if rc == FASTLN_EINTR:
+        return _pending()
+    return _check(rc)
+
+cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+                           int64_t H, double eps, x, params, lengths, cache, y, h, c,
+                           int d, int nd, bint wbf16=False, packed=None) except -1:
+    """a = direction d of nd (d = 1: reverse) of one layer forward: y (T, B, nd*H)
+    takes its H columns at offset d*H; h, c (B, H) are updated in place.
+    wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
+    memset(a, 0, sizeof(a[0]))
+    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
+                             wbf16)
+    if packed is not None:
+        _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
+        if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
+                CELLS[cell], a.wtype, I, H):
+            a.packed = _ptr(packed)
+    _arr(y, tn, T * B * H * nd, True, "y")
+    _arr(h, tn, B * H, True, "h")
+    if cell.startswith("lstm"):
+        _arr(c, tn, B * H, True, "c")
+    a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
+    a.h, a.c = _ptr(h), _ptr(c)
+    a.reverse, a.ldy = d, H * nd
+    return tn
+
+def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):
+    """One layer's weights packed for the forward on the path in use
+    (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
+    cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
+    cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
+    if tn < 0 or I < 1 or H < 1:
+        raise ValueError("internal: bad weights for _rnn_pack")
+    sizes = param_sizes(cell, I, H)
+    _arr(w_ih, tn, sizes[0], False, "w_ih")
+    _arr(w_hh, tn, sizes[1], False, "w_hh")
+    cdef int64_t n = rnn_packed_size(code, wt, I, H)
+    if n <= 0 or tn == cnp.NPY_DOUBLE:
+        return None
+    buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
+    cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63
+    out = buf[skip:skip + n]
+    cdef void *o = _ptr(out)
+    cdef const void *wi = _ptr(w_ih)
+    cdef const void *wh = _ptr(w_hh)
+    cdef int rc
+    with nogil:
+        rc = rnn_pack(o, n, code, wt, I, H, wi, wh)
+    _check(rc)
+    return out
+
+def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                 x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,
+                 packed=None):
+    """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
+    with reverse, each sequence runs from its last valid step back to its first.
+    wbf16: W_ih and W_hh are bfloat16 bits (uint16); packed: None or _rnn_pack's."""
+    cdef fastln_rnn_args a
+    _init_blas()
+    cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
+                                    y, h, c, 0, 1, wbf16, packed)
+    a.reverse = reverse
+    cdef int rc
+    with nogil:
+        rc = rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_forward_f64(&a)
+    return _rnn_status(rc)
+
+def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                  x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):
+    """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
+    params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
+    and packed2 may be None."""
+    cdef fastln_rnn_args a[2]
+    _init_blas()
+    cdef int tn = 0, d
+    for d in range(2):
+        tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
+                               None if caches2 is None else caches2[d], y, h2[d],
+                               None if c2 is None else c2[d], d, 2, wbf16,
+                               None if packed2 is None else packed2[d])
+    cdef int rc
+    with nogil:
+        rc = rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_forward2_f64(a)
+    return _rnn_status(rc)
+
+cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+                            int64_t H, double eps, x, params, lengths, cache, dy, dh, dc, dx,
+                            grads, work, int d, int nd) except -1:
+    """a = direction d of nd of one layer backward: dy (T, B, nd*H) read at
+    column offset d*H; dh, dc (B,H) from the final to the initial state's
+    gradient in place; dx (T,B,I) or None; grads filled (params' sizes);
+    work: None or scratch of _rnn_work_size elements."""
+    memset(a, 0, sizeof(a[0]))
+    cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
+    _arr(dy, tn, T * B * H * nd, False, "dy")
+    _arr(dh, tn, B * H, True, "dh")
+    if cell.startswith("lstm"):
+        _arr(dc, tn, B * H, True, "dc")
+    if dx is not None:
+        _arr(dx, tn, T * B * I, True, "dx")
+    _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
+    if work is not None:
+        _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")
+    a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
+    a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
+    a.reverse, a.ldy = d, H * nd
+    return tn
+
+def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                  x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,
+                  bint reverse=False):
+    """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
+    cdef fastln_rnn_args a
+    _init_blas()
+    cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
+                                     dy, dh, dc, dx, grads, work, 0, 1)
+    a.reverse = reverse
+    cdef int rc
+    with nogil:
+        rc = rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_backward_f64(&a)
+    return _rnn_status(rc)
+
+def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
+                   x, params2, lengths, caches2, dy, dh2, dc2, dx, grads2, works2):
+    """Both directions of one layer backward (fastln_rnn_backward2): dy (T,B,2H);
+    dx receives the sum of the two directions' input gradients; the other
+    arguments a pair each (forward, reverse), dc2 None without a cell state."""
+    cdef fastln_rnn_args a[2]
+    _init_blas()
+    cdef int tn = 0, d
+    for d in range(2):
+        tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
+                                caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
+                                dx if d == 0 else None, grads2[d], works2[d], d, 2)
+    cdef int rc
+    with nogil:
+        rc = rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_backward2_f64(a)
+    return _rnn_status(rc)
+
