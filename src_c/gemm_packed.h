@@ -2,7 +2,7 @@
  * The packed GEMM of the LN-RNN engine (float, AVX2 and AVX-512): register
  * tiles over weights packed in panels of FASTLN_NR columns (rnn.c packs
  * them), for the recurrent product of each step and the large products of a
- * layer. Included by rnn_engine.h, which defines HAVE_PACKED from this.
+ * layer. Included by rnn_products.h, which defines HAVE_PACKED from this.
  */
 #include "simd.h"
 #if IS_F32 && defined(FASTLN_X86) && VEC_BYTES >= 32

@@ -106,7 +106,7 @@ typedef struct {
     int (*rnn_bwd_f64)(const fastln_rnn_args *, int);
     /* float <-> half storage (norm_half.h) */
     int (*half_convert)(int elem, int widen, void *dst, const void *src, int64_t n, int nt);
-    /* fastln_rnn_pack on this path (out NULL: the size; see rnn_engine.h) */
+    /* fastln_rnn_pack on this path (out NULL: the size; see rnn_pack.h) */
     int64_t (*rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t input,
                         int64_t hidden,
                         const void *w_ih, const void *w_hh, int nt);
@@ -125,7 +125,7 @@ int fastln_cpu_has_avx512bf16(void);
 int fastln_cpu_has_amx_bf16(void);
 
 /* Where a bfloat16 layer's products run on the path in use, as the engine
- * chooses (rnn_engine.h: pair panels on the AVX-512 path of a CPU with
+ * chooses (rnn_pack.h: pair panels on the AVX-512 path of a CPU with
  * AVX512-BF16, on AMX tiles where they are usable): "AMX", "AVX512-BF16",
  * or "float32" (weights widened into the float kernels' panels) (rnn.c). */
 const char *fastln_rnn_bf16_products(void);

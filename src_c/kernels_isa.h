@@ -20,6 +20,8 @@
 #include "norm_drivers.h"
 #include "norm_channels.h"
 #include "rnn_cells.h"
+#include "rnn_products.h"
+#include "rnn_pack.h"
 #include "rnn_engine.h"
 #include "type_end.h"
 
@@ -34,6 +36,8 @@
 #include "norm_drivers.h"
 #include "norm_channels.h"
 #include "rnn_cells.h"
+#include "rnn_products.h"
+#include "rnn_pack.h"
 #include "rnn_engine.h"
 #include "type_end.h"
 

@@ -2,7 +2,7 @@
  * LN-RNN engine, the parts every instruction-set path shares: argument
  * checks and dispatch, the cache layout, BLAS (or a C loop) for the large
  * products, and weight packing for the recurrent kernels. The per-step work
- * is in rnn_engine.h.
+ * is in rnn_engine.h, its products in rnn_products.h and rnn_pack.h.
  */
 #include <limits.h>
 #include "internal.h"

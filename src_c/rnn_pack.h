@@ -1,0 +1,177 @@
+/*
+ * The packed weights of the LN-RNN forward, written once per (element type,
+ * ISA) after the recurrent products (rnn_products.h), for float only: the
+ * format and layout of the packed blob (pack_format, pack_layout,
+ * pack_parts), fastln_rnn_pack on this path (rnn_pack), and the forward's
+ * recurrent products set up from caller-packed or freshly packed weights
+ * (prepacked, rec_init_fwd).
+ */
+
+#if IS_F32
+/* The format of a forward's packed weights on this path for weights stored
+ * as wtype: bfloat16 pair panels where the CPU has VDPBF16PS, float panels
+ * on the other x86 paths, none on the generic path (BLAS). */
+static int SFX(pack_format)(int wtype)
+{
+#if HAVE_BF16DOT
+    if (wtype == FASTLN_RNN_W_BF16 && fastln_cpu_has_avx512bf16()) return FASTLN_PACK_BF16;
+#endif
+    (void)wtype;
+    return HAVE_PACKED ? FASTLN_PACK_F32 : 0;
+}
+
+/* Byte offsets of a packed layer's parts after its header (W_hh, or its
+ * [r, z] blocks with rf; W_hn with rf; W_ih), each 64-byte aligned; returns
+ * the whole size. */
+static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int64_t H, int64_t I)
+{
+    int64_t Gh = rf ? 2 * H : G, n[3], at = (int64_t)sizeof(fastln_rnn_pack_header);
+#if HAVE_BF16DOT
+    if (fmt == FASTLN_PACK_BF16) {
+        n[0] = 2 * SFX(packed_size_bf16)(Gh, H);
+        n[1] = rf ? 2 * SFX(packed_size_bf16)(H, H) : 0;
+        n[2] = 2 * SFX(packed_size_bf16)(G, I);
+    } else
+#endif
+    {
+        (void)fmt;
+        n[0] = 4 * fastln_packed_size(Gh, H);
+        n[1] = rf ? 4 * fastln_packed_size(H, H) : 0;
+        n[2] = 4 * fastln_packed_size(G, I);
+    }
+    for (int i = 0; i < 3; i++) {
+        off[i] = at;
+        at += (n[i] + 63) / 64 * 64;
+    }
+    return at;
+}
+
+/* The parts of a packed layer (blob + off[i]) from W_ih (G, I) and W_hh
+ * (G, H), bfloat16 for FASTLN_PACK_BF16, else float: shared by the
+ * enclosing team. */
+static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, int64_t G,
+                            int64_t H, int64_t I, const void *w_ih, const void *w_hh)
+{
+    int64_t Gh = rf ? 2 * H : G;
+#if HAVE_BF16DOT
+    if (fmt == FASTLN_PACK_BF16) {
+        const uint16_t *wh = (const uint16_t *)w_hh;
+        SFX(pack_nt_bf16)((uint16_t *)(blob + off[0]), wh, Gh, H);
+        if (rf) SFX(pack_nt_bf16)((uint16_t *)(blob + off[1]), wh + 2 * H * H, H, H);
+        SFX(pack_nt_bf16)((uint16_t *)(blob + off[2]), (const uint16_t *)w_ih, G, I);
+        return;
+    }
+#endif
+    (void)fmt;
+    const float *wh = (const float *)w_hh;
+    fastln_pack_nt((float *)(blob + off[0]), wh, Gh, H);
+    if (rf) fastln_pack_nt((float *)(blob + off[1]), wh + 2 * H * H, H, H);
+    fastln_pack_nt((float *)(blob + off[2]), (const float *)w_ih, G, I);
+}
+
+/* w (n) = the bfloat16 values of src as float, in a new array (NULL: no memory). */
+static float *SFX(widened)(const void *src, int64_t n)
+{
+    float *w = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (w) widen_half(FASTLN_BF16, w, (const uint16_t *)src, n);
+    return w;
+}
+
+/* fastln_rnn_pack on this path (rnn.c checks the arguments): out NULL
+ * returns the size in bytes (0: this path packs nothing). */
+static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t I,
+                             int64_t H, const void *w_ih, const void *w_hh, int nt)
+{
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, cell, 1, 1, H);
+    int fmt = SFX(pack_format)(wtype);
+    int64_t off[3];
+    if (!fmt) return 0;
+    int64_t total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
+    if (!out) return total;
+    if (size < total) return -FASTLN_EINVAL;
+    float *wi = NULL, *wh = NULL;
+    if (wtype == FASTLN_RNN_W_BF16 && fmt == FASTLN_PACK_F32) {
+        wi = SFX(widened)(w_ih, L.G * I);
+        wh = SFX(widened)(w_hh, L.G * H);
+        if (!wi || !wh) {
+            free(wi);
+            free(wh);
+            return -FASTLN_ENOMEM;
+        }
+    }
+    fastln_rnn_pack_header hd;
+    memset(&hd, 0, sizeof hd);
+    hd.magic = FASTLN_PACK_MAGIC;
+    hd.format = fmt;
+    hd.cell = cell;
+    hd.input = I;
+    hd.hidden = H;
+    memcpy(out, &hd, sizeof hd);
+    ON_TEAM(nt, SFX(pack_parts)((char *)out, off, fmt, L.reset_first, L.G, H, I,
+                                wi ? (const void *)wi : w_ih, wh ? (const void *)wh : w_hh););
+    free(wi);
+    free(wh);
+    return total;
+}
+
+/* Whether a->packed holds this layer packed in format fmt. */
+static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
+{
+    const fastln_rnn_pack_header *hd = (const fastln_rnn_pack_header *)a->packed;
+    return fmt && hd && hd->magic == FASTLN_PACK_MAGIC && hd->format == fmt &&
+           hd->cell == a->cell && hd->input == a->input && hd->hidden == a->hidden;
+}
+
+/* Forward: the products of a layer on the packed kernels where this path
+ * has them, for every B (so that a row's results do not depend on the batch
+ * it is in), with a->packed when it was packed for this path, cell and
+ * sizes, else packed here; w_ih, w_hh are float, or bfloat16 for the
+ * bfloat16 format. abuf gets room for Tc steps of input in bfloat16, hbuf
+ * for h (RESET_FIRST, whose products round h and r h themselves, takes
+ * them in abuf). Elsewhere the dot kernels at B == 1 and BLAS. */
+static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
+                             const void *w_hh, int64_t Tc, int nt)
+{
+    memset(rc, 0, sizeof *rc);
+    rc->method = a->batch == 1 ? 2 : 0;
+    if (!fmt) return FASTLN_OK;
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
+    const int64_t B = a->batch, I = a->input, H = a->hidden;
+    int64_t off[3], total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
+    const char *blob = (const char *)a->packed;
+    int64_t nab = 0, nhb = 0;
+    (void)B;
+    (void)Tc;
+#if HAVE_BF16DOT
+    if (fmt == FASTLN_PACK_BF16) {
+        nab = bf16_rows_size(Tc * B, I);
+        nhb = bf16_rows_size(B, H);
+        if (L.reset_first) {
+            nab = nab > nhb ? nab : nhb;
+            nhb = 0;
+        }
+        rc->amx = fastln_cpu_has_amx_bf16();
+    }
+#endif
+    int fresh = !SFX(prepacked)(a, fmt);
+    char *raw = (char *)malloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + 64));
+    if (!raw) return FASTLN_ENOMEM;
+    rc->own = raw;
+    char *buf = (char *)fastln_align64(raw);
+    rc->abuf = nab ? (uint16_t *)(buf + (fresh ? total : 0)) : NULL;
+    rc->hbuf = nhb ? rc->abuf + nab : NULL;
+    /* AMX reads whole blocks of 16 rows */
+    if (nab) memset(rc->abuf, 0, (size_t)(nab + nhb) * sizeof(uint16_t));
+    if (fresh) {
+        ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
+        blob = buf;
+    }
+    rc->method = fmt == FASTLN_PACK_BF16 ? 3 : 1;
+    rc->packed = blob + off[0];
+    rc->packed_n = L.reset_first ? blob + off[1] : NULL;
+    rc->packed_ih = blob + off[2];
+    return FASTLN_OK;
+}
+#endif
