@@ -35,6 +35,7 @@ cdef extern from "fastln_rnn.h" nogil:
         int64_t ldy
         int wtype
         const void *packed
+        int transposed
     ctypedef struct fastln_rnn_step_args:
         const fastln_rnn_args *layers
         int64_t num_layers, batch, table_rows
@@ -47,6 +48,8 @@ cdef extern from "fastln_rnn.h" nogil:
         void *y
     int FASTLN_EINTR
     int FASTLN_RNN_W_BF16
+    int FASTLN_RNN_W_IH_T
+    int FASTLN_RNN_W_HH_T
 
 # the engine's entry points (src_c/fastln_rnn.h), as the header names them less "fastln_"
 cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden) noexcept nogil
@@ -66,6 +69,8 @@ cdef int rnn_step_f32(const fastln_rnn_step_args *s) noexcept nogil
 cdef int rnn_step_f64(const fastln_rnn_step_args *s) noexcept nogil
 cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept nogil
 cdef const char *rnn_bf16_products() noexcept nogil
+# dst (n bfloat16 bits) = src (n float32), rounded to nearest even
+cdef void to_bf16(void *dst, const void *src, int64_t n) noexcept nogil
 
 cdef inline bint _fast(object a, int tn) noexcept:
     """a is an aligned, C-contiguous, native-order ndarray of type number tn."""

@@ -1569,6 +1569,9 @@ cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept no
 cdef const char *rnn_bf16_products() noexcept nogil:
     return fastln_rnn_bf16_products()
 
+cdef void to_bf16(void *dst, const void *src, int64_t n) noexcept nogil:
+    fastln_half_convert(FASTLN_BF16, 0, dst, src, n)
+
 
 # ---- channels first (fastln.h) ----------------------------------------------
 

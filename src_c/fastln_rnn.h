@@ -97,6 +97,7 @@ typedef struct {
     int64_t ldy;                  /* row stride of y and dy; 0: H */
     int wtype;                    /* FASTLN_RNN_W_SAME, or FASTLN_RNN_W_BF16 (forward, float) */
     const void *packed;           /* forward: NULL, or this layer's weights from fastln_rnn_pack */
+    int transposed;               /* FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T, or 0 */
 } fastln_rnn_args;
 
 /* The storage of W_ih and W_hh (params[0], params[1]). FASTLN_RNN_W_BF16:
@@ -109,6 +110,18 @@ typedef struct {
  * state, the LN statistics, the gates) is float. */
 #define FASTLN_RNN_W_SAME 0
 #define FASTLN_RNN_W_BF16 1
+
+/* The layout of W_ih and W_hh (fastln_rnn_args.transposed, wtype
+ * FASTLN_RNN_W_SAME only): with FASTLN_RNN_W_IH_T, params[0] holds W_ih^T,
+ * (I, G) row-major, which is W_ih (G, I) in column-major order (a
+ * Fortran-ordered array); with FASTLN_RNN_W_HH_T, params[1] holds W_hh^T
+ * (H, G). A float forward on the x86 paths reads both in place when both are
+ * transposed and G (and H for FASTLN_CELL_RESET_FIRST) is a multiple of 32:
+ * the product kernels' own layout, so nothing is packed and any change to
+ * the weights is seen by the next call. Every other call copies them into
+ * the plain layout first. Results do not depend on the layout. */
+#define FASTLN_RNN_W_IH_T 1
+#define FASTLN_RNN_W_HH_T 2
 
 /* Packed weights. A forward packs W_ih and W_hh into the layout of its
  * product kernels on every call; fastln_rnn_pack does it once, for weights

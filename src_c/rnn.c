@@ -183,6 +183,58 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
     if (a->wtype != FASTLN_RNN_W_SAME &&
         (a->wtype != FASTLN_RNN_W_BF16 || backward || !f32 || a->cache))
         return FASTLN_EINVAL;
+    if (a->transposed & ~(FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
+        (a->transposed && a->wtype != FASTLN_RNN_W_SAME))
+        return FASTLN_EINVAL;
+    return FASTLN_OK;
+}
+
+/* Whether this call reads transposed weights in place (rnn_pack.h): a float
+ * forward on a path with packed float kernels, both matrices transposed, and
+ * every block of columns the product reads a multiple of the panels' width. */
+static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
+{
+    fastln_rnn_layout L;
+    if (backward || !f32 || a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
+        fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden))
+        return 0;
+    return L.G % FASTLN_NR == 0 && !(L.reset_first && a->hidden % FASTLN_NR) &&
+           fastln_kernels()->rnn_pack(NULL, 0, a->cell, FASTLN_RNN_W_SAME, a->input, a->hidden,
+                                      NULL, NULL, 1) > 0;
+}
+
+/* dst (N, K) = src^T, src (K, N) row-major, elements of es bytes. */
+static void transpose(char *dst, const char *src, int64_t K, int64_t N, size_t es)
+{
+    for (int64_t n0 = 0; n0 < N; n0 += 16)
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t n = n0; n < N && n < n0 + 16; n++)
+                memcpy(dst + ((size_t)n * K + k) * es, src + ((size_t)k * N + n) * es, es);
+}
+
+/* b = a, with the transposed weight matrices of a copied into the plain
+ * layout where this call does not read them in place; *own holds the
+ * copies (NULL: none), for the caller to free. */
+static int plain_weights(fastln_rnn_args *b, const fastln_rnn_args *a, int backward, int f32,
+                         void **own)
+{
+    *b = *a;
+    *own = NULL;
+    if (!a->transposed || reads_transposed(a, backward, f32)) return FASTLN_OK;
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);   /* checked: a valid cell */
+    const size_t es = f32 ? sizeof(float) : sizeof(double);
+    const int64_t G = L.G, K[2] = {a->input, a->hidden};
+    char *buf = (char *)malloc((size_t)G * (size_t)(K[0] + K[1]) * es);
+    if (!buf) return FASTLN_ENOMEM;
+    *own = buf;
+    for (int i = 0; i < 2; i++) {
+        if (!(a->transposed & (i ? FASTLN_RNN_W_HH_T : FASTLN_RNN_W_IH_T))) continue;
+        char *w = buf + (i ? (size_t)G * (size_t)K[0] * es : 0);
+        transpose(w, (const char *)a->params[i], K[i], G, es);
+        b->params[i] = w;
+    }
+    b->transposed = 0;
     return FASTLN_OK;
 }
 
@@ -201,11 +253,16 @@ static int rnn_threads(const fastln_rnn_args *a)
     return fastln_get_num_threads();
 }
 
-#define ENTRY(name, fn, backward, f32)                     \
-    int name(const fastln_rnn_args *a)                     \
-    {                                                      \
-        int rc = check_args(a, backward, f32);             \
-        return rc ? rc : fastln_kernels()->fn(a, rnn_threads(a)); \
+#define ENTRY(name, fn, backward, f32)                                 \
+    int name(const fastln_rnn_args *a)                                 \
+    {                                                                  \
+        fastln_rnn_args b;                                             \
+        void *own = NULL;                                              \
+        int rc = check_args(a, backward, f32);                         \
+        if (!rc) rc = plain_weights(&b, a, backward, f32, &own);       \
+        if (!rc) rc = fastln_kernels()->fn(&b, rnn_threads(&b));       \
+        free(own);                                                     \
+        return rc;                                                     \
     }
 ENTRY(fastln_rnn_forward_f32, rnn_fwd_f32, 0, 1)
 ENTRY(fastln_rnn_forward_f64, rnn_fwd_f64, 0, 0)
@@ -338,10 +395,24 @@ static void add_into(void *dst, const void *src, int64_t n, int f32)
     }
 }
 
+/* run_pair on a with each direction's weights in a layout it reads */
+static int run_pair_plain(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int backward,
+                          int f32)
+{
+    fastln_rnn_args b[2];
+    void *own[2] = {NULL, NULL};
+    int rc = plain_weights(&b[0], &a[0], backward, f32, &own[0]);
+    if (!rc) rc = plain_weights(&b[1], &a[1], backward, f32, &own[1]);
+    if (!rc) rc = run_pair(fn, b, dx1, f32);
+    free(own[0]);
+    free(own[1]);
+    return rc;
+}
+
 static int forward2(layer_fn fn, const fastln_rnn_args a[2], int f32)
 {
     int rc = check_pair(a, 0, f32);
-    return rc ? rc : run_pair(fn, a, a[1].dx, f32);
+    return rc ? rc : run_pair_plain(fn, a, a[1].dx, 0, f32);
 }
 
 /* a[1]'s input gradient goes to scratch, then is added to a[0]'s */
@@ -353,7 +424,7 @@ static int backward2(layer_fn fn, const fastln_rnn_args a[2], int f32)
     void *dx1 = NULL;
     if (a[0].dx && !(dx1 = malloc((size_t)n * (f32 ? sizeof(float) : sizeof(double)))))
         return FASTLN_ENOMEM;
-    rc = run_pair(fn, a, dx1, f32);
+    rc = run_pair_plain(fn, a, dx1, 1, f32);
     if (!rc && dx1) add_into(a[0].dx, dx1, n, f32);
     free(dx1);
     return rc;

@@ -163,7 +163,7 @@ static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t 
 #endif
 #if HAVE_PACKED
     if (f->rc.packed_ih) {
-        SFX(packed_gemm)(f->aih, G, x, I, 1, (const float *)f->rc.packed_ih, FASTLN_NR, M, G, I,
+        SFX(packed_gemm)(f->aih, G, x, I, 1, (const float *)f->rc.packed_ih, f->rc.ldp_ih, M, G, I,
                          0);
         return;
     }

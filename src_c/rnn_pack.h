@@ -126,8 +126,12 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
 /* Forward: the products of a layer on the packed kernels where this path
  * has them, for every B (so that a row's results do not depend on the batch
  * it is in), with a->packed when it was packed for this path, cell and
- * sizes, else packed here; w_ih, w_hh are float, or bfloat16 for the
- * bfloat16 format. abuf gets room for Tc steps of input in bfloat16, hbuf
+ * sizes, else packed here, or, with a->transposed, W_ih^T and W_hh^T read
+ * where they are (the packed kernels' panels are row-major (K, N) blocks of
+ * 32 columns, so reading the whole rows of W^T does the same operations in
+ * the same order; rnn.c passes transposed weights only where G, and H for
+ * RESET_FIRST, are multiples of 32); w_ih, w_hh are float, or bfloat16 for
+ * the bfloat16 format. abuf gets room for Tc steps of input in bfloat16, hbuf
  * for h (RESET_FIRST, whose products round h and r h themselves, takes
  * them in abuf). Elsewhere the dot kernels at B == 1 and BLAS. */
 static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
@@ -156,6 +160,16 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     }
 #endif
     int fresh = !SFX(prepacked)(a, fmt);
+    if (fresh && a->transposed) {
+        if (fmt != FASTLN_PACK_F32 || L.G % FASTLN_NR || (L.reset_first && H % FASTLN_NR))
+            return FASTLN_EINVAL;
+        rc->method = 1;
+        rc->packed = w_hh;
+        rc->packed_n = L.reset_first ? (const float *)w_hh + 2 * H : NULL;
+        rc->packed_ih = w_ih;
+        rc->ldp = rc->ldp_ih = L.G;
+        return FASTLN_OK;
+    }
     char *raw = (char *)malloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + 64));
     if (!raw) return FASTLN_ENOMEM;
     rc->own = raw;
@@ -172,6 +186,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     rc->packed = blob + off[0];
     rc->packed_n = L.reset_first ? blob + off[1] : NULL;
     rc->packed_ih = blob + off[2];
+    rc->ldp = rc->ldp_ih = FASTLN_NR;
     return FASTLN_OK;
 }
 #endif

@@ -118,6 +118,9 @@ typedef struct {
                                RESET_FIRST: only its [r, z] blocks */
     const void *packed_n;   /* methods 1, 3, RESET_FIRST: the n block W_hn, likewise */
     const void *packed_ih;  /* forward on the packed path: W_ih packed, else NULL */
+    int64_t ldp, ldp_ih;    /* method 1: the row strides of packed and packed_n, and of
+                               packed_ih: FASTLN_NR for packed panels, or the row of
+                               W_hh^T, W_ih^T (G) where the forward reads them in place */
     uint16_t *abuf;         /* method 3: the product's A rounded to bfloat16 */
     uint16_t *hbuf;         /* method 3, not RESET_FIRST: h (B, H) rounded to bfloat16,
                                written by each step's rows for the next step's product */
@@ -144,7 +147,7 @@ static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, 
 #endif
 #if HAVE_PACKED
     if (method == 1) {
-        SFX(packed_gemm)(C, ldc, A, lda, 1, (const float *)P, FASTLN_NR, B, N, K, acc);
+        SFX(packed_gemm)(C, ldc, A, lda, 1, (const float *)P, rc->ldp, B, N, K, acc);
         return;
     }
 #else
@@ -196,6 +199,7 @@ static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int64_t B, int64_t G, 
     rc->own = buf;
     rc->packed = buf;
     rc->packed_n = rf ? buf + nh : NULL;
+    rc->ldp = FASTLN_NR;
     rc->method = 1;
     ON_TEAM(nt,
         fastln_pack_nn(buf, w_hh, Gh, H);

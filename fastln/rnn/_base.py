@@ -31,6 +31,32 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 _Array = npt.NDArray[Any]
+
+
+def _aligned_empty(shape: Tuple[int, ...], dtype: Any, order: str) -> _Array:
+    """A new array whose data starts on a 64-byte boundary: the product
+    kernels read a weight matrix in whole cache lines (a row that straddles
+    two lines costs two loads)."""
+    dt = np.dtype(dtype)
+    n = math.prod(shape) * dt.itemsize
+    buf = np.empty(n + 64, np.uint8)
+    skip = -buf.ctypes.data % 64
+    flat = buf[skip:skip + n].view(dt)
+    return flat.reshape(shape, order=order)  # type: ignore[call-overload]
+
+
+def _locked(a: _Array) -> _Array:
+    """A read-only view of a, made read-only too, with every array it views:
+    the view's writeable flag cannot be set again (NumPy refuses while the
+    memory's owner is read-only), so the packed copy a model keeps of it
+    stays valid."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        base.flags.writeable = False
+        base = base.base
+    return a.view()
+
+
 # a model's state: h for LNRNN, LNGRU and RNN; (h, c) for LNLSTM and LSTM
 _State = TypeVar("_State", _Array, Tuple[_Array, _Array])
 # a state argument: None for zeros; either part of (h, c) may be None too
@@ -142,20 +168,21 @@ class _LNRecurrent(Generic[_State]):
         self._work: List[_Array] = []    # backward scratch per direction, likewise
         # (layer, direction) -> (W_ih, W_hh, their packed form): see _packed
         self._packs: Dict[Tuple[int, int], Tuple[_Array, _Array, Optional[_Array]]] = {}
+        self._step: Any = None   # the compiled step: see _compile_step
 
     def __getstate__(self) -> Dict[str, Any]:
         """Pickles the configuration and parameters, not what a call keeps
         (the cache, scratch, checked and packed arrays), which an unpickled
         model rebuilds."""
         state = self.__dict__.copy()
-        state.update(_checked={}, _packs={}, _cache=None, _spare=[], _work=[])
+        state.update(_checked={}, _packs={}, _cache=None, _spare=[], _work=[], _step=None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        for value in self.params.values():   # bfloat16 weights stay read-only
+        for key, value in self.params.items():   # bfloat16 weights stay locked
             if isinstance(value, np.ndarray) and _is_bf16(value.dtype):
-                value.flags.writeable = False
+                self.params[key] = _locked(value)
 
     @property
     def num_directions(self) -> int:
@@ -170,6 +197,14 @@ class _LNRecurrent(Generic[_State]):
     def _param_dtype(self, key: str) -> np.dtype[Any]:
         return self.dtype if key in self._matrices else self._dt
 
+    def _param_order(self, key: str) -> str:
+        """The memory order of params[key] as the model makes it: a float32
+        model keeps its weight matrices in column-major (Fortran) order, the
+        layout the product kernels read in place (so that a change to them,
+        by any route, is seen by the next call, and nothing is repacked);
+        every other parameter is C-ordered."""
+        return "F" if key in self._matrices and self.dtype == np.float32 else "C"
+
     def _initial(self, key: str, init: str, rng: np.random.Generator, bound: float) -> _Array:
         """params[key]'s initial value, made in the parameter's dtype: a weight
         matrix draws U(-bound, bound) in float64 a block of rows at a time
@@ -179,27 +214,31 @@ class _LNRecurrent(Generic[_State]):
         dt = self._param_dtype(key)
         if init != "uniform":   # a gain or a bias: a vector of float32 or float64
             return np.full(shape, 1.0 if init == "ones" else 0.0, dt)
-        a = np.empty(shape, dt)
+        a = _aligned_empty(shape, dt, self._param_order(key))
         rows = max(1, (1 << 20) // shape[1])   # 8 MiB of float64 draws at a time
         for r in range(0, shape[0], rows):
             block = a[r:r + rows]
             block[...] = rng.uniform(-bound, bound, block.shape)
-        if _is_bf16(dt):
-            a.flags.writeable = False
-        return a
+        return _locked(a) if _is_bf16(dt) else a
 
     def _param_array(self, key: str, value: Any) -> _Array:
-        """value as params[key]: a C-contiguous array of the parameter's dtype
-        (a bfloat16 model's weight matrices are read-only: the model keeps
-        their packed form, see _packed)."""
-        a = np.array(value, dtype=self._param_dtype(key), order="C")
-        if _is_bf16(a.dtype):
-            a.flags.writeable = False
-        return a
+        """value as params[key]: a new array of the parameter's dtype, in the
+        order of _param_order, a weight matrix aligned to 64 bytes (a
+        bfloat16 model's weight matrices are
+        read-only views of a read-only array: the model keeps their packed
+        form, see _packed)."""
+        dt = self._param_dtype(key)
+        if key in self._matrices:
+            a = np.asarray(value)
+            new = _aligned_empty(a.shape, dt, self._param_order(key))
+            new[...] = a
+            return _locked(new) if _is_bf16(dt) else new
+        return np.array(value, dtype=dt)
 
     def _layer_params(self, k: int, d: int = 0) -> List[_Array]:
-        """Direction d of layer k's parameters as C-contiguous arrays of their
-        dtypes, a bfloat16 model's weight matrices as their uint16 bits (the
+        """Direction d of layer k's parameters as contiguous arrays of their
+        dtypes (the weight matrices C- or Fortran-ordered, the others
+        C-ordered), a bfloat16 model's weight matrices as their uint16 bits (the
         last good list is reused while params holds the same arrays; the
         engine re-checks sizes on every call anyway)."""
         current = list(map(self.params.get, self._layer_keys(k, d)))
@@ -213,6 +252,11 @@ class _LNRecurrent(Generic[_State]):
                 raise ValueError(f"params[{key!r}] is missing")
             if _is_bf16(self._param_dtype(key)):
                 p = np.require(_api._asarray(p, f"params[{key!r}]"), _BF16, ["C", "A"])
+            elif key in self._matrices:   # C or Fortran order: the engine reads both
+                p = np.require(self._array(p, f"params[{key!r}]", layout=False), self._dt, ["A"])
+                if not (p.flags.c_contiguous or p.flags.f_contiguous):
+                    p = np.asfortranarray(p) if self._param_order(key) == "F" else \
+                        np.ascontiguousarray(p)
             else:
                 p = self._array(p, f"params[{key!r}]")
             if p.shape != self._shapes[key]:
@@ -226,11 +270,16 @@ class _LNRecurrent(Generic[_State]):
     def _packed(self, k: int, d: int, params: List[_Array]) -> Optional[_Array]:
         """Layer k, direction d's weight matrices packed for the engine's
         product kernels (params: _layer_params(k, d)), kept while params
-        holds the same read-only W_ih and W_hh; None for writable ones
-        (they may change in place: the engine packs them on every call)."""
+        holds the same immutable W_ih and W_hh (read-only, and so is every
+        array they view); None for others: Fortran-ordered float32 ones the
+        engine reads in place, and writable or C-ordered ones that it packs
+        on every call, since they may change in place."""
         w_ih, w_hh = (self.params.get(key) for key in self._layer_keys(k, d)[:2])
-        if not (isinstance(w_ih, np.ndarray) and isinstance(w_hh, np.ndarray)
-                and not w_ih.flags.writeable and not w_hh.flags.writeable):
+        if not (params[0] is w_ih or params[0].base is w_ih) or \
+                not (params[1] is w_hh or params[1].base is w_hh) or \
+                not (_engine.immutable(w_ih) and _engine.immutable(w_hh)) or \
+                (params[0].flags.f_contiguous and params[1].flags.f_contiguous
+                 and not params[0].flags.c_contiguous):
             return None
         hit = self._packs.get((k, d))
         if hit is not None and hit[0] is w_ih and hit[1] is w_hh:
@@ -268,7 +317,7 @@ class _LNRecurrent(Generic[_State]):
         >>> sorted(LNRNN(input_size=2, hidden_size=3).state_dict())
         ['ln_bias_l0', 'ln_weight_l0', 'weight_hh_l0', 'weight_ih_l0']
         """
-        return {key: np.array(value, dtype=self._param_dtype(key))
+        return {key: np.array(value, dtype=self._param_dtype(key), order="C")
                 for key, value in self.params.items()}
 
     def load_state_dict(self, state_dict: Mapping[str, npt.ArrayLike]) -> None:
@@ -685,7 +734,8 @@ class _LNRecurrent(Generic[_State]):
         dx = g.transpose(1, 0, 2).copy() if self.batch_first else g
         return dx, self._pack_state(dstates)
 
-    def step(self, x_t: npt.ArrayLike, state: _StateArg = None) -> Tuple[_Array, _State]:
+    def step(self, x_t: npt.ArrayLike, state: _StateArg = None, *,
+             out: Optional[_Array] = None, state_out: Any = None) -> Tuple[_Array, _State]:
         """One time step, for streaming inference.
 
         Computes what ``forward(x_t[None], state, cache=False)`` computes for
@@ -699,22 +749,31 @@ class _LNRecurrent(Generic[_State]):
             takes bfloat16 or float32).
         state : ndarray or tuple of ndarray, optional
             The state before the step, as in :meth:`forward`; None for zeros.
+        out : ndarray, optional
+            Where to write h: C-contiguous, (B, hidden_size), of the model's
+            dtype (float32 for a bfloat16 model).
+        state_out : ndarray or tuple of ndarray, optional
+            Where to write the new state, in the form of `state`: C-contiguous
+            arrays of the state's dtype, writable. They may be the arrays
+            of `state` itself, which the step then updates in place; a loop
+            that passes the same arrays every time allocates nothing.
 
         Returns
         -------
         h : ndarray, shape (B, hidden_size)
             The top layer's output, in the model's dtype.
         state : ndarray or tuple of ndarray
-            The state after the step, in the form of :meth:`forward`'s (new
-            arrays, float32 for a bfloat16 model; the given state is not
-            modified).
+            The state after the step, in the form of :meth:`forward`'s:
+            `state_out`, or new arrays (float32 for a bfloat16 model); the
+            given state is modified only when it is `state_out`.
 
         Raises
         ------
         TypeError, ValueError
-            As :meth:`forward`, for x_t and state. ValueError also for a
-            bidirectional or reverse model, whose reverse direction needs the
-            whole sequence.
+            As :meth:`forward`, for x_t and state, and for out and state_out
+            of the wrong type, shape, dtype or layout. ValueError also for
+            a bidirectional or reverse model, whose reverse direction needs
+            the whole sequence.
 
         Notes
         -----
@@ -726,11 +785,18 @@ class _LNRecurrent(Generic[_State]):
         computes the input products of all its steps in one BLAS call, the
         two agree to rounding (within 1e-13 in float64 and 1e-5 in float32,
         relative to the outputs' largest magnitude). B = 0 gives an empty h
-        and returns the (empty) state. Weight
-        matrices that are read-only arrays (a bfloat16 model's always are;
-        ``m.params[key].flags.writeable = False`` makes others so) are
-        packed for the product kernels once and kept; writable ones are
-        packed on every call, since they may change in place.
+        and returns the (empty) state.
+
+        The step runs compiled: the model's parameters are checked once
+        and kept while ``params`` holds the same arrays, and each call is
+        one call into the C engine, for every layer. The weights are read
+        where they are, so a change to them in place (``m.params[k] -=
+        ...``) applies from the next step: a float32 model keeps its weight
+        matrices in Fortran order, the layout of the product kernels. A
+        weight matrix that is immutable (read-only, and so is every array
+        it views; a bfloat16 model's always are) is packed for the kernels
+        once and kept; a writable C-ordered one, as from ``m.params[k] =
+        a``, is packed on every call.
 
         Examples
         --------
@@ -744,10 +810,13 @@ class _LNRecurrent(Generic[_State]):
         >>> bool(np.allclose(h, y[-1], atol=1e-6))
         True
         """
-        if self.bidirectional or self.reverse:
-            raise ValueError(f"step() runs a stream forward in time; a "
-                             f"{'bidirectional' if self.bidirectional else 'reverse'} model "
-                             f"needs the whole sequence: call forward(x) instead")
+        run = self._step
+        if run is not None and out is None and state_out is None:
+            done = run(self.params, x_t, state)   # the common case, in one call
+            if done is not None:
+                return done
+        if run is None or not run.valid(self.params):
+            run = self._compile_step()
         dt, xs = self._dt, x_t
         if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
                 and xs.flags.aligned):
@@ -755,37 +824,103 @@ class _LNRecurrent(Generic[_State]):
         shape = xs.shape
         if len(shape) != 2 or shape[1] != self.input_size:
             raise ValueError(f"x_t must have shape (B, {self.input_size}), got {shape}")
-        B, H, cell, eps = shape[0], self.hidden_size, self._cell_name(), self.eps
-        states = self._states(state, B, "state")
-        if B == 0:
-            return (np.zeros((0, H), self.dtype),
-                    cast(_State, tuple(states) if self._has_cell else states[0]))
-        h = states[0]
-        c = states[1] if self._has_cell else (None,) * self.num_layers
-        forward, bf = _engine.forward, self._dt is not self.dtype   # bf: bfloat16
-        for k in range(self.num_layers):
-            y = np.empty((B, H), dt)
-            ps = self._layer_params(k)
-            forward(cell, 1, B, xs.shape[1], H, eps, xs, ps, None, None, y, h[k], c[k], False,
-                    bf, self._packed(k, 0, ps))
-            xs = y
-        if bf:
-            xs = _to_bf16(xs)
-        return xs, cast(_State, (h, states[1]) if self._has_cell else h)
-
-    def _table_step(self, h_table: _Array, c_table: Optional[_Array], slots: _Array,
-                    x: npt.ArrayLike, out: Optional[_Array]) -> _Array:
-        """step() of the streams whose states are rows `slots` of the tables
-        (num_layers, capacity, H), which it updates (StreamTable.step)."""
-        state = (h_table[:, slots], c_table[:, slots]) if c_table is not None else h_table[:, slots]
-        y, new = self.step(x, state)
-        if c_table is not None:
-            h_table[:, slots], c_table[:, slots] = new
+        B = shape[0]
+        full = (self.num_layers, B, self.hidden_size)
+        cell = self._has_cell
+        parts = state if cell and type(state) is tuple else (state,)
+        if len(parts) == 1 + cell and all(type(p) is np.ndarray and p.dtype is dt
+                                          and p.shape == full and p.flags.c_contiguous
+                                          for p in parts):
+            ins: List[Optional[_Array]] = list(parts)   # read by the engine, not changed
+            outs = self._outputs(state_out, full, "state_out") or \
+                [np.empty(full, dt) for _ in parts]
+        else:   # checked and copied (zeros for None): the step starts from the copies
+            ins = [None] * (1 + cell)
+            outs = self._outputs(state_out, full, "state_out")
+            start = self._states(state, B, "state")
+            for o, st in zip(outs, start):
+                o[...] = st
+            outs = outs or start
+        if out is None:
+            y = np.empty((B, self.hidden_size), dt)
         else:
-            h_table[:, slots] = new
-        if out is not None:
-            out[...] = y
-            return out
+            y = self._outputs(out, (B, self.hidden_size), "out")[0]
+        if B:
+            run.run(B, xs, ins[0], ins[-1] if cell else None, y, outs[0],
+                    outs[-1] if cell else None)
+        if dt is not self.dtype:
+            y = _to_bf16(y)
+        return y, cast(_State, tuple(outs) if cell else outs[0])
+
+    def _outputs(self, arrays: Any, shape: Tuple[int, ...], name: str) -> List[_Array]:
+        """arrays (an array, or a tuple (h, c) for a model with a cell state
+        when name is state_out) checked as outputs of shape and the state's
+        dtype: C-contiguous, aligned and writable; [] for None."""
+        if arrays is None:
+            return []
+        n = 2 if self._has_cell and name == "state_out" else 1
+        parts = arrays if n == 2 else (arrays,)
+        if n == 2 and not (type(arrays) is tuple and len(arrays) == 2):
+            raise TypeError(f"{name} must be a tuple (h, c) for {type(self).__name__}, "
+                            f"got {type(arrays).__name__}")
+        for a in parts:
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
+            if a.dtype != self._dt:
+                raise TypeError(f"{name} has dtype {a.dtype}, expected {self._dt}")
+            if a.shape != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+            if not (a.flags.c_contiguous and a.flags.aligned and a.flags.writeable
+                    and a.dtype.isnative):
+                raise ValueError(f"{name} must be a C-contiguous, aligned, writable array")
+        return list(parts)
+
+    def _compile_step(self) -> Any:
+        """The engine's compiled step (_engine.Step) for the parameters that
+        params holds now, kept in self._step."""
+        if self.bidirectional or self.reverse:
+            raise ValueError(f"step() runs a stream forward in time; a "
+                             f"{'bidirectional' if self.bidirectional else 'reverse'} model "
+                             f"needs the whole sequence: call forward(x) instead")
+        layers = [self._layer_params(k) for k in range(self.num_layers)]
+        packs = [self._packed(k, 0, ps) for k, ps in enumerate(layers)]
+        keys = [key for k in range(self.num_layers) for key in self._layer_keys(k)]
+        self._step = _engine.Step(self._cell_name(), self.input_size, self.hidden_size,
+                                  self.eps, layers, packs,
+                                  self.dtype if self._dt is not self.dtype else None, keys,
+                                  [self.params[key] for key in keys])
+        return self._step
+
+    def _table_step(self, h_table: _Array, c_table: Optional[_Array], rows: _Array,
+                    x: npt.ArrayLike, out: Optional[_Array]) -> _Array:
+        """One step of the streams whose states are `rows` of the tables
+        (num_layers, capacity, H), which it updates (StreamTable.step)."""
+        run = self._step
+        if run is None or not run.valid(self.params):
+            run = self._compile_step()
+        dt, xs = self._dt, x
+        if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
+                and xs.flags.aligned):
+            xs = self._array(xs, "x", strict=True, data=True)
+        B = len(rows)
+        if xs.shape != (B, self.input_size):
+            raise ValueError(f"x must have shape (len(ids), input_size) = "
+                             f"{(B, self.input_size)}, got {xs.shape}")
+        bf = dt is not self.dtype
+        if out is None or bf:
+            y = np.empty((B, self.hidden_size), dt)
+        else:
+            y = self._outputs(out, (B, self.hidden_size), "out")[0]
+        if B:
+            run.table(xs, rows, h_table, c_table, y)
+        if bf:
+            y = _to_bf16(y)
+            if out is not None:
+                if not (isinstance(out, np.ndarray) and out.dtype == self.dtype
+                        and out.shape == y.shape):
+                    raise TypeError(f"out must be a {self.dtype} array of shape {y.shape}")
+                out[...] = y
+                return out
         return y
 
     def to(self, dtype: npt.DTypeLike) -> Self:

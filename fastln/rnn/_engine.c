@@ -1291,6 +1291,66 @@ static int __Pyx_init_tpflags_variables(void) {
 #include <string.h>
 #include <stdio.h>
 
+    #if __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    static CYTHON_INLINE int
+    __Pyx_CAPI_PyDict_GetItemStringRef(PyObject *mp, const char *key, PyObject **result)
+    {
+        int res;
+        PyObject *key_obj = PyUnicode_FromString(key);
+        if (key_obj == NULL) {
+            *result = NULL;
+            return -1;
+        }
+        res = __Pyx_PyDict_GetItemRef(mp, key_obj, result);
+        Py_DECREF(key_obj);
+        return res;
+    }
+    #else
+    #define __Pyx_CAPI_PyDict_GetItemStringRef PyDict_GetItemStringRef
+    #endif
+    #if PY_VERSION_HEX < 0x030d0000 || (CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030F0000)
+    static CYTHON_INLINE int
+    __Pyx_CAPI_PyDict_SetDefaultRef(PyObject *d, PyObject *key, PyObject *default_value,
+                        PyObject **result)
+    {
+        PyObject *value;
+        if (__Pyx_PyDict_GetItemRef(d, key, &value) < 0) {
+            // get error
+            if (result) {
+                *result = NULL;
+            }
+            return -1;
+        }
+        if (value != NULL) {
+            // present
+            if (result) {
+                *result = value;
+            }
+            else {
+                Py_DECREF(value);
+            }
+            return 1;
+        }
+
+        // missing: set the item
+        if (PyDict_SetItem(d, key, default_value) < 0) {
+            // set error
+            if (result) {
+                *result = NULL;
+            }
+            return -1;
+        }
+        if (result) {
+            Py_INCREF(default_value);
+            *result = default_value;
+        }
+        return 0;
+    }
+    #else
+    #define __Pyx_CAPI_PyDict_SetDefaultRef PyDict_SetDefaultRef
+    #endif
+    
+
     /* Using NumPy API declarations from "numpy/__init__.cython-30.pxd" */
     
 #include "numpy/arrayobject.h"
@@ -1547,6 +1607,7 @@ static const char* const __pyx_f[] = {
   "fastln/rnn/_engine.pyx",
   "numpy/__init__.cython-30.pxd",
   "fastln/_core.pxd",
+  "(tree fragment)",
   "cpython/type.pxd",
 };
 /* #### Code section: utility_code_proto_before_types ### */
@@ -1925,24 +1986,12 @@ static CYTHON_INLINE __pyx_t_long_double_complex __pyx_t_long_double_complex_fro
 /* #### Code section: type_declarations ### */
 
 /*--- Type declarations ---*/
-struct __pyx_opt_args_6fastln_3rnn_7_engine__arr_list;
+struct __pyx_obj_6fastln_3rnn_7_engine_Step;
 struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup;
 struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_fill_forward;
 
-/* "fastln/rnn/_engine.pyx":94
- *     return rnn_work_size(CELLS[cell], T, B, H)
- * 
- * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,             # <<<<<<<<<<<<<<
- *                    int nbf16=0) except -1:
- *     """dst[k] = the data of arrays[k], each checked against sizes[k]; the
-*/
-struct __pyx_opt_args_6fastln_3rnn_7_engine__arr_list {
-  int __pyx_n;
-  int nbf16;
-};
-
-/* "fastln/rnn/_engine.pyx":105
- *     return 0
+/* "fastln/rnn/_engine.pyx":130
+ *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
  * 
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
  *                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
@@ -1953,8 +2002,8 @@ struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup {
   int wbf16;
 };
 
-/* "fastln/rnn/_engine.pyx":136
- *     return _check(rc)
+/* "fastln/rnn/_engine.pyx":169
+ *     return 0
  * 
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
  *                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
@@ -1965,6 +2014,39 @@ struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_fill_forward {
   int wbf16;
   PyObject *packed;
 };
+
+/* "fastln/rnn/_engine.pyx":314
+ * 
+ * 
+ * cdef class Step:             # <<<<<<<<<<<<<<
+ *     """A model's step, compiled: every layer's arguments checked and filled
+ *     once, then one call into the engine (fastln_rnn_step_*) per step.
+*/
+struct __pyx_obj_6fastln_3rnn_7_engine_Step {
+  PyObject_HEAD
+  struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *__pyx_vtab;
+  fastln_rnn_args *layers;
+  int64_t num_layers;
+  int64_t input_size;
+  int64_t hidden_size;
+  int tn;
+  int lstm;
+  PyObject *keys;
+  PyObject *owners;
+  PyObject *keep;
+  PyObject *locked;
+  PyObject *bf16;
+};
+
+
+
+struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step {
+  int (*_state_ok)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, PyObject *, npy_intp *);
+  PyObject *(*_to_bf16)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, PyObject *);
+  int (*_valid)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, PyObject *);
+  int (*_call)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, fastln_rnn_step_args *);
+};
+static struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *__pyx_vtabptr_6fastln_3rnn_7_engine_Step;
 /* #### Code section: utility_code_proto ### */
 
 /* --- Runtime support code (head) --- */
@@ -2608,6 +2690,9 @@ static PyObject *__Pyx_GetItemInt_Generic(PyObject *o, PyObject* j);
 static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
                                                      int wraparound, int boundscheck, int unsafe_shared);
 
+/* PyObjectCompare.proto */
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_int_object(PyObject *op1, PyObject *op2, int pyop);
+
 /* RaiseErrorWithObjectType.proto (used by SliceObject) */
 #define __Pyx_RaiseTypeErrorWithObjectType(message, obj)  __Pyx_RaiseErrorWithObjectType(PyExc_TypeError, message, obj)
 #define __Pyx_RaiseErrorWithObjectType(exc_type, message, obj)  __Pyx_RaiseErrorWithType(exc_type, message, Py_TYPE(obj))
@@ -2619,6 +2704,141 @@ static CYTHON_INLINE PyObject* __Pyx_PyObject_GetSlice(
         PyObject* obj, Py_ssize_t cstart, Py_ssize_t cstop,
         PyObject** py_start, PyObject** py_stop, PyObject** py_slice,
         int has_cstart, int has_cstop, int wraparound);
+
+/* DivInt[Py_ssize_t].proto */
+static CYTHON_INLINE Py_ssize_t __Pyx_div_Py_ssize_t(Py_ssize_t, Py_ssize_t, int b_is_constant);
+
+/* UnaryNegOverflows.proto */
+#define __Pyx_UNARY_NEG_WOULD_OVERFLOW(x)\
+        (((x) < 0) & ((unsigned long)(x) == 0-(unsigned long)(x)))
+
+/* ModInt[Py_ssize_t].proto */
+static CYTHON_INLINE Py_ssize_t __Pyx_mod_Py_ssize_t(Py_ssize_t, Py_ssize_t, int b_is_constant);
+
+/* ListCompAppend.proto */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE int __Pyx_ListComp_Append(PyObject* list, PyObject* x);
+#else
+#define __Pyx_ListComp_Append(L,x) PyList_Append(L,x)
+#endif
+
+/* RaiseTooManyValuesToUnpack.proto */
+static CYTHON_INLINE void __Pyx_RaiseTooManyValuesError(Py_ssize_t expected);
+
+/* RaiseNeedMoreValuesToUnpack.proto */
+static CYTHON_INLINE void __Pyx_RaiseNeedMoreValuesError(Py_ssize_t index);
+
+/* IterFinish.proto */
+static CYTHON_INLINE int __Pyx_IterFinish(void);
+
+/* UnpackItemEndCheck.proto */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected);
+
+/* PyObjectFastCallMethod.proto */
+#if CYTHON_VECTORCALL
+#define __Pyx_PyObject_FastCallMethod(name, args, nargsf) PyObject_VectorcallMethod(name, args, nargsf, NULL)
+#else
+static PyObject *__Pyx_PyObject_FastCallMethod(PyObject *name, PyObject *const *args, size_t nargsf);
+#endif
+
+/* ModInt[int64_t].proto */
+static CYTHON_INLINE int64_t __Pyx_mod_int64_t(int64_t, int64_t, int b_is_constant);
+
+/* DivInt[int64_t].proto */
+static CYTHON_INLINE int64_t __Pyx_div_int64_t(int64_t, int64_t, int b_is_constant);
+
+/* RejectKeywords.export */
+static void __Pyx_RejectKeywords(const char* function_name, PyObject *kwds);
+
+/* PyTypeError_Check.proto */
+#define __Pyx_PyExc_TypeError_Check(obj)  __Pyx_TypeCheck(obj, PyExc_TypeError)
+
+/* AllocateExtensionType.proto */
+static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final);
+
+/* CallSlotAsVectorcall.proto */
+#if CYTHON_VECTORCALL_TPNEW
+typedef PyObject * (*__Pyx_tpnewvectorcallfunc)(PyTypeObject* o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+static PyObject * __Pyx_CallTpnewAsVectorcall(__Pyx_tpnewvectorcallfunc f, PyTypeObject* o, PyObject *a, PyObject *k);
+#endif
+
+/* CallNewInitFromVectorcall.proto */
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__Pyx_CallNewInitFromVectorcall(PyTypeObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+#endif
+
+/* DeallocKeepAlive.proto */
+#if CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
+#define __Pyx_DeallocKeepAliveBegin(o) do {\
+        _Py_atomic_store_uintptr_relaxed(&(o)->ob_tid, _Py_ThreadId());\
+        _Py_atomic_store_uint32_relaxed(&(o)->ob_ref_local, 1);\
+        _Py_atomic_store_ssize_relaxed(&(o)->ob_ref_shared, 0);\
+    } while (0)
+#define __Pyx_DeallocKeepAliveEnd(o)\
+        _Py_atomic_store_uint32_relaxed(&(o)->ob_ref_local, 0)
+#else
+#define __Pyx_DeallocKeepAliveBegin(o) Py_SET_REFCNT(o, Py_REFCNT(o) + 1)
+#define __Pyx_DeallocKeepAliveEnd(o)   Py_SET_REFCNT(o, Py_REFCNT(o) - 1)
+#endif
+
+/* CallTypeTraverse.proto */
+#if !CYTHON_USE_TYPE_SPECS
+#define __Pyx_call_type_traverse(o, always_call, visit, arg) 0
+#else
+static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg);
+#endif
+
+/* PyObjectCallMethod0.proto (used by PyType_Ready) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod0(PyObject* obj, PyObject* method_name);
+
+/* GetTypeDictOffset.proto (used by ValidateBasesTuple) */
+#if !CYTHON_USE_TYPE_SLOTS
+CYTHON_UNUSED static Py_ssize_t __Pyx_GetTypeDictOffset(PyObject *tp, int require_cython_valid_result);
+#endif
+
+/* ValidateBasesTuple.proto (used by PyType_Ready) */
+#if CYTHON_COMPILING_IN_CPYTHON || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_USE_TYPE_SPECS
+static int __Pyx_validate_bases_tuple(const char *type_name, int has_dictoffset, PyObject *bases);
+#endif
+
+/* PyType_Ready.export */
+CYTHON_UNUSED static int __Pyx_PyType_Ready(PyTypeObject *t);
+
+/* GetVTable.proto (used by MergeVTables) */
+static int __Pyx_GetVtable(PyTypeObject *type, void** table);
+
+/* RaiseErrorWithObjectTypes.proto (used by MergeVTables) */
+#define __Pyx_RaiseErrorWithObjectTypes1(exc_type, message, arg, obj1, obj2) __Pyx_RaiseErrorWithTypes1(exc_type, message, arg, Py_TYPE(obj1), Py_TYPE(obj2))
+#define __Pyx_RaiseTypeErrorWithObjectTypes(message, obj1, obj2) __Pyx_RaiseTypeErrorWithTypes(message, Py_TYPE(obj1), Py_TYPE(obj2))
+#define __Pyx_RaiseTypeErrorWithTypes(message, type_obj1, type_obj2) __Pyx_RaiseErrorWithTypes1(PyExc_TypeError, "%.1s" message, "", type_obj1, type_obj2)
+CYTHON_UNUSED
+static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2);
+
+/* MergeVTables.proto (used by SetVTable) */
+static int __Pyx_MergeVtables(PyTypeObject *type);
+
+/* SetVTable.export */
+static int __Pyx_SetVtable(PyTypeObject* typeptr , void* vtable);
+
+/* LimitedApiGetTypeTypeDict.proto (used by DelItemOnTypeDict) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp);
+#endif
+
+/* DelItemOnTypeDict.proto (used by SetupReduce) */
+#define __Pyx_DelItemOnTypeDict(tp, k) __Pyx__DelItemOnTypeDict((PyTypeObject*)tp, k)
+
+/* DelItemOnTypeDict.export */
+static int __Pyx__DelItemOnTypeDict(PyTypeObject *tp, PyObject *k);
+
+/* SetItemOnTypeDict.proto (used by SetupReduce) */
+#define __Pyx_SetItemOnTypeDict(tp, k, v) __Pyx__SetItemOnTypeDict((PyTypeObject*)tp, k, v)
+
+/* SetItemOnTypeDict.export */
+static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v);
+
+/* SetupReduce.export */
+static int __Pyx_setup_reduce(PyObject* type_obj);
 
 /* TypeImport.proto */
 #ifndef __PYX_HAVE_RT_ImportType_proto_3_3_1
@@ -2761,13 +2981,6 @@ static int __pyx_CyFunction_init(PyObject *module);
 #else
 #define __Pyx_CyFunction_func_vectorcall(f) (((PyCFunctionObject*)f)->vectorcall)
 #endif
-#endif
-
-/* CallTypeTraverse.proto (used by CythonFunctionShared) */
-#if !CYTHON_USE_TYPE_SPECS
-#define __Pyx_call_type_traverse(o, always_call, visit, arg) 0
-#else
-static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg);
 #endif
 
 /* PyMethodNew.proto (used by CythonFunctionShared) */
@@ -3000,10 +3213,13 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int64_t(int64_t value);
 static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *);
 
 /* CIntToPy.proto */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value);
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value);
 
 /* CIntToPy.proto */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value);
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_npy_intp(npy_intp value);
+
+/* CIntToPy.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value);
 
 /* CIntFromPy.proto */
 static CYTHON_INLINE long __Pyx_PyLong_As_long(PyObject *);
@@ -3117,6 +3333,10 @@ static CYTHON_INLINE npy_intp *__pyx_f_5numpy_7ndarray_5shape___get__(PyArrayObj
 static CYTHON_INLINE npy_intp *__pyx_f_5numpy_7ndarray_7strides___get__(PyArrayObject *__pyx_v_self); /* proto*/
 static CYTHON_INLINE npy_intp __pyx_f_5numpy_7ndarray_4size___get__(PyArrayObject *__pyx_v_self); /* proto*/
 static CYTHON_INLINE char *__pyx_f_5numpy_7ndarray_4data___get__(PyArrayObject *__pyx_v_self); /* proto*/
+static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_a, npy_intp *__pyx_v_dims); /* proto*/
+static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_y); /* proto*/
+static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_params); /* proto*/
+static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, fastln_rnn_step_args *__pyx_v_s); /* proto*/
 
 /* Module declarations from "libc.stdint" */
 
@@ -3131,6 +3351,12 @@ static CYTHON_INLINE char *__pyx_f_5numpy_7ndarray_4data___get__(PyArrayObject *
 /* Module declarations from "cpython" */
 
 /* Module declarations from "cpython.object" */
+
+/* Module declarations from "cpython.pyport" */
+
+/* Module declarations from "cpython.dict" */
+
+/* Module declarations from "cpython.mem" */
 
 /* Module declarations from "cpython.ref" */
 
@@ -3156,6 +3382,7 @@ static int (*__pyx_f_6fastln_5_core_rnn_step_f32)(fastln_rnn_step_args const *);
 static int (*__pyx_f_6fastln_5_core_rnn_step_f64)(fastln_rnn_step_args const *); /*proto*/
 static void (*__pyx_f_6fastln_5_core_rnn_set_blas)(fastln_sgemm_fn, fastln_dgemm_fn); /*proto*/
 static char const *(*__pyx_f_6fastln_5_core_rnn_bf16_products)(void); /*proto*/
+static void (*__pyx_f_6fastln_5_core_to_bf16)(void *, void const *, int64_t); /*proto*/
 static CYTHON_INLINE int __pyx_f_6fastln_5_core__fast(PyObject *, int); /*proto*/
 static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *); /*proto*/
 static CYTHON_INLINE void *__pyx_f_6fastln_5_core__ptr(PyObject *); /*proto*/
@@ -3167,11 +3394,15 @@ static int __pyx_v_6fastln_3rnn_7_engine__blas_ready;
 static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void); /*proto*/
 static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(void *); /*proto*/
 static int __pyx_f_6fastln_3rnn_7_engine__pending(void); /*proto*/
-static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **, PyObject *, int, PyObject *, int, PyObject *, struct __pyx_opt_args_6fastln_3rnn_7_engine__arr_list *__pyx_optional_args); /*proto*/
+static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **, PyObject *, int, PyObject *, int, PyObject *); /*proto*/
+static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *, PyObject *, int, PyObject *, int); /*proto*/
+static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *, int); /*proto*/
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *, PyObject *, int64_t, int64_t, int64_t, int64_t, double, PyObject *, PyObject *, PyObject *, PyObject *, int, struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup *__pyx_optional_args); /*proto*/
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int); /*proto*/
+static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *, PyObject *); /*proto*/
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *, PyObject *, int64_t, int64_t, int64_t, int64_t, double, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, int, int, struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_fill_forward *__pyx_optional_args); /*proto*/
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *, PyObject *, int64_t, int64_t, int64_t, int64_t, double, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, PyObject *, int, int); /*proto*/
+static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *, int __pyx_skip_dispatch); /*proto*/
 /* #### Code section: typeinfo ### */
 /* #### Code section: before_global_var ### */
 #define __Pyx_MODULE_NAME "fastln.rnn._engine"
@@ -3192,6 +3423,41 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
 static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_cell, int64_t __pyx_v_T, int64_t __pyx_v_B, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_x, PyObject *__pyx_v_params2, PyObject *__pyx_v_lengths, PyObject *__pyx_v_caches2, PyObject *__pyx_v_y, PyObject *__pyx_v_h2, PyObject *__pyx_v_c2, int __pyx_v_wbf16, PyObject *__pyx_v_packed2); /* proto */
 static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_cell, int64_t __pyx_v_T, int64_t __pyx_v_B, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_x, PyObject *__pyx_v_params, PyObject *__pyx_v_lengths, PyObject *__pyx_v_cache, PyObject *__pyx_v_dy, PyObject *__pyx_v_dh, PyObject *__pyx_v_dc, PyObject *__pyx_v_dx, PyObject *__pyx_v_grads, PyObject *__pyx_v_work, int __pyx_v_reverse); /* proto */
 static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_cell, int64_t __pyx_v_T, int64_t __pyx_v_B, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_x, PyObject *__pyx_v_params2, PyObject *__pyx_v_lengths, PyObject *__pyx_v_caches2, PyObject *__pyx_v_dy, PyObject *__pyx_v_dh2, PyObject *__pyx_v_dc2, PyObject *__pyx_v_dx, PyObject *__pyx_v_grads2, PyObject *__pyx_v_works2); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_18immutable(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_a); /* proto */
+static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_cell, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_layers, PyObject *__pyx_v_packs, PyObject *__pyx_v_bf16, PyObject *__pyx_v_keys, PyObject *__pyx_v_owners); /* proto */
+static void __pyx_pf_6fastln_3rnn_7_engine_4Step_2__dealloc__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_4valid(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_params); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_params, PyObject *__pyx_v_x, PyObject *__pyx_v_state); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, int64_t __pyx_v_B, PyObject *__pyx_v_x, PyObject *__pyx_v_h_in, PyObject *__pyx_v_c_in, PyObject *__pyx_v_y, PyObject *__pyx_v_h, PyObject *__pyx_v_c); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_x, PyObject *__pyx_v_rows, PyObject *__pyx_v_h, PyObject *__pyx_v_c, PyObject *__pyx_v_y); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10num_layers___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10input_size___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_11hidden_size___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_12__reduce_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_14__setstate_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, CYTHON_UNUSED PyObject *__pyx_v___pyx_state); /* proto */
+static PyObject *__pyx_tp_new__initialisation_6fastln_3rnn_7_engine_Step(PyObject *o, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+); /*proto*/
+static PyObject *__pyx_tp_new_vectorcall_6fastln_3rnn_7_engine_Step(PyTypeObject *t, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+); /*proto*/
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_new_6fastln_3rnn_7_engine_Step(PyTypeObject *t, PyObject *a, PyObject *k); /*proto*/
+#endif
+#if !CYTHON_VECTORCALL_TPNEW
+#define __pyx_tp_new_6fastln_3rnn_7_engine_Step __pyx_tp_new_vectorcall_6fastln_3rnn_7_engine_Step
+#endif
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_vectorcall_6fastln_3rnn_7_engine_Step(PyObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames); /*proto*/
+#endif
 /* #### Code section: late_includes ### */
 /* #### Code section: module_state ### */
 /* SmallCodeConfig */
@@ -3231,11 +3497,13 @@ namespace {
     PyTypeObject *__pyx_ptype_5numpy_flexible;
     PyTypeObject *__pyx_ptype_5numpy_character;
     PyTypeObject *__pyx_ptype_5numpy_ufunc;
+    PyObject *__pyx_type_6fastln_3rnn_7_engine_Step;
+    PyTypeObject *__pyx_ptype_6fastln_3rnn_7_engine_Step;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_items;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_pop;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
-    PyObject *__pyx_codeobj_tab[9];
-    PyObject *__pyx_string_tab[118];
+    PyObject *__pyx_codeobj_tab[15];
+    PyObject *__pyx_string_tab[169];
     PyObject *__pyx_number_tab[9];
 /* #### Code section: module_state_contents ### */
 /* PyFrozenDict.module_state_decls */
@@ -3285,124 +3553,175 @@ static __pyx_mstatetype __pyx_mstate_global_static =
 static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_static;
 #endif
 /* #### Code section: constant_name_defines ### */
-#define __pyx_kp_u__2 __pyx_string_tab[0]
-#define __pyx_kp_u_ __pyx_string_tab[1]
-#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[2]
-#define __pyx_kp_u_add_note __pyx_string_tab[3]
-#define __pyx_kp_u_fastln_rnn__engine_pyx __pyx_string_tab[4]
-#define __pyx_kp_u_fastln_could_not_allocate_scratc __pyx_string_tab[5]
-#define __pyx_kp_u_fastln_invalid_sizes __pyx_string_tab[6]
-#define __pyx_kp_u_internal_bad_array_for __pyx_string_tab[7]
-#define __pyx_kp_u_internal_bad_weights_for__rnn_pa __pyx_string_tab[8]
-#define __pyx_kp_u_internal_bad_x_or_sizes __pyx_string_tab[9]
-#define __pyx_kp_u_internal_wrong_number_of __pyx_string_tab[10]
-#define __pyx_kp_u_numpy__core_multiarray_failed_to __pyx_string_tab[11]
-#define __pyx_kp_u_numpy__core_umath_failed_to_impo __pyx_string_tab[12]
-#define __pyx_n_u_B __pyx_string_tab[13]
-#define __pyx_n_u_CELLS __pyx_string_tab[14]
-#define __pyx_n_u_H __pyx_string_tab[15]
-#define __pyx_n_u_I __pyx_string_tab[16]
-#define __pyx_n_u_T __pyx_string_tab[17]
-#define __pyx_n_u_SIZES __pyx_string_tab[18]
-#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[19]
-#define __pyx_n_u_annotate __pyx_string_tab[20]
-#define __pyx_n_u_func __pyx_string_tab[21]
-#define __pyx_n_u_main __pyx_string_tab[22]
-#define __pyx_n_u_module __pyx_string_tab[23]
-#define __pyx_n_u_name __pyx_string_tab[24]
-#define __pyx_n_u_pyx_capi __pyx_string_tab[25]
-#define __pyx_n_u_qualname __pyx_string_tab[26]
-#define __pyx_n_u_test __pyx_string_tab[27]
-#define __pyx_n_u_is_coroutine __pyx_string_tab[28]
-#define __pyx_n_u_plain __pyx_string_tab[29]
-#define __pyx_n_u_a __pyx_string_tab[30]
-#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[31]
-#define __pyx_n_u_backward __pyx_string_tab[32]
-#define __pyx_n_u_backward2 __pyx_string_tab[33]
-#define __pyx_n_u_bf16_products __pyx_string_tab[34]
-#define __pyx_n_u_buf __pyx_string_tab[35]
-#define __pyx_n_u_c __pyx_string_tab[36]
-#define __pyx_n_u_c2 __pyx_string_tab[37]
-#define __pyx_n_u_cache __pyx_string_tab[38]
-#define __pyx_n_u_cache_size __pyx_string_tab[39]
-#define __pyx_n_u_caches2 __pyx_string_tab[40]
-#define __pyx_n_u_cell __pyx_string_tab[41]
-#define __pyx_n_u_cline_in_traceback __pyx_string_tab[42]
-#define __pyx_n_u_code __pyx_string_tab[43]
-#define __pyx_n_u_cython_blas __pyx_string_tab[44]
-#define __pyx_n_u_d __pyx_string_tab[45]
-#define __pyx_n_u_dc __pyx_string_tab[46]
-#define __pyx_n_u_dc2 __pyx_string_tab[47]
-#define __pyx_n_u_dgemm __pyx_string_tab[48]
-#define __pyx_n_u_dh __pyx_string_tab[49]
-#define __pyx_n_u_dh2 __pyx_string_tab[50]
-#define __pyx_n_u_dx __pyx_string_tab[51]
-#define __pyx_n_u_dy __pyx_string_tab[52]
-#define __pyx_n_u_empty __pyx_string_tab[53]
-#define __pyx_n_u_eps __pyx_string_tab[54]
-#define __pyx_n_u_fastln_rnn__engine __pyx_string_tab[55]
-#define __pyx_n_u_forward __pyx_string_tab[56]
-#define __pyx_n_u_forward2 __pyx_string_tab[57]
-#define __pyx_n_u_get __pyx_string_tab[58]
-#define __pyx_n_u_grads __pyx_string_tab[59]
-#define __pyx_n_u_grads2 __pyx_string_tab[60]
-#define __pyx_n_u_gru __pyx_string_tab[61]
-#define __pyx_n_u_gru_plain __pyx_string_tab[62]
-#define __pyx_n_u_gru_plain_reset_first __pyx_string_tab[63]
-#define __pyx_n_u_h __pyx_string_tab[64]
-#define __pyx_n_u_h2 __pyx_string_tab[65]
-#define __pyx_n_u_items __pyx_string_tab[66]
-#define __pyx_n_u_key __pyx_string_tab[67]
-#define __pyx_n_u_lengths __pyx_string_tab[68]
-#define __pyx_n_u_lstm __pyx_string_tab[69]
-#define __pyx_n_u_lstm_plain __pyx_string_tab[70]
-#define __pyx_n_u_n __pyx_string_tab[71]
-#define __pyx_n_u_np __pyx_string_tab[72]
-#define __pyx_n_u_numpy __pyx_string_tab[73]
-#define __pyx_n_u_o __pyx_string_tab[74]
-#define __pyx_n_u_out __pyx_string_tab[75]
-#define __pyx_n_u_pack __pyx_string_tab[76]
-#define __pyx_n_u_packed __pyx_string_tab[77]
-#define __pyx_n_u_packed2 __pyx_string_tab[78]
-#define __pyx_n_u_param_sizes __pyx_string_tab[79]
-#define __pyx_n_u_params __pyx_string_tab[80]
-#define __pyx_n_u_params2 __pyx_string_tab[81]
-#define __pyx_n_u_pop __pyx_string_tab[82]
-#define __pyx_n_u_rc __pyx_string_tab[83]
-#define __pyx_n_u_reverse __pyx_string_tab[84]
-#define __pyx_n_u_rnn_relu __pyx_string_tab[85]
-#define __pyx_n_u_rnn_relu_plain __pyx_string_tab[86]
-#define __pyx_n_u_rnn_tanh __pyx_string_tab[87]
-#define __pyx_n_u_rnn_tanh_plain __pyx_string_tab[88]
-#define __pyx_n_u_scipy_linalg __pyx_string_tab[89]
-#define __pyx_n_u_setdefault __pyx_string_tab[90]
-#define __pyx_n_u_sgemm __pyx_string_tab[91]
-#define __pyx_n_u_sizes __pyx_string_tab[92]
-#define __pyx_n_u_skip __pyx_string_tab[93]
-#define __pyx_n_u_tn __pyx_string_tab[94]
-#define __pyx_n_u_uint8 __pyx_string_tab[95]
-#define __pyx_n_u_values __pyx_string_tab[96]
-#define __pyx_n_u_w_hh __pyx_string_tab[97]
-#define __pyx_n_u_w_ih __pyx_string_tab[98]
-#define __pyx_n_u_wbf16 __pyx_string_tab[99]
-#define __pyx_n_u_wh __pyx_string_tab[100]
-#define __pyx_n_u_wi __pyx_string_tab[101]
-#define __pyx_n_u_work __pyx_string_tab[102]
-#define __pyx_n_u_work_size __pyx_string_tab[103]
-#define __pyx_n_u_works2 __pyx_string_tab[104]
-#define __pyx_n_u_wt __pyx_string_tab[105]
-#define __pyx_n_u_x __pyx_string_tab[106]
-#define __pyx_n_u_y __pyx_string_tab[107]
-#define __pyx_kp_b_char_const_void_int_fastln_rnn_a __pyx_string_tab[108]
-#define __pyx_kp_b_iso88591_awc_A __pyx_string_tab[109]
-#define __pyx_kp_b_iso88591_q_s_Q __pyx_string_tab[110]
-#define __pyx_kp_b_iso88591_5I_a_1AS_c_Cs_s_ST_s_S_7__AQfCv __pyx_string_tab[111]
-#define __pyx_kp_b_iso88591_MQ_a_U_1_aq_fCs_S_S_q_A_xs_G1D __pyx_string_tab[112]
-#define __pyx_kp_b_iso88591_DE_a_AQc_s_S_5_89TU_T_WF_Q_QavS __pyx_string_tab[113]
-#define __pyx_kp_b_iso88591_6_A_F_aq_vS_5_1_Rr_2S_Bb_3b_V1 __pyx_string_tab[114]
-#define __pyx_kp_b_iso88591_E_a__K_1_s_Bc_2Rs_Ba_j_Kq_c_t5 __pyx_string_tab[115]
-#define __pyx_kp_b_iso88591_BgQ __pyx_string_tab[116]
-#define __pyx_kp_b_iso88591_a_U_1_q_4vS_3c_c_Q_q_D_1D_CzQTT __pyx_string_tab[117]
+#define __pyx_kp_u_tree_fragment __pyx_string_tab[0]
+#define __pyx_kp_u__2 __pyx_string_tab[1]
+#define __pyx_kp_u_ __pyx_string_tab[2]
+#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[3]
+#define __pyx_kp_u_add_note __pyx_string_tab[4]
+#define __pyx_kp_u_disable __pyx_string_tab[5]
+#define __pyx_kp_u_enable __pyx_string_tab[6]
+#define __pyx_kp_u_fastln_rnn__engine_pyx __pyx_string_tab[7]
+#define __pyx_kp_u_fastln_could_not_allocate_scratc __pyx_string_tab[8]
+#define __pyx_kp_u_fastln_invalid_sizes __pyx_string_tab[9]
+#define __pyx_kp_u_gc __pyx_string_tab[10]
+#define __pyx_kp_u_internal_bad_array_for __pyx_string_tab[11]
+#define __pyx_kp_u_internal_bad_array_for_params __pyx_string_tab[12]
+#define __pyx_kp_u_internal_bad_h_table __pyx_string_tab[13]
+#define __pyx_kp_u_internal_bad_layers_for_Step __pyx_string_tab[14]
+#define __pyx_kp_u_internal_bad_parameters_for_Step __pyx_string_tab[15]
+#define __pyx_kp_u_internal_bad_rows __pyx_string_tab[16]
+#define __pyx_kp_u_internal_bad_weights_for__rnn_pa __pyx_string_tab[17]
+#define __pyx_kp_u_internal_bad_x_or_sizes __pyx_string_tab[18]
+#define __pyx_kp_u_internal_wrong_number_of __pyx_string_tab[19]
+#define __pyx_kp_u_internal_wrong_number_of_params __pyx_string_tab[20]
+#define __pyx_kp_u_isenabled __pyx_string_tab[21]
+#define __pyx_kp_u_no_default___reduce___due_to_non __pyx_string_tab[22]
+#define __pyx_kp_u_numpy__core_multiarray_failed_to __pyx_string_tab[23]
+#define __pyx_kp_u_numpy__core_umath_failed_to_impo __pyx_string_tab[24]
+#define __pyx_n_u_B __pyx_string_tab[25]
+#define __pyx_n_u_CELLS __pyx_string_tab[26]
+#define __pyx_n_u_H __pyx_string_tab[27]
+#define __pyx_n_u_I __pyx_string_tab[28]
+#define __pyx_n_u_S __pyx_string_tab[29]
+#define __pyx_n_u_Step __pyx_string_tab[30]
+#define __pyx_n_u_Step___reduce_cython __pyx_string_tab[31]
+#define __pyx_n_u_Step___setstate_cython __pyx_string_tab[32]
+#define __pyx_n_u_Step_run __pyx_string_tab[33]
+#define __pyx_n_u_Step_table __pyx_string_tab[34]
+#define __pyx_n_u_Step_valid __pyx_string_tab[35]
+#define __pyx_n_u_T __pyx_string_tab[36]
+#define __pyx_n_u_SIZES __pyx_string_tab[37]
+#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[38]
+#define __pyx_n_u_annotate __pyx_string_tab[39]
+#define __pyx_n_u_func __pyx_string_tab[40]
+#define __pyx_n_u_getstate __pyx_string_tab[41]
+#define __pyx_n_u_main __pyx_string_tab[42]
+#define __pyx_n_u_module __pyx_string_tab[43]
+#define __pyx_n_u_name __pyx_string_tab[44]
+#define __pyx_n_u_pyx_capi __pyx_string_tab[45]
+#define __pyx_n_u_pyx_state __pyx_string_tab[46]
+#define __pyx_n_u_pyx_vtable __pyx_string_tab[47]
+#define __pyx_n_u_qualname __pyx_string_tab[48]
+#define __pyx_n_u_reduce __pyx_string_tab[49]
+#define __pyx_n_u_reduce_cython __pyx_string_tab[50]
+#define __pyx_n_u_reduce_ex __pyx_string_tab[51]
+#define __pyx_n_u_set_name __pyx_string_tab[52]
+#define __pyx_n_u_setstate __pyx_string_tab[53]
+#define __pyx_n_u_setstate_cython __pyx_string_tab[54]
+#define __pyx_n_u_test __pyx_string_tab[55]
+#define __pyx_n_u_is_coroutine __pyx_string_tab[56]
+#define __pyx_n_u_plain __pyx_string_tab[57]
+#define __pyx_n_u_a __pyx_string_tab[58]
+#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[59]
+#define __pyx_n_u_backward __pyx_string_tab[60]
+#define __pyx_n_u_backward2 __pyx_string_tab[61]
+#define __pyx_n_u_base __pyx_string_tab[62]
+#define __pyx_n_u_bf16 __pyx_string_tab[63]
+#define __pyx_n_u_bf16_products __pyx_string_tab[64]
+#define __pyx_n_u_buf __pyx_string_tab[65]
+#define __pyx_n_u_c __pyx_string_tab[66]
+#define __pyx_n_u_c2 __pyx_string_tab[67]
+#define __pyx_n_u_c_in __pyx_string_tab[68]
+#define __pyx_n_u_cache __pyx_string_tab[69]
+#define __pyx_n_u_cache_size __pyx_string_tab[70]
+#define __pyx_n_u_caches2 __pyx_string_tab[71]
+#define __pyx_n_u_cell __pyx_string_tab[72]
+#define __pyx_n_u_cline_in_traceback __pyx_string_tab[73]
+#define __pyx_n_u_code __pyx_string_tab[74]
+#define __pyx_n_u_cython_blas __pyx_string_tab[75]
+#define __pyx_n_u_d __pyx_string_tab[76]
+#define __pyx_n_u_dc __pyx_string_tab[77]
+#define __pyx_n_u_dc2 __pyx_string_tab[78]
+#define __pyx_n_u_dgemm __pyx_string_tab[79]
+#define __pyx_n_u_dh __pyx_string_tab[80]
+#define __pyx_n_u_dh2 __pyx_string_tab[81]
+#define __pyx_n_u_dx __pyx_string_tab[82]
+#define __pyx_n_u_dy __pyx_string_tab[83]
+#define __pyx_n_u_empty __pyx_string_tab[84]
+#define __pyx_n_u_eps __pyx_string_tab[85]
+#define __pyx_n_u_fastln_rnn__engine __pyx_string_tab[86]
+#define __pyx_n_u_forward __pyx_string_tab[87]
+#define __pyx_n_u_forward2 __pyx_string_tab[88]
+#define __pyx_n_u_get __pyx_string_tab[89]
+#define __pyx_n_u_grads __pyx_string_tab[90]
+#define __pyx_n_u_grads2 __pyx_string_tab[91]
+#define __pyx_n_u_gru __pyx_string_tab[92]
+#define __pyx_n_u_gru_plain __pyx_string_tab[93]
+#define __pyx_n_u_gru_plain_reset_first __pyx_string_tab[94]
+#define __pyx_n_u_h __pyx_string_tab[95]
+#define __pyx_n_u_h2 __pyx_string_tab[96]
+#define __pyx_n_u_h_in __pyx_string_tab[97]
+#define __pyx_n_u_immutable __pyx_string_tab[98]
+#define __pyx_n_u_items __pyx_string_tab[99]
+#define __pyx_n_u_key __pyx_string_tab[100]
+#define __pyx_n_u_keys __pyx_string_tab[101]
+#define __pyx_n_u_layers __pyx_string_tab[102]
+#define __pyx_n_u_lengths __pyx_string_tab[103]
+#define __pyx_n_u_lstm __pyx_string_tab[104]
+#define __pyx_n_u_lstm_plain __pyx_string_tab[105]
+#define __pyx_n_u_n __pyx_string_tab[106]
+#define __pyx_n_u_np __pyx_string_tab[107]
+#define __pyx_n_u_numpy __pyx_string_tab[108]
+#define __pyx_n_u_o __pyx_string_tab[109]
+#define __pyx_n_u_out __pyx_string_tab[110]
+#define __pyx_n_u_owners __pyx_string_tab[111]
+#define __pyx_n_u_pack __pyx_string_tab[112]
+#define __pyx_n_u_packed __pyx_string_tab[113]
+#define __pyx_n_u_packed2 __pyx_string_tab[114]
+#define __pyx_n_u_packs __pyx_string_tab[115]
+#define __pyx_n_u_param_sizes __pyx_string_tab[116]
+#define __pyx_n_u_params __pyx_string_tab[117]
+#define __pyx_n_u_params2 __pyx_string_tab[118]
+#define __pyx_n_u_per __pyx_string_tab[119]
+#define __pyx_n_u_pop __pyx_string_tab[120]
+#define __pyx_n_u_rc __pyx_string_tab[121]
+#define __pyx_n_u_reverse __pyx_string_tab[122]
+#define __pyx_n_u_rnn_relu __pyx_string_tab[123]
+#define __pyx_n_u_rnn_relu_plain __pyx_string_tab[124]
+#define __pyx_n_u_rnn_tanh __pyx_string_tab[125]
+#define __pyx_n_u_rnn_tanh_plain __pyx_string_tab[126]
+#define __pyx_n_u_rows __pyx_string_tab[127]
+#define __pyx_n_u_run __pyx_string_tab[128]
+#define __pyx_n_u_s __pyx_string_tab[129]
+#define __pyx_n_u_scipy_linalg __pyx_string_tab[130]
+#define __pyx_n_u_self __pyx_string_tab[131]
+#define __pyx_n_u_setdefault __pyx_string_tab[132]
+#define __pyx_n_u_sgemm __pyx_string_tab[133]
+#define __pyx_n_u_shape __pyx_string_tab[134]
+#define __pyx_n_u_sizes __pyx_string_tab[135]
+#define __pyx_n_u_skip __pyx_string_tab[136]
+#define __pyx_n_u_state __pyx_string_tab[137]
+#define __pyx_n_u_table __pyx_string_tab[138]
+#define __pyx_n_u_tn __pyx_string_tab[139]
+#define __pyx_n_u_uint8 __pyx_string_tab[140]
+#define __pyx_n_u_valid __pyx_string_tab[141]
+#define __pyx_n_u_values __pyx_string_tab[142]
+#define __pyx_n_u_w_hh __pyx_string_tab[143]
+#define __pyx_n_u_w_ih __pyx_string_tab[144]
+#define __pyx_n_u_wbf16 __pyx_string_tab[145]
+#define __pyx_n_u_wh __pyx_string_tab[146]
+#define __pyx_n_u_wi __pyx_string_tab[147]
+#define __pyx_n_u_work __pyx_string_tab[148]
+#define __pyx_n_u_work_size __pyx_string_tab[149]
+#define __pyx_n_u_works2 __pyx_string_tab[150]
+#define __pyx_n_u_wt __pyx_string_tab[151]
+#define __pyx_n_u_x __pyx_string_tab[152]
+#define __pyx_n_u_y __pyx_string_tab[153]
+#define __pyx_kp_b_char_const_void_int_fastln_rnn_a __pyx_string_tab[154]
+#define __pyx_kp_b_iso88591_Q __pyx_string_tab[155]
+#define __pyx_kp_b_iso88591_awc_A __pyx_string_tab[156]
+#define __pyx_kp_b_iso88591_q_s_Q __pyx_string_tab[157]
+#define __pyx_kp_b_iso88591_5I_a_1AS_c_Cs_s_ST_s_S_7__AQfCv __pyx_string_tab[158]
+#define __pyx_kp_b_iso88591_MQ_a_U_1_aq_fCs_S_S_q_A_xs_G1D __pyx_string_tab[159]
+#define __pyx_kp_b_iso88591_DE_a_AQc_s_S_5_89TU_T_WF_Q_QavS __pyx_string_tab[160]
+#define __pyx_kp_b_iso88591_6_A_F_aq_vS_5_1_Rr_2S_Bb_3b_V1 __pyx_string_tab[161]
+#define __pyx_kp_b_iso88591_E_a__K_1_s_Bc_2Rs_Ba_j_Kq_c_t5 __pyx_string_tab[162]
+#define __pyx_kp_b_iso88591_BgQ __pyx_string_tab[163]
+#define __pyx_kp_b_iso88591_a_U_1_q_4vS_3c_c_Q_q_D_1D_CzQTT __pyx_string_tab[164]
+#define __pyx_kp_b_iso88591_A_t7_1 __pyx_string_tab[165]
+#define __pyx_kp_b_iso88591_A_aq_3gQ_4uAYa_AQ_M_q_4_2T_4uAS __pyx_string_tab[166]
+#define __pyx_kp_b_iso88591_A_2Rt1_aq_3gQ_AS_E_2T_gQ_AS_E_2T __pyx_string_tab[167]
+#define __pyx_kp_b_iso88591_A_AV1_1_AQ_2S_S_AS_1 __pyx_string_tab[168]
 #define __pyx_int_0 __pyx_number_tab[0]
 #define __pyx_int_1 __pyx_number_tab[1]
 #define __pyx_int_2 __pyx_number_tab[2]
@@ -3442,11 +3761,13 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   Py_CLEAR(clear_module_state->__pyx_ptype_5numpy_flexible);
   Py_CLEAR(clear_module_state->__pyx_ptype_5numpy_character);
   Py_CLEAR(clear_module_state->__pyx_ptype_5numpy_ufunc);
+  Py_CLEAR(clear_module_state->__pyx_ptype_6fastln_3rnn_7_engine_Step);
+  Py_CLEAR(clear_module_state->__pyx_type_6fastln_3rnn_7_engine_Step);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_items.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
-  for (int i=0; i<9; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<118; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<15; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<169; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<9; ++i) { Py_CLEAR(clear_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
@@ -3486,11 +3807,13 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   Py_VISIT(traverse_module_state->__pyx_ptype_5numpy_flexible);
   Py_VISIT(traverse_module_state->__pyx_ptype_5numpy_character);
   Py_VISIT(traverse_module_state->__pyx_ptype_5numpy_ufunc);
+  Py_VISIT(traverse_module_state->__pyx_ptype_6fastln_3rnn_7_engine_Step);
+  Py_VISIT(traverse_module_state->__pyx_type_6fastln_3rnn_7_engine_Step);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_items.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
-  for (int i=0; i<9; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<118; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<15; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<169; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<9; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
@@ -5383,8 +5706,8 @@ static CYTHON_INLINE NPY_DATETIMEUNIT __pyx_f_5numpy_get_datetime64_unit(PyObjec
   return __pyx_r;
 }
 
-/* "fastln/_core.pxd":70
- * cdef const char *rnn_bf16_products() noexcept nogil
+/* "fastln/_core.pxd":75
+ * cdef void to_bf16(void *dst, const void *src, int64_t n) noexcept nogil
  * 
  * cdef inline bint _fast(object a, int tn) noexcept:             # <<<<<<<<<<<<<<
  *     """a is an aligned, C-contiguous, native-order ndarray of type number tn."""
@@ -5396,7 +5719,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__fast(PyObject *__pyx_v_a, int _
   int __pyx_t_1;
   int __pyx_t_2;
 
-  /* "fastln/_core.pxd":72
+  /* "fastln/_core.pxd":77
  * cdef inline bint _fast(object a, int tn) noexcept:
  *     """a is an aligned, C-contiguous, native-order ndarray of type number tn."""
  *     return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn             # <<<<<<<<<<<<<<
@@ -5413,7 +5736,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__fast(PyObject *__pyx_v_a, int _
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/_core.pxd":73
+  /* "fastln/_core.pxd":78
  *     """a is an aligned, C-contiguous, native-order ndarray of type number tn."""
  *     return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
  *             and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)             # <<<<<<<<<<<<<<
@@ -5431,7 +5754,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__fast(PyObject *__pyx_v_a, int _
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/_core.pxd":74
+  /* "fastln/_core.pxd":79
  *     return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
  *             and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
  *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))             # <<<<<<<<<<<<<<
@@ -5459,8 +5782,8 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__fast(PyObject *__pyx_v_a, int _
   }
   goto __pyx_L0;
 
-  /* "fastln/_core.pxd":70
- * cdef const char *rnn_bf16_products() noexcept nogil
+  /* "fastln/_core.pxd":75
+ * cdef void to_bf16(void *dst, const void *src, int64_t n) noexcept nogil
  * 
  * cdef inline bint _fast(object a, int tn) noexcept:             # <<<<<<<<<<<<<<
  *     """a is an aligned, C-contiguous, native-order ndarray of type number tn."""
@@ -5473,7 +5796,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__fast(PyObject *__pyx_v_a, int _
   return __pyx_r;
 }
 
-/* "fastln/_core.pxd":76
+/* "fastln/_core.pxd":81
  *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
  * 
  * cdef inline int _float_type(object x) noexcept:             # <<<<<<<<<<<<<<
@@ -5487,7 +5810,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
   int __pyx_t_1;
   int __pyx_t_2;
 
-  /* "fastln/_core.pxd":78
+  /* "fastln/_core.pxd":83
  * cdef inline int _float_type(object x) noexcept:
  *     """NPY_FLOAT or NPY_DOUBLE when x takes the fast path (any rank >= 1), else -1."""
  *     if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:             # <<<<<<<<<<<<<<
@@ -5512,7 +5835,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
   if (__pyx_t_1) {
 
 
-    /* "fastln/_core.pxd":79
+    /* "fastln/_core.pxd":84
  *     """NPY_FLOAT or NPY_DOUBLE when x takes the fast path (any rank >= 1), else -1."""
  *     if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:
  *         return -1             # <<<<<<<<<<<<<<
@@ -5525,7 +5848,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
     }
     goto __pyx_L0;
 
-    /* "fastln/_core.pxd":78
+    /* "fastln/_core.pxd":83
  * cdef inline int _float_type(object x) noexcept:
  *     """NPY_FLOAT or NPY_DOUBLE when x takes the fast path (any rank >= 1), else -1."""
  *     if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:             # <<<<<<<<<<<<<<
@@ -5534,7 +5857,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
 */
   }
 
-  /* "fastln/_core.pxd":80
+  /* "fastln/_core.pxd":85
  *     if type(x) is not cnp.ndarray or cnp.PyArray_NDIM(<cnp.ndarray>x) < 1:
  *         return -1
  *     cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)             # <<<<<<<<<<<<<<
@@ -5543,7 +5866,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
 */
   __pyx_v_tn = PyArray_TYPE(((PyArrayObject *)__pyx_v_x));
 
-  /* "fastln/_core.pxd":81
+  /* "fastln/_core.pxd":86
  *         return -1
  *     cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
  *     if (tn == cnp.NPY_FLOAT or tn == cnp.NPY_DOUBLE) and _fast(x, tn):             # <<<<<<<<<<<<<<
@@ -5576,7 +5899,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
   if (__pyx_t_1) {
 
 
-    /* "fastln/_core.pxd":82
+    /* "fastln/_core.pxd":87
  *     cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
  *     if (tn == cnp.NPY_FLOAT or tn == cnp.NPY_DOUBLE) and _fast(x, tn):
  *         return tn             # <<<<<<<<<<<<<<
@@ -5589,7 +5912,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
     }
     goto __pyx_L0;
 
-    /* "fastln/_core.pxd":81
+    /* "fastln/_core.pxd":86
  *         return -1
  *     cdef int tn = cnp.PyArray_TYPE(<cnp.ndarray>x)
  *     if (tn == cnp.NPY_FLOAT or tn == cnp.NPY_DOUBLE) and _fast(x, tn):             # <<<<<<<<<<<<<<
@@ -5598,7 +5921,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
 */
   }
 
-  /* "fastln/_core.pxd":83
+  /* "fastln/_core.pxd":88
  *     if (tn == cnp.NPY_FLOAT or tn == cnp.NPY_DOUBLE) and _fast(x, tn):
  *         return tn
  *     return -1             # <<<<<<<<<<<<<<
@@ -5611,7 +5934,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
   }
   goto __pyx_L0;
 
-  /* "fastln/_core.pxd":76
+  /* "fastln/_core.pxd":81
  *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
  * 
  * cdef inline int _float_type(object x) noexcept:             # <<<<<<<<<<<<<<
@@ -5626,7 +5949,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__float_type(PyObject *__pyx_v_x)
   return __pyx_r;
 }
 
-/* "fastln/_core.pxd":85
+/* "fastln/_core.pxd":90
  *     return -1
  * 
  * cdef inline void *_ptr(object a) noexcept:             # <<<<<<<<<<<<<<
@@ -5639,7 +5962,7 @@ static CYTHON_INLINE void *__pyx_f_6fastln_5_core__ptr(PyObject *__pyx_v_a) {
   void *__pyx_t_1;
   int __pyx_t_2;
 
-  /* "fastln/_core.pxd":86
+  /* "fastln/_core.pxd":91
  * 
  * cdef inline void *_ptr(object a) noexcept:
  *     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)             # <<<<<<<<<<<<<<
@@ -5660,7 +5983,7 @@ static CYTHON_INLINE void *__pyx_f_6fastln_5_core__ptr(PyObject *__pyx_v_a) {
   }
   goto __pyx_L0;
 
-  /* "fastln/_core.pxd":85
+  /* "fastln/_core.pxd":90
  *     return -1
  * 
  * cdef inline void *_ptr(object a) noexcept:             # <<<<<<<<<<<<<<
@@ -5674,7 +5997,7 @@ static CYTHON_INLINE void *__pyx_f_6fastln_5_core__ptr(PyObject *__pyx_v_a) {
   return __pyx_r;
 }
 
-/* "fastln/_core.pxd":88
+/* "fastln/_core.pxd":93
  *     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
  * 
  * cdef inline int _check(int rc) except -1:             # <<<<<<<<<<<<<<
@@ -5694,7 +6017,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_check", 0);
 
-  /* "fastln/_core.pxd":89
+  /* "fastln/_core.pxd":94
  * 
  * cdef inline int _check(int rc) except -1:
  *     if rc == 1:             # <<<<<<<<<<<<<<
@@ -5706,7 +6029,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/_core.pxd":90
+    /* "fastln/_core.pxd":95
  * cdef inline int _check(int rc) except -1:
  *     if rc == 1:
  *         raise MemoryError("fastln: could not allocate scratch memory")             # <<<<<<<<<<<<<<
@@ -5719,14 +6042,14 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
       PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_fastln_could_not_allocate_scratc};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_MemoryError)), __pyx_callargs+__pyx_t_4, (2-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 90, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 95, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(2, 90, __pyx_L1_error)
+    __PYX_ERR(2, 95, __pyx_L1_error)
 
-    /* "fastln/_core.pxd":89
+    /* "fastln/_core.pxd":94
  * 
  * cdef inline int _check(int rc) except -1:
  *     if rc == 1:             # <<<<<<<<<<<<<<
@@ -5735,7 +6058,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
 */
   }
 
-  /* "fastln/_core.pxd":91
+  /* "fastln/_core.pxd":96
  *     if rc == 1:
  *         raise MemoryError("fastln: could not allocate scratch memory")
  *     if rc != 0:             # <<<<<<<<<<<<<<
@@ -5747,7 +6070,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/_core.pxd":92
+    /* "fastln/_core.pxd":97
  *         raise MemoryError("fastln: could not allocate scratch memory")
  *     if rc != 0:
  *         raise ValueError("fastln: invalid sizes")             # <<<<<<<<<<<<<<
@@ -5760,14 +6083,14 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
       PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_fastln_invalid_sizes};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_4, (2-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 92, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 97, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(2, 92, __pyx_L1_error)
+    __PYX_ERR(2, 97, __pyx_L1_error)
 
-    /* "fastln/_core.pxd":91
+    /* "fastln/_core.pxd":96
  *     if rc == 1:
  *         raise MemoryError("fastln: could not allocate scratch memory")
  *     if rc != 0:             # <<<<<<<<<<<<<<
@@ -5776,7 +6099,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
 */
   }
 
-  /* "fastln/_core.pxd":93
+  /* "fastln/_core.pxd":98
  *     if rc != 0:
  *         raise ValueError("fastln: invalid sizes")
  *     return 0             # <<<<<<<<<<<<<<
@@ -5789,7 +6112,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
   }
   goto __pyx_L0;
 
-  /* "fastln/_core.pxd":88
+  /* "fastln/_core.pxd":93
  *     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
  * 
  * cdef inline int _check(int rc) except -1:             # <<<<<<<<<<<<<<
@@ -5809,7 +6132,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__check(int __pyx_v_rc) {
   return __pyx_r;
 }
 
-/* "fastln/_core.pxd":95
+/* "fastln/_core.pxd":100
  *     return 0
  * 
  * cdef inline int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:             # <<<<<<<<<<<<<<
@@ -5831,7 +6154,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_arr", 0);
 
-  /* "fastln/_core.pxd":96
+  /* "fastln/_core.pxd":101
  * 
  * cdef inline int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
  *     if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n             # <<<<<<<<<<<<<<
@@ -5849,7 +6172,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
     goto __pyx_L4_bool_binop_done;
   }
 
-  /* "fastln/_core.pxd":97
+  /* "fastln/_core.pxd":102
  * cdef inline int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
  *     if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n
  *             and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))):             # <<<<<<<<<<<<<<
@@ -5883,7 +6206,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
 
   __pyx_L4_bool_binop_done:;
 
-  /* "fastln/_core.pxd":96
+  /* "fastln/_core.pxd":101
  * 
  * cdef inline int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
  *     if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n             # <<<<<<<<<<<<<<
@@ -5896,14 +6219,14 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
   if (unlikely(__pyx_t_2)) {
 
 
-    /* "fastln/_core.pxd":98
+    /* "fastln/_core.pxd":103
  *     if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n
  *             and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))):
  *         raise ValueError("internal: bad array for " + what)             # <<<<<<<<<<<<<<
  *     return 0
 */
     __pyx_t_4 = NULL;
-    __pyx_t_5 = __Pyx_PyUnicode_ConcatSafe(__pyx_mstate_global->__pyx_kp_u_internal_bad_array_for, __pyx_v_what); if (unlikely(!__pyx_t_5)) __PYX_ERR(2, 98, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyUnicode_ConcatSafe(__pyx_mstate_global->__pyx_kp_u_internal_bad_array_for, __pyx_v_what); if (unlikely(!__pyx_t_5)) __PYX_ERR(2, 103, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
     __pyx_t_6 = 1;
     {
@@ -5911,14 +6234,14 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(2, 98, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(2, 103, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(2, 98, __pyx_L1_error)
+    __PYX_ERR(2, 103, __pyx_L1_error)
 
-    /* "fastln/_core.pxd":96
+    /* "fastln/_core.pxd":101
  * 
  * cdef inline int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:
  *     if not (_fast(a, tn) and cnp.PyArray_SIZE(<cnp.ndarray>a) == n             # <<<<<<<<<<<<<<
@@ -5927,7 +6250,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
 */
   }
 
-  /* "fastln/_core.pxd":99
+  /* "fastln/_core.pxd":104
  *             and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))):
  *         raise ValueError("internal: bad array for " + what)
  *     return 0             # <<<<<<<<<<<<<<
@@ -5938,7 +6261,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
   }
   goto __pyx_L0;
 
-  /* "fastln/_core.pxd":95
+  /* "fastln/_core.pxd":100
  *     return 0
  * 
  * cdef inline int _arr(object a, int tn, int64_t n, bint writable, str what) except -1:             # <<<<<<<<<<<<<<
@@ -5959,7 +6282,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":25
+/* "fastln/rnn/_engine.pyx":27
  * 
  * 
  * def bf16_products():             # <<<<<<<<<<<<<<
@@ -5995,7 +6318,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("bf16_products", 0);
 
-  /* "fastln/rnn/_engine.pyx":29
+  /* "fastln/rnn/_engine.pyx":31
  *     "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
  *     kernels' panels)."""
  *     return rnn_bf16_products().decode()             # <<<<<<<<<<<<<<
@@ -6004,11 +6327,11 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
 */
 
   __pyx_t_1 = __pyx_f_6fastln_5_core_rnn_bf16_products();
-  __pyx_t_2 = __Pyx_ssize_strlen(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 29, __pyx_L1_error)
-  __pyx_t_3 = __Pyx_decode_c_string(__pyx_t_1, 0, __pyx_t_2, NULL, NULL, NULL); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 29, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_ssize_strlen(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 31, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_decode_c_string(__pyx_t_1, 0, __pyx_t_2, NULL, NULL, NULL); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 31, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
-  if (!(likely(PyUnicode_CheckExact(__pyx_t_3)) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_3))) __PYX_ERR(0, 29, __pyx_L1_error)
+  if (!(likely(PyUnicode_CheckExact(__pyx_t_3)) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_3))) __PYX_ERR(0, 31, __pyx_L1_error)
   {
     PyObject *__pyx_temp;
     {
@@ -6021,7 +6344,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":25
+  /* "fastln/rnn/_engine.pyx":27
  * 
  * 
  * def bf16_products():             # <<<<<<<<<<<<<<
@@ -6040,7 +6363,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":39
+/* "fastln/rnn/_engine.pyx":41
  * cdef bint _blas_ready = False
  * 
  * cdef int _init_blas() except -1:             # <<<<<<<<<<<<<<
@@ -6067,7 +6390,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_init_blas", 0);
 
-  /* "fastln/rnn/_engine.pyx":42
+  /* "fastln/rnn/_engine.pyx":44
  *     """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
  *     global _blas_ready
  *     if _blas_ready:             # <<<<<<<<<<<<<<
@@ -6076,7 +6399,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   if (__pyx_v_6fastln_3rnn_7_engine__blas_ready) {
 
-    /* "fastln/rnn/_engine.pyx":43
+    /* "fastln/rnn/_engine.pyx":45
  *     global _blas_ready
  *     if _blas_ready:
  *         return 0             # <<<<<<<<<<<<<<
@@ -6089,7 +6412,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
     }
     goto __pyx_L0;
 
-    /* "fastln/rnn/_engine.pyx":42
+    /* "fastln/rnn/_engine.pyx":44
  *     """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
  *     global _blas_ready
  *     if _blas_ready:             # <<<<<<<<<<<<<<
@@ -6098,7 +6421,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":44
+  /* "fastln/rnn/_engine.pyx":46
  *     if _blas_ready:
  *         return 0
  *     from scipy.linalg import cython_blas             # <<<<<<<<<<<<<<
@@ -6107,14 +6430,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_cython_blas};
-    __pyx_t_2 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_scipy_linalg, __pyx_imported_names, 1, NULL, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 44, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_scipy_linalg, __pyx_imported_names, 1, NULL, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 46, __pyx_L1_error)
   }
   __pyx_t_1 = __pyx_t_2;
   __Pyx_GOTREF(__pyx_t_1);
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_cython_blas};
     __pyx_t_3 = 0; {
-      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_1, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 44, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_1, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 46, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       switch (__pyx_t_3) {
         case 0:
@@ -6128,57 +6451,57 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   }
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
 
-  /* "fastln/rnn/_engine.pyx":45
+  /* "fastln/rnn/_engine.pyx":47
  *         return 0
  *     from scipy.linalg import cython_blas
  *     capi = cython_blas.__pyx_capi__             # <<<<<<<<<<<<<<
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
 */
-  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_v_cython_blas, __pyx_mstate_global->__pyx_n_u_pyx_capi); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 45, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_v_cython_blas, __pyx_mstate_global->__pyx_n_u_pyx_capi); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 47, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __pyx_v_capi = __pyx_t_1;
   __pyx_t_1 = 0;
 
-  /* "fastln/rnn/_engine.pyx":46
+  /* "fastln/rnn/_engine.pyx":48
  *     from scipy.linalg import cython_blas
  *     capi = cython_blas.__pyx_capi__
  *     s, d = capi["sgemm"], capi["dgemm"]             # <<<<<<<<<<<<<<
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
 */
-  __pyx_t_1 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_sgemm); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 46, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_sgemm); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 48, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_4 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_dgemm); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 46, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_dgemm); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 48, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __pyx_v_s = __pyx_t_1;
   __pyx_t_1 = 0;
   __pyx_v_d = __pyx_t_4;
   __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":47
+  /* "fastln/rnn/_engine.pyx":49
  *     capi = cython_blas.__pyx_capi__
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),             # <<<<<<<<<<<<<<
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
  *     _blas_ready = True
 */
-  __pyx_t_5 = PyCapsule_GetName(__pyx_v_s); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 47, __pyx_L1_error)
-  __pyx_t_6 = PyCapsule_GetPointer(__pyx_v_s, __pyx_t_5); if (unlikely(__pyx_t_6 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 47, __pyx_L1_error)
+  __pyx_t_5 = PyCapsule_GetName(__pyx_v_s); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 49, __pyx_L1_error)
+  __pyx_t_6 = PyCapsule_GetPointer(__pyx_v_s, __pyx_t_5); if (unlikely(__pyx_t_6 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 49, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":48
+  /* "fastln/rnn/_engine.pyx":50
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))             # <<<<<<<<<<<<<<
  *     _blas_ready = True
  *     return 0
 */
-  __pyx_t_5 = PyCapsule_GetName(__pyx_v_d); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 48, __pyx_L1_error)
-  __pyx_t_7 = PyCapsule_GetPointer(__pyx_v_d, __pyx_t_5); if (unlikely(__pyx_t_7 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 48, __pyx_L1_error)
+  __pyx_t_5 = PyCapsule_GetName(__pyx_v_d); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L1_error)
+  __pyx_t_7 = PyCapsule_GetPointer(__pyx_v_d, __pyx_t_5); if (unlikely(__pyx_t_7 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":47
+  /* "fastln/rnn/_engine.pyx":49
  *     capi = cython_blas.__pyx_capi__
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),             # <<<<<<<<<<<<<<
@@ -6189,7 +6512,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 
 
 
-  /* "fastln/rnn/_engine.pyx":49
+  /* "fastln/rnn/_engine.pyx":51
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
  *     _blas_ready = True             # <<<<<<<<<<<<<<
@@ -6198,7 +6521,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   __pyx_v_6fastln_3rnn_7_engine__blas_ready = 1;
 
-  /* "fastln/rnn/_engine.pyx":50
+  /* "fastln/rnn/_engine.pyx":52
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
  *     _blas_ready = True
  *     return 0             # <<<<<<<<<<<<<<
@@ -6211,7 +6534,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":39
+  /* "fastln/rnn/_engine.pyx":41
  * cdef bint _blas_ready = False
  * 
  * cdef int _init_blas() except -1:             # <<<<<<<<<<<<<<
@@ -6235,7 +6558,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":52
+/* "fastln/rnn/_engine.pyx":54
  *     return 0
  * 
  * cdef int _poll_signals(void *ctx) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -6246,7 +6569,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx_v_ctx) {
   int __pyx_r;
 
-  /* "fastln/rnn/_engine.pyx":54
+  /* "fastln/rnn/_engine.pyx":56
  * cdef int _poll_signals(void *ctx) noexcept nogil:
  *     """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
  *     with gil:             # <<<<<<<<<<<<<<
@@ -6257,7 +6580,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
       PyGILState_STATE __pyx_gilstate_save = __Pyx_PyGILState_Ensure();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":55
+        /* "fastln/rnn/_engine.pyx":57
  *     """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
  *     with gil:
  *         return PyErr_CheckSignals_raw()             # <<<<<<<<<<<<<<
@@ -6271,7 +6594,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
         goto __pyx_L3_return;
       }
 
-      /* "fastln/rnn/_engine.pyx":54
+      /* "fastln/rnn/_engine.pyx":56
  * cdef int _poll_signals(void *ctx) noexcept nogil:
  *     """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
  *     with gil:             # <<<<<<<<<<<<<<
@@ -6286,7 +6609,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":52
+  /* "fastln/rnn/_engine.pyx":54
  *     return 0
  * 
  * cdef int _poll_signals(void *ctx) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -6299,7 +6622,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":57
+/* "fastln/rnn/_engine.pyx":59
  *         return PyErr_CheckSignals_raw()
  * 
  * cdef int _pending() except -1:             # <<<<<<<<<<<<<<
@@ -6310,7 +6633,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
 static int __pyx_f_6fastln_3rnn_7_engine__pending(void) {
   int __pyx_r;
 
-  /* "fastln/rnn/_engine.pyx":58
+  /* "fastln/rnn/_engine.pyx":60
  * 
  * cdef int _pending() except -1:
  *     return -1   # re-raises the exception _poll_signals left set             # <<<<<<<<<<<<<<
@@ -6323,7 +6646,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__pending(void) {
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":57
+  /* "fastln/rnn/_engine.pyx":59
  *         return PyErr_CheckSignals_raw()
  * 
  * cdef int _pending() except -1:             # <<<<<<<<<<<<<<
@@ -6337,7 +6660,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__pending(void) {
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":67
+/* "fastln/rnn/_engine.pyx":69
  * _SIZES = {}
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):             # <<<<<<<<<<<<<<
@@ -6387,46 +6710,46 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 67, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 69, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 67, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 69, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 67, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 69, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 67, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 69, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "param_sizes", 0) < (0)) __PYX_ERR(0, 67, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "param_sizes", 0) < (0)) __PYX_ERR(0, 69, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, i); __PYX_ERR(0, 67, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, i); __PYX_ERR(0, 69, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 3)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 67, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 69, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 67, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 69, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 67, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 69, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 67, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 67, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 69, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 69, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 67, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 69, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -6437,7 +6760,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 67, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 69, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_2param_sizes(__pyx_self, __pyx_v_cell, __pyx_v_I, __pyx_v_H);
 
   /* function exit code */
@@ -6477,32 +6800,32 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("param_sizes", 0);
 
-  /* "fastln/rnn/_engine.pyx":69
+  /* "fastln/rnn/_engine.pyx":71
  * def param_sizes(str cell, int64_t I, int64_t H):
  *     """Element counts of one layer's parameters, in fastln_rnn.h order."""
  *     key = (cell, I, H)             # <<<<<<<<<<<<<<
  *     sizes = _SIZES.get(key)
  *     if sizes is None:
 */
-  __pyx_t_1 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 69, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 69, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_3 = PyTuple_New(3); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 69, __pyx_L1_error)
+  __pyx_t_3 = PyTuple_New(3); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_INCREF(__pyx_v_cell);
   __Pyx_GIVEREF(__pyx_v_cell);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_v_cell) != (0)) __PYX_ERR(0, 69, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_v_cell) != (0)) __PYX_ERR(0, 71, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_1);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_1) != (0)) __PYX_ERR(0, 69, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_1) != (0)) __PYX_ERR(0, 71, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_2);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 69, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 71, __pyx_L1_error);
   __pyx_t_1 = 0;
   __pyx_t_2 = 0;
   __pyx_v_key = ((PyObject*)__pyx_t_3);
   __pyx_t_3 = 0;
 
-  /* "fastln/rnn/_engine.pyx":70
+  /* "fastln/rnn/_engine.pyx":72
  *     """Element counts of one layer's parameters, in fastln_rnn.h order."""
  *     key = (cell, I, H)
  *     sizes = _SIZES.get(key)             # <<<<<<<<<<<<<<
@@ -6510,9 +6833,9 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
  *         if cell == "lstm":
 */
   __pyx_t_2 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 70, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 72, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_get); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 70, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_get); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 72, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __pyx_t_5 = 1;
@@ -6532,13 +6855,13 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
     __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 70, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 72, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
   __pyx_v_sizes = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "fastln/rnn/_engine.pyx":71
+  /* "fastln/rnn/_engine.pyx":73
  *     key = (cell, I, H)
  *     sizes = _SIZES.get(key)
  *     if sizes is None:             # <<<<<<<<<<<<<<
@@ -6549,72 +6872,72 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   if (__pyx_t_6) {
 
 
-    /* "fastln/rnn/_engine.pyx":72
+    /* "fastln/rnn/_engine.pyx":74
  *     sizes = _SIZES.get(key)
  *     if sizes is None:
  *         if cell == "lstm":             # <<<<<<<<<<<<<<
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":
 */
-    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 72, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 74, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":73
+      /* "fastln/rnn/_engine.pyx":75
  *     if sizes is None:
  *         if cell == "lstm":
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2             # <<<<<<<<<<<<<<
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
 */
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_2 = PyTuple_New(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_2 = PyTuple_New(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 73, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 73, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
       __pyx_t_3 = 0;
       __pyx_t_4 = 0;
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_3 = PyTuple_New(1 * 5); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_3 = PyTuple_New(1 * 5); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 5; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_4);
           __Pyx_GIVEREF(__pyx_t_4);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_4) != (0)) __PYX_ERR(0, 73, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_4) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      __pyx_t_4 = PyNumber_Add(__pyx_t_2, __pyx_t_3); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_4 = PyNumber_Add(__pyx_t_2, __pyx_t_3); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_2 = PyTuple_New(1 * 2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_2 = PyTuple_New(1 * 2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 2; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_3);
           __Pyx_GIVEREF(__pyx_t_3);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 73, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = PyNumber_Add(__pyx_t_4, __pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 73, __pyx_L1_error)
+      __pyx_t_3 = PyNumber_Add(__pyx_t_4, __pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_3);
       __pyx_t_3 = 0;
 
-      /* "fastln/rnn/_engine.pyx":72
+      /* "fastln/rnn/_engine.pyx":74
  *     sizes = _SIZES.get(key)
  *     if sizes is None:
  *         if cell == "lstm":             # <<<<<<<<<<<<<<
@@ -6624,72 +6947,72 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":74
+    /* "fastln/rnn/_engine.pyx":76
  *         if cell == "lstm":
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":             # <<<<<<<<<<<<<<
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":
 */
-    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 74, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 76, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":75
+      /* "fastln/rnn/_engine.pyx":77
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4             # <<<<<<<<<<<<<<
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
 */
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_4 = PyTuple_New(2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_4 = PyTuple_New(2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
       __pyx_t_3 = 0;
       __pyx_t_2 = 0;
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t((2 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t((2 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_3 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 4; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_2);
           __Pyx_GIVEREF(__pyx_t_2);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_2) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_2) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-      __pyx_t_2 = PyNumber_Add(__pyx_t_4, __pyx_t_3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_2 = PyNumber_Add(__pyx_t_4, __pyx_t_3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_4 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 4; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_3);
           __Pyx_GIVEREF(__pyx_t_3);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = PyNumber_Add(__pyx_t_2, __pyx_t_4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = PyNumber_Add(__pyx_t_2, __pyx_t_4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_3);
       __pyx_t_3 = 0;
 
-      /* "fastln/rnn/_engine.pyx":74
+      /* "fastln/rnn/_engine.pyx":76
  *         if cell == "lstm":
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":             # <<<<<<<<<<<<<<
@@ -6699,45 +7022,45 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":76
+    /* "fastln/rnn/_engine.pyx":78
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":             # <<<<<<<<<<<<<<
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):
 */
-    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm_plain, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 76, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm_plain, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 78, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":77
+      /* "fastln/rnn/_engine.pyx":79
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)             # <<<<<<<<<<<<<<
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
 */
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 79, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 79, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 79, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_1 = PyTuple_New(3); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_1 = PyTuple_New(3); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
       __pyx_t_3 = 0;
       __pyx_t_4 = 0;
       __pyx_t_2 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_1);
       __pyx_t_1 = 0;
 
-      /* "fastln/rnn/_engine.pyx":76
+      /* "fastln/rnn/_engine.pyx":78
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":             # <<<<<<<<<<<<<<
@@ -6747,7 +7070,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":78
+    /* "fastln/rnn/_engine.pyx":80
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):             # <<<<<<<<<<<<<<
@@ -6756,37 +7079,37 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
     if (unlikely(__pyx_v_cell == Py_None)) {
       PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
-      __PYX_ERR(0, 78, __pyx_L1_error)
+      __PYX_ERR(0, 80, __pyx_L1_error)
     }
-    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru_plain, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 78, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru_plain, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 80, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":79
+      /* "fastln/rnn/_engine.pyx":81
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)             # <<<<<<<<<<<<<<
  *         elif cell.endswith("_plain"):
  *             sizes = (H * I, H * H, H)
 */
-      __pyx_t_1 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_1 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 81, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 81, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t((3 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t((3 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 81, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 81, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_7 = PyTuple_New(4); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_7 = PyTuple_New(4); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 81, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __Pyx_GIVEREF(__pyx_t_1);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 3, __pyx_t_3) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 3, __pyx_t_3) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
       __pyx_t_1 = 0;
       __pyx_t_2 = 0;
       __pyx_t_4 = 0;
@@ -6794,7 +7117,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_7);
       __pyx_t_7 = 0;
 
-      /* "fastln/rnn/_engine.pyx":78
+      /* "fastln/rnn/_engine.pyx":80
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):             # <<<<<<<<<<<<<<
@@ -6804,7 +7127,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":80
+    /* "fastln/rnn/_engine.pyx":82
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
  *         elif cell.endswith("_plain"):             # <<<<<<<<<<<<<<
@@ -6813,40 +7136,40 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
     if (unlikely(__pyx_v_cell == Py_None)) {
       PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "endswith");
-      __PYX_ERR(0, 80, __pyx_L1_error)
+      __PYX_ERR(0, 82, __pyx_L1_error)
     }
-    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_plain, 0, PY_SSIZE_T_MAX, 1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 80, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_plain, 0, PY_SSIZE_T_MAX, 1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 82, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":81
+      /* "fastln/rnn/_engine.pyx":83
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
  *         elif cell.endswith("_plain"):
  *             sizes = (H * I, H * H, H)             # <<<<<<<<<<<<<<
  *         else:
  *             sizes = (H * I, H * H, H, H)
 */
-      __pyx_t_7 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 83, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 83, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 83, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_2 = PyTuple_New(3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_2 = PyTuple_New(3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 83, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       __Pyx_GIVEREF(__pyx_t_7);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_7) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_7) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
       __pyx_t_7 = 0;
       __pyx_t_3 = 0;
       __pyx_t_4 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_2);
       __pyx_t_2 = 0;
 
-      /* "fastln/rnn/_engine.pyx":80
+      /* "fastln/rnn/_engine.pyx":82
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
  *         elif cell.endswith("_plain"):             # <<<<<<<<<<<<<<
@@ -6856,7 +7179,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":83
+    /* "fastln/rnn/_engine.pyx":85
  *             sizes = (H * I, H * H, H)
  *         else:
  *             sizes = (H * I, H * H, H, H)             # <<<<<<<<<<<<<<
@@ -6864,24 +7187,24 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
  *             _SIZES[key] = sizes
 */
     /*else*/ {
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 85, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 85, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 85, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 85, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
-      __pyx_t_1 = PyTuple_New(4); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_1 = PyTuple_New(4); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 85, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_3) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_3) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_7);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 3, __pyx_t_7) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 3, __pyx_t_7) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
       __pyx_t_2 = 0;
       __pyx_t_4 = 0;
       __pyx_t_3 = 0;
@@ -6891,16 +7214,16 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
     }
     __pyx_L4:;
 
-    /* "fastln/rnn/_engine.pyx":84
+    /* "fastln/rnn/_engine.pyx":86
  *         else:
  *             sizes = (H * I, H * H, H, H)
  *         if len(_SIZES) < 64:             # <<<<<<<<<<<<<<
  *             _SIZES[key] = sizes
  *     return sizes
 */
-    __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 84, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 86, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
-    __pyx_t_8 = PyObject_Length(__pyx_t_1); if (unlikely(__pyx_t_8 == ((Py_ssize_t)-1))) __PYX_ERR(0, 84, __pyx_L1_error)
+    __pyx_t_8 = PyObject_Length(__pyx_t_1); if (unlikely(__pyx_t_8 == ((Py_ssize_t)-1))) __PYX_ERR(0, 86, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
     __pyx_t_6 = (__pyx_t_8 < 64);
 
@@ -6908,19 +7231,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":85
+      /* "fastln/rnn/_engine.pyx":87
  *             sizes = (H * I, H * H, H, H)
  *         if len(_SIZES) < 64:
  *             _SIZES[key] = sizes             # <<<<<<<<<<<<<<
  *     return sizes
  * 
 */
-      __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 85, __pyx_L1_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 87, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
-      if (unlikely((PyObject_SetItem(__pyx_t_1, __pyx_v_key, __pyx_v_sizes) < 0))) __PYX_ERR(0, 85, __pyx_L1_error)
+      if (unlikely((PyObject_SetItem(__pyx_t_1, __pyx_v_key, __pyx_v_sizes) < 0))) __PYX_ERR(0, 87, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
 
-      /* "fastln/rnn/_engine.pyx":84
+      /* "fastln/rnn/_engine.pyx":86
  *         else:
  *             sizes = (H * I, H * H, H, H)
  *         if len(_SIZES) < 64:             # <<<<<<<<<<<<<<
@@ -6929,7 +7252,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":71
+    /* "fastln/rnn/_engine.pyx":73
  *     key = (cell, I, H)
  *     sizes = _SIZES.get(key)
  *     if sizes is None:             # <<<<<<<<<<<<<<
@@ -6938,7 +7261,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":86
+  /* "fastln/rnn/_engine.pyx":88
  *         if len(_SIZES) < 64:
  *             _SIZES[key] = sizes
  *     return sizes             # <<<<<<<<<<<<<<
@@ -6956,7 +7279,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":67
+  /* "fastln/rnn/_engine.pyx":69
  * _SIZES = {}
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):             # <<<<<<<<<<<<<<
@@ -6981,7 +7304,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":88
+/* "fastln/rnn/_engine.pyx":90
  *     return sizes
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7032,53 +7355,53 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_H,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 88, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 90, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 88, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 90, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 88, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 90, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 88, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 90, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 88, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 90, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "cache_size", 0) < (0)) __PYX_ERR(0, 88, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "cache_size", 0) < (0)) __PYX_ERR(0, 90, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, i); __PYX_ERR(0, 88, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, i); __PYX_ERR(0, 90, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 4)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 88, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 90, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 88, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 90, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 88, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 90, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 88, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 90, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 88, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 88, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 88, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 90, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 90, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 90, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 88, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 90, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -7089,7 +7412,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 88, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 90, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4cache_size(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_H);
 
   /* function exit code */
@@ -7123,21 +7446,21 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4cache_size(CYTHON_UNUSED PyObje
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("cache_size", 0);
 
-  /* "fastln/rnn/_engine.pyx":89
+  /* "fastln/rnn/_engine.pyx":91
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):
  *     return rnn_cache_size(CELLS[cell], T, B, H)             # <<<<<<<<<<<<<<
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 91, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 91, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 89, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_cache_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_cache_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 91, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -7151,7 +7474,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4cache_size(CYTHON_UNUSED PyObje
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":88
+  /* "fastln/rnn/_engine.pyx":90
  *     return sizes
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7171,7 +7494,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4cache_size(CYTHON_UNUSED PyObje
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":91
+/* "fastln/rnn/_engine.pyx":93
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7222,53 +7545,53 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_H,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 91, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 93, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 91, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 93, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 91, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 93, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 91, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 93, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 91, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 93, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "work_size", 0) < (0)) __PYX_ERR(0, 91, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "work_size", 0) < (0)) __PYX_ERR(0, 93, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, i); __PYX_ERR(0, 91, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, i); __PYX_ERR(0, 93, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 4)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 91, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 93, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 91, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 93, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 91, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 93, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 91, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 93, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 93, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 93, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 93, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 91, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 93, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -7279,7 +7602,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 91, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 93, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_6work_size(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_H);
 
   /* function exit code */
@@ -7313,21 +7636,21 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_6work_size(CYTHON_UNUSED PyObjec
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("work_size", 0);
 
-  /* "fastln/rnn/_engine.pyx":92
+  /* "fastln/rnn/_engine.pyx":94
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):
  *     return rnn_work_size(CELLS[cell], T, B, H)             # <<<<<<<<<<<<<<
  * 
- * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,
+ * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 92, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 94, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 92, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 94, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 92, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 94, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_work_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 92, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_work_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 94, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -7341,7 +7664,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_6work_size(CYTHON_UNUSED PyObjec
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":91
+  /* "fastln/rnn/_engine.pyx":93
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7361,16 +7684,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_6work_size(CYTHON_UNUSED PyObjec
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":94
+/* "fastln/rnn/_engine.pyx":96
  *     return rnn_work_size(CELLS[cell], T, B, H)
  * 
- * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,             # <<<<<<<<<<<<<<
- *                    int nbf16=0) except -1:
- *     """dst[k] = the data of arrays[k], each checked against sizes[k]; the
+ * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:             # <<<<<<<<<<<<<<
+ *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
+ *     if len(arrays) != len(sizes):
 */
 
-static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject *__pyx_v_arrays, int __pyx_v_tn, PyObject *__pyx_v_sizes, int __pyx_v_writable, PyObject *__pyx_v_what, struct __pyx_opt_args_6fastln_3rnn_7_engine__arr_list *__pyx_optional_args) {
-  int __pyx_v_nbf16 = ((int)0);
+static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject *__pyx_v_arrays, int __pyx_v_tn, PyObject *__pyx_v_sizes, int __pyx_v_writable, PyObject *__pyx_v_what) {
   Py_ssize_t __pyx_v_k;
   int __pyx_r;
   __Pyx_RefNannyDeclarations
@@ -7382,22 +7704,16 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
   PyObject *__pyx_t_6 = NULL;
   size_t __pyx_t_7;
   Py_ssize_t __pyx_t_8;
-  int __pyx_t_9;
-  int64_t __pyx_t_10;
-  int __pyx_t_11;
+  int64_t __pyx_t_9;
+  int __pyx_t_10;
   int __pyx_lineno = 0;
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_arr_list", 0);
-  if (__pyx_optional_args) {
-    if (__pyx_optional_args->__pyx_n > 0) {
-      __pyx_v_nbf16 = __pyx_optional_args->nbf16;
-    }
-  }
 
   /* "fastln/rnn/_engine.pyx":98
- *     """dst[k] = the data of arrays[k], each checked against sizes[k]; the
- *     first nbf16 hold bfloat16 bits (uint16)."""
+ * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
+ *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
  *     if len(arrays) != len(sizes):             # <<<<<<<<<<<<<<
  *         raise ValueError("internal: wrong number of " + what)
  *     for k in range(len(sizes)):
@@ -7412,11 +7728,11 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
 
 
     /* "fastln/rnn/_engine.pyx":99
- *     first nbf16 hold bfloat16 bits (uint16)."""
+ *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
  *     if len(arrays) != len(sizes):
  *         raise ValueError("internal: wrong number of " + what)             # <<<<<<<<<<<<<<
  *     for k in range(len(sizes)):
- *         _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
+ *         _arr(arrays[k], tn, sizes[k], writable, what)
 */
     __pyx_t_5 = NULL;
     __pyx_t_6 = __Pyx_PyUnicode_ConcatSafe(__pyx_mstate_global->__pyx_kp_u_internal_wrong_number_of, __pyx_v_what); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 99, __pyx_L1_error)
@@ -7435,8 +7751,8 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
     __PYX_ERR(0, 99, __pyx_L1_error)
 
     /* "fastln/rnn/_engine.pyx":98
- *     """dst[k] = the data of arrays[k], each checked against sizes[k]; the
- *     first nbf16 hold bfloat16 bits (uint16)."""
+ * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
+ *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
  *     if len(arrays) != len(sizes):             # <<<<<<<<<<<<<<
  *         raise ValueError("internal: wrong number of " + what)
  *     for k in range(len(sizes)):
@@ -7447,7 +7763,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
  *     if len(arrays) != len(sizes):
  *         raise ValueError("internal: wrong number of " + what)
  *     for k in range(len(sizes)):             # <<<<<<<<<<<<<<
- *         _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
+ *         _arr(arrays[k], tn, sizes[k], writable, what)
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
 */
   __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 100, __pyx_L1_error)
@@ -7459,35 +7775,24 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
     /* "fastln/rnn/_engine.pyx":101
  *         raise ValueError("internal: wrong number of " + what)
  *     for k in range(len(sizes)):
- *         _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)             # <<<<<<<<<<<<<<
+ *         _arr(arrays[k], tn, sizes[k], writable, what)             # <<<<<<<<<<<<<<
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
  *     return 0
 */
     __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_arrays, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 101, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_3 = (__pyx_v_k < __pyx_v_nbf16);
-
-    if (__pyx_t_3) {
-
-      __pyx_t_9 = NPY_UINT16;
-    } else {
-
-      __pyx_t_9 = __pyx_v_tn;
-    }
-
     __pyx_t_6 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 101, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
-    __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_6); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 101, __pyx_L1_error)
+    __pyx_t_9 = __Pyx_PyLong_As_int64_t(__pyx_t_6); if (unlikely((__pyx_t_9 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 101, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-    __pyx_t_11 = __pyx_f_6fastln_5_core__arr(__pyx_t_4, __pyx_t_9, __pyx_t_10, __pyx_v_writable, __pyx_v_what); if (unlikely(__pyx_t_11 == ((int)-1))) __PYX_ERR(0, 101, __pyx_L1_error)
+    __pyx_t_10 = __pyx_f_6fastln_5_core__arr(__pyx_t_4, __pyx_v_tn, __pyx_t_9, __pyx_v_writable, __pyx_v_what); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 101, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-
 
 
 
     /* "fastln/rnn/_engine.pyx":102
  *     for k in range(len(sizes)):
- *         _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
+ *         _arr(arrays[k], tn, sizes[k], writable, what)
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])             # <<<<<<<<<<<<<<
  *     return 0
  * 
@@ -7501,11 +7806,11 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
 
 
   /* "fastln/rnn/_engine.pyx":103
- *         _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
+ *         _arr(arrays[k], tn, sizes[k], writable, what)
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
  *     return 0             # <<<<<<<<<<<<<<
  * 
- * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+ * cdef int _params(fastln_rnn_args *a, params, int tn, sizes, bint wbf16) except -1:
 */
   {
 
@@ -7513,12 +7818,12 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":94
+  /* "fastln/rnn/_engine.pyx":96
  *     return rnn_work_size(CELLS[cell], T, B, H)
  * 
- * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,             # <<<<<<<<<<<<<<
- *                    int nbf16=0) except -1:
- *     """dst[k] = the data of arrays[k], each checked against sizes[k]; the
+ * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:             # <<<<<<<<<<<<<<
+ *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
+ *     if len(arrays) != len(sizes):
 */
 
   /* function exit code */
@@ -7538,6 +7843,422 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
 /* "fastln/rnn/_engine.pyx":105
  *     return 0
  * 
+ * cdef int _params(fastln_rnn_args *a, params, int tn, sizes, bint wbf16) except -1:             # <<<<<<<<<<<<<<
+ *     """a.params[k] = the data of params[k], each checked against sizes[k];
+ *     W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
+*/
+
+static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyObject *__pyx_v_params, int __pyx_v_tn, PyObject *__pyx_v_sizes, int __pyx_v_wbf16) {
+  int __pyx_v_k;
+  PyObject *__pyx_v_p = NULL;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  Py_ssize_t __pyx_t_1;
+  Py_ssize_t __pyx_t_2;
+  int __pyx_t_3;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  size_t __pyx_t_6;
+  int __pyx_t_7;
+  int __pyx_t_8;
+  int __pyx_t_9;
+  int64_t __pyx_t_10;
+  int __pyx_t_11;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("_params", 0);
+
+  /* "fastln/rnn/_engine.pyx":109
+ *     W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
+ *     they may be Fortran-ordered: then they go as transposed (a.transposed)."""
+ *     if len(params) != len(sizes):             # <<<<<<<<<<<<<<
+ *         raise ValueError("internal: wrong number of params")
+ *     cdef int k
+*/
+  __pyx_t_1 = PyObject_Length(__pyx_v_params); if (unlikely(__pyx_t_1 == ((Py_ssize_t)-1))) __PYX_ERR(0, 109, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 109, __pyx_L1_error)
+  __pyx_t_3 = (__pyx_t_1 != __pyx_t_2);
+
+
+
+  if (unlikely(__pyx_t_3)) {
+
+
+    /* "fastln/rnn/_engine.pyx":110
+ *     they may be Fortran-ordered: then they go as transposed (a.transposed)."""
+ *     if len(params) != len(sizes):
+ *         raise ValueError("internal: wrong number of params")             # <<<<<<<<<<<<<<
+ *     cdef int k
+ *     for k in range(len(sizes)):
+*/
+    __pyx_t_5 = NULL;
+    __pyx_t_6 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_internal_wrong_number_of_params};
+      __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 110, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+    }
+    __Pyx_Raise(__pyx_t_4, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __PYX_ERR(0, 110, __pyx_L1_error)
+
+    /* "fastln/rnn/_engine.pyx":109
+ *     W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
+ *     they may be Fortran-ordered: then they go as transposed (a.transposed)."""
+ *     if len(params) != len(sizes):             # <<<<<<<<<<<<<<
+ *         raise ValueError("internal: wrong number of params")
+ *     cdef int k
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":112
+ *         raise ValueError("internal: wrong number of params")
+ *     cdef int k
+ *     for k in range(len(sizes)):             # <<<<<<<<<<<<<<
+ *         p = params[k]
+ *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
+*/
+  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 112, __pyx_L1_error)
+  __pyx_t_1 = __pyx_t_2;
+
+  for (__pyx_t_7 = 0; __pyx_t_7 < __pyx_t_1; __pyx_t_7+=1) {
+    __pyx_v_k = __pyx_t_7;
+
+    /* "fastln/rnn/_engine.pyx":113
+ *     cdef int k
+ *     for k in range(len(sizes)):
+ *         p = params[k]             # <<<<<<<<<<<<<<
+ *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
+ *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
+*/
+    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_params, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 113, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+    __Pyx_XDECREF_SET(__pyx_v_p, __pyx_t_4);
+    __pyx_t_4 = 0;
+
+    /* "fastln/rnn/_engine.pyx":114
+ *     for k in range(len(sizes)):
+ *         p = params[k]
+ *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):             # <<<<<<<<<<<<<<
+ *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
+ *                 raise ValueError("internal: bad array for params")
+*/
+    __pyx_t_8 = (__pyx_v_k < 2);
+
+    if (__pyx_t_8) {
+
+    } else {
+
+      __pyx_t_3 = __pyx_t_8;
+
+      goto __pyx_L7_bool_binop_done;
+    }
+    __pyx_t_8 = (!__pyx_v_wbf16);
+
+    if (__pyx_t_8) {
+
+    } else {
+
+      __pyx_t_3 = __pyx_t_8;
+
+      goto __pyx_L7_bool_binop_done;
+    }
+    __pyx_t_8 = __pyx_f_6fastln_3rnn_7_engine__fortran(__pyx_v_p, __pyx_v_tn);
+
+    if (__pyx_t_8) {
+
+    } else {
+
+      __pyx_t_3 = __pyx_t_8;
+
+      goto __pyx_L7_bool_binop_done;
+    }
+    __pyx_t_8 = (!__pyx_f_6fastln_5_core__fast(__pyx_v_p, __pyx_v_tn));
+
+
+    __pyx_t_3 = __pyx_t_8;
+
+    __pyx_L7_bool_binop_done:;
+    if (__pyx_t_3) {
+
+
+      /* "fastln/rnn/_engine.pyx":115
+ *         p = params[k]
+ *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
+ *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:             # <<<<<<<<<<<<<<
+ *                 raise ValueError("internal: bad array for params")
+ *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
+*/
+      __pyx_t_4 = __Pyx_PyLong_From_npy_intp(PyArray_SIZE(((PyArrayObject *)__pyx_v_p))); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 115, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 115, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_5);
+      __pyx_t_3 = __Pyx_PyObject_CompareBoolNe_int_object(__pyx_t_4, __pyx_t_5, Py_NE); if (unlikely((__pyx_t_3 < 0))) __PYX_ERR(0, 115, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(__pyx_t_3)) {
+
+
+        /* "fastln/rnn/_engine.pyx":116
+ *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
+ *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
+ *                 raise ValueError("internal: bad array for params")             # <<<<<<<<<<<<<<
+ *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
+ *         else:
+*/
+        __pyx_t_4 = NULL;
+        __pyx_t_6 = 1;
+        {
+          PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_mstate_global->__pyx_kp_u_internal_bad_array_for_params};
+          __pyx_t_5 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+          __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+          if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 116, __pyx_L1_error)
+          __Pyx_GOTREF(__pyx_t_5);
+        }
+        __Pyx_Raise(__pyx_t_5, 0, 0, 0);
+        __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+        __PYX_ERR(0, 116, __pyx_L1_error)
+
+        /* "fastln/rnn/_engine.pyx":115
+ *         p = params[k]
+ *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
+ *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:             # <<<<<<<<<<<<<<
+ *                 raise ValueError("internal: bad array for params")
+ *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
+*/
+      }
+
+      /* "fastln/rnn/_engine.pyx":117
+ *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
+ *                 raise ValueError("internal: bad array for params")
+ *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T             # <<<<<<<<<<<<<<
+ *         else:
+ *             _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")
+*/
+      __pyx_t_3 = (__pyx_v_k == 0);
+
+      if (__pyx_t_3) {
+
+        __pyx_t_9 = FASTLN_RNN_W_IH_T;
+      } else {
+
+        __pyx_t_9 = FASTLN_RNN_W_HH_T;
+      }
+
+      __pyx_v_a->transposed = (__pyx_v_a->transposed | __pyx_t_9);
+
+
+      /* "fastln/rnn/_engine.pyx":114
+ *     for k in range(len(sizes)):
+ *         p = params[k]
+ *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):             # <<<<<<<<<<<<<<
+ *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
+ *                 raise ValueError("internal: bad array for params")
+*/
+      goto __pyx_L6;
+    }
+
+    /* "fastln/rnn/_engine.pyx":119
+ *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
+ *         else:
+ *             _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")             # <<<<<<<<<<<<<<
+ *         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)
+ *     return 0
+*/
+    /*else*/ {
+      __pyx_t_8 = (__pyx_v_k < 2);
+
+      if (__pyx_t_8) {
+
+      } else {
+
+        __pyx_t_3 = __pyx_t_8;
+
+        goto __pyx_L12_bool_binop_done;
+      }
+
+      __pyx_t_3 = __pyx_v_wbf16;
+      __pyx_L12_bool_binop_done:;
+      if (__pyx_t_3) {
+
+        __pyx_t_9 = NPY_UINT16;
+      } else {
+
+        __pyx_t_9 = __pyx_v_tn;
+      }
+
+      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 119, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_5);
+      __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_5); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 119, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __pyx_t_11 = __pyx_f_6fastln_5_core__arr(__pyx_v_p, __pyx_t_9, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_params); if (unlikely(__pyx_t_11 == ((int)-1))) __PYX_ERR(0, 119, __pyx_L1_error)
+
+
+
+    }
+    __pyx_L6:;
+
+    /* "fastln/rnn/_engine.pyx":120
+ *         else:
+ *             _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")
+ *         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)             # <<<<<<<<<<<<<<
+ *     return 0
+ * 
+*/
+    (__pyx_v_a->params[__pyx_v_k]) = PyArray_DATA(((PyArrayObject *)__pyx_v_p));
+  }
+
+
+
+  /* "fastln/rnn/_engine.pyx":121
+ *             _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")
+ *         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)
+ *     return 0             # <<<<<<<<<<<<<<
+ * 
+ * cdef inline bint _fortran(object a, int tn) noexcept:
+*/
+  {
+
+    __pyx_r = 0;
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":105
+ *     return 0
+ * 
+ * cdef int _params(fastln_rnn_args *a, params, int tn, sizes, bint wbf16) except -1:             # <<<<<<<<<<<<<<
+ *     """a.params[k] = the data of params[k], each checked against sizes[k];
+ *     W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_AddTraceback("fastln.rnn._engine._params", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_XDECREF(__pyx_v_p);
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":123
+ *     return 0
+ * 
+ * cdef inline bint _fortran(object a, int tn) noexcept:             # <<<<<<<<<<<<<<
+ *     """a is an aligned, Fortran-contiguous, native-order 2-D ndarray of type number tn."""
+ *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2
+*/
+
+static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_v_a, int __pyx_v_tn) {
+  int __pyx_r;
+  int __pyx_t_1;
+  int __pyx_t_2;
+
+  /* "fastln/rnn/_engine.pyx":125
+ * cdef inline bint _fortran(object a, int tn) noexcept:
+ *     """a is an aligned, Fortran-contiguous, native-order 2-D ndarray of type number tn."""
+ *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2             # <<<<<<<<<<<<<<
+ *             and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
+ *             and cnp.PyArray_ISFARRAY_RO(<cnp.ndarray>a)
+*/
+  __pyx_t_2 = (((PyObject *)Py_TYPE(__pyx_v_a)) == ((PyObject *)__pyx_mstate_global->__pyx_ptype_5numpy_ndarray));
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":126
+ *     """a is an aligned, Fortran-contiguous, native-order 2-D ndarray of type number tn."""
+ *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2
+ *             and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn             # <<<<<<<<<<<<<<
+ *             and cnp.PyArray_ISFARRAY_RO(<cnp.ndarray>a)
+ *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
+*/
+  __pyx_t_2 = (PyArray_NDIM(((PyArrayObject *)__pyx_v_a)) == 2);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":127
+ *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2
+ *             and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
+ *             and cnp.PyArray_ISFARRAY_RO(<cnp.ndarray>a)             # <<<<<<<<<<<<<<
+ *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
+ * 
+*/
+  __pyx_t_2 = (PyArray_TYPE(((PyArrayObject *)__pyx_v_a)) == __pyx_v_tn);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":128
+ *             and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
+ *             and cnp.PyArray_ISFARRAY_RO(<cnp.ndarray>a)
+ *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))             # <<<<<<<<<<<<<<
+ * 
+ * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+*/
+  __pyx_t_2 = PyArray_ISFARRAY_RO(((PyArrayObject *)__pyx_v_a));
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+  __pyx_t_2 = PyArray_ISNOTSWAPPED(((PyArrayObject *)__pyx_v_a));
+
+
+  __pyx_t_1 = __pyx_t_2;
+
+  __pyx_L3_bool_binop_done:;
+  {
+    __pyx_r = __pyx_t_1;
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":123
+ *     return 0
+ * 
+ * cdef inline bint _fortran(object a, int tn) noexcept:             # <<<<<<<<<<<<<<
+ *     """a is an aligned, Fortran-contiguous, native-order 2-D ndarray of type number tn."""
+ *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":130
+ *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
+ * 
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
  *                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
  *                     bint wbf16=False) except -1:
@@ -7545,7 +8266,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
 
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, PyObject *__pyx_v_cell, int64_t __pyx_v_T, int64_t __pyx_v_B, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_x, PyObject *__pyx_v_params, PyObject *__pyx_v_lengths, PyObject *__pyx_v_cache, int __pyx_v_cache_required, struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup *__pyx_optional_args) {
 
-  /* "fastln/rnn/_engine.pyx":107
+  /* "fastln/rnn/_engine.pyx":132
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
  *                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
  *                     bint wbf16=False) except -1:             # <<<<<<<<<<<<<<
@@ -7566,13 +8287,11 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   PyObject *__pyx_t_7 = NULL;
   PyObject *__pyx_t_8 = NULL;
   PyObject *__pyx_t_9 = NULL;
-  int __pyx_t_10;
-  struct __pyx_opt_args_6fastln_3rnn_7_engine__arr_list __pyx_t_11;
+  int64_t __pyx_t_10;
+  int64_t __pyx_t_11;
   int64_t __pyx_t_12;
   int64_t __pyx_t_13;
-  int64_t __pyx_t_14;
-  int64_t __pyx_t_15;
-  double __pyx_t_16;
+  double __pyx_t_14;
   int __pyx_lineno = 0;
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
@@ -7583,7 +8302,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
     }
   }
 
-  /* "fastln/rnn/_engine.pyx":110
+  /* "fastln/rnn/_engine.pyx":135
  *     """Fills the sizes, parameters, x, lengths and cache of a; returns the type number.
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
  *     cdef int tn = _float_type(x)             # <<<<<<<<<<<<<<
@@ -7592,7 +8311,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_tn = __pyx_f_6fastln_5_core__float_type(__pyx_v_x);
 
-  /* "fastln/rnn/_engine.pyx":111
+  /* "fastln/rnn/_engine.pyx":136
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
  *     cdef int tn = _float_type(x)
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -7648,12 +8367,12 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/rnn/_engine.pyx":112
+    /* "fastln/rnn/_engine.pyx":137
  *     cdef int tn = _float_type(x)
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
  *         raise ValueError("internal: bad x or sizes")             # <<<<<<<<<<<<<<
  *     _arr(x, tn, T * B * I, False, "x")
- *     _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",
+ *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
 */
     __pyx_t_4 = NULL;
     __pyx_t_5 = 1;
@@ -7661,14 +8380,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
       PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_mstate_global->__pyx_kp_u_internal_bad_x_or_sizes};
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 112, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 137, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 112, __pyx_L1_error)
+    __PYX_ERR(0, 137, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":111
+    /* "fastln/rnn/_engine.pyx":136
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
  *     cdef int tn = _float_type(x)
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -7677,29 +8396,29 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":113
+  /* "fastln/rnn/_engine.pyx":138
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
  *         raise ValueError("internal: bad x or sizes")
  *     _arr(x, tn, T * B * I, False, "x")             # <<<<<<<<<<<<<<
- *     _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",
- *               2 if wbf16 else 0)
-*/
-  __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 113, __pyx_L1_error)
-
-
-  /* "fastln/rnn/_engine.pyx":114
- *         raise ValueError("internal: bad x or sizes")
- *     _arr(x, tn, T * B * I, False, "x")
- *     _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",             # <<<<<<<<<<<<<<
- *               2 if wbf16 else 0)
+ *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:
 */
+  __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 138, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":139
+ *         raise ValueError("internal: bad x or sizes")
+ *     _arr(x, tn, T * B * I, False, "x")
+ *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)             # <<<<<<<<<<<<<<
+ *     if wbf16:
+ *         a.wtype = FASTLN_RNN_W_BF16
+*/
   __pyx_t_4 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 114, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 139, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 114, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 139, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
-  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 114, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 139, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __pyx_t_5 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -7720,50 +8439,24 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 114, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 139, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-
-  /* "fastln/rnn/_engine.pyx":115
- *     _arr(x, tn, T * B * I, False, "x")
- *     _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",
- *               2 if wbf16 else 0)             # <<<<<<<<<<<<<<
- *     if wbf16:
- *         a.wtype = FASTLN_RNN_W_BF16
-*/
-  if (__pyx_v_wbf16) {
-
-    __pyx_t_6 = 2;
-  } else {
-
-    __pyx_t_6 = 0;
-  }
-
-  /* "fastln/rnn/_engine.pyx":114
- *         raise ValueError("internal: bad x or sizes")
- *     _arr(x, tn, T * B * I, False, "x")
- *     _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",             # <<<<<<<<<<<<<<
- *               2 if wbf16 else 0)
- *     if wbf16:
-*/
-  __pyx_t_11.__pyx_n = 1;
-  __pyx_t_11.nbf16 = __pyx_t_6;
-  __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__arr_list(((void **)__pyx_v_a->params), __pyx_v_params, __pyx_v_tn, __pyx_t_3, 0, __pyx_mstate_global->__pyx_n_u_params, &__pyx_t_11); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 114, __pyx_L1_error)
+  __pyx_t_6 = __pyx_f_6fastln_3rnn_7_engine__params(__pyx_v_a, __pyx_v_params, __pyx_v_tn, __pyx_t_3, __pyx_v_wbf16); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 139, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
 
-
-  /* "fastln/rnn/_engine.pyx":116
- *     _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",
- *               2 if wbf16 else 0)
+  /* "fastln/rnn/_engine.pyx":140
+ *     _arr(x, tn, T * B * I, False, "x")
+ *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:             # <<<<<<<<<<<<<<
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:
 */
   if (__pyx_v_wbf16) {
 
-    /* "fastln/rnn/_engine.pyx":117
- *               2 if wbf16 else 0)
+    /* "fastln/rnn/_engine.pyx":141
+ *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:
  *         a.wtype = FASTLN_RNN_W_BF16             # <<<<<<<<<<<<<<
  *     if lengths is not None:
@@ -7771,16 +8464,16 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
     __pyx_v_a->wtype = FASTLN_RNN_W_BF16;
 
-    /* "fastln/rnn/_engine.pyx":116
- *     _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",
- *               2 if wbf16 else 0)
+    /* "fastln/rnn/_engine.pyx":140
+ *     _arr(x, tn, T * B * I, False, "x")
+ *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:             # <<<<<<<<<<<<<<
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":118
+  /* "fastln/rnn/_engine.pyx":142
  *     if wbf16:
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:             # <<<<<<<<<<<<<<
@@ -7791,17 +8484,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   if (__pyx_t_1) {
 
 
-    /* "fastln/rnn/_engine.pyx":119
+    /* "fastln/rnn/_engine.pyx":143
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")             # <<<<<<<<<<<<<<
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:
 */
-    __pyx_t_10 = __pyx_f_6fastln_5_core__arr(__pyx_v_lengths, NPY_INT64, __pyx_v_B, 0, __pyx_mstate_global->__pyx_n_u_lengths); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 119, __pyx_L1_error)
+    __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_lengths, NPY_INT64, __pyx_v_B, 0, __pyx_mstate_global->__pyx_n_u_lengths); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 143, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":118
+    /* "fastln/rnn/_engine.pyx":142
  *     if wbf16:
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:             # <<<<<<<<<<<<<<
@@ -7810,23 +8503,23 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":120
+  /* "fastln/rnn/_engine.pyx":144
  *     if lengths is not None:
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
  *     cdef int code = CELLS[cell]             # <<<<<<<<<<<<<<
  *     if cache is not None or cache_required:
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 120, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 144, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_7 = __Pyx_PyObject_Dict_GetItem(__pyx_t_3, __pyx_v_cell); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 120, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyObject_Dict_GetItem(__pyx_t_3, __pyx_v_cell); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 144, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_t_10 = __Pyx_PyLong_As_int(__pyx_t_7); if (unlikely((__pyx_t_10 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 120, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyLong_As_int(__pyx_t_7); if (unlikely((__pyx_t_6 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 144, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-  __pyx_v_code = __pyx_t_10;
+  __pyx_v_code = __pyx_t_6;
 
-  /* "fastln/rnn/_engine.pyx":121
+  /* "fastln/rnn/_engine.pyx":145
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:             # <<<<<<<<<<<<<<
@@ -7848,17 +8541,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   if (__pyx_t_1) {
 
 
-    /* "fastln/rnn/_engine.pyx":122
+    /* "fastln/rnn/_engine.pyx":146
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")             # <<<<<<<<<<<<<<
  *     a.cell = code
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
 */
-    __pyx_t_10 = __pyx_f_6fastln_5_core__arr(__pyx_v_cache, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_cache_size(__pyx_v_code, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_cache); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 122, __pyx_L1_error)
+    __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_cache, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_cache_size(__pyx_v_code, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_cache); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 146, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":121
+    /* "fastln/rnn/_engine.pyx":145
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:             # <<<<<<<<<<<<<<
@@ -7867,7 +8560,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":123
+  /* "fastln/rnn/_engine.pyx":147
  *     if cache is not None or cache_required:
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")
  *     a.cell = code             # <<<<<<<<<<<<<<
@@ -7876,30 +8569,30 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->cell = __pyx_v_code;
 
-  /* "fastln/rnn/_engine.pyx":124
+  /* "fastln/rnn/_engine.pyx":148
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")
  *     a.cell = code
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps             # <<<<<<<<<<<<<<
  *     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
  *     a.lengths = <const int64_t *>_ptr(lengths)
 */
-  __pyx_t_12 = __pyx_v_T;
+  __pyx_t_10 = __pyx_v_T;
 
-  __pyx_t_13 = __pyx_v_B;
+  __pyx_t_11 = __pyx_v_B;
 
-  __pyx_t_14 = __pyx_v_I;
+  __pyx_t_12 = __pyx_v_I;
 
-  __pyx_t_15 = __pyx_v_H;
+  __pyx_t_13 = __pyx_v_H;
 
-  __pyx_t_16 = __pyx_v_eps;
+  __pyx_t_14 = __pyx_v_eps;
 
-  __pyx_v_a->steps = __pyx_t_12;
-  __pyx_v_a->batch = __pyx_t_13;
-  __pyx_v_a->input = __pyx_t_14;
-  __pyx_v_a->hidden = __pyx_t_15;
-  __pyx_v_a->eps = __pyx_t_16;
+  __pyx_v_a->steps = __pyx_t_10;
+  __pyx_v_a->batch = __pyx_t_11;
+  __pyx_v_a->input = __pyx_t_12;
+  __pyx_v_a->hidden = __pyx_t_13;
+  __pyx_v_a->eps = __pyx_t_14;
 
-  /* "fastln/rnn/_engine.pyx":125
+  /* "fastln/rnn/_engine.pyx":149
  *     a.cell = code
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
  *     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)             # <<<<<<<<<<<<<<
@@ -7908,7 +8601,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->x = PyArray_DATA(((PyArrayObject *)__pyx_v_x));
 
-  /* "fastln/rnn/_engine.pyx":126
+  /* "fastln/rnn/_engine.pyx":150
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
  *     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
  *     a.lengths = <const int64_t *>_ptr(lengths)             # <<<<<<<<<<<<<<
@@ -7917,7 +8610,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->lengths = ((int64_t const *)__pyx_f_6fastln_5_core__ptr(__pyx_v_lengths));
 
-  /* "fastln/rnn/_engine.pyx":127
+  /* "fastln/rnn/_engine.pyx":151
  *     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
  *     a.lengths = <const int64_t *>_ptr(lengths)
  *     a.cache = _ptr(cache)             # <<<<<<<<<<<<<<
@@ -7926,7 +8619,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->cache = __pyx_f_6fastln_5_core__ptr(__pyx_v_cache);
 
-  /* "fastln/rnn/_engine.pyx":128
+  /* "fastln/rnn/_engine.pyx":152
  *     a.lengths = <const int64_t *>_ptr(lengths)
  *     a.cache = _ptr(cache)
  *     a.interrupt = _poll_signals             # <<<<<<<<<<<<<<
@@ -7935,7 +8628,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->interrupt = __pyx_f_6fastln_3rnn_7_engine__poll_signals;
 
-  /* "fastln/rnn/_engine.pyx":129
+  /* "fastln/rnn/_engine.pyx":153
  *     a.cache = _ptr(cache)
  *     a.interrupt = _poll_signals
  *     return tn             # <<<<<<<<<<<<<<
@@ -7948,8 +8641,8 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":105
- *     return 0
+  /* "fastln/rnn/_engine.pyx":130
+ *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
  * 
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
  *                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
@@ -7973,7 +8666,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":131
+/* "fastln/rnn/_engine.pyx":155
  *     return tn
  * 
  * cdef int _rnn_status(int rc) except -1:             # <<<<<<<<<<<<<<
@@ -7989,7 +8682,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
 
-  /* "fastln/rnn/_engine.pyx":132
+  /* "fastln/rnn/_engine.pyx":156
  * 
  * cdef int _rnn_status(int rc) except -1:
  *     if rc == FASTLN_EINTR:             # <<<<<<<<<<<<<<
@@ -8001,20 +8694,20 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
   if (__pyx_t_1) {
 
 
-    /* "fastln/rnn/_engine.pyx":133
+    /* "fastln/rnn/_engine.pyx":157
  * cdef int _rnn_status(int rc) except -1:
  *     if rc == FASTLN_EINTR:
  *         return _pending()             # <<<<<<<<<<<<<<
  *     return _check(rc)
  * 
 */
-    __pyx_t_2 = __pyx_f_6fastln_3rnn_7_engine__pending(); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 133, __pyx_L1_error)
+    __pyx_t_2 = __pyx_f_6fastln_3rnn_7_engine__pending(); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 157, __pyx_L1_error)
     {
       __pyx_r = __pyx_t_2;
     }
     goto __pyx_L0;
 
-    /* "fastln/rnn/_engine.pyx":132
+    /* "fastln/rnn/_engine.pyx":156
  * 
  * cdef int _rnn_status(int rc) except -1:
  *     if rc == FASTLN_EINTR:             # <<<<<<<<<<<<<<
@@ -8023,20 +8716,20 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":134
+  /* "fastln/rnn/_engine.pyx":158
  *     if rc == FASTLN_EINTR:
  *         return _pending()
  *     return _check(rc)             # <<<<<<<<<<<<<<
  * 
- * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+ * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
 */
-  __pyx_t_2 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 134, __pyx_L1_error)
+  __pyx_t_2 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 158, __pyx_L1_error)
   {
     __pyx_r = __pyx_t_2;
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":131
+  /* "fastln/rnn/_engine.pyx":155
  *     return tn
  * 
  * cdef int _rnn_status(int rc) except -1:             # <<<<<<<<<<<<<<
@@ -8053,8 +8746,114 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":136
+/* "fastln/rnn/_engine.pyx":160
  *     return _check(rc)
+ * 
+ * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:             # <<<<<<<<<<<<<<
+ *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
+ *     if packed is not None:
+*/
+
+static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a, PyObject *__pyx_v_packed) {
+  int __pyx_r;
+  int __pyx_t_1;
+  int __pyx_t_2;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+
+  /* "fastln/rnn/_engine.pyx":162
+ * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
+ *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
+ *     if packed is not None:             # <<<<<<<<<<<<<<
+ *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
+ *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
+*/
+  __pyx_t_1 = (__pyx_v_packed != Py_None);
+  if (__pyx_t_1) {
+
+
+    /* "fastln/rnn/_engine.pyx":163
+ *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
+ *     if packed is not None:
+ *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")             # <<<<<<<<<<<<<<
+ *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
+ *                 a.cell, a.wtype, a.input, a.hidden):
+*/
+    __pyx_t_2 = __pyx_f_6fastln_5_core__arr(__pyx_v_packed, NPY_UINT8, PyArray_SIZE(((PyArrayObject *)__pyx_v_packed)), 0, __pyx_mstate_global->__pyx_n_u_packed); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 163, __pyx_L1_error)
+
+
+    /* "fastln/rnn/_engine.pyx":164
+ *     if packed is not None:
+ *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
+ *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(             # <<<<<<<<<<<<<<
+ *                 a.cell, a.wtype, a.input, a.hidden):
+ *             a.packed = _ptr(packed)
+*/
+    __pyx_t_1 = (PyArray_SIZE(((PyArrayObject *)__pyx_v_packed)) >= __pyx_f_6fastln_5_core_rnn_packed_size(__pyx_v_a->cell, __pyx_v_a->wtype, __pyx_v_a->input, __pyx_v_a->hidden));
+
+    if (__pyx_t_1) {
+
+
+      /* "fastln/rnn/_engine.pyx":166
+ *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
+ *                 a.cell, a.wtype, a.input, a.hidden):
+ *             a.packed = _ptr(packed)             # <<<<<<<<<<<<<<
+ *     return 0
+ * 
+*/
+      __pyx_v_a->packed = __pyx_f_6fastln_5_core__ptr(__pyx_v_packed);
+
+      /* "fastln/rnn/_engine.pyx":164
+ *     if packed is not None:
+ *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
+ *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(             # <<<<<<<<<<<<<<
+ *                 a.cell, a.wtype, a.input, a.hidden):
+ *             a.packed = _ptr(packed)
+*/
+    }
+
+    /* "fastln/rnn/_engine.pyx":162
+ * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
+ *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
+ *     if packed is not None:             # <<<<<<<<<<<<<<
+ *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
+ *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":167
+ *                 a.cell, a.wtype, a.input, a.hidden):
+ *             a.packed = _ptr(packed)
+ *     return 0             # <<<<<<<<<<<<<<
+ * 
+ * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
+*/
+  {
+
+    __pyx_r = 0;
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":160
+ *     return _check(rc)
+ * 
+ * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:             # <<<<<<<<<<<<<<
+ *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
+ *     if packed is not None:
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_AddTraceback("fastln.rnn._engine._set_packed", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":169
+ *     return 0
  * 
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
  *                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
@@ -8063,7 +8862,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
 
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__pyx_v_a, PyObject *__pyx_v_cell, int64_t __pyx_v_T, int64_t __pyx_v_B, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_x, PyObject *__pyx_v_params, PyObject *__pyx_v_lengths, PyObject *__pyx_v_cache, PyObject *__pyx_v_y, PyObject *__pyx_v_h, PyObject *__pyx_v_c, int __pyx_v_d, int __pyx_v_nd, struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_fill_forward *__pyx_optional_args) {
 
-  /* "fastln/rnn/_engine.pyx":138
+  /* "fastln/rnn/_engine.pyx":171
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
  *                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
  *                            int d, int nd, bint wbf16=False, packed=None) except -1:             # <<<<<<<<<<<<<<
@@ -8074,19 +8873,15 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
   PyObject *__pyx_v_packed = ((PyObject *)Py_None);
   int __pyx_v_tn;
   int __pyx_r;
-  __Pyx_RefNannyDeclarations
   int __pyx_t_1;
   struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup __pyx_t_2;
   int __pyx_t_3;
-  PyObject *__pyx_t_4 = NULL;
-  PyObject *__pyx_t_5 = NULL;
-  void *__pyx_t_6;
-  void *__pyx_t_7;
-  int64_t __pyx_t_8;
+  void *__pyx_t_4;
+  void *__pyx_t_5;
+  int64_t __pyx_t_6;
   int __pyx_lineno = 0;
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
-  __Pyx_RefNannySetupContext("_rnn_fill_forward", 0);
   if (__pyx_optional_args) {
     if (__pyx_optional_args->__pyx_n > 0) {
       __pyx_v_wbf16 = __pyx_optional_args->wbf16;
@@ -8096,7 +8891,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
     }
   }
 
-  /* "fastln/rnn/_engine.pyx":142
+  /* "fastln/rnn/_engine.pyx":175
  *     takes its H columns at offset d*H; h, c (B, H) are updated in place.
  *     wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
  *     memset(a, 0, sizeof(a[0]))             # <<<<<<<<<<<<<<
@@ -8105,115 +8900,49 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   (void)(memset(__pyx_v_a, 0, (sizeof((__pyx_v_a[0])))));
 
-  /* "fastln/rnn/_engine.pyx":143
+  /* "fastln/rnn/_engine.pyx":176
  *     wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
  *     memset(a, 0, sizeof(a[0]))
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,             # <<<<<<<<<<<<<<
  *                              wbf16)
- *     if packed is not None:
+ *     _set_packed(a, packed)
 */
   __pyx_t_2.__pyx_n = 1;
   __pyx_t_2.wbf16 = __pyx_v_wbf16;
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 0, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 143, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 0, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 176, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":145
+  /* "fastln/rnn/_engine.pyx":178
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
  *                              wbf16)
- *     if packed is not None:             # <<<<<<<<<<<<<<
- *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
- *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
-*/
-  __pyx_t_3 = (__pyx_v_packed != Py_None);
-  if (__pyx_t_3) {
-
-
-    /* "fastln/rnn/_engine.pyx":146
- *                              wbf16)
- *     if packed is not None:
- *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")             # <<<<<<<<<<<<<<
- *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
- *                 CELLS[cell], a.wtype, I, H):
-*/
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_packed, NPY_UINT8, PyArray_SIZE(((PyArrayObject *)__pyx_v_packed)), 0, __pyx_mstate_global->__pyx_n_u_packed); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 146, __pyx_L1_error)
-
-
-    /* "fastln/rnn/_engine.pyx":148
- *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
- *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
- *                 CELLS[cell], a.wtype, I, H):             # <<<<<<<<<<<<<<
- *             a.packed = _ptr(packed)
- *     _arr(y, tn, T * B * H * nd, True, "y")
-*/
-    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 148, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_5 = __Pyx_PyObject_Dict_GetItem(__pyx_t_4, __pyx_v_cell); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 148, __pyx_L1_error)
-    __Pyx_GOTREF(__pyx_t_5);
-    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __pyx_t_1 = __Pyx_PyLong_As_int(__pyx_t_5); if (unlikely((__pyx_t_1 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 148, __pyx_L1_error)
-    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-
-    /* "fastln/rnn/_engine.pyx":147
- *     if packed is not None:
- *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
- *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(             # <<<<<<<<<<<<<<
- *                 CELLS[cell], a.wtype, I, H):
- *             a.packed = _ptr(packed)
-*/
-    __pyx_t_3 = (PyArray_SIZE(((PyArrayObject *)__pyx_v_packed)) >= __pyx_f_6fastln_5_core_rnn_packed_size(__pyx_t_1, __pyx_v_a->wtype, __pyx_v_I, __pyx_v_H));
-
-
-    if (__pyx_t_3) {
-
-
-      /* "fastln/rnn/_engine.pyx":149
- *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
- *                 CELLS[cell], a.wtype, I, H):
- *             a.packed = _ptr(packed)             # <<<<<<<<<<<<<<
+ *     _set_packed(a, packed)             # <<<<<<<<<<<<<<
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")
 */
-      __pyx_v_a->packed = __pyx_f_6fastln_5_core__ptr(__pyx_v_packed);
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__set_packed(__pyx_v_a, __pyx_v_packed); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 178, __pyx_L1_error)
 
-      /* "fastln/rnn/_engine.pyx":147
- *     if packed is not None:
- *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
- *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(             # <<<<<<<<<<<<<<
- *                 CELLS[cell], a.wtype, I, H):
- *             a.packed = _ptr(packed)
-*/
-    }
 
-    /* "fastln/rnn/_engine.pyx":145
- *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
+  /* "fastln/rnn/_engine.pyx":179
  *                              wbf16)
- *     if packed is not None:             # <<<<<<<<<<<<<<
- *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
- *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
-*/
-  }
-
-  /* "fastln/rnn/_engine.pyx":150
- *                 CELLS[cell], a.wtype, I, H):
- *             a.packed = _ptr(packed)
+ *     _set_packed(a, packed)
  *     _arr(y, tn, T * B * H * nd, True, "y")             # <<<<<<<<<<<<<<
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 150, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 179, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":151
- *             a.packed = _ptr(packed)
+  /* "fastln/rnn/_engine.pyx":180
+ *     _set_packed(a, packed)
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")             # <<<<<<<<<<<<<<
  *     if cell.startswith("lstm"):
  *         _arr(c, tn, B * H, True, "c")
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 151, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 180, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":152
+  /* "fastln/rnn/_engine.pyx":181
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -8222,23 +8951,23 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   if (unlikely(__pyx_v_cell == Py_None)) {
     PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
-    __PYX_ERR(0, 152, __pyx_L1_error)
+    __PYX_ERR(0, 181, __pyx_L1_error)
   }
-  __pyx_t_3 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 152, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 181, __pyx_L1_error)
   if (__pyx_t_3) {
 
 
-    /* "fastln/rnn/_engine.pyx":153
+    /* "fastln/rnn/_engine.pyx":182
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):
  *         _arr(c, tn, B * H, True, "c")             # <<<<<<<<<<<<<<
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
  *     a.h, a.c = _ptr(h), _ptr(c)
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 153, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 182, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":152
+    /* "fastln/rnn/_engine.pyx":181
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -8247,7 +8976,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":154
+  /* "fastln/rnn/_engine.pyx":183
  *     if cell.startswith("lstm"):
  *         _arr(c, tn, B * H, True, "c")
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)             # <<<<<<<<<<<<<<
@@ -8256,21 +8985,21 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   __pyx_v_a->y = (((char *)__pyx_f_6fastln_5_core__ptr(__pyx_v_y)) + ((__pyx_v_d * __pyx_v_H) * PyArray_ITEMSIZE(((PyArrayObject *)__pyx_v_y))));
 
-  /* "fastln/rnn/_engine.pyx":155
+  /* "fastln/rnn/_engine.pyx":184
  *         _arr(c, tn, B * H, True, "c")
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
  *     a.h, a.c = _ptr(h), _ptr(c)             # <<<<<<<<<<<<<<
  *     a.reverse, a.ldy = d, H * nd
  *     return tn
 */
-  __pyx_t_6 = __pyx_f_6fastln_5_core__ptr(__pyx_v_h);
+  __pyx_t_4 = __pyx_f_6fastln_5_core__ptr(__pyx_v_h);
 
-  __pyx_t_7 = __pyx_f_6fastln_5_core__ptr(__pyx_v_c);
+  __pyx_t_5 = __pyx_f_6fastln_5_core__ptr(__pyx_v_c);
 
-  __pyx_v_a->h = __pyx_t_6;
-  __pyx_v_a->c = __pyx_t_7;
+  __pyx_v_a->h = __pyx_t_4;
+  __pyx_v_a->c = __pyx_t_5;
 
-  /* "fastln/rnn/_engine.pyx":156
+  /* "fastln/rnn/_engine.pyx":185
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
  *     a.h, a.c = _ptr(h), _ptr(c)
  *     a.reverse, a.ldy = d, H * nd             # <<<<<<<<<<<<<<
@@ -8279,12 +9008,12 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   __pyx_t_1 = __pyx_v_d;
 
-  __pyx_t_8 = (__pyx_v_H * __pyx_v_nd);
+  __pyx_t_6 = (__pyx_v_H * __pyx_v_nd);
 
   __pyx_v_a->reverse = __pyx_t_1;
-  __pyx_v_a->ldy = __pyx_t_8;
+  __pyx_v_a->ldy = __pyx_t_6;
 
-  /* "fastln/rnn/_engine.pyx":157
+  /* "fastln/rnn/_engine.pyx":186
  *     a.h, a.c = _ptr(h), _ptr(c)
  *     a.reverse, a.ldy = d, H * nd
  *     return tn             # <<<<<<<<<<<<<<
@@ -8297,8 +9026,8 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":136
- *     return _check(rc)
+  /* "fastln/rnn/_engine.pyx":169
+ *     return 0
  * 
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
  *                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
@@ -8307,18 +9036,15 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 
   /* function exit code */
   __pyx_L1_error:;
-  __Pyx_XDECREF(__pyx_t_4);
-  __Pyx_XDECREF(__pyx_t_5);
   __Pyx_AddTraceback("fastln.rnn._engine._rnn_fill_forward", __pyx_clineno, __pyx_lineno, __pyx_filename);
   __pyx_r = -1;
   __pyx_L0:;
 
 
-  __Pyx_RefNannyFinishContext();
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":159
+/* "fastln/rnn/_engine.pyx":188
  *     return tn
  * 
  * def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):             # <<<<<<<<<<<<<<
@@ -8371,67 +9097,67 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_wbf16,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_w_ih,&__pyx_mstate_global->__pyx_n_u_w_hh,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 159, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 188, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 159, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 188, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 159, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 188, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 159, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 188, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 159, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 188, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 159, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 188, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 159, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 188, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "pack", 0) < (0)) __PYX_ERR(0, 159, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "pack", 0) < (0)) __PYX_ERR(0, 188, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 6; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, i); __PYX_ERR(0, 159, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, i); __PYX_ERR(0, 188, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 6)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 159, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 188, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 159, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 188, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 159, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 188, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 159, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 188, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 159, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 188, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 159, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 188, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[1]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 159, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 159, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 159, __pyx_L3_error)
+    __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[1]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 188, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 188, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 188, __pyx_L3_error)
     __pyx_v_w_ih = values[4];
     __pyx_v_w_hh = values[5];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, __pyx_nargs); __PYX_ERR(0, 159, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, __pyx_nargs); __PYX_ERR(0, 188, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -8442,7 +9168,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 159, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 188, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_8pack(__pyx_self, __pyx_v_cell, __pyx_v_wbf16, __pyx_v_I, __pyx_v_H, __pyx_v_w_ih, __pyx_v_w_hh);
 
   /* function exit code */
@@ -8496,19 +9222,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("pack", 0);
 
-  /* "fastln/rnn/_engine.pyx":162
+  /* "fastln/rnn/_engine.pyx":191
  *     """One layer's weights packed for the forward on the path in use
  *     (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0             # <<<<<<<<<<<<<<
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 162, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 191, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 162, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 191, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 162, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 191, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   __pyx_v_code = __pyx_t_3;
   if (__pyx_v_wbf16) {
@@ -8520,7 +9246,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   }
   __pyx_v_wt = __pyx_t_3;
 
-  /* "fastln/rnn/_engine.pyx":163
+  /* "fastln/rnn/_engine.pyx":192
  *     (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)             # <<<<<<<<<<<<<<
@@ -8536,7 +9262,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   }
   __pyx_v_tn = __pyx_t_3;
 
-  /* "fastln/rnn/_engine.pyx":164
+  /* "fastln/rnn/_engine.pyx":193
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -8572,7 +9298,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   if (unlikely(__pyx_t_4)) {
 
 
-    /* "fastln/rnn/_engine.pyx":165
+    /* "fastln/rnn/_engine.pyx":194
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:
  *         raise ValueError("internal: bad weights for _rnn_pack")             # <<<<<<<<<<<<<<
@@ -8585,14 +9311,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
       PyObject *__pyx_callargs[2] = {__pyx_t_1, __pyx_mstate_global->__pyx_kp_u_internal_bad_weights_for__rnn_pa};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 165, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 194, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 165, __pyx_L1_error)
+    __PYX_ERR(0, 194, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":164
+    /* "fastln/rnn/_engine.pyx":193
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -8601,7 +9327,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":166
+  /* "fastln/rnn/_engine.pyx":195
  *     if tn < 0 or I < 1 or H < 1:
  *         raise ValueError("internal: bad weights for _rnn_pack")
  *     sizes = param_sizes(cell, I, H)             # <<<<<<<<<<<<<<
@@ -8609,11 +9335,11 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
 */
   __pyx_t_1 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 166, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 195, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 166, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 195, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
-  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 166, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 195, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __pyx_t_6 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -8634,43 +9360,43 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 166, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 195, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_sizes = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":167
+  /* "fastln/rnn/_engine.pyx":196
  *         raise ValueError("internal: bad weights for _rnn_pack")
  *     sizes = param_sizes(cell, I, H)
  *     _arr(w_ih, tn, sizes[0], False, "w_ih")             # <<<<<<<<<<<<<<
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
 */
-  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 167, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 196, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 167, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 196, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_ih, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_ih); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 167, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_ih, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_ih); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 196, __pyx_L1_error)
 
 
 
-  /* "fastln/rnn/_engine.pyx":168
+  /* "fastln/rnn/_engine.pyx":197
  *     sizes = param_sizes(cell, I, H)
  *     _arr(w_ih, tn, sizes[0], False, "w_ih")
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")             # <<<<<<<<<<<<<<
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:
 */
-  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 168, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 197, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 168, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 197, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_hh, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_hh); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 168, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_hh, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_hh); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 197, __pyx_L1_error)
 
 
 
-  /* "fastln/rnn/_engine.pyx":169
+  /* "fastln/rnn/_engine.pyx":198
  *     _arr(w_ih, tn, sizes[0], False, "w_ih")
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)             # <<<<<<<<<<<<<<
@@ -8679,7 +9405,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_n = __pyx_f_6fastln_5_core_rnn_packed_size(__pyx_v_code, __pyx_v_wt, __pyx_v_I, __pyx_v_H);
 
-  /* "fastln/rnn/_engine.pyx":170
+  /* "fastln/rnn/_engine.pyx":199
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:             # <<<<<<<<<<<<<<
@@ -8705,7 +9431,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   if (__pyx_t_4) {
 
 
-    /* "fastln/rnn/_engine.pyx":171
+    /* "fastln/rnn/_engine.pyx":200
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:
  *         return None             # <<<<<<<<<<<<<<
@@ -8722,7 +9448,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
     }
     goto __pyx_L0;
 
-    /* "fastln/rnn/_engine.pyx":170
+    /* "fastln/rnn/_engine.pyx":199
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:             # <<<<<<<<<<<<<<
@@ -8731,7 +9457,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":172
+  /* "fastln/rnn/_engine.pyx":201
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:
  *         return None
  *     buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines             # <<<<<<<<<<<<<<
@@ -8739,16 +9465,16 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
  *     out = buf[skip:skip + n]
 */
   __pyx_t_7 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 201, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
-  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 201, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
   __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
-  __pyx_t_9 = __Pyx_PyLong_From_int64_t((__pyx_v_n + 64)); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int64_t((__pyx_v_n + 64)); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 201, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 201, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_uint8); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_uint8); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 201, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_11);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __pyx_t_6 = 1;
@@ -8770,13 +9496,13 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 172, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 201, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_buf = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":173
+  /* "fastln/rnn/_engine.pyx":202
  *         return None
  *     buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
  *     cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63             # <<<<<<<<<<<<<<
@@ -8785,19 +9511,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_skip = ((-((int64_t)PyArray_DATA(((PyArrayObject *)__pyx_v_buf)))) & 63);
 
-  /* "fastln/rnn/_engine.pyx":174
+  /* "fastln/rnn/_engine.pyx":203
  *     buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
  *     cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63
  *     out = buf[skip:skip + n]             # <<<<<<<<<<<<<<
  *     cdef void *o = _ptr(out)
  *     cdef const void *wi = _ptr(w_ih)
 */
-  __pyx_t_2 = __Pyx_PyObject_GetSlice(__pyx_v_buf, __pyx_v_skip, (__pyx_v_skip + __pyx_v_n), NULL, NULL, NULL, 1, 1, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 174, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_GetSlice(__pyx_v_buf, __pyx_v_skip, (__pyx_v_skip + __pyx_v_n), NULL, NULL, NULL, 1, 1, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 203, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_out = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":175
+  /* "fastln/rnn/_engine.pyx":204
  *     cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63
  *     out = buf[skip:skip + n]
  *     cdef void *o = _ptr(out)             # <<<<<<<<<<<<<<
@@ -8806,7 +9532,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_o = __pyx_f_6fastln_5_core__ptr(__pyx_v_out);
 
-  /* "fastln/rnn/_engine.pyx":176
+  /* "fastln/rnn/_engine.pyx":205
  *     out = buf[skip:skip + n]
  *     cdef void *o = _ptr(out)
  *     cdef const void *wi = _ptr(w_ih)             # <<<<<<<<<<<<<<
@@ -8815,7 +9541,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_wi = __pyx_f_6fastln_5_core__ptr(__pyx_v_w_ih);
 
-  /* "fastln/rnn/_engine.pyx":177
+  /* "fastln/rnn/_engine.pyx":206
  *     cdef void *o = _ptr(out)
  *     cdef const void *wi = _ptr(w_ih)
  *     cdef const void *wh = _ptr(w_hh)             # <<<<<<<<<<<<<<
@@ -8824,7 +9550,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_wh = __pyx_f_6fastln_5_core__ptr(__pyx_v_w_hh);
 
-  /* "fastln/rnn/_engine.pyx":179
+  /* "fastln/rnn/_engine.pyx":208
  *     cdef const void *wh = _ptr(w_hh)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -8837,7 +9563,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":180
+        /* "fastln/rnn/_engine.pyx":209
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_pack(o, n, code, wt, I, H, wi, wh)             # <<<<<<<<<<<<<<
@@ -8847,7 +9573,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
         __pyx_v_rc = __pyx_f_6fastln_5_core_rnn_pack(__pyx_v_o, __pyx_v_n, __pyx_v_code, __pyx_v_wt, __pyx_v_I, __pyx_v_H, __pyx_v_wi, __pyx_v_wh);
       }
 
-      /* "fastln/rnn/_engine.pyx":179
+      /* "fastln/rnn/_engine.pyx":208
  *     cdef const void *wh = _ptr(w_hh)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -8864,17 +9590,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":181
+  /* "fastln/rnn/_engine.pyx":210
  *     with nogil:
  *         rc = rnn_pack(o, n, code, wt, I, H, wi, wh)
  *     _check(rc)             # <<<<<<<<<<<<<<
  *     return out
  * 
 */
-  __pyx_t_3 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 181, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 210, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":182
+  /* "fastln/rnn/_engine.pyx":211
  *         rc = rnn_pack(o, n, code, wt, I, H, wi, wh)
  *     _check(rc)
  *     return out             # <<<<<<<<<<<<<<
@@ -8892,7 +9618,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":159
+  /* "fastln/rnn/_engine.pyx":188
  *     return tn
  * 
  * def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):             # <<<<<<<<<<<<<<
@@ -8928,7 +9654,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":184
+/* "fastln/rnn/_engine.pyx":213
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -8991,80 +9717,80 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_cache,&__pyx_mstate_global->__pyx_n_u_y,&__pyx_mstate_global->__pyx_n_u_h,&__pyx_mstate_global->__pyx_n_u_c,&__pyx_mstate_global->__pyx_n_u_reverse,&__pyx_mstate_global->__pyx_n_u_wbf16,&__pyx_mstate_global->__pyx_n_u_packed,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 184, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 213, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward", 0) < (0)) __PYX_ERR(0, 184, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward", 0) < (0)) __PYX_ERR(0, 213, __pyx_L3_error)
 
-      /* "fastln/rnn/_engine.pyx":186
+      /* "fastln/rnn/_engine.pyx":215
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                  x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,
  *                  packed=None):             # <<<<<<<<<<<<<<
@@ -9073,60 +9799,60 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
 */
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
       for (Py_ssize_t i = __pyx_nargs; i < 13; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, i); __PYX_ERR(0, 184, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, i); __PYX_ERR(0, 213, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 213, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 213, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 184, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 213, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 184, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 184, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 184, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 184, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 184, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params = values[7];
     __pyx_v_lengths = values[8];
@@ -9135,10 +9861,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
     __pyx_v_h = values[11];
     __pyx_v_c = values[12];
     if (values[13]) {
-      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 185, __pyx_L3_error)
+      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
     } else {
 
-      /* "fastln/rnn/_engine.pyx":185
+      /* "fastln/rnn/_engine.pyx":214
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                  x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,             # <<<<<<<<<<<<<<
@@ -9148,7 +9874,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
       __pyx_v_reverse = ((int)((int)0));
     }
     if (values[14]) {
-      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[14]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 185, __pyx_L3_error)
+      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[14]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
     } else {
       __pyx_v_wbf16 = ((int)((int)0));
     }
@@ -9156,7 +9882,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, __pyx_nargs); __PYX_ERR(0, 184, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, __pyx_nargs); __PYX_ERR(0, 213, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -9167,10 +9893,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 184, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 213, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_10forward(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_y, __pyx_v_h, __pyx_v_c, __pyx_v_reverse, __pyx_v_wbf16, __pyx_v_packed);
 
-  /* "fastln/rnn/_engine.pyx":184
+  /* "fastln/rnn/_engine.pyx":213
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -9217,17 +9943,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("forward", 0);
 
-  /* "fastln/rnn/_engine.pyx":191
+  /* "fastln/rnn/_engine.pyx":220
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16); packed: None or _rnn_pack's."""
  *     cdef fastln_rnn_args a
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                     y, h, c, 0, 1, wbf16, packed)
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 191, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 220, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":192
+  /* "fastln/rnn/_engine.pyx":221
  *     cdef fastln_rnn_args a
  *     _init_blas()
  *     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,             # <<<<<<<<<<<<<<
@@ -9237,10 +9963,10 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   __pyx_t_2.__pyx_n = 2;
   __pyx_t_2.wbf16 = __pyx_v_wbf16;
   __pyx_t_2.packed = __pyx_v_packed;
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_y, __pyx_v_h, __pyx_v_c, 0, 1, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 192, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_y, __pyx_v_h, __pyx_v_c, 0, 1, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 221, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":194
+  /* "fastln/rnn/_engine.pyx":223
  *     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                     y, h, c, 0, 1, wbf16, packed)
  *     a.reverse = reverse             # <<<<<<<<<<<<<<
@@ -9249,7 +9975,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
 */
   __pyx_v_a.reverse = __pyx_v_reverse;
 
-  /* "fastln/rnn/_engine.pyx":196
+  /* "fastln/rnn/_engine.pyx":225
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -9262,7 +9988,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":197
+        /* "fastln/rnn/_engine.pyx":226
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_forward_f64(&a)             # <<<<<<<<<<<<<<
@@ -9282,7 +10008,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":196
+      /* "fastln/rnn/_engine.pyx":225
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -9299,15 +10025,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":198
+  /* "fastln/rnn/_engine.pyx":227
  *     with nogil:
  *         rc = rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_forward_f64(&a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 198, __pyx_L1_error)
-  __pyx_t_4 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 227, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 227, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
   {
@@ -9321,7 +10047,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   __pyx_t_4 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":184
+  /* "fastln/rnn/_engine.pyx":213
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -9343,7 +10069,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":200
+/* "fastln/rnn/_engine.pyx":229
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -9405,76 +10131,76 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params2,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_caches2,&__pyx_mstate_global->__pyx_n_u_y,&__pyx_mstate_global->__pyx_n_u_h2,&__pyx_mstate_global->__pyx_n_u_c2,&__pyx_mstate_global->__pyx_n_u_wbf16,&__pyx_mstate_global->__pyx_n_u_packed2,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 200, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 229, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward2", 0) < (0)) __PYX_ERR(0, 200, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward2", 0) < (0)) __PYX_ERR(0, 229, __pyx_L3_error)
 
-      /* "fastln/rnn/_engine.pyx":201
+      /* "fastln/rnn/_engine.pyx":230
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):             # <<<<<<<<<<<<<<
@@ -9483,56 +10209,56 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
 */
       if (!values[14]) values[14] = __Pyx_NewRef(((PyObject *)Py_None));
       for (Py_ssize_t i = __pyx_nargs; i < 13; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, i); __PYX_ERR(0, 200, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, i); __PYX_ERR(0, 229, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 229, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 229, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 200, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 229, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
       if (!values[14]) values[14] = __Pyx_NewRef(((PyObject *)Py_None));
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 200, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 200, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 200, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 200, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 200, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params2 = values[7];
     __pyx_v_lengths = values[8];
@@ -9541,7 +10267,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
     __pyx_v_h2 = values[11];
     __pyx_v_c2 = values[12];
     if (values[13]) {
-      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 201, __pyx_L3_error)
+      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 230, __pyx_L3_error)
     } else {
       __pyx_v_wbf16 = ((int)((int)0));
     }
@@ -9549,7 +10275,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, __pyx_nargs); __PYX_ERR(0, 200, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, __pyx_nargs); __PYX_ERR(0, 229, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -9560,10 +10286,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 200, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 229, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_12forward2(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params2, __pyx_v_lengths, __pyx_v_caches2, __pyx_v_y, __pyx_v_h2, __pyx_v_c2, __pyx_v_wbf16, __pyx_v_packed2);
 
-  /* "fastln/rnn/_engine.pyx":200
+  /* "fastln/rnn/_engine.pyx":229
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -9616,17 +10342,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("forward2", 0);
 
-  /* "fastln/rnn/_engine.pyx":206
+  /* "fastln/rnn/_engine.pyx":235
  *     and packed2 may be None."""
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = 0, d
  *     for d in range(2):
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 206, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 235, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":207
+  /* "fastln/rnn/_engine.pyx":236
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()
  *     cdef int tn = 0, d             # <<<<<<<<<<<<<<
@@ -9635,7 +10361,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
 */
   __pyx_v_tn = 0;
 
-  /* "fastln/rnn/_engine.pyx":208
+  /* "fastln/rnn/_engine.pyx":237
  *     _init_blas()
  *     cdef int tn = 0, d
  *     for d in range(2):             # <<<<<<<<<<<<<<
@@ -9645,17 +10371,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   for (__pyx_t_1 = 0; __pyx_t_1 < 2; __pyx_t_1+=1) {
     __pyx_v_d = __pyx_t_1;
 
-    /* "fastln/rnn/_engine.pyx":209
+    /* "fastln/rnn/_engine.pyx":238
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
  *                                None if caches2 is None else caches2[d], y, h2[d],
  *                                None if c2 is None else c2[d], d, 2, wbf16,
 */
-    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 238, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
 
-    /* "fastln/rnn/_engine.pyx":210
+    /* "fastln/rnn/_engine.pyx":239
  *     for d in range(2):
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                None if caches2 is None else caches2[d], y, h2[d],             # <<<<<<<<<<<<<<
@@ -9667,16 +10393,16 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_INCREF(Py_None);
       __pyx_t_3 = Py_None;
     } else {
-      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 210, __pyx_L1_error)
+      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 239, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_5);
       __pyx_t_3 = __pyx_t_5;
       __pyx_t_5 = 0;
     }
 
-    __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_h2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 210, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_h2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 239, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
 
-    /* "fastln/rnn/_engine.pyx":211
+    /* "fastln/rnn/_engine.pyx":240
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                None if caches2 is None else caches2[d], y, h2[d],
  *                                None if c2 is None else c2[d], d, 2, wbf16,             # <<<<<<<<<<<<<<
@@ -9688,14 +10414,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_INCREF(Py_None);
       __pyx_t_6 = Py_None;
     } else {
-      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_c2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 211, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_c2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 240, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __pyx_t_6 = __pyx_t_7;
       __pyx_t_7 = 0;
     }
 
 
-    /* "fastln/rnn/_engine.pyx":212
+    /* "fastln/rnn/_engine.pyx":241
  *                                None if caches2 is None else caches2[d], y, h2[d],
  *                                None if c2 is None else c2[d], d, 2, wbf16,
  *                                None if packed2 is None else packed2[d])             # <<<<<<<<<<<<<<
@@ -9707,14 +10433,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_INCREF(Py_None);
       __pyx_t_7 = Py_None;
     } else {
-      __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_packed2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 212, __pyx_L1_error)
+      __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_packed2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 241, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_8);
       __pyx_t_7 = __pyx_t_8;
       __pyx_t_8 = 0;
     }
 
 
-    /* "fastln/rnn/_engine.pyx":209
+    /* "fastln/rnn/_engine.pyx":238
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
@@ -9724,7 +10450,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
     __pyx_t_10.__pyx_n = 2;
     __pyx_t_10.wbf16 = __pyx_v_wbf16;
     __pyx_t_10.packed = __pyx_t_7;
-    __pyx_t_9 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_y, __pyx_t_5, __pyx_t_6, __pyx_v_d, 2, &__pyx_t_10); if (unlikely(__pyx_t_9 == ((int)-1))) __PYX_ERR(0, 209, __pyx_L1_error)
+    __pyx_t_9 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_y, __pyx_t_5, __pyx_t_6, __pyx_v_d, 2, &__pyx_t_10); if (unlikely(__pyx_t_9 == ((int)-1))) __PYX_ERR(0, 238, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
@@ -9733,7 +10459,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
     __pyx_v_tn = __pyx_t_9;
   }
 
-  /* "fastln/rnn/_engine.pyx":214
+  /* "fastln/rnn/_engine.pyx":243
  *                                None if packed2 is None else packed2[d])
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -9746,7 +10472,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":215
+        /* "fastln/rnn/_engine.pyx":244
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_forward2_f64(a)             # <<<<<<<<<<<<<<
@@ -9766,7 +10492,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":214
+      /* "fastln/rnn/_engine.pyx":243
  *                                None if packed2 is None else packed2[d])
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -9783,15 +10509,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":216
+  /* "fastln/rnn/_engine.pyx":245
  *     with nogil:
  *         rc = rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_forward2_f64(a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
  * cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 216, __pyx_L1_error)
-  __pyx_t_7 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 245, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 245, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
 
   {
@@ -9805,7 +10531,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   __pyx_t_7 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":200
+  /* "fastln/rnn/_engine.pyx":229
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -9833,7 +10559,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":218
+/* "fastln/rnn/_engine.pyx":247
  *     return _rnn_status(rc)
  * 
  * cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -9863,7 +10589,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_rnn_fill_backward", 0);
 
-  /* "fastln/rnn/_engine.pyx":225
+  /* "fastln/rnn/_engine.pyx":254
  *     gradient in place; dx (T,B,I) or None; grads filled (params' sizes);
  *     work: None or scratch of _rnn_work_size elements."""
  *     memset(a, 0, sizeof(a[0]))             # <<<<<<<<<<<<<<
@@ -9872,37 +10598,37 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   (void)(memset(__pyx_v_a, 0, (sizeof((__pyx_v_a[0])))));
 
-  /* "fastln/rnn/_engine.pyx":226
+  /* "fastln/rnn/_engine.pyx":255
  *     work: None or scratch of _rnn_work_size elements."""
  *     memset(a, 0, sizeof(a[0]))
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)             # <<<<<<<<<<<<<<
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 1, NULL); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 226, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 1, NULL); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 255, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":227
+  /* "fastln/rnn/_engine.pyx":256
  *     memset(a, 0, sizeof(a[0]))
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
  *     _arr(dy, tn, T * B * H * nd, False, "dy")             # <<<<<<<<<<<<<<
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dy, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 0, __pyx_mstate_global->__pyx_n_u_dy); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 227, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dy, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 0, __pyx_mstate_global->__pyx_n_u_dy); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 256, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":228
+  /* "fastln/rnn/_engine.pyx":257
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")             # <<<<<<<<<<<<<<
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dh, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dh); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 228, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dh, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dh); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 257, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":229
+  /* "fastln/rnn/_engine.pyx":258
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -9911,23 +10637,23 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   if (unlikely(__pyx_v_cell == Py_None)) {
     PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
-    __PYX_ERR(0, 229, __pyx_L1_error)
+    __PYX_ERR(0, 258, __pyx_L1_error)
   }
-  __pyx_t_2 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 229, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 258, __pyx_L1_error)
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":230
+    /* "fastln/rnn/_engine.pyx":259
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")             # <<<<<<<<<<<<<<
  *     if dx is not None:
  *         _arr(dx, tn, T * B * I, True, "dx")
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dc, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 230, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dc, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 259, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":229
+    /* "fastln/rnn/_engine.pyx":258
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -9936,7 +10662,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":231
+  /* "fastln/rnn/_engine.pyx":260
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")
  *     if dx is not None:             # <<<<<<<<<<<<<<
@@ -9947,17 +10673,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":232
+    /* "fastln/rnn/_engine.pyx":261
  *         _arr(dc, tn, B * H, True, "dc")
  *     if dx is not None:
  *         _arr(dx, tn, T * B * I, True, "dx")             # <<<<<<<<<<<<<<
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dx, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 1, __pyx_mstate_global->__pyx_n_u_dx); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 232, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dx, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 1, __pyx_mstate_global->__pyx_n_u_dx); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 261, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":231
+    /* "fastln/rnn/_engine.pyx":260
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")
  *     if dx is not None:             # <<<<<<<<<<<<<<
@@ -9966,7 +10692,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":233
+  /* "fastln/rnn/_engine.pyx":262
  *     if dx is not None:
  *         _arr(dx, tn, T * B * I, True, "dx")
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")             # <<<<<<<<<<<<<<
@@ -9974,11 +10700,11 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")
 */
   __pyx_t_4 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 233, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 262, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_6 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 233, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 262, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 233, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 262, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
   __pyx_t_8 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -9999,14 +10725,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 233, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 262, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__arr_list(__pyx_v_a->grads, __pyx_v_grads, __pyx_v_tn, __pyx_t_3, 1, __pyx_mstate_global->__pyx_n_u_grads, NULL); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 233, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__arr_list(__pyx_v_a->grads, __pyx_v_grads, __pyx_v_tn, __pyx_t_3, 1, __pyx_mstate_global->__pyx_n_u_grads); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 262, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
 
-  /* "fastln/rnn/_engine.pyx":234
+  /* "fastln/rnn/_engine.pyx":263
  *         _arr(dx, tn, T * B * I, True, "dx")
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:             # <<<<<<<<<<<<<<
@@ -10017,17 +10743,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":235
+    /* "fastln/rnn/_engine.pyx":264
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")             # <<<<<<<<<<<<<<
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_work, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_work_size(__pyx_v_a->cell, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_work); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 235, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_work, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_work_size(__pyx_v_a->cell, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_work); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 264, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":234
+    /* "fastln/rnn/_engine.pyx":263
  *         _arr(dx, tn, T * B * I, True, "dx")
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:             # <<<<<<<<<<<<<<
@@ -10036,7 +10762,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":236
+  /* "fastln/rnn/_engine.pyx":265
  *     if work is not None:
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)             # <<<<<<<<<<<<<<
@@ -10045,7 +10771,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   __pyx_v_a->dy = (((char *)__pyx_f_6fastln_5_core__ptr(__pyx_v_dy)) + ((__pyx_v_d * __pyx_v_H) * PyArray_ITEMSIZE(((PyArrayObject *)__pyx_v_dy))));
 
-  /* "fastln/rnn/_engine.pyx":237
+  /* "fastln/rnn/_engine.pyx":266
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)             # <<<<<<<<<<<<<<
@@ -10065,7 +10791,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   __pyx_v_a->dx = __pyx_t_11;
   __pyx_v_a->work = __pyx_t_12;
 
-  /* "fastln/rnn/_engine.pyx":238
+  /* "fastln/rnn/_engine.pyx":267
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
  *     a.reverse, a.ldy = d, H * nd             # <<<<<<<<<<<<<<
@@ -10079,7 +10805,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   __pyx_v_a->reverse = __pyx_t_1;
   __pyx_v_a->ldy = __pyx_t_13;
 
-  /* "fastln/rnn/_engine.pyx":239
+  /* "fastln/rnn/_engine.pyx":268
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
  *     a.reverse, a.ldy = d, H * nd
  *     return tn             # <<<<<<<<<<<<<<
@@ -10092,7 +10818,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":218
+  /* "fastln/rnn/_engine.pyx":247
  *     return _rnn_status(rc)
  * 
  * cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -10116,7 +10842,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":241
+/* "fastln/rnn/_engine.pyx":270
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10180,84 +10906,84 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_cache,&__pyx_mstate_global->__pyx_n_u_dy,&__pyx_mstate_global->__pyx_n_u_dh,&__pyx_mstate_global->__pyx_n_u_dc,&__pyx_mstate_global->__pyx_n_u_dx,&__pyx_mstate_global->__pyx_n_u_grads,&__pyx_mstate_global->__pyx_n_u_work,&__pyx_mstate_global->__pyx_n_u_reverse,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 241, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 270, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 17:
         values[16] = __Pyx_ArgRef_FASTCALL(__pyx_args, 16);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward", 0) < (0)) __PYX_ERR(0, 241, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward", 0) < (0)) __PYX_ERR(0, 270, __pyx_L3_error)
 
-      /* "fastln/rnn/_engine.pyx":242
+      /* "fastln/rnn/_engine.pyx":271
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,             # <<<<<<<<<<<<<<
@@ -10266,60 +10992,60 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
 */
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
       for (Py_ssize_t i = __pyx_nargs; i < 15; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, i); __PYX_ERR(0, 241, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, i); __PYX_ERR(0, 270, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case 17:
         values[16] = __Pyx_ArgRef_FASTCALL(__pyx_args, 16);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 270, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 270, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 241, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 270, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 241, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 241, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 241, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 241, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 241, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params = values[7];
     __pyx_v_lengths = values[8];
@@ -10331,10 +11057,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
     __pyx_v_grads = values[14];
     __pyx_v_work = values[15];
     if (values[16]) {
-      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[16]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 243, __pyx_L3_error)
+      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[16]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 272, __pyx_L3_error)
     } else {
 
-      /* "fastln/rnn/_engine.pyx":243
+      /* "fastln/rnn/_engine.pyx":272
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,
  *                   bint reverse=False):             # <<<<<<<<<<<<<<
@@ -10346,7 +11072,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, __pyx_nargs); __PYX_ERR(0, 241, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, __pyx_nargs); __PYX_ERR(0, 270, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -10357,10 +11083,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 241, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 270, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_14backward(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_dy, __pyx_v_dh, __pyx_v_dc, __pyx_v_dx, __pyx_v_grads, __pyx_v_work, __pyx_v_reverse);
 
-  /* "fastln/rnn/_engine.pyx":241
+  /* "fastln/rnn/_engine.pyx":270
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10405,27 +11131,27 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("backward", 0);
 
-  /* "fastln/rnn/_engine.pyx":246
+  /* "fastln/rnn/_engine.pyx":275
  *     """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
  *     cdef fastln_rnn_args a
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                      dy, dh, dc, dx, grads, work, 0, 1)
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 246, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 275, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":247
+  /* "fastln/rnn/_engine.pyx":276
  *     cdef fastln_rnn_args a
  *     _init_blas()
  *     cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,             # <<<<<<<<<<<<<<
  *                                      dy, dh, dc, dx, grads, work, 0, 1)
  *     a.reverse = reverse
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_dy, __pyx_v_dh, __pyx_v_dc, __pyx_v_dx, __pyx_v_grads, __pyx_v_work, 0, 1); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 247, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_dy, __pyx_v_dh, __pyx_v_dc, __pyx_v_dx, __pyx_v_grads, __pyx_v_work, 0, 1); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 276, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":249
+  /* "fastln/rnn/_engine.pyx":278
  *     cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                      dy, dh, dc, dx, grads, work, 0, 1)
  *     a.reverse = reverse             # <<<<<<<<<<<<<<
@@ -10434,7 +11160,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
 */
   __pyx_v_a.reverse = __pyx_v_reverse;
 
-  /* "fastln/rnn/_engine.pyx":251
+  /* "fastln/rnn/_engine.pyx":280
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -10447,7 +11173,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":252
+        /* "fastln/rnn/_engine.pyx":281
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_backward_f64(&a)             # <<<<<<<<<<<<<<
@@ -10467,7 +11193,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":251
+      /* "fastln/rnn/_engine.pyx":280
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -10484,15 +11210,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":253
+  /* "fastln/rnn/_engine.pyx":282
  *     with nogil:
  *         rc = rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_backward_f64(&a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 253, __pyx_L1_error)
-  __pyx_t_3 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 253, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 282, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 282, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
   {
@@ -10506,7 +11232,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
   __pyx_t_3 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":241
+  /* "fastln/rnn/_engine.pyx":270
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10528,7 +11254,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":255
+/* "fastln/rnn/_engine.pyx":284
  *     return _rnn_status(rc)
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10591,123 +11317,123 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params2,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_caches2,&__pyx_mstate_global->__pyx_n_u_dy,&__pyx_mstate_global->__pyx_n_u_dh2,&__pyx_mstate_global->__pyx_n_u_dc2,&__pyx_mstate_global->__pyx_n_u_dx,&__pyx_mstate_global->__pyx_n_u_grads2,&__pyx_mstate_global->__pyx_n_u_works2,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 255, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 284, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 255, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 284, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward2", 0) < (0)) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward2", 0) < (0)) __PYX_ERR(0, 284, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 16; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, i); __PYX_ERR(0, 255, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, i); __PYX_ERR(0, 284, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 16)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 284, __pyx_L3_error)
       values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 255, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 284, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 255, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 255, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 255, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 255, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 255, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params2 = values[7];
     __pyx_v_lengths = values[8];
@@ -10721,7 +11447,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, __pyx_nargs); __PYX_ERR(0, 255, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, __pyx_nargs); __PYX_ERR(0, 284, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -10732,7 +11458,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 255, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 284, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_16backward2(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params2, __pyx_v_lengths, __pyx_v_caches2, __pyx_v_dy, __pyx_v_dh2, __pyx_v_dc2, __pyx_v_dx, __pyx_v_grads2, __pyx_v_works2);
 
   /* function exit code */
@@ -10779,17 +11505,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("backward2", 0);
 
-  /* "fastln/rnn/_engine.pyx":261
+  /* "fastln/rnn/_engine.pyx":290
  *     arguments a pair each (forward, reverse), dc2 None without a cell state."""
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = 0, d
  *     for d in range(2):
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 261, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 290, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":262
+  /* "fastln/rnn/_engine.pyx":291
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()
  *     cdef int tn = 0, d             # <<<<<<<<<<<<<<
@@ -10798,7 +11524,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
 */
   __pyx_v_tn = 0;
 
-  /* "fastln/rnn/_engine.pyx":263
+  /* "fastln/rnn/_engine.pyx":292
  *     _init_blas()
  *     cdef int tn = 0, d
  *     for d in range(2):             # <<<<<<<<<<<<<<
@@ -10808,40 +11534,40 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   for (__pyx_t_1 = 0; __pyx_t_1 < 2; __pyx_t_1+=1) {
     __pyx_v_d = __pyx_t_1;
 
-    /* "fastln/rnn/_engine.pyx":264
+    /* "fastln/rnn/_engine.pyx":293
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
 */
-    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 264, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 293, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
 
-    /* "fastln/rnn/_engine.pyx":265
+    /* "fastln/rnn/_engine.pyx":294
  *     for d in range(2):
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],             # <<<<<<<<<<<<<<
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
  *     cdef int rc
 */
-    __pyx_t_3 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 265, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 294, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
-    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_dh2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 265, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_dh2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 294, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
     __pyx_t_6 = (__pyx_v_dc2 == Py_None);
     if (__pyx_t_6) {
       __Pyx_INCREF(Py_None);
       __pyx_t_5 = Py_None;
     } else {
-      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_dc2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 265, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_dc2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 294, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __pyx_t_5 = __pyx_t_7;
       __pyx_t_7 = 0;
     }
 
 
-    /* "fastln/rnn/_engine.pyx":266
+    /* "fastln/rnn/_engine.pyx":295
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)             # <<<<<<<<<<<<<<
@@ -10858,19 +11584,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
       __pyx_t_7 = Py_None;
     }
 
-    __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_grads2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 266, __pyx_L1_error)
+    __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_grads2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 295, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
-    __pyx_t_9 = __Pyx_GetItemInt(__pyx_v_works2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 266, __pyx_L1_error)
+    __pyx_t_9 = __Pyx_GetItemInt(__pyx_v_works2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 295, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_9);
 
-    /* "fastln/rnn/_engine.pyx":264
+    /* "fastln/rnn/_engine.pyx":293
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
 */
-    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_dy, __pyx_t_4, __pyx_t_5, __pyx_t_7, __pyx_t_8, __pyx_t_9, __pyx_v_d, 2); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 264, __pyx_L1_error)
+    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_dy, __pyx_t_4, __pyx_t_5, __pyx_t_7, __pyx_t_8, __pyx_t_9, __pyx_v_d, 2); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 293, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
@@ -10881,7 +11607,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
     __pyx_v_tn = __pyx_t_10;
   }
 
-  /* "fastln/rnn/_engine.pyx":268
+  /* "fastln/rnn/_engine.pyx":297
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -10894,7 +11620,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":269
+        /* "fastln/rnn/_engine.pyx":298
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_backward2_f64(a)             # <<<<<<<<<<<<<<
@@ -10914,7 +11640,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":268
+      /* "fastln/rnn/_engine.pyx":297
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -10931,14 +11657,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":270
+  /* "fastln/rnn/_engine.pyx":299
  *     with nogil:
  *         rc = rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_backward2_f64(a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
+ * 
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 270, __pyx_L1_error)
-  __pyx_t_9 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 270, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 299, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 299, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
 
   {
@@ -10952,7 +11679,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   __pyx_t_9 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":255
+  /* "fastln/rnn/_engine.pyx":284
  *     return _rnn_status(rc)
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10980,7 +11707,4275 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   __Pyx_RefNannyFinishContext();
   return __pyx_r;
 }
+
+/* "fastln/rnn/_engine.pyx":304
+ * # ---- the compiled step --------------------------------------------------------
+ * 
+ * cpdef bint immutable(object a):             # <<<<<<<<<<<<<<
+ *     """Whether no write can reach a's data: a and every array it views are
+ *     read-only, down to an owner that is an array or bytes."""
+*/
+
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_19immutable(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *__pyx_v_a, CYTHON_UNUSED int __pyx_skip_dispatch) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_t_3;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("immutable", 0);
+  __Pyx_INCREF(__pyx_v_a);
+
+  /* "fastln/rnn/_engine.pyx":307
+ *     """Whether no write can reach a's data: a and every array it views are
+ *     read-only, down to an owner that is an array or bytes."""
+ *     while isinstance(a, cnp.ndarray):             # <<<<<<<<<<<<<<
+ *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
+ *             return False
+*/
+  while (1) {
+    __pyx_t_1 = __Pyx_TypeCheck(__pyx_v_a, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray); 
+
+    if (!__pyx_t_1) break;
+
+    /* "fastln/rnn/_engine.pyx":308
+ *     read-only, down to an owner that is an array or bytes."""
+ *     while isinstance(a, cnp.ndarray):
+ *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):             # <<<<<<<<<<<<<<
+ *             return False
+ *         a = a.base
+*/
+    __pyx_t_1 = PyArray_ISWRITEABLE(((PyArrayObject *)__pyx_v_a));
+
+    if (__pyx_t_1) {
+
+
+      /* "fastln/rnn/_engine.pyx":309
+ *     while isinstance(a, cnp.ndarray):
+ *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
+ *             return False             # <<<<<<<<<<<<<<
+ *         a = a.base
+ *     return a is None or type(a) is bytes
+*/
+      {
+
+        __pyx_r = 0;
+      }
+      goto __pyx_L0;
+
+      /* "fastln/rnn/_engine.pyx":308
+ *     read-only, down to an owner that is an array or bytes."""
+ *     while isinstance(a, cnp.ndarray):
+ *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):             # <<<<<<<<<<<<<<
+ *             return False
+ *         a = a.base
+*/
+    }
+
+    /* "fastln/rnn/_engine.pyx":310
+ *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
+ *             return False
+ *         a = a.base             # <<<<<<<<<<<<<<
+ *     return a is None or type(a) is bytes
+ * 
+*/
+    __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_base); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 310, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+    __Pyx_DECREF_SET(__pyx_v_a, __pyx_t_2);
+    __pyx_t_2 = 0;
+  }
+
+  /* "fastln/rnn/_engine.pyx":311
+ *             return False
+ *         a = a.base
+ *     return a is None or type(a) is bytes             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_3 = (__pyx_v_a == Py_None);
+  if (!__pyx_t_3) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_3;
+
+    goto __pyx_L6_bool_binop_done;
+  }
+  __pyx_t_3 = (((PyObject *)Py_TYPE(__pyx_v_a)) == ((PyObject *)(&PyBytes_Type)));
+
+  __pyx_t_1 = __pyx_t_3;
+
+  __pyx_L6_bool_binop_done:;
+  {
+    __pyx_r = __pyx_t_1;
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":304
+ * # ---- the compiled step --------------------------------------------------------
+ * 
+ * cpdef bint immutable(object a):             # <<<<<<<<<<<<<<
+ *     """Whether no write can reach a's data: a and every array it views are
+ *     read-only, down to an owner that is an array or bytes."""
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("fastln.rnn._engine.immutable", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+  __Pyx_XDECREF(__pyx_v_a);
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_19immutable(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_18immutable, "immutable(a) -> bool\n\nWhether no write can reach a\047s data: a and every array it views are\nread-only, down to an owner that is an array or bytes.");
+static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_19immutable = {"immutable", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_19immutable, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_18immutable};
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_19immutable(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_a = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("immutable (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_a,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 304, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 304, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "immutable", 0) < (0)) __PYX_ERR(0, 304, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("immutable", 1, 1, 1, i); __PYX_ERR(0, 304, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 304, __pyx_L3_error)
+    }
+    __pyx_v_a = values[0];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("immutable", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 304, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastln.rnn._engine.immutable", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_18immutable(__pyx_self, __pyx_v_a);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_18immutable(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_a) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("immutable", 0);
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine_immutable(__pyx_v_a, 1); if (unlikely(__pyx_t_1 == ((int)-1) && PyErr_Occurred())) __PYX_ERR(0, 304, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 304, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_2;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_2 = 0;
+  goto __pyx_L0;
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("fastln.rnn._engine.immutable", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":333
+ *     cdef object keys, owners, keep, locked, bf16
+ * 
+ *     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,             # <<<<<<<<<<<<<<
+ *                   bf16, list keys, list owners):
+ *         cdef bint wbf16 = bf16 is not None
+*/
+
+/* Python wrapper */
+static int __pyx_pw_6fastln_3rnn_7_engine_4Step_1__cinit__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL_TPNEW
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static int __pyx_pw_6fastln_3rnn_7_engine_4Step_1__cinit__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL_TPNEW
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_cell = 0;
+  int64_t __pyx_v_I;
+  int64_t __pyx_v_H;
+  double __pyx_v_eps;
+  PyObject *__pyx_v_layers = 0;
+  PyObject *__pyx_v_packs = 0;
+  PyObject *__pyx_v_bf16 = 0;
+  PyObject *__pyx_v_keys = 0;
+  PyObject *__pyx_v_owners = 0;
+  #if !CYTHON_VECTORCALL_TPNEW
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[9] = {0,0,0,0,0,0,0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__cinit__ (wrapper)", 0);
+  #if !CYTHON_VECTORCALL_TPNEW
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return -1;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL_TPNEW(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_layers,&__pyx_mstate_global->__pyx_n_u_packs,&__pyx_mstate_global->__pyx_n_u_bf16,&__pyx_mstate_global->__pyx_n_u_keys,&__pyx_mstate_global->__pyx_n_u_owners,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL_TPNEW(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 333, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  9:
+        values[8] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 8);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  8:
+        values[7] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 7);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  7:
+        values[6] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 6);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  6:
+        values[5] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 5);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  5:
+        values[4] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 4);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  4:
+        values[3] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 333, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__cinit__", 0) < (0)) __PYX_ERR(0, 333, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 9; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__cinit__", 1, 9, 9, i); __PYX_ERR(0, 333, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 9)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[3] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 3);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[4] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 4);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[5] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 5);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[6] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 6);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[7] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 7);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 333, __pyx_L3_error)
+      values[8] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 8);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 333, __pyx_L3_error)
+    }
+    __pyx_v_cell = ((PyObject*)values[0]);
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 333, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 333, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[3]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 333, __pyx_L3_error)
+    __pyx_v_layers = ((PyObject*)values[4]);
+    __pyx_v_packs = ((PyObject*)values[5]);
+    __pyx_v_bf16 = values[6];
+    __pyx_v_keys = ((PyObject*)values[7]);
+    __pyx_v_owners = ((PyObject*)values[8]);
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("__cinit__", 1, 9, 9, __pyx_nargs); __PYX_ERR(0, 333, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.__cinit__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return -1;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 333, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_layers), (&PyList_Type), 1, "layers", 1))) __PYX_ERR(0, 333, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_packs), (&PyList_Type), 1, "packs", 1))) __PYX_ERR(0, 333, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_keys), (&PyList_Type), 1, "keys", 1))) __PYX_ERR(0, 334, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_owners), (&PyList_Type), 1, "owners", 1))) __PYX_ERR(0, 334, __pyx_L1_error)
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_cell, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_layers, __pyx_v_packs, __pyx_v_bf16, __pyx_v_keys, __pyx_v_owners);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = -1;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+
+
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_cell, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_layers, PyObject *__pyx_v_packs, PyObject *__pyx_v_bf16, PyObject *__pyx_v_keys, PyObject *__pyx_v_owners) {
+  int __pyx_v_wbf16;
+  int64_t __pyx_v_nl;
+  int64_t __pyx_v_k;
+  fastln_rnn_args *__pyx_v_a;
+  Py_ssize_t __pyx_7genexpr__pyx_v_i;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  Py_ssize_t __pyx_t_2;
+  int __pyx_t_3;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  size_t __pyx_t_6;
+  int64_t __pyx_t_7;
+  int64_t __pyx_t_8;
+  int64_t __pyx_t_9;
+  int __pyx_t_10;
+  int64_t __pyx_t_11;
+  int64_t __pyx_t_12;
+  double __pyx_t_13;
+  PyObject *__pyx_t_14 = NULL;
+  PyObject *__pyx_t_15 = NULL;
+  PyObject *__pyx_t_16 = NULL;
+  PyObject *__pyx_t_17 = NULL;
+  Py_ssize_t __pyx_t_18;
+  Py_ssize_t __pyx_t_19;
+  Py_ssize_t __pyx_t_20;
+  Py_ssize_t __pyx_t_21;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__cinit__", 0);
+
+  /* "fastln/rnn/_engine.pyx":335
+ *     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,
+ *                   bf16, list keys, list owners):
+ *         cdef bint wbf16 = bf16 is not None             # <<<<<<<<<<<<<<
+ *         cdef int64_t nl = len(layers), k
+ *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:
+*/
+  __pyx_t_1 = (__pyx_v_bf16 != Py_None);
+  __pyx_v_wbf16 = __pyx_t_1;
+
+  /* "fastln/rnn/_engine.pyx":336
+ *                   bf16, list keys, list owners):
+ *         cdef bint wbf16 = bf16 is not None
+ *         cdef int64_t nl = len(layers), k             # <<<<<<<<<<<<<<
+ *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:
+ *             raise ValueError("internal: bad layers for Step")
+*/
+  if (unlikely(__pyx_v_layers == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 336, __pyx_L1_error)
+  }
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_layers); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 336, __pyx_L1_error)
+  __pyx_v_nl = __pyx_t_2;
+
+  /* "fastln/rnn/_engine.pyx":337
+ *         cdef bint wbf16 = bf16 is not None
+ *         cdef int64_t nl = len(layers), k
+ *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad layers for Step")
+ *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
+*/
+  __pyx_t_3 = (__pyx_v_nl < 1);
+
+  if (!__pyx_t_3) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_3;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  if (unlikely(__pyx_v_packs == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 337, __pyx_L1_error)
+  }
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_packs); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 337, __pyx_L1_error)
+  __pyx_t_3 = (__pyx_t_2 != __pyx_v_nl);
+
+
+  if (!__pyx_t_3) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_3;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  __pyx_t_3 = (__pyx_v_I < 1);
+
+  if (!__pyx_t_3) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_3;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  __pyx_t_3 = (__pyx_v_H < 1);
+
+
+  __pyx_t_1 = __pyx_t_3;
+
+  __pyx_L4_bool_binop_done:;
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "fastln/rnn/_engine.pyx":338
+ *         cdef int64_t nl = len(layers), k
+ *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:
+ *             raise ValueError("internal: bad layers for Step")             # <<<<<<<<<<<<<<
+ *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
+ *         if self.layers == NULL:
+*/
+    __pyx_t_5 = NULL;
+    __pyx_t_6 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_internal_bad_layers_for_Step};
+      __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 338, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+    }
+    __Pyx_Raise(__pyx_t_4, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __PYX_ERR(0, 338, __pyx_L1_error)
+
+    /* "fastln/rnn/_engine.pyx":337
+ *         cdef bint wbf16 = bf16 is not None
+ *         cdef int64_t nl = len(layers), k
+ *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad layers for Step")
+ *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":339
+ *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:
+ *             raise ValueError("internal: bad layers for Step")
+ *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))             # <<<<<<<<<<<<<<
+ *         if self.layers == NULL:
+ *             raise MemoryError()
+*/
+  __pyx_v_self->layers = ((fastln_rnn_args *)PyMem_Malloc((__pyx_v_nl * (sizeof(fastln_rnn_args)))));
+
+  /* "fastln/rnn/_engine.pyx":340
+ *             raise ValueError("internal: bad layers for Step")
+ *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
+ *         if self.layers == NULL:             # <<<<<<<<<<<<<<
+ *             raise MemoryError()
+ *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
+*/
+  __pyx_t_1 = (__pyx_v_self->layers == NULL);
+
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "fastln/rnn/_engine.pyx":341
+ *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
+ *         if self.layers == NULL:
+ *             raise MemoryError()             # <<<<<<<<<<<<<<
+ *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
+ *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
+*/
+    PyErr_NoMemory(); __PYX_ERR(0, 341, __pyx_L1_error)
+
+    /* "fastln/rnn/_engine.pyx":340
+ *             raise ValueError("internal: bad layers for Step")
+ *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
+ *         if self.layers == NULL:             # <<<<<<<<<<<<<<
+ *             raise MemoryError()
+ *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":342
+ *         if self.layers == NULL:
+ *             raise MemoryError()
+ *         self.num_layers, self.input_size, self.hidden_size = nl, I, H             # <<<<<<<<<<<<<<
+ *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
+ *         if self.tn < 0:
+*/
+  __pyx_t_7 = __pyx_v_nl;
+
+  __pyx_t_8 = __pyx_v_I;
+
+  __pyx_t_9 = __pyx_v_H;
+
+  __pyx_v_self->num_layers = __pyx_t_7;
+  __pyx_v_self->input_size = __pyx_t_8;
+  __pyx_v_self->hidden_size = __pyx_t_9;
+
+  /* "fastln/rnn/_engine.pyx":343
+ *             raise MemoryError()
+ *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
+ *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])             # <<<<<<<<<<<<<<
+ *         if self.tn < 0:
+ *             raise ValueError("internal: bad parameters for Step")
+*/
+  if (__pyx_v_wbf16) {
+
+    __pyx_t_10 = NPY_FLOAT;
+  } else {
+    if (unlikely(__pyx_v_layers == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+      __PYX_ERR(0, 343, __pyx_L1_error)
+    }
+    __pyx_t_4 = __Pyx_GetItemInt(__Pyx_PyList_GET_ITEM(__pyx_v_layers, 0), 2, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 343, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+
+    __pyx_t_10 = __pyx_f_6fastln_5_core__float_type(__pyx_t_4);
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  }
+  __pyx_v_self->tn = __pyx_t_10;
+
+  /* "fastln/rnn/_engine.pyx":344
+ *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
+ *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
+ *         if self.tn < 0:             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad parameters for Step")
+ *         self.lstm = cell.startswith("lstm")
+*/
+  __pyx_t_1 = (__pyx_v_self->tn < 0);
+
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "fastln/rnn/_engine.pyx":345
+ *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
+ *         if self.tn < 0:
+ *             raise ValueError("internal: bad parameters for Step")             # <<<<<<<<<<<<<<
+ *         self.lstm = cell.startswith("lstm")
+ *         for k in range(nl):
+*/
+    __pyx_t_5 = NULL;
+    __pyx_t_6 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_internal_bad_parameters_for_Step};
+      __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 345, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+    }
+    __Pyx_Raise(__pyx_t_4, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __PYX_ERR(0, 345, __pyx_L1_error)
+
+    /* "fastln/rnn/_engine.pyx":344
+ *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
+ *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
+ *         if self.tn < 0:             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad parameters for Step")
+ *         self.lstm = cell.startswith("lstm")
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":346
+ *         if self.tn < 0:
+ *             raise ValueError("internal: bad parameters for Step")
+ *         self.lstm = cell.startswith("lstm")             # <<<<<<<<<<<<<<
+ *         for k in range(nl):
+ *             a = &self.layers[k]
+*/
+  if (unlikely(__pyx_v_cell == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
+    __PYX_ERR(0, 346, __pyx_L1_error)
+  }
+  __pyx_t_1 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 346, __pyx_L1_error)
+  __pyx_v_self->lstm = __pyx_t_1;
+
+  /* "fastln/rnn/_engine.pyx":347
+ *             raise ValueError("internal: bad parameters for Step")
+ *         self.lstm = cell.startswith("lstm")
+ *         for k in range(nl):             # <<<<<<<<<<<<<<
+ *             a = &self.layers[k]
+ *             memset(a, 0, sizeof(a[0]))
+*/
+
+  __pyx_t_9 = __pyx_v_nl;
+  __pyx_t_8 = __pyx_t_9;
+
+  for (__pyx_t_7 = 0; __pyx_t_7 < __pyx_t_8; __pyx_t_7+=1) {
+    __pyx_v_k = __pyx_t_7;
+
+    /* "fastln/rnn/_engine.pyx":348
+ *         self.lstm = cell.startswith("lstm")
+ *         for k in range(nl):
+ *             a = &self.layers[k]             # <<<<<<<<<<<<<<
+ *             memset(a, 0, sizeof(a[0]))
+ *             a.cell = CELLS[cell]
+*/
+    __pyx_v_a = (&(__pyx_v_self->layers[__pyx_v_k]));
+
+    /* "fastln/rnn/_engine.pyx":349
+ *         for k in range(nl):
+ *             a = &self.layers[k]
+ *             memset(a, 0, sizeof(a[0]))             # <<<<<<<<<<<<<<
+ *             a.cell = CELLS[cell]
+ *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
+*/
+    (void)(memset(__pyx_v_a, 0, (sizeof((__pyx_v_a[0])))));
+
+    /* "fastln/rnn/_engine.pyx":350
+ *             a = &self.layers[k]
+ *             memset(a, 0, sizeof(a[0]))
+ *             a.cell = CELLS[cell]             # <<<<<<<<<<<<<<
+ *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
+ *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
+*/
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 350, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+    __pyx_t_5 = __Pyx_PyObject_Dict_GetItem(__pyx_t_4, __pyx_v_cell); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 350, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __pyx_t_10 = __Pyx_PyLong_As_int(__pyx_t_5); if (unlikely((__pyx_t_10 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 350, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __pyx_v_a->cell = __pyx_t_10;
+
+    /* "fastln/rnn/_engine.pyx":351
+ *             memset(a, 0, sizeof(a[0]))
+ *             a.cell = CELLS[cell]
+ *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps             # <<<<<<<<<<<<<<
+ *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
+ *             if wbf16:
+*/
+    __pyx_t_1 = (__pyx_v_k == 0);
+
+    if (__pyx_t_1) {
+
+      __pyx_t_11 = __pyx_v_I;
+    } else {
+
+      __pyx_t_11 = __pyx_v_H;
+    }
+
+    __pyx_t_12 = __pyx_v_H;
+
+    __pyx_t_13 = __pyx_v_eps;
+
+    __pyx_v_a->input = __pyx_t_11;
+    __pyx_v_a->hidden = __pyx_t_12;
+    __pyx_v_a->eps = __pyx_t_13;
+
+    /* "fastln/rnn/_engine.pyx":352
+ *             a.cell = CELLS[cell]
+ *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
+ *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)             # <<<<<<<<<<<<<<
+ *             if wbf16:
+ *                 a.wtype = FASTLN_RNN_W_BF16
+*/
+    if (unlikely(__pyx_v_layers == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+      __PYX_ERR(0, 352, __pyx_L1_error)
+    }
+    __pyx_t_5 = __Pyx_PyList_GET_ITEM(__pyx_v_layers, __pyx_v_k);
+    __Pyx_INCREF(__pyx_t_5);
+    __pyx_t_14 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 352, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_15);
+    __pyx_t_16 = __Pyx_PyLong_From_int64_t(__pyx_v_a->input); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 352, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_16);
+    __pyx_t_17 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 352, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_17);
+    __pyx_t_6 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_15))) {
+      __pyx_t_14 = PyMethod_GET_SELF(__pyx_t_15);
+      assert(__pyx_t_14);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_15);
+      __Pyx_INCREF(__pyx_t_14);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_15, __pyx__function);
+      __pyx_t_6 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[4] = {__pyx_t_14, __pyx_v_cell, __pyx_t_16, __pyx_t_17};
+      __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_15, __pyx_callargs+__pyx_t_6, (4-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_14); __pyx_t_14 = 0;
+      __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
+      __Pyx_DECREF(__pyx_t_17); __pyx_t_17 = 0;
+      __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 352, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+    }
+    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__params(__pyx_v_a, __pyx_t_5, __pyx_v_self->tn, __pyx_t_4, __pyx_v_wbf16); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 352, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+
+    /* "fastln/rnn/_engine.pyx":353
+ *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
+ *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
+ *             if wbf16:             # <<<<<<<<<<<<<<
+ *                 a.wtype = FASTLN_RNN_W_BF16
+ *             _set_packed(a, packs[k])
+*/
+    if (__pyx_v_wbf16) {
+
+      /* "fastln/rnn/_engine.pyx":354
+ *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
+ *             if wbf16:
+ *                 a.wtype = FASTLN_RNN_W_BF16             # <<<<<<<<<<<<<<
+ *             _set_packed(a, packs[k])
+ *         self.keys, self.owners, self.bf16 = keys, owners, bf16
+*/
+      __pyx_v_a->wtype = FASTLN_RNN_W_BF16;
+
+      /* "fastln/rnn/_engine.pyx":353
+ *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
+ *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
+ *             if wbf16:             # <<<<<<<<<<<<<<
+ *                 a.wtype = FASTLN_RNN_W_BF16
+ *             _set_packed(a, packs[k])
+*/
+    }
+
+    /* "fastln/rnn/_engine.pyx":355
+ *             if wbf16:
+ *                 a.wtype = FASTLN_RNN_W_BF16
+ *             _set_packed(a, packs[k])             # <<<<<<<<<<<<<<
+ *         self.keys, self.owners, self.bf16 = keys, owners, bf16
+ *         self.keep = (layers, packs)
+*/
+    if (unlikely(__pyx_v_packs == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+      __PYX_ERR(0, 355, __pyx_L1_error)
+    }
+    __pyx_t_4 = __Pyx_PyList_GET_ITEM(__pyx_v_packs, __pyx_v_k);
+    __Pyx_INCREF(__pyx_t_4);
+    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__set_packed(__pyx_v_a, __pyx_t_4); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 355, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  }
+
+
+  /* "fastln/rnn/_engine.pyx":356
+ *                 a.wtype = FASTLN_RNN_W_BF16
+ *             _set_packed(a, packs[k])
+ *         self.keys, self.owners, self.bf16 = keys, owners, bf16             # <<<<<<<<<<<<<<
+ *         self.keep = (layers, packs)
+ *         self.locked = [owners[i] for i in range(len(owners))
+*/
+  __pyx_t_4 = __pyx_v_keys;
+  __Pyx_INCREF(__pyx_t_4);
+  __pyx_t_5 = __pyx_v_owners;
+  __Pyx_INCREF(__pyx_t_5);
+  __pyx_t_15 = __pyx_v_bf16;
+  __Pyx_INCREF(__pyx_t_15);
+  __Pyx_GIVEREF(__pyx_t_4);
+  __Pyx_GOTREF(__pyx_v_self->keys);
+  __Pyx_DECREF_SET(__pyx_v_self->keys, __pyx_t_4);
+  __pyx_t_4 = 0;
+  __Pyx_GIVEREF(__pyx_t_5);
+  __Pyx_GOTREF(__pyx_v_self->owners);
+  __Pyx_DECREF_SET(__pyx_v_self->owners, __pyx_t_5);
+  __pyx_t_5 = 0;
+  __Pyx_GIVEREF(__pyx_t_15);
+  __Pyx_GOTREF(__pyx_v_self->bf16);
+  __Pyx_DECREF_SET(__pyx_v_self->bf16, __pyx_t_15);
+  __pyx_t_15 = 0;
+
+  /* "fastln/rnn/_engine.pyx":357
+ *             _set_packed(a, packs[k])
+ *         self.keys, self.owners, self.bf16 = keys, owners, bf16
+ *         self.keep = (layers, packs)             # <<<<<<<<<<<<<<
+ *         self.locked = [owners[i] for i in range(len(owners))
+ *                        if packs[i // (len(owners) // nl)] is not None
+*/
+  __pyx_t_15 = PyTuple_New(2); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 357, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_15);
+  __Pyx_INCREF(__pyx_v_layers);
+  __Pyx_GIVEREF(__pyx_v_layers);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 0, __pyx_v_layers) != (0)) __PYX_ERR(0, 357, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_v_packs);
+  __Pyx_GIVEREF(__pyx_v_packs);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 1, __pyx_v_packs) != (0)) __PYX_ERR(0, 357, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_15);
+  __Pyx_GOTREF(__pyx_v_self->keep);
+  __Pyx_DECREF_SET(__pyx_v_self->keep, __pyx_t_15);
+  __pyx_t_15 = 0;
+
+  /* "fastln/rnn/_engine.pyx":358
+ *         self.keys, self.owners, self.bf16 = keys, owners, bf16
+ *         self.keep = (layers, packs)
+ *         self.locked = [owners[i] for i in range(len(owners))             # <<<<<<<<<<<<<<
+ *                        if packs[i // (len(owners) // nl)] is not None
+ *                        and i % (len(owners) // nl) < 2]
+*/
+  { /* enter inner scope */
+    __pyx_t_15 = PyList_New(0); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 358, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_15);
+    if (unlikely(__pyx_v_owners == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+      __PYX_ERR(0, 358, __pyx_L1_error)
+    }
+    __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 358, __pyx_L1_error)
+    __pyx_t_18 = __pyx_t_2;
+
+    for (__pyx_t_19 = 0; __pyx_t_19 < __pyx_t_18; __pyx_t_19+=1) {
+      __pyx_7genexpr__pyx_v_i = __pyx_t_19;
+
+      /* "fastln/rnn/_engine.pyx":359
+ *         self.keep = (layers, packs)
+ *         self.locked = [owners[i] for i in range(len(owners))
+ *                        if packs[i // (len(owners) // nl)] is not None             # <<<<<<<<<<<<<<
+ *                        and i % (len(owners) // nl) < 2]
+ * 
+*/
+      if (unlikely(__pyx_v_packs == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+        __PYX_ERR(0, 359, __pyx_L1_error)
+      }
+      if (unlikely(__pyx_v_owners == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+        __PYX_ERR(0, 359, __pyx_L1_error)
+      }
+      __pyx_t_20 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_20 == ((Py_ssize_t)-1))) __PYX_ERR(0, 359, __pyx_L1_error)
+      if (unlikely(__pyx_v_nl == 0)) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+        __PYX_ERR(0, 359, __pyx_L1_error)
+      }
+      else if (sizeof(Py_ssize_t) == sizeof(long) && (!(((int64_t)-1) > 0)) && unlikely(__pyx_v_nl == (int64_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_t_20))) {
+        PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
+        __PYX_ERR(0, 359, __pyx_L1_error)
+      }
+      __pyx_t_21 = __Pyx_div_Py_ssize_t(__pyx_t_20, __pyx_v_nl, 0);
+
+
+      if (unlikely(__pyx_t_21 == 0)) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+        __PYX_ERR(0, 359, __pyx_L1_error)
+      }
+      else if (sizeof(Py_ssize_t) == sizeof(long) && (!(((Py_ssize_t)-1) > 0)) && unlikely(__pyx_t_21 == (Py_ssize_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_7genexpr__pyx_v_i))) {
+        PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
+        __PYX_ERR(0, 359, __pyx_L1_error)
+      }
+      __pyx_t_20 = __Pyx_div_Py_ssize_t(__pyx_7genexpr__pyx_v_i, __pyx_t_21, 0);
+
+
+      __pyx_t_3 = (__Pyx_PyList_GET_ITEM(__pyx_v_packs, __pyx_t_20) != Py_None);
+
+      if (__pyx_t_3) {
+
+      } else {
+
+        __pyx_t_1 = __pyx_t_3;
+
+        goto __pyx_L16_bool_binop_done;
+      }
+
+      /* "fastln/rnn/_engine.pyx":360
+ *         self.locked = [owners[i] for i in range(len(owners))
+ *                        if packs[i // (len(owners) // nl)] is not None
+ *                        and i % (len(owners) // nl) < 2]             # <<<<<<<<<<<<<<
+ * 
+ *     def __dealloc__(self):
+*/
+      if (unlikely(__pyx_v_owners == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+        __PYX_ERR(0, 360, __pyx_L1_error)
+      }
+      __pyx_t_20 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_20 == ((Py_ssize_t)-1))) __PYX_ERR(0, 360, __pyx_L1_error)
+      if (unlikely(__pyx_v_nl == 0)) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+        __PYX_ERR(0, 360, __pyx_L1_error)
+      }
+      else if (sizeof(Py_ssize_t) == sizeof(long) && (!(((int64_t)-1) > 0)) && unlikely(__pyx_v_nl == (int64_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_t_20))) {
+        PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
+        __PYX_ERR(0, 360, __pyx_L1_error)
+      }
+      __pyx_t_21 = __Pyx_div_Py_ssize_t(__pyx_t_20, __pyx_v_nl, 0);
+
+
+      if (unlikely(__pyx_t_21 == 0)) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+        __PYX_ERR(0, 360, __pyx_L1_error)
+      }
+      __pyx_t_3 = (__Pyx_mod_Py_ssize_t(__pyx_7genexpr__pyx_v_i, __pyx_t_21, 0) < 2);
+
+
+
+      __pyx_t_1 = __pyx_t_3;
+
+      __pyx_L16_bool_binop_done:;
+
+      /* "fastln/rnn/_engine.pyx":359
+ *         self.keep = (layers, packs)
+ *         self.locked = [owners[i] for i in range(len(owners))
+ *                        if packs[i // (len(owners) // nl)] is not None             # <<<<<<<<<<<<<<
+ *                        and i % (len(owners) // nl) < 2]
+ * 
+*/
+      if (__pyx_t_1) {
+
+
+        /* "fastln/rnn/_engine.pyx":358
+ *         self.keys, self.owners, self.bf16 = keys, owners, bf16
+ *         self.keep = (layers, packs)
+ *         self.locked = [owners[i] for i in range(len(owners))             # <<<<<<<<<<<<<<
+ *                        if packs[i // (len(owners) // nl)] is not None
+ *                        and i % (len(owners) // nl) < 2]
+*/
+        if (unlikely(__pyx_v_owners == Py_None)) {
+          PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+          __PYX_ERR(0, 358, __pyx_L1_error)
+        }
+        if (unlikely(__Pyx_ListComp_Append(__pyx_t_15, __Pyx_PyList_GET_ITEM(__pyx_v_owners, __pyx_7genexpr__pyx_v_i)))) __PYX_ERR(0, 358, __pyx_L1_error)
+
+        /* "fastln/rnn/_engine.pyx":359
+ *         self.keep = (layers, packs)
+ *         self.locked = [owners[i] for i in range(len(owners))
+ *                        if packs[i // (len(owners) // nl)] is not None             # <<<<<<<<<<<<<<
+ *                        and i % (len(owners) // nl) < 2]
+ * 
+*/
+      }
+    }
+
+
+  } /* exit inner scope */
+
+  /* "fastln/rnn/_engine.pyx":358
+ *         self.keys, self.owners, self.bf16 = keys, owners, bf16
+ *         self.keep = (layers, packs)
+ *         self.locked = [owners[i] for i in range(len(owners))             # <<<<<<<<<<<<<<
+ *                        if packs[i // (len(owners) // nl)] is not None
+ *                        and i % (len(owners) // nl) < 2]
+*/
+  __Pyx_GIVEREF(__pyx_t_15);
+  __Pyx_GOTREF(__pyx_v_self->locked);
+  __Pyx_DECREF_SET(__pyx_v_self->locked, __pyx_t_15);
+  __pyx_t_15 = 0;
+
+  /* "fastln/rnn/_engine.pyx":333
+ *     cdef object keys, owners, keep, locked, bf16
+ * 
+ *     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,             # <<<<<<<<<<<<<<
+ *                   bf16, list keys, list owners):
+ *         cdef bint wbf16 = bf16 is not None
+*/
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_14);
+  __Pyx_XDECREF(__pyx_t_15);
+  __Pyx_XDECREF(__pyx_t_16);
+  __Pyx_XDECREF(__pyx_t_17);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.__cinit__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+
+
+
+
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":362
+ *                        and i % (len(owners) // nl) < 2]
+ * 
+ *     def __dealloc__(self):             # <<<<<<<<<<<<<<
+ *         PyMem_Free(self.layers)
+ * 
+*/
+
+/* Python wrapper */
+static void __pyx_pw_6fastln_3rnn_7_engine_4Step_3__dealloc__(PyObject *__pyx_v_self); /*proto*/
+static void __pyx_pw_6fastln_3rnn_7_engine_4Step_3__dealloc__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__dealloc__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_pf_6fastln_3rnn_7_engine_4Step_2__dealloc__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+}
+
+static void __pyx_pf_6fastln_3rnn_7_engine_4Step_2__dealloc__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self) {
+
+  /* "fastln/rnn/_engine.pyx":363
+ * 
+ *     def __dealloc__(self):
+ *         PyMem_Free(self.layers)             # <<<<<<<<<<<<<<
+ * 
+ *     def valid(self, dict params):
+*/
+  PyMem_Free(__pyx_v_self->layers);
+
+  /* "fastln/rnn/_engine.pyx":362
+ *                        and i % (len(owners) // nl) < 2]
+ * 
+ *     def __dealloc__(self):             # <<<<<<<<<<<<<<
+ *         PyMem_Free(self.layers)
+ * 
+*/
+
+  /* function exit code */
+
+}
+
+/* "fastln/rnn/_engine.pyx":365
+ *         PyMem_Free(self.layers)
+ * 
+ *     def valid(self, dict params):             # <<<<<<<<<<<<<<
+ *         """Whether params holds the arrays the step was built from, and the
+ *         weights it keeps packed are still immutable."""
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_5valid(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_4valid, "Step.valid(self, dict params)\n\nWhether params holds the arrays the step was built from, and the\nweights it keeps packed are still immutable.");
+static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_4Step_5valid = {"valid", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_5valid, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_4valid};
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_5valid(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_params = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("valid (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_params,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 365, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 365, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "valid", 0) < (0)) __PYX_ERR(0, 365, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("valid", 1, 1, 1, i); __PYX_ERR(0, 365, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 365, __pyx_L3_error)
+    }
+    __pyx_v_params = ((PyObject*)values[0]);
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("valid", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 365, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.valid", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_params), (&PyDict_Type), 1, "params", 1))) __PYX_ERR(0, 365, __pyx_L1_error)
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_4valid(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_params);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_4valid(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_params) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("valid", 0);
+
+  /* "fastln/rnn/_engine.pyx":368
+ *         """Whether params holds the arrays the step was built from, and the
+ *         weights it keeps packed are still immutable."""
+ *         return self._valid(params)             # <<<<<<<<<<<<<<
+ * 
+ *     def __call__(self, dict params, x, state):
+*/
+  __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_valid(__pyx_v_self, __pyx_v_params); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 368, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 368, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_2;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_2 = 0;
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":365
+ *         PyMem_Free(self.layers)
+ * 
+ *     def valid(self, dict params):             # <<<<<<<<<<<<<<
+ *         """Whether params holds the arrays the step was built from, and the
+ *         weights it keeps packed are still immutable."""
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.valid", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":370
+ *         return self._valid(params)
+ * 
+ *     def __call__(self, dict params, x, state):             # <<<<<<<<<<<<<<
+ *         """A model's step() in its common case, in one call: params valid,
+ *         x an aligned, C-contiguous (B, I) array of the state's dtype, B >= 1,
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_7__call__(PyObject *__pyx_v_self, PyObject *__pyx_args, PyObject *__pyx_kwds); /*proto*/
+PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_6__call__, "Step.__call__(self, dict params, x, state)\n\nA model\047s step() in its common case, in one call: params valid,\nx an aligned, C-contiguous (B, I) array of the state\047s dtype, B >= 1,\nand state None (zeros), h or (h, c): such arrays of shape\n(num_layers, B, H). Returns (y, state) in new arrays, y in the\nmodel\047s dtype; None when a condition fails (step() then takes its\ngeneral path).");
+#if CYTHON_UPDATE_DESCRIPTOR_DOC
+struct wrapperbase __pyx_wrapperbase_6fastln_3rnn_7_engine_4Step_6__call__;
+#endif
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_7__call__(PyObject *__pyx_v_self, PyObject *__pyx_args, PyObject *__pyx_kwds) {
+  PyObject *__pyx_v_params = 0;
+  PyObject *__pyx_v_x = 0;
+  PyObject *__pyx_v_state = 0;
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[3] = {0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__call__ (wrapper)", 0);
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_params,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_state,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_VARARGS(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 370, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  3:
+        values[2] = __Pyx_ArgRef_VARARGS(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 370, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_VARARGS(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 370, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_VARARGS(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 370, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__call__", 0) < (0)) __PYX_ERR(0, 370, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__call__", 1, 3, 3, i); __PYX_ERR(0, 370, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 3)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_VARARGS(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 370, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_VARARGS(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 370, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_VARARGS(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 370, __pyx_L3_error)
+    }
+    __pyx_v_params = ((PyObject*)values[0]);
+    __pyx_v_x = values[1];
+    __pyx_v_state = values[2];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("__call__", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 370, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.__call__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_params), (&PyDict_Type), 1, "params", 1))) __PYX_ERR(0, 370, __pyx_L1_error)
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_params, __pyx_v_x, __pyx_v_state);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_params, PyObject *__pyx_v_x, PyObject *__pyx_v_state) {
+  npy_intp __pyx_v_dims[3];
+  PyObject *__pyx_v_h_in = NULL;
+  PyObject *__pyx_v_c_in = NULL;
+  PyObject *__pyx_v_h = NULL;
+  PyObject *__pyx_v_c = NULL;
+  PyObject *__pyx_v_y = NULL;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  int __pyx_t_2;
+  int64_t __pyx_t_3;
+  npy_intp __pyx_t_4;
+  int64_t __pyx_t_5;
+  Py_ssize_t __pyx_t_6;
+  PyObject *__pyx_t_7 = NULL;
+  PyObject *__pyx_t_8 = NULL;
+  PyObject *__pyx_t_9 = NULL;
+  PyObject *(*__pyx_t_10)(PyObject *);
+  size_t __pyx_t_11;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__call__", 0);
+
+  /* "fastln/rnn/_engine.pyx":377
+ *         model's dtype; None when a condition fails (step() then takes its
+ *         general path)."""
+ *         if not (self._valid(params) and _fast(x, self.tn)             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
+*/
+  __pyx_t_2 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_valid(__pyx_v_self, __pyx_v_params); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 377, __pyx_L1_error)
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":378
+ *         general path)."""
+ *         if not (self._valid(params) and _fast(x, self.tn)
+ *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):
+*/
+  __pyx_t_2 = __pyx_f_6fastln_5_core__fast(__pyx_v_x, __pyx_v_self->tn);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":379
+ *         if not (self._valid(params) and _fast(x, self.tn)
+ *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):
+ *             return None
+*/
+  __pyx_t_2 = (PyArray_NDIM(((PyArrayObject *)__pyx_v_x)) == 2);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":380
+ *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):             # <<<<<<<<<<<<<<
+ *             return None
+ *         cdef cnp.npy_intp dims[3]
+*/
+  __pyx_t_2 = (PyArray_DIM(((PyArrayObject *)__pyx_v_x), 1) == __pyx_v_self->input_size);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  __pyx_t_2 = (PyArray_DIM(((PyArrayObject *)__pyx_v_x), 0) > 0);
+
+
+  __pyx_t_1 = __pyx_t_2;
+
+  __pyx_L4_bool_binop_done:;
+
+  /* "fastln/rnn/_engine.pyx":377
+ *         model's dtype; None when a condition fails (step() then takes its
+ *         general path)."""
+ *         if not (self._valid(params) and _fast(x, self.tn)             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
+*/
+  __pyx_t_2 = (!__pyx_t_1);
+
+
+  if (__pyx_t_2) {
+
+
+    /* "fastln/rnn/_engine.pyx":381
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):
+ *             return None             # <<<<<<<<<<<<<<
+ *         cdef cnp.npy_intp dims[3]
+ *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
+*/
+    {
+      PyObject *__pyx_temp;
+      {
+        __pyx_temp = __pyx_r;
+        __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+      }
+      __Pyx_XDECREF(__pyx_temp);
+    }
+    goto __pyx_L0;
+
+    /* "fastln/rnn/_engine.pyx":377
+ *         model's dtype; None when a condition fails (step() then takes its
+ *         general path)."""
+ *         if not (self._valid(params) and _fast(x, self.tn)             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":383
+ *             return None
+ *         cdef cnp.npy_intp dims[3]
+ *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \             # <<<<<<<<<<<<<<
+ *             self.hidden_size
+ *         h_in = c_in = None
+*/
+  __pyx_t_3 = __pyx_v_self->num_layers;
+
+  __pyx_t_4 = PyArray_DIM(((PyArrayObject *)__pyx_v_x), 0);
+
+
+  /* "fastln/rnn/_engine.pyx":384
+ *         cdef cnp.npy_intp dims[3]
+ *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
+ *             self.hidden_size             # <<<<<<<<<<<<<<
+ *         h_in = c_in = None
+ *         if state is not None:
+*/
+  __pyx_t_5 = __pyx_v_self->hidden_size;
+
+
+  /* "fastln/rnn/_engine.pyx":383
+ *             return None
+ *         cdef cnp.npy_intp dims[3]
+ *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \             # <<<<<<<<<<<<<<
+ *             self.hidden_size
+ *         h_in = c_in = None
+*/
+  (__pyx_v_dims[0]) = __pyx_t_3;
+
+  (__pyx_v_dims[1]) = __pyx_t_4;
+
+  (__pyx_v_dims[2]) = __pyx_t_5;
+
+
+  /* "fastln/rnn/_engine.pyx":385
+ *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
+ *             self.hidden_size
+ *         h_in = c_in = None             # <<<<<<<<<<<<<<
+ *         if state is not None:
+ *             if self.lstm:
+*/
+  __Pyx_INCREF(Py_None);
+  __pyx_v_h_in = Py_None;
+  __Pyx_INCREF(Py_None);
+  __pyx_v_c_in = Py_None;
+
+  /* "fastln/rnn/_engine.pyx":386
+ *             self.hidden_size
+ *         h_in = c_in = None
+ *         if state is not None:             # <<<<<<<<<<<<<<
+ *             if self.lstm:
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:
+*/
+  __pyx_t_2 = (__pyx_v_state != Py_None);
+  if (__pyx_t_2) {
+
+
+    /* "fastln/rnn/_engine.pyx":387
+ *         h_in = c_in = None
+ *         if state is not None:
+ *             if self.lstm:             # <<<<<<<<<<<<<<
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:
+ *                     return None
+*/
+    if (__pyx_v_self->lstm) {
+
+      /* "fastln/rnn/_engine.pyx":388
+ *         if state is not None:
+ *             if self.lstm:
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:             # <<<<<<<<<<<<<<
+ *                     return None
+ *                 h_in, c_in = state
+*/
+      __pyx_t_1 = (((PyObject *)Py_TYPE(__pyx_v_state)) != ((PyObject *)(&PyTuple_Type)));
+      if (!__pyx_t_1) {
+
+      } else {
+
+        __pyx_t_2 = __pyx_t_1;
+
+        goto __pyx_L12_bool_binop_done;
+      }
+      if (unlikely(__pyx_v_state == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+        __PYX_ERR(0, 388, __pyx_L1_error)
+      }
+      __pyx_t_6 = __Pyx_PyTuple_GET_SIZE(((PyObject*)__pyx_v_state)); if (unlikely(__pyx_t_6 == ((Py_ssize_t)-1))) __PYX_ERR(0, 388, __pyx_L1_error)
+      __pyx_t_1 = (__pyx_t_6 != 2);
+
+
+
+      __pyx_t_2 = __pyx_t_1;
+
+      __pyx_L12_bool_binop_done:;
+      if (__pyx_t_2) {
+
+
+        /* "fastln/rnn/_engine.pyx":389
+ *             if self.lstm:
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:
+ *                     return None             # <<<<<<<<<<<<<<
+ *                 h_in, c_in = state
+ *                 if not self._state_ok(c_in, dims):
+*/
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        goto __pyx_L0;
+
+        /* "fastln/rnn/_engine.pyx":388
+ *         if state is not None:
+ *             if self.lstm:
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:             # <<<<<<<<<<<<<<
+ *                     return None
+ *                 h_in, c_in = state
+*/
+      }
+
+      /* "fastln/rnn/_engine.pyx":390
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:
+ *                     return None
+ *                 h_in, c_in = state             # <<<<<<<<<<<<<<
+ *                 if not self._state_ok(c_in, dims):
+ *                     return None
+*/
+      if ((likely(PyTuple_CheckExact(__pyx_v_state))) || (PyList_CheckExact(__pyx_v_state))) {
+        PyObject* sequence = __pyx_v_state;
+        Py_ssize_t size = __Pyx_PySequence_SIZE(sequence);
+        if (unlikely(size != 2)) {
+          if (size > 2) __Pyx_RaiseTooManyValuesError(2);
+          else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
+          __PYX_ERR(0, 390, __pyx_L1_error)
+        }
+        #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+        if (likely(PyTuple_CheckExact(sequence))) {
+          __pyx_t_7 = PyTuple_GET_ITEM(sequence, 0);
+          __Pyx_INCREF(__pyx_t_7);
+          __pyx_t_8 = PyTuple_GET_ITEM(sequence, 1);
+          __Pyx_INCREF(__pyx_t_8);
+        } else {
+          __pyx_t_7 = __Pyx_PyList_GET_ITEM_REF(sequence, 0, __Pyx_ReferenceSharing_SharedReference);
+          if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 390, __pyx_L1_error)
+          __Pyx_XGOTREF(__pyx_t_7);
+          __pyx_t_8 = __Pyx_PyList_GET_ITEM_REF(sequence, 1, __Pyx_ReferenceSharing_SharedReference);
+          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 390, __pyx_L1_error)
+          __Pyx_XGOTREF(__pyx_t_8);
+        }
+        #else
+        __pyx_t_7 = __Pyx_PySequence_ITEM(sequence, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 390, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_7);
+        __pyx_t_8 = __Pyx_PySequence_ITEM(sequence, 1); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 390, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_8);
+        #endif
+      } else {
+        Py_ssize_t index = -1;
+        __pyx_t_9 = PyObject_GetIter(__pyx_v_state); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 390, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_9);
+        __pyx_t_10 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_9);
+        index = 0; __pyx_t_7 = __pyx_t_10(__pyx_t_9); if (unlikely(!__pyx_t_7)) goto __pyx_L14_unpacking_failed;
+        __Pyx_GOTREF(__pyx_t_7);
+        index = 1; __pyx_t_8 = __pyx_t_10(__pyx_t_9); if (unlikely(!__pyx_t_8)) goto __pyx_L14_unpacking_failed;
+        __Pyx_GOTREF(__pyx_t_8);
+        if (__Pyx_IternextUnpackEndCheck(__pyx_t_10(__pyx_t_9), 2) < (0)) __PYX_ERR(0, 390, __pyx_L1_error)
+        __pyx_t_10 = NULL;
+        __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
+        goto __pyx_L15_unpacking_done;
+        __pyx_L14_unpacking_failed:;
+        __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
+        __pyx_t_10 = NULL;
+        if (__Pyx_IterFinish() == 0) __Pyx_RaiseNeedMoreValuesError(index);
+        __PYX_ERR(0, 390, __pyx_L1_error)
+        __pyx_L15_unpacking_done:;
+      }
+      __Pyx_DECREF_SET(__pyx_v_h_in, __pyx_t_7);
+      __pyx_t_7 = 0;
+      __Pyx_DECREF_SET(__pyx_v_c_in, __pyx_t_8);
+      __pyx_t_8 = 0;
+
+      /* "fastln/rnn/_engine.pyx":391
+ *                     return None
+ *                 h_in, c_in = state
+ *                 if not self._state_ok(c_in, dims):             # <<<<<<<<<<<<<<
+ *                     return None
+ *             else:
+*/
+      __pyx_t_2 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_state_ok(__pyx_v_self, __pyx_v_c_in, __pyx_v_dims); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 391, __pyx_L1_error)
+      __pyx_t_1 = (!__pyx_t_2);
+
+
+      if (__pyx_t_1) {
+
+
+        /* "fastln/rnn/_engine.pyx":392
+ *                 h_in, c_in = state
+ *                 if not self._state_ok(c_in, dims):
+ *                     return None             # <<<<<<<<<<<<<<
+ *             else:
+ *                 h_in = state
+*/
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        goto __pyx_L0;
+
+        /* "fastln/rnn/_engine.pyx":391
+ *                     return None
+ *                 h_in, c_in = state
+ *                 if not self._state_ok(c_in, dims):             # <<<<<<<<<<<<<<
+ *                     return None
+ *             else:
+*/
+      }
+
+      /* "fastln/rnn/_engine.pyx":387
+ *         h_in = c_in = None
+ *         if state is not None:
+ *             if self.lstm:             # <<<<<<<<<<<<<<
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:
+ *                     return None
+*/
+      goto __pyx_L10;
+    }
+
+    /* "fastln/rnn/_engine.pyx":394
+ *                     return None
+ *             else:
+ *                 h_in = state             # <<<<<<<<<<<<<<
+ *             if not self._state_ok(h_in, dims):
+ *                 return None
+*/
+    /*else*/ {
+      __Pyx_INCREF(__pyx_v_state);
+      __Pyx_DECREF_SET(__pyx_v_h_in, __pyx_v_state);
+    }
+    __pyx_L10:;
+
+    /* "fastln/rnn/_engine.pyx":395
+ *             else:
+ *                 h_in = state
+ *             if not self._state_ok(h_in, dims):             # <<<<<<<<<<<<<<
+ *                 return None
+ *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+*/
+    __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_state_ok(__pyx_v_self, __pyx_v_h_in, __pyx_v_dims); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 395, __pyx_L1_error)
+    __pyx_t_2 = (!__pyx_t_1);
+
+
+    if (__pyx_t_2) {
+
+
+      /* "fastln/rnn/_engine.pyx":396
+ *                 h_in = state
+ *             if not self._state_ok(h_in, dims):
+ *                 return None             # <<<<<<<<<<<<<<
+ *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+ *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+*/
+      {
+        PyObject *__pyx_temp;
+        {
+          __pyx_temp = __pyx_r;
+          __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+        }
+        __Pyx_XDECREF(__pyx_temp);
+      }
+      goto __pyx_L0;
+
+      /* "fastln/rnn/_engine.pyx":395
+ *             else:
+ *                 h_in = state
+ *             if not self._state_ok(h_in, dims):             # <<<<<<<<<<<<<<
+ *                 return None
+ *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+*/
+    }
+
+    /* "fastln/rnn/_engine.pyx":386
+ *             self.hidden_size
+ *         h_in = c_in = None
+ *         if state is not None:             # <<<<<<<<<<<<<<
+ *             if self.lstm:
+ *                 if type(state) is not tuple or len(<tuple>state) != 2:
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":397
+ *             if not self._state_ok(h_in, dims):
+ *                 return None
+ *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \             # <<<<<<<<<<<<<<
+ *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+ *         c = None
+*/
+  __pyx_t_2 = (__pyx_v_state != Py_None);
+  if (__pyx_t_2) {
+    __pyx_t_7 = PyArray_EMPTY(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 397, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __pyx_t_8 = __pyx_t_7;
+    __pyx_t_7 = 0;
+  } else {
+
+    /* "fastln/rnn/_engine.pyx":398
+ *                 return None
+ *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+ *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)             # <<<<<<<<<<<<<<
+ *         c = None
+ *         if self.lstm:
+*/
+    __pyx_t_7 = PyArray_ZEROS(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 398, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __pyx_t_8 = __pyx_t_7;
+    __pyx_t_7 = 0;
+  }
+
+  __pyx_v_h = __pyx_t_8;
+  __pyx_t_8 = 0;
+
+  /* "fastln/rnn/_engine.pyx":399
+ *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+ *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+ *         c = None             # <<<<<<<<<<<<<<
+ *         if self.lstm:
+ *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+*/
+  __Pyx_INCREF(Py_None);
+  __pyx_v_c = Py_None;
+
+  /* "fastln/rnn/_engine.pyx":400
+ *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+ *         c = None
+ *         if self.lstm:             # <<<<<<<<<<<<<<
+ *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+ *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+*/
+  if (__pyx_v_self->lstm) {
+
+    /* "fastln/rnn/_engine.pyx":401
+ *         c = None
+ *         if self.lstm:
+ *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \             # <<<<<<<<<<<<<<
+ *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+ *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+*/
+    __pyx_t_2 = (__pyx_v_state != Py_None);
+    if (__pyx_t_2) {
+      __pyx_t_7 = PyArray_EMPTY(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 401, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_7);
+      __pyx_t_8 = __pyx_t_7;
+      __pyx_t_7 = 0;
+    } else {
+
+      /* "fastln/rnn/_engine.pyx":402
+ *         if self.lstm:
+ *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+ *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)             # <<<<<<<<<<<<<<
+ *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+ *         self.run(dims[1], x, h_in, c_in, y, h, c)
+*/
+      __pyx_t_7 = PyArray_ZEROS(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 402, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_7);
+      __pyx_t_8 = __pyx_t_7;
+      __pyx_t_7 = 0;
+    }
+
+    __Pyx_DECREF_SET(__pyx_v_c, __pyx_t_8);
+    __pyx_t_8 = 0;
+
+    /* "fastln/rnn/_engine.pyx":400
+ *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+ *         c = None
+ *         if self.lstm:             # <<<<<<<<<<<<<<
+ *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+ *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":403
+ *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+ *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+ *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)             # <<<<<<<<<<<<<<
+ *         self.run(dims[1], x, h_in, c_in, y, h, c)
+ *         if self.bf16 is not None:
+*/
+  __pyx_t_8 = PyArray_EMPTY(2, (&(__pyx_v_dims[1])), __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 403, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __pyx_v_y = __pyx_t_8;
+  __pyx_t_8 = 0;
+
+  /* "fastln/rnn/_engine.pyx":404
+ *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+ *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+ *         self.run(dims[1], x, h_in, c_in, y, h, c)             # <<<<<<<<<<<<<<
+ *         if self.bf16 is not None:
+ *             y = self._to_bf16(y)
+*/
+  __pyx_t_7 = ((PyObject *)__pyx_v_self);
+  __Pyx_INCREF(__pyx_t_7);
+  __pyx_t_9 = __Pyx_PyLong_From_npy_intp((__pyx_v_dims[1])); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 404, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_9);
+  __pyx_t_11 = 0;
+  {
+    PyObject *__pyx_callargs[8] = {__pyx_t_7, __pyx_t_9, __pyx_v_x, __pyx_v_h_in, __pyx_v_c_in, __pyx_v_y, __pyx_v_h, __pyx_v_c};
+    __pyx_t_8 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_run, __pyx_callargs+__pyx_t_11, (8-__pyx_t_11) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+    __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
+    if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 404, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_8);
+  }
+  __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+
+  /* "fastln/rnn/_engine.pyx":405
+ *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+ *         self.run(dims[1], x, h_in, c_in, y, h, c)
+ *         if self.bf16 is not None:             # <<<<<<<<<<<<<<
+ *             y = self._to_bf16(y)
+ *         return y, ((h, c) if self.lstm else h)
+*/
+  __pyx_t_2 = (__pyx_v_self->bf16 != Py_None);
+  if (__pyx_t_2) {
+
+
+    /* "fastln/rnn/_engine.pyx":406
+ *         self.run(dims[1], x, h_in, c_in, y, h, c)
+ *         if self.bf16 is not None:
+ *             y = self._to_bf16(y)             # <<<<<<<<<<<<<<
+ *         return y, ((h, c) if self.lstm else h)
+ * 
+*/
+    __pyx_t_8 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_to_bf16(__pyx_v_self, __pyx_v_y); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 406, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_8);
+    __Pyx_DECREF_SET(__pyx_v_y, __pyx_t_8);
+    __pyx_t_8 = 0;
+
+    /* "fastln/rnn/_engine.pyx":405
+ *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+ *         self.run(dims[1], x, h_in, c_in, y, h, c)
+ *         if self.bf16 is not None:             # <<<<<<<<<<<<<<
+ *             y = self._to_bf16(y)
+ *         return y, ((h, c) if self.lstm else h)
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":407
+ *         if self.bf16 is not None:
+ *             y = self._to_bf16(y)
+ *         return y, ((h, c) if self.lstm else h)             # <<<<<<<<<<<<<<
+ * 
+ *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):
+*/
+  if (__pyx_v_self->lstm) {
+    __pyx_t_9 = PyTuple_New(2); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 407, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_9);
+    __Pyx_INCREF(__pyx_v_h);
+    __Pyx_GIVEREF(__pyx_v_h);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 0, __pyx_v_h) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_v_c);
+    __Pyx_GIVEREF(__pyx_v_c);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 1, __pyx_v_c) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+    __pyx_t_8 = __pyx_t_9;
+    __pyx_t_9 = 0;
+  } else {
+    __Pyx_INCREF(__pyx_v_h);
+    __pyx_t_8 = __pyx_v_h;
+  }
+  __pyx_t_9 = PyTuple_New(2); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 407, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_9);
+  __Pyx_INCREF(__pyx_v_y);
+  __Pyx_GIVEREF(__pyx_v_y);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 0, __pyx_v_y) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_8);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 1, __pyx_t_8) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+  __pyx_t_8 = 0;
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_9;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_9 = 0;
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":370
+ *         return self._valid(params)
+ * 
+ *     def __call__(self, dict params, x, state):             # <<<<<<<<<<<<<<
+ *         """A model's step() in its common case, in one call: params valid,
+ *         x an aligned, C-contiguous (B, I) array of the state's dtype, B >= 1,
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_7);
+  __Pyx_XDECREF(__pyx_t_8);
+  __Pyx_XDECREF(__pyx_t_9);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.__call__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+  __Pyx_XDECREF(__pyx_v_h_in);
+  __Pyx_XDECREF(__pyx_v_c_in);
+  __Pyx_XDECREF(__pyx_v_h);
+  __Pyx_XDECREF(__pyx_v_c);
+  __Pyx_XDECREF(__pyx_v_y);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":409
+ *         return y, ((h, c) if self.lstm else h)
+ * 
+ *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):             # <<<<<<<<<<<<<<
+ *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
+*/
+
+static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_a, npy_intp *__pyx_v_dims) {
+  int __pyx_r;
+  int __pyx_t_1;
+  int __pyx_t_2;
+
+  /* "fastln/rnn/_engine.pyx":410
+ * 
+ *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):
+ *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]
+*/
+  __pyx_t_2 = __pyx_f_6fastln_5_core__fast(__pyx_v_a, __pyx_v_self->tn);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":411
+ *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):
+ *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
+*/
+  __pyx_t_2 = (PyArray_NDIM(((PyArrayObject *)__pyx_v_a)) == 3);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":412
+ *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]             # <<<<<<<<<<<<<<
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
+ * 
+*/
+  __pyx_t_2 = (PyArray_DIM(((PyArrayObject *)__pyx_v_a), 0) == (__pyx_v_dims[0]));
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+
+  /* "fastln/rnn/_engine.pyx":413
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])             # <<<<<<<<<<<<<<
+ * 
+ *     cdef object _to_bf16(self, y):
+*/
+  __pyx_t_2 = (PyArray_DIM(((PyArrayObject *)__pyx_v_a), 1) == (__pyx_v_dims[1]));
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L3_bool_binop_done;
+  }
+  __pyx_t_2 = (PyArray_DIM(((PyArrayObject *)__pyx_v_a), 2) == (__pyx_v_dims[2]));
+
+
+  __pyx_t_1 = __pyx_t_2;
+
+  __pyx_L3_bool_binop_done:;
+  {
+    __pyx_r = __pyx_t_1;
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":409
+ *         return y, ((h, c) if self.lstm else h)
+ * 
+ *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):             # <<<<<<<<<<<<<<
+ *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
+*/
+
+  /* function exit code */
+  __pyx_L0:;
+
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":415
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
+ * 
+ *     cdef object _to_bf16(self, y):             # <<<<<<<<<<<<<<
+ *         out = np.empty((<object>y).shape, self.bf16)
+ *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
+*/
+
+static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_y) {
+  PyObject *__pyx_v_out = NULL;
+  void *__pyx_v_d;
+  void const *__pyx_v_s;
+  int64_t __pyx_v_n;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  PyObject *__pyx_t_4 = NULL;
+  size_t __pyx_t_5;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("_to_bf16", 0);
+
+  /* "fastln/rnn/_engine.pyx":416
+ * 
+ *     cdef object _to_bf16(self, y):
+ *         out = np.empty((<object>y).shape, self.bf16)             # <<<<<<<<<<<<<<
+ *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
+ *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
+*/
+  __pyx_t_2 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 416, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 416, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_v_y, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 416, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_5 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_4))) {
+    __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_4);
+    assert(__pyx_t_2);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_4);
+    __Pyx_INCREF(__pyx_t_2);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_4, __pyx__function);
+    __pyx_t_5 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_2, __pyx_t_3, __pyx_v_self->bf16};
+    __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (3-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 416, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+  }
+  __pyx_v_out = __pyx_t_1;
+  __pyx_t_1 = 0;
+
+  /* "fastln/rnn/_engine.pyx":417
+ *     cdef object _to_bf16(self, y):
+ *         out = np.empty((<object>y).shape, self.bf16)
+ *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)             # <<<<<<<<<<<<<<
+ *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
+ *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
+*/
+  __pyx_v_d = PyArray_DATA(((PyArrayObject *)__pyx_v_out));
+
+  /* "fastln/rnn/_engine.pyx":418
+ *         out = np.empty((<object>y).shape, self.bf16)
+ *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
+ *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)             # <<<<<<<<<<<<<<
+ *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
+ *         with nogil:
+*/
+  __pyx_v_s = PyArray_DATA(((PyArrayObject *)__pyx_v_y));
+
+  /* "fastln/rnn/_engine.pyx":419
+ *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
+ *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
+ *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)             # <<<<<<<<<<<<<<
+ *         with nogil:
+ *             to_bf16(d, s, n)
+*/
+  __pyx_v_n = PyArray_SIZE(((PyArrayObject *)__pyx_v_y));
+
+  /* "fastln/rnn/_engine.pyx":420
+ *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
+ *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
+ *         with nogil:             # <<<<<<<<<<<<<<
+ *             to_bf16(d, s, n)
+ *         return out
+*/
+  {
+      PyThreadState * _save;
+      _save = PyEval_SaveThread();
+      __Pyx_FastGIL_Remember();
+      /*try:*/ {
+
+        /* "fastln/rnn/_engine.pyx":421
+ *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
+ *         with nogil:
+ *             to_bf16(d, s, n)             # <<<<<<<<<<<<<<
+ *         return out
+ * 
+*/
+        __pyx_f_6fastln_5_core_to_bf16(__pyx_v_d, __pyx_v_s, __pyx_v_n);
+      }
+
+      /* "fastln/rnn/_engine.pyx":420
+ *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
+ *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
+ *         with nogil:             # <<<<<<<<<<<<<<
+ *             to_bf16(d, s, n)
+ *         return out
+*/
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_FastGIL_Forget();
+          PyEval_RestoreThread(_save);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+  }
+
+  /* "fastln/rnn/_engine.pyx":422
+ *         with nogil:
+ *             to_bf16(d, s, n)
+ *         return out             # <<<<<<<<<<<<<<
+ * 
+ *     cdef bint _valid(self, dict params):
+*/
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __Pyx_INCREF(__pyx_v_out);
+      __pyx_r = __pyx_v_out;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":415
+ *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
+ * 
+ *     cdef object _to_bf16(self, y):             # <<<<<<<<<<<<<<
+ *         out = np.empty((<object>y).shape, self.bf16)
+ *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step._to_bf16", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = 0;
+  __pyx_L0:;
+  __Pyx_XDECREF(__pyx_v_out);
+
+
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":424
+ *         return out
+ * 
+ *     cdef bint _valid(self, dict params):             # <<<<<<<<<<<<<<
+ *         cdef Py_ssize_t i, n = len(self.keys)
+ *         for i in range(n):
+*/
+
+static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_params) {
+  Py_ssize_t __pyx_v_i;
+  Py_ssize_t __pyx_v_n;
+  PyObject *__pyx_v_a = NULL;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  Py_ssize_t __pyx_t_2;
+  Py_ssize_t __pyx_t_3;
+  Py_ssize_t __pyx_t_4;
+  PyObject *__pyx_t_5 = NULL;
+  int __pyx_t_6;
+  PyObject *(*__pyx_t_7)(PyObject *);
+  int __pyx_t_8;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("_valid", 0);
+
+  /* "fastln/rnn/_engine.pyx":425
+ * 
+ *     cdef bint _valid(self, dict params):
+ *         cdef Py_ssize_t i, n = len(self.keys)             # <<<<<<<<<<<<<<
+ *         for i in range(n):
+ *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
+*/
+  __pyx_t_1 = __pyx_v_self->keys;
+  __Pyx_INCREF(__pyx_t_1);
+  __pyx_t_2 = PyObject_Length(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 425, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __pyx_v_n = __pyx_t_2;
+
+  /* "fastln/rnn/_engine.pyx":426
+ *     cdef bint _valid(self, dict params):
+ *         cdef Py_ssize_t i, n = len(self.keys)
+ *         for i in range(n):             # <<<<<<<<<<<<<<
+ *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
+ *                 return False
+*/
+
+  __pyx_t_2 = __pyx_v_n;
+  __pyx_t_3 = __pyx_t_2;
+
+  for (__pyx_t_4 = 0; __pyx_t_4 < __pyx_t_3; __pyx_t_4+=1) {
+    __pyx_v_i = __pyx_t_4;
+
+    /* "fastln/rnn/_engine.pyx":427
+ *         cdef Py_ssize_t i, n = len(self.keys)
+ *         for i in range(n):
+ *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:             # <<<<<<<<<<<<<<
+ *                 return False
+ *         for a in self.locked:
+*/
+    __pyx_t_1 = __Pyx_GetItemInt(__pyx_v_self->keys, __pyx_v_i, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 427, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_self->owners, __pyx_v_i, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 427, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_6 = (PyDict_GetItem(__pyx_v_params, __pyx_t_1) != ((void *)__pyx_t_5));
+
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    if (__pyx_t_6) {
+
+
+      /* "fastln/rnn/_engine.pyx":428
+ *         for i in range(n):
+ *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
+ *                 return False             # <<<<<<<<<<<<<<
+ *         for a in self.locked:
+ *             if not immutable(a):
+*/
+      {
+
+        __pyx_r = 0;
+      }
+      goto __pyx_L0;
+
+      /* "fastln/rnn/_engine.pyx":427
+ *         cdef Py_ssize_t i, n = len(self.keys)
+ *         for i in range(n):
+ *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:             # <<<<<<<<<<<<<<
+ *                 return False
+ *         for a in self.locked:
+*/
+    }
+  }
+
+
+  /* "fastln/rnn/_engine.pyx":429
+ *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
+ *                 return False
+ *         for a in self.locked:             # <<<<<<<<<<<<<<
+ *             if not immutable(a):
+ *                 return False
+*/
+  if (likely(PyList_CheckExact(__pyx_v_self->locked)) || PyTuple_CheckExact(__pyx_v_self->locked)) {
+    __pyx_t_5 = __pyx_v_self->locked; __Pyx_INCREF(__pyx_t_5);
+    __pyx_t_2 = 0;
+    __pyx_t_7 = NULL;
+  } else {
+    __pyx_t_2 = -1; __pyx_t_5 = PyObject_GetIter(__pyx_v_self->locked); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 429, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_7 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_5); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 429, __pyx_L1_error)
+  }
+  for (;;) {
+    if (likely(!__pyx_t_7)) {
+      if (likely(PyList_CheckExact(__pyx_t_5))) {
+        {
+          Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_5);
+          #if !CYTHON_ASSUME_SAFE_SIZE
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 429, __pyx_L1_error)
+          #endif
+          if (__pyx_t_2 >= __pyx_temp) break;
+        }
+        __pyx_t_1 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_5, __pyx_t_2, __Pyx_ReferenceSharing_OwnStrongReference);
+        ++__pyx_t_2;
+      } else {
+        {
+          Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_5);
+          #if !CYTHON_ASSUME_SAFE_SIZE
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 429, __pyx_L1_error)
+          #endif
+          if (__pyx_t_2 >= __pyx_temp) break;
+        }
+        #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+        __pyx_t_1 = __Pyx_NewRef(PyTuple_GET_ITEM(__pyx_t_5, __pyx_t_2));
+        #else
+        __pyx_t_1 = __Pyx_PySequence_ITEM(__pyx_t_5, __pyx_t_2);
+        #endif
+        ++__pyx_t_2;
+      }
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 429, __pyx_L1_error)
+    } else {
+      __pyx_t_1 = __pyx_t_7(__pyx_t_5);
+      if (unlikely(!__pyx_t_1)) {
+        PyObject* exc_type = PyErr_Occurred();
+        if (exc_type) {
+          if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 429, __pyx_L1_error)
+          PyErr_Clear();
+        }
+        break;
+      }
+    }
+    __Pyx_GOTREF(__pyx_t_1);
+    __Pyx_XDECREF_SET(__pyx_v_a, __pyx_t_1);
+    __pyx_t_1 = 0;
+
+    /* "fastln/rnn/_engine.pyx":430
+ *                 return False
+ *         for a in self.locked:
+ *             if not immutable(a):             # <<<<<<<<<<<<<<
+ *                 return False
+ *         return True
+*/
+    __pyx_t_6 = __pyx_f_6fastln_3rnn_7_engine_immutable(__pyx_v_a, 0); if (unlikely(__pyx_t_6 == ((int)-1) && PyErr_Occurred())) __PYX_ERR(0, 430, __pyx_L1_error)
+    __pyx_t_8 = (!__pyx_t_6);
+
+
+    if (__pyx_t_8) {
+
+
+      /* "fastln/rnn/_engine.pyx":431
+ *         for a in self.locked:
+ *             if not immutable(a):
+ *                 return False             # <<<<<<<<<<<<<<
+ *         return True
+ * 
+*/
+      {
+
+        __pyx_r = 0;
+      }
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      goto __pyx_L0;
+
+      /* "fastln/rnn/_engine.pyx":430
+ *                 return False
+ *         for a in self.locked:
+ *             if not immutable(a):             # <<<<<<<<<<<<<<
+ *                 return False
+ *         return True
+*/
+    }
+
+    /* "fastln/rnn/_engine.pyx":429
+ *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
+ *                 return False
+ *         for a in self.locked:             # <<<<<<<<<<<<<<
+ *             if not immutable(a):
+ *                 return False
+*/
+  }
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+
+  /* "fastln/rnn/_engine.pyx":432
+ *             if not immutable(a):
+ *                 return False
+ *         return True             # <<<<<<<<<<<<<<
+ * 
+ *     def run(self, int64_t B, x, h_in, c_in, y, h, c):
+*/
+  {
+
+    __pyx_r = 1;
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":424
+ *         return out
+ * 
+ *     cdef bint _valid(self, dict params):             # <<<<<<<<<<<<<<
+ *         cdef Py_ssize_t i, n = len(self.keys)
+ *         for i in range(n):
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step._valid", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = 0;
+  __pyx_L0:;
+
+
+  __Pyx_XDECREF(__pyx_v_a);
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":434
+ *         return True
+ * 
+ *     def run(self, int64_t B, x, h_in, c_in, y, h, c):             # <<<<<<<<<<<<<<
+ *         """One step of B rows: x (B, I) -> y (B, H); the state (num_layers, B,
+ *         H) goes from h_in, c_in (None: h, c hold it) into h, c."""
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_9run(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_8run, "Step.run(self, int64_t B, x, h_in, c_in, y, h, c)\n\nOne step of B rows: x (B, I) -> y (B, H); the state (num_layers, B,\nH) goes from h_in, c_in (None: h, c hold it) into h, c.");
+static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_4Step_9run = {"run", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_9run, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_8run};
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_9run(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  int64_t __pyx_v_B;
+  PyObject *__pyx_v_x = 0;
+  PyObject *__pyx_v_h_in = 0;
+  PyObject *__pyx_v_c_in = 0;
+  PyObject *__pyx_v_y = 0;
+  PyObject *__pyx_v_h = 0;
+  PyObject *__pyx_v_c = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[7] = {0,0,0,0,0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("run (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_h_in,&__pyx_mstate_global->__pyx_n_u_c_in,&__pyx_mstate_global->__pyx_n_u_y,&__pyx_mstate_global->__pyx_n_u_h,&__pyx_mstate_global->__pyx_n_u_c,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 434, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  7:
+        values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 434, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  6:
+        values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 434, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  5:
+        values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 434, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  4:
+        values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 434, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 434, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 434, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 434, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "run", 0) < (0)) __PYX_ERR(0, 434, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 7; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("run", 1, 7, 7, i); __PYX_ERR(0, 434, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 7)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 434, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 434, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 434, __pyx_L3_error)
+      values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 434, __pyx_L3_error)
+      values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 434, __pyx_L3_error)
+      values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 434, __pyx_L3_error)
+      values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 434, __pyx_L3_error)
+    }
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[0]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 434, __pyx_L3_error)
+    __pyx_v_x = values[1];
+    __pyx_v_h_in = values[2];
+    __pyx_v_c_in = values[3];
+    __pyx_v_y = values[4];
+    __pyx_v_h = values[5];
+    __pyx_v_c = values[6];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("run", 1, 7, 7, __pyx_nargs); __PYX_ERR(0, 434, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.run", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_8run(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_B, __pyx_v_x, __pyx_v_h_in, __pyx_v_c_in, __pyx_v_y, __pyx_v_h, __pyx_v_c);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, int64_t __pyx_v_B, PyObject *__pyx_v_x, PyObject *__pyx_v_h_in, PyObject *__pyx_v_c_in, PyObject *__pyx_v_y, PyObject *__pyx_v_h, PyObject *__pyx_v_c) {
+  fastln_rnn_step_args __pyx_v_s;
+  int64_t __pyx_v_n;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  int __pyx_t_2;
+  void *__pyx_t_3;
+  void *__pyx_t_4;
+  fastln_rnn_args *__pyx_t_5;
+  int64_t __pyx_t_6;
+  int64_t __pyx_t_7;
+  int64_t __pyx_t_8;
+  PyObject *__pyx_t_9 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("run", 0);
+
+  /* "fastln/rnn/_engine.pyx":438
+ *         H) goes from h_in, c_in (None: h, c hold it) into h, c."""
+ *         cdef fastln_rnn_step_args s
+ *         cdef int64_t n = self.num_layers * B * self.hidden_size             # <<<<<<<<<<<<<<
+ *         memset(&s, 0, sizeof(s))
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+*/
+  __pyx_v_n = ((__pyx_v_self->num_layers * __pyx_v_B) * __pyx_v_self->hidden_size);
+
+  /* "fastln/rnn/_engine.pyx":439
+ *         cdef fastln_rnn_step_args s
+ *         cdef int64_t n = self.num_layers * B * self.hidden_size
+ *         memset(&s, 0, sizeof(s))             # <<<<<<<<<<<<<<
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+*/
+  (void)(memset((&__pyx_v_s), 0, (sizeof(__pyx_v_s))));
+
+  /* "fastln/rnn/_engine.pyx":440
+ *         cdef int64_t n = self.num_layers * B * self.hidden_size
+ *         memset(&s, 0, sizeof(s))
+ *         _arr(x, self.tn, B * self.input_size, False, "x")             # <<<<<<<<<<<<<<
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+ *         _arr(h, self.tn, n, True, "h")
+*/
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->input_size), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 440, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":441
+ *         memset(&s, 0, sizeof(s))
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")             # <<<<<<<<<<<<<<
+ *         _arr(h, self.tn, n, True, "h")
+ *         if h_in is not None:
+*/
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->hidden_size), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 441, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":442
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+ *         _arr(h, self.tn, n, True, "h")             # <<<<<<<<<<<<<<
+ *         if h_in is not None:
+ *             _arr(h_in, self.tn, n, False, "h_in")
+*/
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_self->tn, __pyx_v_n, 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 442, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":443
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+ *         _arr(h, self.tn, n, True, "h")
+ *         if h_in is not None:             # <<<<<<<<<<<<<<
+ *             _arr(h_in, self.tn, n, False, "h_in")
+ *         if self.lstm:
+*/
+  __pyx_t_2 = (__pyx_v_h_in != Py_None);
+  if (__pyx_t_2) {
+
+
+    /* "fastln/rnn/_engine.pyx":444
+ *         _arr(h, self.tn, n, True, "h")
+ *         if h_in is not None:
+ *             _arr(h_in, self.tn, n, False, "h_in")             # <<<<<<<<<<<<<<
+ *         if self.lstm:
+ *             _arr(c, self.tn, n, True, "c")
+*/
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h_in, __pyx_v_self->tn, __pyx_v_n, 0, __pyx_mstate_global->__pyx_n_u_h_in); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 444, __pyx_L1_error)
+
+
+    /* "fastln/rnn/_engine.pyx":443
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+ *         _arr(h, self.tn, n, True, "h")
+ *         if h_in is not None:             # <<<<<<<<<<<<<<
+ *             _arr(h_in, self.tn, n, False, "h_in")
+ *         if self.lstm:
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":445
+ *         if h_in is not None:
+ *             _arr(h_in, self.tn, n, False, "h_in")
+ *         if self.lstm:             # <<<<<<<<<<<<<<
+ *             _arr(c, self.tn, n, True, "c")
+ *             if c_in is not None:
+*/
+  if (__pyx_v_self->lstm) {
+
+    /* "fastln/rnn/_engine.pyx":446
+ *             _arr(h_in, self.tn, n, False, "h_in")
+ *         if self.lstm:
+ *             _arr(c, self.tn, n, True, "c")             # <<<<<<<<<<<<<<
+ *             if c_in is not None:
+ *                 _arr(c_in, self.tn, n, False, "c_in")
+*/
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_self->tn, __pyx_v_n, 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 446, __pyx_L1_error)
+
+
+    /* "fastln/rnn/_engine.pyx":447
+ *         if self.lstm:
+ *             _arr(c, self.tn, n, True, "c")
+ *             if c_in is not None:             # <<<<<<<<<<<<<<
+ *                 _arr(c_in, self.tn, n, False, "c_in")
+ *             s.c, s.c_in = _ptr(c), _ptr(c_in)
+*/
+    __pyx_t_2 = (__pyx_v_c_in != Py_None);
+    if (__pyx_t_2) {
+
+
+      /* "fastln/rnn/_engine.pyx":448
+ *             _arr(c, self.tn, n, True, "c")
+ *             if c_in is not None:
+ *                 _arr(c_in, self.tn, n, False, "c_in")             # <<<<<<<<<<<<<<
+ *             s.c, s.c_in = _ptr(c), _ptr(c_in)
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
+*/
+      __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c_in, __pyx_v_self->tn, __pyx_v_n, 0, __pyx_mstate_global->__pyx_n_u_c_in); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 448, __pyx_L1_error)
+
+
+      /* "fastln/rnn/_engine.pyx":447
+ *         if self.lstm:
+ *             _arr(c, self.tn, n, True, "c")
+ *             if c_in is not None:             # <<<<<<<<<<<<<<
+ *                 _arr(c_in, self.tn, n, False, "c_in")
+ *             s.c, s.c_in = _ptr(c), _ptr(c_in)
+*/
+    }
+
+    /* "fastln/rnn/_engine.pyx":449
+ *             if c_in is not None:
+ *                 _arr(c_in, self.tn, n, False, "c_in")
+ *             s.c, s.c_in = _ptr(c), _ptr(c_in)             # <<<<<<<<<<<<<<
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
+ *         s.h, s.h_in = _ptr(h), _ptr(h_in)
+*/
+    __pyx_t_3 = __pyx_f_6fastln_5_core__ptr(__pyx_v_c);
+
+    __pyx_t_4 = __pyx_f_6fastln_5_core__ptr(__pyx_v_c_in);
+
+    __pyx_v_s.c = __pyx_t_3;
+    __pyx_v_s.c_in = __pyx_t_4;
+
+    /* "fastln/rnn/_engine.pyx":445
+ *         if h_in is not None:
+ *             _arr(h_in, self.tn, n, False, "h_in")
+ *         if self.lstm:             # <<<<<<<<<<<<<<
+ *             _arr(c, self.tn, n, True, "c")
+ *             if c_in is not None:
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":450
+ *                 _arr(c_in, self.tn, n, False, "c_in")
+ *             s.c, s.c_in = _ptr(c), _ptr(c_in)
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B             # <<<<<<<<<<<<<<
+ *         s.h, s.h_in = _ptr(h), _ptr(h_in)
+ *         s.x, s.y = _ptr(x), _ptr(y)
+*/
+  __pyx_t_5 = __pyx_v_self->layers;
+
+  __pyx_t_6 = __pyx_v_self->num_layers;
+
+  __pyx_t_7 = __pyx_v_B;
+
+  __pyx_t_8 = __pyx_v_B;
+
+  __pyx_v_s.layers = __pyx_t_5;
+  __pyx_v_s.num_layers = __pyx_t_6;
+  __pyx_v_s.batch = __pyx_t_7;
+  __pyx_v_s.table_rows = __pyx_t_8;
+
+  /* "fastln/rnn/_engine.pyx":451
+ *             s.c, s.c_in = _ptr(c), _ptr(c_in)
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
+ *         s.h, s.h_in = _ptr(h), _ptr(h_in)             # <<<<<<<<<<<<<<
+ *         s.x, s.y = _ptr(x), _ptr(y)
+ *         return self._call(&s)
+*/
+  __pyx_t_4 = __pyx_f_6fastln_5_core__ptr(__pyx_v_h);
+
+  __pyx_t_3 = __pyx_f_6fastln_5_core__ptr(__pyx_v_h_in);
+
+  __pyx_v_s.h = __pyx_t_4;
+  __pyx_v_s.h_in = __pyx_t_3;
+
+  /* "fastln/rnn/_engine.pyx":452
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
+ *         s.h, s.h_in = _ptr(h), _ptr(h_in)
+ *         s.x, s.y = _ptr(x), _ptr(y)             # <<<<<<<<<<<<<<
+ *         return self._call(&s)
+ * 
+*/
+  __pyx_t_3 = __pyx_f_6fastln_5_core__ptr(__pyx_v_x);
+
+  __pyx_t_4 = __pyx_f_6fastln_5_core__ptr(__pyx_v_y);
+
+  __pyx_v_s.x = __pyx_t_3;
+  __pyx_v_s.y = __pyx_t_4;
+
+  /* "fastln/rnn/_engine.pyx":453
+ *         s.h, s.h_in = _ptr(h), _ptr(h_in)
+ *         s.x, s.y = _ptr(x), _ptr(y)
+ *         return self._call(&s)             # <<<<<<<<<<<<<<
+ * 
+ *     def table(self, x, rows, h, c, y):
+*/
+  __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_call(__pyx_v_self, (&__pyx_v_s)); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 453, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 453, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_9);
+
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_9;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_9 = 0;
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":434
+ *         return True
+ * 
+ *     def run(self, int64_t B, x, h_in, c_in, y, h, c):             # <<<<<<<<<<<<<<
+ *         """One step of B rows: x (B, I) -> y (B, H); the state (num_layers, B,
+ *         H) goes from h_in, c_in (None: h, c hold it) into h, c."""
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_9);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.run", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":455
+ *         return self._call(&s)
+ * 
+ *     def table(self, x, rows, h, c, y):             # <<<<<<<<<<<<<<
+ *         """One step of the streams at rows (B) of the state tables h, c
+ *         (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_11table(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_10table, "Step.table(self, x, rows, h, c, y)\n\nOne step of the streams at rows (B) of the state tables h, c\n(num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct.");
+static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_4Step_11table = {"table", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_11table, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_10table};
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_11table(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_x = 0;
+  PyObject *__pyx_v_rows = 0;
+  PyObject *__pyx_v_h = 0;
+  PyObject *__pyx_v_c = 0;
+  PyObject *__pyx_v_y = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[5] = {0,0,0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("table (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_rows,&__pyx_mstate_global->__pyx_n_u_h,&__pyx_mstate_global->__pyx_n_u_c,&__pyx_mstate_global->__pyx_n_u_y,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 455, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  5:
+        values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 455, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  4:
+        values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 455, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 455, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 455, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 455, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "table", 0) < (0)) __PYX_ERR(0, 455, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 5; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("table", 1, 5, 5, i); __PYX_ERR(0, 455, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 5)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 455, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 455, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 455, __pyx_L3_error)
+      values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 455, __pyx_L3_error)
+      values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 455, __pyx_L3_error)
+    }
+    __pyx_v_x = values[0];
+    __pyx_v_rows = values[1];
+    __pyx_v_h = values[2];
+    __pyx_v_c = values[3];
+    __pyx_v_y = values[4];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("table", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 455, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.table", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_10table(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_x, __pyx_v_rows, __pyx_v_h, __pyx_v_c, __pyx_v_y);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_x, PyObject *__pyx_v_rows, PyObject *__pyx_v_h, PyObject *__pyx_v_c, PyObject *__pyx_v_y) {
+  fastln_rnn_step_args __pyx_v_s;
+  int64_t __pyx_v_B;
+  int64_t __pyx_v_per;
+  int64_t __pyx_v_S;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  size_t __pyx_t_4;
+  int __pyx_t_5;
+  npy_intp __pyx_t_6;
+  int __pyx_t_7;
+  fastln_rnn_args *__pyx_t_8;
+  int64_t __pyx_t_9;
+  int64_t __pyx_t_10;
+  int64_t __pyx_t_11;
+  void *__pyx_t_12;
+  void *__pyx_t_13;
+  void *__pyx_t_14;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("table", 0);
+
+  /* "fastln/rnn/_engine.pyx":459
+ *         (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
+ *         cdef fastln_rnn_step_args s
+ *         memset(&s, 0, sizeof(s))             # <<<<<<<<<<<<<<
+ *         if not _fast(rows, cnp.NPY_INT64):
+ *             raise ValueError("internal: bad rows")
+*/
+  (void)(memset((&__pyx_v_s), 0, (sizeof(__pyx_v_s))));
+
+  /* "fastln/rnn/_engine.pyx":460
+ *         cdef fastln_rnn_step_args s
+ *         memset(&s, 0, sizeof(s))
+ *         if not _fast(rows, cnp.NPY_INT64):             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad rows")
+ *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
+*/
+  __pyx_t_1 = (!__pyx_f_6fastln_5_core__fast(__pyx_v_rows, NPY_INT64));
+
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "fastln/rnn/_engine.pyx":461
+ *         memset(&s, 0, sizeof(s))
+ *         if not _fast(rows, cnp.NPY_INT64):
+ *             raise ValueError("internal: bad rows")             # <<<<<<<<<<<<<<
+ *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
+ *         cdef int64_t per = self.num_layers * self.hidden_size
+*/
+    __pyx_t_3 = NULL;
+    __pyx_t_4 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_internal_bad_rows};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_4, (2-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 461, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 461, __pyx_L1_error)
+
+    /* "fastln/rnn/_engine.pyx":460
+ *         cdef fastln_rnn_step_args s
+ *         memset(&s, 0, sizeof(s))
+ *         if not _fast(rows, cnp.NPY_INT64):             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad rows")
+ *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":462
+ *         if not _fast(rows, cnp.NPY_INT64):
+ *             raise ValueError("internal: bad rows")
+ *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)             # <<<<<<<<<<<<<<
+ *         cdef int64_t per = self.num_layers * self.hidden_size
+ *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
+*/
+  __pyx_v_B = PyArray_SIZE(((PyArrayObject *)__pyx_v_rows));
+
+  /* "fastln/rnn/_engine.pyx":463
+ *             raise ValueError("internal: bad rows")
+ *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
+ *         cdef int64_t per = self.num_layers * self.hidden_size             # <<<<<<<<<<<<<<
+ *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
+ *             raise ValueError("internal: bad h table")
+*/
+  __pyx_v_per = (__pyx_v_self->num_layers * __pyx_v_self->hidden_size);
+
+  /* "fastln/rnn/_engine.pyx":464
+ *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
+ *         cdef int64_t per = self.num_layers * self.hidden_size
+ *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad h table")
+ *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
+*/
+  __pyx_t_5 = (!__pyx_f_6fastln_5_core__fast(__pyx_v_h, __pyx_v_self->tn));
+
+  if (!__pyx_t_5) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_5;
+
+    goto __pyx_L5_bool_binop_done;
+  }
+  __pyx_t_6 = PyArray_SIZE(((PyArrayObject *)__pyx_v_h));
+
+  if (unlikely(__pyx_v_per == 0)) {
+    PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+    __PYX_ERR(0, 464, __pyx_L1_error)
+  }
+  __pyx_t_5 = (__Pyx_mod_int64_t(__pyx_t_6, __pyx_v_per, 0) != 0);
+
+
+
+  __pyx_t_1 = __pyx_t_5;
+
+  __pyx_L5_bool_binop_done:;
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "fastln/rnn/_engine.pyx":465
+ *         cdef int64_t per = self.num_layers * self.hidden_size
+ *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
+ *             raise ValueError("internal: bad h table")             # <<<<<<<<<<<<<<
+ *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
+ *         _arr(h, self.tn, S * per, True, "h")
+*/
+    __pyx_t_3 = NULL;
+    __pyx_t_4 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_internal_bad_h_table};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_4, (2-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 465, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 465, __pyx_L1_error)
+
+    /* "fastln/rnn/_engine.pyx":464
+ *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
+ *         cdef int64_t per = self.num_layers * self.hidden_size
+ *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:             # <<<<<<<<<<<<<<
+ *             raise ValueError("internal: bad h table")
+ *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":466
+ *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
+ *             raise ValueError("internal: bad h table")
+ *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per             # <<<<<<<<<<<<<<
+ *         _arr(h, self.tn, S * per, True, "h")
+ *         if self.lstm:
+*/
+  __pyx_t_6 = PyArray_SIZE(((PyArrayObject *)__pyx_v_h));
+
+  if (unlikely(__pyx_v_per == 0)) {
+    PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
+    __PYX_ERR(0, 466, __pyx_L1_error)
+  }
+  else if (sizeof(int64_t) == sizeof(long) && (!(((int64_t)-1) > 0)) && unlikely(__pyx_v_per == (int64_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_t_6))) {
+    PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
+    __PYX_ERR(0, 466, __pyx_L1_error)
+  }
+  __pyx_v_S = __Pyx_div_int64_t(__pyx_t_6, __pyx_v_per, 0);
+
+
+  /* "fastln/rnn/_engine.pyx":467
+ *             raise ValueError("internal: bad h table")
+ *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
+ *         _arr(h, self.tn, S * per, True, "h")             # <<<<<<<<<<<<<<
+ *         if self.lstm:
+ *             _arr(c, self.tn, S * per, True, "c")
+*/
+  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_self->tn, (__pyx_v_S * __pyx_v_per), 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 467, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":468
+ *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
+ *         _arr(h, self.tn, S * per, True, "h")
+ *         if self.lstm:             # <<<<<<<<<<<<<<
+ *             _arr(c, self.tn, S * per, True, "c")
+ *             s.c = _ptr(c)
+*/
+  if (__pyx_v_self->lstm) {
+
+    /* "fastln/rnn/_engine.pyx":469
+ *         _arr(h, self.tn, S * per, True, "h")
+ *         if self.lstm:
+ *             _arr(c, self.tn, S * per, True, "c")             # <<<<<<<<<<<<<<
+ *             s.c = _ptr(c)
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+*/
+    __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_self->tn, (__pyx_v_S * __pyx_v_per), 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 469, __pyx_L1_error)
+
+
+    /* "fastln/rnn/_engine.pyx":470
+ *         if self.lstm:
+ *             _arr(c, self.tn, S * per, True, "c")
+ *             s.c = _ptr(c)             # <<<<<<<<<<<<<<
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+*/
+    __pyx_v_s.c = __pyx_f_6fastln_5_core__ptr(__pyx_v_c);
+
+    /* "fastln/rnn/_engine.pyx":468
+ *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
+ *         _arr(h, self.tn, S * per, True, "h")
+ *         if self.lstm:             # <<<<<<<<<<<<<<
+ *             _arr(c, self.tn, S * per, True, "c")
+ *             s.c = _ptr(c)
+*/
+  }
+
+  /* "fastln/rnn/_engine.pyx":471
+ *             _arr(c, self.tn, S * per, True, "c")
+ *             s.c = _ptr(c)
+ *         _arr(x, self.tn, B * self.input_size, False, "x")             # <<<<<<<<<<<<<<
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
+*/
+  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->input_size), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 471, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":472
+ *             s.c = _ptr(c)
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")             # <<<<<<<<<<<<<<
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
+ *         s.rows = <const int64_t *>_ptr(rows)
+*/
+  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->hidden_size), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 472, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":473
+ *         _arr(x, self.tn, B * self.input_size, False, "x")
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S             # <<<<<<<<<<<<<<
+ *         s.rows = <const int64_t *>_ptr(rows)
+ *         s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)
+*/
+  __pyx_t_8 = __pyx_v_self->layers;
+
+  __pyx_t_9 = __pyx_v_self->num_layers;
+
+  __pyx_t_10 = __pyx_v_B;
+
+  __pyx_t_11 = __pyx_v_S;
+
+  __pyx_v_s.layers = __pyx_t_8;
+  __pyx_v_s.num_layers = __pyx_t_9;
+  __pyx_v_s.batch = __pyx_t_10;
+  __pyx_v_s.table_rows = __pyx_t_11;
+
+  /* "fastln/rnn/_engine.pyx":474
+ *         _arr(y, self.tn, B * self.hidden_size, True, "y")
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
+ *         s.rows = <const int64_t *>_ptr(rows)             # <<<<<<<<<<<<<<
+ *         s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)
+ *         return self._call(&s)
+*/
+  __pyx_v_s.rows = ((int64_t const *)__pyx_f_6fastln_5_core__ptr(__pyx_v_rows));
+
+  /* "fastln/rnn/_engine.pyx":475
+ *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
+ *         s.rows = <const int64_t *>_ptr(rows)
+ *         s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)             # <<<<<<<<<<<<<<
+ *         return self._call(&s)
+ * 
+*/
+  __pyx_t_12 = __pyx_f_6fastln_5_core__ptr(__pyx_v_h);
+
+  __pyx_t_13 = __pyx_f_6fastln_5_core__ptr(__pyx_v_x);
+
+  __pyx_t_14 = __pyx_f_6fastln_5_core__ptr(__pyx_v_y);
+
+  __pyx_v_s.h = __pyx_t_12;
+  __pyx_v_s.x = __pyx_t_13;
+  __pyx_v_s.y = __pyx_t_14;
+
+  /* "fastln/rnn/_engine.pyx":476
+ *         s.rows = <const int64_t *>_ptr(rows)
+ *         s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)
+ *         return self._call(&s)             # <<<<<<<<<<<<<<
+ * 
+ *     cdef int _call(self, fastln_rnn_step_args *s) except -1:
+*/
+  __pyx_t_7 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_call(__pyx_v_self, (&__pyx_v_s)); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 476, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_t_7); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 476, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_2;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_2 = 0;
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":455
+ *         return self._call(&s)
+ * 
+ *     def table(self, x, rows, h, c, y):             # <<<<<<<<<<<<<<
+ *         """One step of the streams at rows (B) of the state tables h, c
+ *         (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.table", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+
+
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":478
+ *         return self._call(&s)
+ * 
+ *     cdef int _call(self, fastln_rnn_step_args *s) except -1:             # <<<<<<<<<<<<<<
+ *         cdef int rc
+ *         _init_blas()
+*/
+
+static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, fastln_rnn_step_args *__pyx_v_s) {
+  int __pyx_v_rc;
+  int __pyx_r;
+  int __pyx_t_1;
+  int __pyx_t_2;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+
+  /* "fastln/rnn/_engine.pyx":480
+ *     cdef int _call(self, fastln_rnn_step_args *s) except -1:
+ *         cdef int rc
+ *         _init_blas()             # <<<<<<<<<<<<<<
+ *         with nogil:
+ *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
+*/
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 480, __pyx_L1_error)
+
+
+  /* "fastln/rnn/_engine.pyx":481
+ *         cdef int rc
+ *         _init_blas()
+ *         with nogil:             # <<<<<<<<<<<<<<
+ *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
+ *         return _check(rc)
+*/
+  {
+      PyThreadState * _save;
+      _save = PyEval_SaveThread();
+      __Pyx_FastGIL_Remember();
+      /*try:*/ {
+
+        /* "fastln/rnn/_engine.pyx":482
+ *         _init_blas()
+ *         with nogil:
+ *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)             # <<<<<<<<<<<<<<
+ *         return _check(rc)
+*/
+        __pyx_t_2 = (__pyx_v_self->tn == NPY_FLOAT);
+
+        if (__pyx_t_2) {
+
+          __pyx_t_1 = __pyx_f_6fastln_5_core_rnn_step_f32(__pyx_v_s);
+        } else {
+
+          __pyx_t_1 = __pyx_f_6fastln_5_core_rnn_step_f64(__pyx_v_s);
+        }
+
+        __pyx_v_rc = __pyx_t_1;
+      }
+
+      /* "fastln/rnn/_engine.pyx":481
+ *         cdef int rc
+ *         _init_blas()
+ *         with nogil:             # <<<<<<<<<<<<<<
+ *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
+ *         return _check(rc)
+*/
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_FastGIL_Forget();
+          PyEval_RestoreThread(_save);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+  }
+
+  /* "fastln/rnn/_engine.pyx":483
+ *         with nogil:
+ *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
+ *         return _check(rc)             # <<<<<<<<<<<<<<
+*/
+  __pyx_t_1 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 483, __pyx_L1_error)
+  {
+    __pyx_r = __pyx_t_1;
+  }
+  goto __pyx_L0;
+
+  /* "fastln/rnn/_engine.pyx":478
+ *         return self._call(&s)
+ * 
+ *     cdef int _call(self, fastln_rnn_step_args *s) except -1:             # <<<<<<<<<<<<<<
+ *         cdef int rc
+ *         _init_blas()
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_AddTraceback("fastln.rnn._engine.Step._call", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+
+  return __pyx_r;
+}
+
+/* "fastln/rnn/_engine.pyx":328
+ *     """
+ *     cdef fastln_rnn_args *layers
+ *     cdef readonly int64_t num_layers, input_size, hidden_size             # <<<<<<<<<<<<<<
+ *     cdef int tn
+ *     cdef bint lstm
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_10num_layers_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_10num_layers_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_10num_layers___get__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10num_layers___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->num_layers); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 328, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_2);
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __pyx_r = __pyx_t_2;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __pyx_t_2 = 0;
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_3 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_3;
+          __pyx_t_3 = 0;
+          goto __pyx_L0;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.num_layers.__get__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_10input_size_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_10input_size_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_10input_size___get__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10input_size___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->input_size); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 328, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_2);
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __pyx_r = __pyx_t_2;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __pyx_t_2 = 0;
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_3 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_3;
+          __pyx_t_3 = 0;
+          goto __pyx_L0;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.input_size.__get__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_11hidden_size_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_11hidden_size_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_11hidden_size___get__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_11hidden_size___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->hidden_size); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 328, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_2);
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __pyx_r = __pyx_t_2;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __pyx_t_2 = 0;
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_3 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_3;
+          __pyx_t_3 = 0;
+          goto __pyx_L0;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.hidden_size.__get__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "(tree fragment)":1
+ * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+ * def __setstate_cython__(self, __pyx_state):
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_12__reduce_cython__, "Step.__reduce_cython__(self)");
+static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_4Step_13__reduce_cython__ = {"__reduce_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_12__reduce_cython__};
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__reduce_cython__ (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  if (unlikely(__pyx_nargs > 0)) { __Pyx_RaiseArgtupleInvalid("__reduce_cython__", 1, 0, 0, __pyx_nargs); return NULL; }
+  const Py_ssize_t __pyx_kwds_len = unlikely(__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+  if (unlikely(__pyx_kwds_len < 0)) return NULL;
+  if (unlikely(__pyx_kwds_len > 0)) {__Pyx_RejectKeywords("__reduce_cython__", __pyx_kwds); return NULL;}
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_12__reduce_cython__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_12__reduce_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__reduce_cython__", 0);
+
+  /* "(tree fragment)":2
+ * def __reduce_cython__(self):
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"             # <<<<<<<<<<<<<<
+ * def __setstate_cython__(self, __pyx_state):
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+*/
+  __Pyx_Raise(((PyObject *)(((PyTypeObject*)PyExc_TypeError))), __pyx_mstate_global->__pyx_kp_u_no_default___reduce___due_to_non, 0, 0);
+  __PYX_ERR(3, 2, __pyx_L1_error)
+
+  /* "(tree fragment)":1
+ * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+ * def __setstate_cython__(self, __pyx_state):
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.__reduce_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "(tree fragment)":3
+ * def __reduce_cython__(self):
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+ * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_14__setstate_cython__, "Step.__setstate_cython__(self, __pyx_state)");
+static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_4Step_15__setstate_cython__ = {"__setstate_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_14__setstate_cython__};
+static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  CYTHON_UNUSED PyObject *__pyx_v___pyx_state = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__setstate_cython__ (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_pyx_state,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(3, 3, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(3, 3, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__setstate_cython__", 0) < (0)) __PYX_ERR(3, 3, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__setstate_cython__", 1, 1, 1, i); __PYX_ERR(3, 3, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(3, 3, __pyx_L3_error)
+    }
+    __pyx_v___pyx_state = values[0];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("__setstate_cython__", 1, 1, 1, __pyx_nargs); __PYX_ERR(3, 3, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.__setstate_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_14__setstate_cython__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v___pyx_state);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_14__setstate_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, CYTHON_UNUSED PyObject *__pyx_v___pyx_state) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__setstate_cython__", 0);
+
+  /* "(tree fragment)":4
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+ * def __setstate_cython__(self, __pyx_state):
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"             # <<<<<<<<<<<<<<
+*/
+  __Pyx_Raise(((PyObject *)(((PyTypeObject*)PyExc_TypeError))), __pyx_mstate_global->__pyx_kp_u_no_default___reduce___due_to_non, 0, 0);
+  __PYX_ERR(3, 4, __pyx_L1_error)
+
+  /* "(tree fragment)":3
+ * def __reduce_cython__(self):
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+ * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_AddTraceback("fastln.rnn._engine.Step.__setstate_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
 /* #### Code section: module_exttypes ### */
+static struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step __pyx_vtable_6fastln_3rnn_7_engine_Step;
+
+static PyObject *__pyx_tp_new__initialisation_6fastln_3rnn_7_engine_Step(PyObject *o, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+) {
+  struct __pyx_obj_6fastln_3rnn_7_engine_Step *p = ((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)o);
+  p->__pyx_vtab = __pyx_vtabptr_6fastln_3rnn_7_engine_Step;
+  p->keys = Py_None; Py_INCREF(Py_None);
+  p->owners = Py_None; Py_INCREF(Py_None);
+  p->keep = Py_None; Py_INCREF(Py_None);
+  p->locked = Py_None; Py_INCREF(Py_None);
+  p->bf16 = Py_None; Py_INCREF(Py_None);
+  {
+    int cinit_result = __pyx_pw_6fastln_3rnn_7_engine_4Step_1__cinit__(o, 
+#if CYTHON_VECTORCALL_TPNEW
+    args, nargs, kwnames
+#else
+    a, k
+#endif
+);
+    if (unlikely(cinit_result)) goto bad;
+  }
+  return o;
+  bad:
+  Py_DECREF(o); o = 0;
+  return NULL;
+}
+
+static PyObject *__pyx_tp_new_vectorcall_6fastln_3rnn_7_engine_Step(PyTypeObject *t, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+) {
+  PyObject *o;
+  o = __Pyx_AllocateExtensionType(t, 0);
+  if (unlikely(!o)) return 0;
+  return __pyx_tp_new__initialisation_6fastln_3rnn_7_engine_Step(o, 
+#if CYTHON_VECTORCALL_TPNEW
+    args, nargs, kwnames
+#else
+    a, k
+#endif
+);
+}
+
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_new_6fastln_3rnn_7_engine_Step(PyTypeObject *t, PyObject *a, PyObject *k) {
+  return __Pyx_CallTpnewAsVectorcall(__pyx_tp_new_vectorcall_6fastln_3rnn_7_engine_Step, t, a, k);
+}
+#endif
+
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_vectorcall_6fastln_3rnn_7_engine_Step(PyObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  if (unlikely((PyTypeObject*)t != __pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step || __Pyx_PyType_HasFeature((PyTypeObject*)t, Py_TPFLAGS_IS_ABSTRACT))) {
+    return __Pyx_CallNewInitFromVectorcall((PyTypeObject*)t, args, nargsf, kwnames);
+  }
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject *o = __pyx_tp_new_vectorcall_6fastln_3rnn_7_engine_Step((PyTypeObject*)t, args, nargs, kwnames);
+  return o;
+}
+#endif
+
+static void __pyx_tp_dealloc_6fastln_3rnn_7_engine_Step(PyObject *o) {
+  struct __pyx_obj_6fastln_3rnn_7_engine_Step *p = (struct __pyx_obj_6fastln_3rnn_7_engine_Step *)o;
+  #if CYTHON_USE_TP_FINALIZE
+  if (unlikely(__Pyx_PyObject_GetSlot(o, tp_finalize, destructor)) && !__Pyx_PyObject_GC_IsFinalized(o)) {
+    if (__Pyx_PyObject_GetSlot(o, tp_dealloc, destructor) == __pyx_tp_dealloc_6fastln_3rnn_7_engine_Step) {
+      if (PyObject_CallFinalizerFromDealloc(o)) return;
+    }
+  }
+  #endif
+  PyObject_GC_UnTrack(o);
+  {
+    PyObject *etype, *eval, *etb;
+    __Pyx_PyErr_FetchException(&etype, &eval, &etb);
+    __Pyx_DeallocKeepAliveBegin(o);
+    __pyx_pw_6fastln_3rnn_7_engine_4Step_3__dealloc__(o);
+    __Pyx_DeallocKeepAliveEnd(o);
+    __Pyx_PyErr_RestoreException(etype, eval, etb);
+  }
+  Py_CLEAR(p->keys);
+  Py_CLEAR(p->owners);
+  Py_CLEAR(p->keep);
+  Py_CLEAR(p->locked);
+  Py_CLEAR(p->bf16);
+  PyTypeObject *tp = Py_TYPE(o);
+  #if CYTHON_USE_TYPE_SLOTS
+  (*tp->tp_free)(o);
+  #else
+  {
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    if (tp_free) tp_free(o);
+  }
+  #endif
+  #if CYTHON_USE_TYPE_SPECS
+  Py_DECREF(tp);
+  #endif
+}
+
+static int __pyx_tp_traverse_6fastln_3rnn_7_engine_Step(PyObject *o, visitproc v, void *a) {
+  int e;
+  struct __pyx_obj_6fastln_3rnn_7_engine_Step *p = (struct __pyx_obj_6fastln_3rnn_7_engine_Step *)o;
+  {
+    e = __Pyx_call_type_traverse(o, 1, v, a);
+    if (e) return e;
+  }
+  if (p->keys) {
+    e = (*v)(p->keys, a); if (e) return e;
+  }
+  if (p->owners) {
+    e = (*v)(p->owners, a); if (e) return e;
+  }
+  if (p->keep) {
+    e = (*v)(p->keep, a); if (e) return e;
+  }
+  if (p->locked) {
+    e = (*v)(p->locked, a); if (e) return e;
+  }
+  if (p->bf16) {
+    e = (*v)(p->bf16, a); if (e) return e;
+  }
+  return 0;
+}
+
+static int __pyx_tp_clear_6fastln_3rnn_7_engine_Step(PyObject *o) {
+  PyObject* tmp;
+  struct __pyx_obj_6fastln_3rnn_7_engine_Step *p = (struct __pyx_obj_6fastln_3rnn_7_engine_Step *)o;
+  tmp = ((PyObject*)p->keys);
+  p->keys = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->owners);
+  p->owners = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->keep);
+  p->keep = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->locked);
+  p->locked = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->bf16);
+  p->bf16 = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  return 0;
+}
+
+static PyObject *__pyx_getprop_6fastln_3rnn_7_engine_4Step_num_layers(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_6fastln_3rnn_7_engine_4Step_10num_layers_1__get__(o);
+}
+
+static PyObject *__pyx_getprop_6fastln_3rnn_7_engine_4Step_input_size(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_6fastln_3rnn_7_engine_4Step_10input_size_1__get__(o);
+}
+
+static PyObject *__pyx_getprop_6fastln_3rnn_7_engine_4Step_hidden_size(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_6fastln_3rnn_7_engine_4Step_11hidden_size_1__get__(o);
+}
+
+static PyMethodDef __pyx_methods_6fastln_3rnn_7_engine_Step[] = {
+  {"valid", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_5valid, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_4valid},
+  {"run", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_9run, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_8run},
+  {"table", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_11table, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_10table},
+  {"__reduce_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_12__reduce_cython__},
+  {"__setstate_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_14__setstate_cython__},
+  {0, 0, 0, 0}
+};
+
+static struct PyGetSetDef __pyx_getsets_6fastln_3rnn_7_engine_Step[] = {
+  {"num_layers", __pyx_getprop_6fastln_3rnn_7_engine_4Step_num_layers, 0, 0, 0},
+  {"input_size", __pyx_getprop_6fastln_3rnn_7_engine_4Step_input_size, 0, 0, 0},
+  {"hidden_size", __pyx_getprop_6fastln_3rnn_7_engine_4Step_hidden_size, 0, 0, 0},
+  {0, 0, 0, 0, 0}
+};
+#if CYTHON_USE_TYPE_SPECS
+static PyType_Slot __pyx_type_6fastln_3rnn_7_engine_Step_slots[] = {
+  {Py_tp_dealloc, (void *)__pyx_tp_dealloc_6fastln_3rnn_7_engine_Step},
+  {Py_tp_call, (void *)__pyx_pw_6fastln_3rnn_7_engine_4Step_7__call__},
+  {Py_tp_doc, (void *)PyDoc_STR("A model\047s step, compiled: every layer\047s arguments checked and filled\n    once, then one call into the engine (fastln_rnn_step_*) per step.\n\n    Step(cell, I, H, eps, layers, packs, bf16, keys, owners): layers[k] is\n    layer k\047s list of parameter arrays (as forward takes them), packs[k]\n    None or its pack() array; bf16 None, or the bfloat16 dtype of a\n    bfloat16 model (its weights are bfloat16 bits, its y is bfloat16); keys\n    the model\047s params keys the step reads and owners the arrays they held\n    when it was built (kept, and compared by valid()). The weights of a\n    layer that reads a packed copy are \"locked\": the copy is valid while\n    they stay immutable.\n    ")},
+  {Py_tp_traverse, (void *)__pyx_tp_traverse_6fastln_3rnn_7_engine_Step},
+  {Py_tp_clear, (void *)__pyx_tp_clear_6fastln_3rnn_7_engine_Step},
+  {Py_tp_methods, (void *)__pyx_methods_6fastln_3rnn_7_engine_Step},
+  {Py_tp_getset, (void *)__pyx_getsets_6fastln_3rnn_7_engine_Step},
+  {Py_tp_new, (void *)__pyx_tp_new_6fastln_3rnn_7_engine_Step},
+  #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM >= 0x07030800) && (!CYTHON_COMPILING_IN_LIMITED_API || __PYX_LIMITED_VERSION_HEX >= 0x030E0000)
+  #if CYTHON_VECTORCALL_TPNEW
+  {Py_tp_vectorcall, (void *)__pyx_tp_vectorcall_6fastln_3rnn_7_engine_Step},
+  #endif
+  #endif
+  {0, 0},
+};
+static PyType_Spec __pyx_type_6fastln_3rnn_7_engine_Step_spec = {
+  "fastln.rnn._engine.Step",
+  sizeof(struct __pyx_obj_6fastln_3rnn_7_engine_Step),
+  0,
+  Py_TPFLAGS_DEFAULT|Py_TPFLAGS_HAVE_VERSION_TAG|Py_TPFLAGS_BASETYPE|Py_TPFLAGS_HAVE_GC,
+  __pyx_type_6fastln_3rnn_7_engine_Step_slots,
+};
+#else
+
+static PyTypeObject __pyx_type_6fastln_3rnn_7_engine_Step = {
+  PyVarObject_HEAD_INIT(0, 0)
+  "fastln.rnn._engine.""Step", /*tp_name*/
+  sizeof(struct __pyx_obj_6fastln_3rnn_7_engine_Step), /*tp_basicsize*/
+  0, /*tp_itemsize*/
+  __pyx_tp_dealloc_6fastln_3rnn_7_engine_Step, /*tp_dealloc*/
+  0, /*tp_vectorcall_offset*/
+  0, /*tp_getattr*/
+  0, /*tp_setattr*/
+  0, /*tp_as_async*/
+  0, /*tp_repr*/
+  0, /*tp_as_number*/
+  0, /*tp_as_sequence*/
+  0, /*tp_as_mapping*/
+  0, /*tp_hash*/
+  __pyx_pw_6fastln_3rnn_7_engine_4Step_7__call__, /*tp_call*/
+  0, /*tp_str*/
+  0, /*tp_getattro*/
+  0, /*tp_setattro*/
+  0, /*tp_as_buffer*/
+  Py_TPFLAGS_DEFAULT|Py_TPFLAGS_HAVE_VERSION_TAG|Py_TPFLAGS_BASETYPE|Py_TPFLAGS_HAVE_GC, /*tp_flags*/
+  PyDoc_STR("A model\047s step, compiled: every layer\047s arguments checked and filled\n    once, then one call into the engine (fastln_rnn_step_*) per step.\n\n    Step(cell, I, H, eps, layers, packs, bf16, keys, owners): layers[k] is\n    layer k\047s list of parameter arrays (as forward takes them), packs[k]\n    None or its pack() array; bf16 None, or the bfloat16 dtype of a\n    bfloat16 model (its weights are bfloat16 bits, its y is bfloat16); keys\n    the model\047s params keys the step reads and owners the arrays they held\n    when it was built (kept, and compared by valid()). The weights of a\n    layer that reads a packed copy are \"locked\": the copy is valid while\n    they stay immutable.\n    "), /*tp_doc*/
+  __pyx_tp_traverse_6fastln_3rnn_7_engine_Step, /*tp_traverse*/
+  __pyx_tp_clear_6fastln_3rnn_7_engine_Step, /*tp_clear*/
+  0, /*tp_richcompare*/
+  0, /*tp_weaklistoffset*/
+  0, /*tp_iter*/
+  0, /*tp_iternext*/
+  __pyx_methods_6fastln_3rnn_7_engine_Step, /*tp_methods*/
+  0, /*tp_members*/
+  __pyx_getsets_6fastln_3rnn_7_engine_Step, /*tp_getset*/
+  0, /*tp_base*/
+  0, /*tp_dict*/
+  0, /*tp_descr_get*/
+  0, /*tp_descr_set*/
+  #if !CYTHON_USE_TYPE_SPECS
+  0, /*tp_dictoffset*/
+  #endif
+  0, /*tp_init*/
+  0, /*tp_alloc*/
+  __pyx_tp_new_6fastln_3rnn_7_engine_Step, /*tp_new*/
+  0, /*tp_free*/
+  0, /*tp_is_gc*/
+  0, /*tp_bases*/
+  0, /*tp_mro*/
+  0, /*tp_cache*/
+  0, /*tp_subclasses*/
+  0, /*tp_weaklist*/
+  0, /*tp_del*/
+  0, /*tp_version_tag*/
+  #if CYTHON_USE_TP_FINALIZE
+  0, /*tp_finalize*/
+  #else
+  NULL, /*tp_finalize*/
+  #endif
+  #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM >= 0x07030800) && (!CYTHON_COMPILING_IN_LIMITED_API || __PYX_LIMITED_VERSION_HEX >= 0x030E0000)
+  #if CYTHON_VECTORCALL_TPNEW
+  __pyx_tp_vectorcall_6fastln_3rnn_7_engine_Step, /*tp_vectorcall*/
+  #else
+  NULL, /*tp_vectorcall*/
+  #endif
+  #endif
+  #if __PYX_NEED_TP_PRINT_SLOT == 1
+  0, /*tp_print*/
+  #endif
+  #if PY_VERSION_HEX >= 0x030C0000
+  0, /*tp_watched*/
+  #endif
+  #if PY_VERSION_HEX >= 0x030d00A4
+  0, /*tp_versions_used*/
+  #endif
+  #if CYTHON_COMPILING_IN_PYPY && PY_VERSION_HEX < 0x030a0000
+  0, /*tp_pypy_flags*/
+  #endif
+};
+#endif
 
 static PyMethodDef __pyx_methods[] = {
   {0, 0, 0, 0}
@@ -10994,6 +15989,7 @@ static CYTHON_SMALL_CODE int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate)
 static CYTHON_SMALL_CODE int __Pyx_modinit_Global_init_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Variable_export_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Function_export_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
+static CYTHON_SMALL_CODE int __Pyx_modinit_Exttype___pyx_obj_6fastln_3rnn_7_engine_Step(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Variable_import_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Function_import_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
@@ -11027,6 +16023,57 @@ static int __Pyx_modinit_Function_export_code(__pyx_mstatetype *__pyx_mstate) {
   return 0;
 }
 
+static int __Pyx_modinit_Exttype___pyx_obj_6fastln_3rnn_7_engine_Step(__pyx_mstatetype *__pyx_mstate) {
+  __Pyx_RefNannyDeclarations
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  CYTHON_UNUSED_VAR(__pyx_mstate);
+  __Pyx_RefNannySetupContext("__Pyx_modinit_Exttype___pyx_obj_6fastln_3rnn_7_engine_Step", 0);
+  /*--- Exttype __pyx_obj_6fastln_3rnn_7_engine_Step ---*/
+  __pyx_vtabptr_6fastln_3rnn_7_engine_Step = &__pyx_vtable_6fastln_3rnn_7_engine_Step;
+  __pyx_vtable_6fastln_3rnn_7_engine_Step._state_ok = (int (*)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, PyObject *, npy_intp *))__pyx_f_6fastln_3rnn_7_engine_4Step__state_ok;
+  __pyx_vtable_6fastln_3rnn_7_engine_Step._to_bf16 = (PyObject *(*)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, PyObject *))__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16;
+  __pyx_vtable_6fastln_3rnn_7_engine_Step._valid = (int (*)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, PyObject *))__pyx_f_6fastln_3rnn_7_engine_4Step__valid;
+  __pyx_vtable_6fastln_3rnn_7_engine_Step._call = (int (*)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, fastln_rnn_step_args *))__pyx_f_6fastln_3rnn_7_engine_4Step__call;
+  #if CYTHON_USE_TYPE_SPECS
+  __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_6fastln_3rnn_7_engine_Step_spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step)) __PYX_ERR(0, 314, __pyx_L1_error)
+  #else
+  __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step = &__pyx_type_6fastln_3rnn_7_engine_Step;
+  #endif
+  #if !CYTHON_COMPILING_IN_LIMITED_API
+  #endif
+  #if !CYTHON_USE_TYPE_SPECS
+  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
+  #endif
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount((PyObject*)__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step);
+  #endif
+  #if !CYTHON_COMPILING_IN_LIMITED_API
+  if ((CYTHON_USE_TYPE_SLOTS && CYTHON_USE_PYTYPE_LOOKUP) && likely(!__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step->tp_dictoffset && __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step->tp_getattro == PyObject_GenericGetAttr)) {
+    __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step->tp_getattro = PyObject_GenericGetAttr;
+  }
+  #endif
+  #if CYTHON_UPDATE_DESCRIPTOR_DOC
+  {
+    PyObject *wrapper = PyObject_GetAttrString((PyObject *)__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step, "__call__"); if (unlikely(!wrapper)) __PYX_ERR(0, 314, __pyx_L1_error)
+    if (Py_IS_TYPE(wrapper, &PyWrapperDescr_Type)) {
+      __pyx_wrapperbase_6fastln_3rnn_7_engine_4Step_6__call__ = *((PyWrapperDescrObject *)wrapper)->d_base;
+      __pyx_wrapperbase_6fastln_3rnn_7_engine_4Step_6__call__.doc = __pyx_doc_6fastln_3rnn_7_engine_4Step_6__call__;
+      ((PyWrapperDescrObject *)wrapper)->d_base = &__pyx_wrapperbase_6fastln_3rnn_7_engine_4Step_6__call__;
+    }
+  }
+  #endif
+  if (__Pyx_SetVtable(__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_vtabptr_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
+  if (PyObject_SetAttr(__pyx_m, __pyx_mstate_global->__pyx_n_u_Step, (PyObject *) __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
+  if (__Pyx_setup_reduce((PyObject *) __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
+  __Pyx_RefNannyFinishContext();
+  return 0;
+  __pyx_L1_error:;
+  __Pyx_RefNannyFinishContext();
+  return -1;
+}
+
 static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   __Pyx_RefNannyDeclarations
   PyObject *__pyx_t_1 = NULL;
@@ -11036,7 +16083,7 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_modinit_Type_import_code", 0);
   /*--- Type import code ---*/
-  __pyx_t_1 = PyImport_ImportModule(__Pyx_BUILTIN_MODULE_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(3, 9, __pyx_L1_error)
+  __pyx_t_1 = PyImport_ImportModule(__Pyx_BUILTIN_MODULE_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(4, 9, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __pyx_mstate->__pyx_ptype_7cpython_4type_type = __Pyx_ImportType_3_3_1(__pyx_t_1, __Pyx_BUILTIN_MODULE_NAME, "type",
   #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
@@ -11046,7 +16093,7 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   #else
   sizeof(PyHeapTypeObject), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(PyHeapTypeObject),
   #endif
-  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7cpython_4type_type) __PYX_ERR(3, 9, __pyx_L1_error)
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7cpython_4type_type) __PYX_ERR(4, 9, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __pyx_t_1 = PyImport_ImportModule("numpy"); if (unlikely(!__pyx_t_1)) __PYX_ERR(1, 229, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
@@ -11219,8 +16266,8 @@ static int __Pyx_modinit_Function_import_code(__pyx_mstatetype *__pyx_mstate) {
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (unlikely(!__pyx_import_signature)) __PYX_ERR(0, 1, __pyx_L1_error)
     #endif
-    const char * __pyx_import_name = __pyx_import_signature + 289;
-    void (**const __pyx_import_pointers[])(void) = {(void (**)(void))&__pyx_f_6fastln_5_core_rnn_bf16_products, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward2_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward2_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward2_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward2_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_step_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_step_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_pack, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_packed_size, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_cache_size, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_work_size, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_set_blas, (void (**)(void)) NULL};
+    const char * __pyx_import_name = __pyx_import_signature + 326;
+    void (**const __pyx_import_pointers[])(void) = {(void (**)(void))&__pyx_f_6fastln_5_core_rnn_bf16_products, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward2_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward2_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_backward_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward2_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward2_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_forward_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_step_f32, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_step_f64, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_pack, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_packed_size, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_cache_size, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_work_size, (void (**)(void))&__pyx_f_6fastln_5_core_rnn_set_blas, (void (**)(void))&__pyx_f_6fastln_5_core_to_bf16, (void (**)(void)) NULL};
     void (**const *__pyx_import_pointer)(void) = __pyx_import_pointers;
     const char *__pyx_import_current_signature = __pyx_import_signature;
     while (*__pyx_import_pointer) {
@@ -11517,51 +16564,52 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
   (void)__Pyx_modinit_Variable_export_code(__pyx_mstate);
   (void)__Pyx_modinit_Function_export_code(__pyx_mstate);
   /*--- Type init code ---*/
+  if (unlikely((__Pyx_modinit_Exttype___pyx_obj_6fastln_3rnn_7_engine_Step(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (unlikely((__Pyx_modinit_Type_import_code(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   (void)__Pyx_modinit_Variable_import_code(__pyx_mstate);
   if (unlikely((__Pyx_modinit_Function_import_code(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   if (__Pyx_InitAfterSharedUtility() < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
   /*--- Execution code ---*/
 
-  /* "fastln/rnn/_engine.pyx":13
- * from libc.string cimport memset
+  /* "fastln/rnn/_engine.pyx":15
+ * from cpython.mem cimport PyMem_Free, PyMem_Malloc
  * cimport numpy as cnp
  * import numpy as np             # <<<<<<<<<<<<<<
  * 
  * from fastln._core cimport (
 */
-  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 13, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 15, __pyx_L1_error)
   __pyx_t_2 = __pyx_t_1;
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_2) < (0)) __PYX_ERR(0, 13, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_2) < (0)) __PYX_ERR(0, 15, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":22
- *     rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size)
+  /* "fastln/rnn/_engine.pyx":24
+ *     rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size, to_bf16)
  * 
  * cnp.import_array()             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_3 = __pyx_f_5numpy_import_array(); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 22, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_5numpy_import_array(); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 24, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":25
+  /* "fastln/rnn/_engine.pyx":27
  * 
  * 
  * def bf16_products():             # <<<<<<<<<<<<<<
  *     """Where a bfloat16 model's products run on the path in use: "AMX",
  *     "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_1bf16_products, 0, __pyx_mstate_global->__pyx_n_u_bf16_products, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 25, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_1bf16_products, 0, __pyx_mstate_global->__pyx_n_u_bf16_products, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_bf16_products, __pyx_t_2) < (0)) __PYX_ERR(0, 25, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_bf16_products, __pyx_t_2) < (0)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":37
+  /* "fastln/rnn/_engine.pyx":39
  *     const char *PyCapsule_GetName(object capsule) except? NULL
  * 
  * cdef bint _blas_ready = False             # <<<<<<<<<<<<<<
@@ -11570,112 +16618,112 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   __pyx_v_6fastln_3rnn_7_engine__blas_ready = 0;
 
-  /* "fastln/rnn/_engine.pyx":61
+  /* "fastln/rnn/_engine.pyx":63
  * 
  * # the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
  * CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,             # <<<<<<<<<<<<<<
- *           "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
- *           "gru_plain_reset_first": 27}
+ *          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
+ *          "gru_plain_reset_first": 27}
 */
-  __pyx_t_2 = __Pyx_PyDict_NewPresized(9); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 61, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyDict_NewPresized(9); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 63, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh, __pyx_mstate_global->__pyx_int_0) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu, __pyx_mstate_global->__pyx_int_1) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm, __pyx_mstate_global->__pyx_int_2) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru, __pyx_mstate_global->__pyx_int_3) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh_plain, __pyx_mstate_global->__pyx_int_8) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu_plain, __pyx_mstate_global->__pyx_int_9) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm_plain, __pyx_mstate_global->__pyx_int_10) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain, __pyx_mstate_global->__pyx_int_11) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain_reset_first, __pyx_mstate_global->__pyx_int_27) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_CELLS, __pyx_t_2) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh, __pyx_mstate_global->__pyx_int_0) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu, __pyx_mstate_global->__pyx_int_1) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm, __pyx_mstate_global->__pyx_int_2) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru, __pyx_mstate_global->__pyx_int_3) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh_plain, __pyx_mstate_global->__pyx_int_8) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu_plain, __pyx_mstate_global->__pyx_int_9) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm_plain, __pyx_mstate_global->__pyx_int_10) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain, __pyx_mstate_global->__pyx_int_11) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain_reset_first, __pyx_mstate_global->__pyx_int_27) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_CELLS, __pyx_t_2) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":65
- *           "gru_plain_reset_first": 27}
+  /* "fastln/rnn/_engine.pyx":67
+ *          "gru_plain_reset_first": 27}
  * 
  * _SIZES = {}             # <<<<<<<<<<<<<<
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):
 */
-  __pyx_t_2 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 65, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 67, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_SIZES, __pyx_t_2) < (0)) __PYX_ERR(0, 65, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_SIZES, __pyx_t_2) < (0)) __PYX_ERR(0, 67, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":67
+  /* "fastln/rnn/_engine.pyx":69
  * _SIZES = {}
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):             # <<<<<<<<<<<<<<
  *     """Element counts of one layer's parameters, in fastln_rnn.h order."""
  *     key = (cell, I, H)
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_3param_sizes, 0, __pyx_mstate_global->__pyx_n_u_param_sizes, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 67, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_3param_sizes, 0, __pyx_mstate_global->__pyx_n_u_param_sizes, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 69, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_param_sizes, __pyx_t_2) < (0)) __PYX_ERR(0, 67, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_param_sizes, __pyx_t_2) < (0)) __PYX_ERR(0, 69, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":88
+  /* "fastln/rnn/_engine.pyx":90
  *     return sizes
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_5cache_size, 0, __pyx_mstate_global->__pyx_n_u_cache_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 88, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_5cache_size, 0, __pyx_mstate_global->__pyx_n_u_cache_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 90, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_cache_size, __pyx_t_2) < (0)) __PYX_ERR(0, 88, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_cache_size, __pyx_t_2) < (0)) __PYX_ERR(0, 90, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":91
+  /* "fastln/rnn/_engine.pyx":93
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
  *     return rnn_work_size(CELLS[cell], T, B, H)
  * 
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_7work_size, 0, __pyx_mstate_global->__pyx_n_u_work_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 91, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_7work_size, 0, __pyx_mstate_global->__pyx_n_u_work_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 93, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_work_size, __pyx_t_2) < (0)) __PYX_ERR(0, 91, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_work_size, __pyx_t_2) < (0)) __PYX_ERR(0, 93, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":159
+  /* "fastln/rnn/_engine.pyx":188
  *     return tn
  * 
  * def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):             # <<<<<<<<<<<<<<
  *     """One layer's weights packed for the forward on the path in use
  *     (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_9pack, 0, __pyx_mstate_global->__pyx_n_u_pack, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 159, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_9pack, 0, __pyx_mstate_global->__pyx_n_u_pack, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 188, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pack, __pyx_t_2) < (0)) __PYX_ERR(0, 159, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pack, __pyx_t_2) < (0)) __PYX_ERR(0, 188, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":185
+  /* "fastln/rnn/_engine.pyx":214
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                  x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,             # <<<<<<<<<<<<<<
  *                  packed=None):
  *     """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
 */
-  __pyx_t_2 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 185, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 214, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 185, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 214, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
-  /* "fastln/rnn/_engine.pyx":184
+  /* "fastln/rnn/_engine.pyx":213
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -11684,32 +16732,32 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   {
     PyObject* __pyx_temp[3] = {__pyx_t_2, __pyx_t_4, Py_None};
-    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 184, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 213, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
   }
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_11forward, 0, __pyx_mstate_global->__pyx_n_u_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 184, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_11forward, 0, __pyx_mstate_global->__pyx_n_u_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 213, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_4, __pyx_t_5);
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward, __pyx_t_4) < (0)) __PYX_ERR(0, 184, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward, __pyx_t_4) < (0)) __PYX_ERR(0, 213, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":201
+  /* "fastln/rnn/_engine.pyx":230
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):             # <<<<<<<<<<<<<<
  *     """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
  *     params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
 */
-  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 201, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 230, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
-  /* "fastln/rnn/_engine.pyx":200
+  /* "fastln/rnn/_engine.pyx":229
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -11718,31 +16766,31 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   {
     PyObject* __pyx_temp[2] = {__pyx_t_4, Py_None};
-    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 200, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 229, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
   }
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_13forward2, 0, __pyx_mstate_global->__pyx_n_u_forward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 200, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_13forward2, 0, __pyx_mstate_global->__pyx_n_u_forward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 229, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_4, __pyx_t_5);
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward2, __pyx_t_4) < (0)) __PYX_ERR(0, 200, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward2, __pyx_t_4) < (0)) __PYX_ERR(0, 229, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":243
+  /* "fastln/rnn/_engine.pyx":272
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,
  *                   bint reverse=False):             # <<<<<<<<<<<<<<
  *     """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
  *     cdef fastln_rnn_args a
 */
-  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 243, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 272, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
-  /* "fastln/rnn/_engine.pyx":241
+  /* "fastln/rnn/_engine.pyx":270
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -11751,33 +16799,120 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   {
     PyObject* __pyx_temp[2] = {Py_None, __pyx_t_4};
-    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 241, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 270, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
   }
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_15backward, 0, __pyx_mstate_global->__pyx_n_u_backward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 241, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_15backward, 0, __pyx_mstate_global->__pyx_n_u_backward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 270, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_4, __pyx_t_5);
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward, __pyx_t_4) < (0)) __PYX_ERR(0, 241, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward, __pyx_t_4) < (0)) __PYX_ERR(0, 270, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":255
+  /* "fastln/rnn/_engine.pyx":284
  *     return _rnn_status(rc)
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
  *                    x, params2, lengths, caches2, dy, dh2, dc2, dx, grads2, works2):
  *     """Both directions of one layer backward (fastln_rnn_backward2): dy (T,B,2H);
 */
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_17backward2, 0, __pyx_mstate_global->__pyx_n_u_backward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 255, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_17backward2, 0, __pyx_mstate_global->__pyx_n_u_backward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 284, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward2, __pyx_t_4) < (0)) __PYX_ERR(0, 255, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward2, __pyx_t_4) < (0)) __PYX_ERR(0, 284, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "fastln/rnn/_engine.pyx":304
+ * # ---- the compiled step --------------------------------------------------------
+ * 
+ * cpdef bint immutable(object a):             # <<<<<<<<<<<<<<
+ *     """Whether no write can reach a's data: a and every array it views are
+ *     read-only, down to an owner that is an array or bytes."""
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_19immutable, 0, __pyx_mstate_global->__pyx_n_u_immutable, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[9])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 304, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_immutable, __pyx_t_4) < (0)) __PYX_ERR(0, 304, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "fastln/rnn/_engine.pyx":365
+ *         PyMem_Free(self.layers)
+ * 
+ *     def valid(self, dict params):             # <<<<<<<<<<<<<<
+ *         """Whether params holds the arrays the step was built from, and the
+ *         weights it keeps packed are still immutable."""
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_5valid, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_valid, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[10])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 365, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_valid, __pyx_t_4) < (0)) __PYX_ERR(0, 365, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "fastln/rnn/_engine.pyx":434
+ *         return True
+ * 
+ *     def run(self, int64_t B, x, h_in, c_in, y, h, c):             # <<<<<<<<<<<<<<
+ *         """One step of B rows: x (B, I) -> y (B, H); the state (num_layers, B,
+ *         H) goes from h_in, c_in (None: h, c hold it) into h, c."""
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_9run, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_run, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[11])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 434, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_run, __pyx_t_4) < (0)) __PYX_ERR(0, 434, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "fastln/rnn/_engine.pyx":455
+ *         return self._call(&s)
+ * 
+ *     def table(self, x, rows, h, c, y):             # <<<<<<<<<<<<<<
+ *         """One step of the streams at rows (B) of the state tables h, c
+ *         (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_11table, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_table, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[12])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 455, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_table, __pyx_t_4) < (0)) __PYX_ERR(0, 455, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "(tree fragment)":1
+ * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+ * def __setstate_cython__(self, __pyx_state):
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_13__reduce_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step___reduce_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[13])); if (unlikely(!__pyx_t_4)) __PYX_ERR(3, 1, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_reduce_cython, __pyx_t_4) < (0)) __PYX_ERR(3, 1, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "(tree fragment)":3
+ * def __reduce_cython__(self):
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+ * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
+ *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
+*/
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_15__setstate_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step___setstate_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[14])); if (unlikely(!__pyx_t_4)) __PYX_ERR(3, 3, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_setstate_cython, __pyx_t_4) < (0)) __PYX_ERR(3, 3, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
   /* "fastln/rnn/_engine.pyx":1
@@ -11855,41 +16990,41 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{1},{1},{179},{8},{22},{41},{21},{24},{35},{24},{26},{39},{34},{1},{5},{1},{1},{1},{6},{20},{12},{8},{8},{10},{8},{12},{12},{8},{13},{6},{1},{18},{8},{9},{13},{3},{1},{2},{5},{10},{7},{4},{18},{4},{11},{1},{2},{3},{5},{2},{3},{2},{2},{5},{3},{18},{7},{8},{3},{5},{6},{3},{9},{21},{1},{2},{5},{3},{7},{4},{10},{1},{2},{5},{1},{3},{4},{6},{7},{11},{6},{7},{3},{2},{7},{8},{14},{8},{14},{12},{10},{5},{5},{4},{2},{5},{6},{4},{4},{5},{2},{2},{4},{9},{6},{2},{1},{1}};
-    const struct { const unsigned int length: 10; } bytes_length_index[] = {{535},{21},{21},{110},{163},{113},{273},{275},{16},{160}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{15},{1},{1},{179},{8},{7},{6},{22},{41},{21},{2},{24},{30},{21},{29},{33},{18},{35},{24},{26},{32},{9},{50},{39},{34},{1},{5},{1},{1},{1},{4},{22},{24},{8},{10},{10},{1},{6},{20},{12},{8},{12},{8},{10},{8},{12},{11},{14},{12},{10},{17},{13},{12},{12},{19},{8},{13},{6},{1},{18},{8},{9},{4},{4},{13},{3},{1},{2},{4},{5},{10},{7},{4},{18},{4},{11},{1},{2},{3},{5},{2},{3},{2},{2},{5},{3},{18},{7},{8},{3},{5},{6},{3},{9},{21},{1},{2},{4},{9},{5},{3},{4},{6},{7},{4},{10},{1},{2},{5},{1},{3},{6},{4},{6},{7},{5},{11},{6},{7},{3},{3},{2},{7},{8},{14},{8},{14},{4},{3},{1},{12},{4},{10},{5},{5},{5},{4},{5},{5},{2},{5},{5},{6},{4},{4},{5},{2},{2},{4},{9},{6},{2},{1},{1}};
+    const struct { const unsigned int length: 10; } bytes_length_index[] = {{580},{9},{21},{21},{110},{163},{113},{273},{275},{16},{160},{15},{313},{282},{63}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (1524 bytes) */
-static const char cstring[] = "x\332\255SMs\323F\030\216I\002)$e\034\223~\267\254I \204\241f\354\204@a\240c\362\3212\005\212\343\000\035:\035\315z\265\266\004\262$k\327qL/\034u\324QG\035u\324QG\035u\364QG~\002?\241\357J\266\203M\351\251\036kw\365\356\243\367\343y\237\267\364\363\023\203S\304\025\314\321N\237+\206\216T\206d\252\251\rjaN\265>b\334R\t\247\226\000\351\350\351\336\323\037\267no!\254\313\310\242\257(\341\014\261n\203h\2301\312\220\321D\215\256\252qUG\274oRVB\017\233\250ot\221N\251\214\270\201L\300}\370\001W\250\216\030\345\342\200\326\261\256\033\034s\325\320%\370\\\325[\353HV-\010\242\036Q\361\365>\326\030-aY\226\000G\233\230qM\277a\351\372\r\211\352-U\247%\263\177\234Y\357 bt5\031\001\016aM3\010\024\203\030\201\232\210\202\332\264mX\375\021P\325\217\260\246\312\210\251o(Su(U\307\332\035\324\3002\302\226\205\373\250iXh\322\336\243jK\201\312\305\215\004\361%\023\223\327\223\220c\004wS.{\226\241\267\220\336m\003\271\202*8\231\375\222D\014\213\226\332]`m\030\017\253Z\306\226\3326\r\213\177\010\353\2661W>B<\330\331{\364\250\376\353\303C\251\376\360\345^]\222\236\366\217\341\331\205\306IO\3501?\240MI\032\222K%\3705\273:\021{\033\253z\272\033rWKot\334Nw`R\"\330T\305\271\323\305\332\310\316)\343\260\251L\344ct\241\323T25p\2031\353\353D5Jc;k\000+=l\311\243\275\322h\226\267%\323\202`\240\233F\267IH\205`\242\320t\221\004[\351\211U\010\3254\242\t\337\220\037\2670\241\302\0071dJR\225J\r\320\217,\023\231T\344\026m\267eEV*\362\261\334\247m\223\367\251\311\262\346\226\2407\245\2416\240W\"\207\341ViQ\336\262\260\314\322\245\322\262\272\360\317\n\031\037$\213\2022\245\246j1\256(\025\225\3236{M\373\032\370\343\n\323\030o\213\047\303\352\272\231\266\311\200\322\205\030\304C\345l\255\230\330\302\355\264<\226\036\207k\3054L\213X\364\210Z\214\n\025YT\353\216\366\314\255x\343XWF{feD\005A\000=XkA\2062L\002\250\207\t\"\322 \354\265j\202j@x\267A\332]\312z\222\242\364$U\351\211\006\364\224\236\3323\254\327\342I\223\022\007V\351\361\343>Q\260\005\203\2433\216\256]=2Tyc\006\234\240\253\031\233\251\322\261\325b#""\310\306\314\3607\rb\234\232\323\310\024#|\242k\327\3058moI<=\234,cSvH\301C\007\223oiZ\002\204\256~\332\301\277\200\246\002\214\2013\251\363Q\005)\221RS\277\216\206\006yh\330\230\021\305M\2108\263\214\364-57+\323\226\355\255\t\313G\2201b\244\3141\342\3040\211\230\006\214\357S\332G\227\331\313\360F\010q|\240r\332\366\364\375d\362\322\327\261&2\027\240~1hos\311\3349\373\236\233sW\\\354\366<\342\027\374jf\274\357\346\335\313n\307;\3431\177\325\257\201\361\346\3038\237\344\227\337\237\235\231?o\343dny\260\274\352\225\275\252W\367O\373$(\004;\001\013/\207,\272\032o\014\352\207\311\332z\372i=\230\rn\205\305dn\376\355\237N\356\335gg\223\205%[r\253n\315mz;\336\321\340\307{\241\024W\343Z\214E\334\273\016v:\020\355\356\343\270v\022\312\201\357\027\354y\373\231St\312\340`\260\364\003$\334\361r^\336[\363\232\376\216\317\202\325\240\036\316\207\365\350L\324\211\347\342jrq\335;\006\363\265\360\227\250\034\355\306\263q%\215q1K\353e`\205\371p-$Q!\232\302V\263$\007K\337\177\220\343\340\336\343\351\024w\367\222\345\302\373\323\047t\254\001\0315 \361\213a6\263\341\315h6\272\035\37748|\226\\\336\360/\370\207\301\205\340E\270\037\255F\265\tB\262X\330=\022d\016J\367\007\367\237\3048\356\014\236\326>\010\370\016\216\333N\301\251&s\213\366\276\263&\254\311\334\231\267Gv\335\311%\013\347\354\233\316,\260\263\270\342\0348\226\273\354V\334\272w\312\273\344=\360\032\376\254\277\3517\202S\301\225\360T\270\032>\217\312\311\322\262\263\352\324\376\037t\305?\360;\311R\336\371V\364\365\277P,(\n\334\327n\321\035gZp\037\270\ro\326+\277\2332lzX\224\265ic\373\030\314\371d\021\204\340\334r\213\202\224\362\333\234\340~\305\331\003\245^\037\\\271\033\336\215R\251\254:\222\367\233\377wX\014\313\202\035f_\262\037\330\304Yv*\340\234\271\227\3009\270\375\334~\005\262\317\013*\177s:\356i\227xy\241\261\234\375\205\315\235\233pw\301}\341U\377\325\264\002\021\252\336s\177+-\007bXv!\215Qp\366!\271\205\3636\364\345,\304\335\207tET\016L@\047\277\002\027\337y\177\005\305\340^4\037\035D)j\325\256\331\024\274\237\022e""\025\234-H\006\006\360\033wM\010||\030\316\315\037N\315!\300\317>\250^\014\353n\220\023>\212vyD\311\302\314\374\342\340\334wPd\313\203\251}\277\370\351\021\2728\034\240\242\267\345\035\245s\272\031\220p\005F\342\3138\027_\210k\tZ\367:\376\034D\231\r\312\301n\270\020\315E;\321\233A\355\020\004=x\366<AW\322\306\336\002\241\234\016q\310\243\3558\037\257\305dP;\030\351\372\207\tU\377>\251\351\177\0004r\034\213";
-    PyObject *data = __Pyx_DecompressString(cstring, 1524, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2096 bytes) */
+static const char cstring[] = "x\332\255UMs\323H\032N\210\003\001\222\001\347\203ef\370h\047\001\222,x\312\316\007\354Pa\313$a\226\232\201\305q\310,\354N\251\332R\333\322 K\266\272m\307\263\273U\034u\324QG\035u\324QG\035}\364\321G~\002?a\336n\311\016v`\267\266jS\226\324z\373\355\367\343y\237GYc\026!\250b\341j\215\030l=\373\347\227&#\210\251\230\241\275\016SM\003i\024)D\327\312\304\302\214\350\035D\231\245\311\214X\334\311@\257\016^=\330z\264\205\260\241 \213\374JdF\021m\226e\035SJ(2+\250\334\324t\246\031\210u\352\204f\321\363\n\352\230Md\020\242 f\242:\370}z\200\251\304@\2240\276@\367\260a\230\0143\3154$8\256\031\325{H\321,H\242\265\010?\375\014\353\224d\261\242H\340G\024\215\342\262N\210\301\357\025L\231n|g\031\306w\0221\252\232A\262\365\316Il\375\036\311fSW\020\034BX\327M\031:CT\206\006e\025\325H\315\264:\003G\315ha]S\020\325~#\264*k\006tn`\375{T\306\n\302\226\205;\250bZ\350K\366:\266p\215\216\356\252\210\361\002G\215:\356\020\213\2123%F\352\243\233\"\na_v\260\314\366X\2226\321\252*\213\375%\000A\252c\371\335\250\313\t\202=\321\327\251\275m\231F\025\031\315\032\214\233\017\357\313;Ig4F[1L`I\0057u\206$\311\"JS&\222\204\224\246\030\223a\032\017\2005-\r\353\260\013 jL\222 T\275\223\225d\323\"\331\032\234\323\022\324\260\246\307\324\320ju\323b\237\2725k\230\251g<\236\356\035\374\364S\351/\317K\034\027~e\207\025\310\202\302\222\224X\201W\024\3504f\267\232\206x\212\251\210\225\030\371\221Tz\376\366\240$I\257:\047p\355\003\351\245\227\344\204\035\222\212$%\304\204\036%\251\3224d\376\254\016\242\303_\rk\206x\232JS\027\026\003&\310\237@BI\306um\260N\216\360eKT\3007\032M\254\017\016\014\300<\323\324\320@N\370\01347LB?)\345L\323\222\304\010\205\001H\032\345\260\232MP\047\221\352:\224\2141\355\030\262ff\207vZ\006\336\264\261\245\014\236\3712\246\244\\\311\355\360K\252[\320 h\276\334\254\310r^\2264C\306\262J\304M\342\334\022+\232\227\211\256\313:\317\003\2700\013\313\204\307\223M\205$U\225A\377\212\"+r^\251\222ZMQ\0255\257\234(\035R\253\263\016\251\323X\217Y`r6\22130\233\327\223<\362\200~\325\302\n\025\267|""\325j\302/nj\270\000\2748H\025\315\242LU\363*\324\242\325j\315X\215\214\324\350;\322\201\037\215\265\250C\032\246R\235\262\032\277\342\020\206Q\027\2044\001\035\263m\200\033\327\025\277\210\022\337\363\374A\205:\004\000\3612\271\347\353\304\252\233uK\266H\013\316\022.L\213\350\315\3013N\302\337\0306\324\3013\261\202\306\201\252\224\312\032\010\002\260\304z\225\022\275\002-%\312\243\0349\252b\370\316\362\304\364\235V\027\223\027\r\202\220@\314\217\004\265\341\326$\264-\251j[\322\3246\237d[mkm\323z\307/Q7_\320|\233\235td\025[\360\3014(C\033k-SS\326\047 \022Z\213G\">.\330\252\322\201\313\372D\3627\356DAZ\343\236\302\207\307D\033\367\371\307fgKbbqz\033\232\342\205pN\002\214\276\211\262\270\023Z\373r\200\3178\215%\030:N\210\340\203\016\004\270R\305\270\217\022\203\222\030\326\023\277A\027\243\005\016\243q\004F$\023[\006\252\222*\233\371q\313\316\326\210\345\214\313\320c\240\201\241\307\251a\324c\334a\270/f3\330\214_\222\035N\347\341\202(\202\033\342\375T\343\342uH\2348\004\350\214Kz\202\231\242\353\367\223\375\324%\373\217N\221/.\333\273\356\244\273\344b\267\355\311\376\202_\210\215O\334\264{\307mx\027<\352\257\370\334s\373y7\335O\317\177\27441}\305\306\375\324|o~\305\313y\005\257\344\237\367\345`!\330\013hx\047\244\321Zw\275W:\352\257\336\023GK\301T\3600\314\364S\323\357\377\356L~\270x\251?3gKn\301-\272\025o\317k\365\036\354\206R\267\320-v1\317\373\330\301N\003\262=~\321-\236\246r\340\374\214=m\277v2N\016\002\364\346nA\301\ro\322K{\253^\305\337\363i\260\022\224\302\351\260\024]\210\032\335T\267\320\277}\317;\001\363F\370C\224\213\366\273S\335\274\310q;.\353m`\205\351p5\224\243\205h\314\267\020\027\331\233\273\371I\215\275\335\027\343%\356\037\364\347\027>\236?\205c\025\300(\002\210\327\222j\246\302\355h*z\324\375S\357\350u\377\316\272\277\350\037\005\213\301\317\341\263h%*\216\000\022\347\302n\213\203\331\313>\351=y\331\305\335F\357U\361\223\204\037`\271\343,8\205~j\326~\346\254rk?u\341}\313.9\223\375\231\313\366\2663\005\350\314.9\207\216\345\316\273y\267\344\235\363""\226\275\247^\331\237\3627\375rp.\270\033\236\013W\302\343(\327\237\233wV\234\342\377\307;\357\037\372\215\376\\\332\371\226\317\365?y\321 \303\375\276v3\356\260\322\005\367\251[\366\246\274\334\2071\303\246\207y[\2336\266O\300\234\356\317\002\021\234\207n\206\203\222{?\311\261_r\016\200\251\367{w\037\207\217#A\225\025G\362~\364\377\031f\302\034G\207\332\313\366S[v\346\235<\004\247\3562\004\207\260_\331\277\002\355\323\034\312\037\235\206{\336\225\2754\347\330\244}\315f\3166\354-\272?{\205\317\232\226 C\301;\366\267D;\220\303\262\027D\216\005\347\031\0247s\305np\201-\303\2202\"+\003$`\222\327!\304\r\357\227 \023\354F\323\321a$\274V\354\242M \3729\336\326\202\263\005\305\200\000\277qW9\301\207\213D7\177s\212\216\014\370<\003\326s\261\356\007B\312\031;7\200dfbz\266w\371\0064Y\365@\265\037g\277,\241\333\211\2002\336\226\327\022:\335\014\344p\t$\361\207\356dw\261[\354\243{^\303OA\226\251 \027\354\2073Q*\332\213~\353\025\217\200\320\275\327\307}tW\014\366!\020\345|\210C\026\355t\323\335\325\256\334+\036\016x}k\204\325\177\035\343t\001Fx\361*\240\373\220\023\002^g&.B\271v\003\230\274\351T\0014\230\377\226\335t\n\316\033\230\032\314\177C0l\346\206\373\302O\373\017\202F\177\346[w\313\375\027\220\353(H\237z\227\334\224{\340]\363\376\035\024\202_@n\034\354\263\247)\260\033^g\355\002H(\005L\342\224}\355\335\365\047\343Hp\346\2523\tc\335w\247\335C\327\362\226\340[S\350\317\316\001\212\261\374\306\316\036y7\375jP<k\276\345\267\270\371\242\3755\300\277\013\260_\207\002\262a*|\036\035uo\366\216\337\364\336\274\345\333\327{\351e\230-\366\032\374m\021\270\241\300\201m\350\246\000Q\026\341\363\242\370\253>\006\265\001\313\230\263\003\334\037\002\367\r\360\363\037\376\274\320\031\013r\234\343#H\376o\245\236\2329\3352\361\367\345\202\223@r\r8\275\r\022}\350g>\003U\311;\017\322\235\275\002\243\370\001t~u\021&r\014cj\302\307\264\355c\016\340\221\223v\326\004\267\031\320\257\301\021\377\257\340p8TG\201\216\267\340\024\374\353\031\030\211\220M\312\335\347|\036A\2467\001\271\371w\342\262""\275!\212\340\260\364\276Z\006\322\357\202vf\027\270\026x\253\202\224y\350xZp\247\000=\300\027\351w<Q\004\224";
+    PyObject *data = __Pyx_DecompressString(cstring, 2096, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (1950 bytes) */
-static const char cstring[] = "\377.?Note t\377hat Cyth\377on is de\377liberate\377ly stric\367ter!\001n PE\377P-484 an\377d reject\377s subcla\377sses of \377builtin \377types. I\377f you ne\177ed to p%\000\376%\tthen se\375t\200\000e \047ann\377otation_\376<\000ing\047 di\355rb\000iv\242\000o F\377alse.add\375_%\000efastl\377n/rnn/_e\377ngine.py\375x\020\003: coul\373d M\000 allo\335c\312\000 sc\321\000ch\177 memory!\005\377invalid \177sizesin\350\000\377nal: bad\377 array f\367or \n\013weig\351h\367\000\026\001_}\000_pa\233ck-\013x 3\000D\014w\377rong num\370\332 \247!\007\000py._c?ore.mu\263 i\004\367ail\250#impo\373rt\033\tumath\373 f\023\014BCELL\377SHIT_SIZ\177ES__Pyx\001\000\375D\266@_NextR\357ef__\326$e__\277__func\004\001m\367ain\003\002odul\316\025\002nam\035\002\307 _c\367api*\001qual\336\020\005test?\000is\366\263\001ou\347@e_pl\376D\000aasynci\263o.\314\000\022\003sb\223 w\367ard\000\0052bf1\3176_prj\000\265`bu\377fcc2cach\345e\000\002_\375!\n\002s2c_ellcl\317@_\235\000\337traceH\001co\267dec\241\204\002_b\356`d\377dcdc2dge\377mmdhdh2d\377xdyemptyWeps\226c.\231`.\225d\370\303@\210\001\000\0042getg\357rads\000\0022gr\361u\000\000\303\003\000\006_res\377et_first\377hh2items\357keyl\351`ths\317lstm\000\001\370\003nn\305p\311Bo\220 \211a\215aed~\000\0032param\332\002\371s\006\002\000\003s2pop\377rcrevers=e\302arelu\000\005\317#\236\330atanh\000\005\345#s\363ci\265`\234 algs\277etdefa\273`s\274\205!\300\204\002skip\263`i\377nt8value\377sw_hhw_i\373hw\375!whwiw\307ork\000\001\357\"\t\001s2\377wtxychar\377 const *\377(void)\000i\317nt (\344\205\003\345\204\002ar{gs\033\005)\000\000\000\000\000}\000\024\016step_\033\014\334D\002P\001 *,\313\205\00164\003_t\004\002\t\002\005\013\026\003(\002\207\004\343, \002\t\222\002=\001 (i\003nt*\024\022\020k\006t\006\202\001\304\000\370\223\002\337\005\304\"_fn, \030\361\004\336b\016\000)\000\350\206\001\270\204\n\014\003\276\341\204\0042_f32\002\r6\0314\027\n\022\016_f\033\004\222\204\005<\006\000\007\007\024\013\021\r9\006\362\"{\005\007\003w\004\032""\234\210\001\000\241\210\005ed\346\205\002\310\002\360\205\007\340\327\002\213f\345\002\372\204\001\345\205\001\200\001\330\377\004\013\210=\230\001\230\025\377\230a\230w\240c\250\023\373\250A\017\003>\230\021\230%\377\230q\240\007\240s\250#\373\250Q\047\0005I\310\021\330\377\021\022\360\n\000\005\017\210\377a\330\004\022\320\022#\240\3771\240A\240S\250\006\250\377c\260\023\260C\260s\270\377%\270s\300(\310)\320\337ST\330$\0476\002S\260\377\003\2607\270!\330\004\005\377\200[\220\001\340\t\n\330\377\010\r\210_\230A\230Q\377\230f\240C\240v\320-\377=\270_\310A\310Q\310\376Q\000\013\210;\220a\220q^\225\000;M\310Qa\007\220=\000\377\010\210\005\210U\220!\220\3351>\000\320\r\036\256\000q\240\377\001\240\021\240$\240f\250\377C\250s\260#\260S\270\377\005\270S\300\007\300q\310\377\004\310A\330\037\047\240x\376\024\000*\270G\3001\300D\257\310\003\3102_\002\037\221\003Z\377\260r\270\021\270$\270c\327\300\023\300\035\014A\237\003\320\r\335\035\231\010\320=M\223\rDE_\330\022\023\360\006\205\047$\212 \365Q\302 \026\207\004\003\2705\300\377\003\3008\3109\320TU\377\330%)\250\024\250T\260\377\024\260W\270F\300#\300\271Q\204*f\003a\230v\311!\320\377.>\320>N\310a\310\247q\320P$\000\213&\340\251@6\377\220\023\220A\330\004\014\210\367F\220$\246!\330\004\007\200\377v\210S\220\001\330\010\013\357\2105\220\003\233 \014\025\220\377R\220r\230\022\2302\230\377S\240\002\240\"\240B\240\377b\250\003\2503\250b\260\377\002\260&\270\002\270#\270\377V\3001\330\r\022\220#\347\220Q\330\000+E\0242\250R\177\250q\330\r\021\220\033\324A\335\330\013\030s\260!$\001\031\230\367!\2301t\005\023\230B\230?b\240\003\2401\340\264\004\t\005\3673\240a\323\0013\210a\210\275x\317\000\021\330\014\022\375@7}\230\312`\013\2101\200\001\370!\377\025\220E\230\021\230,\320\237&;\270;\300\222\204\001\323\000_\377\240K\250{\270!\2701\376\232!s\210\"\210B\210c\357\220\022\2202\225 s\230\"\374k\000T\000\016\210j\230\001\230\375\021\307!K\220q\230\006\230\373c\240\n\000\010\210\001\210\026\377\210t\2205\230\001\230\024\347\230W""\240\350 \000\020\025\220_\277\240A\240V\2504\363`!\356\376!r\210\023_\002\023\220F\376\232\000\010\017\210q\330\004\n.u\000F\220!q\002t\211@\356@\377\030\230\001\230\034\240]\260\377!\260=\300\005\300R\300\276!\002#\210Q\210en\000\002\356\323\001\023\2204\212\000\001\330\004\307\032\230$\335\204\001\000\006\261\205\004X\220\377Q\220c\230\023\230F\240\335$\250\206\002D\260\001f\001!\210\374\350\000\215#\010\000\005\014\320\013]\034\320 g\240Q\240 \014\246\206\005\366\261\205\017\037\230\273\205\003!\2404\240\373v\250\244\206\0013\260c\270\025\377\270c\300\027\310\001\310\024\377\310Q\330 \047\240q\250\377\004\250D\260\003\2601\260\377D\270\010\300\004\300C\300\377z\320QT\320TU\320_UV\330 &\326b7\324`\377\006\270a\270t\3006\310\377\021\310$\310c\320QR\010\274\205\005\244\206\001\314\204\007O\306\204\013";
-    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 1950, 2726);
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (2740 bytes) */
+static const char cstring[] = "\377(tree fr\377agment).\377?Note th\377at Cytho\377n is del\377iberatel\377y strict\373er!\001n PEP\377-484 and\377 rejects\377 subclas\377ses of b\377uiltin t\377ypes. If\377 you nee?d to p%\000%\t\377then set\376\200\000e \047anno\177tation_<\000\377ing\047 dir\366b\000iv\242\000o Fa\377lse.add_\376%\000edisabl\367een\002\001fast\377ln/rnn/_\377engine.p\373yx\020\003: cou\367ld Z\000 all\273oc\327\000 sc\336\000c\377h memory\376!\005invalid\377 sizesgc\373in\367\000nal: \377bad arra\277y for \000\025p\337arams(\013h \371t\243\001=\013layer=sG\002StepZ\013A\002\273et\007\027rowV\014w_eightK\003_\202 \337_pack\260\013x \370\266\000\323\002\314\007wrong\017 num\354@\271A\000\027\323\004\335s\350#dno\243`fa\377ult __re\377duce__ d\275u\242Bnon-\263`v\347ial\033\000\302 it_\375_b\000py._co\257re.m5\000i\307$a\373il\225cimpor\375t\033\tumath \375f\023\014BCELLS\247HIS\265!\271!.y\006c\246\276\204\002__\017\004\325`s\314`e\035_\013\nrun1\002\221B;\002\376\356BT_SIZES\337__Pyx\001\000Di\377ct_NextR\317ef__\222\204\004\341\000__\377func____\347getX\003\n\000mai}n\020\001modul!\002\327nam)\002pK\000caCpi.\001\010\001,\004\023\001v\223b\036G\001qual)\005\305%\304\016\366\337&ex{\001set_\362]\005s\200\010\344\016__te\335s\376 _is\372!ou\177tine_pl\260\000\377aasyncio\331.\223@\022\003sb\265`wa\373rd\000\0052base\357bf16\000\001_pr\376\336\000ctsbufc\377c2c_inca\227che\000\002_\260\205\001\n\002s\1772cellcld\001\276\225 traceT\001c\367ode\234Dblas\377ddcdc2dg\377emmdhdh2\377dxdyempt\357yeps\311\206\003.rn;n.\310\206\004for\224\001\000\004}2\373 grads\000\002\2172gru\000\000\317\003\000\006_\373re\241!first\357hh2h\253\000imm\375u\210\206\003temske\365y\000\000s\206\206\003leng\177thslstm\000\001\256\233#nnp\263\204\002o\263 o\237wners\324\205\001\330\205\001e\025d\000\0032\345\205\001s\363\206\002\374\002\005\003\376\013\003s2perpo\377prcrever{se\225\206\001relu\000\005<\200C\253\206\001tanh\000\005\017\004\377owsrunss\337cipy.\311 al\377gselfset\353de\365\205\002s\266!sha{pe""\251\210\002skip\352\204\002\376\352\207\002tnuint8\376\311\210\002valuesw\377_hhw_ihw\376\312Awhwiwor\361k\000\001\264B\t\001s2wt\377xychar c\377onst *(v\377oid)\000int\363 (\334\211\003\330\207\002args^\033\005)\000\000\000\000\000\000\024\016\037step_\033\014D\002P\001\367 *,\301\211\00164_t\300\004\002\t\002\005\013\026\003(\002\207\004, \370\002\t\222\002=\001 (int\000*\024\022\020k\006t\006\202\001\304\000\223\002\337\005>\330\"_fn, \361\004\243\204\002\306\016\000)\000\"\003\276\005\223\013in\221tH\003\200\212\001\246\205\n\000\r\002\327\205\0042o_f32\002\r64\027\n\006\022\016_f\033\004\374\204\005<\006\007\007\024\013\200\021\r9\006\227B{\005\007\003w\004\264\213\001\000\006\271\213\005ed\320\206\002\266\002\332\206\007\305\002\260fx\323\002\211\210\001\317\206\001\000to_\251\207\001\377\200\001\330\004\n\210+\220\375Q\005\001\013\210=\230\001\230\377\025\230a\230w\240c\250\367\023\250A\017\003>\230\021\230\377%\230q\240\007\240s\250\373#\250&\0015I\310\021\330\377\021\022\360\n\000\005\017\210\377a\330\004\022\320\022#\240\3771\240A\240S\250\006\250\377c\260\023\260C\260s\270\377%\270s\300(\310)\320\337ST\330$\0476\002S\260\377\003\2607\270!\330\004\005\377\200[\220\001\340\t\n\330\377\010\r\210_\230A\230Q\377\230f\240C\240v\320-\377=\270_\310A\310Q\310\376Q\000\013\210;\220a\220q^\236\000;M\310Qa\007\220=\000\377\010\210\005\210U\220!\220\3351>\000\320\r\036\256\000q\240\377\001\240\021\240$\240f\250\377C\250s\260#\260S\270\377\005\270S\300\007\300q\310\377\004\310A\330\037\047\240x\376\024\000*\270G\3001\300D\257\310\003\3102_\002\037\221\003Z\377\260r\270\021\270$\270c\327\300\023\300\035\014A\237\003\320\r\335\035\231\010\320=M\223\rDE_\330\022\023\360\006\205\047$\212 \365Q\302 \026\207\004\003\2705\300\377\003\3008\3109\320TU\377\330%)\250\024\250T\260\377\024\260W\270F\300#\300\271Q\204*f\003a\230v\311!\320\377.>\320>N\310a\310\347q\320P$\000\213&\340\004\013\377\2106\220\023\220A\330\004\337\014\210F\220$\246!\330\004\377\007\200v\210S\220\001\330""\277\010\013\2105\220\003\233 \014\377\025\220R\220r\230\022\230\3772\230S\240\002\240\"\240\377B\240b\250\003\2503\250\377b\260\002\260&\270\002\270\377#\270V\3001\330\r\022\237\220#\220Q\330\000+E\0242\377\250R\250q\330\r\021\220u\033\324A\330\013\030s\260!$\001\337\031\230!\2301t\005\023\230\377B\230b\240\003\2401\340\334\264\004\t\0053\240a\323\0013\210\367a\210x\317\000\021\330\014\022\366\375@7\230\312`\013\2101\200\375\001\370!\025\220E\230\021\230\177,\320&;\270;\300\222\204\001\376\323\000_\240K\250{\270!\373\2701\232!s\210\"\210B\277\210c\220\022\2202\225 s\363\230\"k\000T\000\016\210j\230\367\001\230\021\307!K\220q\230\357\006\230c\240\n\000\010\210\001\377\210\026\210t\2205\230\001\237\230\024\230W\240\350 \000\020\025\377\220_\240A\240V\2504\272\363`!\376!r\210\023_\002\023{\220F\232\000\010\017\210q\335\205\001\225\"\242@!q\002t\211@\356@\030\377\230\001\230\034\240]\260!\177\260=\300\005\300R\300!\002_#\210Q\210en\000\002\323\001\367\023\2204\212\000\001\330\004\032\343\230$\335\204\001\000\006\261\205\004X\220Q\377\220c\230\023\230F\240$6\250\206\002D\260\306\206\002!\210\350\000\215#\177\010\000\005\014\320\013\034\320 \227g\240Q\240 \014\246\206\005\261\205\017\037\375\230\273\205\003!\2404\240v\250\376\244\206\0013\260c\270\025\270c\377\300\027\310\001\310\024\310Q\377\330 \047\240q\250\004\250\377D\260\003\2601\260D\270\377\010\300\004\300C\300z\320\377QT\320TU\320UV\327\330 &\326b7\324`\006\270\377a\270t\3006\310\021\310?$\310c\320QR\274\205\005\244\206\001\372\314\204\007O\305\204\014A\360\006\000\t\371\020\356 \322@\2301\200A\360\357\010\000\t\017\354@q\220\003\277\2203\220g\230Q\323\204\0014\377\210u\220A\220Y\230a\372\374A*\335b\010\034\230M\250\377\021\250-\260q\330\010\033\377\2304\230|\2502\250T\373\260\021$\007S\230\004\230E\377\240\026\240}\260A\260]\343\300#\350\"\273`/\014s\270#\375\270`\000\014\210A\210S\220y\004\307`\261\205\001U\240&\250\312\205\002\3754\304@\014\020\220\001\220\023\377\220D\230\005\230R\230r\377\240\025\240f\250A""\330\014\327\r\210U\370\205\004\010.\013T\240\357\035\250g\260B\016T\240\036\373\250v\023\001\t\210\031\220!\277\220=\240\001\240\030\274\000.\377\270\004\270I\300T\310\035\377\320VY\320YZ\330\010\377\t\210\030\320\021\"\240$w\240a\240\326\000\t\210\024\231`\337d\220!\2205\313\000A\230\377T\240\024\240Q\240d\250\357$\250a\250\365\000\017\210t\317\2206\230\021\306\205\001\263#\032\230\337\024\230\\\250\022\210 R\250?t\2601\330\010\016\274+}+\364\213\047\353a!\332\207\003\007\220q\330\376\216\"\026\220t\2305\240\003\347\2407\250\025\002\234,S\240\006\365\240\253@\017\266@G\2301\330\353\020\024\275@V\244@u\240C\367\240w\250\305@\r\210T\220W\021\220(\340\204\002t\374`q\356!|\374\036\213!h\220d\230!\357@\321t\367\213\001\256!\240!e\262\205\002\004\230mD\215\213\001\330\010\217(\320\000y\000\316\240\212\001\013\210*\200\002\223!\320\016\377\"\240!\240=\260\001\330\343\014\023\313\213\001\374A\344\211\0022\210Sw\220\005\220\270aA\230S\216\210\001";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 2740, 3985);
     #define __Pyx_DecompressString_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (2726 bytes) */
-static const char bytes[] = ".?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notefastln/rnn/_engine.pyxfastln: could not allocate scratch memoryfastln: invalid sizesinternal: bad array for internal: bad weights for _rnn_packinternal: bad x or sizesinternal: wrong number of numpy._core.multiarray failed to importnumpy._core.umath failed to importBCELLSHIT_SIZES__Pyx_PyDict_NextRef__annotate____func____main____module____name____pyx_capi____qualname____test___is_coroutine_plainaasyncio.coroutinesbackwardbackward2bf16_productsbufcc2cachecache_sizecaches2cellcline_in_tracebackcodecython_blasddcdc2dgemmdhdh2dxdyemptyepsfastln.rnn._engineforwardforward2getgradsgrads2grugru_plaingru_plain_reset_firsthh2itemskeylengthslstmlstm_plainnnpnumpyooutpackpackedpacked2param_sizesparamsparams2poprcreversernn_relurnn_relu_plainrnn_tanhrnn_tanh_plainscipy.linalgsetdefaultsgemmsizesskiptnuint8valuesw_hhw_ihwbf16whwiworkwork_sizeworks2wtxychar const *(void)\000int (fastln_rnn_args const *)\000\000\000\000\000\000\000\000int (fastln_rnn_step_args const *)\000\000int (void *, int64_t, int, int, int64_t, int64_t, void const *, void const *)\000int64_t (int, int, int64_t, int64_t)\000int64_t (int, int64_t, int64_t, int64_t)\000\000void (fastln_sgemm_fn, fastln_dgemm_fn)\000rnn_bf16_products\000rnn_backward2_f32\000rnn_backward2_f64\000rnn_backward_f32\000rnn_backward_f64\000rnn_forward2_f32\000rnn_forward2_f64\000rnn_forward_f32\000rnn_forward_f64\000rnn_step_f32\000rnn_step_f64\000rnn_pack\000rnn_packed_size\000rnn_cache_size\000rnn_work_size\000rnn_set_blas\200\001\330\004\013\210=\230\001\230\025\230a\230w\240c\250\023\250A\200\001\330\004\013\210>\230\021\230%\230q\240\007\240s\250#\250Q\200\001\3305I\310\021\330\021\022\360\n\000\005\017\210a\330\004\022\320\022#\2401\240A\240S\250\006\250c\260\023\260C\260s\270%\270s\300(\310)\320ST\330$\047\240s\250#\250S\260\003\2607\270!""\330\004\005\200[\220\001\340\t\n\330\010\r\210_\230A\230Q\230f\240C\240v\320-=\270_\310A\310Q\310a\330\004\013\210;\220a\220q\200\001\330;M\310Q\360\n\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\036\230a\230q\240\001\240\021\240$\240f\250C\250s\260#\260S\270\005\270S\300\007\300q\310\004\310A\330\037\047\240x\250s\260*\270G\3001\300D\310\003\3102\310Q\310a\330\037\047\240s\250#\250Z\260r\270\021\270$\270c\300\023\300A\330\037\047\240x\250s\260*\270G\3001\300A\340\t\n\330\010\r\320\r\035\230Q\230f\240C\240v\320-=\320=M\310Q\310a\330\004\013\210;\220a\220q\200\001\330DE\330\022\023\360\006\000\005\017\210a\330\004\022\320\022$\240A\240Q\240c\250\026\250s\260#\260S\270\003\2705\300\003\3008\3109\320TU\330%)\250\024\250T\260\024\260W\270F\300#\300Q\330\004\005\200[\220\001\340\t\n\330\010\r\320\r\035\230Q\230a\230v\240S\250\006\320.>\320>N\310a\310q\320PQ\330\004\013\210;\220a\220q\200\001\340\004\013\2106\220\023\220A\330\004\014\210F\220$\220a\220q\330\004\007\200v\210S\220\001\330\010\013\2105\220\003\2201\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2502\250R\250q\330\r\021\220\033\230A\230Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2502\250R\250s\260!\330\r\021\220\031\230!\2301\330\014\025\220R\220r\230\023\230B\230b\240\003\2401\340\014\025\220R\220r\230\023\230B\230b\240\003\2403\240a\330\010\013\2103\210a\210x\220r\230\021\330\014\022\220!\2207\230!\330\004\013\2101\200\001\360\006\000\005\025\220E\230\021\230,\320&;\270;\300a\330\004\022\220#\220_\240K\250{\270!\2701\330\004\007\200s\210\"\210B\210c\220\022\2202\220R\220s\230\"\230B\230a\330\010\016\210j\230\001\230\021\330\004\014\210K\220q""\230\006\230c\240\021\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\025\220_\240A\240V\2504\250s\260!\330\004\007\200r\210\023\210B\210c\220\023\220F\230!\330\010\017\210q\330\004\n\210\"\210F\220!\2202\220R\220t\2302\230Q\330\004\030\230\001\230\034\240]\260!\260=\300\005\300R\300q\330\004\n\210#\210Q\210e\2205\230\002\230!\330\004\023\2204\220q\230\001\330\004\032\230$\230a\230q\330\004\032\230$\230a\230q\340\t\n\330\010\r\210X\220Q\220c\230\023\230F\240$\240c\250\023\250D\260\001\330\004\n\210!\2101\330\004\013\2101\200\001\360\010\000\005\014\320\013\034\230B\230g\240Q\200\001\360\014\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\037\230q\240\001\240\021\240!\2404\240v\250S\260\003\2603\260c\270\025\270c\300\027\310\001\310\024\310Q\330 \047\240q\250\004\250D\260\003\2601\260D\270\010\300\004\300C\300z\320QT\320TU\320UV\330 &\240b\250\003\2507\260&\270\006\270a\270t\3006\310\021\310$\310c\320QR\340\t\n\330\010\r\320\r\036\230a\230v\240S\250\006\320.>\320>O\310q\320PQ\330\004\013\210;\220a\220q";
+    #else /* compression: none (3985 bytes) */
+static const char bytes[] = "(tree fragment).?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notedisableenablefastln/rnn/_engine.pyxfastln: could not allocate scratch memoryfastln: invalid sizesgcinternal: bad array for internal: bad array for paramsinternal: bad h tableinternal: bad layers for Stepinternal: bad parameters for Stepinternal: bad rowsinternal: bad weights for _rnn_packinternal: bad x or sizesinternal: wrong number of internal: wrong number of paramsisenabledno default __reduce__ due to non-trivial __cinit__numpy._core.multiarray failed to importnumpy._core.umath failed to importBCELLSHISStepStep.__reduce_cython__Step.__setstate_cython__Step.runStep.tableStep.validT_SIZES__Pyx_PyDict_NextRef__annotate____func____getstate____main____module____name____pyx_capi____pyx_state__pyx_vtable____qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___is_coroutine_plainaasyncio.coroutinesbackwardbackward2basebf16bf16_productsbufcc2c_incachecache_sizecaches2cellcline_in_tracebackcodecython_blasddcdc2dgemmdhdh2dxdyemptyepsfastln.rnn._engineforwardforward2getgradsgrads2grugru_plaingru_plain_reset_firsthh2h_inimmutableitemskeykeyslayerslengthslstmlstm_plainnnpnumpyooutownerspackpackedpacked2packsparam_sizesparamsparams2perpoprcreversernn_relurnn_relu_plainrnn_tanhrnn_tanh_plainrowsrunsscipy.linalgselfsetdefaultsgemmshapesizesskipstatetabletnuint8validvaluesw_hhw_ihwbf16whwiworkwork_sizeworks2wtxychar const *(void)\000int (fastln_rnn_args const *)\000\000\000\000\000\000\000\000int (fastln_rnn_step_args const *)\000\000int (void *, int64_t, int, int, int64_t, int64_t, void const *, void const *)\000int64_t (int, int, int64_t, int64_t)\000int64_t (int, int64_t, int64_t, int64_t)\000\000void (fastln_sgemm_fn, fastln_dgemm_fn)\000void (void *, void const *, int64_t)\000rnn_bf16_products\000rnn_backward2_f32\000rnn_""backward2_f64\000rnn_backward_f32\000rnn_backward_f64\000rnn_forward2_f32\000rnn_forward2_f64\000rnn_forward_f32\000rnn_forward_f64\000rnn_step_f32\000rnn_step_f64\000rnn_pack\000rnn_packed_size\000rnn_cache_size\000rnn_work_size\000rnn_set_blas\000to_bf16\200\001\330\004\n\210+\220Q\200\001\330\004\013\210=\230\001\230\025\230a\230w\240c\250\023\250A\200\001\330\004\013\210>\230\021\230%\230q\240\007\240s\250#\250Q\200\001\3305I\310\021\330\021\022\360\n\000\005\017\210a\330\004\022\320\022#\2401\240A\240S\250\006\250c\260\023\260C\260s\270%\270s\300(\310)\320ST\330$\047\240s\250#\250S\260\003\2607\270!\330\004\005\200[\220\001\340\t\n\330\010\r\210_\230A\230Q\230f\240C\240v\320-=\270_\310A\310Q\310a\330\004\013\210;\220a\220q\200\001\330;M\310Q\360\n\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\036\230a\230q\240\001\240\021\240$\240f\250C\250s\260#\260S\270\005\270S\300\007\300q\310\004\310A\330\037\047\240x\250s\260*\270G\3001\300D\310\003\3102\310Q\310a\330\037\047\240s\250#\250Z\260r\270\021\270$\270c\300\023\300A\330\037\047\240x\250s\260*\270G\3001\300A\340\t\n\330\010\r\320\r\035\230Q\230f\240C\240v\320-=\320=M\310Q\310a\330\004\013\210;\220a\220q\200\001\330DE\330\022\023\360\006\000\005\017\210a\330\004\022\320\022$\240A\240Q\240c\250\026\250s\260#\260S\270\003\2705\300\003\3008\3109\320TU\330%)\250\024\250T\260\024\260W\270F\300#\300Q\330\004\005\200[\220\001\340\t\n\330\010\r\320\r\035\230Q\230a\230v\240S\250\006\320.>\320>N\310a\310q\320PQ\330\004\013\210;\220a\220q\200\001\340\004\013\2106\220\023\220A\330\004\014\210F\220$\220a\220q\330\004\007\200v\210S\220\001\330\010\013\2105\220\003\2201\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002""\240\"\240B\240b\250\003\2502\250R\250q\330\r\021\220\033\230A\230Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2502\250R\250s\260!\330\r\021\220\031\230!\2301\330\014\025\220R\220r\230\023\230B\230b\240\003\2401\340\014\025\220R\220r\230\023\230B\230b\240\003\2403\240a\330\010\013\2103\210a\210x\220r\230\021\330\014\022\220!\2207\230!\330\004\013\2101\200\001\360\006\000\005\025\220E\230\021\230,\320&;\270;\300a\330\004\022\220#\220_\240K\250{\270!\2701\330\004\007\200s\210\"\210B\210c\220\022\2202\220R\220s\230\"\230B\230a\330\010\016\210j\230\001\230\021\330\004\014\210K\220q\230\006\230c\240\021\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\025\220_\240A\240V\2504\250s\260!\330\004\007\200r\210\023\210B\210c\220\023\220F\230!\330\010\017\210q\330\004\n\210\"\210F\220!\2202\220R\220t\2302\230Q\330\004\030\230\001\230\034\240]\260!\260=\300\005\300R\300q\330\004\n\210#\210Q\210e\2205\230\002\230!\330\004\023\2204\220q\230\001\330\004\032\230$\230a\230q\330\004\032\230$\230a\230q\340\t\n\330\010\r\210X\220Q\220c\230\023\230F\240$\240c\250\023\250D\260\001\330\004\n\210!\2101\330\004\013\2101\200\001\360\010\000\005\014\320\013\034\230B\230g\240Q\200\001\360\014\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\037\230q\240\001\240\021\240!\2404\240v\250S\260\003\2603\260c\270\025\270c\300\027\310\001\310\024\310Q\330 \047\240q\250\004\250D\260\003\2601\260D\270\010\300\004\300C\300z\320QT\320TU\320UV\330 &\240b\250\003\2507\260&\270\006\270a\270t\3006\310\021\310$\310c\320QR\340\t\n\330\010\r\320\r\036\230a\230v\240S\250\006\320.>\320>O\310q\320PQ\330\004\013\210;\220a\220q\200A\360\006\000\t\020\210t\2207\230!\2301\200A\360\010\000\t\017\210a\210q\220\003\2203\220g\230Q\330\010\013\2104\210u\220A\220Y\230a\330\014\022\220*\230A\230Q\330\010\034\230M\250\021\250-\260q\330\010\033\2304\230|\2502\250T\260\021\330""\010\013\2104\210u\220A\220S\230\004\230E\240\026\240}\260A\260]\300#\300R\300q\330\014\022\220*\230A\230Q\330\010\034\230M\250\021\250-\260s\270#\270Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230U\240&\250\001\330\010\013\2104\210q\330\014\020\220\001\220\023\220D\230\005\230R\230r\240\025\240f\250A\330\014\r\210U\220$\220a\220q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\035\250g\260Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\036\250v\260Q\330\010\t\210\031\220!\220=\240\001\240\030\250\021\250.\270\004\270I\300T\310\035\320VY\320YZ\330\010\t\210\030\320\021\"\240$\240a\240q\330\010\t\210\024\210Q\210d\220!\2205\230\004\230A\230T\240\024\240Q\240d\250$\250a\250q\330\010\017\210t\2206\230\021\230!\2301\200A\360\010\000\t\032\230\024\230\\\250\022\2502\250R\250t\2601\330\010\016\210a\210q\220\003\2203\220g\230Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\035\250g\260Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\036\250v\260Q\330\010\014\210A\210S\220\004\220E\230\023\230F\240!\330\010\013\2105\220\007\220q\330\014\020\220\001\220\026\220t\2305\240\003\2407\250!\330\010\013\2104\210q\330\014\020\220\001\220\023\220D\230\005\230S\240\006\240a\330\014\017\210u\220G\2301\330\020\024\220A\220V\2304\230u\240C\240w\250a\330\014\r\210T\220\021\220(\230$\230a\230t\2404\240q\250\001\330\010\t\210\031\220!\220=\240\001\240\030\250\021\250.\270\004\270I\300T\310\035\320VY\320YZ\330\010\t\210\024\210Q\210h\220d\230!\2304\230t\2401\240A\330\010\t\210\024\210Q\210e\2204\220q\230\004\230D\240\001\240\021\330\010\017\210t\2206\230\021\230!\2301\320\000\024\220A\360\006\000\005\013\210*\220A\220V\2301\330\010\016\320\016\"\240!\240=\260\001\330\014\023\2201\330\010\014\210A\210Q\330\004\013\2102\210S\220\005\220S\230\004\230A\230S\240\003\2401";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 108; i++) {
+    for (int i = 0; i < 154; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
-      if (likely(string) && i >= 13) PyUnicode_InternInPlace(&string);
+      if (likely(string) && i >= 25) PyUnicode_InternInPlace(&string);
       if (unlikely(!string)) {
         Py_XDECREF(data);
         __PYX_ERR(0, 1, __pyx_L1_error)
@@ -11897,8 +17032,8 @@ static const char bytes[] = ".?Note that Cython is deliberately stricter than PE
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 108; i < 118; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-108].length;
+    for (int i = 154; i < 169; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-154].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -11908,15 +17043,15 @@ static const char bytes[] = ".?Note that Cython is deliberately stricter than PE
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 118; i++) {
+    for (Py_ssize_t i = 0; i < 169; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 108;
-      for (Py_ssize_t i=0; i<10; ++i) {
+      PyObject **table = stringtab + 154;
+      for (Py_ssize_t i=0; i<15; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
         #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -11982,7 +17117,7 @@ typedef struct {
     unsigned int num_kwonly_args : 1;
     unsigned int nlocals : 5;
     unsigned int flags : 10;
-    unsigned int first_line : 8;
+    unsigned int first_line : 9;
 } __Pyx_PyCode_New_function_description;
 #ifdef __cplusplus
 } /* anonymous namespace */
@@ -12002,49 +17137,79 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
   PyObject* tuple_dedup_map = PyDict_New();
   if (unlikely(!tuple_dedup_map)) return -1;
   {
-    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 0, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 25};
+    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 0, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 27};
     PyObject* const varnames[] = {0};
     __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_bf16_products, __pyx_mstate->__pyx_kp_b_iso88591_BgQ, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 5, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 67};
+    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 5, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 69};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_key, __pyx_mstate->__pyx_n_u_sizes};
     __pyx_mstate_global->__pyx_codeobj_tab[1] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_param_sizes, __pyx_mstate->__pyx_kp_b_iso88591_6_A_F_aq_vS_5_1_Rr_2S_Bb_3b_V1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[1])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 88};
+    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 90};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_H};
     __pyx_mstate_global->__pyx_codeobj_tab[2] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_cache_size, __pyx_mstate->__pyx_kp_b_iso88591_q_s_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[2])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 91};
+    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 93};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_H};
     __pyx_mstate_global->__pyx_codeobj_tab[3] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_work_size, __pyx_mstate->__pyx_kp_b_iso88591_awc_A, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[3])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 18, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 159};
+    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 18, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 188};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_wbf16, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_w_ih, __pyx_mstate->__pyx_n_u_w_hh, __pyx_mstate->__pyx_n_u_code, __pyx_mstate->__pyx_n_u_wt, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_sizes, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_buf, __pyx_mstate->__pyx_n_u_skip, __pyx_mstate->__pyx_n_u_out, __pyx_mstate->__pyx_n_u_o, __pyx_mstate->__pyx_n_u_wi, __pyx_mstate->__pyx_n_u_wh, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[4] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_pack, __pyx_mstate->__pyx_kp_b_iso88591_E_a__K_1_s_Bc_2Rs_Ba_j_Kq_c_t5, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[4])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 184};
+    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 213};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_cache, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_h, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_reverse, __pyx_mstate->__pyx_n_u_wbf16, __pyx_mstate->__pyx_n_u_packed, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[5] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_forward, __pyx_mstate->__pyx_kp_b_iso88591_5I_a_1AS_c_Cs_s_ST_s_S_7__AQfCv, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[5])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {15, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 200};
+    const __Pyx_PyCode_New_function_description descr = {15, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 229};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params2, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_caches2, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_h2, __pyx_mstate->__pyx_n_u_c2, __pyx_mstate->__pyx_n_u_wbf16, __pyx_mstate->__pyx_n_u_packed2, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[6] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_forward2, __pyx_mstate->__pyx_kp_b_iso88591_MQ_a_U_1_aq_fCs_S_S_q_A_xs_G1D, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[6])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {17, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 241};
+    const __Pyx_PyCode_New_function_description descr = {17, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 270};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_cache, __pyx_mstate->__pyx_n_u_dy, __pyx_mstate->__pyx_n_u_dh, __pyx_mstate->__pyx_n_u_dc, __pyx_mstate->__pyx_n_u_dx, __pyx_mstate->__pyx_n_u_grads, __pyx_mstate->__pyx_n_u_work, __pyx_mstate->__pyx_n_u_reverse, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[7] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_backward, __pyx_mstate->__pyx_kp_b_iso88591_DE_a_AQc_s_S_5_89TU_T_WF_Q_QavS, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[7])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 255};
+    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 284};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params2, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_caches2, __pyx_mstate->__pyx_n_u_dy, __pyx_mstate->__pyx_n_u_dh2, __pyx_mstate->__pyx_n_u_dc2, __pyx_mstate->__pyx_n_u_dx, __pyx_mstate->__pyx_n_u_grads2, __pyx_mstate->__pyx_n_u_works2, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[8] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_backward2, __pyx_mstate->__pyx_kp_b_iso88591_a_U_1_q_4vS_3c_c_Q_q_D_1D_CzQTT, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[8])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 304};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_a};
+    __pyx_mstate_global->__pyx_codeobj_tab[9] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_immutable, __pyx_mstate->__pyx_kp_b_iso88591_A_AV1_1_AQ_2S_S_AS_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[9])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 365};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_params};
+    __pyx_mstate_global->__pyx_codeobj_tab[10] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_valid, __pyx_mstate->__pyx_kp_b_iso88591_A_t7_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[10])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {8, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 434};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_h_in, __pyx_mstate->__pyx_n_u_c_in, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_h, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_n};
+    __pyx_mstate_global->__pyx_codeobj_tab[11] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_run, __pyx_mstate->__pyx_kp_b_iso88591_A_2Rt1_aq_3gQ_AS_E_2T_gQ_AS_E_2T, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[11])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 455};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_rows, __pyx_mstate->__pyx_n_u_h, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_per, __pyx_mstate->__pyx_n_u_S};
+    __pyx_mstate_global->__pyx_codeobj_tab[12] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_table, __pyx_mstate->__pyx_kp_b_iso88591_A_aq_3gQ_4uAYa_AQ_M_q_4_2T_4uAS, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[12])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 1};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self};
+    __pyx_mstate_global->__pyx_codeobj_tab[13] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_reduce_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[13])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 3};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_pyx_state};
+    __pyx_mstate_global->__pyx_codeobj_tab[14] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_setstate_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[14])) goto bad;
   }
   Py_DECREF(tuple_dedup_map);
   return 0;
@@ -14262,6 +19427,142 @@ static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
     return __Pyx_GetItemInt_Generic_size(o, i);
 }
 
+/* PyObjectCompare */
+#ifndef __Pyx_DEFINED_PyObject_CompareIntFloatBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntFloatBoolNe
+static int __Pyx_PyObject_CompareIntFloatBoolNe(PyObject *op1, PyObject *op2) {
+    double float_op2 = __Pyx_PyFloat_AS_DOUBLE(op2);
+    #if !CYTHON_ASSUME_SAFE_MACROS
+    if (unlikely(float_op2 == -1. && PyErr_Occurred())) return -1;
+    #endif
+    #if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsCompact(op1)) {
+        Py_ssize_t iop1 = __Pyx_PyLong_CompactValue(op1);
+        if (((double)iop1) != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+    if (unlikely(!__Pyx_isfinite(float_op2))) {
+        if (0.0 != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int sign1 = __Pyx_PyLong_Sign(op1);
+        if (float_op2 >= 0.) {
+            if (sign1 < 0) goto __pyx_return_true;
+            if (float_op2 < (double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        } else {
+            if (sign1 > 0) goto __pyx_return_true;
+            if (float_op2 > -(double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        }
+    }
+    #else
+    if (unlikely(!__Pyx_isfinite(float_op2))) {
+        if (0.0 != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int overflow1;
+        long iop1 = PyLong_AsLongAndOverflow(op1, &overflow1);
+        if (likely(!overflow1)) {
+            if ((long long) iop1 >= (1LL << 53)) {
+                overflow1 = 1;
+            } else if ((long long) iop1 <= - (1LL << 53)) {
+                overflow1 = -1;
+            } else {
+                if (((double) iop1) != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+            }
+        }
+        if (overflow1 < 0) {
+            if (float_op2 > ((double) (1LL << 53))) goto __pyx_return_true;
+        } else {
+            if (float_op2 < - ((double) (1LL << 53))) goto __pyx_return_true;
+        }
+    }
+    #endif
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#if CYTHON_USE_PYLONG_INTERNALS
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static int __Pyx_PyObject_CompareIntIntBoolNe(PyObject *op1, PyObject *op2) {
+    Py_ssize_t cmp = __Pyx_PyLong_CompareSignAndSize(op1, op2);
+    if (cmp == 0) {
+        Py_ssize_t size = __Pyx_PyLong_DigitCount(op1);
+        if (size > 0) {
+            const digit* digits1 = __Pyx_PyLong_Digits(op1);
+            const digit* digits2 = __Pyx_PyLong_Digits(op2);
+            if (size == 1) {
+                cmp = (Py_ssize_t) digits1[0] - (Py_ssize_t) digits2[0];
+            } else if ((size == 2) && (8 * sizeof(Py_ssize_t) >= 2 * PyLong_SHIFT)) {
+                cmp = (Py_ssize_t) (((((size_t)digits1[1]) << PyLong_SHIFT) | (size_t)digits1[0])) - (Py_ssize_t) (((((size_t)digits2[1]) << PyLong_SHIFT) | (size_t)digits2[0]));
+            } else {
+                for (Py_ssize_t i=size-1; i >= 0 && !cmp; --i) {
+                    cmp = (Py_ssize_t) digits1[i] - (Py_ssize_t) digits2[i];
+                }
+            }
+        }
+        if (cmp == 0) return 0;
+        if (__Pyx_PyLong_IsNeg(op1)) cmp = -cmp;
+    }
+    return 1;
+}
+#endif
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareIntIntNe(PyObject *op1, PyObject *op2) {
+    int result = __Pyx_PyObject_CompareIntIntBoolNe(op1, op2);
+    if (unlikely(result == -1)) return NULL;
+    return __Pyx_NewRef(result ? Py_True : Py_False);
+}
+#endif
+#else
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static int __Pyx_PyObject_CompareIntIntBoolNe(PyObject *op1, PyObject *op2) {
+    int overflow1, overflow2;
+    long long iop1 = PyLong_AsLongLongAndOverflow(op1, &overflow1);
+    long long iop2 = PyLong_AsLongLongAndOverflow(op2, &overflow2);
+    if (likely(!(overflow1 | overflow2))) {
+        if (iop1 != iop2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else if (overflow1 != overflow2) {
+        if (overflow1 != overflow2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_int_object(PyObject *op1, PyObject *op2, int pyop) {
+    CYTHON_UNUSED_VAR(pyop);
+    if (unlikely(op1 == Py_None)) {
+        if (op2 == Py_None) goto __pyx_return_false; else goto __pyx_richcmp;
+    }
+    if (op1 == op2) goto __pyx_return_false;
+    if (likely(op1 != Py_None)) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (likely(PyLong_CheckExact(op2))) {
+            return __Pyx_PyObject_CompareIntIntBoolNe(op1, op2);
+        }
+        if (PyFloat_CheckExact(op2)) {
+            return __Pyx_PyObject_CompareIntFloatBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    if ((0)) goto __pyx_richcmp;
+    if ((0)) goto __pyx_return_true;
+    if ((0)) goto __pyx_return_false;
+__pyx_richcmp:
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+
 /* RaiseErrorWithObjectType (used by SliceObject) */
 static void __Pyx_RaiseErrorWithType(PyObject* exc_type, const char* message, PyTypeObject *type_obj) {
     __Pyx_TypeName type_name = __Pyx_PyType_GetFullyQualifiedName(type_obj);
@@ -14332,6 +19633,900 @@ static CYTHON_INLINE PyObject* __Pyx_PyObject_GetSlice(PyObject* obj,
     }
 bad:
     return NULL;
+}
+
+/* DivInt[Py_ssize_t] */
+static CYTHON_INLINE Py_ssize_t __Pyx_div_Py_ssize_t(Py_ssize_t a, Py_ssize_t b, int b_is_constant) {
+    Py_ssize_t q = a / b;
+    Py_ssize_t r = a - q*b;
+    Py_ssize_t adapt_python = (b_is_constant ?
+        ((r != 0) & ((r < 0) ^ (b < 0))) :
+        ((r != 0) & ((r ^ b) < 0))
+    );
+    return q - adapt_python;
+}
+
+/* ModInt[Py_ssize_t] */
+static CYTHON_INLINE Py_ssize_t __Pyx_mod_Py_ssize_t(Py_ssize_t a, Py_ssize_t b, int b_is_constant) {
+    Py_ssize_t r = a % b;
+    Py_ssize_t adapt_python = (b_is_constant ?
+        ((r != 0) & ((r < 0) ^ (b < 0))) :
+        ((r != 0) & ((r ^ b) < 0))
+    );
+    return r + adapt_python * b;
+}
+
+/* ListAppendAndDecrefInternal (used by ListCompAppend) */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE void __Pyx__ListComp_AppendAndDecref(PyObject* list, Py_ssize_t len, PyObject* x) {
+    PyList_SET_ITEM(list, len, x);
+    Py_SET_SIZE(list, len + 1);
+}
+#endif
+
+/* ListCompAppend */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE int __Pyx_ListComp_Append(PyObject* list, PyObject* x) {
+    PyListObject* L = (PyListObject*) list;
+    Py_ssize_t len = Py_SIZE(list);
+    if (likely(L->allocated > len)) {
+        Py_INCREF(x);
+        __Pyx__ListComp_AppendAndDecref(list, len, x);
+        return 0;
+    }
+    return PyList_Append(list, x);
+}
+#endif
+
+/* RaiseTooManyValuesToUnpack */
+static CYTHON_INLINE void __Pyx_RaiseTooManyValuesError(Py_ssize_t expected) {
+    PyErr_Format(PyExc_ValueError,
+                 "too many values to unpack (expected %" CYTHON_FORMAT_SSIZE_T "d)", expected);
+}
+
+/* RaiseNeedMoreValuesToUnpack */
+static CYTHON_INLINE void __Pyx_RaiseNeedMoreValuesError(Py_ssize_t index) {
+    PyErr_Format(PyExc_ValueError,
+                 "need more than %" CYTHON_FORMAT_SSIZE_T "d value%.1s to unpack",
+                 index, (index == 1) ? "" : "s");
+}
+
+/* IterFinish */
+static CYTHON_INLINE int __Pyx_IterFinish(void) {
+    PyObject* exc_type;
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    exc_type = __Pyx_PyErr_CurrentExceptionType();
+    if (unlikely(exc_type)) {
+        if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration)))
+            return -1;
+        __Pyx_PyErr_Clear();
+        return 0;
+    }
+    return 0;
+}
+
+/* UnpackItemEndCheck */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected) {
+    if (unlikely(retval)) {
+        Py_DECREF(retval);
+        __Pyx_RaiseTooManyValuesError(expected);
+        return -1;
+    }
+    return __Pyx_IterFinish();
+}
+
+/* PyObjectFastCallMethod */
+#if !CYTHON_VECTORCALL
+static PyObject *__Pyx_PyObject_FastCallMethod(PyObject *name, PyObject *const *args, size_t nargsf) {
+    PyObject *result;
+    switch (__Pyx_PyVectorcall_NARGS(nargsf)) {
+        case 1:
+            return PyObject_CallMethodObjArgs(args[0], name, NULL);
+        case 2:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], NULL);
+        case 3:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], args[2], NULL);
+        case 4:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], args[2], args[3], NULL);
+        case 5:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], args[2], args[3], args[4], NULL);
+    }
+    PyObject *attr = PyObject_GetAttr(args[0], name);
+    if (unlikely(!attr))
+        return NULL;
+    result = __Pyx_PyObject_FastCall(attr, args+1, nargsf - 1);
+    Py_DECREF(attr);
+    return result;
+}
+#endif
+
+/* ModInt[int64_t] */
+static CYTHON_INLINE int64_t __Pyx_mod_int64_t(int64_t a, int64_t b, int b_is_constant) {
+    int64_t r = a % b;
+    int64_t adapt_python = (b_is_constant ?
+        ((r != 0) & ((r < 0) ^ (b < 0))) :
+        ((r != 0) & ((r ^ b) < 0))
+    );
+    return r + adapt_python * b;
+}
+
+/* DivInt[int64_t] */
+static CYTHON_INLINE int64_t __Pyx_div_int64_t(int64_t a, int64_t b, int b_is_constant) {
+    int64_t q = a / b;
+    int64_t r = a - q*b;
+    int64_t adapt_python = (b_is_constant ?
+        ((r != 0) & ((r < 0) ^ (b < 0))) :
+        ((r != 0) & ((r ^ b) < 0))
+    );
+    return q - adapt_python;
+}
+
+/* RejectKeywords */
+static void __Pyx_RejectKeywords(const char* function_name, PyObject *kwds) {
+    PyObject *key = NULL;
+    if (CYTHON_VECTORCALL && likely(PyTuple_Check(kwds))) {
+        key = __Pyx_PySequence_ITEM(kwds, 0);
+    } else {
+#if CYTHON_AVOID_BORROWED_REFS
+        PyObject *pos = NULL;
+#else
+        Py_ssize_t pos = 0;
+#endif
+#if !CYTHON_COMPILING_IN_PYPY || defined(PyArg_ValidateKeywordArguments)
+        if (unlikely(!PyArg_ValidateKeywordArguments(kwds))) return;
+#endif
+        __Pyx_PyDict_NextRef(kwds, &pos, &key, NULL);
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_XDECREF(pos);
+#endif
+    }
+    if (likely(key)) {
+        PyErr_Format(PyExc_TypeError,
+            "%s() got an unexpected keyword argument '%U'",
+            function_name, key);
+        Py_DECREF(key);
+    }
+}
+
+/* AllocateExtensionType */
+static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final) {
+    if (is_final || likely(!__Pyx_PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT))) {
+        allocfunc alloc_func = __Pyx_PyType_GetSlot(t, tp_alloc, allocfunc);
+        return alloc_func(t, 0);
+    } else {
+        newfunc tp_new = __Pyx_PyType_TryGetSlot(&PyBaseObject_Type, tp_new, newfunc);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+        if (!tp_new) {
+            PyObject *new_str = PyUnicode_FromString("__new__");
+            if (likely(new_str)) {
+                PyObject *o = PyObject_CallMethodObjArgs((PyObject *)&PyBaseObject_Type, new_str, t, NULL);
+                Py_DECREF(new_str);
+                return o;
+            } else
+                return NULL;
+        } else
+    #endif
+        return tp_new(t, __pyx_mstate_global->__pyx_empty_tuple, 0);
+    }
+}
+
+/* CallSlotAsVectorcallUnpackDict (used by CallSlotAsVectorcall) */
+static CYTHON_INLINE int __Pyx_CallSlotAsVectorcallUnpackDict(Py_ssize_t args_size, PyObject *keys_dict, PyObject **args, PyObject *kwnames) {
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(keys_dict, &pos, &key, &value)) {
+        Py_INCREF(value);
+        args[args_size+i] = value;
+        Py_INCREF(key);
+        if (unlikely(__Pyx_PyTuple_SET_ITEM(kwnames, i, key) == -1)) {
+            return -1;
+        }
+        ++i;
+    }
+    return 0;
+}
+
+/* CallSlotAsVectorcall */
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject * __Pyx_CallTpnewAsVectorcall(__Pyx_tpnewvectorcallfunc f, PyTypeObject* o, PyObject *a, PyObject *k) {
+    Py_ssize_t k_size = k ? __Pyx_PyDict_GET_SIZE(k) : 0;
+#if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(k_size < 0)) return NULL;
+#endif
+    Py_ssize_t a_size = __Pyx_PyTuple_GET_SIZE(a);
+#if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(a_size < 0)) return NULL;
+#endif
+#if CYTHON_ASSUME_SAFE_MACROS
+    if (k_size == 0) {
+        return f(o, &PyTuple_GET_ITEM(a, 0), a_size, NULL);
+    }
+#else
+    if (k_size == 0 && a_size == 0) {
+        return f(o, NULL, 0, NULL);
+    }
+#endif
+    PyObject *stack_args[5];
+    PyObject **args = stack_args;
+    Py_ssize_t maxnargs = PY_SSIZE_T_MAX / sizeof(PyObject*) - 1;
+    if (a_size > maxnargs - k_size) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    Py_ssize_t total_size = a_size + k_size;
+    if (total_size > 5) {
+        args = (PyObject**)PyMem_Malloc(((size_t)total_size)*sizeof(PyObject*));
+        if (unlikely(!args)) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    PyObject * result = NULL;
+    PyObject *kwnames = NULL;
+    int unpack_dict_result;
+    Py_ssize_t i = 0;
+    for (; i < a_size; ++i) {
+        args[i] = __Pyx_PyTuple_GET_ITEM(a, i);
+#if !CYTHON_ASSUME_SAFE_MACROS
+        if (unlikely(!args[i])) goto cleanup;
+#endif
+    }
+#if !CYTHON_ASSUME_SAFE_MACROS
+    if (k)  // There's a specific shortcut earlier for ASSUME_SAFE_MACROS with no keywords
+#endif
+    {
+        kwnames = PyTuple_New(k_size);
+        if (unlikely(!kwnames)) goto cleanup;
+        __Pyx_BEGIN_CRITICAL_SECTION(k);
+        unpack_dict_result = __Pyx_CallSlotAsVectorcallUnpackDict(a_size, k, args, kwnames);
+        __Pyx_END_CRITICAL_SECTION();
+        if (unlikely(unpack_dict_result == -1)) goto cleanup;
+    }
+    result = f(o, args, a_size, kwnames);
+  cleanup:
+    Py_XDECREF(kwnames);
+    for (i=a_size; i<total_size; ++i) {
+        Py_XDECREF(args[i]);
+    }
+    if (args != stack_args) {
+        PyMem_Free(args);
+    }
+    return result;
+}
+#endif
+
+/* CallNewInitFromVectorcall */
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__Pyx_CallNewInitFromVectorcall(PyTypeObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    newfunc tp_new = __Pyx_PyType_GetSlot(t, tp_new, newfunc);
+    if (unlikely(!tp_new)) {
+        __Pyx_RaiseErrorWithType(PyExc_TypeError, "cannot create " __Pyx_FMT_TYPENAME " instances", t);
+        return NULL;
+    }
+    Py_ssize_t nargs = __Pyx_PyVectorcall_NARGS(nargsf);
+    PyObject *result = NULL, *args_tuple = NULL, *kwds_dict = NULL;
+    Py_ssize_t kw_size = kwnames ? __Pyx_PyTuple_GET_SIZE(kwnames) : 0;
+#if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(kw_size == -1)) {
+        return NULL;
+    }
+#endif
+    if (kw_size) {
+        kwds_dict = __Pyx_PyDict_NewPresized(kw_size);
+        if (unlikely(!kwds_dict)) {
+            return NULL;
+        }
+        for (Py_ssize_t i=0; i<kw_size; ++i) {
+            PyObject *v = args[nargs + i];
+            PyObject *k = __Pyx_PyTuple_GET_ITEM(kwnames, i);
+#if !CYTHON_ASSUME_SAFE_MACROS
+            if (unlikely(!k)) {
+                goto end;
+            }
+#endif
+            if (unlikely(PyDict_SetItem(kwds_dict, k, v) < 0)) {
+                goto end;
+            }
+        }
+    }
+    if (nargs) {
+        args_tuple = __Pyx_PyTuple_FromArray(args, nargs);
+        if (unlikely(!args_tuple)) {
+            goto end;
+        }
+    } else {
+        args_tuple = __Pyx_NewRef(__pyx_mstate_global->__pyx_empty_tuple);
+    }
+    result = tp_new(t, args_tuple, kwds_dict);
+    if (unlikely(!result)) {
+        goto end;
+    }
+    if (PyObject_TypeCheck(result, t)) {
+        initproc tp_init = __Pyx_PyObject_GetSlot(result, tp_init, initproc);
+        if (tp_init && unlikely(tp_init(result, args_tuple, kwds_dict) < 0)) {
+            Py_CLEAR(result);
+        }
+    }
+  end:
+    Py_XDECREF(args_tuple);
+    Py_XDECREF(kwds_dict);
+    return result;
+}
+#endif
+
+/* CallTypeTraverse */
+#if !CYTHON_USE_TYPE_SPECS
+#else
+static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg) {
+    if (!always_call) {
+        PyTypeObject *base = __Pyx_PyObject_GetSlot(o, tp_base, PyTypeObject*);
+        unsigned long flags = PyType_GetFlags(base);
+        if (flags & Py_TPFLAGS_HEAPTYPE) {
+            return 0;
+        }
+    }
+    Py_VISIT((PyObject*)Py_TYPE(o));
+    return 0;
+}
+#endif
+
+/* PyObjectCallMethod0 (used by PyType_Ready) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod0(PyObject* obj, PyObject* method_name) {
+#if CYTHON_VECTORCALL && (__PYX_LIMITED_VERSION_HEX >= 0x030C0000 || !CYTHON_COMPILING_IN_LIMITED_API)
+    return PyObject_VectorcallMethod(method_name, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+#elif CYTHON_COMPILING_IN_LIMITED_API
+    return PyObject_CallMethodObjArgs(obj, method_name, NULL);
+#else
+    return PyObject_CallMethodNoArgs(obj, method_name);
+#endif
+}
+
+/* GetTypeDictOffset (used by ValidateBasesTuple) */
+#if !CYTHON_USE_TYPE_SLOTS
+CYTHON_UNUSED static Py_ssize_t __Pyx_GetTypeDictOffset(PyObject *tp, int require_cython_valid_result) {
+    PyObject *tp_dictoffset_o;
+    Py_ssize_t tp_dictoffset;
+    tp_dictoffset_o = PyObject_GetAttrString(tp, "__dictoffset__");
+    if (unlikely(!tp_dictoffset_o)) return -1;
+    tp_dictoffset = PyLong_AsSsize_t(tp_dictoffset_o);
+    Py_DECREF(tp_dictoffset_o);
+    if (unlikely(require_cython_valid_result && tp_dictoffset == 0)) {
+        PyErr_SetString(
+            PyExc_TypeError,
+            "'type' doesn't have a dictoffset");
+        return -1;
+    } else if (unlikely(require_cython_valid_result && tp_dictoffset < 0)) {
+        PyErr_SetString(
+            PyExc_TypeError,
+            "'type' has an unexpected negative dictoffset. "
+            "Please report this as Cython bug");
+        return -1;
+    }
+    return tp_dictoffset;
+}
+#endif
+
+/* ValidateBasesTuple (used by PyType_Ready) */
+#if CYTHON_COMPILING_IN_CPYTHON || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_USE_TYPE_SPECS
+static int __Pyx_validate_bases_tuple(const char *type_name, int has_dictoffset, PyObject *bases) {
+    Py_ssize_t i, n;
+#if CYTHON_ASSUME_SAFE_SIZE
+    n = PyTuple_GET_SIZE(bases);
+#else
+    n = PyTuple_Size(bases);
+    if (unlikely(n < 0)) return -1;
+#endif
+    if (!has_dictoffset) {
+        PyObject *b;
+#if CYTHON_AVOID_BORROWED_REFS
+        b = PySequence_GetItem(bases, 0);
+        if (!b) return -1;
+#elif CYTHON_ASSUME_SAFE_MACROS
+        b = PyTuple_GET_ITEM(bases, 0);
+#else
+        b = PyTuple_GetItem(bases, 0);
+        if (!b) return -1;
+#endif
+#if CYTHON_USE_TYPE_SLOTS
+        has_dictoffset = ((PyTypeObject*)b)->tp_dictoffset != 0;
+#else
+        Py_ssize_t dictoffset = __Pyx_GetTypeDictOffset(b, 0);
+        has_dictoffset = dictoffset != 0;
+#endif
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(b);
+#endif
+#if !CYTHON_USE_TYPE_SLOTS
+        if (dictoffset == -1 && PyErr_Occurred()) return -1;
+#endif
+    }
+    for (i = 1; i < n; i++)
+    {
+        PyTypeObject *b;
+#if CYTHON_AVOID_BORROWED_REFS
+        PyObject *b0 = PySequence_GetItem(bases, i);
+        if (!b0) return -1;
+#elif CYTHON_ASSUME_SAFE_MACROS
+        PyObject *b0 = PyTuple_GET_ITEM(bases, i);
+#else
+        PyObject *b0 = PyTuple_GetItem(bases, i);
+        if (!b0) return -1;
+#endif
+        b = (PyTypeObject*) b0;
+        if (!__Pyx_PyType_HasFeature(b, Py_TPFLAGS_HEAPTYPE))
+        {
+            __Pyx_RaiseErrorWithType(
+                PyExc_TypeError, "base class '" __Pyx_FMT_TYPENAME "' is not a heap type", b);
+#if CYTHON_AVOID_BORROWED_REFS
+            Py_DECREF(b0);
+#endif
+            return -1;
+        }
+        if (!has_dictoffset)
+        {
+            Py_ssize_t b_dictoffset = 0;
+#if CYTHON_USE_TYPE_SLOTS
+            b_dictoffset = b->tp_dictoffset;
+#else
+            b_dictoffset = __Pyx_GetTypeDictOffset((PyObject*)b, 0);
+            if (b_dictoffset == -1 && PyErr_Occurred()) goto dictoffset_return;
+#endif
+            if (b_dictoffset) {
+                __Pyx_RaiseErrorWithType1(
+                    PyExc_TypeError,
+                    "extension type '%.200s' has no __dict__ slot, "
+                    "but base type '" __Pyx_FMT_TYPENAME "' has: "
+                    "either add 'cdef dict __dict__' to the extension type "
+                    "or add '__slots__ = [...]' to the base type",
+                    type_name, b);
+#if !CYTHON_USE_TYPE_SLOTS
+              dictoffset_return:
+#endif
+#if CYTHON_AVOID_BORROWED_REFS
+                Py_DECREF(b0);
+#endif
+                return -1;
+            }
+        }
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(b0);
+#endif
+    }
+    return 0;
+}
+#endif
+
+/* PyType_Ready */
+CYTHON_UNUSED static int __Pyx_PyType_HasMultipleInheritance(PyTypeObject *t) {
+    while (t) {
+        PyObject *bases = __Pyx_PyType_GetSlot(t, tp_bases, PyObject*);
+        if (bases) {
+            return 1;
+        }
+        t = __Pyx_PyType_GetSlot(t, tp_base, PyTypeObject*);
+    }
+    return 0;
+}
+static int __Pyx_PyType_Ready(PyTypeObject *t) {
+#if CYTHON_USE_TYPE_SPECS || !CYTHON_COMPILING_IN_CPYTHON
+    (void)&__Pyx_PyObject_CallMethod0;
+#if CYTHON_USE_TYPE_SPECS
+    (void)&__Pyx_validate_bases_tuple;
+#endif
+    return PyType_Ready(t);
+#else
+    int r;
+    if (!__Pyx_PyType_HasMultipleInheritance(t)) {
+        return PyType_Ready(t);
+    }
+    PyObject *bases = __Pyx_PyType_GetSlot(t, tp_bases, PyObject*);
+    if (bases && unlikely(__Pyx_validate_bases_tuple(t->tp_name, t->tp_dictoffset != 0, bases) == -1))
+        return -1;
+    {
+        int gc_was_enabled;
+    #if PY_VERSION_HEX >= 0x030A00b1
+        gc_was_enabled = PyGC_Disable();
+        (void)&__Pyx_PyObject_CallMethod0;
+    #else
+        PyObject *ret, *py_status;
+        PyObject *gc = NULL;
+        #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM+0 >= 0x07030400) &&\
+                !CYTHON_COMPILING_IN_GRAAL
+        gc = PyImport_GetModule(__pyx_mstate_global->__pyx_kp_u_gc);
+        #endif
+        if (unlikely(!gc)) gc = PyImport_Import(__pyx_mstate_global->__pyx_kp_u_gc);
+        if (unlikely(!gc)) return -1;
+        py_status = __Pyx_PyObject_CallMethod0(gc, __pyx_mstate_global->__pyx_kp_u_isenabled);
+        if (unlikely(!py_status)) {
+            Py_DECREF(gc);
+            return -1;
+        }
+        gc_was_enabled = __Pyx_PyObject_IsTrue(py_status);
+        Py_DECREF(py_status);
+        if (gc_was_enabled > 0) {
+            ret = __Pyx_PyObject_CallMethod0(gc, __pyx_mstate_global->__pyx_kp_u_disable);
+            if (unlikely(!ret)) {
+                Py_DECREF(gc);
+                return -1;
+            }
+            Py_DECREF(ret);
+        } else if (unlikely(gc_was_enabled == -1)) {
+            Py_DECREF(gc);
+            return -1;
+        }
+    #endif
+        t->tp_flags |= Py_TPFLAGS_HEAPTYPE;
+#if PY_VERSION_HEX >= 0x030A0000
+        t->tp_flags |= Py_TPFLAGS_IMMUTABLETYPE;
+#endif
+        r = PyType_Ready(t);
+        t->tp_flags &= ~Py_TPFLAGS_HEAPTYPE;
+    #if PY_VERSION_HEX >= 0x030A00b1
+        if (gc_was_enabled)
+            PyGC_Enable();
+    #else
+        if (gc_was_enabled) {
+            PyObject *tp, *v, *tb;
+            PyErr_Fetch(&tp, &v, &tb);
+            ret = __Pyx_PyObject_CallMethod0(gc, __pyx_mstate_global->__pyx_kp_u_enable);
+            if (likely(ret || r == -1)) {
+                Py_XDECREF(ret);
+                PyErr_Restore(tp, v, tb);
+            } else {
+                Py_XDECREF(tp);
+                Py_XDECREF(v);
+                Py_XDECREF(tb);
+                r = -1;
+            }
+        }
+        Py_DECREF(gc);
+    #endif
+    }
+    return r;
+#endif
+}
+
+/* GetVTable (used by MergeVTables) */
+static int __Pyx_GetVtable(PyTypeObject *type, void** table) {
+    void* ptr;
+    *table = NULL;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    PyObject *ob = PyObject_GetAttr((PyObject *)type, __pyx_mstate_global->__pyx_n_u_pyx_vtable);
+#else
+    PyObject *ob = PyObject_GetItem(type->tp_dict, __pyx_mstate_global->__pyx_n_u_pyx_vtable);
+#endif
+    if (!ob)
+        goto no_attr;
+    ptr = PyCapsule_GetPointer(ob, 0);
+    if (!ptr && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "invalid vtable found for imported type");
+    Py_DECREF(ob);
+    *table = ptr;
+    return 1;
+no_attr:
+    if (PyErr_ExceptionMatches(CYTHON_COMPILING_IN_LIMITED_API ? PyExc_AttributeError : PyExc_KeyError)) {
+        return 0;
+    }
+    Py_XDECREF(ob);
+    return -1;
+}
+
+/* RaiseErrorWithObjectTypes (used by MergeVTables) */
+static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2) {
+    __Pyx_TypeName type_name1 = __Pyx_PyType_GetFullyQualifiedName(type_obj1);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    if (unlikely(!type_name1)) return;
+    #endif
+    __Pyx_TypeName type_name2 = __Pyx_PyType_GetFullyQualifiedName(type_obj2);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    if (unlikely(!type_name2)) goto type2_failed;
+    #endif
+    PyErr_Format(exc_type, message, arg, type_name1, type_name2);
+    __Pyx_DECREF_TypeName(type_name2);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+type2_failed:
+#endif
+    __Pyx_DECREF_TypeName(type_name1);
+}
+
+/* MergeVTables (used by SetVTable) */
+static int __Pyx_MergeVtables(PyTypeObject *type) {
+    int i=0;
+    Py_ssize_t size;
+    void** base_vtables;
+    void* unknown = (void*)-1;
+    PyObject* bases = __Pyx_PyType_GetSlot(type, tp_bases, PyObject*);
+    int base_depth = 0;
+    {
+        PyTypeObject* base = __Pyx_PyType_GetSlot(type, tp_base, PyTypeObject*);
+        while (base) {
+            base_depth += 1;
+            base = __Pyx_PyType_TryGetSlot(base, tp_base, PyTypeObject*);
+        }
+    }
+    base_vtables = (void**) PyMem_Malloc(sizeof(void*) * (size_t)(base_depth + 1));
+    if (unlikely(!base_vtables)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    base_vtables[0] = unknown;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    size = PyTuple_Size(bases);
+    if (size < 0) goto other_failure;
+#else
+    size = PyTuple_GET_SIZE(bases);
+#endif
+    for (i = 1; i < size; i++) {
+        PyObject *basei;
+        void* base_vtable;
+#if CYTHON_AVOID_BORROWED_REFS
+        basei = PySequence_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#elif !CYTHON_ASSUME_SAFE_MACROS
+        basei = PyTuple_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#else
+        basei = PyTuple_GET_ITEM(bases, i);
+#endif
+        int get_vtable_result = __Pyx_GetVtable((PyTypeObject*)basei, &base_vtable);
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(basei);
+#endif
+        if (get_vtable_result != 1) {
+            if (get_vtable_result == -1) {
+                goto other_failure;
+            }
+            PyErr_Clear(); // Class doesn't have a vtable.
+        } else {
+            assert(base_vtable != NULL);
+            int j;
+            PyTypeObject* base = __Pyx_PyType_TryGetSlot(type, tp_base, PyTypeObject*);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+            if (!base) goto bad;
+#endif
+            for (j = 0; j < base_depth; j++) {
+                if (base_vtables[j] == unknown) {
+                    switch (__Pyx_GetVtable(base, &base_vtables[j])) {
+                        case 1:
+                            assert(base_vtables[j] == NULL);
+                            break;
+                        case 0:
+                            goto bad;
+                        case -1:
+                        default:
+                            goto other_failure;
+                    }
+                    base_vtables[j + 1] = unknown;
+                }
+                if (base_vtables[j] == base_vtable) {
+                    break;
+                }
+                base = __Pyx_PyType_TryGetSlot(base, tp_base, PyTypeObject*);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+                if (!base) goto bad;
+#endif
+            }
+        }
+    }
+    PyMem_Free(base_vtables);
+    return 0;
+bad:
+    {
+        PyTypeObject* tp_base = __Pyx_PyType_GetSlot(type, tp_base, PyTypeObject*);
+        PyTypeObject* basei;
+#if CYTHON_AVOID_BORROWED_REFS
+        basei = (PyTypeObject*)PySequence_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#elif !CYTHON_ASSUME_SAFE_MACROS
+        basei = (PyTypeObject*)PyTuple_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#else
+        basei = (PyTypeObject*)PyTuple_GET_ITEM(bases, i);
+#endif
+    __Pyx_RaiseTypeErrorWithTypes(
+        "multiple bases have vtable conflict: '" __Pyx_FMT_TYPENAME "' and '" __Pyx_FMT_TYPENAME "'", tp_base, basei);
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(basei);
+#endif
+    }
+other_failure:
+    PyMem_Free(base_vtables);
+    return -1;
+}
+
+/* SetVTable */
+static int __Pyx_SetVtable(PyTypeObject *type, void *vtable) {
+    PyObject *ob = PyCapsule_New(vtable, 0, 0);
+    if (unlikely(!ob))
+        goto bad;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    if (unlikely(PyObject_SetAttr((PyObject *) type, __pyx_mstate_global->__pyx_n_u_pyx_vtable, ob) < 0))
+#else
+    if (unlikely(PyDict_SetItem(type->tp_dict, __pyx_mstate_global->__pyx_n_u_pyx_vtable, ob) < 0))
+#endif
+        goto bad;
+    Py_DECREF(ob);
+    return __Pyx_MergeVtables(type);
+bad:
+    Py_XDECREF(ob);
+    return -1;
+}
+
+/* LimitedApiGetTypeTypeDict (used by DelItemOnTypeDict) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp) {
+    static Py_ssize_t tp_dictoffset = 0;
+    if (unlikely(tp_dictoffset == 0)) {
+        tp_dictoffset = __Pyx_GetTypeDictOffset((PyObject*)(&PyType_Type), 1);
+        if (unlikely(tp_dictoffset == -1 && PyErr_Occurred())) {
+            tp_dictoffset = 0; // try again next time?
+            return NULL;
+        }
+    }
+    return *(PyObject**)((char*)tp + tp_dictoffset);
+}
+#endif
+
+/* DelItemOnTypeDict (used by SetupReduce) */
+static int __Pyx__DelItemOnTypeDict(PyTypeObject *tp, PyObject *k) {
+    int result;
+    PyObject *tp_dict;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    tp_dict = __Pyx_GetTypeTypeDict(tp);
+    if (unlikely(!tp_dict)) return -1;
+#else
+    tp_dict = tp->tp_dict;
+#endif
+    result = PyDict_DelItem(tp_dict, k);
+    if (likely(!result)) PyType_Modified(tp);
+    return result;
+}
+
+/* SetItemOnTypeDict (used by SetupReduce) */
+static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v) {
+    int result;
+    PyObject *tp_dict;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    tp_dict = __Pyx_GetTypeTypeDict(tp);
+    if (unlikely(!tp_dict)) return -1;
+#else
+    tp_dict = tp->tp_dict;
+#endif
+    result = PyDict_SetItem(tp_dict, k, v);
+    if (likely(!result)) {
+        PyType_Modified(tp);
+        if (unlikely(PyObject_HasAttr(v, __pyx_mstate_global->__pyx_n_u_set_name))) {
+            PyObject *setNameResult = PyObject_CallMethodObjArgs(v, __pyx_mstate_global->__pyx_n_u_set_name,  (PyObject *) tp, k, NULL);
+            if (!setNameResult) return -1;
+            Py_DECREF(setNameResult);
+        }
+    }
+    return result;
+}
+
+/* SetupReduce */
+static int __Pyx_setup_reduce_is_named(PyObject* meth, PyObject* name) {
+  int ret;
+  PyObject *name_attr;
+  name_attr = __Pyx_PyObject_GetAttrStrNoError(meth, __pyx_mstate_global->__pyx_n_u_name);
+  if (likely(name_attr)) {
+      ret = PyObject_RichCompareBool(name_attr, name, Py_EQ);
+  } else {
+      ret = -1;
+  }
+  if (unlikely(ret < 0) && __Pyx_IgnoreException(PyExc_Exception)) {
+      ret = 0;  // But BaseException is still propagated.
+  }
+  Py_XDECREF(name_attr);
+  return ret;
+}
+static PyObject *__Pyx_setup_reduce_get_reduce_attribute(PyObject *type_obj, PyObject *name, int allow_not_present) {
+#if CYTHON_USE_PYTYPE_LOOKUP
+    CYTHON_UNUSED_VAR(allow_not_present);
+    return _PyType_Lookup((PyTypeObject*)type_obj, name);
+#else
+    if (allow_not_present) {
+        return __Pyx_PyObject_GetAttrStrNoError(type_obj, name);
+    } else {
+        return __Pyx_PyObject_GetAttrStr(type_obj, name);
+    }
+#endif
+}
+static int __Pyx_setup_reduce(PyObject* type_obj) {
+    int ret = 0;
+    PyObject *object_reduce = NULL;
+    PyObject *object_getstate = NULL;
+    PyObject *object_reduce_ex = NULL;
+    PyObject *reduce = NULL;
+    PyObject *reduce_ex = NULL;
+    PyObject *reduce_cython = NULL;
+    PyObject *setstate = NULL;
+    PyObject *setstate_cython = NULL;
+    PyObject *getstate = NULL;
+    getstate = __Pyx_setup_reduce_get_reduce_attribute(type_obj, __pyx_mstate_global->__pyx_n_u_getstate, 1);
+    if (!getstate && PyErr_Occurred()) {
+        goto __PYX_BAD;
+    }
+    if (getstate) {
+        object_getstate = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_getstate, 1);
+        if (!object_getstate && PyErr_Occurred()) {
+            goto __PYX_BAD;
+        }
+        if (object_getstate != getstate) {
+            goto __PYX_GOOD;
+        }
+    }
+    object_reduce_ex = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_reduce_ex, 0);
+    if (unlikely(!object_reduce_ex)) goto __PYX_BAD;
+    reduce_ex = __Pyx_PyObject_GetAttrStr(type_obj, __pyx_mstate_global->__pyx_n_u_reduce_ex); if (unlikely(!reduce_ex)) goto __PYX_BAD;
+    if (reduce_ex == object_reduce_ex) {
+        object_reduce = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_reduce, 0);
+        if (!object_reduce) goto __PYX_BAD;
+        reduce = __Pyx_PyObject_GetAttrStr(type_obj, __pyx_mstate_global->__pyx_n_u_reduce); if (unlikely(!reduce)) goto __PYX_BAD;
+        int try_to_replace_reduce = (reduce == object_reduce);
+        if (!try_to_replace_reduce) {
+            try_to_replace_reduce = __Pyx_setup_reduce_is_named(reduce, __pyx_mstate_global->__pyx_n_u_reduce_cython);
+            if (unlikely(try_to_replace_reduce < 0)) {
+                goto __PYX_BAD;
+            }
+        }
+        if (try_to_replace_reduce) {
+            reduce_cython = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_reduce_cython);
+            if (likely(reduce_cython)) {
+                ret = __Pyx_SetItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_reduce, reduce_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+                ret = __Pyx_DelItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_reduce_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+            } else if (reduce == object_reduce || PyErr_Occurred()) {
+                goto __PYX_BAD;
+            }
+            setstate = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_setstate);
+            int try_to_replace_setstate;
+            if (!setstate) {
+                PyObject *exc = PyErr_Occurred();
+                if (exc && !__Pyx_IgnoreGivenException(exc, PyExc_Exception)) {
+                    goto __PYX_BAD;
+                }
+                try_to_replace_setstate = 1;
+            } else {
+                try_to_replace_setstate = __Pyx_setup_reduce_is_named(setstate, __pyx_mstate_global->__pyx_n_u_setstate_cython);
+                if (unlikely(try_to_replace_setstate < 0)) {
+                    goto __PYX_BAD;
+                }
+            }
+            if (try_to_replace_setstate) {
+                setstate_cython = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_setstate_cython);
+                if (likely(setstate_cython)) {
+                    ret = __Pyx_SetItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_setstate, setstate_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+                    ret = __Pyx_DelItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_setstate_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+                } else if (!setstate || PyErr_Occurred()) {
+                    goto __PYX_BAD;
+                }
+            }
+            PyType_Modified((PyTypeObject*)type_obj);
+        }
+    }
+    goto __PYX_GOOD;
+__PYX_BAD:
+    if (!PyErr_Occurred()) {
+        __Pyx_RaiseErrorWithType(
+            PyExc_RuntimeError,
+            "Unable to initialize pickling for " __Pyx_FMT_TYPENAME,
+            (PyTypeObject*)type_obj);
+    }
+    ret = -1;
+__PYX_GOOD:
+#if !CYTHON_USE_PYTYPE_LOOKUP
+    Py_XDECREF(object_reduce);
+    Py_XDECREF(object_reduce_ex);
+    Py_XDECREF(object_getstate);
+    Py_XDECREF(getstate);
+#endif
+    Py_XDECREF(reduce);
+    Py_XDECREF(reduce_ex);
+    Py_XDECREF(reduce_cython);
+    Py_XDECREF(setstate);
+    Py_XDECREF(setstate_cython);
+    return ret;
 }
 
 /* TypeImport */
@@ -14794,22 +20989,6 @@ static CYTHON_INLINE void __Pyx_CyFunction_SetAnnotationsDict(PyObject *func, Py
     m->func_annotations = dict;
     Py_INCREF(dict);
 }
-
-/* CallTypeTraverse (used by CythonFunctionShared) */
-#if !CYTHON_USE_TYPE_SPECS
-#else
-static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg) {
-    if (!always_call) {
-        PyTypeObject *base = __Pyx_PyObject_GetSlot(o, tp_base, PyTypeObject*);
-        unsigned long flags = PyType_GetFlags(base);
-        if (flags & Py_TPFLAGS_HEAPTYPE) {
-            return 0;
-        }
-    }
-    Py_VISIT((PyObject*)Py_TYPE(o));
-    return 0;
-}
-#endif
 
 /* PyMethodNew (used by CythonFunctionShared) */
 #if CYTHON_COMPILING_IN_LIMITED_API
@@ -17492,85 +23671,6 @@ static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *x) {
 }
 
 /* CIntToPy */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const long neg_one = (long) -1, const_zero = (long) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        if (sizeof(long) < sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(long) <= sizeof(unsigned long)) {
-            return PyLong_FromUnsignedLong((unsigned long) value);
-#if !CYTHON_COMPILING_IN_PYPY
-        } else if (sizeof(long) <= sizeof(unsigned PY_LONG_LONG)) {
-            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
-#endif
-        }
-    } else {
-        if (sizeof(long) <= sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(long) <= sizeof(PY_LONG_LONG)) {
-            return PyLong_FromLongLong((PY_LONG_LONG) value);
-        }
-    }
-    {
-        unsigned char *bytes = (unsigned char *)&value;
-#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
-        if (is_unsigned) {
-            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
-        } else {
-            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
-        }
-#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        return _PyLong_FromByteArray(bytes, sizeof(long),
-                                     little, !is_unsigned);
-#else
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        PyObject *result = NULL, *kwds = NULL;
-        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
-        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(long));
-        if (!py_bytes) goto limited_bad;
-        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
-        if (!from_bytes_str) goto limited_bad;
-        order_str = PyUnicode_FromString(little ? "little" : "big");
-        if (!order_str) goto limited_bad;
-        {
-            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
-            if (!is_unsigned) {
-                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
-                if (!signed_str) goto limited_bad;
-#if CYTHON_VECTORCALL
-                kwds = PyTuple_Pack(1, signed_str);
-#else
-                {
-                    PyObject *keys[] = {signed_str};
-                    PyObject *values[] = {Py_True};
-                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
-                }
-#endif
-                Py_DECREF(signed_str);
-                if (unlikely(!kwds)) goto limited_bad;
-            }
-            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
-        }
-        limited_bad:
-        Py_XDECREF(kwds);
-        Py_XDECREF(order_str);
-        Py_XDECREF(py_bytes);
-        Py_XDECREF(from_bytes_str);
-        return result;
-#endif
-    }
-}
-
-/* CIntToPy */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value) {
 #ifdef __Pyx_HAS_GCC_DIAGNOSTIC
 #pragma GCC diagnostic push
@@ -17615,6 +23715,164 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value) {
         PyObject *result = NULL, *kwds = NULL;
         PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
         py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_npy_intp(npy_intp value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const npy_intp neg_one = (npy_intp) -1, const_zero = (npy_intp) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(npy_intp) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(npy_intp) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(npy_intp) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(npy_intp) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(npy_intp) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(npy_intp),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(npy_intp));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const long neg_one = (long) -1, const_zero = (long) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(long) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(long) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(long) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(long) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(long) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(long),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(long));
         if (!py_bytes) goto limited_bad;
         from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
         if (!from_bytes_str) goto limited_bad;

@@ -9,15 +9,17 @@ BLAS is SciPy's, found on first use. No math lives here.
 """
 from libc.stdint cimport int64_t
 from libc.string cimport memset
+from cpython.dict cimport PyDict_GetItem
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 cimport numpy as cnp
 import numpy as np
 
 from fastln._core cimport (
-    FASTLN_EINTR, FASTLN_RNN_W_BF16, _arr, _check, _fast, _float_type, _ptr, fastln_dgemm_fn,
-    fastln_rnn_args, fastln_rnn_step_args, fastln_sgemm_fn, rnn_backward2_f32,
+    FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T, _arr, _check, _fast,
+    _float_type, _ptr, fastln_dgemm_fn, fastln_rnn_args, fastln_rnn_step_args, fastln_sgemm_fn, rnn_backward2_f32,
     rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products, rnn_cache_size,
     rnn_forward2_f32, rnn_forward2_f64, rnn_forward_f32, rnn_forward_f64, rnn_pack,
-    rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size)
+    rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size, to_bf16)
 
 cnp.import_array()
 
@@ -59,8 +61,8 @@ cdef int _pending() except -1:
 
 # the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
 CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,
-          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
-          "gru_plain_reset_first": 27}
+         "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
+         "gru_plain_reset_first": 27}
 
 _SIZES = {}
 
@@ -91,16 +93,39 @@ def cache_size(str cell, int64_t T, int64_t B, int64_t H):
 def work_size(str cell, int64_t T, int64_t B, int64_t H):
     return rnn_work_size(CELLS[cell], T, B, H)
 
-cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what,
-                   int nbf16=0) except -1:
-    """dst[k] = the data of arrays[k], each checked against sizes[k]; the
-    first nbf16 hold bfloat16 bits (uint16)."""
+cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
+    """dst[k] = the data of arrays[k], each checked against sizes[k]."""
     if len(arrays) != len(sizes):
         raise ValueError("internal: wrong number of " + what)
     for k in range(len(sizes)):
-        _arr(arrays[k], cnp.NPY_UINT16 if k < nbf16 else tn, sizes[k], writable, what)
+        _arr(arrays[k], tn, sizes[k], writable, what)
         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
     return 0
+
+cdef int _params(fastln_rnn_args *a, params, int tn, sizes, bint wbf16) except -1:
+    """a.params[k] = the data of params[k], each checked against sizes[k];
+    W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
+    they may be Fortran-ordered: then they go as transposed (a.transposed)."""
+    if len(params) != len(sizes):
+        raise ValueError("internal: wrong number of params")
+    cdef int k
+    for k in range(len(sizes)):
+        p = params[k]
+        if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
+            if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
+                raise ValueError("internal: bad array for params")
+            a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
+        else:
+            _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")
+        a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)
+    return 0
+
+cdef inline bint _fortran(object a, int tn) noexcept:
+    """a is an aligned, Fortran-contiguous, native-order 2-D ndarray of type number tn."""
+    return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2
+            and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
+            and cnp.PyArray_ISFARRAY_RO(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
 
 cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
@@ -111,8 +136,7 @@ cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t 
     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
         raise ValueError("internal: bad x or sizes")
     _arr(x, tn, T * B * I, False, "x")
-    _arr_list(<void **>a.params, params, tn, param_sizes(cell, I, H), False, "params",
-              2 if wbf16 else 0)
+    _params(a, params, tn, param_sizes(cell, I, H), wbf16)
     if wbf16:
         a.wtype = FASTLN_RNN_W_BF16
     if lengths is not None:
@@ -133,6 +157,15 @@ cdef int _rnn_status(int rc) except -1:
         return _pending()
     return _check(rc)
 
+cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
+    """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
+    if packed is not None:
+        _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
+        if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
+                a.cell, a.wtype, a.input, a.hidden):
+            a.packed = _ptr(packed)
+    return 0
+
 cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
                            int d, int nd, bint wbf16=False, packed=None) except -1:
@@ -142,11 +175,7 @@ cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, i
     memset(a, 0, sizeof(a[0]))
     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
                              wbf16)
-    if packed is not None:
-        _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
-        if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
-                CELLS[cell], a.wtype, I, H):
-            a.packed = _ptr(packed)
+    _set_packed(a, packed)
     _arr(y, tn, T * B * H * nd, True, "y")
     _arr(h, tn, B * H, True, "h")
     if cell.startswith("lstm"):
@@ -269,3 +298,186 @@ def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
         rc = rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_backward2_f64(a)
     return _rnn_status(rc)
 
+
+# ---- the compiled step --------------------------------------------------------
+
+cpdef bint immutable(object a):
+    """Whether no write can reach a's data: a and every array it views are
+    read-only, down to an owner that is an array or bytes."""
+    while isinstance(a, cnp.ndarray):
+        if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
+            return False
+        a = a.base
+    return a is None or type(a) is bytes
+
+
+cdef class Step:
+    """A model's step, compiled: every layer's arguments checked and filled
+    once, then one call into the engine (fastln_rnn_step_*) per step.
+
+    Step(cell, I, H, eps, layers, packs, bf16, keys, owners): layers[k] is
+    layer k's list of parameter arrays (as forward takes them), packs[k]
+    None or its pack() array; bf16 None, or the bfloat16 dtype of a
+    bfloat16 model (its weights are bfloat16 bits, its y is bfloat16); keys
+    the model's params keys the step reads and owners the arrays they held
+    when it was built (kept, and compared by valid()). The weights of a
+    layer that reads a packed copy are "locked": the copy is valid while
+    they stay immutable.
+    """
+    cdef fastln_rnn_args *layers
+    cdef readonly int64_t num_layers, input_size, hidden_size
+    cdef int tn
+    cdef bint lstm
+    cdef object keys, owners, keep, locked, bf16
+
+    def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,
+                  bf16, list keys, list owners):
+        cdef bint wbf16 = bf16 is not None
+        cdef int64_t nl = len(layers), k
+        if nl < 1 or len(packs) != nl or I < 1 or H < 1:
+            raise ValueError("internal: bad layers for Step")
+        self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
+        if self.layers == NULL:
+            raise MemoryError()
+        self.num_layers, self.input_size, self.hidden_size = nl, I, H
+        self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
+        if self.tn < 0:
+            raise ValueError("internal: bad parameters for Step")
+        self.lstm = cell.startswith("lstm")
+        for k in range(nl):
+            a = &self.layers[k]
+            memset(a, 0, sizeof(a[0]))
+            a.cell = CELLS[cell]
+            a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
+            _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
+            if wbf16:
+                a.wtype = FASTLN_RNN_W_BF16
+            _set_packed(a, packs[k])
+        self.keys, self.owners, self.bf16 = keys, owners, bf16
+        self.keep = (layers, packs)
+        self.locked = [owners[i] for i in range(len(owners))
+                       if packs[i // (len(owners) // nl)] is not None
+                       and i % (len(owners) // nl) < 2]
+
+    def __dealloc__(self):
+        PyMem_Free(self.layers)
+
+    def valid(self, dict params):
+        """Whether params holds the arrays the step was built from, and the
+        weights it keeps packed are still immutable."""
+        return self._valid(params)
+
+    def __call__(self, dict params, x, state):
+        """A model's step() in its common case, in one call: params valid,
+        x an aligned, C-contiguous (B, I) array of the state's dtype, B >= 1,
+        and state None (zeros), h or (h, c): such arrays of shape
+        (num_layers, B, H). Returns (y, state) in new arrays, y in the
+        model's dtype; None when a condition fails (step() then takes its
+        general path)."""
+        if not (self._valid(params) and _fast(x, self.tn)
+                and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+                and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
+                and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):
+            return None
+        cdef cnp.npy_intp dims[3]
+        dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
+            self.hidden_size
+        h_in = c_in = None
+        if state is not None:
+            if self.lstm:
+                if type(state) is not tuple or len(<tuple>state) != 2:
+                    return None
+                h_in, c_in = state
+                if not self._state_ok(c_in, dims):
+                    return None
+            else:
+                h_in = state
+            if not self._state_ok(h_in, dims):
+                return None
+        h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+            cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+        c = None
+        if self.lstm:
+            c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+                cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+        y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+        self.run(dims[1], x, h_in, c_in, y, h, c)
+        if self.bf16 is not None:
+            y = self._to_bf16(y)
+        return y, ((h, c) if self.lstm else h)
+
+    cdef bint _state_ok(self, a, cnp.npy_intp *dims):
+        return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+                and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
+                and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]
+                and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
+
+    cdef object _to_bf16(self, y):
+        out = np.empty((<object>y).shape, self.bf16)
+        cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
+        cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
+        cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
+        with nogil:
+            to_bf16(d, s, n)
+        return out
+
+    cdef bint _valid(self, dict params):
+        cdef Py_ssize_t i, n = len(self.keys)
+        for i in range(n):
+            if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
+                return False
+        for a in self.locked:
+            if not immutable(a):
+                return False
+        return True
+
+    def run(self, int64_t B, x, h_in, c_in, y, h, c):
+        """One step of B rows: x (B, I) -> y (B, H); the state (num_layers, B,
+        H) goes from h_in, c_in (None: h, c hold it) into h, c."""
+        cdef fastln_rnn_step_args s
+        cdef int64_t n = self.num_layers * B * self.hidden_size
+        memset(&s, 0, sizeof(s))
+        _arr(x, self.tn, B * self.input_size, False, "x")
+        _arr(y, self.tn, B * self.hidden_size, True, "y")
+        _arr(h, self.tn, n, True, "h")
+        if h_in is not None:
+            _arr(h_in, self.tn, n, False, "h_in")
+        if self.lstm:
+            _arr(c, self.tn, n, True, "c")
+            if c_in is not None:
+                _arr(c_in, self.tn, n, False, "c_in")
+            s.c, s.c_in = _ptr(c), _ptr(c_in)
+        s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
+        s.h, s.h_in = _ptr(h), _ptr(h_in)
+        s.x, s.y = _ptr(x), _ptr(y)
+        return self._call(&s)
+
+    def table(self, x, rows, h, c, y):
+        """One step of the streams at rows (B) of the state tables h, c
+        (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
+        cdef fastln_rnn_step_args s
+        memset(&s, 0, sizeof(s))
+        if not _fast(rows, cnp.NPY_INT64):
+            raise ValueError("internal: bad rows")
+        cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
+        cdef int64_t per = self.num_layers * self.hidden_size
+        if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
+            raise ValueError("internal: bad h table")
+        cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
+        _arr(h, self.tn, S * per, True, "h")
+        if self.lstm:
+            _arr(c, self.tn, S * per, True, "c")
+            s.c = _ptr(c)
+        _arr(x, self.tn, B * self.input_size, False, "x")
+        _arr(y, self.tn, B * self.hidden_size, True, "y")
+        s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
+        s.rows = <const int64_t *>_ptr(rows)
+        s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)
+        return self._call(&s)
+
+    cdef int _call(self, fastln_rnn_step_args *s) except -1:
+        cdef int rc
+        _init_blas()
+        with nogil:
+            rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
+        return _check(rc)

@@ -1,0 +1,246 @@
+"""The compiled step of the recurrent models (step(), fastln.rnn._engine.Step):
+
+- weights read where they are: a change to them by any route (in place,
+  through a view's base, load_state_dict, assignment) applies from the next
+  step, bitwise as a fresh model with the new weights; nothing stale is kept;
+- the layouts the models keep (Fortran-ordered, 64-byte aligned float32 weight
+  matrices) and what a transposed weight matrix does on every ISA path, for
+  sizes the kernels read in place and sizes they do not, forward and backward;
+- out= and state_out=, in place included, and their errors.
+"""
+import numpy as np
+import pytest
+
+import fastln
+from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
+
+CLASSES = [LNLSTM, LNGRU, LNRNN, LSTM, GRU, RNN]
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def _fresh(m):
+    """A new model of m's class, configuration and dtype, with m's parameters."""
+    kw = {} if m._kind.endswith("plain") or not hasattr(m, "eps") else {"eps": m.eps}
+    if hasattr(m, "nonlinearity"):
+        kw["nonlinearity"] = m.nonlinearity
+    if isinstance(m, GRU):
+        kw["linear_before_reset"] = m.linear_before_reset
+    new = type(m)(m.input_size, m.hidden_size, m.num_layers, dtype=np.float32, **kw)
+    new = new.to(m.dtype) if m.dtype != np.float32 else new
+    new.load_state_dict(m.state_dict())
+    return new
+
+
+def _same_step(m, x, state):
+    """m.step and a fresh model's step agree bitwise (output and state)."""
+    y, st = m.step(x, state)
+    y2, st2 = _fresh(m).step(x, state)
+    assert np.array_equal(_bits(y), _bits(y2))
+    for a, b in zip(st if isinstance(st, tuple) else (st,),
+                    st2 if isinstance(st2, tuple) else (st2,)):
+        assert np.array_equal(_bits(a), _bits(b))
+    return y, st
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_in_place_changes_apply_to_the_next_step(cls):
+    rng = np.random.default_rng(0)
+    m = cls(6, 32, 2, seed=1)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    y, st = m.step(x)
+    keys = sorted(m.params)
+    for i, key in enumerate(keys):   # every parameter, in turn, three ways
+        how = i % 3
+        if how == 0:
+            m.params[key] -= 0.01
+        elif how == 1:
+            m.params[key][:] = rng.uniform(-0.2, 0.2, m.params[key].shape)
+        else:
+            new = m.state_dict()
+            new[key] = new[key] * 0.5
+            m.load_state_dict(new)
+        y2, st = _same_step(m, x, st)
+        assert not np.array_equal(y, y2)
+        y = y2
+
+
+@pytest.mark.parametrize("cls", [LNLSTM, GRU])
+def test_assigned_arrays_and_views_are_never_stale(cls):
+    """A C-ordered writable array assigned to params, and a read-only view of
+    a writable array, are read anew at each step: changing them (or the
+    view's base) changes the next step."""
+    rng = np.random.default_rng(2)
+    m = cls(5, 16, seed=3)
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    _, st = m.step(x)
+    base = np.ascontiguousarray(m.params["weight_hh_l0"])
+    view = base.view()
+    view.flags.writeable = False
+    m.params["weight_hh_l0"] = view
+    m.params["weight_ih_l0"] = np.ascontiguousarray(m.params["weight_ih_l0"])
+    y1, st1 = _same_step(m, x, st)
+    base *= 1.5   # through the base of a read-only view
+    y2, _ = _same_step(m, x, st)
+    assert not np.array_equal(y1, y2)
+    m.params["weight_ih_l0"][0] += 1.0   # a C-ordered writable array, in place
+    y3, _ = _same_step(m, x, st)
+    assert not np.array_equal(y2, y3)
+
+
+def test_immutable_weights_are_packed_once_and_reused():
+    m = LNLSTM(8, 32, seed=4)
+    for key in ("weight_ih_l0", "weight_hh_l0"):
+        a = np.ascontiguousarray(m.params[key])
+        a.flags.writeable = False
+        m.params[key] = a
+    x = np.ones((1, 8), np.float32)
+    y, st = _same_step(m, x, None)
+    packs = dict(m._packs)
+    assert packs[(0, 0)][2] is not None
+    m.step(x, st)
+    assert m._packs[(0, 0)][2] is packs[(0, 0)][2]   # kept
+    new = m.state_dict()
+    new["weight_hh_l0"] = new["weight_hh_l0"] + 0.1
+    m.load_state_dict(new)   # new arrays: new packing
+    _same_step(m, x, st)
+
+
+def test_bfloat16_weights_are_locked_and_replaced_not_changed():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    m = LNLSTM(8, 32, seed=5).to(ml_dtypes.bfloat16)
+    w = m.params["weight_hh_l0"]
+    with pytest.raises(ValueError):
+        m.params["weight_hh_l0"] -= 1
+    with pytest.raises(ValueError):
+        w.flags.writeable = True   # a view of a read-only array
+    x = np.ones((2, 8), np.float32)
+    _, st = _same_step(m, x, None)
+    new = m.state_dict()
+    new["weight_ih_l0"] = (new["weight_ih_l0"].astype(np.float32) * 2).astype(ml_dtypes.bfloat16)
+    m.load_state_dict(new)
+    _same_step(m, x, st)
+
+
+# ---- layouts ----
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weight_matrices_layout(dtype):
+    m = LNGRU(7, 24, 2, dtype=dtype, seed=0)
+    for key, value in m.params.items():
+        if key.startswith("weight"):
+            assert value.ctypes.data % 64 == 0, key
+            assert value.flags.f_contiguous == (dtype == np.float32), key
+        else:
+            assert value.flags.c_contiguous
+    for key, value in m.state_dict().items():
+        assert value.flags.c_contiguous and value.flags.owndata, key
+    for key, value in m.to(np.float64 if dtype == np.float32 else np.float32).params.items():
+        if key.startswith("weight"):
+            assert value.ctypes.data % 64 == 0
+
+
+@pytest.mark.parametrize("cls,H", [(LNLSTM, 8), (LNLSTM, 5), (LNGRU, 32), (LNGRU, 12),
+                                   (LNRNN, 32), (LNRNN, 9), (GRU, 32), (GRU, 20), (LSTM, 6),
+                                   (RNN, 64)])
+def test_transposed_weights_match_plain_ones_on_every_path(cls, H, isa):
+    """F-ordered weights (read in place where G, and H for ONNX's GRU, are
+    multiples of 32 on the x86 float paths; copied elsewhere) give bitwise
+    the results of C-ordered ones, forward, backward and step."""
+    kw = {"linear_before_reset": False} if cls is GRU else {}
+    rng = np.random.default_rng(H)
+    f = cls(5, H, 2, seed=7, **kw)
+    c = cls(5, H, 2, seed=7, **kw)
+    for key in c.params:
+        if key.startswith("weight"):
+            c.params[key] = np.ascontiguousarray(c.params[key])
+    assert f.params["weight_hh_l0"].flags.f_contiguous
+    x = rng.standard_normal((6, 3, 5)).astype(np.float32)
+    yf, sf = f.forward(x)
+    yc, sc = c.forward(x)
+    assert np.array_equal(_bits(yf), _bits(yc))
+    dy = rng.standard_normal(yf.shape).astype(np.float32)
+    dxf, _ = f.backward(dy)
+    dxc, _ = c.backward(dy)
+    assert np.array_equal(_bits(dxf), _bits(dxc))
+    for key in f.grads:
+        assert np.array_equal(_bits(f.grads[key]), _bits(c.grads[key])), key
+    assert np.array_equal(_bits(f.step(x[0])[0]), _bits(c.step(x[0])[0]))
+
+
+def test_bidirectional_float32_with_transposed_weights():
+    rng = np.random.default_rng(9)
+    f = LNLSTM(4, 32, 2, bidirectional=True, seed=1)
+    c = LNLSTM(4, 32, 2, bidirectional=True, seed=1)
+    for key in c.params:
+        if key.startswith("weight"):
+            c.params[key] = np.ascontiguousarray(c.params[key])
+    x = rng.standard_normal((5, 2, 4)).astype(np.float32)
+    assert np.array_equal(_bits(f.forward(x)[0]), _bits(c.forward(x)[0]))
+    dy = np.ones((5, 2, 64), np.float32)
+    assert np.array_equal(_bits(f.backward(dy)[0]), _bits(c.backward(dy)[0]))
+
+
+# ---- out= and state_out= ----
+
+@pytest.mark.parametrize("cls", [LNLSTM, LNGRU])
+def test_state_out_in_place_and_reused(cls):
+    rng = np.random.default_rng(3)
+    m = cls(4, 16, 2, seed=2)
+    xs = rng.standard_normal((10, 3, 4)).astype(np.float32)
+    y_ref, st = None, None
+    refs = []
+    for x in xs:
+        y_ref, st = m.step(x, st)
+        refs.append(y_ref)
+    shape = (2, 3, 16)
+    state = (np.zeros(shape, np.float32), np.zeros(shape, np.float32)) if cls is LNLSTM \
+        else np.zeros(shape, np.float32)
+    out = np.empty((3, 16), np.float32)
+    for x, want in zip(xs, refs):
+        y, new = m.step(x, state, out=out, state_out=state)
+        assert y is out and new is state or (isinstance(new, tuple) and new[0] is state[0])
+        assert np.array_equal(_bits(y), _bits(want))
+    # state_out with state None starts from zeros, whatever it held
+    junk = (np.full(shape, 7, np.float32), np.full(shape, 7, np.float32)) if cls is LNLSTM \
+        else np.full(shape, 7, np.float32)
+    y, _ = m.step(xs[0], None, state_out=junk)
+    assert np.array_equal(_bits(y), _bits(refs[0]))
+
+
+def test_step_output_errors_name_the_argument():
+    m = LNLSTM(4, 8, seed=0)
+    x = np.ones((2, 4), np.float32)
+    good = (np.zeros((1, 2, 8), np.float32), np.zeros((1, 2, 8), np.float32))
+    with pytest.raises(TypeError, match="out"):
+        m.step(x, out=np.empty((2, 8), np.float64))
+    with pytest.raises(ValueError, match="out"):
+        m.step(x, out=np.empty((3, 8), np.float32))
+    with pytest.raises(ValueError, match="out"):
+        m.step(x, out=np.empty((8, 2), np.float32).T)
+    with pytest.raises(TypeError, match="state_out"):
+        m.step(x, good, state_out=good[0])
+    ro = np.zeros((1, 2, 8), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="state_out"):
+        m.step(x, good, state_out=(ro, good[1]))
+    with pytest.raises(ValueError, match="bidirectional"):
+        LNLSTM(4, 8, bidirectional=True).step(x)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_step_matches_forward_and_threads(threads):
+    rng = np.random.default_rng(11)
+    m = LNLSTM(16, 64, 2, seed=3)
+    x = rng.standard_normal((7, 5, 16)).astype(np.float32)
+    with fastln.threads(threads):
+        y, _ = m.forward(x, cache=False)
+        st = None
+        for t in range(7):
+            h, st = m.step(x[t], st)
+    if fastln.get_isa() != "generic":
+        assert np.array_equal(_bits(h), _bits(y[-1]))
+    else:
+        np.testing.assert_allclose(h, y[-1], atol=1e-5)

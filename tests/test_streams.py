@@ -1,0 +1,301 @@
+"""fastln.rnn.StreamTable: many streams of one model in one table.
+
+- every stream's outputs are bitwise those of the stream run alone with the
+  model's step(), in any batch, for every model class and dtype (float64
+  and the generic path: to rounding), through export and import, after
+  evictions of others;
+- ids, capacity and errors; idle eviction with its callback;
+- threads: open, step, close, export, import and eviction at once, with no
+  slot shared by two streams nor freed twice, and a slot freed during a
+  step that names it not reused before that step ends.
+"""
+import threading
+
+import numpy as np
+import pytest
+
+import fastln
+from fastln.rnn import (GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN, StreamTable, TableFullError,
+                        UnknownStreamError)
+
+CLASSES = [LNLSTM, LNGRU, LNRNN, LSTM, GRU, RNN]
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def _check(got, want, model):
+    if model._dt == np.float32 and fastln.get_isa() != "generic":
+        assert np.array_equal(_bits(got), _bits(want))
+    else:
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                                   rtol=1e-12 if model._dt == np.float64 else 1e-5,
+                                   atol=1e-12 if model._dt == np.float64 else 1e-5)
+
+
+class Solo:
+    """Each stream run alone with model.step: the reference."""
+
+    def __init__(self, model):
+        self.model, self.states = model, {}
+
+    def step(self, sid, x):
+        y, self.states[sid] = self.model.step(x[None], self.states.get(sid))
+        return y[0]
+
+
+def _model(cls, dtype):
+    m = cls(6, 32, 2, seed=1)
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        return m.to(ml_dtypes.bfloat16)
+    return m.to(dtype) if dtype != np.float32 else m
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, "bfloat16"])
+@pytest.mark.parametrize("cls", CLASSES)
+def test_every_stream_is_the_stream_alone(cls, dtype):
+    rng = np.random.default_rng(0)
+    m = _model(cls, dtype)
+    table, solo = StreamTable(m, capacity=9), Solo(m)
+    ids = [table.open() for _ in range(7)] + [table.open("named")]
+    for _ in range(12):
+        batch = list(rng.choice(ids, size=rng.integers(1, len(ids) + 1), replace=False))
+        batch = [b if b == "named" else int(b) for b in batch]
+        x = rng.standard_normal((len(batch), 6)).astype(m._dt)
+        y = table.step(batch, x)
+        assert y.dtype == m.dtype and y.shape == (len(batch), 32)
+        for i, sid in enumerate(batch):
+            _check(y[i], solo.step(sid, x[i]), m)
+
+
+def test_every_isa_path(isa):
+    rng = np.random.default_rng(1)
+    m = LNLSTM(5, 32, seed=2)
+    table, solo = StreamTable(m, 4), Solo(m)
+    ids = [table.open() for _ in range(4)]
+    for t in range(6):
+        batch = ids[t % 2::2] if t % 3 else ids
+        x = rng.standard_normal((len(batch), 5)).astype(np.float32)
+        y = table.step(batch, x)
+        for i, sid in enumerate(batch):
+            _check(y[i], solo.step(sid, x[i]), m)
+
+
+def test_export_import_continue_bitwise_in_another_table():
+    rng = np.random.default_rng(2)
+    m = LNLSTM(4, 32, seed=3)
+    a, b, solo = StreamTable(m, 3), StreamTable(m, 5), Solo(m)
+    sid = a.open("s")
+    other = a.open()
+    for t in range(8):
+        x = rng.standard_normal((1, 4)).astype(np.float32)
+        table = a if t < 4 else b
+        if t == 4:   # move: out of a, through np.savez-friendly arrays, into b
+            state = a.export_state("s")
+            a.close("s")
+            assert "s" not in a and len(a) == 1
+            b.import_state(tuple(np.array(part) for part in state), "s")
+        _check(table.step([sid], x)[0], solo.step("s", x[0]), m)
+    a.step([other], np.zeros((1, 4), np.float32))
+    h, c = b.export_state("s")
+    assert h.shape == c.shape == (1, 1, 32)
+    with pytest.raises(ValueError):
+        b.import_state((h, c), "s")   # the id is open
+
+
+def test_ids_capacity_and_errors():
+    m = LNGRU(3, 8)
+    table = StreamTable(m, 2)
+    a = table.open()
+    b = table.open()
+    assert a != b and len(table) == 2 and table.ids() == [a, b]
+    with pytest.raises(TableFullError, match="capacity"):
+        table.open()
+    table.close(a)
+    with pytest.raises(UnknownStreamError, match="no open stream") as e:
+        table.close(a)
+    assert isinstance(e.value, KeyError)
+    with pytest.raises(UnknownStreamError):
+        table.step([a], np.ones((1, 3), np.float32))
+    c = table.open()
+    assert c not in (a, b)   # ids are never given twice
+    with pytest.raises(ValueError, match="more than once"):
+        table.step([b, b], np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="is open"):
+        table.open(b)
+    table.close(b)
+    with pytest.raises(TypeError, match="hashable"):
+        table.open(["not", "hashable"])
+    with pytest.raises(ValueError, match="x must have shape"):
+        table.step([c], np.ones((2, 3), np.float32))
+    with pytest.raises(TypeError):
+        table.step([c], np.ones((1, 3), np.float64))
+    assert table.step([], np.ones((0, 3), np.float32)).shape == (0, 8)
+    with pytest.raises(TypeError, match="model"):
+        StreamTable(object(), 2)
+    with pytest.raises(ValueError, match="bidirectional"):
+        StreamTable(LNLSTM(3, 8, bidirectional=True), 2)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="capacity"):
+            StreamTable(m, bad)
+    with pytest.raises(TypeError, match="capacity"):
+        StreamTable(m, 2.0)
+    with pytest.raises(ValueError, match="idle_timeout"):
+        StreamTable(m, 2, idle_timeout=-1)
+    with pytest.raises(TypeError, match="on_evict"):
+        StreamTable(m, 2, on_evict=3)
+
+
+def test_failed_step_changes_nothing():
+    m = LNLSTM(3, 8, seed=1)
+    table = StreamTable(m, 2)
+    s = table.open()
+    table.step([s], np.ones((1, 3), np.float32))
+    before = table.export_state(s)
+    with pytest.raises(ValueError):
+        table.step([s], np.ones((1, 4), np.float32))
+    after = table.export_state(s)
+    assert all(np.array_equal(p, q) for p, q in zip(before, after))
+
+
+def test_out_and_model_changes():
+    rng = np.random.default_rng(4)
+    m = LNRNN(3, 16, seed=1)
+    table, solo = StreamTable(m, 2), Solo(m)
+    s = table.open()
+    out = np.empty((1, 16), np.float32)
+    x = rng.standard_normal((1, 3)).astype(np.float32)
+    assert table.step([s], x, out=out) is out
+    solo.step(s, x[0])
+    m.params["weight_hh_l0"] *= 0.5   # applies from the next step on
+    x = rng.standard_normal((1, 3)).astype(np.float32)
+    _check(table.step([s], x)[0], solo.step(s, x[0]), m)
+    with pytest.raises(TypeError, match="out"):
+        table.step([s], x, out=np.empty((1, 16)))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_idle_eviction_tells_the_callback_and_keeps_the_state():
+    rng = np.random.default_rng(5)
+    m = LNLSTM(3, 8, seed=2)
+    clock, told = Clock(), {}
+    table = StreamTable(m, 3, idle_timeout=10, on_evict=lambda sid, st: told.update({sid: st}),
+                        clock=clock)
+    solo = Solo(m)
+    a, b = table.open("a"), table.open("b")
+    for t in range(3):
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        table.step([a, b], x)
+        solo.step("a", x[0]), solo.step("b", x[1])
+        clock.now += 4
+    x = rng.standard_normal((1, 3)).astype(np.float32)
+    table.step([b], x)   # a is idle since t = 8, b active at 12
+    solo.step("b", x[0])
+    clock.now = 18.5
+    assert table.evict_idle() == ["a"] and table.evicted == 1
+    assert set(told) == {"a"} and "a" not in table and "b" in table
+    with pytest.raises(UnknownStreamError):
+        table.step(["a"], x)
+    table.import_state(told["a"], "a")   # nothing lost: it continues bitwise
+    _check(table.step(["a"], x)[0], solo.step("a", x[0]), m)
+    clock.now = 100   # open() sweeps too
+    table.open("c")
+    assert set(told) == {"a", "b"} and table.ids() == ["c"]
+
+
+def test_a_slot_freed_during_a_step_waits_for_it():
+    """close() of a stream while a step that names it runs frees its slot
+    after that step: a stream opened meanwhile gets another slot, and the
+    step's results for it do not land in the new stream."""
+    m = LNLSTM(3, 8, seed=3)
+    table = StreamTable(m, 2)
+    a = table.open()
+    started, release = threading.Event(), threading.Event()
+    real = m._table_step
+
+    def slow(*args):
+        started.set()
+        release.wait(10)
+        return real(*args)
+
+    m._table_step = slow
+    worker = threading.Thread(target=table.step, args=([a], np.ones((1, 3), np.float32)))
+    worker.start()
+    assert started.wait(10)
+    table.close(a)
+    b = table.open()          # the other slot
+    with pytest.raises(TableFullError):
+        table.open()          # a's slot is still the step's
+    release.set()
+    worker.join(10)
+    m._table_step = real
+    zero = table.export_state(b)
+    assert not any(np.any(part) for part in zero)   # untouched by the step
+    table.open()              # now a's slot is free
+
+
+def test_threads_open_step_close_evict_at_once():
+    """Eight threads open, step, export, close and evict streams of one
+    table at once; each thread checks its own streams against solo runs.
+    At the end every slot is free exactly once."""
+    m = LNGRU(4, 16, seed=4)
+    clock = Clock()
+    table = StreamTable(m, 24, idle_timeout=1e9, clock=clock)
+    errors = []
+    lock = threading.Lock()
+
+    def worker(k):
+        try:
+            rng = np.random.default_rng(k)
+            solo = Solo(m)
+            mine = []
+            for it in range(60):
+                op = rng.integers(0, 10)
+                if op < 2 or not mine:
+                    try:
+                        mine.append(table.open())
+                    except TableFullError:
+                        pass
+                elif op == 2:
+                    sid = mine.pop(rng.integers(len(mine)))
+                    table.close(sid)
+                elif op == 3:
+                    sid = mine[rng.integers(len(mine))]
+                    state = table.export_state(sid)
+                    table.close(sid)
+                    mine.remove(sid)
+                    new = table.import_state(state)
+                    solo.states[new] = solo.states.pop(sid, None)
+                    mine.append(new)
+                elif op == 4:
+                    table.evict_idle()   # nothing is idle that long
+                else:
+                    batch = list(rng.permutation(mine)[:rng.integers(1, len(mine) + 1)])
+                    x = rng.standard_normal((len(batch), 4)).astype(np.float32)
+                    y = table.step(batch, x)
+                    for i, sid in enumerate(batch):
+                        _check(y[i], solo.step(sid, x[i]), m)
+            for sid in mine:
+                table.close(sid)
+        except Exception as e:   # reported below
+            with lock:
+                errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(table) == 0
+    assert sorted(table._free) == list(range(24))   # every slot free, once
+    assert not table._busy and not table._release
