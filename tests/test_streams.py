@@ -15,8 +15,17 @@ import numpy as np
 import pytest
 
 import fastln
-from fastln.rnn import (GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN, StreamTable, TableFullError,
-                        UnknownStreamError)
+from fastln.rnn import (
+    GRU,
+    LNGRU,
+    LNLSTM,
+    LNRNN,
+    LSTM,
+    RNN,
+    StreamTable,
+    TableFullError,
+    UnknownStreamError,
+)
 
 CLASSES = [LNLSTM, LNGRU, LNRNN, LSTM, GRU, RNN]
 
@@ -192,7 +201,7 @@ def test_idle_eviction_tells_the_callback_and_keeps_the_state():
                         clock=clock)
     solo = Solo(m)
     a, b = table.open("a"), table.open("b")
-    for t in range(3):
+    for _ in range(3):
         x = rng.standard_normal((2, 3)).astype(np.float32)
         table.step([a, b], x)
         solo.step("a", x[0]), solo.step("b", x[1])
@@ -258,7 +267,7 @@ def test_threads_open_step_close_evict_at_once():
             rng = np.random.default_rng(k)
             solo = Solo(m)
             mine = []
-            for it in range(60):
+            for _ in range(60):
                 op = rng.integers(0, 10)
                 if op < 2 or not mine:
                     try:

@@ -45,6 +45,16 @@ def _aligned_empty(shape: Tuple[int, ...], dtype: Any, order: str) -> _Array:
     return flat.reshape(shape, order=order)  # type: ignore[call-overload]
 
 
+def _same_data(a: _Array, owner: Any) -> bool:
+    """Whether a is owner, or a view of owner's data as a whole (NumPy points
+    a view of a view at the array that owns the memory, so base alone does
+    not tell)."""
+    return a is owner or (isinstance(owner, np.ndarray)
+                          and a.__array_interface__["data"][0]
+                          == owner.__array_interface__["data"][0]
+                          and a.nbytes == owner.nbytes)
+
+
 def _locked(a: _Array) -> _Array:
     """A read-only view of a, made read-only too, with every array it views:
     the view's writeable flag cannot be set again (NumPy refuses while the
@@ -263,7 +273,7 @@ class _LNRecurrent(Generic[_State]):
                 raise ValueError(f"params[{key!r}] has shape {p.shape}, "
                                  f"expected {self._shapes[key]}")
             out.append(p.view(np.uint16) if _is_bf16(p.dtype) else p)
-        if all(o is c or o.base is c for o, c in zip(out, current)):
+        if all(map(_same_data, out, current)):
             self._checked[(k, d)] = (current, out)
         return out
 
@@ -275,8 +285,7 @@ class _LNRecurrent(Generic[_State]):
         engine reads in place, and writable or C-ordered ones that it packs
         on every call, since they may change in place."""
         w_ih, w_hh = (self.params.get(key) for key in self._layer_keys(k, d)[:2])
-        if not (params[0] is w_ih or params[0].base is w_ih) or \
-                not (params[1] is w_hh or params[1].base is w_hh) or \
+        if not (_same_data(params[0], w_ih) and _same_data(params[1], w_hh)) or \
                 not (_engine.immutable(w_ih) and _engine.immutable(w_hh)) or \
                 (params[0].flags.f_contiguous and params[1].flags.f_contiguous
                  and not params[0].flags.c_contiguous):
