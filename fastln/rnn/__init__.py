@@ -49,14 +49,15 @@ Examples
 True
 """
 from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
+from ._batcher import OverloadedError, StreamBatcher
 from ._onnx import from_onnx
 from ._streams import StreamTable, TableFullError, UnknownStreamError
 
 __all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx", "StreamTable",
-           "TableFullError", "UnknownStreamError"]
+           "TableFullError", "UnknownStreamError", "StreamBatcher", "OverloadedError"]
 
 # the public names say where users import them from (reprs, pickles, docs)
 for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, from_onnx, StreamTable, TableFullError,
-             UnknownStreamError):
+             UnknownStreamError, StreamBatcher, OverloadedError):
     _obj.__module__ = __name__
 del _obj

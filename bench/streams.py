@@ -1,0 +1,204 @@
+"""Many streams stepped one request at a time: the engine, StreamTable and
+StreamBatcher, steps per second.
+
+    python bench/streams.py [--streams 256] [--hidden 256] [--input 128] [--seconds 3]
+                            [--threads 2] [--dtype float32|bfloat16] [--json PATH]
+
+Three measurements of one model (LNLSTM(input, hidden), one layer), taken in
+turns (engine, table, batcher, engine, ...) in one process on the same thread
+count, each reported as the median over the rounds:
+
+- engine: ``model.step(x, state)`` at B = streams, with read-only weights
+  (packed once and kept), the state fed back, called from the main thread;
+- engine in a thread: the same, called from a worker thread (the batcher
+  runs its batches in one; OpenMP's teams of the main thread and of other
+  threads are distinct, and their speeds can differ);
+- table: ``StreamTable.step(ids, x)`` of all the streams at once;
+- batcher: ``streams`` client coroutines, each looping
+  ``await batcher.step(sid, x)`` on one stream, against one StreamBatcher
+  (default settings) over the table; its steps/s are the steps completed
+  over the timed window.
+
+The ratios table/engine and batcher/engine (and batcher/engine in a thread)
+say what the table and the batcher cost on top of the model step.
+"""
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))   # the repository root, for an in-place build
+
+import numpy as np  # noqa: E402
+
+import fastln  # noqa: E402
+from fastln.rnn import LNLSTM, StreamBatcher, StreamTable  # noqa: E402
+
+
+def make_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--streams", type=int, default=256,
+                   help="streams (the batch size of the engine and the table)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden size")
+    p.add_argument("--input", type=int, default=128, help="input size")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="timed seconds per measurement, split over the rounds")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the three measurements")
+    p.add_argument("--threads", type=int, default=2, help="fastln threads")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the model's dtype")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    return p
+
+
+def parse_args(argv=None):
+    p = make_parser()
+    args = p.parse_args(argv)
+    for name in ("streams", "hidden", "input", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if not args.seconds > 0:
+        p.error("--seconds must be positive")
+    return args
+
+
+def engine_rate(model, x, seconds):
+    """model.step at B = len(x), state fed back: steps (rows) per second."""
+    state = None
+    n, t0 = 0, time.perf_counter()
+    while True:
+        _, state = model.step(x, state)
+        n += 1
+        t = time.perf_counter() - t0
+        if t >= seconds:
+            return n * len(x) / t
+
+
+def engine_thread_rate(model, x, seconds):
+    """engine_rate called from a worker thread."""
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(engine_rate, model, x, seconds).result()
+
+
+def table_rate(table, ids, x, seconds):
+    """StreamTable.step of every stream at once: steps per second."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        table.step(ids, x)
+        n += 1
+        t = time.perf_counter() - t0
+        if t >= seconds:
+            return n * len(ids) / t
+
+
+def batcher_rate(table, ids, x, seconds, warmup=0.1):
+    """len(ids) client coroutines stepping their streams through one
+    StreamBatcher: steps completed per second over the timed window, and
+    the batcher's metrics."""
+    async def main():
+        stop = False
+        async with StreamBatcher(table) as batcher:
+            async def client(sid, row):
+                while not stop:
+                    await batcher.step(sid, row)
+            tasks = [asyncio.ensure_future(client(sid, x[i])) for i, sid in enumerate(ids)]
+            await asyncio.sleep(warmup)
+            s0, t0 = batcher.metrics()["steps"], time.perf_counter()
+            await asyncio.sleep(seconds)
+            s1, t1 = batcher.metrics()["steps"], time.perf_counter()
+            stop = True
+            await asyncio.gather(*tasks)
+            return (s1 - s0) / (t1 - t0), batcher.metrics()
+    return asyncio.run(main())
+
+
+def run(streams=256, hidden=256, input_size=128, seconds=3.0, rounds=5, threads=2,
+        dtype="float32"):
+    fastln.set_num_threads(threads)
+    model = LNLSTM(input_size, hidden, seed=0)
+    if dtype == "bfloat16":
+        model = model.to("bfloat16")
+    for v in model.params.values():
+        v.flags.writeable = False
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((streams, input_size)).astype(np.float32)
+    if dtype == "bfloat16":
+        x = x.astype(model.dtype)
+    table = StreamTable(model, streams)
+    ids = [table.open() for _ in range(streams)]
+    each = seconds / rounds
+    # one untimed call of each warms the packs, the threads and the allocator
+    engine_rate(model, x, 0.05)
+    table_rate(table, ids, x, 0.05)
+    rates = {"engine": [], "engine_thread": [], "table": [], "batcher": []}
+    metrics = None
+    for _ in range(rounds):
+        rates["engine"].append(engine_rate(model, x, each))
+        rates["engine_thread"].append(engine_thread_rate(model, x, each))
+        rates["table"].append(table_rate(table, ids, x, each))
+        rate, metrics = batcher_rate(table, ids, x, each)
+        rates["batcher"].append(rate)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    return {
+        "config": {"streams": streams, "hidden": hidden, "input": input_size, "seconds": seconds,
+                   "rounds": rounds, "threads": threads, "dtype": dtype, "model": "LNLSTM"},
+        "cpu": _cpu(), "python": platform.python_version(), "numpy": np.__version__,
+        "rates": rates, "median": med,
+        "table_vs_engine": med["table"] / med["engine"],
+        "batcher_vs_engine": med["batcher"] / med["engine"],
+        "batcher_vs_engine_thread": med["batcher"] / med["engine_thread"],
+        "batcher_metrics": {k: v for k, v in metrics.items() if k != "batch_sizes"},
+    }
+
+
+def _cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def report(res):
+    c = res["config"]
+    lines = [f"LNLSTM({c['input']}, {c['hidden']}) {c['dtype']}, {c['streams']} streams, "
+             f"{c['threads']} threads, {c['rounds']} rounds; {res['cpu']}"]
+    for k, label in (("engine", f"engine model.step B={c['streams']}"),
+                     ("engine_thread", "  the same, in a worker thread"),
+                     ("table", f"StreamTable.step B={c['streams']}"),
+                     ("batcher", f"StreamBatcher, {c['streams']} clients")):
+        runs = " ".join(f"{r:.0f}" for r in res["rates"][k])
+        lines.append(f"  {label:34s} {res['median'][k]:10.0f} steps/s   (rounds: {runs})")
+    lines.append(f"  table / engine   {res['table_vs_engine']:.3f}")
+    lines.append(f"  batcher / engine {res['batcher_vs_engine']:.3f}")
+    lines.append(f"  batcher / engine in a thread {res['batcher_vs_engine_thread']:.3f}")
+    m = res["batcher_metrics"]
+    lines.append(f"  batcher: mean batch {m['batch_mean']:.1f}, max {m['batch_max']}, "
+                 f"queue delay p50 {1e3 * (m['queue_delay_p50'] or 0):.2f} ms, "
+                 f"p99 {1e3 * (m['queue_delay_p99'] or 0):.2f} ms (last round)")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    res = run(args.streams, args.hidden, args.input, args.seconds, args.rounds, args.threads,
+              args.dtype)
+    print(report(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
