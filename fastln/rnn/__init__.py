@@ -48,8 +48,8 @@ Examples
 >>> sorted(m.grads) == sorted(m.params)
 True
 """
-from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
 from ._batcher import OverloadedError, StreamBatcher
+from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
 from ._onnx import from_onnx
 from ._streams import StreamTable, TableFullError, UnknownStreamError
 
