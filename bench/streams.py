@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(HERE))   # the repository root, for an in-pla
 import numpy as np  # noqa: E402
 
 import fastln  # noqa: E402
+from fastln import _selfcheck  # noqa: E402
 from fastln.rnn import LNLSTM, StreamBatcher, StreamTable  # noqa: E402
 
 
@@ -66,6 +67,8 @@ def parse_args(argv=None):
             p.error(f"--{name} must be at least 1")
     if not args.seconds > 0:
         p.error("--seconds must be positive")
+    if args.json:
+        _selfcheck.check_output_path(p, "--json", args.json)   # before the run, not after
     return args
 
 
@@ -121,7 +124,11 @@ def batcher_rate(table, ids, x, seconds, warmup=0.1):
 
 def run(streams=256, hidden=256, input_size=128, seconds=3.0, rounds=5, threads=2,
         dtype="float32"):
-    fastln.set_num_threads(threads)
+    with fastln.threads(threads):
+        return _run(streams, hidden, input_size, seconds, rounds, threads, dtype)
+
+
+def _run(streams, hidden, input_size, seconds, rounds, threads, dtype):
     model = LNLSTM(input_size, hidden, seed=0)
     if dtype == "bfloat16":
         model = model.to("bfloat16")
