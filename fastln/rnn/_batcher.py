@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import math
+import time
 from collections import deque
 from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
@@ -30,6 +31,10 @@ __all__ = ["StreamBatcher", "OverloadedError"]
 
 # a waiting step: (its future, its x row, its arrival time on the loop's clock)
 _Item = Tuple["asyncio.Future[_Array]", _Array, float]
+
+# the clock of arrival times and deadlines (the loop's own clock may be
+# another one, as uvloop's, so timers are set with call_later)
+_now = time.monotonic
 
 # how many recent queue delays the metrics' percentiles are taken over
 _RING = 4096
@@ -135,7 +140,8 @@ class StreamBatcher:
         # x rows the model takes as they are; a bfloat16 model's batches are
         # stacked in float32 (bfloat16 rows widen exactly)
         self._xdtype = np.dtype(np.float32) if _is_bf16(model.dtype) else np.dtype(model.dtype)
-        self._xdtypes = {np.dtype(model.dtype), self._xdtype}
+        self._xdtypes = (np.dtype(model.dtype), self._xdtype)
+        self._has = table.__contains__
         self._xbuf = np.empty((self.max_batch, model.input_size), self._xdtype)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._worker: Optional[asyncio.Task[None]] = None
@@ -200,28 +206,26 @@ class StreamBatcher:
         """
         if self._closed:
             raise RuntimeError("batcher closed")
-        if stream_id not in self.table:
+        if not self._has(stream_id):
             raise UnknownStreamError(_unknown(stream_id))
         if x.__class__ is not np.ndarray or x.shape != self._xshape or (  # type: ignore
                 x.dtype not in self._xdtypes):  # type: ignore[union-attr]
             x = self._convert(x)
         waiting = self._waiting
         q = waiting.get(stream_id)
-        if self._pending >= self.max_pending or (
-                q is not None and len(q) >= self.max_queue_per_stream):
-            self._rejected += 1
-            raise OverloadedError(
-                f"stream {stream_id!r} has {len(q)} steps waiting, its limit" if q is not None
-                and len(q) >= self.max_queue_per_stream else
-                f"{self._pending} steps are waiting, the batcher's limit (max_pending)")
-        loop = self._loop
-        if loop is None:
-            loop = self._start()
-        fut: asyncio.Future[_Array] = loop.create_future()
-        item = (fut, x, loop.time())
         if q is None:
-            q = waiting[stream_id] = deque()
-        q.append(item)
+            if self._pending >= self.max_pending:
+                raise self._overloaded(None, stream_id)
+            loop = self._loop or self._start()
+            fut: asyncio.Future[_Array] = loop.create_future()
+            item = (fut, x, _now())
+            waiting[stream_id] = q = deque((item,))
+        else:
+            if self._pending >= self.max_pending or len(q) >= self.max_queue_per_stream:
+                raise self._overloaded(q, stream_id)
+            fut = self._loop.create_future()  # type: ignore[union-attr]
+            item = (fut, x, _now())
+            q.append(item)
         self._pending += 1
         w = self._wake
         if w is not None and (self.max_delay == 0 or len(waiting) == 1
@@ -326,12 +330,20 @@ class StreamBatcher:
         self._worker = loop.create_task(self._work())
         return loop
 
+    def _overloaded(self, q: Optional[Deque[_Item]], stream_id: Hashable) -> OverloadedError:
+        self._rejected += 1
+        if q is not None and len(q) >= self.max_queue_per_stream:
+            return OverloadedError(f"stream {stream_id!r} has {len(q)} steps waiting, its limit "
+                                   f"(max_queue_per_stream)")
+        return OverloadedError(f"{self._pending} steps are waiting, the batcher's limit "
+                               f"(max_pending)")
+
     def _convert(self, x: npt.ArrayLike) -> _Array:
         """x as a row the batch can take, or the model's error."""
         if isinstance(x, np.ndarray):
             if x.dtype not in self._xdtypes:
                 raise TypeError(f"x has dtype {x.dtype}, but the model takes "
-                                f"{' or '.join(sorted(map(str, self._xdtypes)))}")
+                                f"{' or '.join(sorted(set(map(str, self._xdtypes))))}")
         else:
             x = np.asarray(x, self._xdtype)
         if x.shape != self._xshape:
@@ -358,7 +370,7 @@ class StreamBatcher:
         loop = self._loop
         assert loop is not None
         w = self._wake = loop.create_future()
-        timer = None if deadline is None else loop.call_at(deadline, self._fire, w)
+        timer = None if deadline is None else loop.call_later(deadline - _now(), self._fire, w)
         try:
             await w
         finally:
@@ -380,8 +392,7 @@ class StreamBatcher:
         oldest = min(q[0][2] for q in waiting.values()) if self._unsorted else \
             next(iter(waiting.values()))[0][2]
         deadline = oldest + self.max_delay
-        assert self._loop is not None
-        return None if self._loop.time() >= deadline else deadline
+        return None if _now() >= deadline else deadline
 
     def _take(self) -> Tuple[List[Hashable], List[asyncio.Future[_Array]], List[_Array],
                              List[float]]:
@@ -450,22 +461,33 @@ class StreamBatcher:
     async def _work(self) -> None:
         loop = self._loop
         assert loop is not None
+        done: Optional[Tuple[List[Hashable], List[asyncio.Future[_Array]], _Array,
+                             Optional[List[int]]]] = None
         while not self._closed:
-            if not self._waiting:
-                await self._sleep(None)
-                continue
-            deadline = self._ready()
-            if deadline is not None:
+            # the next batch starts before the last one's steps are answered,
+            # so that the event loop serves them while the model runs
+            running = None
+            if self._waiting and self._ready() is None:
+                ids, futs, xs, ts = self._take()
+                if ids:
+                    start = _now()
+                    x = np.stack(xs, out=self._xbuf[:len(ids)])
+                    running = loop.run_in_executor(self._executor, self._compute, ids, x)
+            if done is not None:
+                self._answer(*done)
+                done = None
+                if running is None:
+                    # the streams just answered step again before the next batch forms
+                    await asyncio.sleep(0)
+                    continue
+            if running is None:
+                deadline = self._ready() if self._waiting else None
+                if self._waiting and deadline is None:
+                    continue           # ready now (the last take ran nothing)
                 await self._sleep(deadline)
                 continue
-            ids, futs, xs, ts = self._take()
-            if not ids:
-                continue
-            start = loop.time()
-            B = len(ids)
-            x = np.stack(xs, out=self._xbuf[:B])
             try:
-                y, keep = await loop.run_in_executor(self._executor, self._compute, ids, x)
+                y, keep = await running
             except Exception as e:   # the whole batch failed: each step gets the error
                 for f in futs:
                     if not f.done():
@@ -473,18 +495,23 @@ class StreamBatcher:
                         f.set_exception(e)
                 continue
             self._record(start, ts, len(y))
-            if keep is not None:
-                dropped = set(range(B)).difference(keep)
-                for i in dropped:
-                    if not futs[i].done():
-                        self._failed += 1
-                        futs[i].set_exception(UnknownStreamError(_unknown(ids[i])))
-                futs = [futs[i] for i in keep]
-            for f, row in zip(futs, y):
-                if not f.done():
-                    f.set_result(row)
-            # the streams just answered step again before the next batch forms
-            await asyncio.sleep(0)
+            done = (ids, futs, y, keep)
+        if done is not None:
+            self._answer(*done)
+
+    def _answer(self, ids: List[Hashable], futs: List[asyncio.Future[_Array]], y: _Array,
+                keep: Optional[List[int]]) -> None:
+        """Gives each step of a finished batch its row of y (or, for streams
+        dropped from it, UnknownStreamError)."""
+        if keep is not None:
+            for i in set(range(len(ids))).difference(keep):
+                if not futs[i].done():
+                    self._failed += 1
+                    futs[i].set_exception(UnknownStreamError(_unknown(ids[i])))
+            futs = [futs[i] for i in keep]
+        for f, row in zip(futs, y):
+            if not f.done():
+                f.set_result(row)
 
     def _record(self, start: float, ts: List[float], n: int) -> None:
         self._batches += 1
