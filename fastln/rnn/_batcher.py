@@ -146,7 +146,9 @@ class StreamBatcher:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._worker: Optional[asyncio.Task[None]] = None
         self._wake: Optional[asyncio.Future[None]] = None
+        # each stream's queue of waiting steps (kept while it is empty), and
         # the streams with waiting steps, in the arrival order of their head step
+        self._queues: Dict[Hashable, Deque[_Item]] = {}
         self._waiting: Dict[Hashable, Deque[_Item]] = {}
         self._unsorted = False     # a head step was removed: re-sort before the next batch
         self._pending = 0          # waiting steps over all streams
@@ -211,21 +213,21 @@ class StreamBatcher:
         if x.__class__ is not np.ndarray or x.shape != self._xshape or (  # type: ignore
                 x.dtype not in self._xdtypes):  # type: ignore[union-attr]
             x = self._convert(x)
-        waiting = self._waiting
-        q = waiting.get(stream_id)
+        q = self._queues.get(stream_id)
         if q is None:
-            if self._pending >= self.max_pending:
-                raise self._overloaded(None, stream_id)
-            loop = self._loop or self._start()
-            fut: asyncio.Future[_Array] = loop.create_future()
-            item = (fut, x, _now())
-            waiting[stream_id] = q = deque((item,))
-        else:
+            q = self._new_queue(stream_id)
+        waiting = self._waiting
+        if q:
             if self._pending >= self.max_pending or len(q) >= self.max_queue_per_stream:
                 raise self._overloaded(q, stream_id)
-            fut = self._loop.create_future()  # type: ignore[union-attr]
-            item = (fut, x, _now())
-            q.append(item)
+        elif self._pending >= self.max_pending:
+            raise self._overloaded(q, stream_id)
+        else:
+            waiting[stream_id] = q     # its first waiting step: it queues last
+        loop = self._loop or self._start()
+        fut: asyncio.Future[_Array] = loop.create_future()
+        item = (fut, x, _now())
+        q.append(item)
         self._pending += 1
         w = self._wake
         if w is not None and (self.max_delay == 0 or len(waiting) == 1
@@ -330,9 +332,20 @@ class StreamBatcher:
         self._worker = loop.create_task(self._work())
         return loop
 
-    def _overloaded(self, q: Optional[Deque[_Item]], stream_id: Hashable) -> OverloadedError:
+    def _new_queue(self, stream_id: Hashable) -> Deque[_Item]:
+        """A stream's queue, kept while the stream lives; the queues of
+        streams the table no longer holds go when they outnumber its
+        capacity."""
+        queues = self._queues
+        if len(queues) >= 2 * self.table.capacity:
+            for sid in [sid for sid, q in queues.items() if not q and sid not in self.table]:
+                del queues[sid]
+        q = queues[stream_id] = deque()
+        return q
+
+    def _overloaded(self, q: Deque[_Item], stream_id: Hashable) -> OverloadedError:
         self._rejected += 1
-        if q is not None and len(q) >= self.max_queue_per_stream:
+        if len(q) >= self.max_queue_per_stream:
             return OverloadedError(f"stream {stream_id!r} has {len(q)} steps waiting, its limit "
                                    f"(max_queue_per_stream)")
         return OverloadedError(f"{self._pending} steps are waiting, the batcher's limit "
@@ -418,11 +431,9 @@ class StreamBatcher:
             if len(waiting) > 1:
                 self._waiting = dict(sorted(waiting.items(), key=_head_time))
         ids = [sid for sid, _ in taken]
-        futs = [h[0] for h in heads]
-        xs = [h[1] for h in heads]
-        ts = [h[2] for h in heads]
+        futs, xs, ts = (list(c) for c in zip(*heads))
         table = self.table
-        if not all(map(table.__contains__, ids)) or any(f.done() for f in futs):
+        if not all(map(self._has, ids)) or any(map(_done, futs)):
             keep = []
             for i, (sid, f) in enumerate(zip(ids, futs)):
                 if f.done():
@@ -510,8 +521,10 @@ class StreamBatcher:
                     futs[i].set_exception(UnknownStreamError(_unknown(ids[i])))
             futs = [futs[i] for i in keep]
         for f, row in zip(futs, y):
-            if not f.done():
+            try:
                 f.set_result(row)
+            except asyncio.InvalidStateError:
+                pass               # cancelled while its batch ran: the result is dropped
 
     def _record(self, start: float, ts: List[float], n: int) -> None:
         self._batches += 1
@@ -523,6 +536,9 @@ class StreamBatcher:
         self._delays[k:k + m] = d[:m]
         self._delays[:len(d) - m] = d[m:]
         self._ndelays += len(d)
+
+
+_done = asyncio.Future.done
 
 
 def _head_time(kv: Tuple[Hashable, Deque[_Item]]) -> float:
