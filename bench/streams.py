@@ -2,7 +2,8 @@
 StreamBatcher, steps per second.
 
     python bench/streams.py [--streams 256] [--hidden 256] [--input 128] [--seconds 3]
-                            [--threads 2] [--dtype float32|bfloat16] [--json PATH]
+                            [--threads 2] [--dtype float32|bfloat16] [--max-batch N]
+                            [--json PATH]
 
 Three measurements of one model (LNLSTM(input, hidden), one layer), taken in
 turns (engine, table, batcher, engine, ...) in one process on the same thread
@@ -16,8 +17,8 @@ count, each reported as the median over the rounds:
 - table: ``StreamTable.step(ids, x)`` of all the streams at once;
 - batcher: ``streams`` client coroutines, each looping
   ``await batcher.step(sid, x)`` on one stream, against one StreamBatcher
-  (default settings) over the table; its steps/s are the steps completed
-  over the timed window.
+  (default settings but --max-batch) over the table; its steps/s are the
+  steps completed over the timed window.
 
 The ratios table/engine and batcher/engine (and batcher/engine in a thread)
 say what the table and the batcher cost on top of the model step.
@@ -55,6 +56,8 @@ def make_parser():
     p.add_argument("--threads", type=int, default=2, help="fastln threads")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="the model's dtype")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="the batcher's max_batch (None: the table's capacity, --streams)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     return p
 
@@ -62,9 +65,10 @@ def make_parser():
 def parse_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-    for name in ("streams", "hidden", "input", "rounds", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
+    for name in ("streams", "hidden", "input", "rounds", "threads", "max_batch"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
     if not args.seconds > 0:
         p.error("--seconds must be positive")
     if args.json:
@@ -101,13 +105,13 @@ def table_rate(table, ids, x, seconds):
             return n * len(ids) / t
 
 
-def batcher_rate(table, ids, x, seconds, warmup=0.1):
+def batcher_rate(table, ids, x, seconds, warmup=0.1, max_batch=None):
     """len(ids) client coroutines stepping their streams through one
     StreamBatcher: steps completed per second over the timed window, and
     the batcher's metrics."""
     async def main():
         stop = False
-        async with StreamBatcher(table) as batcher:
+        async with StreamBatcher(table, max_batch=max_batch) as batcher:
             async def client(sid, row):
                 while not stop:
                     await batcher.step(sid, row)
@@ -123,12 +127,12 @@ def batcher_rate(table, ids, x, seconds, warmup=0.1):
 
 
 def run(streams=256, hidden=256, input_size=128, seconds=3.0, rounds=5, threads=2,
-        dtype="float32"):
+        dtype="float32", max_batch=None):
     with fastln.threads(threads):
-        return _run(streams, hidden, input_size, seconds, rounds, threads, dtype)
+        return _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch)
 
 
-def _run(streams, hidden, input_size, seconds, rounds, threads, dtype):
+def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch):
     model = LNLSTM(input_size, hidden, seed=0)
     if dtype == "bfloat16":
         model = model.to("bfloat16")
@@ -150,12 +154,13 @@ def _run(streams, hidden, input_size, seconds, rounds, threads, dtype):
         rates["engine"].append(engine_rate(model, x, each))
         rates["engine_thread"].append(engine_thread_rate(model, x, each))
         rates["table"].append(table_rate(table, ids, x, each))
-        rate, metrics = batcher_rate(table, ids, x, each)
+        rate, metrics = batcher_rate(table, ids, x, each, max_batch=max_batch)
         rates["batcher"].append(rate)
     med = {k: statistics.median(v) for k, v in rates.items()}
     return {
         "config": {"streams": streams, "hidden": hidden, "input": input_size, "seconds": seconds,
-                   "rounds": rounds, "threads": threads, "dtype": dtype, "model": "LNLSTM"},
+                   "rounds": rounds, "threads": threads, "dtype": dtype, "model": "LNLSTM",
+                   "max_batch": max_batch or streams},
         "cpu": _cpu(), "python": platform.python_version(), "numpy": np.__version__,
         "rates": rates, "median": med,
         "table_vs_engine": med["table"] / med["engine"],
@@ -179,7 +184,8 @@ def _cpu():
 def report(res):
     c = res["config"]
     lines = [f"LNLSTM({c['input']}, {c['hidden']}) {c['dtype']}, {c['streams']} streams, "
-             f"{c['threads']} threads, {c['rounds']} rounds; {res['cpu']}"]
+             f"{c['threads']} threads, {c['rounds']} rounds, batcher max_batch "
+             f"{c['max_batch']}; {res['cpu']}"]
     for k, label in (("engine", f"engine model.step B={c['streams']}"),
                      ("engine_thread", "  the same, in a worker thread"),
                      ("table", f"StreamTable.step B={c['streams']}"),
@@ -199,7 +205,7 @@ def report(res):
 def main(argv=None):
     args = parse_args(argv)
     res = run(args.streams, args.hidden, args.input, args.seconds, args.rounds, args.threads,
-              args.dtype)
+              args.dtype, args.max_batch)
     print(report(res))
     if args.json:
         with open(args.json, "w") as f:
