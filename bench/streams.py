@@ -3,7 +3,7 @@ StreamBatcher, steps per second.
 
     python bench/streams.py [--streams 256] [--hidden 256] [--input 128] [--seconds 3]
                             [--threads 2] [--dtype float32|bfloat16] [--max-batch N]
-                            [--json PATH]
+                            [--naive] [--json PATH]
 
 Three measurements of one model (LNLSTM(input, hidden), one layer), taken in
 turns (engine, table, batcher, engine, ...) in one process on the same thread
@@ -19,6 +19,11 @@ count, each reported as the median over the rounds:
   ``await batcher.step(sid, x)`` on one stream, against one StreamBatcher
   (default settings but --max-batch) over the table; its steps/s are the
   steps completed over the timed window.
+
+With --naive, a fourth turn times a plain batcher of the same clients for
+reference: an asyncio.Queue of (stream, x, future), a worker that takes
+what is waiting (one step per stream, the rest put back), stacks x, runs
+``table.step`` in a thread and sets each future.
 
 The ratios table/engine and batcher/engine (and batcher/engine in a thread)
 say what the table and the batcher cost on top of the model step.
@@ -58,6 +63,8 @@ def make_parser():
                    help="the model's dtype")
     p.add_argument("--max-batch", type=int, default=None,
                    help="the batcher's max_batch (None: the table's capacity, --streams)")
+    p.add_argument("--naive", action="store_true",
+                   help="also time a plain batcher (an asyncio.Queue, one worker) for reference")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     return p
 
@@ -126,13 +133,68 @@ def batcher_rate(table, ids, x, seconds, warmup=0.1, max_batch=None):
     return asyncio.run(main())
 
 
+class NaiveBatcher:
+    """The plain batcher of --naive (see the module docstring)."""
+
+    def __init__(self, table):
+        self.table = table
+        self.queue = asyncio.Queue()
+        self.steps = 0
+        self.worker = asyncio.ensure_future(self.work())
+
+    async def step(self, sid, x):
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put((sid, x, fut))
+        return await fut
+
+    async def work(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            items = [await self.queue.get()]
+            while not self.queue.empty():
+                items.append(self.queue.get_nowait())
+            batch, later, seen = [], [], set()
+            for item in items:
+                (later if item[0] in seen else batch).append(item)
+                seen.add(item[0])
+            for item in later:
+                self.queue.put_nowait(item)
+            x = np.stack([item[1] for item in batch])
+            y = await loop.run_in_executor(None, self.table.step, [i[0] for i in batch], x)
+            for i, item in enumerate(batch):
+                item[2].set_result(y[i])
+            self.steps += len(batch)
+
+
+def naive_rate(table, ids, x, seconds, warmup=0.1):
+    """batcher_rate with NaiveBatcher."""
+    async def main():
+        stop = False
+        batcher = NaiveBatcher(table)
+
+        async def client(sid, row):
+            while not stop:
+                await batcher.step(sid, row)
+        tasks = [asyncio.ensure_future(client(sid, x[i])) for i, sid in enumerate(ids)]
+        await asyncio.sleep(warmup)
+        s0, t0 = batcher.steps, time.perf_counter()
+        await asyncio.sleep(seconds)
+        s1, t1 = batcher.steps, time.perf_counter()
+        stop = True
+        await asyncio.gather(*tasks)
+        batcher.worker.cancel()
+        return (s1 - s0) / (t1 - t0)
+    return asyncio.run(main())
+
+
 def run(streams=256, hidden=256, input_size=128, seconds=3.0, rounds=5, threads=2,
-        dtype="float32", max_batch=None):
+        dtype="float32", max_batch=None, naive=False):
     with fastln.threads(threads):
-        return _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch)
+        return _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch,
+                    naive)
 
 
-def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch):
+def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch, naive):
     model = LNLSTM(input_size, hidden, seed=0)
     if dtype == "bfloat16":
         model = model.to("bfloat16")
@@ -156,6 +218,8 @@ def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch
         rates["table"].append(table_rate(table, ids, x, each))
         rate, metrics = batcher_rate(table, ids, x, each, max_batch=max_batch)
         rates["batcher"].append(rate)
+        if naive:
+            rates.setdefault("naive", []).append(naive_rate(table, ids, x, each))
     med = {k: statistics.median(v) for k, v in rates.items()}
     return {
         "config": {"streams": streams, "hidden": hidden, "input": input_size, "seconds": seconds,
@@ -166,6 +230,7 @@ def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch
         "table_vs_engine": med["table"] / med["engine"],
         "batcher_vs_engine": med["batcher"] / med["engine"],
         "batcher_vs_engine_thread": med["batcher"] / med["engine_thread"],
+        "naive_vs_engine": med["naive"] / med["engine"] if naive else None,
         "batcher_metrics": {k: v for k, v in metrics.items() if k != "batch_sizes"},
     }
 
@@ -189,12 +254,17 @@ def report(res):
     for k, label in (("engine", f"engine model.step B={c['streams']}"),
                      ("engine_thread", "  the same, in a worker thread"),
                      ("table", f"StreamTable.step B={c['streams']}"),
-                     ("batcher", f"StreamBatcher, {c['streams']} clients")):
+                     ("batcher", f"StreamBatcher, {c['streams']} clients"),
+                     ("naive", f"a plain batcher, {c['streams']} clients")):
+        if k not in res["rates"]:
+            continue
         runs = " ".join(f"{r:.0f}" for r in res["rates"][k])
         lines.append(f"  {label:34s} {res['median'][k]:10.0f} steps/s   (rounds: {runs})")
     lines.append(f"  table / engine   {res['table_vs_engine']:.3f}")
     lines.append(f"  batcher / engine {res['batcher_vs_engine']:.3f}")
     lines.append(f"  batcher / engine in a thread {res['batcher_vs_engine_thread']:.3f}")
+    if res["naive_vs_engine"] is not None:
+        lines.append(f"  plain batcher / engine {res['naive_vs_engine']:.3f}")
     m = res["batcher_metrics"]
     lines.append(f"  batcher: mean batch {m['batch_mean']:.1f}, max {m['batch_max']}, "
                  f"queue delay p50 {1e3 * (m['queue_delay_p50'] or 0):.2f} ms, "
@@ -205,7 +275,7 @@ def report(res):
 def main(argv=None):
     args = parse_args(argv)
     res = run(args.streams, args.hidden, args.input, args.seconds, args.rounds, args.threads,
-              args.dtype, args.max_batch)
+              args.dtype, args.max_batch, args.naive)
     print(report(res))
     if args.json:
         with open(args.json, "w") as f:
