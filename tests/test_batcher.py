@@ -502,3 +502,27 @@ def test_metrics():
     assert sum(s * c for s, c in m["batch_sizes"].items()) == 12
     assert m["batch_mean"] == 12 / m["batches"] and m["batch_max"] == max(m["batch_sizes"])
     assert 0 <= m["queue_delay_p50"] <= m["queue_delay_p99"]
+
+
+def test_a_failing_batch_fails_its_steps_only():
+    """An error of the table step other than an unknown stream goes to every
+    step of that batch; the batcher goes on."""
+    class Failing(RecordingTable):
+        def step(self, ids, x, out=None):
+            if len(self.calls) == 0:
+                self.calls.append(list(ids))
+                raise MemoryError("no room")
+            return super().step(ids, x, out)
+    table = Failing(LNLSTM(I, H, seed=0), 4)
+    ids = [table.open() for _ in range(2)]
+    x = np.ones(I, np.float32)
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            first = await asyncio.gather(*(b.step(s, x) for s in ids), return_exceptions=True)
+            second = await asyncio.gather(*(b.step(s, x) for s in ids))
+            return first, second, b.metrics()
+    first, second, m = asyncio.run(main())
+    assert all(isinstance(r, MemoryError) for r in first)
+    assert all(r.shape == (H,) for r in second)
+    assert m["failed"] == 2 and m["steps"] == 2

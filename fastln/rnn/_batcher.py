@@ -8,7 +8,8 @@ the step and a worker task forms batches of at most one step per stream,
 oldest first, and runs each in a worker thread, so that the event loop keeps
 taking requests while the model runs. The per-request work on the event loop
 is kept small (one future, a deque append, one row view of the batch's
-output): at many streams it, not the model, bounds the throughput.
+output): with many streams and a small model it is a large part of the
+cost of each step.
 """
 from __future__ import annotations
 
@@ -303,8 +304,8 @@ class StreamBatcher:
         if w is not None:
             self._wake = None
             w.set_result(None)
-        if self._worker is not None:
-            await self._worker
+        if self._worker is not None and not self._worker.done():
+            await asyncio.wait({self._worker})    # its own error, if any, stays with it
         err = RuntimeError("batcher closed")
         for q in self._waiting.values():
             for fut, _, _ in q:
@@ -470,6 +471,24 @@ class StreamBatcher:
                     return x[:0], keep
 
     async def _work(self) -> None:
+        try:
+            await self._serve()
+        except BaseException as e:
+            # a worker that stops for any other reason than aclose leaves no
+            # step waiting forever: they, and later steps, get the error
+            self._closed = True
+            err = e if isinstance(e, Exception) else RuntimeError("batcher stopped")
+            for q in self._waiting.values():
+                for fut, _, _ in q:
+                    if not fut.done():
+                        self._failed += 1
+                        fut.set_exception(err)
+                q.clear()
+            self._waiting.clear()
+            self._pending = 0
+            raise
+
+    async def _serve(self) -> None:
         loop = self._loop
         assert loop is not None
         done: Optional[Tuple[List[Hashable], List[asyncio.Future[_Array]], _Array,
