@@ -231,6 +231,10 @@ def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch
         "batcher_vs_engine": med["batcher"] / med["engine"],
         "batcher_vs_engine_thread": med["batcher"] / med["engine_thread"],
         "naive_vs_engine": med["naive"] / med["engine"] if naive else None,
+        # the ratio within each round (its measurements a few seconds apart), median
+        # over the rounds: steadier than the ratio of medians where load comes and goes
+        "round_ratios": {f"{k}/engine": statistics.median(
+            a / e for a, e in zip(rates[k], rates["engine"])) for k in rates if k != "engine"},
         "batcher_metrics": {k: v for k, v in metrics.items() if k != "batch_sizes"},
     }
 
@@ -265,6 +269,8 @@ def report(res):
     lines.append(f"  batcher / engine in a thread {res['batcher_vs_engine_thread']:.3f}")
     if res["naive_vs_engine"] is not None:
         lines.append(f"  plain batcher / engine {res['naive_vs_engine']:.3f}")
+    lines.append("  per-round ratios, median: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in res["round_ratios"].items()))
     m = res["batcher_metrics"]
     lines.append(f"  batcher: mean batch {m['batch_mean']:.1f}, max {m['batch_max']}, "
                  f"queue delay p50 {1e3 * (m['queue_delay_p50'] or 0):.2f} ms, "
