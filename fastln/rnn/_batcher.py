@@ -97,6 +97,10 @@ class StreamBatcher:
     only its result is dropped. Use ``async with`` or :meth:`aclose`, so
     that the worker and its thread end.
 
+    The next batch starts before the steps of the last one are answered, so
+    with a max_batch below the number of busy streams the event loop serves
+    one group of streams while the model runs another's batch.
+
     Examples
     --------
     >>> import asyncio
