@@ -281,7 +281,7 @@ def test_fastln_json_into_a_missing_folder_fails_before_running(tmp_path, monkey
     assert "is a folder" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["rnn", "fused"])
+@pytest.mark.parametrize("script", ["rnn", "fused", "streams"])
 def test_bench_json_into_a_missing_folder_fails_before_running(script, tmp_path, monkeypatch,
                                                                 capsys):
     mod = bench(script)
@@ -289,6 +289,30 @@ def test_bench_json_into_a_missing_folder_fails_before_running(script, tmp_path,
     exits(2, mod.main, ["--json", str(tmp_path / "no" / "x.json")])
     out, err = capsys.readouterr()
     assert "--json" in err and "does not exist" in err and "(quick)" not in out
+
+
+def test_bench_streams_options_show_their_defaults():
+    mod = bench("streams")
+    assert_every_option_shows_its_default(mod.make_parser())
+    args = mod.parse_args([])
+    assert (args.streams, args.hidden, args.input, args.threads, args.dtype) == (
+        256, 256, 128, 2, "float32")
+    exits(2, mod.parse_args, ["--streams", "0"])
+
+
+def test_bench_streams_runs_and_reports(tmp_path, capsys):
+    """A tiny run of bench/streams.py: every rate positive, the ratios and the
+    batcher's metrics in the report and the JSON."""
+    mod = bench("streams")
+    path = tmp_path / "streams.json"
+    assert mod.main(["--streams", "8", "--hidden", "16", "--input", "8", "--seconds", "0.06",
+                     "--rounds", "2", "--threads", "1", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "batcher / engine" in out and "StreamTable.step B=8" in out
+    res = json.loads(path.read_text())
+    assert set(res["median"]) == {"engine", "engine_thread", "table", "batcher"}
+    assert all(len(v) == 2 and min(v) > 0 for v in res["rates"].values())
+    assert res["batcher_metrics"]["steps"] > 0 and res["batcher_metrics"]["failed"] == 0
 
 
 # ---------------------------------------------------------------- 5. bench output

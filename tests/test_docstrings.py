@@ -59,6 +59,8 @@ def _public_methods(cls):
         if name == "__call__" and "__call__" not in {k for c in cls.__mro__[:-1]
                                                    for k in vars(c)}:
             continue   # type's own __call__, not the class's
+        if not any(name in vars(c) for c in cls.__mro__ if c.__module__ != "builtins"):
+            continue   # a builtin base's own method (an exception's with_traceback)
         if callable(getattr(cls, name)):
             names.append(name)
     return names
@@ -126,6 +128,9 @@ def _documented_names(text):
 
 def _parameters(obj):
     """Names of the parameters besides self/cls (of the constructor for a class)."""
+    if inspect.isclass(obj) and issubclass(obj, BaseException) and "__init__" not in {
+            k for c in obj.__mro__ if c.__module__ != "builtins" for k in vars(c)}:
+        return []   # an exception class with the builtin constructor: no signature
     params = list(inspect.signature(obj).parameters.values())
     if params and params[0].name in ("self", "cls"):
         params = params[1:]

@@ -48,15 +48,16 @@ Examples
 >>> sorted(m.grads) == sorted(m.params)
 True
 """
+from ._batcher import OverloadedError, StreamBatcher
 from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
 from ._onnx import from_onnx
 from ._streams import StreamTable, TableFullError, UnknownStreamError
 
 __all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx", "StreamTable",
-           "TableFullError", "UnknownStreamError"]
+           "TableFullError", "UnknownStreamError", "StreamBatcher", "OverloadedError"]
 
 # the public names say where users import them from (reprs, pickles, docs)
 for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, from_onnx, StreamTable, TableFullError,
-             UnknownStreamError):
+             UnknownStreamError, StreamBatcher, OverloadedError):
     _obj.__module__ = __name__
 del _obj

@@ -1,0 +1,572 @@
+"""StreamBatcher: an asyncio front of a StreamTable that gathers the single
+steps of many streams, arriving one request at a time, into batched table
+steps.
+
+A server (Starlette, aiohttp, grpc.aio, a raw TCP loop) awaits
+``batcher.step(stream_id, x)`` in each request handler; the batcher queues
+the step and a worker task forms batches of at most one step per stream,
+oldest first, and runs each in a worker thread, so that the event loop keeps
+taking requests while the model runs. The per-request work on the event loop
+is kept small (one future, a deque append, one row view of the batch's
+output): with many streams and a small model it is a large part of the
+cost of each step.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import math
+import time
+from collections import deque
+from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ._base import _Array, _positive_int
+from ._bf16 import _is_bf16
+from ._streams import StreamTable, UnknownStreamError
+
+__all__ = ["StreamBatcher", "OverloadedError"]
+
+# a waiting step: (its future, its x row, its arrival time on the loop's clock)
+_Item = Tuple["asyncio.Future[_Array]", _Array, float]
+
+# the clock of arrival times and deadlines (the loop's own clock may be
+# another one, as uvloop's, so timers are set with call_later)
+_now = time.monotonic
+
+# how many recent queue delays the metrics' percentiles are taken over
+_RING = 4096
+
+
+class OverloadedError(RuntimeError):
+    """A step refused because its stream's queue, or the batcher's queue of
+    waiting steps over all streams, is full (a server answers 429 or 503)."""
+
+
+class StreamBatcher:
+    """Batches the steps of a :class:`StreamTable`'s streams, one request at
+    a time, for asyncio servers.
+
+    ``await batcher.step(stream_id, x)`` queues one step of one stream and
+    returns that stream's output row. A worker task forms batches oldest
+    first, each holding at most one step per stream (a stream's steps run
+    in arrival order), and runs each batch as one ``table.step`` in a
+    worker thread; one batch runs at a time.
+
+    Parameters
+    ----------
+    table : StreamTable
+        The streams. Open, close and import streams on the table itself;
+        the batcher only steps them.
+    max_batch : int, optional
+        The most steps in one batch; default ``table.capacity``.
+    max_delay : float, optional
+        Seconds that the oldest waiting step may wait for more steps to
+        join its batch (default 0: a batch of whatever is waiting runs as
+        soon as the worker is free, and the next batch fills while one
+        runs).
+    run_when_all_waiting : bool, optional
+        Run a batch at once, without waiting out max_delay, when every open
+        stream of the table has a step waiting (default True).
+    max_queue_per_stream : int, optional
+        The most waiting steps of one stream (not counting the one that
+        runs); one more raises OverloadedError (default 4).
+    max_pending : int, optional
+        The most waiting steps over all streams; one more raises
+        OverloadedError (default ``4 * table.capacity``).
+    executor : concurrent.futures.Executor, optional
+        Where the batches run; default a thread of the batcher's own, which
+        :meth:`aclose` shuts down (a given executor is left running).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a table that is not a StreamTable, a max_batch,
+        max_queue_per_stream or max_pending that is not a positive int, or
+        a max_delay that is negative or not finite.
+
+    Notes
+    -----
+    A batcher belongs to the event loop of its first :meth:`step`; call
+    it from that loop only. Results are bitwise those of each stream run
+    alone (as the table's are). A step cancelled while it waits is removed;
+    one cancelled while its batch runs has advanced its stream's state, and
+    only its result is dropped. Use ``async with`` or :meth:`aclose`, so
+    that the worker and its thread end.
+
+    The next batch starts before the steps of the last one are answered, so
+    with a max_batch below the number of busy streams the event loop serves
+    one group of streams while the model runs another's batch.
+
+    Examples
+    --------
+    >>> import asyncio
+    >>> import numpy as np
+    >>> from fastln.rnn import LNLSTM, StreamBatcher, StreamTable
+    >>> table = StreamTable(LNLSTM(input_size=3, hidden_size=4, seed=0), capacity=8)
+    >>> a, b = table.open(), table.open()
+    >>> async def main():
+    ...     async with StreamBatcher(table) as batcher:
+    ...         x = np.ones(3, np.float32)
+    ...         ya, yb = await asyncio.gather(batcher.step(a, x), batcher.step(b, x))
+    ...         return ya.shape, batcher.metrics()["steps"]
+    >>> asyncio.run(main())
+    ((4,), 2)
+    """
+
+    def __init__(self, table: StreamTable, *, max_batch: Optional[int] = None,
+                 max_delay: float = 0.0, run_when_all_waiting: bool = True,
+                 max_queue_per_stream: int = 4, max_pending: Optional[int] = None,
+                 executor: Optional[concurrent.futures.Executor] = None) -> None:
+        if not isinstance(table, StreamTable):
+            raise TypeError(f"table must be a fastln.rnn.StreamTable, got {type(table).__name__}")
+        self.table = table
+        self.max_batch = table.capacity if max_batch is None else _positive_int(
+            max_batch, "max_batch")
+        try:
+            delay = float(max_delay)
+        except (TypeError, ValueError):
+            raise TypeError(f"max_delay must be a number of seconds, got "
+                            f"{type(max_delay).__name__}") from None
+        if not (delay >= 0 and math.isfinite(delay)):
+            raise ValueError(f"max_delay must be finite and at least 0, got {max_delay}")
+        self.max_delay = delay
+        self.run_when_all_waiting = bool(run_when_all_waiting)
+        self.max_queue_per_stream = _positive_int(max_queue_per_stream, "max_queue_per_stream")
+        self.max_pending = 4 * table.capacity if max_pending is None else _positive_int(
+            max_pending, "max_pending")
+        self._own_executor = executor is None
+        self._executor = executor
+        model = table.model
+        self._xshape = (model.input_size,)
+        # x rows the model takes as they are; a bfloat16 model's batches are
+        # stacked in float32 (bfloat16 rows widen exactly)
+        self._xdtype = np.dtype(np.float32) if _is_bf16(model.dtype) else np.dtype(model.dtype)
+        self._xdtypes = (np.dtype(model.dtype), self._xdtype)
+        self._has = table.__contains__
+        self._xbuf = np.empty((self.max_batch, model.input_size), self._xdtype)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._worker: Optional[asyncio.Task[None]] = None
+        self._wake: Optional[asyncio.Future[None]] = None
+        # each stream's queue of waiting steps (kept while it is empty), and
+        # the streams with waiting steps, in the arrival order of their head step
+        self._queues: Dict[Hashable, Deque[_Item]] = {}
+        self._waiting: Dict[Hashable, Deque[_Item]] = {}
+        self._unsorted = False     # a head step was removed: re-sort before the next batch
+        self._pending = 0          # waiting steps over all streams
+        self._closed = False
+        self._batches = 0
+        self._steps = 0
+        self._rejected = 0
+        self._failed = 0
+        self._cancelled = 0
+        self._sizes = [0] * (self.max_batch + 1)
+        self._delays = np.zeros(_RING)
+        self._ndelays = 0
+
+    # ---- the public interface ---------------------------------------------
+
+    async def step(self, stream_id: Hashable, x: npt.ArrayLike) -> _Array:
+        """One step of one stream, batched with the steps of other streams.
+
+        Parameters
+        ----------
+        stream_id : hashable
+            An open stream of the table.
+        x : array_like, shape (input_size,)
+            The stream's input, in the model's dtype (float32 too for a
+            bfloat16 model).
+
+        Returns
+        -------
+        y : ndarray, shape (hidden_size,)
+            The stream's output: a row (a view) of its batch's output.
+
+        Raises
+        ------
+        OverloadedError
+            When the stream has max_queue_per_stream steps waiting, or the
+            batcher max_pending over all streams.
+        UnknownStreamError
+            For a stream the table does not hold, now or when its batch
+            runs (closed or evicted while the step waited).
+        RuntimeError
+            When the batcher is closed, or closes while the step waits.
+        TypeError, ValueError
+            For x of the wrong dtype or shape.
+
+        Examples
+        --------
+        >>> import asyncio
+        >>> import numpy as np
+        >>> from fastln.rnn import GRU, StreamBatcher, StreamTable
+        >>> table = StreamTable(GRU(input_size=2, hidden_size=3, seed=0), capacity=4)
+        >>> s = table.open()
+        >>> async def main():
+        ...     async with StreamBatcher(table) as batcher:
+        ...         return [await batcher.step(s, np.ones(2, np.float32)) for _ in range(3)]
+        >>> [y.shape for y in asyncio.run(main())]
+        [(3,), (3,), (3,)]
+        """
+        if self._closed:
+            raise RuntimeError("batcher closed")
+        if not self._has(stream_id):
+            raise UnknownStreamError(_unknown(stream_id))
+        if x.__class__ is not np.ndarray or x.shape != self._xshape or (  # type: ignore
+                x.dtype not in self._xdtypes):  # type: ignore[union-attr]
+            x = self._convert(x)
+        q = self._queues.get(stream_id)
+        if q is None:
+            q = self._new_queue(stream_id)
+        waiting = self._waiting
+        if q:
+            if self._pending >= self.max_pending or len(q) >= self.max_queue_per_stream:
+                raise self._overloaded(q, stream_id)
+        elif self._pending >= self.max_pending:
+            raise self._overloaded(q, stream_id)
+        else:
+            waiting[stream_id] = q     # its first waiting step: it queues last
+        loop = self._loop or self._start()
+        fut: asyncio.Future[_Array] = loop.create_future()
+        item = (fut, x, _now())
+        q.append(item)
+        self._pending += 1
+        w = self._wake
+        if w is not None and (self.max_delay == 0 or len(waiting) == 1
+                              or len(waiting) >= self.max_batch
+                              or (self.run_when_all_waiting and len(waiting) >= len(self.table))):
+            self._wake = None
+            w.set_result(None)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._withdraw(stream_id, q, item)
+            raise
+
+    def metrics(self) -> Dict[str, Any]:
+        """The batcher's counters, as a plain dict.
+
+        Returns
+        -------
+        dict
+            ``batches``: batches run; ``steps``: steps that ran (results
+            delivered or dropped by cancellation); ``batch_mean`` and
+            ``batch_max``: their sizes; ``batch_sizes``: {size: count};
+            ``queue_delay_p50`` and ``queue_delay_p99``: seconds from a
+            step's arrival to the start of its batch, over the last 4096
+            steps (None before any); ``pending``: steps waiting now;
+            ``rejected``: OverloadedError raised; ``failed``: steps that
+            got an error (unknown stream, a failed batch, the batcher
+            closed); ``cancelled``: steps cancelled while waiting;
+            ``active_streams``: ``len(table)``; ``evicted_streams``:
+            ``table.evicted``.
+
+        Examples
+        --------
+        >>> from fastln.rnn import RNN, StreamBatcher, StreamTable
+        >>> m = StreamBatcher(StreamTable(RNN(2, 3), capacity=2)).metrics()
+        >>> m["batches"], m["queue_delay_p50"], m["active_streams"]
+        (0, None, 0)
+        """
+        n = min(self._ndelays, _RING)
+        p50 = p99 = None
+        if n:
+            p50, p99 = (float(v) for v in np.percentile(self._delays[:n], [50, 99]))
+        return {
+            "batches": self._batches,
+            "steps": self._steps,
+            "batch_mean": self._steps / self._batches if self._batches else 0.0,
+            "batch_max": max((s for s, c in enumerate(self._sizes) if c), default=0),
+            "batch_sizes": {s: c for s, c in enumerate(self._sizes) if c},
+            "queue_delay_p50": p50,
+            "queue_delay_p99": p99,
+            "pending": self._pending,
+            "rejected": self._rejected,
+            "failed": self._failed,
+            "cancelled": self._cancelled,
+            "active_streams": len(self.table),
+            "evicted_streams": self.table.evicted,
+        }
+
+    async def aclose(self) -> None:
+        """Stops the batcher: the running batch finishes, waiting steps get
+        RuntimeError("batcher closed"), later steps raise it, and the
+        batcher's own thread ends. Closing twice is harmless.
+
+        Examples
+        --------
+        >>> import asyncio
+        >>> from fastln.rnn import LNGRU, StreamBatcher, StreamTable
+        >>> batcher = StreamBatcher(StreamTable(LNGRU(2, 3), capacity=2))
+        >>> asyncio.run(batcher.aclose())
+        """
+        self._closed = True
+        w = self._wake
+        if w is not None:
+            self._wake = None
+            w.set_result(None)
+        if self._worker is not None and not self._worker.done():
+            await asyncio.wait({self._worker})    # its own error, if any, stays with it
+        err = RuntimeError("batcher closed")
+        for q in self._waiting.values():
+            for fut, _, _ in q:
+                if not fut.done():
+                    self._failed += 1
+                    fut.set_exception(err)
+        self._waiting.clear()
+        self._pending = 0
+        if self._own_executor and self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> StreamBatcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---- the worker --------------------------------------------------------
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop = asyncio.get_running_loop()
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="fastln-batcher")
+        self._worker = loop.create_task(self._work())
+        return loop
+
+    def _new_queue(self, stream_id: Hashable) -> Deque[_Item]:
+        """A stream's queue, kept while the stream lives; the queues of
+        streams the table no longer holds go when they outnumber its
+        capacity."""
+        queues = self._queues
+        if len(queues) >= 2 * self.table.capacity:
+            for sid in [sid for sid, q in queues.items() if not q and sid not in self.table]:
+                del queues[sid]
+        q = queues[stream_id] = deque()
+        return q
+
+    def _overloaded(self, q: Deque[_Item], stream_id: Hashable) -> OverloadedError:
+        self._rejected += 1
+        if len(q) >= self.max_queue_per_stream:
+            return OverloadedError(f"stream {stream_id!r} has {len(q)} steps waiting, its limit "
+                                   f"(max_queue_per_stream)")
+        return OverloadedError(f"{self._pending} steps are waiting, the batcher's limit "
+                               f"(max_pending)")
+
+    def _convert(self, x: npt.ArrayLike) -> _Array:
+        """x as a row the batch can take, or the model's error."""
+        if isinstance(x, np.ndarray):
+            if x.dtype not in self._xdtypes:
+                raise TypeError(f"x has dtype {x.dtype}, but the model takes "
+                                f"{' or '.join(sorted(set(map(str, self._xdtypes))))}")
+        else:
+            x = np.asarray(x, self._xdtype)
+        if x.shape != self._xshape:
+            raise ValueError(f"x must have shape {self._xshape} (input_size,), got {x.shape}")
+        return x
+
+    def _withdraw(self, stream_id: Hashable, q: Deque[_Item], item: _Item) -> None:
+        """Removes a cancelled step that has not been taken into a batch."""
+        head = bool(q) and q[0] is item
+        try:
+            q.remove(item)
+        except ValueError:
+            return                 # in a batch already: its result is dropped
+        self._pending -= 1
+        self._cancelled += 1
+        if not q:
+            if self._waiting.get(stream_id) is q:
+                del self._waiting[stream_id]
+        elif head:
+            self._unsorted = True
+
+    async def _sleep(self, deadline: Optional[float]) -> None:
+        """Waits for a step() that lets a batch run, or for the deadline."""
+        loop = self._loop
+        assert loop is not None
+        w = self._wake = loop.create_future()
+        timer = None if deadline is None else loop.call_later(deadline - _now(), self._fire, w)
+        try:
+            await w
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self._wake is w:
+                self._wake = None
+
+    def _fire(self, w: asyncio.Future[None]) -> None:
+        if not w.done():
+            w.set_result(None)
+
+    def _ready(self) -> Optional[float]:
+        """None when a batch may run now, else the time at which it may."""
+        waiting = self._waiting
+        if (self.max_delay == 0 or len(waiting) >= self.max_batch
+                or (self.run_when_all_waiting and len(waiting) >= len(self.table))):
+            return None
+        oldest = min(q[0][2] for q in waiting.values()) if self._unsorted else \
+            next(iter(waiting.values()))[0][2]
+        deadline = oldest + self.max_delay
+        return None if _now() >= deadline else deadline
+
+    def _take(self) -> Tuple[List[Hashable], List[asyncio.Future[_Array]], List[_Array],
+                             List[float]]:
+        """Takes the next batch off the queues: the head step of each of the
+        (up to max_batch) streams whose head steps are the oldest."""
+        waiting = self._waiting
+        if self._unsorted:
+            self._unsorted = False
+            waiting = self._waiting = dict(sorted(waiting.items(), key=_head_time))
+        if len(waiting) <= self.max_batch:
+            taken = list(waiting.items())
+            waiting = self._waiting = {}
+        else:
+            taken = list(itertools.islice(waiting.items(), self.max_batch))
+            for sid, _ in taken:
+                del waiting[sid]
+        self._pending -= len(taken)
+        heads = [q.popleft() for _, q in taken]
+        rest = [(sid, q) for sid, q in taken if q]
+        if rest:
+            # the streams' next steps queue by their arrival among the others
+            waiting.update(rest)
+            if len(waiting) > 1:
+                self._waiting = dict(sorted(waiting.items(), key=_head_time))
+        ids = [sid for sid, _ in taken]
+        futs, xs, ts = (list(c) for c in zip(*heads))
+        table = self.table
+        if not all(map(self._has, ids)) or any(map(_done, futs)):
+            keep = []
+            for i, (sid, f) in enumerate(zip(ids, futs)):
+                if f.done():
+                    continue
+                if sid not in table:
+                    self._failed += 1
+                    f.set_exception(UnknownStreamError(_unknown(sid)))
+                    continue
+                keep.append(i)
+            ids = [ids[i] for i in keep]
+            futs = [futs[i] for i in keep]
+            xs = [xs[i] for i in keep]
+            ts = [ts[i] for i in keep]
+        return ids, futs, xs, ts
+
+    def _compute(self, ids: List[Hashable], x: _Array) -> Tuple[_Array, Optional[List[int]]]:
+        """One table step of the batch, in the worker thread. Streams that
+        the table no longer holds (closed or evicted since the batch
+        formed) are dropped and the rest rerun; returns y and the batch
+        rows it holds (None: all)."""
+        table = self.table
+        keep: Optional[List[int]] = None
+        while True:
+            try:
+                return table.step(ids, x), keep
+            except UnknownStreamError:
+                rows = [i for i, sid in enumerate(ids) if sid in table]
+                if len(rows) == len(ids):
+                    raise              # not for want of a stream: report it
+                keep = rows if keep is None else [keep[i] for i in rows]
+                ids = [ids[i] for i in rows]
+                x = x[rows]
+                if not ids:
+                    return x[:0], keep
+
+    async def _work(self) -> None:
+        try:
+            await self._serve()
+        except BaseException as e:
+            # a worker that stops for any other reason than aclose leaves no
+            # step waiting forever: they, and later steps, get the error
+            self._closed = True
+            err = e if isinstance(e, Exception) else RuntimeError("batcher stopped")
+            for q in self._waiting.values():
+                for fut, _, _ in q:
+                    if not fut.done():
+                        self._failed += 1
+                        fut.set_exception(err)
+                q.clear()
+            self._waiting.clear()
+            self._pending = 0
+            raise
+
+    async def _serve(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        done: Optional[Tuple[List[Hashable], List[asyncio.Future[_Array]], _Array,
+                             Optional[List[int]]]] = None
+        while not self._closed:
+            # the next batch starts before the last one's steps are answered,
+            # so that the event loop serves them while the model runs
+            running = None
+            if self._waiting and self._ready() is None:
+                ids, futs, xs, ts = self._take()
+                if ids:
+                    start = _now()
+                    x = np.stack(xs, out=self._xbuf[:len(ids)])
+                    running = loop.run_in_executor(self._executor, self._compute, ids, x)
+            if done is not None:
+                self._answer(*done)
+                done = None
+                if running is None:
+                    # the streams just answered step again before the next batch forms
+                    await asyncio.sleep(0)
+                    continue
+            if running is None:
+                deadline = self._ready() if self._waiting else None
+                if self._waiting and deadline is None:
+                    continue           # ready now (the last take ran nothing)
+                await self._sleep(deadline)
+                continue
+            try:
+                y, keep = await running
+            except Exception as e:   # the whole batch failed: each step gets the error
+                for f in futs:
+                    if not f.done():
+                        self._failed += 1
+                        f.set_exception(e)
+                continue
+            self._record(start, ts, len(y))
+            done = (ids, futs, y, keep)
+        if done is not None:
+            self._answer(*done)
+
+    def _answer(self, ids: List[Hashable], futs: List[asyncio.Future[_Array]], y: _Array,
+                keep: Optional[List[int]]) -> None:
+        """Gives each step of a finished batch its row of y (or, for streams
+        dropped from it, UnknownStreamError)."""
+        if keep is not None:
+            for i in set(range(len(ids))).difference(keep):
+                if not futs[i].done():
+                    self._failed += 1
+                    futs[i].set_exception(UnknownStreamError(_unknown(ids[i])))
+            futs = [futs[i] for i in keep]
+        for f, row in zip(futs, y):
+            try:
+                f.set_result(row)
+            except asyncio.InvalidStateError:
+                pass               # cancelled while its batch ran: the result is dropped
+
+    def _record(self, start: float, ts: List[float], n: int) -> None:
+        self._batches += 1
+        self._steps += n
+        self._sizes[n] += 1
+        d = (start - np.array(ts))[-_RING:]
+        k = self._ndelays % _RING
+        m = min(len(d), _RING - k)
+        self._delays[k:k + m] = d[:m]
+        self._delays[:len(d) - m] = d[m:]
+        self._ndelays += len(d)
+
+
+_done = asyncio.Future.done
+
+
+def _head_time(kv: Tuple[Hashable, Deque[_Item]]) -> float:
+    return kv[1][0][2]
+
+
+def _unknown(stream_id: Hashable) -> str:
+    return f"no open stream has id {stream_id!r} (never opened, closed, or evicted)"

@@ -1,0 +1,528 @@
+"""fastln.rnn.StreamBatcher: batches of single steps over a StreamTable.
+
+Every result equals, bit for bit, the stream run alone through model.step;
+batches hold at most one step per stream, at most max_batch steps, and run
+oldest first; max_delay, run_when_all_waiting, the queue bounds, unknown,
+closed and evicted streams, cancellation, aclose and the metrics behave as
+documented. No test asserts a duration: the timing-dependent ones assert
+orders and counts only.
+"""
+import asyncio
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from fastln import rnn
+from fastln.rnn import (
+    LNLSTM,
+    OverloadedError,
+    StreamBatcher,
+    StreamTable,
+    UnknownStreamError,
+)
+
+I, H = 5, 7
+
+
+class RecordingTable(StreamTable):
+    """A StreamTable that records the ids of every step (and can hold each
+    step on an event, or close streams as the step starts)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.calls = []
+        self.gate = None          # a threading.Event each step waits on
+        self.entered = threading.Event()
+        self.close_at = {}        # {call index: ids to close as that step starts}
+
+    def step(self, ids, x, out=None):
+        ids = list(ids)
+        self.calls.append(ids)
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        for sid in self.close_at.pop(len(self.calls) - 1, []):
+            self.close(sid)
+        return super().step(ids, x, out)
+
+
+def alone(model, xs):
+    """The outputs of one stream's inputs xs (T, I) run alone with model.step."""
+    state, ys = None, []
+    for x in xs:
+        y, state = model.step(x[None], state)
+        ys.append(y[0])
+    return ys
+
+
+def inputs(n, T, dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).standard_normal((n, T, I)).astype(dtype)
+
+
+async def run_streams(batcher, ids, xs, jitter=None):
+    """Each stream steps through its inputs, one await at a time; returns
+    each stream's list of outputs."""
+    async def client(k, sid):
+        out = []
+        for x in xs[k]:
+            if jitter is not None and jitter.random() < 0.3:
+                await asyncio.sleep(0 if jitter.random() < 0.5 else 1e-4)
+            out.append((await batcher.step(sid, x)).copy())
+        return out
+    return await asyncio.gather(*(client(k, sid) for k, sid in enumerate(ids)))
+
+
+def check_calls(calls, max_batch):
+    for ids in calls:
+        assert len(ids) == len(set(ids)), ids      # at most one step per stream
+        assert 1 <= len(ids) <= max_batch
+
+
+# ---- results --------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_results_are_those_of_each_stream_alone(dtype):
+    model = LNLSTM(I, H, num_layers=2, seed=0)
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+        model = model.to("bfloat16")
+    n, T = 12, 9
+    xs = inputs(n, T)
+    if dtype == "bfloat16":
+        xs = xs.astype(model.dtype)
+    table = RecordingTable(model, 16)
+    ids = [table.open() for _ in range(n)]
+
+    async def main():
+        async with StreamBatcher(table, max_batch=5) as b:
+            return await run_streams(b, ids, xs, random.Random(1))
+    got = asyncio.run(main())
+    for k in range(n):
+        want = alone(model, xs[k])
+        assert len(got[k]) == T
+        for t in range(T):
+            assert got[k][t].dtype == model.dtype
+            assert got[k][t].tobytes() == want[t].tobytes(), (k, t)
+    check_calls(table.calls, 5)
+    assert max(map(len, table.calls)) > 1      # steps were batched
+
+
+def test_a_bfloat16_model_takes_float32_rows_too():
+    pytest.importorskip("ml_dtypes")
+    model = LNLSTM(I, H, seed=0).to("bfloat16")
+    xs = inputs(3, 4)
+    table = StreamTable(model, 4)
+    ids = [table.open() for _ in range(3)]
+    mixed = [xs[0], xs[1].astype(model.dtype), xs[2]]
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            return await run_streams(b, ids, mixed)
+    got = asyncio.run(main())
+    for k in range(3):
+        want = alone(model, mixed[k])
+        assert [g.tobytes() for g in got[k]] == [w.tobytes() for w in want]
+
+
+@pytest.mark.parametrize("cls", ["LNLSTM", "LNGRU", "LNRNN", "LSTM", "GRU", "RNN"])
+def test_every_model(cls):
+    model = getattr(rnn, cls)(I, H, num_layers=2, seed=0)
+    xs = inputs(4, 5, seed=2)
+    table = StreamTable(model, 4)
+    ids = [table.open() for _ in range(4)]
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            return await run_streams(b, ids, xs)
+    got = asyncio.run(main())
+    for k in range(4):
+        assert [g.tobytes() for g in got[k]] == [w.tobytes() for w in alone(model, xs[k])]
+
+
+def test_many_streams_many_steps():
+    model = LNLSTM(I, H, seed=3)
+    n, T = 256, 12
+    xs = inputs(n, T, seed=3)
+    table = RecordingTable(model, n)
+    ids = [table.open() for _ in range(n)]
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            out = await run_streams(b, ids, xs, random.Random(3))
+            return out, b.metrics()
+    got, m = asyncio.run(main())
+    check_calls(table.calls, n)
+    assert m["steps"] == n * T and m["batches"] == len(table.calls)
+    assert m["batch_max"] > 1 and m["failed"] == 0
+    # the batch gives each stream's rows as a whole: spot-check against B = 1
+    for k in (0, 17, 255):
+        assert [g.tobytes() for g in got[k]] == [w.tobytes() for w in alone(model, xs[k])]
+    # every stream ran T steps, in order: its rows match a B = n run of all
+    state, batch = None, []
+    for t in range(T):
+        y, state = model.step(np.ascontiguousarray(xs[:, t]), state)
+        batch.append(y)
+    for k in range(n):
+        for t in range(T):
+            assert got[k][t].tobytes() == batch[t][k].tobytes()
+
+
+def test_order_within_a_stream_under_concurrent_submissions():
+    """Steps of one stream submitted at once (not awaited one by one) run in
+    their arrival order, one per batch."""
+    model = LNLSTM(I, H, seed=4)
+    xs = inputs(6, 4, seed=4)
+    table = RecordingTable(model, 8)
+    ids = [table.open() for _ in range(6)]
+
+    async def main():
+        async with StreamBatcher(table, max_queue_per_stream=4) as b:
+            futs = [[asyncio.ensure_future(b.step(sid, x)) for x in xs[k]]
+                    for k, sid in enumerate(ids)]
+            return [[(await f).copy() for f in fs] for fs in futs]
+    got = asyncio.run(main())
+    for k in range(6):
+        assert [g.tobytes() for g in got[k]] == [w.tobytes() for w in alone(model, xs[k])]
+    check_calls(table.calls, 8)
+    assert len(table.calls) >= 4
+
+
+# ---- batch formation -------------------------------------------------------
+
+def test_max_batch_and_oldest_first():
+    table = RecordingTable(LNLSTM(I, H, seed=0), 8)
+    ids = [table.open() for _ in range(6)]
+    x = np.ones(I, np.float32)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table, max_batch=2) as b:
+            first = asyncio.ensure_future(b.step(ids[5], x))
+            while not table.entered.is_set():     # the first batch runs and holds
+                await asyncio.sleep(0.001)
+            # while it runs: ids[0] twice, then 1, 2, 3, 4
+            rest = [asyncio.ensure_future(b.step(ids[0], x))]
+            await asyncio.sleep(0)
+            rest.append(asyncio.ensure_future(b.step(ids[0], x)))
+            for sid in ids[1:5]:
+                await asyncio.sleep(0)
+                rest.append(asyncio.ensure_future(b.step(sid, x)))
+            await asyncio.sleep(0)
+            table.gate.set()
+            await asyncio.gather(first, *rest)
+    asyncio.run(main())
+    a, b1, b2, b3, b4, b5 = ids
+    # ids[0]'s second step arrived before ids[2..4]'s: it runs in the second batch after
+    # the first one, the others by arrival
+    assert table.calls == [[b5], [a, b1], [a, b2], [b3, b4]]
+
+
+def test_max_delay_waits_for_more_steps():
+    table = RecordingTable(LNLSTM(I, H, seed=0), 4)
+    ids = [table.open() for _ in range(3)]
+    x = np.ones(I, np.float32)
+
+    async def main():
+        async with StreamBatcher(table, max_delay=30.0, max_batch=2) as b:
+            f0 = asyncio.ensure_future(b.step(ids[0], x))
+            for _ in range(20):                   # the worker waits: nothing runs
+                await asyncio.sleep(0)
+            assert table.calls == []
+            f1 = asyncio.ensure_future(b.step(ids[1], x))   # max_batch reached: it runs
+            await asyncio.gather(f0, f1)
+    asyncio.run(main())
+    assert table.calls == [[ids[0], ids[1]]]
+
+
+def test_max_delay_runs_a_partial_batch_at_the_deadline():
+    table = RecordingTable(LNLSTM(I, H, seed=0), 4)
+    ids = [table.open() for _ in range(3)]
+    x = np.ones(I, np.float32)
+
+    async def main():
+        async with StreamBatcher(table, max_delay=0.02) as b:
+            await b.step(ids[0], x)               # returns once the delay has passed
+            y1, y2 = await asyncio.gather(b.step(ids[1], x), b.step(ids[2], x))
+            return b.metrics()
+    m = asyncio.run(main())
+    assert table.calls == [[ids[0]], [ids[1], ids[2]]]
+    assert m["batch_sizes"] == {1: 1, 2: 1}
+
+
+@pytest.mark.parametrize("all_waiting", [True, False])
+def test_run_when_all_waiting(all_waiting):
+    table = RecordingTable(LNLSTM(I, H, seed=0), 8)
+    ids = [table.open() for _ in range(3)]
+    x = np.ones(I, np.float32)
+
+    async def main():
+        async with StreamBatcher(table, max_delay=30.0,
+                                 run_when_all_waiting=all_waiting) as b:
+            futs = [asyncio.ensure_future(b.step(sid, x)) for sid in ids]
+            for _ in range(20):
+                await asyncio.sleep(0)
+            ran = list(table.calls)
+            if not all_waiting:                     # still waiting for the delay
+                for f in futs:
+                    f.cancel()
+            await asyncio.gather(*futs, return_exceptions=True)
+            return ran
+    ran = asyncio.run(main())
+    assert ran == ([ids] if all_waiting else [])
+
+
+def test_continuous_batching_fills_the_next_batch_while_one_runs():
+    table = RecordingTable(LNLSTM(I, H, seed=0), 8)
+    ids = [table.open() for _ in range(5)]
+    x = np.ones(I, np.float32)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            first = asyncio.ensure_future(b.step(ids[0], x))
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            rest = [asyncio.ensure_future(b.step(sid, x)) for sid in ids]
+            await asyncio.sleep(0)
+            table.gate.set()
+            await asyncio.gather(first, *rest)
+    asyncio.run(main())
+    assert table.calls == [[ids[0]], ids]
+
+
+# ---- limits and errors -----------------------------------------------------
+
+def test_queue_bounds_raise_overloaded():
+    table = RecordingTable(LNLSTM(I, H, seed=0), 8)
+    ids = [table.open() for _ in range(4)]
+    x = np.ones(I, np.float32)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table, max_queue_per_stream=2, max_pending=5) as b:
+            first = asyncio.ensure_future(b.step(ids[3], x))
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            ok = [asyncio.ensure_future(b.step(ids[0], x)) for _ in range(2)]
+            await asyncio.sleep(0)
+            with pytest.raises(OverloadedError, match="limit"):
+                await b.step(ids[0], x)             # a third waiting step of one stream
+            ok += [asyncio.ensure_future(b.step(ids[1], x)) for _ in range(2)]
+            ok.append(asyncio.ensure_future(b.step(ids[2], x)))
+            await asyncio.sleep(0)
+            with pytest.raises(OverloadedError, match="max_pending"):
+                await b.step(ids[2], x)             # a sixth waiting step over all
+            m = b.metrics()
+            table.gate.set()
+            await asyncio.gather(first, *ok)
+            return m, b.metrics()
+    waiting, done = asyncio.run(main())
+    assert issubclass(OverloadedError, RuntimeError)
+    assert waiting["rejected"] == 2 and waiting["pending"] == 5
+    assert done["rejected"] == 2 and done["pending"] == 0 and done["steps"] == 6
+
+
+def test_unknown_stream_and_bad_x():
+    table = StreamTable(LNLSTM(I, H, seed=0), 4)
+    sid = table.open()
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            with pytest.raises(UnknownStreamError, match="nope"):
+                await b.step("nope", np.ones(I, np.float32))
+            with pytest.raises(ValueError, match="shape"):
+                await b.step(sid, np.ones(I + 1, np.float32))
+            with pytest.raises(TypeError, match="dtype"):
+                await b.step(sid, np.ones(I, np.float64))
+            y = await b.step(sid, [0.5] * I)        # a list converts
+            return y, b.metrics()
+    y, m = asyncio.run(main())
+    assert y.shape == (H,) and m["steps"] == 1 and m["pending"] == 0
+    with pytest.raises(TypeError):
+        StreamBatcher(object())
+    with pytest.raises(ValueError):
+        StreamBatcher(table, max_delay=-1)
+    with pytest.raises(ValueError):
+        StreamBatcher(table, max_batch=0)
+
+
+def test_stream_closed_while_waiting():
+    table = RecordingTable(LNLSTM(I, H, seed=0), 8)
+    ids = [table.open() for _ in range(4)]
+    x = np.ones(I, np.float32)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            first = asyncio.ensure_future(b.step(ids[3], x))
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            futs = [asyncio.ensure_future(b.step(sid, x)) for sid in ids[:3]]
+            await asyncio.sleep(0)
+            table.close(ids[1])                     # before its batch forms
+            table.close_at[1] = [ids[2]]            # as its batch runs
+            table.gate.set()
+            await first
+            res = await asyncio.gather(*futs, return_exceptions=True)
+            return res, b.metrics()
+    res, m = asyncio.run(main())
+    assert isinstance(res[0], np.ndarray)
+    assert isinstance(res[1], UnknownStreamError) and isinstance(res[2], UnknownStreamError)
+    assert table.calls[1] == [ids[0], ids[2]] and table.calls[2] == [ids[0]]
+    assert m["failed"] == 2 and m["steps"] == 2
+
+
+def test_eviction_while_waiting():
+    now = [0.0]
+    evicted = []
+    table = RecordingTable(LNLSTM(I, H, seed=0), 8, idle_timeout=10.0,
+                           on_evict=lambda sid, st: evicted.append(sid), clock=lambda: now[0])
+    a, b_ = table.open(), table.open()             # both at 0
+    x = np.ones(I, np.float32)
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            now[0] = 5.0
+            await b.step(a, x)                      # a's last step: 5
+            table.entered.clear()
+            table.gate = threading.Event()
+            first = asyncio.ensure_future(b.step(a, x))
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            futs = [asyncio.ensure_future(b.step(s, x)) for s in (a, b_)]
+            await asyncio.sleep(0)
+            # at 10.5 the held step's idle sweep evicts b (idle since 0), not a
+            now[0] = 10.5
+            table.gate.set()
+            await first
+            res = await asyncio.gather(*futs, return_exceptions=True)
+            return res, b.metrics()
+    res, m = asyncio.run(main())
+    assert evicted == [b_]
+    assert isinstance(res[0], np.ndarray) and isinstance(res[1], UnknownStreamError)
+    assert m["evicted_streams"] == 1 and m["active_streams"] == 1 and m["failed"] == 1
+
+
+def test_cancellation():
+    model = LNLSTM(I, H, seed=5)
+    table = RecordingTable(model, 8)
+    ids = [table.open() for _ in range(3)]
+    xs = inputs(3, 3, seed=5)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            running = asyncio.ensure_future(b.step(ids[0], xs[0, 0]))
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            waiting = asyncio.ensure_future(b.step(ids[1], xs[1, 0]))
+            other = asyncio.ensure_future(b.step(ids[2], xs[2, 0]))
+            await asyncio.sleep(0)
+            running.cancel()                         # in the running batch: result dropped
+            waiting.cancel()                         # not started: removed
+            await asyncio.sleep(0)
+            m = b.metrics()
+            table.gate.set()
+            y2 = await other
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            # the batcher still works, and the states are as expected
+            y0 = await b.step(ids[0], xs[0, 1])
+            y1 = await b.step(ids[1], xs[1, 1])
+            return m, y0, y1, y2, b.metrics()
+    m, y0, y1, y2, m2 = asyncio.run(main())
+    assert m["cancelled"] == 1 and m["pending"] == 1
+    assert table.calls[1] == [ids[2]]
+    assert y2.tobytes() == alone(model, xs[2, :1])[0].tobytes()
+    # ids[0] advanced through its cancelled step; ids[1] did not
+    assert y0.tobytes() == alone(model, xs[0, :2])[1].tobytes()
+    assert y1.tobytes() == alone(model, xs[1, 1:2])[0].tobytes()
+    assert m2["cancelled"] == 1 and m2["pending"] == 0
+
+
+def test_aclose_with_waiting_steps():
+    table = RecordingTable(LNLSTM(I, H, seed=0), 4)
+    ids = [table.open() for _ in range(2)]
+    x = np.ones(I, np.float32)
+    table.gate = threading.Event()
+
+    async def main():
+        b = StreamBatcher(table)
+        running = asyncio.ensure_future(b.step(ids[0], x))
+        while not table.entered.is_set():
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(b.step(ids[1], x))
+        await asyncio.sleep(0)
+        closing = asyncio.ensure_future(b.aclose())
+        await asyncio.sleep(0.01)
+        table.gate.set()
+        await closing
+        res = await asyncio.gather(running, waiting, return_exceptions=True)
+        with pytest.raises(RuntimeError, match="batcher closed"):
+            await b.step(ids[0], x)
+        await b.aclose()                            # twice is harmless
+        return res, b.metrics()
+    res, m = asyncio.run(main())
+    assert isinstance(res[0], np.ndarray)            # the running batch finished
+    assert isinstance(res[1], RuntimeError) and "batcher closed" in str(res[1])
+    assert table.calls == [[ids[0]]] and m["pending"] == 0
+
+
+def test_closing_an_unused_batcher_and_an_executor_of_ones_own():
+    import concurrent.futures
+    table = StreamTable(LNLSTM(I, H, seed=0), 2)
+    sid = table.open()
+    asyncio.run(StreamBatcher(table).aclose())
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        async def main():
+            async with StreamBatcher(table, executor=ex) as b:
+                return await b.step(sid, np.ones(I, np.float32))
+        assert asyncio.run(main()).shape == (H,)
+        assert ex.submit(lambda: 1).result() == 1     # left running
+
+
+def test_metrics():
+    table = StreamTable(LNLSTM(I, H, seed=0), 8)
+    ids = [table.open() for _ in range(4)]
+    xs = inputs(4, 3)
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            before = b.metrics()
+            await run_streams(b, ids, xs)
+            return before, b.metrics()
+    before, m = asyncio.run(main())
+    assert before == {"batches": 0, "steps": 0, "batch_mean": 0.0, "batch_max": 0,
+                      "batch_sizes": {}, "queue_delay_p50": None, "queue_delay_p99": None,
+                      "pending": 0, "rejected": 0, "failed": 0, "cancelled": 0,
+                      "active_streams": 4, "evicted_streams": 0}
+    assert m["steps"] == 12 and sum(m["batch_sizes"].values()) == m["batches"]
+    assert sum(s * c for s, c in m["batch_sizes"].items()) == 12
+    assert m["batch_mean"] == 12 / m["batches"] and m["batch_max"] == max(m["batch_sizes"])
+    assert 0 <= m["queue_delay_p50"] <= m["queue_delay_p99"]
+
+
+def test_a_failing_batch_fails_its_steps_only():
+    """An error of the table step other than an unknown stream goes to every
+    step of that batch; the batcher goes on."""
+    class Failing(RecordingTable):
+        def step(self, ids, x, out=None):
+            if len(self.calls) == 0:
+                self.calls.append(list(ids))
+                raise MemoryError("no room")
+            return super().step(ids, x, out)
+    table = Failing(LNLSTM(I, H, seed=0), 4)
+    ids = [table.open() for _ in range(2)]
+    x = np.ones(I, np.float32)
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            first = await asyncio.gather(*(b.step(s, x) for s in ids), return_exceptions=True)
+            second = await asyncio.gather(*(b.step(s, x) for s in ids))
+            return first, second, b.metrics()
+    first, second, m = asyncio.run(main())
+    assert all(isinstance(r, MemoryError) for r in first)
+    assert all(r.shape == (H,) for r in second)
+    assert m["failed"] == 2 and m["steps"] == 2
