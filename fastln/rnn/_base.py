@@ -296,7 +296,7 @@ class _LNRecurrent(Generic[_State]):
         I = self.input_size if k == 0 else self.num_directions * self.hidden_size
         packed = _engine.pack(self._cell_name(), self._dt is not self.dtype, I, self.hidden_size,
                                  params[0], params[1])
-        self._packs[(k, d)] = (w_ih, w_hh, packed)
+        self._packs[(k, d)] = (cast(_Array, w_ih), cast(_Array, w_hh), packed)
         return packed
 
     def _layer_grads(self, k: int, d: int = 0) -> List[_Array]:

@@ -1607,7 +1607,6 @@ static const char* const __pyx_f[] = {
   "fastln/rnn/_engine.pyx",
   "numpy/__init__.cython-30.pxd",
   "fastln/_core.pxd",
-  "(tree fragment)",
   "cpython/type.pxd",
 };
 /* #### Code section: utility_code_proto_before_types ### */
@@ -1990,7 +1989,7 @@ struct __pyx_obj_6fastln_3rnn_7_engine_Step;
 struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup;
 struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_fill_forward;
 
-/* "fastln/rnn/_engine.pyx":130
+/* "fastln/rnn/_engine.pyx":131
  *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
  * 
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -2002,7 +2001,7 @@ struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup {
   int wbf16;
 };
 
-/* "fastln/rnn/_engine.pyx":169
+/* "fastln/rnn/_engine.pyx":170
  *     return 0
  * 
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -2015,12 +2014,12 @@ struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_fill_forward {
   PyObject *packed;
 };
 
-/* "fastln/rnn/_engine.pyx":314
+/* "fastln/rnn/_engine.pyx":315
  * 
  * 
- * cdef class Step:             # <<<<<<<<<<<<<<
+ * @cython.auto_pickle(False)   # a Step holds pointers: a model rebuilds its own             # <<<<<<<<<<<<<<
+ * cdef class Step:
  *     """A model's step, compiled: every layer's arguments checked and filled
- *     once, then one call into the engine (fastln_rnn_step_*) per step.
 */
 struct __pyx_obj_6fastln_3rnn_7_engine_Step {
   PyObject_HEAD
@@ -2747,12 +2746,6 @@ static CYTHON_INLINE int64_t __Pyx_mod_int64_t(int64_t, int64_t, int b_is_consta
 /* DivInt[int64_t].proto */
 static CYTHON_INLINE int64_t __Pyx_div_int64_t(int64_t, int64_t, int b_is_constant);
 
-/* RejectKeywords.export */
-static void __Pyx_RejectKeywords(const char* function_name, PyObject *kwds);
-
-/* PyTypeError_Check.proto */
-#define __Pyx_PyExc_TypeError_Check(obj)  __Pyx_TypeCheck(obj, PyExc_TypeError)
-
 /* AllocateExtensionType.proto */
 static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final);
 
@@ -2819,26 +2812,6 @@ static int __Pyx_MergeVtables(PyTypeObject *type);
 
 /* SetVTable.export */
 static int __Pyx_SetVtable(PyTypeObject* typeptr , void* vtable);
-
-/* LimitedApiGetTypeTypeDict.proto (used by DelItemOnTypeDict) */
-#if CYTHON_COMPILING_IN_LIMITED_API
-static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp);
-#endif
-
-/* DelItemOnTypeDict.proto (used by SetupReduce) */
-#define __Pyx_DelItemOnTypeDict(tp, k) __Pyx__DelItemOnTypeDict((PyTypeObject*)tp, k)
-
-/* DelItemOnTypeDict.export */
-static int __Pyx__DelItemOnTypeDict(PyTypeObject *tp, PyObject *k);
-
-/* SetItemOnTypeDict.proto (used by SetupReduce) */
-#define __Pyx_SetItemOnTypeDict(tp, k, v) __Pyx__SetItemOnTypeDict((PyTypeObject*)tp, k, v)
-
-/* SetItemOnTypeDict.export */
-static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v);
-
-/* SetupReduce.export */
-static int __Pyx_setup_reduce(PyObject* type_obj);
 
 /* TypeImport.proto */
 #ifndef __PYX_HAVE_RT_ImportType_proto_3_3_1
@@ -3011,6 +2984,17 @@ static PyObject *__Pyx_CyFunction_New(PyMethodDef *ml,
                                       PyObject *module, PyObject *globals,
                                       PyObject* code);
 static PyTypeObject *__Pyx_Get_CyFunction_Type(void);
+
+/* LimitedApiGetTypeTypeDict.proto (used by SetItemOnTypeDict) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp);
+#endif
+
+/* SetItemOnTypeDict.proto */
+#define __Pyx_SetItemOnTypeDict(tp, k, v) __Pyx__SetItemOnTypeDict((PyTypeObject*)tp, k, v)
+
+/* SetItemOnTypeDict.export */
+static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v);
 
 /* CLineInTraceback.proto (used by AddTraceback) */
 #if CYTHON_CLINE_IN_TRACEBACK && CYTHON_CLINE_IN_TRACEBACK_RUNTIME
@@ -3338,6 +3322,8 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
 static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, PyObject *__pyx_v_params); /* proto*/
 static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, fastln_rnn_step_args *__pyx_v_s); /* proto*/
 
+/* Module declarations from "cython" */
+
 /* Module declarations from "libc.stdint" */
 
 /* Module declarations from "libc.string" */
@@ -3433,8 +3419,6 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10num_layers___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10input_size___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_11hidden_size___get__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
-static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_12__reduce_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self); /* proto */
-static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_14__setstate_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, CYTHON_UNUSED PyObject *__pyx_v___pyx_state); /* proto */
 static PyObject *__pyx_tp_new__initialisation_6fastln_3rnn_7_engine_Step(PyObject *o, 
 #if CYTHON_VECTORCALL_TPNEW
     PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
@@ -3502,8 +3486,8 @@ namespace {
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_items;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_pop;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
-    PyObject *__pyx_codeobj_tab[15];
-    PyObject *__pyx_string_tab[169];
+    PyObject *__pyx_codeobj_tab[13];
+    PyObject *__pyx_string_tab[157];
     PyObject *__pyx_number_tab[9];
 /* #### Code section: module_state_contents ### */
 /* PyFrozenDict.module_state_decls */
@@ -3553,175 +3537,163 @@ static __pyx_mstatetype __pyx_mstate_global_static =
 static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_static;
 #endif
 /* #### Code section: constant_name_defines ### */
-#define __pyx_kp_u_tree_fragment __pyx_string_tab[0]
-#define __pyx_kp_u__2 __pyx_string_tab[1]
-#define __pyx_kp_u_ __pyx_string_tab[2]
-#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[3]
-#define __pyx_kp_u_add_note __pyx_string_tab[4]
-#define __pyx_kp_u_disable __pyx_string_tab[5]
-#define __pyx_kp_u_enable __pyx_string_tab[6]
-#define __pyx_kp_u_fastln_rnn__engine_pyx __pyx_string_tab[7]
-#define __pyx_kp_u_fastln_could_not_allocate_scratc __pyx_string_tab[8]
-#define __pyx_kp_u_fastln_invalid_sizes __pyx_string_tab[9]
-#define __pyx_kp_u_gc __pyx_string_tab[10]
-#define __pyx_kp_u_internal_bad_array_for __pyx_string_tab[11]
-#define __pyx_kp_u_internal_bad_array_for_params __pyx_string_tab[12]
-#define __pyx_kp_u_internal_bad_h_table __pyx_string_tab[13]
-#define __pyx_kp_u_internal_bad_layers_for_Step __pyx_string_tab[14]
-#define __pyx_kp_u_internal_bad_parameters_for_Step __pyx_string_tab[15]
-#define __pyx_kp_u_internal_bad_rows __pyx_string_tab[16]
-#define __pyx_kp_u_internal_bad_weights_for__rnn_pa __pyx_string_tab[17]
-#define __pyx_kp_u_internal_bad_x_or_sizes __pyx_string_tab[18]
-#define __pyx_kp_u_internal_wrong_number_of __pyx_string_tab[19]
-#define __pyx_kp_u_internal_wrong_number_of_params __pyx_string_tab[20]
-#define __pyx_kp_u_isenabled __pyx_string_tab[21]
-#define __pyx_kp_u_no_default___reduce___due_to_non __pyx_string_tab[22]
-#define __pyx_kp_u_numpy__core_multiarray_failed_to __pyx_string_tab[23]
-#define __pyx_kp_u_numpy__core_umath_failed_to_impo __pyx_string_tab[24]
-#define __pyx_n_u_B __pyx_string_tab[25]
-#define __pyx_n_u_CELLS __pyx_string_tab[26]
-#define __pyx_n_u_H __pyx_string_tab[27]
-#define __pyx_n_u_I __pyx_string_tab[28]
-#define __pyx_n_u_S __pyx_string_tab[29]
-#define __pyx_n_u_Step __pyx_string_tab[30]
-#define __pyx_n_u_Step___reduce_cython __pyx_string_tab[31]
-#define __pyx_n_u_Step___setstate_cython __pyx_string_tab[32]
-#define __pyx_n_u_Step_run __pyx_string_tab[33]
-#define __pyx_n_u_Step_table __pyx_string_tab[34]
-#define __pyx_n_u_Step_valid __pyx_string_tab[35]
-#define __pyx_n_u_T __pyx_string_tab[36]
-#define __pyx_n_u_SIZES __pyx_string_tab[37]
-#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[38]
-#define __pyx_n_u_annotate __pyx_string_tab[39]
-#define __pyx_n_u_func __pyx_string_tab[40]
-#define __pyx_n_u_getstate __pyx_string_tab[41]
-#define __pyx_n_u_main __pyx_string_tab[42]
-#define __pyx_n_u_module __pyx_string_tab[43]
-#define __pyx_n_u_name __pyx_string_tab[44]
-#define __pyx_n_u_pyx_capi __pyx_string_tab[45]
-#define __pyx_n_u_pyx_state __pyx_string_tab[46]
-#define __pyx_n_u_pyx_vtable __pyx_string_tab[47]
-#define __pyx_n_u_qualname __pyx_string_tab[48]
-#define __pyx_n_u_reduce __pyx_string_tab[49]
-#define __pyx_n_u_reduce_cython __pyx_string_tab[50]
-#define __pyx_n_u_reduce_ex __pyx_string_tab[51]
-#define __pyx_n_u_set_name __pyx_string_tab[52]
-#define __pyx_n_u_setstate __pyx_string_tab[53]
-#define __pyx_n_u_setstate_cython __pyx_string_tab[54]
-#define __pyx_n_u_test __pyx_string_tab[55]
-#define __pyx_n_u_is_coroutine __pyx_string_tab[56]
-#define __pyx_n_u_plain __pyx_string_tab[57]
-#define __pyx_n_u_a __pyx_string_tab[58]
-#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[59]
-#define __pyx_n_u_backward __pyx_string_tab[60]
-#define __pyx_n_u_backward2 __pyx_string_tab[61]
-#define __pyx_n_u_base __pyx_string_tab[62]
-#define __pyx_n_u_bf16 __pyx_string_tab[63]
-#define __pyx_n_u_bf16_products __pyx_string_tab[64]
-#define __pyx_n_u_buf __pyx_string_tab[65]
-#define __pyx_n_u_c __pyx_string_tab[66]
-#define __pyx_n_u_c2 __pyx_string_tab[67]
-#define __pyx_n_u_c_in __pyx_string_tab[68]
-#define __pyx_n_u_cache __pyx_string_tab[69]
-#define __pyx_n_u_cache_size __pyx_string_tab[70]
-#define __pyx_n_u_caches2 __pyx_string_tab[71]
-#define __pyx_n_u_cell __pyx_string_tab[72]
-#define __pyx_n_u_cline_in_traceback __pyx_string_tab[73]
-#define __pyx_n_u_code __pyx_string_tab[74]
-#define __pyx_n_u_cython_blas __pyx_string_tab[75]
-#define __pyx_n_u_d __pyx_string_tab[76]
-#define __pyx_n_u_dc __pyx_string_tab[77]
-#define __pyx_n_u_dc2 __pyx_string_tab[78]
-#define __pyx_n_u_dgemm __pyx_string_tab[79]
-#define __pyx_n_u_dh __pyx_string_tab[80]
-#define __pyx_n_u_dh2 __pyx_string_tab[81]
-#define __pyx_n_u_dx __pyx_string_tab[82]
-#define __pyx_n_u_dy __pyx_string_tab[83]
-#define __pyx_n_u_empty __pyx_string_tab[84]
-#define __pyx_n_u_eps __pyx_string_tab[85]
-#define __pyx_n_u_fastln_rnn__engine __pyx_string_tab[86]
-#define __pyx_n_u_forward __pyx_string_tab[87]
-#define __pyx_n_u_forward2 __pyx_string_tab[88]
-#define __pyx_n_u_get __pyx_string_tab[89]
-#define __pyx_n_u_grads __pyx_string_tab[90]
-#define __pyx_n_u_grads2 __pyx_string_tab[91]
-#define __pyx_n_u_gru __pyx_string_tab[92]
-#define __pyx_n_u_gru_plain __pyx_string_tab[93]
-#define __pyx_n_u_gru_plain_reset_first __pyx_string_tab[94]
-#define __pyx_n_u_h __pyx_string_tab[95]
-#define __pyx_n_u_h2 __pyx_string_tab[96]
-#define __pyx_n_u_h_in __pyx_string_tab[97]
-#define __pyx_n_u_immutable __pyx_string_tab[98]
-#define __pyx_n_u_items __pyx_string_tab[99]
-#define __pyx_n_u_key __pyx_string_tab[100]
-#define __pyx_n_u_keys __pyx_string_tab[101]
-#define __pyx_n_u_layers __pyx_string_tab[102]
-#define __pyx_n_u_lengths __pyx_string_tab[103]
-#define __pyx_n_u_lstm __pyx_string_tab[104]
-#define __pyx_n_u_lstm_plain __pyx_string_tab[105]
-#define __pyx_n_u_n __pyx_string_tab[106]
-#define __pyx_n_u_np __pyx_string_tab[107]
-#define __pyx_n_u_numpy __pyx_string_tab[108]
-#define __pyx_n_u_o __pyx_string_tab[109]
-#define __pyx_n_u_out __pyx_string_tab[110]
-#define __pyx_n_u_owners __pyx_string_tab[111]
-#define __pyx_n_u_pack __pyx_string_tab[112]
-#define __pyx_n_u_packed __pyx_string_tab[113]
-#define __pyx_n_u_packed2 __pyx_string_tab[114]
-#define __pyx_n_u_packs __pyx_string_tab[115]
-#define __pyx_n_u_param_sizes __pyx_string_tab[116]
-#define __pyx_n_u_params __pyx_string_tab[117]
-#define __pyx_n_u_params2 __pyx_string_tab[118]
-#define __pyx_n_u_per __pyx_string_tab[119]
-#define __pyx_n_u_pop __pyx_string_tab[120]
-#define __pyx_n_u_rc __pyx_string_tab[121]
-#define __pyx_n_u_reverse __pyx_string_tab[122]
-#define __pyx_n_u_rnn_relu __pyx_string_tab[123]
-#define __pyx_n_u_rnn_relu_plain __pyx_string_tab[124]
-#define __pyx_n_u_rnn_tanh __pyx_string_tab[125]
-#define __pyx_n_u_rnn_tanh_plain __pyx_string_tab[126]
-#define __pyx_n_u_rows __pyx_string_tab[127]
-#define __pyx_n_u_run __pyx_string_tab[128]
-#define __pyx_n_u_s __pyx_string_tab[129]
-#define __pyx_n_u_scipy_linalg __pyx_string_tab[130]
-#define __pyx_n_u_self __pyx_string_tab[131]
-#define __pyx_n_u_setdefault __pyx_string_tab[132]
-#define __pyx_n_u_sgemm __pyx_string_tab[133]
-#define __pyx_n_u_shape __pyx_string_tab[134]
-#define __pyx_n_u_sizes __pyx_string_tab[135]
-#define __pyx_n_u_skip __pyx_string_tab[136]
-#define __pyx_n_u_state __pyx_string_tab[137]
-#define __pyx_n_u_table __pyx_string_tab[138]
-#define __pyx_n_u_tn __pyx_string_tab[139]
-#define __pyx_n_u_uint8 __pyx_string_tab[140]
-#define __pyx_n_u_valid __pyx_string_tab[141]
-#define __pyx_n_u_values __pyx_string_tab[142]
-#define __pyx_n_u_w_hh __pyx_string_tab[143]
-#define __pyx_n_u_w_ih __pyx_string_tab[144]
-#define __pyx_n_u_wbf16 __pyx_string_tab[145]
-#define __pyx_n_u_wh __pyx_string_tab[146]
-#define __pyx_n_u_wi __pyx_string_tab[147]
-#define __pyx_n_u_work __pyx_string_tab[148]
-#define __pyx_n_u_work_size __pyx_string_tab[149]
-#define __pyx_n_u_works2 __pyx_string_tab[150]
-#define __pyx_n_u_wt __pyx_string_tab[151]
-#define __pyx_n_u_x __pyx_string_tab[152]
-#define __pyx_n_u_y __pyx_string_tab[153]
-#define __pyx_kp_b_char_const_void_int_fastln_rnn_a __pyx_string_tab[154]
-#define __pyx_kp_b_iso88591_Q __pyx_string_tab[155]
-#define __pyx_kp_b_iso88591_awc_A __pyx_string_tab[156]
-#define __pyx_kp_b_iso88591_q_s_Q __pyx_string_tab[157]
-#define __pyx_kp_b_iso88591_5I_a_1AS_c_Cs_s_ST_s_S_7__AQfCv __pyx_string_tab[158]
-#define __pyx_kp_b_iso88591_MQ_a_U_1_aq_fCs_S_S_q_A_xs_G1D __pyx_string_tab[159]
-#define __pyx_kp_b_iso88591_DE_a_AQc_s_S_5_89TU_T_WF_Q_QavS __pyx_string_tab[160]
-#define __pyx_kp_b_iso88591_6_A_F_aq_vS_5_1_Rr_2S_Bb_3b_V1 __pyx_string_tab[161]
-#define __pyx_kp_b_iso88591_E_a__K_1_s_Bc_2Rs_Ba_j_Kq_c_t5 __pyx_string_tab[162]
-#define __pyx_kp_b_iso88591_BgQ __pyx_string_tab[163]
-#define __pyx_kp_b_iso88591_a_U_1_q_4vS_3c_c_Q_q_D_1D_CzQTT __pyx_string_tab[164]
-#define __pyx_kp_b_iso88591_A_t7_1 __pyx_string_tab[165]
-#define __pyx_kp_b_iso88591_A_aq_3gQ_4uAYa_AQ_M_q_4_2T_4uAS __pyx_string_tab[166]
-#define __pyx_kp_b_iso88591_A_2Rt1_aq_3gQ_AS_E_2T_gQ_AS_E_2T __pyx_string_tab[167]
-#define __pyx_kp_b_iso88591_A_AV1_1_AQ_2S_S_AS_1 __pyx_string_tab[168]
+#define __pyx_kp_u__2 __pyx_string_tab[0]
+#define __pyx_kp_u_ __pyx_string_tab[1]
+#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[2]
+#define __pyx_kp_u_add_note __pyx_string_tab[3]
+#define __pyx_kp_u_disable __pyx_string_tab[4]
+#define __pyx_kp_u_enable __pyx_string_tab[5]
+#define __pyx_kp_u_fastln_rnn__engine_pyx __pyx_string_tab[6]
+#define __pyx_kp_u_fastln_could_not_allocate_scratc __pyx_string_tab[7]
+#define __pyx_kp_u_fastln_invalid_sizes __pyx_string_tab[8]
+#define __pyx_kp_u_gc __pyx_string_tab[9]
+#define __pyx_kp_u_internal_bad_array_for __pyx_string_tab[10]
+#define __pyx_kp_u_internal_bad_array_for_params __pyx_string_tab[11]
+#define __pyx_kp_u_internal_bad_h_table __pyx_string_tab[12]
+#define __pyx_kp_u_internal_bad_layers_for_Step __pyx_string_tab[13]
+#define __pyx_kp_u_internal_bad_parameters_for_Step __pyx_string_tab[14]
+#define __pyx_kp_u_internal_bad_rows __pyx_string_tab[15]
+#define __pyx_kp_u_internal_bad_weights_for__rnn_pa __pyx_string_tab[16]
+#define __pyx_kp_u_internal_bad_x_or_sizes __pyx_string_tab[17]
+#define __pyx_kp_u_internal_wrong_number_of __pyx_string_tab[18]
+#define __pyx_kp_u_internal_wrong_number_of_params __pyx_string_tab[19]
+#define __pyx_kp_u_isenabled __pyx_string_tab[20]
+#define __pyx_kp_u_numpy__core_multiarray_failed_to __pyx_string_tab[21]
+#define __pyx_kp_u_numpy__core_umath_failed_to_impo __pyx_string_tab[22]
+#define __pyx_n_u_B __pyx_string_tab[23]
+#define __pyx_n_u_CELLS __pyx_string_tab[24]
+#define __pyx_n_u_H __pyx_string_tab[25]
+#define __pyx_n_u_I __pyx_string_tab[26]
+#define __pyx_n_u_S __pyx_string_tab[27]
+#define __pyx_n_u_Step __pyx_string_tab[28]
+#define __pyx_n_u_Step_run __pyx_string_tab[29]
+#define __pyx_n_u_Step_table __pyx_string_tab[30]
+#define __pyx_n_u_Step_valid __pyx_string_tab[31]
+#define __pyx_n_u_T __pyx_string_tab[32]
+#define __pyx_n_u_SIZES __pyx_string_tab[33]
+#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[34]
+#define __pyx_n_u_annotate __pyx_string_tab[35]
+#define __pyx_n_u_func __pyx_string_tab[36]
+#define __pyx_n_u_main __pyx_string_tab[37]
+#define __pyx_n_u_module __pyx_string_tab[38]
+#define __pyx_n_u_name __pyx_string_tab[39]
+#define __pyx_n_u_pyx_capi __pyx_string_tab[40]
+#define __pyx_n_u_pyx_vtable __pyx_string_tab[41]
+#define __pyx_n_u_qualname __pyx_string_tab[42]
+#define __pyx_n_u_set_name __pyx_string_tab[43]
+#define __pyx_n_u_test __pyx_string_tab[44]
+#define __pyx_n_u_is_coroutine __pyx_string_tab[45]
+#define __pyx_n_u_plain __pyx_string_tab[46]
+#define __pyx_n_u_a __pyx_string_tab[47]
+#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[48]
+#define __pyx_n_u_backward __pyx_string_tab[49]
+#define __pyx_n_u_backward2 __pyx_string_tab[50]
+#define __pyx_n_u_base __pyx_string_tab[51]
+#define __pyx_n_u_bf16 __pyx_string_tab[52]
+#define __pyx_n_u_bf16_products __pyx_string_tab[53]
+#define __pyx_n_u_buf __pyx_string_tab[54]
+#define __pyx_n_u_c __pyx_string_tab[55]
+#define __pyx_n_u_c2 __pyx_string_tab[56]
+#define __pyx_n_u_c_in __pyx_string_tab[57]
+#define __pyx_n_u_cache __pyx_string_tab[58]
+#define __pyx_n_u_cache_size __pyx_string_tab[59]
+#define __pyx_n_u_caches2 __pyx_string_tab[60]
+#define __pyx_n_u_cell __pyx_string_tab[61]
+#define __pyx_n_u_cline_in_traceback __pyx_string_tab[62]
+#define __pyx_n_u_code __pyx_string_tab[63]
+#define __pyx_n_u_cython_blas __pyx_string_tab[64]
+#define __pyx_n_u_d __pyx_string_tab[65]
+#define __pyx_n_u_dc __pyx_string_tab[66]
+#define __pyx_n_u_dc2 __pyx_string_tab[67]
+#define __pyx_n_u_dgemm __pyx_string_tab[68]
+#define __pyx_n_u_dh __pyx_string_tab[69]
+#define __pyx_n_u_dh2 __pyx_string_tab[70]
+#define __pyx_n_u_dx __pyx_string_tab[71]
+#define __pyx_n_u_dy __pyx_string_tab[72]
+#define __pyx_n_u_empty __pyx_string_tab[73]
+#define __pyx_n_u_eps __pyx_string_tab[74]
+#define __pyx_n_u_fastln_rnn__engine __pyx_string_tab[75]
+#define __pyx_n_u_forward __pyx_string_tab[76]
+#define __pyx_n_u_forward2 __pyx_string_tab[77]
+#define __pyx_n_u_get __pyx_string_tab[78]
+#define __pyx_n_u_grads __pyx_string_tab[79]
+#define __pyx_n_u_grads2 __pyx_string_tab[80]
+#define __pyx_n_u_gru __pyx_string_tab[81]
+#define __pyx_n_u_gru_plain __pyx_string_tab[82]
+#define __pyx_n_u_gru_plain_reset_first __pyx_string_tab[83]
+#define __pyx_n_u_h __pyx_string_tab[84]
+#define __pyx_n_u_h2 __pyx_string_tab[85]
+#define __pyx_n_u_h_in __pyx_string_tab[86]
+#define __pyx_n_u_immutable __pyx_string_tab[87]
+#define __pyx_n_u_items __pyx_string_tab[88]
+#define __pyx_n_u_key __pyx_string_tab[89]
+#define __pyx_n_u_keys __pyx_string_tab[90]
+#define __pyx_n_u_layers __pyx_string_tab[91]
+#define __pyx_n_u_lengths __pyx_string_tab[92]
+#define __pyx_n_u_lstm __pyx_string_tab[93]
+#define __pyx_n_u_lstm_plain __pyx_string_tab[94]
+#define __pyx_n_u_n __pyx_string_tab[95]
+#define __pyx_n_u_np __pyx_string_tab[96]
+#define __pyx_n_u_numpy __pyx_string_tab[97]
+#define __pyx_n_u_o __pyx_string_tab[98]
+#define __pyx_n_u_out __pyx_string_tab[99]
+#define __pyx_n_u_owners __pyx_string_tab[100]
+#define __pyx_n_u_pack __pyx_string_tab[101]
+#define __pyx_n_u_packed __pyx_string_tab[102]
+#define __pyx_n_u_packed2 __pyx_string_tab[103]
+#define __pyx_n_u_packs __pyx_string_tab[104]
+#define __pyx_n_u_param_sizes __pyx_string_tab[105]
+#define __pyx_n_u_params __pyx_string_tab[106]
+#define __pyx_n_u_params2 __pyx_string_tab[107]
+#define __pyx_n_u_per __pyx_string_tab[108]
+#define __pyx_n_u_pop __pyx_string_tab[109]
+#define __pyx_n_u_rc __pyx_string_tab[110]
+#define __pyx_n_u_reverse __pyx_string_tab[111]
+#define __pyx_n_u_rnn_relu __pyx_string_tab[112]
+#define __pyx_n_u_rnn_relu_plain __pyx_string_tab[113]
+#define __pyx_n_u_rnn_tanh __pyx_string_tab[114]
+#define __pyx_n_u_rnn_tanh_plain __pyx_string_tab[115]
+#define __pyx_n_u_rows __pyx_string_tab[116]
+#define __pyx_n_u_run __pyx_string_tab[117]
+#define __pyx_n_u_s __pyx_string_tab[118]
+#define __pyx_n_u_scipy_linalg __pyx_string_tab[119]
+#define __pyx_n_u_self __pyx_string_tab[120]
+#define __pyx_n_u_setdefault __pyx_string_tab[121]
+#define __pyx_n_u_sgemm __pyx_string_tab[122]
+#define __pyx_n_u_shape __pyx_string_tab[123]
+#define __pyx_n_u_sizes __pyx_string_tab[124]
+#define __pyx_n_u_skip __pyx_string_tab[125]
+#define __pyx_n_u_state __pyx_string_tab[126]
+#define __pyx_n_u_table __pyx_string_tab[127]
+#define __pyx_n_u_tn __pyx_string_tab[128]
+#define __pyx_n_u_uint8 __pyx_string_tab[129]
+#define __pyx_n_u_valid __pyx_string_tab[130]
+#define __pyx_n_u_values __pyx_string_tab[131]
+#define __pyx_n_u_w_hh __pyx_string_tab[132]
+#define __pyx_n_u_w_ih __pyx_string_tab[133]
+#define __pyx_n_u_wbf16 __pyx_string_tab[134]
+#define __pyx_n_u_wh __pyx_string_tab[135]
+#define __pyx_n_u_wi __pyx_string_tab[136]
+#define __pyx_n_u_work __pyx_string_tab[137]
+#define __pyx_n_u_work_size __pyx_string_tab[138]
+#define __pyx_n_u_works2 __pyx_string_tab[139]
+#define __pyx_n_u_wt __pyx_string_tab[140]
+#define __pyx_n_u_x __pyx_string_tab[141]
+#define __pyx_n_u_y __pyx_string_tab[142]
+#define __pyx_kp_b_char_const_void_int_fastln_rnn_a __pyx_string_tab[143]
+#define __pyx_kp_b_iso88591_awc_A __pyx_string_tab[144]
+#define __pyx_kp_b_iso88591_q_s_Q __pyx_string_tab[145]
+#define __pyx_kp_b_iso88591_5I_a_1AS_c_Cs_s_ST_s_S_7__AQfCv __pyx_string_tab[146]
+#define __pyx_kp_b_iso88591_MQ_a_U_1_aq_fCs_S_S_q_A_xs_G1D __pyx_string_tab[147]
+#define __pyx_kp_b_iso88591_DE_a_AQc_s_S_5_89TU_T_WF_Q_QavS __pyx_string_tab[148]
+#define __pyx_kp_b_iso88591_6_A_F_aq_vS_5_1_Rr_2S_Bb_3b_V1 __pyx_string_tab[149]
+#define __pyx_kp_b_iso88591_E_a__K_1_s_Bc_2Rs_Ba_j_Kq_c_t5 __pyx_string_tab[150]
+#define __pyx_kp_b_iso88591_BgQ __pyx_string_tab[151]
+#define __pyx_kp_b_iso88591_a_U_1_q_4vS_3c_c_Q_q_D_1D_CzQTT __pyx_string_tab[152]
+#define __pyx_kp_b_iso88591_A_t7_1 __pyx_string_tab[153]
+#define __pyx_kp_b_iso88591_A_aq_3gQ_4uAYa_AQ_M_q_4_2T_4uAS __pyx_string_tab[154]
+#define __pyx_kp_b_iso88591_A_2Rt1_aq_3gQ_AS_E_2T_gQ_AS_E_2T __pyx_string_tab[155]
+#define __pyx_kp_b_iso88591_A_AV1_1_AQ_2S_S_AS_1 __pyx_string_tab[156]
 #define __pyx_int_0 __pyx_number_tab[0]
 #define __pyx_int_1 __pyx_number_tab[1]
 #define __pyx_int_2 __pyx_number_tab[2]
@@ -3766,8 +3738,8 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_items.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
-  for (int i=0; i<15; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<169; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<13; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<157; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<9; ++i) { Py_CLEAR(clear_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
@@ -3812,8 +3784,8 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_items.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
-  for (int i=0; i<15; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<169; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<13; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<157; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<9; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
@@ -6282,7 +6254,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_5_core__arr(PyObject *__pyx_v_a, int __
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":27
+/* "fastln/rnn/_engine.pyx":28
  * 
  * 
  * def bf16_products():             # <<<<<<<<<<<<<<
@@ -6318,7 +6290,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("bf16_products", 0);
 
-  /* "fastln/rnn/_engine.pyx":31
+  /* "fastln/rnn/_engine.pyx":32
  *     "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
  *     kernels' panels)."""
  *     return rnn_bf16_products().decode()             # <<<<<<<<<<<<<<
@@ -6327,11 +6299,11 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
 */
 
   __pyx_t_1 = __pyx_f_6fastln_5_core_rnn_bf16_products();
-  __pyx_t_2 = __Pyx_ssize_strlen(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 31, __pyx_L1_error)
-  __pyx_t_3 = __Pyx_decode_c_string(__pyx_t_1, 0, __pyx_t_2, NULL, NULL, NULL); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 31, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_ssize_strlen(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 32, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_decode_c_string(__pyx_t_1, 0, __pyx_t_2, NULL, NULL, NULL); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 32, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
-  if (!(likely(PyUnicode_CheckExact(__pyx_t_3)) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_3))) __PYX_ERR(0, 31, __pyx_L1_error)
+  if (!(likely(PyUnicode_CheckExact(__pyx_t_3)) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_3))) __PYX_ERR(0, 32, __pyx_L1_error)
   {
     PyObject *__pyx_temp;
     {
@@ -6344,7 +6316,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":27
+  /* "fastln/rnn/_engine.pyx":28
  * 
  * 
  * def bf16_products():             # <<<<<<<<<<<<<<
@@ -6363,7 +6335,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_bf16_products(CYTHON_UNUSED PyOb
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":41
+/* "fastln/rnn/_engine.pyx":42
  * cdef bint _blas_ready = False
  * 
  * cdef int _init_blas() except -1:             # <<<<<<<<<<<<<<
@@ -6390,7 +6362,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_init_blas", 0);
 
-  /* "fastln/rnn/_engine.pyx":44
+  /* "fastln/rnn/_engine.pyx":45
  *     """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
  *     global _blas_ready
  *     if _blas_ready:             # <<<<<<<<<<<<<<
@@ -6399,7 +6371,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   if (__pyx_v_6fastln_3rnn_7_engine__blas_ready) {
 
-    /* "fastln/rnn/_engine.pyx":45
+    /* "fastln/rnn/_engine.pyx":46
  *     global _blas_ready
  *     if _blas_ready:
  *         return 0             # <<<<<<<<<<<<<<
@@ -6412,7 +6384,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
     }
     goto __pyx_L0;
 
-    /* "fastln/rnn/_engine.pyx":44
+    /* "fastln/rnn/_engine.pyx":45
  *     """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
  *     global _blas_ready
  *     if _blas_ready:             # <<<<<<<<<<<<<<
@@ -6421,7 +6393,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":46
+  /* "fastln/rnn/_engine.pyx":47
  *     if _blas_ready:
  *         return 0
  *     from scipy.linalg import cython_blas             # <<<<<<<<<<<<<<
@@ -6430,14 +6402,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_cython_blas};
-    __pyx_t_2 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_scipy_linalg, __pyx_imported_names, 1, NULL, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 46, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_scipy_linalg, __pyx_imported_names, 1, NULL, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 47, __pyx_L1_error)
   }
   __pyx_t_1 = __pyx_t_2;
   __Pyx_GOTREF(__pyx_t_1);
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_cython_blas};
     __pyx_t_3 = 0; {
-      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_1, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 46, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_1, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 47, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       switch (__pyx_t_3) {
         case 0:
@@ -6451,57 +6423,57 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   }
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
 
-  /* "fastln/rnn/_engine.pyx":47
+  /* "fastln/rnn/_engine.pyx":48
  *         return 0
  *     from scipy.linalg import cython_blas
  *     capi = cython_blas.__pyx_capi__             # <<<<<<<<<<<<<<
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
 */
-  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_v_cython_blas, __pyx_mstate_global->__pyx_n_u_pyx_capi); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_v_cython_blas, __pyx_mstate_global->__pyx_n_u_pyx_capi); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 48, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __pyx_v_capi = __pyx_t_1;
   __pyx_t_1 = 0;
 
-  /* "fastln/rnn/_engine.pyx":48
+  /* "fastln/rnn/_engine.pyx":49
  *     from scipy.linalg import cython_blas
  *     capi = cython_blas.__pyx_capi__
  *     s, d = capi["sgemm"], capi["dgemm"]             # <<<<<<<<<<<<<<
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
 */
-  __pyx_t_1 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_sgemm); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 48, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_sgemm); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 49, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_4 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_dgemm); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 48, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_Dict_GetItem(__pyx_v_capi, __pyx_mstate_global->__pyx_n_u_dgemm); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 49, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __pyx_v_s = __pyx_t_1;
   __pyx_t_1 = 0;
   __pyx_v_d = __pyx_t_4;
   __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":49
+  /* "fastln/rnn/_engine.pyx":50
  *     capi = cython_blas.__pyx_capi__
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),             # <<<<<<<<<<<<<<
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
  *     _blas_ready = True
 */
-  __pyx_t_5 = PyCapsule_GetName(__pyx_v_s); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 49, __pyx_L1_error)
-  __pyx_t_6 = PyCapsule_GetPointer(__pyx_v_s, __pyx_t_5); if (unlikely(__pyx_t_6 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 49, __pyx_L1_error)
+  __pyx_t_5 = PyCapsule_GetName(__pyx_v_s); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L1_error)
+  __pyx_t_6 = PyCapsule_GetPointer(__pyx_v_s, __pyx_t_5); if (unlikely(__pyx_t_6 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":50
+  /* "fastln/rnn/_engine.pyx":51
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))             # <<<<<<<<<<<<<<
  *     _blas_ready = True
  *     return 0
 */
-  __pyx_t_5 = PyCapsule_GetName(__pyx_v_d); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L1_error)
-  __pyx_t_7 = PyCapsule_GetPointer(__pyx_v_d, __pyx_t_5); if (unlikely(__pyx_t_7 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L1_error)
+  __pyx_t_5 = PyCapsule_GetName(__pyx_v_d); if (unlikely(__pyx_t_5 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 51, __pyx_L1_error)
+  __pyx_t_7 = PyCapsule_GetPointer(__pyx_v_d, __pyx_t_5); if (unlikely(__pyx_t_7 == ((void *)NULL) && PyErr_Occurred())) __PYX_ERR(0, 51, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":49
+  /* "fastln/rnn/_engine.pyx":50
  *     capi = cython_blas.__pyx_capi__
  *     s, d = capi["sgemm"], capi["dgemm"]
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),             # <<<<<<<<<<<<<<
@@ -6512,7 +6484,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 
 
 
-  /* "fastln/rnn/_engine.pyx":51
+  /* "fastln/rnn/_engine.pyx":52
  *     rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
  *     _blas_ready = True             # <<<<<<<<<<<<<<
@@ -6521,7 +6493,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 */
   __pyx_v_6fastln_3rnn_7_engine__blas_ready = 1;
 
-  /* "fastln/rnn/_engine.pyx":52
+  /* "fastln/rnn/_engine.pyx":53
  *                         <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
  *     _blas_ready = True
  *     return 0             # <<<<<<<<<<<<<<
@@ -6534,7 +6506,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":41
+  /* "fastln/rnn/_engine.pyx":42
  * cdef bint _blas_ready = False
  * 
  * cdef int _init_blas() except -1:             # <<<<<<<<<<<<<<
@@ -6558,7 +6530,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":54
+/* "fastln/rnn/_engine.pyx":55
  *     return 0
  * 
  * cdef int _poll_signals(void *ctx) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -6569,7 +6541,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__init_blas(void) {
 static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx_v_ctx) {
   int __pyx_r;
 
-  /* "fastln/rnn/_engine.pyx":56
+  /* "fastln/rnn/_engine.pyx":57
  * cdef int _poll_signals(void *ctx) noexcept nogil:
  *     """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
  *     with gil:             # <<<<<<<<<<<<<<
@@ -6580,7 +6552,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
       PyGILState_STATE __pyx_gilstate_save = __Pyx_PyGILState_Ensure();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":57
+        /* "fastln/rnn/_engine.pyx":58
  *     """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
  *     with gil:
  *         return PyErr_CheckSignals_raw()             # <<<<<<<<<<<<<<
@@ -6594,7 +6566,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
         goto __pyx_L3_return;
       }
 
-      /* "fastln/rnn/_engine.pyx":56
+      /* "fastln/rnn/_engine.pyx":57
  * cdef int _poll_signals(void *ctx) noexcept nogil:
  *     """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
  *     with gil:             # <<<<<<<<<<<<<<
@@ -6609,7 +6581,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":54
+  /* "fastln/rnn/_engine.pyx":55
  *     return 0
  * 
  * cdef int _poll_signals(void *ctx) noexcept nogil:             # <<<<<<<<<<<<<<
@@ -6622,7 +6594,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":59
+/* "fastln/rnn/_engine.pyx":60
  *         return PyErr_CheckSignals_raw()
  * 
  * cdef int _pending() except -1:             # <<<<<<<<<<<<<<
@@ -6633,7 +6605,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__poll_signals(CYTHON_UNUSED void *__pyx
 static int __pyx_f_6fastln_3rnn_7_engine__pending(void) {
   int __pyx_r;
 
-  /* "fastln/rnn/_engine.pyx":60
+  /* "fastln/rnn/_engine.pyx":61
  * 
  * cdef int _pending() except -1:
  *     return -1   # re-raises the exception _poll_signals left set             # <<<<<<<<<<<<<<
@@ -6646,7 +6618,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__pending(void) {
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":59
+  /* "fastln/rnn/_engine.pyx":60
  *         return PyErr_CheckSignals_raw()
  * 
  * cdef int _pending() except -1:             # <<<<<<<<<<<<<<
@@ -6660,7 +6632,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__pending(void) {
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":69
+/* "fastln/rnn/_engine.pyx":70
  * _SIZES = {}
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):             # <<<<<<<<<<<<<<
@@ -6710,46 +6682,46 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 69, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 70, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 69, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 70, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 69, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 70, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 69, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 70, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "param_sizes", 0) < (0)) __PYX_ERR(0, 69, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "param_sizes", 0) < (0)) __PYX_ERR(0, 70, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, i); __PYX_ERR(0, 69, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, i); __PYX_ERR(0, 70, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 3)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 69, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 70, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 69, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 70, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 69, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 70, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 69, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 69, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 70, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 70, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 69, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("param_sizes", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 70, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -6760,7 +6732,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 69, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 70, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_2param_sizes(__pyx_self, __pyx_v_cell, __pyx_v_I, __pyx_v_H);
 
   /* function exit code */
@@ -6800,32 +6772,32 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("param_sizes", 0);
 
-  /* "fastln/rnn/_engine.pyx":71
+  /* "fastln/rnn/_engine.pyx":72
  * def param_sizes(str cell, int64_t I, int64_t H):
  *     """Element counts of one layer's parameters, in fastln_rnn.h order."""
  *     key = (cell, I, H)             # <<<<<<<<<<<<<<
  *     sizes = _SIZES.get(key)
  *     if sizes is None:
 */
-  __pyx_t_1 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 71, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 72, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 71, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 72, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_3 = PyTuple_New(3); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 71, __pyx_L1_error)
+  __pyx_t_3 = PyTuple_New(3); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 72, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_INCREF(__pyx_v_cell);
   __Pyx_GIVEREF(__pyx_v_cell);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_v_cell) != (0)) __PYX_ERR(0, 71, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_v_cell) != (0)) __PYX_ERR(0, 72, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_1);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_1) != (0)) __PYX_ERR(0, 71, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_t_1) != (0)) __PYX_ERR(0, 72, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_2);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 71, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 72, __pyx_L1_error);
   __pyx_t_1 = 0;
   __pyx_t_2 = 0;
   __pyx_v_key = ((PyObject*)__pyx_t_3);
   __pyx_t_3 = 0;
 
-  /* "fastln/rnn/_engine.pyx":72
+  /* "fastln/rnn/_engine.pyx":73
  *     """Element counts of one layer's parameters, in fastln_rnn.h order."""
  *     key = (cell, I, H)
  *     sizes = _SIZES.get(key)             # <<<<<<<<<<<<<<
@@ -6833,9 +6805,9 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
  *         if cell == "lstm":
 */
   __pyx_t_2 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 72, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 73, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_get); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 72, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_get); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 73, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __pyx_t_5 = 1;
@@ -6855,13 +6827,13 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
     __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 72, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 73, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
   __pyx_v_sizes = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "fastln/rnn/_engine.pyx":73
+  /* "fastln/rnn/_engine.pyx":74
  *     key = (cell, I, H)
  *     sizes = _SIZES.get(key)
  *     if sizes is None:             # <<<<<<<<<<<<<<
@@ -6872,72 +6844,72 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   if (__pyx_t_6) {
 
 
-    /* "fastln/rnn/_engine.pyx":74
+    /* "fastln/rnn/_engine.pyx":75
  *     sizes = _SIZES.get(key)
  *     if sizes is None:
  *         if cell == "lstm":             # <<<<<<<<<<<<<<
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":
 */
-    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 74, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 75, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":75
+      /* "fastln/rnn/_engine.pyx":76
  *     if sizes is None:
  *         if cell == "lstm":
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2             # <<<<<<<<<<<<<<
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
 */
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_2 = PyTuple_New(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_2 = PyTuple_New(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 76, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 76, __pyx_L1_error);
       __pyx_t_3 = 0;
       __pyx_t_4 = 0;
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_3 = PyTuple_New(1 * 5); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = PyTuple_New(1 * 5); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 5; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_4);
           __Pyx_GIVEREF(__pyx_t_4);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_4) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_4) != (0)) __PYX_ERR(0, 76, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      __pyx_t_4 = PyNumber_Add(__pyx_t_2, __pyx_t_3); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_4 = PyNumber_Add(__pyx_t_2, __pyx_t_3); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_2 = PyTuple_New(1 * 2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_2 = PyTuple_New(1 * 2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 2; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_3);
           __Pyx_GIVEREF(__pyx_t_3);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 75, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 76, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = PyNumber_Add(__pyx_t_4, __pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+      __pyx_t_3 = PyNumber_Add(__pyx_t_4, __pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 76, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_3);
       __pyx_t_3 = 0;
 
-      /* "fastln/rnn/_engine.pyx":74
+      /* "fastln/rnn/_engine.pyx":75
  *     sizes = _SIZES.get(key)
  *     if sizes is None:
  *         if cell == "lstm":             # <<<<<<<<<<<<<<
@@ -6947,72 +6919,72 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":76
+    /* "fastln/rnn/_engine.pyx":77
  *         if cell == "lstm":
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":             # <<<<<<<<<<<<<<
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":
 */
-    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 76, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 77, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":77
+      /* "fastln/rnn/_engine.pyx":78
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4             # <<<<<<<<<<<<<<
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
 */
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_4 = PyTuple_New(2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_4 = PyTuple_New(2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 78, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 78, __pyx_L1_error);
       __pyx_t_3 = 0;
       __pyx_t_2 = 0;
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t((2 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t((2 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_3 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_3 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 4; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_2);
           __Pyx_GIVEREF(__pyx_t_2);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_2) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, __pyx_temp, __pyx_t_2) != (0)) __PYX_ERR(0, 78, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-      __pyx_t_2 = PyNumber_Add(__pyx_t_4, __pyx_t_3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_2 = PyNumber_Add(__pyx_t_4, __pyx_t_3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_4 = PyTuple_New(1 * 4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
       { Py_ssize_t __pyx_temp;
         for (__pyx_temp=0; __pyx_temp < 4; __pyx_temp++) {
           __Pyx_INCREF(__pyx_t_3);
           __Pyx_GIVEREF(__pyx_t_3);
-          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 77, __pyx_L1_error);
+          if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, __pyx_temp, __pyx_t_3) != (0)) __PYX_ERR(0, 78, __pyx_L1_error);
         }
       }
       __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-      __pyx_t_3 = PyNumber_Add(__pyx_t_2, __pyx_t_4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
+      __pyx_t_3 = PyNumber_Add(__pyx_t_2, __pyx_t_4); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
       __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_3);
       __pyx_t_3 = 0;
 
-      /* "fastln/rnn/_engine.pyx":76
+      /* "fastln/rnn/_engine.pyx":77
  *         if cell == "lstm":
  *             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
  *         elif cell == "gru":             # <<<<<<<<<<<<<<
@@ -7022,45 +6994,45 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":78
+    /* "fastln/rnn/_engine.pyx":79
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":             # <<<<<<<<<<<<<<
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):
 */
-    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm_plain, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 78, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_CompareBoolEq_str_str(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm_plain, Py_EQ); if (unlikely((__pyx_t_6 < 0))) __PYX_ERR(0, 79, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":79
+      /* "fastln/rnn/_engine.pyx":80
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)             # <<<<<<<<<<<<<<
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
 */
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 80, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t(((4 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 80, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t((4 * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 80, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_1 = PyTuple_New(3); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
+      __pyx_t_1 = PyTuple_New(3); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 80, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_3) != (0)) __PYX_ERR(0, 80, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 80, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 79, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_2) != (0)) __PYX_ERR(0, 80, __pyx_L1_error);
       __pyx_t_3 = 0;
       __pyx_t_4 = 0;
       __pyx_t_2 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_1);
       __pyx_t_1 = 0;
 
-      /* "fastln/rnn/_engine.pyx":78
+      /* "fastln/rnn/_engine.pyx":79
  *         elif cell == "gru":
  *             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
  *         elif cell == "lstm_plain":             # <<<<<<<<<<<<<<
@@ -7070,7 +7042,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":80
+    /* "fastln/rnn/_engine.pyx":81
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):             # <<<<<<<<<<<<<<
@@ -7079,37 +7051,37 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
     if (unlikely(__pyx_v_cell == Py_None)) {
       PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
-      __PYX_ERR(0, 80, __pyx_L1_error)
+      __PYX_ERR(0, 81, __pyx_L1_error)
     }
-    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru_plain, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 80, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_gru_plain, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 81, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":81
+      /* "fastln/rnn/_engine.pyx":82
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)             # <<<<<<<<<<<<<<
  *         elif cell.endswith("_plain"):
  *             sizes = (H * I, H * H, H)
 */
-      __pyx_t_1 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_1 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_I)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 82, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t(((3 * __pyx_v_H) * __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 82, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t((3 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t((3 * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 82, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 82, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_7 = PyTuple_New(4); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 81, __pyx_L1_error)
+      __pyx_t_7 = PyTuple_New(4); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 82, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __Pyx_GIVEREF(__pyx_t_1);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 0, __pyx_t_1) != (0)) __PYX_ERR(0, 82, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 82, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 82, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 3, __pyx_t_3) != (0)) __PYX_ERR(0, 81, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 3, __pyx_t_3) != (0)) __PYX_ERR(0, 82, __pyx_L1_error);
       __pyx_t_1 = 0;
       __pyx_t_2 = 0;
       __pyx_t_4 = 0;
@@ -7117,7 +7089,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_7);
       __pyx_t_7 = 0;
 
-      /* "fastln/rnn/_engine.pyx":80
+      /* "fastln/rnn/_engine.pyx":81
  *         elif cell == "lstm_plain":
  *             sizes = (4 * H * I, 4 * H * H, 4 * H)
  *         elif cell.startswith("gru_plain"):             # <<<<<<<<<<<<<<
@@ -7127,7 +7099,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":82
+    /* "fastln/rnn/_engine.pyx":83
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
  *         elif cell.endswith("_plain"):             # <<<<<<<<<<<<<<
@@ -7136,40 +7108,40 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
     if (unlikely(__pyx_v_cell == Py_None)) {
       PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "endswith");
-      __PYX_ERR(0, 82, __pyx_L1_error)
+      __PYX_ERR(0, 83, __pyx_L1_error)
     }
-    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_plain, 0, PY_SSIZE_T_MAX, 1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 82, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_plain, 0, PY_SSIZE_T_MAX, 1); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 83, __pyx_L1_error)
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":83
+      /* "fastln/rnn/_engine.pyx":84
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
  *         elif cell.endswith("_plain"):
  *             sizes = (H * I, H * H, H)             # <<<<<<<<<<<<<<
  *         else:
  *             sizes = (H * I, H * H, H, H)
 */
-      __pyx_t_7 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 84, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 84, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 84, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_2 = PyTuple_New(3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 83, __pyx_L1_error)
+      __pyx_t_2 = PyTuple_New(3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 84, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
       __Pyx_GIVEREF(__pyx_t_7);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_7) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 0, __pyx_t_7) != (0)) __PYX_ERR(0, 84, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 84, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_2, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 84, __pyx_L1_error);
       __pyx_t_7 = 0;
       __pyx_t_3 = 0;
       __pyx_t_4 = 0;
       __Pyx_DECREF_SET(__pyx_v_sizes, __pyx_t_2);
       __pyx_t_2 = 0;
 
-      /* "fastln/rnn/_engine.pyx":82
+      /* "fastln/rnn/_engine.pyx":83
  *         elif cell.startswith("gru_plain"):
  *             sizes = (3 * H * I, 3 * H * H, 3 * H, H)
  *         elif cell.endswith("_plain"):             # <<<<<<<<<<<<<<
@@ -7179,7 +7151,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
       goto __pyx_L4;
     }
 
-    /* "fastln/rnn/_engine.pyx":85
+    /* "fastln/rnn/_engine.pyx":86
  *             sizes = (H * I, H * H, H)
  *         else:
  *             sizes = (H * I, H * H, H, H)             # <<<<<<<<<<<<<<
@@ -7187,24 +7159,24 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
  *             _SIZES[key] = sizes
 */
     /*else*/ {
-      __pyx_t_2 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 85, __pyx_L1_error)
+      __pyx_t_2 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_I)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 86, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
-      __pyx_t_4 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 85, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_int64_t((__pyx_v_H * __pyx_v_H)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 86, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 85, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 86, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 85, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 86, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
-      __pyx_t_1 = PyTuple_New(4); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 85, __pyx_L1_error)
+      __pyx_t_1 = PyTuple_New(4); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 86, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
       __Pyx_GIVEREF(__pyx_t_2);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 86, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_4);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 86, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_3);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_3) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_t_3) != (0)) __PYX_ERR(0, 86, __pyx_L1_error);
       __Pyx_GIVEREF(__pyx_t_7);
-      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 3, __pyx_t_7) != (0)) __PYX_ERR(0, 85, __pyx_L1_error);
+      if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 3, __pyx_t_7) != (0)) __PYX_ERR(0, 86, __pyx_L1_error);
       __pyx_t_2 = 0;
       __pyx_t_4 = 0;
       __pyx_t_3 = 0;
@@ -7214,16 +7186,16 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
     }
     __pyx_L4:;
 
-    /* "fastln/rnn/_engine.pyx":86
+    /* "fastln/rnn/_engine.pyx":87
  *         else:
  *             sizes = (H * I, H * H, H, H)
  *         if len(_SIZES) < 64:             # <<<<<<<<<<<<<<
  *             _SIZES[key] = sizes
  *     return sizes
 */
-    __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 86, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 87, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
-    __pyx_t_8 = PyObject_Length(__pyx_t_1); if (unlikely(__pyx_t_8 == ((Py_ssize_t)-1))) __PYX_ERR(0, 86, __pyx_L1_error)
+    __pyx_t_8 = PyObject_Length(__pyx_t_1); if (unlikely(__pyx_t_8 == ((Py_ssize_t)-1))) __PYX_ERR(0, 87, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
     __pyx_t_6 = (__pyx_t_8 < 64);
 
@@ -7231,19 +7203,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":87
+      /* "fastln/rnn/_engine.pyx":88
  *             sizes = (H * I, H * H, H, H)
  *         if len(_SIZES) < 64:
  *             _SIZES[key] = sizes             # <<<<<<<<<<<<<<
  *     return sizes
  * 
 */
-      __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 87, __pyx_L1_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_SIZES); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 88, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
-      if (unlikely((PyObject_SetItem(__pyx_t_1, __pyx_v_key, __pyx_v_sizes) < 0))) __PYX_ERR(0, 87, __pyx_L1_error)
+      if (unlikely((PyObject_SetItem(__pyx_t_1, __pyx_v_key, __pyx_v_sizes) < 0))) __PYX_ERR(0, 88, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
 
-      /* "fastln/rnn/_engine.pyx":86
+      /* "fastln/rnn/_engine.pyx":87
  *         else:
  *             sizes = (H * I, H * H, H, H)
  *         if len(_SIZES) < 64:             # <<<<<<<<<<<<<<
@@ -7252,7 +7224,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":73
+    /* "fastln/rnn/_engine.pyx":74
  *     key = (cell, I, H)
  *     sizes = _SIZES.get(key)
  *     if sizes is None:             # <<<<<<<<<<<<<<
@@ -7261,7 +7233,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":88
+  /* "fastln/rnn/_engine.pyx":89
  *         if len(_SIZES) < 64:
  *             _SIZES[key] = sizes
  *     return sizes             # <<<<<<<<<<<<<<
@@ -7279,7 +7251,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":69
+  /* "fastln/rnn/_engine.pyx":70
  * _SIZES = {}
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):             # <<<<<<<<<<<<<<
@@ -7304,7 +7276,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_2param_sizes(CYTHON_UNUSED PyObj
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":90
+/* "fastln/rnn/_engine.pyx":91
  *     return sizes
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7355,53 +7327,53 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_H,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 90, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 91, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 90, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 91, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 90, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 91, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 90, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 91, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 90, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 91, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "cache_size", 0) < (0)) __PYX_ERR(0, 90, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "cache_size", 0) < (0)) __PYX_ERR(0, 91, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, i); __PYX_ERR(0, 90, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, i); __PYX_ERR(0, 91, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 4)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 90, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 91, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 90, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 91, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 90, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 91, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 90, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 91, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 90, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 90, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 90, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 90, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("cache_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 91, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -7412,7 +7384,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 90, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 91, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4cache_size(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_H);
 
   /* function exit code */
@@ -7446,21 +7418,21 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4cache_size(CYTHON_UNUSED PyObje
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("cache_size", 0);
 
-  /* "fastln/rnn/_engine.pyx":91
+  /* "fastln/rnn/_engine.pyx":92
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):
  *     return rnn_cache_size(CELLS[cell], T, B, H)             # <<<<<<<<<<<<<<
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 91, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 91, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 91, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_cache_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 91, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_cache_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -7474,7 +7446,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4cache_size(CYTHON_UNUSED PyObje
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":90
+  /* "fastln/rnn/_engine.pyx":91
  *     return sizes
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7494,7 +7466,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4cache_size(CYTHON_UNUSED PyObje
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":93
+/* "fastln/rnn/_engine.pyx":94
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7545,53 +7517,53 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_H,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 93, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 94, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 93, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 94, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 93, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 94, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 93, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 94, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 93, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 94, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "work_size", 0) < (0)) __PYX_ERR(0, 93, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "work_size", 0) < (0)) __PYX_ERR(0, 94, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, i); __PYX_ERR(0, 93, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, i); __PYX_ERR(0, 94, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 4)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 93, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 94, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 93, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 94, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 93, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 94, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 93, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 94, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 93, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 93, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 93, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 94, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 94, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 94, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 93, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("work_size", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 94, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -7602,7 +7574,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 93, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 94, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_6work_size(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_H);
 
   /* function exit code */
@@ -7636,21 +7608,21 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_6work_size(CYTHON_UNUSED PyObjec
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("work_size", 0);
 
-  /* "fastln/rnn/_engine.pyx":94
+  /* "fastln/rnn/_engine.pyx":95
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):
  *     return rnn_work_size(CELLS[cell], T, B, H)             # <<<<<<<<<<<<<<
  * 
  * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 94, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 95, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 94, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 95, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 94, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 95, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_work_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 94, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_f_6fastln_5_core_rnn_work_size(__pyx_t_3, __pyx_v_T, __pyx_v_B, __pyx_v_H)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 95, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -7664,7 +7636,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_6work_size(CYTHON_UNUSED PyObjec
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":93
+  /* "fastln/rnn/_engine.pyx":94
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
@@ -7684,7 +7656,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_6work_size(CYTHON_UNUSED PyObjec
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":96
+/* "fastln/rnn/_engine.pyx":97
  *     return rnn_work_size(CELLS[cell], T, B, H)
  * 
  * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:             # <<<<<<<<<<<<<<
@@ -7711,15 +7683,15 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_arr_list", 0);
 
-  /* "fastln/rnn/_engine.pyx":98
+  /* "fastln/rnn/_engine.pyx":99
  * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
  *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
  *     if len(arrays) != len(sizes):             # <<<<<<<<<<<<<<
  *         raise ValueError("internal: wrong number of " + what)
  *     for k in range(len(sizes)):
 */
-  __pyx_t_1 = PyObject_Length(__pyx_v_arrays); if (unlikely(__pyx_t_1 == ((Py_ssize_t)-1))) __PYX_ERR(0, 98, __pyx_L1_error)
-  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 98, __pyx_L1_error)
+  __pyx_t_1 = PyObject_Length(__pyx_v_arrays); if (unlikely(__pyx_t_1 == ((Py_ssize_t)-1))) __PYX_ERR(0, 99, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 99, __pyx_L1_error)
   __pyx_t_3 = (__pyx_t_1 != __pyx_t_2);
 
 
@@ -7727,7 +7699,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
   if (unlikely(__pyx_t_3)) {
 
 
-    /* "fastln/rnn/_engine.pyx":99
+    /* "fastln/rnn/_engine.pyx":100
  *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
  *     if len(arrays) != len(sizes):
  *         raise ValueError("internal: wrong number of " + what)             # <<<<<<<<<<<<<<
@@ -7735,7 +7707,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
  *         _arr(arrays[k], tn, sizes[k], writable, what)
 */
     __pyx_t_5 = NULL;
-    __pyx_t_6 = __Pyx_PyUnicode_ConcatSafe(__pyx_mstate_global->__pyx_kp_u_internal_wrong_number_of, __pyx_v_what); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 99, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_ConcatSafe(__pyx_mstate_global->__pyx_kp_u_internal_wrong_number_of, __pyx_v_what); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 100, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
     __pyx_t_7 = 1;
     {
@@ -7743,14 +7715,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
       __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
       __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 99, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 100, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     __Pyx_Raise(__pyx_t_4, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __PYX_ERR(0, 99, __pyx_L1_error)
+    __PYX_ERR(0, 100, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":98
+    /* "fastln/rnn/_engine.pyx":99
  * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:
  *     """dst[k] = the data of arrays[k], each checked against sizes[k]."""
  *     if len(arrays) != len(sizes):             # <<<<<<<<<<<<<<
@@ -7759,45 +7731,45 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":100
+  /* "fastln/rnn/_engine.pyx":101
  *     if len(arrays) != len(sizes):
  *         raise ValueError("internal: wrong number of " + what)
  *     for k in range(len(sizes)):             # <<<<<<<<<<<<<<
  *         _arr(arrays[k], tn, sizes[k], writable, what)
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
 */
-  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 100, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 101, __pyx_L1_error)
   __pyx_t_1 = __pyx_t_2;
 
   for (__pyx_t_8 = 0; __pyx_t_8 < __pyx_t_1; __pyx_t_8+=1) {
     __pyx_v_k = __pyx_t_8;
 
-    /* "fastln/rnn/_engine.pyx":101
+    /* "fastln/rnn/_engine.pyx":102
  *         raise ValueError("internal: wrong number of " + what)
  *     for k in range(len(sizes)):
  *         _arr(arrays[k], tn, sizes[k], writable, what)             # <<<<<<<<<<<<<<
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
  *     return 0
 */
-    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_arrays, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 101, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_arrays, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 102, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_6 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 101, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 102, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
-    __pyx_t_9 = __Pyx_PyLong_As_int64_t(__pyx_t_6); if (unlikely((__pyx_t_9 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 101, __pyx_L1_error)
+    __pyx_t_9 = __Pyx_PyLong_As_int64_t(__pyx_t_6); if (unlikely((__pyx_t_9 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 102, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-    __pyx_t_10 = __pyx_f_6fastln_5_core__arr(__pyx_t_4, __pyx_v_tn, __pyx_t_9, __pyx_v_writable, __pyx_v_what); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 101, __pyx_L1_error)
+    __pyx_t_10 = __pyx_f_6fastln_5_core__arr(__pyx_t_4, __pyx_v_tn, __pyx_t_9, __pyx_v_writable, __pyx_v_what); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 102, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
 
 
-    /* "fastln/rnn/_engine.pyx":102
+    /* "fastln/rnn/_engine.pyx":103
  *     for k in range(len(sizes)):
  *         _arr(arrays[k], tn, sizes[k], writable, what)
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])             # <<<<<<<<<<<<<<
  *     return 0
  * 
 */
-    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_arrays, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 102, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_arrays, __pyx_v_k, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 103, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
     (__pyx_v_dst[__pyx_v_k]) = PyArray_DATA(((PyArrayObject *)__pyx_t_4));
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
@@ -7805,7 +7777,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
 
 
 
-  /* "fastln/rnn/_engine.pyx":103
+  /* "fastln/rnn/_engine.pyx":104
  *         _arr(arrays[k], tn, sizes[k], writable, what)
  *         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
  *     return 0             # <<<<<<<<<<<<<<
@@ -7818,7 +7790,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":96
+  /* "fastln/rnn/_engine.pyx":97
  *     return rnn_work_size(CELLS[cell], T, B, H)
  * 
  * cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) except -1:             # <<<<<<<<<<<<<<
@@ -7840,7 +7812,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__arr_list(void **__pyx_v_dst, PyObject 
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":105
+/* "fastln/rnn/_engine.pyx":106
  *     return 0
  * 
  * cdef int _params(fastln_rnn_args *a, params, int tn, sizes, bint wbf16) except -1:             # <<<<<<<<<<<<<<
@@ -7869,15 +7841,15 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_params", 0);
 
-  /* "fastln/rnn/_engine.pyx":109
+  /* "fastln/rnn/_engine.pyx":110
  *     W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
  *     they may be Fortran-ordered: then they go as transposed (a.transposed)."""
  *     if len(params) != len(sizes):             # <<<<<<<<<<<<<<
  *         raise ValueError("internal: wrong number of params")
  *     cdef int k
 */
-  __pyx_t_1 = PyObject_Length(__pyx_v_params); if (unlikely(__pyx_t_1 == ((Py_ssize_t)-1))) __PYX_ERR(0, 109, __pyx_L1_error)
-  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 109, __pyx_L1_error)
+  __pyx_t_1 = PyObject_Length(__pyx_v_params); if (unlikely(__pyx_t_1 == ((Py_ssize_t)-1))) __PYX_ERR(0, 110, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 110, __pyx_L1_error)
   __pyx_t_3 = (__pyx_t_1 != __pyx_t_2);
 
 
@@ -7885,7 +7857,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
   if (unlikely(__pyx_t_3)) {
 
 
-    /* "fastln/rnn/_engine.pyx":110
+    /* "fastln/rnn/_engine.pyx":111
  *     they may be Fortran-ordered: then they go as transposed (a.transposed)."""
  *     if len(params) != len(sizes):
  *         raise ValueError("internal: wrong number of params")             # <<<<<<<<<<<<<<
@@ -7898,14 +7870,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
       PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_internal_wrong_number_of_params};
       __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 110, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 111, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     __Pyx_Raise(__pyx_t_4, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __PYX_ERR(0, 110, __pyx_L1_error)
+    __PYX_ERR(0, 111, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":109
+    /* "fastln/rnn/_engine.pyx":110
  *     W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
  *     they may be Fortran-ordered: then they go as transposed (a.transposed)."""
  *     if len(params) != len(sizes):             # <<<<<<<<<<<<<<
@@ -7914,32 +7886,32 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":112
+  /* "fastln/rnn/_engine.pyx":113
  *         raise ValueError("internal: wrong number of params")
  *     cdef int k
  *     for k in range(len(sizes)):             # <<<<<<<<<<<<<<
  *         p = params[k]
  *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
 */
-  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 112, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_sizes); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 113, __pyx_L1_error)
   __pyx_t_1 = __pyx_t_2;
 
   for (__pyx_t_7 = 0; __pyx_t_7 < __pyx_t_1; __pyx_t_7+=1) {
     __pyx_v_k = __pyx_t_7;
 
-    /* "fastln/rnn/_engine.pyx":113
+    /* "fastln/rnn/_engine.pyx":114
  *     cdef int k
  *     for k in range(len(sizes)):
  *         p = params[k]             # <<<<<<<<<<<<<<
  *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
  *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
 */
-    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_params, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 113, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_params, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 114, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
     __Pyx_XDECREF_SET(__pyx_v_p, __pyx_t_4);
     __pyx_t_4 = 0;
 
-    /* "fastln/rnn/_engine.pyx":114
+    /* "fastln/rnn/_engine.pyx":115
  *     for k in range(len(sizes)):
  *         p = params[k]
  *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):             # <<<<<<<<<<<<<<
@@ -7985,24 +7957,24 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
     if (__pyx_t_3) {
 
 
-      /* "fastln/rnn/_engine.pyx":115
+      /* "fastln/rnn/_engine.pyx":116
  *         p = params[k]
  *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
  *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:             # <<<<<<<<<<<<<<
  *                 raise ValueError("internal: bad array for params")
  *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
 */
-      __pyx_t_4 = __Pyx_PyLong_From_npy_intp(PyArray_SIZE(((PyArrayObject *)__pyx_v_p))); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 115, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_PyLong_From_npy_intp(PyArray_SIZE(((PyArrayObject *)__pyx_v_p))); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 116, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 115, __pyx_L1_error)
+      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 116, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_5);
-      __pyx_t_3 = __Pyx_PyObject_CompareBoolNe_int_object(__pyx_t_4, __pyx_t_5, Py_NE); if (unlikely((__pyx_t_3 < 0))) __PYX_ERR(0, 115, __pyx_L1_error)
+      __pyx_t_3 = __Pyx_PyObject_CompareBoolNe_int_object(__pyx_t_4, __pyx_t_5, Py_NE); if (unlikely((__pyx_t_3 < 0))) __PYX_ERR(0, 116, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
       if (unlikely(__pyx_t_3)) {
 
 
-        /* "fastln/rnn/_engine.pyx":116
+        /* "fastln/rnn/_engine.pyx":117
  *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
  *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
  *                 raise ValueError("internal: bad array for params")             # <<<<<<<<<<<<<<
@@ -8015,14 +7987,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
           PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_mstate_global->__pyx_kp_u_internal_bad_array_for_params};
           __pyx_t_5 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
           __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-          if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 116, __pyx_L1_error)
+          if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 117, __pyx_L1_error)
           __Pyx_GOTREF(__pyx_t_5);
         }
         __Pyx_Raise(__pyx_t_5, 0, 0, 0);
         __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-        __PYX_ERR(0, 116, __pyx_L1_error)
+        __PYX_ERR(0, 117, __pyx_L1_error)
 
-        /* "fastln/rnn/_engine.pyx":115
+        /* "fastln/rnn/_engine.pyx":116
  *         p = params[k]
  *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
  *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:             # <<<<<<<<<<<<<<
@@ -8031,7 +8003,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
 */
       }
 
-      /* "fastln/rnn/_engine.pyx":117
+      /* "fastln/rnn/_engine.pyx":118
  *             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
  *                 raise ValueError("internal: bad array for params")
  *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T             # <<<<<<<<<<<<<<
@@ -8051,7 +8023,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
       __pyx_v_a->transposed = (__pyx_v_a->transposed | __pyx_t_9);
 
 
-      /* "fastln/rnn/_engine.pyx":114
+      /* "fastln/rnn/_engine.pyx":115
  *     for k in range(len(sizes)):
  *         p = params[k]
  *         if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):             # <<<<<<<<<<<<<<
@@ -8061,7 +8033,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
       goto __pyx_L6;
     }
 
-    /* "fastln/rnn/_engine.pyx":119
+    /* "fastln/rnn/_engine.pyx":120
  *             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
  *         else:
  *             _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")             # <<<<<<<<<<<<<<
@@ -8090,18 +8062,18 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
         __pyx_t_9 = __pyx_v_tn;
       }
 
-      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 119, __pyx_L1_error)
+      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_sizes, __pyx_v_k, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 120, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_5);
-      __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_5); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 119, __pyx_L1_error)
+      __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_5); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 120, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-      __pyx_t_11 = __pyx_f_6fastln_5_core__arr(__pyx_v_p, __pyx_t_9, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_params); if (unlikely(__pyx_t_11 == ((int)-1))) __PYX_ERR(0, 119, __pyx_L1_error)
+      __pyx_t_11 = __pyx_f_6fastln_5_core__arr(__pyx_v_p, __pyx_t_9, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_params); if (unlikely(__pyx_t_11 == ((int)-1))) __PYX_ERR(0, 120, __pyx_L1_error)
 
 
 
     }
     __pyx_L6:;
 
-    /* "fastln/rnn/_engine.pyx":120
+    /* "fastln/rnn/_engine.pyx":121
  *         else:
  *             _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")
  *         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)             # <<<<<<<<<<<<<<
@@ -8113,7 +8085,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
 
 
 
-  /* "fastln/rnn/_engine.pyx":121
+  /* "fastln/rnn/_engine.pyx":122
  *             _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")
  *         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)
  *     return 0             # <<<<<<<<<<<<<<
@@ -8126,7 +8098,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":105
+  /* "fastln/rnn/_engine.pyx":106
  *     return 0
  * 
  * cdef int _params(fastln_rnn_args *a, params, int tn, sizes, bint wbf16) except -1:             # <<<<<<<<<<<<<<
@@ -8148,7 +8120,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__params(fastln_rnn_args *__pyx_v_a, PyO
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":123
+/* "fastln/rnn/_engine.pyx":124
  *     return 0
  * 
  * cdef inline bint _fortran(object a, int tn) noexcept:             # <<<<<<<<<<<<<<
@@ -8161,7 +8133,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_
   int __pyx_t_1;
   int __pyx_t_2;
 
-  /* "fastln/rnn/_engine.pyx":125
+  /* "fastln/rnn/_engine.pyx":126
  * cdef inline bint _fortran(object a, int tn) noexcept:
  *     """a is an aligned, Fortran-contiguous, native-order 2-D ndarray of type number tn."""
  *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2             # <<<<<<<<<<<<<<
@@ -8178,7 +8150,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":126
+  /* "fastln/rnn/_engine.pyx":127
  *     """a is an aligned, Fortran-contiguous, native-order 2-D ndarray of type number tn."""
  *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2
  *             and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn             # <<<<<<<<<<<<<<
@@ -8196,7 +8168,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":127
+  /* "fastln/rnn/_engine.pyx":128
  *     return (type(a) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2
  *             and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
  *             and cnp.PyArray_ISFARRAY_RO(<cnp.ndarray>a)             # <<<<<<<<<<<<<<
@@ -8214,7 +8186,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":128
+  /* "fastln/rnn/_engine.pyx":129
  *             and cnp.PyArray_TYPE(<cnp.ndarray>a) == tn
  *             and cnp.PyArray_ISFARRAY_RO(<cnp.ndarray>a)
  *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))             # <<<<<<<<<<<<<<
@@ -8242,7 +8214,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":123
+  /* "fastln/rnn/_engine.pyx":124
  *     return 0
  * 
  * cdef inline bint _fortran(object a, int tn) noexcept:             # <<<<<<<<<<<<<<
@@ -8256,7 +8228,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":130
+/* "fastln/rnn/_engine.pyx":131
  *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
  * 
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -8266,7 +8238,7 @@ static CYTHON_INLINE int __pyx_f_6fastln_3rnn_7_engine__fortran(PyObject *__pyx_
 
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, PyObject *__pyx_v_cell, int64_t __pyx_v_T, int64_t __pyx_v_B, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_x, PyObject *__pyx_v_params, PyObject *__pyx_v_lengths, PyObject *__pyx_v_cache, int __pyx_v_cache_required, struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_setup *__pyx_optional_args) {
 
-  /* "fastln/rnn/_engine.pyx":132
+  /* "fastln/rnn/_engine.pyx":133
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
  *                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
  *                     bint wbf16=False) except -1:             # <<<<<<<<<<<<<<
@@ -8302,7 +8274,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
     }
   }
 
-  /* "fastln/rnn/_engine.pyx":135
+  /* "fastln/rnn/_engine.pyx":136
  *     """Fills the sizes, parameters, x, lengths and cache of a; returns the type number.
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
  *     cdef int tn = _float_type(x)             # <<<<<<<<<<<<<<
@@ -8311,7 +8283,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_tn = __pyx_f_6fastln_5_core__float_type(__pyx_v_x);
 
-  /* "fastln/rnn/_engine.pyx":136
+  /* "fastln/rnn/_engine.pyx":137
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
  *     cdef int tn = _float_type(x)
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -8367,7 +8339,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/rnn/_engine.pyx":137
+    /* "fastln/rnn/_engine.pyx":138
  *     cdef int tn = _float_type(x)
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
  *         raise ValueError("internal: bad x or sizes")             # <<<<<<<<<<<<<<
@@ -8380,14 +8352,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
       PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_mstate_global->__pyx_kp_u_internal_bad_x_or_sizes};
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 137, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 138, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 137, __pyx_L1_error)
+    __PYX_ERR(0, 138, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":136
+    /* "fastln/rnn/_engine.pyx":137
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
  *     cdef int tn = _float_type(x)
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -8396,17 +8368,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":138
+  /* "fastln/rnn/_engine.pyx":139
  *     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
  *         raise ValueError("internal: bad x or sizes")
  *     _arr(x, tn, T * B * I, False, "x")             # <<<<<<<<<<<<<<
  *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:
 */
-  __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 138, __pyx_L1_error)
+  __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 139, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":139
+  /* "fastln/rnn/_engine.pyx":140
  *         raise ValueError("internal: bad x or sizes")
  *     _arr(x, tn, T * B * I, False, "x")
  *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)             # <<<<<<<<<<<<<<
@@ -8414,11 +8386,11 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
  *         a.wtype = FASTLN_RNN_W_BF16
 */
   __pyx_t_4 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 139, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 140, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 139, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 140, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
-  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 139, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 140, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __pyx_t_5 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -8439,14 +8411,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 139, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 140, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-  __pyx_t_6 = __pyx_f_6fastln_3rnn_7_engine__params(__pyx_v_a, __pyx_v_params, __pyx_v_tn, __pyx_t_3, __pyx_v_wbf16); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 139, __pyx_L1_error)
+  __pyx_t_6 = __pyx_f_6fastln_3rnn_7_engine__params(__pyx_v_a, __pyx_v_params, __pyx_v_tn, __pyx_t_3, __pyx_v_wbf16); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 140, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
 
-  /* "fastln/rnn/_engine.pyx":140
+  /* "fastln/rnn/_engine.pyx":141
  *     _arr(x, tn, T * B * I, False, "x")
  *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:             # <<<<<<<<<<<<<<
@@ -8455,7 +8427,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   if (__pyx_v_wbf16) {
 
-    /* "fastln/rnn/_engine.pyx":141
+    /* "fastln/rnn/_engine.pyx":142
  *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:
  *         a.wtype = FASTLN_RNN_W_BF16             # <<<<<<<<<<<<<<
@@ -8464,7 +8436,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
     __pyx_v_a->wtype = FASTLN_RNN_W_BF16;
 
-    /* "fastln/rnn/_engine.pyx":140
+    /* "fastln/rnn/_engine.pyx":141
  *     _arr(x, tn, T * B * I, False, "x")
  *     _params(a, params, tn, param_sizes(cell, I, H), wbf16)
  *     if wbf16:             # <<<<<<<<<<<<<<
@@ -8473,7 +8445,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":142
+  /* "fastln/rnn/_engine.pyx":143
  *     if wbf16:
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:             # <<<<<<<<<<<<<<
@@ -8484,17 +8456,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   if (__pyx_t_1) {
 
 
-    /* "fastln/rnn/_engine.pyx":143
+    /* "fastln/rnn/_engine.pyx":144
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")             # <<<<<<<<<<<<<<
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:
 */
-    __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_lengths, NPY_INT64, __pyx_v_B, 0, __pyx_mstate_global->__pyx_n_u_lengths); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 143, __pyx_L1_error)
+    __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_lengths, NPY_INT64, __pyx_v_B, 0, __pyx_mstate_global->__pyx_n_u_lengths); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 144, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":142
+    /* "fastln/rnn/_engine.pyx":143
  *     if wbf16:
  *         a.wtype = FASTLN_RNN_W_BF16
  *     if lengths is not None:             # <<<<<<<<<<<<<<
@@ -8503,23 +8475,23 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":144
+  /* "fastln/rnn/_engine.pyx":145
  *     if lengths is not None:
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
  *     cdef int code = CELLS[cell]             # <<<<<<<<<<<<<<
  *     if cache is not None or cache_required:
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 144, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 145, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_7 = __Pyx_PyObject_Dict_GetItem(__pyx_t_3, __pyx_v_cell); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 144, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyObject_Dict_GetItem(__pyx_t_3, __pyx_v_cell); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 145, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_t_6 = __Pyx_PyLong_As_int(__pyx_t_7); if (unlikely((__pyx_t_6 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 144, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyLong_As_int(__pyx_t_7); if (unlikely((__pyx_t_6 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 145, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
   __pyx_v_code = __pyx_t_6;
 
-  /* "fastln/rnn/_engine.pyx":145
+  /* "fastln/rnn/_engine.pyx":146
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:             # <<<<<<<<<<<<<<
@@ -8541,17 +8513,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   if (__pyx_t_1) {
 
 
-    /* "fastln/rnn/_engine.pyx":146
+    /* "fastln/rnn/_engine.pyx":147
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")             # <<<<<<<<<<<<<<
  *     a.cell = code
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
 */
-    __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_cache, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_cache_size(__pyx_v_code, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_cache); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 146, __pyx_L1_error)
+    __pyx_t_6 = __pyx_f_6fastln_5_core__arr(__pyx_v_cache, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_cache_size(__pyx_v_code, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_cache); if (unlikely(__pyx_t_6 == ((int)-1))) __PYX_ERR(0, 147, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":145
+    /* "fastln/rnn/_engine.pyx":146
  *         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
  *     cdef int code = CELLS[cell]
  *     if cache is not None or cache_required:             # <<<<<<<<<<<<<<
@@ -8560,7 +8532,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":147
+  /* "fastln/rnn/_engine.pyx":148
  *     if cache is not None or cache_required:
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")
  *     a.cell = code             # <<<<<<<<<<<<<<
@@ -8569,7 +8541,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->cell = __pyx_v_code;
 
-  /* "fastln/rnn/_engine.pyx":148
+  /* "fastln/rnn/_engine.pyx":149
  *         _arr(cache, tn, rnn_cache_size(code, T, B, H), True, "cache")
  *     a.cell = code
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps             # <<<<<<<<<<<<<<
@@ -8592,7 +8564,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   __pyx_v_a->hidden = __pyx_t_13;
   __pyx_v_a->eps = __pyx_t_14;
 
-  /* "fastln/rnn/_engine.pyx":149
+  /* "fastln/rnn/_engine.pyx":150
  *     a.cell = code
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
  *     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)             # <<<<<<<<<<<<<<
@@ -8601,7 +8573,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->x = PyArray_DATA(((PyArrayObject *)__pyx_v_x));
 
-  /* "fastln/rnn/_engine.pyx":150
+  /* "fastln/rnn/_engine.pyx":151
  *     a.steps, a.batch, a.input, a.hidden, a.eps = T, B, I, H, eps
  *     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
  *     a.lengths = <const int64_t *>_ptr(lengths)             # <<<<<<<<<<<<<<
@@ -8610,7 +8582,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->lengths = ((int64_t const *)__pyx_f_6fastln_5_core__ptr(__pyx_v_lengths));
 
-  /* "fastln/rnn/_engine.pyx":151
+  /* "fastln/rnn/_engine.pyx":152
  *     a.x = cnp.PyArray_DATA(<cnp.ndarray>x)
  *     a.lengths = <const int64_t *>_ptr(lengths)
  *     a.cache = _ptr(cache)             # <<<<<<<<<<<<<<
@@ -8619,7 +8591,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->cache = __pyx_f_6fastln_5_core__ptr(__pyx_v_cache);
 
-  /* "fastln/rnn/_engine.pyx":152
+  /* "fastln/rnn/_engine.pyx":153
  *     a.lengths = <const int64_t *>_ptr(lengths)
  *     a.cache = _ptr(cache)
  *     a.interrupt = _poll_signals             # <<<<<<<<<<<<<<
@@ -8628,7 +8600,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
 */
   __pyx_v_a->interrupt = __pyx_f_6fastln_3rnn_7_engine__poll_signals;
 
-  /* "fastln/rnn/_engine.pyx":153
+  /* "fastln/rnn/_engine.pyx":154
  *     a.cache = _ptr(cache)
  *     a.interrupt = _poll_signals
  *     return tn             # <<<<<<<<<<<<<<
@@ -8641,7 +8613,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":130
+  /* "fastln/rnn/_engine.pyx":131
  *             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
  * 
  * cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -8666,7 +8638,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_setup(fastln_rnn_args *__pyx_v_a, 
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":155
+/* "fastln/rnn/_engine.pyx":156
  *     return tn
  * 
  * cdef int _rnn_status(int rc) except -1:             # <<<<<<<<<<<<<<
@@ -8682,7 +8654,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
 
-  /* "fastln/rnn/_engine.pyx":156
+  /* "fastln/rnn/_engine.pyx":157
  * 
  * cdef int _rnn_status(int rc) except -1:
  *     if rc == FASTLN_EINTR:             # <<<<<<<<<<<<<<
@@ -8694,20 +8666,20 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
   if (__pyx_t_1) {
 
 
-    /* "fastln/rnn/_engine.pyx":157
+    /* "fastln/rnn/_engine.pyx":158
  * cdef int _rnn_status(int rc) except -1:
  *     if rc == FASTLN_EINTR:
  *         return _pending()             # <<<<<<<<<<<<<<
  *     return _check(rc)
  * 
 */
-    __pyx_t_2 = __pyx_f_6fastln_3rnn_7_engine__pending(); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 157, __pyx_L1_error)
+    __pyx_t_2 = __pyx_f_6fastln_3rnn_7_engine__pending(); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 158, __pyx_L1_error)
     {
       __pyx_r = __pyx_t_2;
     }
     goto __pyx_L0;
 
-    /* "fastln/rnn/_engine.pyx":156
+    /* "fastln/rnn/_engine.pyx":157
  * 
  * cdef int _rnn_status(int rc) except -1:
  *     if rc == FASTLN_EINTR:             # <<<<<<<<<<<<<<
@@ -8716,20 +8688,20 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":158
+  /* "fastln/rnn/_engine.pyx":159
  *     if rc == FASTLN_EINTR:
  *         return _pending()
  *     return _check(rc)             # <<<<<<<<<<<<<<
  * 
  * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
 */
-  __pyx_t_2 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 158, __pyx_L1_error)
+  __pyx_t_2 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 159, __pyx_L1_error)
   {
     __pyx_r = __pyx_t_2;
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":155
+  /* "fastln/rnn/_engine.pyx":156
  *     return tn
  * 
  * cdef int _rnn_status(int rc) except -1:             # <<<<<<<<<<<<<<
@@ -8746,7 +8718,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_status(int __pyx_v_rc) {
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":160
+/* "fastln/rnn/_engine.pyx":161
  *     return _check(rc)
  * 
  * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:             # <<<<<<<<<<<<<<
@@ -8762,7 +8734,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
 
-  /* "fastln/rnn/_engine.pyx":162
+  /* "fastln/rnn/_engine.pyx":163
  * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
  *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
  *     if packed is not None:             # <<<<<<<<<<<<<<
@@ -8773,17 +8745,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
   if (__pyx_t_1) {
 
 
-    /* "fastln/rnn/_engine.pyx":163
+    /* "fastln/rnn/_engine.pyx":164
  *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
  *     if packed is not None:
  *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")             # <<<<<<<<<<<<<<
  *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
  *                 a.cell, a.wtype, a.input, a.hidden):
 */
-    __pyx_t_2 = __pyx_f_6fastln_5_core__arr(__pyx_v_packed, NPY_UINT8, PyArray_SIZE(((PyArrayObject *)__pyx_v_packed)), 0, __pyx_mstate_global->__pyx_n_u_packed); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 163, __pyx_L1_error)
+    __pyx_t_2 = __pyx_f_6fastln_5_core__arr(__pyx_v_packed, NPY_UINT8, PyArray_SIZE(((PyArrayObject *)__pyx_v_packed)), 0, __pyx_mstate_global->__pyx_n_u_packed); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 164, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":164
+    /* "fastln/rnn/_engine.pyx":165
  *     if packed is not None:
  *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
  *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(             # <<<<<<<<<<<<<<
@@ -8795,7 +8767,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
     if (__pyx_t_1) {
 
 
-      /* "fastln/rnn/_engine.pyx":166
+      /* "fastln/rnn/_engine.pyx":167
  *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
  *                 a.cell, a.wtype, a.input, a.hidden):
  *             a.packed = _ptr(packed)             # <<<<<<<<<<<<<<
@@ -8804,7 +8776,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
 */
       __pyx_v_a->packed = __pyx_f_6fastln_5_core__ptr(__pyx_v_packed);
 
-      /* "fastln/rnn/_engine.pyx":164
+      /* "fastln/rnn/_engine.pyx":165
  *     if packed is not None:
  *         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
  *         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(             # <<<<<<<<<<<<<<
@@ -8813,7 +8785,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":162
+    /* "fastln/rnn/_engine.pyx":163
  * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
  *     """a.packed = packed's data (None, or pack's array for a's cell and sizes)."""
  *     if packed is not None:             # <<<<<<<<<<<<<<
@@ -8822,7 +8794,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":167
+  /* "fastln/rnn/_engine.pyx":168
  *                 a.cell, a.wtype, a.input, a.hidden):
  *             a.packed = _ptr(packed)
  *     return 0             # <<<<<<<<<<<<<<
@@ -8835,7 +8807,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":160
+  /* "fastln/rnn/_engine.pyx":161
  *     return _check(rc)
  * 
  * cdef int _set_packed(fastln_rnn_args *a, packed) except -1:             # <<<<<<<<<<<<<<
@@ -8852,7 +8824,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":169
+/* "fastln/rnn/_engine.pyx":170
  *     return 0
  * 
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -8862,7 +8834,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__set_packed(fastln_rnn_args *__pyx_v_a,
 
 static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__pyx_v_a, PyObject *__pyx_v_cell, int64_t __pyx_v_T, int64_t __pyx_v_B, int64_t __pyx_v_I, int64_t __pyx_v_H, double __pyx_v_eps, PyObject *__pyx_v_x, PyObject *__pyx_v_params, PyObject *__pyx_v_lengths, PyObject *__pyx_v_cache, PyObject *__pyx_v_y, PyObject *__pyx_v_h, PyObject *__pyx_v_c, int __pyx_v_d, int __pyx_v_nd, struct __pyx_opt_args_6fastln_3rnn_7_engine__rnn_fill_forward *__pyx_optional_args) {
 
-  /* "fastln/rnn/_engine.pyx":171
+  /* "fastln/rnn/_engine.pyx":172
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
  *                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
  *                            int d, int nd, bint wbf16=False, packed=None) except -1:             # <<<<<<<<<<<<<<
@@ -8891,7 +8863,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
     }
   }
 
-  /* "fastln/rnn/_engine.pyx":175
+  /* "fastln/rnn/_engine.pyx":176
  *     takes its H columns at offset d*H; h, c (B, H) are updated in place.
  *     wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
  *     memset(a, 0, sizeof(a[0]))             # <<<<<<<<<<<<<<
@@ -8900,7 +8872,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   (void)(memset(__pyx_v_a, 0, (sizeof((__pyx_v_a[0])))));
 
-  /* "fastln/rnn/_engine.pyx":176
+  /* "fastln/rnn/_engine.pyx":177
  *     wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
  *     memset(a, 0, sizeof(a[0]))
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,             # <<<<<<<<<<<<<<
@@ -8909,40 +8881,40 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   __pyx_t_2.__pyx_n = 1;
   __pyx_t_2.wbf16 = __pyx_v_wbf16;
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 0, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 176, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 0, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 177, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":178
+  /* "fastln/rnn/_engine.pyx":179
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
  *                              wbf16)
  *     _set_packed(a, packed)             # <<<<<<<<<<<<<<
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__set_packed(__pyx_v_a, __pyx_v_packed); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 178, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__set_packed(__pyx_v_a, __pyx_v_packed); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 179, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":179
+  /* "fastln/rnn/_engine.pyx":180
  *                              wbf16)
  *     _set_packed(a, packed)
  *     _arr(y, tn, T * B * H * nd, True, "y")             # <<<<<<<<<<<<<<
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 179, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 180, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":180
+  /* "fastln/rnn/_engine.pyx":181
  *     _set_packed(a, packed)
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")             # <<<<<<<<<<<<<<
  *     if cell.startswith("lstm"):
  *         _arr(c, tn, B * H, True, "c")
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 180, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 181, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":181
+  /* "fastln/rnn/_engine.pyx":182
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -8951,23 +8923,23 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   if (unlikely(__pyx_v_cell == Py_None)) {
     PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
-    __PYX_ERR(0, 181, __pyx_L1_error)
+    __PYX_ERR(0, 182, __pyx_L1_error)
   }
-  __pyx_t_3 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 181, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 182, __pyx_L1_error)
   if (__pyx_t_3) {
 
 
-    /* "fastln/rnn/_engine.pyx":182
+    /* "fastln/rnn/_engine.pyx":183
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):
  *         _arr(c, tn, B * H, True, "c")             # <<<<<<<<<<<<<<
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
  *     a.h, a.c = _ptr(h), _ptr(c)
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 182, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 183, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":181
+    /* "fastln/rnn/_engine.pyx":182
  *     _arr(y, tn, T * B * H * nd, True, "y")
  *     _arr(h, tn, B * H, True, "h")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -8976,7 +8948,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":183
+  /* "fastln/rnn/_engine.pyx":184
  *     if cell.startswith("lstm"):
  *         _arr(c, tn, B * H, True, "c")
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)             # <<<<<<<<<<<<<<
@@ -8985,7 +8957,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
 */
   __pyx_v_a->y = (((char *)__pyx_f_6fastln_5_core__ptr(__pyx_v_y)) + ((__pyx_v_d * __pyx_v_H) * PyArray_ITEMSIZE(((PyArrayObject *)__pyx_v_y))));
 
-  /* "fastln/rnn/_engine.pyx":184
+  /* "fastln/rnn/_engine.pyx":185
  *         _arr(c, tn, B * H, True, "c")
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
  *     a.h, a.c = _ptr(h), _ptr(c)             # <<<<<<<<<<<<<<
@@ -8999,7 +8971,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
   __pyx_v_a->h = __pyx_t_4;
   __pyx_v_a->c = __pyx_t_5;
 
-  /* "fastln/rnn/_engine.pyx":185
+  /* "fastln/rnn/_engine.pyx":186
  *     a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
  *     a.h, a.c = _ptr(h), _ptr(c)
  *     a.reverse, a.ldy = d, H * nd             # <<<<<<<<<<<<<<
@@ -9013,7 +8985,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
   __pyx_v_a->reverse = __pyx_t_1;
   __pyx_v_a->ldy = __pyx_t_6;
 
-  /* "fastln/rnn/_engine.pyx":186
+  /* "fastln/rnn/_engine.pyx":187
  *     a.h, a.c = _ptr(h), _ptr(c)
  *     a.reverse, a.ldy = d, H * nd
  *     return tn             # <<<<<<<<<<<<<<
@@ -9026,7 +8998,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":169
+  /* "fastln/rnn/_engine.pyx":170
  *     return 0
  * 
  * cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -9044,7 +9016,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward(fastln_rnn_args *__py
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":188
+/* "fastln/rnn/_engine.pyx":189
  *     return tn
  * 
  * def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):             # <<<<<<<<<<<<<<
@@ -9097,67 +9069,67 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_wbf16,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_w_ih,&__pyx_mstate_global->__pyx_n_u_w_hh,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 188, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 189, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 188, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 189, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 188, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 189, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 188, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 189, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 188, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 189, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 188, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 189, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 188, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 189, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "pack", 0) < (0)) __PYX_ERR(0, 188, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "pack", 0) < (0)) __PYX_ERR(0, 189, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 6; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, i); __PYX_ERR(0, 188, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, i); __PYX_ERR(0, 189, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 6)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 188, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 189, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 188, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 189, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 188, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 189, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 188, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 189, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 188, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 189, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 188, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 189, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[1]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 188, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 188, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 188, __pyx_L3_error)
+    __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[1]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 189, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 189, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 189, __pyx_L3_error)
     __pyx_v_w_ih = values[4];
     __pyx_v_w_hh = values[5];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, __pyx_nargs); __PYX_ERR(0, 188, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("pack", 1, 6, 6, __pyx_nargs); __PYX_ERR(0, 189, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -9168,7 +9140,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 188, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 189, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_8pack(__pyx_self, __pyx_v_cell, __pyx_v_wbf16, __pyx_v_I, __pyx_v_H, __pyx_v_w_ih, __pyx_v_w_hh);
 
   /* function exit code */
@@ -9222,19 +9194,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("pack", 0);
 
-  /* "fastln/rnn/_engine.pyx":191
+  /* "fastln/rnn/_engine.pyx":192
  *     """One layer's weights packed for the forward on the path in use
  *     (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0             # <<<<<<<<<<<<<<
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 191, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 192, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 191, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_cell); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 192, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 191, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_3 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 192, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   __pyx_v_code = __pyx_t_3;
   if (__pyx_v_wbf16) {
@@ -9246,7 +9218,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   }
   __pyx_v_wt = __pyx_t_3;
 
-  /* "fastln/rnn/_engine.pyx":192
+  /* "fastln/rnn/_engine.pyx":193
  *     (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)             # <<<<<<<<<<<<<<
@@ -9262,7 +9234,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   }
   __pyx_v_tn = __pyx_t_3;
 
-  /* "fastln/rnn/_engine.pyx":193
+  /* "fastln/rnn/_engine.pyx":194
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -9298,7 +9270,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   if (unlikely(__pyx_t_4)) {
 
 
-    /* "fastln/rnn/_engine.pyx":194
+    /* "fastln/rnn/_engine.pyx":195
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:
  *         raise ValueError("internal: bad weights for _rnn_pack")             # <<<<<<<<<<<<<<
@@ -9311,14 +9283,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
       PyObject *__pyx_callargs[2] = {__pyx_t_1, __pyx_mstate_global->__pyx_kp_u_internal_bad_weights_for__rnn_pa};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 194, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 195, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 194, __pyx_L1_error)
+    __PYX_ERR(0, 195, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":193
+    /* "fastln/rnn/_engine.pyx":194
  *     cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
  *     cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
  *     if tn < 0 or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -9327,7 +9299,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":195
+  /* "fastln/rnn/_engine.pyx":196
  *     if tn < 0 or I < 1 or H < 1:
  *         raise ValueError("internal: bad weights for _rnn_pack")
  *     sizes = param_sizes(cell, I, H)             # <<<<<<<<<<<<<<
@@ -9335,11 +9307,11 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
 */
   __pyx_t_1 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 196, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 196, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
-  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 196, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __pyx_t_6 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -9360,43 +9332,43 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 195, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 196, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_sizes = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":196
+  /* "fastln/rnn/_engine.pyx":197
  *         raise ValueError("internal: bad weights for _rnn_pack")
  *     sizes = param_sizes(cell, I, H)
  *     _arr(w_ih, tn, sizes[0], False, "w_ih")             # <<<<<<<<<<<<<<
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
 */
-  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 196, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 197, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 196, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 197, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_ih, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_ih); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 196, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_ih, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_ih); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 197, __pyx_L1_error)
 
 
 
-  /* "fastln/rnn/_engine.pyx":197
+  /* "fastln/rnn/_engine.pyx":198
  *     sizes = param_sizes(cell, I, H)
  *     _arr(w_ih, tn, sizes[0], False, "w_ih")
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")             # <<<<<<<<<<<<<<
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:
 */
-  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_sizes, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 198, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_PyLong_As_int64_t(__pyx_t_2); if (unlikely((__pyx_t_10 == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 198, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_hh, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_hh); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_6fastln_5_core__arr(__pyx_v_w_hh, __pyx_v_tn, __pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_w_hh); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 198, __pyx_L1_error)
 
 
 
-  /* "fastln/rnn/_engine.pyx":198
+  /* "fastln/rnn/_engine.pyx":199
  *     _arr(w_ih, tn, sizes[0], False, "w_ih")
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)             # <<<<<<<<<<<<<<
@@ -9405,7 +9377,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_n = __pyx_f_6fastln_5_core_rnn_packed_size(__pyx_v_code, __pyx_v_wt, __pyx_v_I, __pyx_v_H);
 
-  /* "fastln/rnn/_engine.pyx":199
+  /* "fastln/rnn/_engine.pyx":200
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:             # <<<<<<<<<<<<<<
@@ -9431,7 +9403,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   if (__pyx_t_4) {
 
 
-    /* "fastln/rnn/_engine.pyx":200
+    /* "fastln/rnn/_engine.pyx":201
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:
  *         return None             # <<<<<<<<<<<<<<
@@ -9448,7 +9420,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
     }
     goto __pyx_L0;
 
-    /* "fastln/rnn/_engine.pyx":199
+    /* "fastln/rnn/_engine.pyx":200
  *     _arr(w_hh, tn, sizes[1], False, "w_hh")
  *     cdef int64_t n = rnn_packed_size(code, wt, I, H)
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:             # <<<<<<<<<<<<<<
@@ -9457,7 +9429,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":201
+  /* "fastln/rnn/_engine.pyx":202
  *     if n <= 0 or tn == cnp.NPY_DOUBLE:
  *         return None
  *     buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines             # <<<<<<<<<<<<<<
@@ -9465,16 +9437,16 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
  *     out = buf[skip:skip + n]
 */
   __pyx_t_7 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 201, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 202, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
-  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 201, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 202, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
   __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
-  __pyx_t_9 = __Pyx_PyLong_From_int64_t((__pyx_v_n + 64)); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 201, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int64_t((__pyx_v_n + 64)); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 202, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 201, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 202, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_uint8); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 201, __pyx_L1_error)
+  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_uint8); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 202, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_11);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __pyx_t_6 = 1;
@@ -9496,13 +9468,13 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 201, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 202, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_buf = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":202
+  /* "fastln/rnn/_engine.pyx":203
  *         return None
  *     buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
  *     cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63             # <<<<<<<<<<<<<<
@@ -9511,19 +9483,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_skip = ((-((int64_t)PyArray_DATA(((PyArrayObject *)__pyx_v_buf)))) & 63);
 
-  /* "fastln/rnn/_engine.pyx":203
+  /* "fastln/rnn/_engine.pyx":204
  *     buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
  *     cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63
  *     out = buf[skip:skip + n]             # <<<<<<<<<<<<<<
  *     cdef void *o = _ptr(out)
  *     cdef const void *wi = _ptr(w_ih)
 */
-  __pyx_t_2 = __Pyx_PyObject_GetSlice(__pyx_v_buf, __pyx_v_skip, (__pyx_v_skip + __pyx_v_n), NULL, NULL, NULL, 1, 1, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 203, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_GetSlice(__pyx_v_buf, __pyx_v_skip, (__pyx_v_skip + __pyx_v_n), NULL, NULL, NULL, 1, 1, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 204, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_out = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":204
+  /* "fastln/rnn/_engine.pyx":205
  *     cdef int64_t skip = -<int64_t>cnp.PyArray_DATA(<cnp.ndarray>buf) & 63
  *     out = buf[skip:skip + n]
  *     cdef void *o = _ptr(out)             # <<<<<<<<<<<<<<
@@ -9532,7 +9504,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_o = __pyx_f_6fastln_5_core__ptr(__pyx_v_out);
 
-  /* "fastln/rnn/_engine.pyx":205
+  /* "fastln/rnn/_engine.pyx":206
  *     out = buf[skip:skip + n]
  *     cdef void *o = _ptr(out)
  *     cdef const void *wi = _ptr(w_ih)             # <<<<<<<<<<<<<<
@@ -9541,7 +9513,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_wi = __pyx_f_6fastln_5_core__ptr(__pyx_v_w_ih);
 
-  /* "fastln/rnn/_engine.pyx":206
+  /* "fastln/rnn/_engine.pyx":207
  *     cdef void *o = _ptr(out)
  *     cdef const void *wi = _ptr(w_ih)
  *     cdef const void *wh = _ptr(w_hh)             # <<<<<<<<<<<<<<
@@ -9550,7 +9522,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
 */
   __pyx_v_wh = __pyx_f_6fastln_5_core__ptr(__pyx_v_w_hh);
 
-  /* "fastln/rnn/_engine.pyx":208
+  /* "fastln/rnn/_engine.pyx":209
  *     cdef const void *wh = _ptr(w_hh)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -9563,7 +9535,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":209
+        /* "fastln/rnn/_engine.pyx":210
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_pack(o, n, code, wt, I, H, wi, wh)             # <<<<<<<<<<<<<<
@@ -9573,7 +9545,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
         __pyx_v_rc = __pyx_f_6fastln_5_core_rnn_pack(__pyx_v_o, __pyx_v_n, __pyx_v_code, __pyx_v_wt, __pyx_v_I, __pyx_v_H, __pyx_v_wi, __pyx_v_wh);
       }
 
-      /* "fastln/rnn/_engine.pyx":208
+      /* "fastln/rnn/_engine.pyx":209
  *     cdef const void *wh = _ptr(w_hh)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -9590,17 +9562,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":210
+  /* "fastln/rnn/_engine.pyx":211
  *     with nogil:
  *         rc = rnn_pack(o, n, code, wt, I, H, wi, wh)
  *     _check(rc)             # <<<<<<<<<<<<<<
  *     return out
  * 
 */
-  __pyx_t_3 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 210, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 211, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":211
+  /* "fastln/rnn/_engine.pyx":212
  *         rc = rnn_pack(o, n, code, wt, I, H, wi, wh)
  *     _check(rc)
  *     return out             # <<<<<<<<<<<<<<
@@ -9618,7 +9590,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":188
+  /* "fastln/rnn/_engine.pyx":189
  *     return tn
  * 
  * def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):             # <<<<<<<<<<<<<<
@@ -9654,7 +9626,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_8pack(CYTHON_UNUSED PyObject *__
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":213
+/* "fastln/rnn/_engine.pyx":214
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -9717,80 +9689,80 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_cache,&__pyx_mstate_global->__pyx_n_u_y,&__pyx_mstate_global->__pyx_n_u_h,&__pyx_mstate_global->__pyx_n_u_c,&__pyx_mstate_global->__pyx_n_u_reverse,&__pyx_mstate_global->__pyx_n_u_wbf16,&__pyx_mstate_global->__pyx_n_u_packed,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 213, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 214, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward", 0) < (0)) __PYX_ERR(0, 213, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward", 0) < (0)) __PYX_ERR(0, 214, __pyx_L3_error)
 
-      /* "fastln/rnn/_engine.pyx":215
+      /* "fastln/rnn/_engine.pyx":216
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                  x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,
  *                  packed=None):             # <<<<<<<<<<<<<<
@@ -9799,60 +9771,60 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
 */
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
       for (Py_ssize_t i = __pyx_nargs; i < 13; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, i); __PYX_ERR(0, 213, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, i); __PYX_ERR(0, 214, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 214, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 214, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 213, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 214, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 213, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params = values[7];
     __pyx_v_lengths = values[8];
@@ -9861,10 +9833,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
     __pyx_v_h = values[11];
     __pyx_v_c = values[12];
     if (values[13]) {
-      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
+      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 215, __pyx_L3_error)
     } else {
 
-      /* "fastln/rnn/_engine.pyx":214
+      /* "fastln/rnn/_engine.pyx":215
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                  x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,             # <<<<<<<<<<<<<<
@@ -9874,7 +9846,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
       __pyx_v_reverse = ((int)((int)0));
     }
     if (values[14]) {
-      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[14]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 214, __pyx_L3_error)
+      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[14]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 215, __pyx_L3_error)
     } else {
       __pyx_v_wbf16 = ((int)((int)0));
     }
@@ -9882,7 +9854,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, __pyx_nargs); __PYX_ERR(0, 213, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("forward", 0, 13, 16, __pyx_nargs); __PYX_ERR(0, 214, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -9893,10 +9865,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 213, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 214, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_10forward(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_y, __pyx_v_h, __pyx_v_c, __pyx_v_reverse, __pyx_v_wbf16, __pyx_v_packed);
 
-  /* "fastln/rnn/_engine.pyx":213
+  /* "fastln/rnn/_engine.pyx":214
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -9943,17 +9915,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("forward", 0);
 
-  /* "fastln/rnn/_engine.pyx":220
+  /* "fastln/rnn/_engine.pyx":221
  *     wbf16: W_ih and W_hh are bfloat16 bits (uint16); packed: None or _rnn_pack's."""
  *     cdef fastln_rnn_args a
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                     y, h, c, 0, 1, wbf16, packed)
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 220, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 221, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":221
+  /* "fastln/rnn/_engine.pyx":222
  *     cdef fastln_rnn_args a
  *     _init_blas()
  *     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,             # <<<<<<<<<<<<<<
@@ -9963,10 +9935,10 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   __pyx_t_2.__pyx_n = 2;
   __pyx_t_2.wbf16 = __pyx_v_wbf16;
   __pyx_t_2.packed = __pyx_v_packed;
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_y, __pyx_v_h, __pyx_v_c, 0, 1, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 221, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_y, __pyx_v_h, __pyx_v_c, 0, 1, &__pyx_t_2); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 222, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":223
+  /* "fastln/rnn/_engine.pyx":224
  *     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                     y, h, c, 0, 1, wbf16, packed)
  *     a.reverse = reverse             # <<<<<<<<<<<<<<
@@ -9975,7 +9947,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
 */
   __pyx_v_a.reverse = __pyx_v_reverse;
 
-  /* "fastln/rnn/_engine.pyx":225
+  /* "fastln/rnn/_engine.pyx":226
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -9988,7 +9960,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":226
+        /* "fastln/rnn/_engine.pyx":227
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_forward_f64(&a)             # <<<<<<<<<<<<<<
@@ -10008,7 +9980,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":225
+      /* "fastln/rnn/_engine.pyx":226
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -10025,15 +9997,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":227
+  /* "fastln/rnn/_engine.pyx":228
  *     with nogil:
  *         rc = rnn_forward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_forward_f64(&a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 227, __pyx_L1_error)
-  __pyx_t_4 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 227, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 228, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 228, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
   {
@@ -10047,7 +10019,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   __pyx_t_4 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":213
+  /* "fastln/rnn/_engine.pyx":214
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10069,7 +10041,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_10forward(CYTHON_UNUSED PyObject
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":229
+/* "fastln/rnn/_engine.pyx":230
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10131,76 +10103,76 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params2,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_caches2,&__pyx_mstate_global->__pyx_n_u_y,&__pyx_mstate_global->__pyx_n_u_h2,&__pyx_mstate_global->__pyx_n_u_c2,&__pyx_mstate_global->__pyx_n_u_wbf16,&__pyx_mstate_global->__pyx_n_u_packed2,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 229, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 230, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward2", 0) < (0)) __PYX_ERR(0, 229, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward2", 0) < (0)) __PYX_ERR(0, 230, __pyx_L3_error)
 
-      /* "fastln/rnn/_engine.pyx":230
+      /* "fastln/rnn/_engine.pyx":231
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):             # <<<<<<<<<<<<<<
@@ -10209,56 +10181,56 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
 */
       if (!values[14]) values[14] = __Pyx_NewRef(((PyObject *)Py_None));
       for (Py_ssize_t i = __pyx_nargs; i < 13; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, i); __PYX_ERR(0, 229, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, i); __PYX_ERR(0, 230, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 230, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 230, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 229, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 230, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
       if (!values[14]) values[14] = __Pyx_NewRef(((PyObject *)Py_None));
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 229, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 230, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 230, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 230, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 230, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 230, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params2 = values[7];
     __pyx_v_lengths = values[8];
@@ -10267,7 +10239,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
     __pyx_v_h2 = values[11];
     __pyx_v_c2 = values[12];
     if (values[13]) {
-      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 230, __pyx_L3_error)
+      __pyx_v_wbf16 = __Pyx_PyObject_IsTrue(values[13]); if (unlikely((__pyx_v_wbf16 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 231, __pyx_L3_error)
     } else {
       __pyx_v_wbf16 = ((int)((int)0));
     }
@@ -10275,7 +10247,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, __pyx_nargs); __PYX_ERR(0, 229, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("forward2", 0, 13, 15, __pyx_nargs); __PYX_ERR(0, 230, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -10286,10 +10258,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 229, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 230, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_12forward2(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params2, __pyx_v_lengths, __pyx_v_caches2, __pyx_v_y, __pyx_v_h2, __pyx_v_c2, __pyx_v_wbf16, __pyx_v_packed2);
 
-  /* "fastln/rnn/_engine.pyx":229
+  /* "fastln/rnn/_engine.pyx":230
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10342,17 +10314,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("forward2", 0);
 
-  /* "fastln/rnn/_engine.pyx":235
+  /* "fastln/rnn/_engine.pyx":236
  *     and packed2 may be None."""
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = 0, d
  *     for d in range(2):
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 235, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 236, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":236
+  /* "fastln/rnn/_engine.pyx":237
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()
  *     cdef int tn = 0, d             # <<<<<<<<<<<<<<
@@ -10361,7 +10333,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
 */
   __pyx_v_tn = 0;
 
-  /* "fastln/rnn/_engine.pyx":237
+  /* "fastln/rnn/_engine.pyx":238
  *     _init_blas()
  *     cdef int tn = 0, d
  *     for d in range(2):             # <<<<<<<<<<<<<<
@@ -10371,17 +10343,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   for (__pyx_t_1 = 0; __pyx_t_1 < 2; __pyx_t_1+=1) {
     __pyx_v_d = __pyx_t_1;
 
-    /* "fastln/rnn/_engine.pyx":238
+    /* "fastln/rnn/_engine.pyx":239
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
  *                                None if caches2 is None else caches2[d], y, h2[d],
  *                                None if c2 is None else c2[d], d, 2, wbf16,
 */
-    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 238, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 239, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
 
-    /* "fastln/rnn/_engine.pyx":239
+    /* "fastln/rnn/_engine.pyx":240
  *     for d in range(2):
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                None if caches2 is None else caches2[d], y, h2[d],             # <<<<<<<<<<<<<<
@@ -10393,16 +10365,16 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_INCREF(Py_None);
       __pyx_t_3 = Py_None;
     } else {
-      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 239, __pyx_L1_error)
+      __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 240, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_5);
       __pyx_t_3 = __pyx_t_5;
       __pyx_t_5 = 0;
     }
 
-    __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_h2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 239, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_h2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 240, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
 
-    /* "fastln/rnn/_engine.pyx":240
+    /* "fastln/rnn/_engine.pyx":241
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                None if caches2 is None else caches2[d], y, h2[d],
  *                                None if c2 is None else c2[d], d, 2, wbf16,             # <<<<<<<<<<<<<<
@@ -10414,14 +10386,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_INCREF(Py_None);
       __pyx_t_6 = Py_None;
     } else {
-      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_c2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 240, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_c2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 241, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __pyx_t_6 = __pyx_t_7;
       __pyx_t_7 = 0;
     }
 
 
-    /* "fastln/rnn/_engine.pyx":241
+    /* "fastln/rnn/_engine.pyx":242
  *                                None if caches2 is None else caches2[d], y, h2[d],
  *                                None if c2 is None else c2[d], d, 2, wbf16,
  *                                None if packed2 is None else packed2[d])             # <<<<<<<<<<<<<<
@@ -10433,14 +10405,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_INCREF(Py_None);
       __pyx_t_7 = Py_None;
     } else {
-      __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_packed2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 241, __pyx_L1_error)
+      __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_packed2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 242, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_8);
       __pyx_t_7 = __pyx_t_8;
       __pyx_t_8 = 0;
     }
 
 
-    /* "fastln/rnn/_engine.pyx":238
+    /* "fastln/rnn/_engine.pyx":239
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
@@ -10450,7 +10422,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
     __pyx_t_10.__pyx_n = 2;
     __pyx_t_10.wbf16 = __pyx_v_wbf16;
     __pyx_t_10.packed = __pyx_t_7;
-    __pyx_t_9 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_y, __pyx_t_5, __pyx_t_6, __pyx_v_d, 2, &__pyx_t_10); if (unlikely(__pyx_t_9 == ((int)-1))) __PYX_ERR(0, 238, __pyx_L1_error)
+    __pyx_t_9 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_forward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_y, __pyx_t_5, __pyx_t_6, __pyx_v_d, 2, &__pyx_t_10); if (unlikely(__pyx_t_9 == ((int)-1))) __PYX_ERR(0, 239, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
@@ -10459,7 +10431,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
     __pyx_v_tn = __pyx_t_9;
   }
 
-  /* "fastln/rnn/_engine.pyx":243
+  /* "fastln/rnn/_engine.pyx":244
  *                                None if packed2 is None else packed2[d])
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -10472,7 +10444,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":244
+        /* "fastln/rnn/_engine.pyx":245
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_forward2_f64(a)             # <<<<<<<<<<<<<<
@@ -10492,7 +10464,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":243
+      /* "fastln/rnn/_engine.pyx":244
  *                                None if packed2 is None else packed2[d])
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -10509,15 +10481,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":245
+  /* "fastln/rnn/_engine.pyx":246
  *     with nogil:
  *         rc = rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_forward2_f64(a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
  * cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 245, __pyx_L1_error)
-  __pyx_t_7 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 245, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 246, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 246, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
 
   {
@@ -10531,7 +10503,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   __pyx_t_7 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":229
+  /* "fastln/rnn/_engine.pyx":230
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10559,7 +10531,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_12forward2(CYTHON_UNUSED PyObjec
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":247
+/* "fastln/rnn/_engine.pyx":248
  *     return _rnn_status(rc)
  * 
  * cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -10589,7 +10561,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_rnn_fill_backward", 0);
 
-  /* "fastln/rnn/_engine.pyx":254
+  /* "fastln/rnn/_engine.pyx":255
  *     gradient in place; dx (T,B,I) or None; grads filled (params' sizes);
  *     work: None or scratch of _rnn_work_size elements."""
  *     memset(a, 0, sizeof(a[0]))             # <<<<<<<<<<<<<<
@@ -10598,37 +10570,37 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   (void)(memset(__pyx_v_a, 0, (sizeof((__pyx_v_a[0])))));
 
-  /* "fastln/rnn/_engine.pyx":255
+  /* "fastln/rnn/_engine.pyx":256
  *     work: None or scratch of _rnn_work_size elements."""
  *     memset(a, 0, sizeof(a[0]))
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)             # <<<<<<<<<<<<<<
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 1, NULL); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 255, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_setup(__pyx_v_a, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, 1, NULL); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 256, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":256
+  /* "fastln/rnn/_engine.pyx":257
  *     memset(a, 0, sizeof(a[0]))
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
  *     _arr(dy, tn, T * B * H * nd, False, "dy")             # <<<<<<<<<<<<<<
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dy, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 0, __pyx_mstate_global->__pyx_n_u_dy); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 256, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dy, __pyx_v_tn, (((__pyx_v_T * __pyx_v_B) * __pyx_v_H) * __pyx_v_nd), 0, __pyx_mstate_global->__pyx_n_u_dy); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 257, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":257
+  /* "fastln/rnn/_engine.pyx":258
  *     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, True)
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")             # <<<<<<<<<<<<<<
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dh, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dh); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 257, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dh, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dh); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 258, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":258
+  /* "fastln/rnn/_engine.pyx":259
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -10637,23 +10609,23 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   if (unlikely(__pyx_v_cell == Py_None)) {
     PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
-    __PYX_ERR(0, 258, __pyx_L1_error)
+    __PYX_ERR(0, 259, __pyx_L1_error)
   }
-  __pyx_t_2 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 258, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_2 == ((int)-1))) __PYX_ERR(0, 259, __pyx_L1_error)
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":259
+    /* "fastln/rnn/_engine.pyx":260
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")             # <<<<<<<<<<<<<<
  *     if dx is not None:
  *         _arr(dx, tn, T * B * I, True, "dx")
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dc, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 259, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dc, __pyx_v_tn, (__pyx_v_B * __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_dc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 260, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":258
+    /* "fastln/rnn/_engine.pyx":259
  *     _arr(dy, tn, T * B * H * nd, False, "dy")
  *     _arr(dh, tn, B * H, True, "dh")
  *     if cell.startswith("lstm"):             # <<<<<<<<<<<<<<
@@ -10662,7 +10634,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":260
+  /* "fastln/rnn/_engine.pyx":261
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")
  *     if dx is not None:             # <<<<<<<<<<<<<<
@@ -10673,17 +10645,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":261
+    /* "fastln/rnn/_engine.pyx":262
  *         _arr(dc, tn, B * H, True, "dc")
  *     if dx is not None:
  *         _arr(dx, tn, T * B * I, True, "dx")             # <<<<<<<<<<<<<<
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dx, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 1, __pyx_mstate_global->__pyx_n_u_dx); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 261, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_dx, __pyx_v_tn, ((__pyx_v_T * __pyx_v_B) * __pyx_v_I), 1, __pyx_mstate_global->__pyx_n_u_dx); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 262, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":260
+    /* "fastln/rnn/_engine.pyx":261
  *     if cell.startswith("lstm"):
  *         _arr(dc, tn, B * H, True, "dc")
  *     if dx is not None:             # <<<<<<<<<<<<<<
@@ -10692,7 +10664,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":262
+  /* "fastln/rnn/_engine.pyx":263
  *     if dx is not None:
  *         _arr(dx, tn, T * B * I, True, "dx")
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")             # <<<<<<<<<<<<<<
@@ -10700,11 +10672,11 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")
 */
   __pyx_t_4 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 262, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_5);
-  __pyx_t_6 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 262, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyLong_From_int64_t(__pyx_v_I); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 262, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
   __pyx_t_8 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -10725,14 +10697,14 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 262, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 263, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__arr_list(__pyx_v_a->grads, __pyx_v_grads, __pyx_v_tn, __pyx_t_3, 1, __pyx_mstate_global->__pyx_n_u_grads); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 262, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__arr_list(__pyx_v_a->grads, __pyx_v_grads, __pyx_v_tn, __pyx_t_3, 1, __pyx_mstate_global->__pyx_n_u_grads); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
 
-  /* "fastln/rnn/_engine.pyx":263
+  /* "fastln/rnn/_engine.pyx":264
  *         _arr(dx, tn, T * B * I, True, "dx")
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:             # <<<<<<<<<<<<<<
@@ -10743,17 +10715,17 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":264
+    /* "fastln/rnn/_engine.pyx":265
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")             # <<<<<<<<<<<<<<
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_work, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_work_size(__pyx_v_a->cell, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_work); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 264, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_work, __pyx_v_tn, __pyx_f_6fastln_5_core_rnn_work_size(__pyx_v_a->cell, __pyx_v_T, __pyx_v_B, __pyx_v_H), 1, __pyx_mstate_global->__pyx_n_u_work); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 265, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":263
+    /* "fastln/rnn/_engine.pyx":264
  *         _arr(dx, tn, T * B * I, True, "dx")
  *     _arr_list(a.grads, grads, tn, param_sizes(cell, I, H), True, "grads")
  *     if work is not None:             # <<<<<<<<<<<<<<
@@ -10762,7 +10734,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":265
+  /* "fastln/rnn/_engine.pyx":266
  *     if work is not None:
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)             # <<<<<<<<<<<<<<
@@ -10771,7 +10743,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
 */
   __pyx_v_a->dy = (((char *)__pyx_f_6fastln_5_core__ptr(__pyx_v_dy)) + ((__pyx_v_d * __pyx_v_H) * PyArray_ITEMSIZE(((PyArrayObject *)__pyx_v_dy))));
 
-  /* "fastln/rnn/_engine.pyx":266
+  /* "fastln/rnn/_engine.pyx":267
  *         _arr(work, tn, rnn_work_size(a.cell, T, B, H), True, "work")
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)             # <<<<<<<<<<<<<<
@@ -10791,7 +10763,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   __pyx_v_a->dx = __pyx_t_11;
   __pyx_v_a->work = __pyx_t_12;
 
-  /* "fastln/rnn/_engine.pyx":267
+  /* "fastln/rnn/_engine.pyx":268
  *     a.dy = <char *>_ptr(dy) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>dy)
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
  *     a.reverse, a.ldy = d, H * nd             # <<<<<<<<<<<<<<
@@ -10805,7 +10777,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   __pyx_v_a->reverse = __pyx_t_1;
   __pyx_v_a->ldy = __pyx_t_13;
 
-  /* "fastln/rnn/_engine.pyx":268
+  /* "fastln/rnn/_engine.pyx":269
  *     a.dh, a.dc, a.dx, a.work = _ptr(dh), _ptr(dc), _ptr(dx), _ptr(work)
  *     a.reverse, a.ldy = d, H * nd
  *     return tn             # <<<<<<<<<<<<<<
@@ -10818,7 +10790,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":247
+  /* "fastln/rnn/_engine.pyx":248
  *     return _rnn_status(rc)
  * 
  * cdef int _rnn_fill_backward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,             # <<<<<<<<<<<<<<
@@ -10842,7 +10814,7 @@ static int __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward(fastln_rnn_args *__p
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":270
+/* "fastln/rnn/_engine.pyx":271
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -10906,84 +10878,84 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_cache,&__pyx_mstate_global->__pyx_n_u_dy,&__pyx_mstate_global->__pyx_n_u_dh,&__pyx_mstate_global->__pyx_n_u_dc,&__pyx_mstate_global->__pyx_n_u_dx,&__pyx_mstate_global->__pyx_n_u_grads,&__pyx_mstate_global->__pyx_n_u_work,&__pyx_mstate_global->__pyx_n_u_reverse,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 270, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 271, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 17:
         values[16] = __Pyx_ArgRef_FASTCALL(__pyx_args, 16);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward", 0) < (0)) __PYX_ERR(0, 270, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward", 0) < (0)) __PYX_ERR(0, 271, __pyx_L3_error)
 
-      /* "fastln/rnn/_engine.pyx":271
+      /* "fastln/rnn/_engine.pyx":272
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,             # <<<<<<<<<<<<<<
@@ -10992,60 +10964,60 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
 */
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
       for (Py_ssize_t i = __pyx_nargs; i < 15; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, i); __PYX_ERR(0, 270, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, i); __PYX_ERR(0, 271, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case 17:
         values[16] = __Pyx_ArgRef_FASTCALL(__pyx_args, 16);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[16])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 271, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 271, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 270, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 271, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
       if (!values[15]) values[15] = __Pyx_NewRef(((PyObject *)Py_None));
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 270, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 271, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 271, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 271, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 271, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 271, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params = values[7];
     __pyx_v_lengths = values[8];
@@ -11057,10 +11029,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
     __pyx_v_grads = values[14];
     __pyx_v_work = values[15];
     if (values[16]) {
-      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[16]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 272, __pyx_L3_error)
+      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[16]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 273, __pyx_L3_error)
     } else {
 
-      /* "fastln/rnn/_engine.pyx":272
+      /* "fastln/rnn/_engine.pyx":273
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,
  *                   bint reverse=False):             # <<<<<<<<<<<<<<
@@ -11072,7 +11044,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, __pyx_nargs); __PYX_ERR(0, 270, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("backward", 0, 15, 17, __pyx_nargs); __PYX_ERR(0, 271, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -11083,10 +11055,10 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 270, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 271, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_14backward(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_dy, __pyx_v_dh, __pyx_v_dc, __pyx_v_dx, __pyx_v_grads, __pyx_v_work, __pyx_v_reverse);
 
-  /* "fastln/rnn/_engine.pyx":270
+  /* "fastln/rnn/_engine.pyx":271
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -11131,27 +11103,27 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("backward", 0);
 
-  /* "fastln/rnn/_engine.pyx":275
+  /* "fastln/rnn/_engine.pyx":276
  *     """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
  *     cdef fastln_rnn_args a
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                      dy, dh, dc, dx, grads, work, 0, 1)
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 275, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 276, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":276
+  /* "fastln/rnn/_engine.pyx":277
  *     cdef fastln_rnn_args a
  *     _init_blas()
  *     cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,             # <<<<<<<<<<<<<<
  *                                      dy, dh, dc, dx, grads, work, 0, 1)
  *     a.reverse = reverse
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_dy, __pyx_v_dh, __pyx_v_dc, __pyx_v_dx, __pyx_v_grads, __pyx_v_work, 0, 1); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 276, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&__pyx_v_a), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params, __pyx_v_lengths, __pyx_v_cache, __pyx_v_dy, __pyx_v_dh, __pyx_v_dc, __pyx_v_dx, __pyx_v_grads, __pyx_v_work, 0, 1); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 277, __pyx_L1_error)
   __pyx_v_tn = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":278
+  /* "fastln/rnn/_engine.pyx":279
  *     cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
  *                                      dy, dh, dc, dx, grads, work, 0, 1)
  *     a.reverse = reverse             # <<<<<<<<<<<<<<
@@ -11160,7 +11132,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
 */
   __pyx_v_a.reverse = __pyx_v_reverse;
 
-  /* "fastln/rnn/_engine.pyx":280
+  /* "fastln/rnn/_engine.pyx":281
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -11173,7 +11145,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":281
+        /* "fastln/rnn/_engine.pyx":282
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_backward_f64(&a)             # <<<<<<<<<<<<<<
@@ -11193,7 +11165,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":280
+      /* "fastln/rnn/_engine.pyx":281
  *     a.reverse = reverse
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -11210,15 +11182,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":282
+  /* "fastln/rnn/_engine.pyx":283
  *     with nogil:
  *         rc = rnn_backward_f32(&a) if tn == cnp.NPY_FLOAT else rnn_backward_f64(&a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 282, __pyx_L1_error)
-  __pyx_t_3 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 282, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 283, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 283, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
   {
@@ -11232,7 +11204,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
   __pyx_t_3 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":270
+  /* "fastln/rnn/_engine.pyx":271
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -11254,7 +11226,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_14backward(CYTHON_UNUSED PyObjec
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":284
+/* "fastln/rnn/_engine.pyx":285
  *     return _rnn_status(rc)
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -11317,123 +11289,123 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_T,&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_params2,&__pyx_mstate_global->__pyx_n_u_lengths,&__pyx_mstate_global->__pyx_n_u_caches2,&__pyx_mstate_global->__pyx_n_u_dy,&__pyx_mstate_global->__pyx_n_u_dh2,&__pyx_mstate_global->__pyx_n_u_dc2,&__pyx_mstate_global->__pyx_n_u_dx,&__pyx_mstate_global->__pyx_n_u_grads2,&__pyx_mstate_global->__pyx_n_u_works2,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 284, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 285, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case 16:
         values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 15:
         values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 14:
         values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 13:
         values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 12:
         values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 11:
         values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case 10:
         values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 284, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 285, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward2", 0) < (0)) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "backward2", 0) < (0)) __PYX_ERR(0, 285, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 16; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, i); __PYX_ERR(0, 284, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, i); __PYX_ERR(0, 285, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 16)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[7] = __Pyx_ArgRef_FASTCALL(__pyx_args, 7);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[8] = __Pyx_ArgRef_FASTCALL(__pyx_args, 8);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[9] = __Pyx_ArgRef_FASTCALL(__pyx_args, 9);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[9])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[10] = __Pyx_ArgRef_FASTCALL(__pyx_args, 10);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[10])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[11] = __Pyx_ArgRef_FASTCALL(__pyx_args, 11);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[11])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[12] = __Pyx_ArgRef_FASTCALL(__pyx_args, 12);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[12])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[13] = __Pyx_ArgRef_FASTCALL(__pyx_args, 13);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[13])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[14] = __Pyx_ArgRef_FASTCALL(__pyx_args, 14);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[14])) __PYX_ERR(0, 285, __pyx_L3_error)
       values[15] = __Pyx_ArgRef_FASTCALL(__pyx_args, 15);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 284, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[15])) __PYX_ERR(0, 285, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 284, __pyx_L3_error)
+    __pyx_v_T = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_T == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 285, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 285, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[3]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 285, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[4]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 285, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[5]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 285, __pyx_L3_error)
     __pyx_v_x = values[6];
     __pyx_v_params2 = values[7];
     __pyx_v_lengths = values[8];
@@ -11447,7 +11419,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, __pyx_nargs); __PYX_ERR(0, 284, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("backward2", 1, 16, 16, __pyx_nargs); __PYX_ERR(0, 285, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -11458,7 +11430,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 284, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 285, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_16backward2(__pyx_self, __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_v_params2, __pyx_v_lengths, __pyx_v_caches2, __pyx_v_dy, __pyx_v_dh2, __pyx_v_dc2, __pyx_v_dx, __pyx_v_grads2, __pyx_v_works2);
 
   /* function exit code */
@@ -11505,17 +11477,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("backward2", 0);
 
-  /* "fastln/rnn/_engine.pyx":290
+  /* "fastln/rnn/_engine.pyx":291
  *     arguments a pair each (forward, reverse), dc2 None without a cell state."""
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()             # <<<<<<<<<<<<<<
  *     cdef int tn = 0, d
  *     for d in range(2):
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 290, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 291, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":291
+  /* "fastln/rnn/_engine.pyx":292
  *     cdef fastln_rnn_args a[2]
  *     _init_blas()
  *     cdef int tn = 0, d             # <<<<<<<<<<<<<<
@@ -11524,7 +11496,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
 */
   __pyx_v_tn = 0;
 
-  /* "fastln/rnn/_engine.pyx":292
+  /* "fastln/rnn/_engine.pyx":293
  *     _init_blas()
  *     cdef int tn = 0, d
  *     for d in range(2):             # <<<<<<<<<<<<<<
@@ -11534,40 +11506,40 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   for (__pyx_t_1 = 0; __pyx_t_1 < 2; __pyx_t_1+=1) {
     __pyx_v_d = __pyx_t_1;
 
-    /* "fastln/rnn/_engine.pyx":293
+    /* "fastln/rnn/_engine.pyx":294
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
 */
-    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 293, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_GetItemInt(__pyx_v_params2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 294, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
 
-    /* "fastln/rnn/_engine.pyx":294
+    /* "fastln/rnn/_engine.pyx":295
  *     for d in range(2):
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],             # <<<<<<<<<<<<<<
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
  *     cdef int rc
 */
-    __pyx_t_3 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 294, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_GetItemInt(__pyx_v_caches2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 295, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
-    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_dh2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 294, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_GetItemInt(__pyx_v_dh2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 295, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
     __pyx_t_6 = (__pyx_v_dc2 == Py_None);
     if (__pyx_t_6) {
       __Pyx_INCREF(Py_None);
       __pyx_t_5 = Py_None;
     } else {
-      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_dc2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 294, __pyx_L1_error)
+      __pyx_t_7 = __Pyx_GetItemInt(__pyx_v_dc2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 295, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __pyx_t_5 = __pyx_t_7;
       __pyx_t_7 = 0;
     }
 
 
-    /* "fastln/rnn/_engine.pyx":295
+    /* "fastln/rnn/_engine.pyx":296
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)             # <<<<<<<<<<<<<<
@@ -11584,19 +11556,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
       __pyx_t_7 = Py_None;
     }
 
-    __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_grads2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 295, __pyx_L1_error)
+    __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_grads2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 296, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
-    __pyx_t_9 = __Pyx_GetItemInt(__pyx_v_works2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 295, __pyx_L1_error)
+    __pyx_t_9 = __Pyx_GetItemInt(__pyx_v_works2, __pyx_v_d, int, 1, __Pyx_PyLong_From_int, 0, 0, 1, __Pyx_ReferenceSharing_FunctionArgument); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 296, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_9);
 
-    /* "fastln/rnn/_engine.pyx":293
+    /* "fastln/rnn/_engine.pyx":294
  *     cdef int tn = 0, d
  *     for d in range(2):
  *         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,             # <<<<<<<<<<<<<<
  *                                 caches2[d], dy, dh2[d], None if dc2 is None else dc2[d],
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
 */
-    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_dy, __pyx_t_4, __pyx_t_5, __pyx_t_7, __pyx_t_8, __pyx_t_9, __pyx_v_d, 2); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 293, __pyx_L1_error)
+    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__rnn_fill_backward((&(__pyx_v_a[__pyx_v_d])), __pyx_v_cell, __pyx_v_T, __pyx_v_B, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_x, __pyx_t_2, __pyx_v_lengths, __pyx_t_3, __pyx_v_dy, __pyx_t_4, __pyx_t_5, __pyx_t_7, __pyx_t_8, __pyx_t_9, __pyx_v_d, 2); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 294, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
@@ -11607,7 +11579,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
     __pyx_v_tn = __pyx_t_10;
   }
 
-  /* "fastln/rnn/_engine.pyx":297
+  /* "fastln/rnn/_engine.pyx":298
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -11620,7 +11592,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":298
+        /* "fastln/rnn/_engine.pyx":299
  *     cdef int rc
  *     with nogil:
  *         rc = rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_backward2_f64(a)             # <<<<<<<<<<<<<<
@@ -11640,7 +11612,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":297
+      /* "fastln/rnn/_engine.pyx":298
  *                                 dx if d == 0 else None, grads2[d], works2[d], d, 2)
  *     cdef int rc
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -11657,15 +11629,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":299
+  /* "fastln/rnn/_engine.pyx":300
  *     with nogil:
  *         rc = rnn_backward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_backward2_f64(a)
  *     return _rnn_status(rc)             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 299, __pyx_L1_error)
-  __pyx_t_9 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 299, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__rnn_status(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 300, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 300, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
 
   {
@@ -11679,7 +11651,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   __pyx_t_9 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":284
+  /* "fastln/rnn/_engine.pyx":285
  *     return _rnn_status(rc)
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -11708,7 +11680,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_16backward2(CYTHON_UNUSED PyObje
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":304
+/* "fastln/rnn/_engine.pyx":305
  * # ---- the compiled step --------------------------------------------------------
  * 
  * cpdef bint immutable(object a):             # <<<<<<<<<<<<<<
@@ -11735,7 +11707,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *__pyx_v_a, CYTHON_U
   __Pyx_RefNannySetupContext("immutable", 0);
   __Pyx_INCREF(__pyx_v_a);
 
-  /* "fastln/rnn/_engine.pyx":307
+  /* "fastln/rnn/_engine.pyx":308
  *     """Whether no write can reach a's data: a and every array it views are
  *     read-only, down to an owner that is an array or bytes."""
  *     while isinstance(a, cnp.ndarray):             # <<<<<<<<<<<<<<
@@ -11747,7 +11719,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *__pyx_v_a, CYTHON_U
 
     if (!__pyx_t_1) break;
 
-    /* "fastln/rnn/_engine.pyx":308
+    /* "fastln/rnn/_engine.pyx":309
  *     read-only, down to an owner that is an array or bytes."""
  *     while isinstance(a, cnp.ndarray):
  *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):             # <<<<<<<<<<<<<<
@@ -11759,7 +11731,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *__pyx_v_a, CYTHON_U
     if (__pyx_t_1) {
 
 
-      /* "fastln/rnn/_engine.pyx":309
+      /* "fastln/rnn/_engine.pyx":310
  *     while isinstance(a, cnp.ndarray):
  *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
  *             return False             # <<<<<<<<<<<<<<
@@ -11772,7 +11744,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *__pyx_v_a, CYTHON_U
       }
       goto __pyx_L0;
 
-      /* "fastln/rnn/_engine.pyx":308
+      /* "fastln/rnn/_engine.pyx":309
  *     read-only, down to an owner that is an array or bytes."""
  *     while isinstance(a, cnp.ndarray):
  *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):             # <<<<<<<<<<<<<<
@@ -11781,20 +11753,20 @@ static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *__pyx_v_a, CYTHON_U
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":310
+    /* "fastln/rnn/_engine.pyx":311
  *         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
  *             return False
  *         a = a.base             # <<<<<<<<<<<<<<
  *     return a is None or type(a) is bytes
  * 
 */
-    __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_base); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 310, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_base); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 311, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
     __Pyx_DECREF_SET(__pyx_v_a, __pyx_t_2);
     __pyx_t_2 = 0;
   }
 
-  /* "fastln/rnn/_engine.pyx":311
+  /* "fastln/rnn/_engine.pyx":312
  *             return False
  *         a = a.base
  *     return a is None or type(a) is bytes             # <<<<<<<<<<<<<<
@@ -11820,7 +11792,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_immutable(PyObject *__pyx_v_a, CYTHON_U
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":304
+  /* "fastln/rnn/_engine.pyx":305
  * # ---- the compiled step --------------------------------------------------------
  * 
  * cpdef bint immutable(object a):             # <<<<<<<<<<<<<<
@@ -11880,32 +11852,32 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_a,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 304, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 305, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 304, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 305, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "immutable", 0) < (0)) __PYX_ERR(0, 304, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "immutable", 0) < (0)) __PYX_ERR(0, 305, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("immutable", 1, 1, 1, i); __PYX_ERR(0, 304, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("immutable", 1, 1, 1, i); __PYX_ERR(0, 305, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 1)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 304, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 305, __pyx_L3_error)
     }
     __pyx_v_a = values[0];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("immutable", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 304, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("immutable", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 305, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -11935,8 +11907,8 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_18immutable(CYTHON_UNUSED PyObje
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("immutable", 0);
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine_immutable(__pyx_v_a, 1); if (unlikely(__pyx_t_1 == ((int)-1) && PyErr_Occurred())) __PYX_ERR(0, 304, __pyx_L1_error)
-  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 304, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine_immutable(__pyx_v_a, 1); if (unlikely(__pyx_t_1 == ((int)-1) && PyErr_Occurred())) __PYX_ERR(0, 305, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 305, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -11961,7 +11933,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_18immutable(CYTHON_UNUSED PyObje
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":333
+/* "fastln/rnn/_engine.pyx":335
  *     cdef object keys, owners, keep, locked, bf16
  * 
  *     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,             # <<<<<<<<<<<<<<
@@ -12015,79 +11987,79 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_cell,&__pyx_mstate_global->__pyx_n_u_I,&__pyx_mstate_global->__pyx_n_u_H,&__pyx_mstate_global->__pyx_n_u_eps,&__pyx_mstate_global->__pyx_n_u_layers,&__pyx_mstate_global->__pyx_n_u_packs,&__pyx_mstate_global->__pyx_n_u_bf16,&__pyx_mstate_global->__pyx_n_u_keys,&__pyx_mstate_global->__pyx_n_u_owners,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL_TPNEW(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 333, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 335, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  9:
         values[8] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 8);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  8:
         values[7] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 7);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 333, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 335, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__cinit__", 0) < (0)) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__cinit__", 0) < (0)) __PYX_ERR(0, 335, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 9; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__cinit__", 1, 9, 9, i); __PYX_ERR(0, 333, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__cinit__", 1, 9, 9, i); __PYX_ERR(0, 335, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 9)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[6] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 6);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[7] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 7);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[7])) __PYX_ERR(0, 335, __pyx_L3_error)
       values[8] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 8);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 333, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[8])) __PYX_ERR(0, 335, __pyx_L3_error)
     }
     __pyx_v_cell = ((PyObject*)values[0]);
-    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 333, __pyx_L3_error)
-    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 333, __pyx_L3_error)
-    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[3]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 333, __pyx_L3_error)
+    __pyx_v_I = __Pyx_PyLong_As_int64_t(values[1]); if (unlikely((__pyx_v_I == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 335, __pyx_L3_error)
+    __pyx_v_H = __Pyx_PyLong_As_int64_t(values[2]); if (unlikely((__pyx_v_H == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 335, __pyx_L3_error)
+    __pyx_v_eps = __Pyx_PyFloat_AsDouble(values[3]); if (unlikely((__pyx_v_eps == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 335, __pyx_L3_error)
     __pyx_v_layers = ((PyObject*)values[4]);
     __pyx_v_packs = ((PyObject*)values[5]);
     __pyx_v_bf16 = values[6];
@@ -12096,7 +12068,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("__cinit__", 1, 9, 9, __pyx_nargs); __PYX_ERR(0, 333, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("__cinit__", 1, 9, 9, __pyx_nargs); __PYX_ERR(0, 335, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -12107,11 +12079,11 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return -1;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 333, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_layers), (&PyList_Type), 1, "layers", 1))) __PYX_ERR(0, 333, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_packs), (&PyList_Type), 1, "packs", 1))) __PYX_ERR(0, 333, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_keys), (&PyList_Type), 1, "keys", 1))) __PYX_ERR(0, 334, __pyx_L1_error)
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_owners), (&PyList_Type), 1, "owners", 1))) __PYX_ERR(0, 334, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_cell), (&PyUnicode_Type), 1, "cell", 1))) __PYX_ERR(0, 335, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_layers), (&PyList_Type), 1, "layers", 1))) __PYX_ERR(0, 335, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_packs), (&PyList_Type), 1, "packs", 1))) __PYX_ERR(0, 335, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_keys), (&PyList_Type), 1, "keys", 1))) __PYX_ERR(0, 336, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_owners), (&PyList_Type), 1, "owners", 1))) __PYX_ERR(0, 336, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_cell, __pyx_v_I, __pyx_v_H, __pyx_v_eps, __pyx_v_layers, __pyx_v_packs, __pyx_v_bf16, __pyx_v_keys, __pyx_v_owners);
 
   /* function exit code */
@@ -12168,7 +12140,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("__cinit__", 0);
 
-  /* "fastln/rnn/_engine.pyx":335
+  /* "fastln/rnn/_engine.pyx":337
  *     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,
  *                   bf16, list keys, list owners):
  *         cdef bint wbf16 = bf16 is not None             # <<<<<<<<<<<<<<
@@ -12178,7 +12150,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   __pyx_t_1 = (__pyx_v_bf16 != Py_None);
   __pyx_v_wbf16 = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":336
+  /* "fastln/rnn/_engine.pyx":338
  *                   bf16, list keys, list owners):
  *         cdef bint wbf16 = bf16 is not None
  *         cdef int64_t nl = len(layers), k             # <<<<<<<<<<<<<<
@@ -12187,12 +12159,12 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
   if (unlikely(__pyx_v_layers == Py_None)) {
     PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
-    __PYX_ERR(0, 336, __pyx_L1_error)
+    __PYX_ERR(0, 338, __pyx_L1_error)
   }
-  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_layers); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 336, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_layers); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 338, __pyx_L1_error)
   __pyx_v_nl = __pyx_t_2;
 
-  /* "fastln/rnn/_engine.pyx":337
+  /* "fastln/rnn/_engine.pyx":339
  *         cdef bint wbf16 = bf16 is not None
  *         cdef int64_t nl = len(layers), k
  *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -12211,9 +12183,9 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   }
   if (unlikely(__pyx_v_packs == Py_None)) {
     PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
-    __PYX_ERR(0, 337, __pyx_L1_error)
+    __PYX_ERR(0, 339, __pyx_L1_error)
   }
-  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_packs); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 337, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_packs); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 339, __pyx_L1_error)
   __pyx_t_3 = (__pyx_t_2 != __pyx_v_nl);
 
 
@@ -12244,7 +12216,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/rnn/_engine.pyx":338
+    /* "fastln/rnn/_engine.pyx":340
  *         cdef int64_t nl = len(layers), k
  *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:
  *             raise ValueError("internal: bad layers for Step")             # <<<<<<<<<<<<<<
@@ -12257,14 +12229,14 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
       PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_internal_bad_layers_for_Step};
       __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 338, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 340, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     __Pyx_Raise(__pyx_t_4, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __PYX_ERR(0, 338, __pyx_L1_error)
+    __PYX_ERR(0, 340, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":337
+    /* "fastln/rnn/_engine.pyx":339
  *         cdef bint wbf16 = bf16 is not None
  *         cdef int64_t nl = len(layers), k
  *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:             # <<<<<<<<<<<<<<
@@ -12273,7 +12245,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":339
+  /* "fastln/rnn/_engine.pyx":341
  *         if nl < 1 or len(packs) != nl or I < 1 or H < 1:
  *             raise ValueError("internal: bad layers for Step")
  *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))             # <<<<<<<<<<<<<<
@@ -12282,7 +12254,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
   __pyx_v_self->layers = ((fastln_rnn_args *)PyMem_Malloc((__pyx_v_nl * (sizeof(fastln_rnn_args)))));
 
-  /* "fastln/rnn/_engine.pyx":340
+  /* "fastln/rnn/_engine.pyx":342
  *             raise ValueError("internal: bad layers for Step")
  *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
  *         if self.layers == NULL:             # <<<<<<<<<<<<<<
@@ -12294,16 +12266,16 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/rnn/_engine.pyx":341
+    /* "fastln/rnn/_engine.pyx":343
  *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
  *         if self.layers == NULL:
  *             raise MemoryError()             # <<<<<<<<<<<<<<
  *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
  *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
 */
-    PyErr_NoMemory(); __PYX_ERR(0, 341, __pyx_L1_error)
+    PyErr_NoMemory(); __PYX_ERR(0, 343, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":340
+    /* "fastln/rnn/_engine.pyx":342
  *             raise ValueError("internal: bad layers for Step")
  *         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
  *         if self.layers == NULL:             # <<<<<<<<<<<<<<
@@ -12312,7 +12284,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":342
+  /* "fastln/rnn/_engine.pyx":344
  *         if self.layers == NULL:
  *             raise MemoryError()
  *         self.num_layers, self.input_size, self.hidden_size = nl, I, H             # <<<<<<<<<<<<<<
@@ -12329,7 +12301,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   __pyx_v_self->input_size = __pyx_t_8;
   __pyx_v_self->hidden_size = __pyx_t_9;
 
-  /* "fastln/rnn/_engine.pyx":343
+  /* "fastln/rnn/_engine.pyx":345
  *             raise MemoryError()
  *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
  *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])             # <<<<<<<<<<<<<<
@@ -12342,9 +12314,9 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   } else {
     if (unlikely(__pyx_v_layers == Py_None)) {
       PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
-      __PYX_ERR(0, 343, __pyx_L1_error)
+      __PYX_ERR(0, 345, __pyx_L1_error)
     }
-    __pyx_t_4 = __Pyx_GetItemInt(__Pyx_PyList_GET_ITEM(__pyx_v_layers, 0), 2, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 343, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_GetItemInt(__Pyx_PyList_GET_ITEM(__pyx_v_layers, 0), 2, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 345, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
 
     __pyx_t_10 = __pyx_f_6fastln_5_core__float_type(__pyx_t_4);
@@ -12352,7 +12324,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   }
   __pyx_v_self->tn = __pyx_t_10;
 
-  /* "fastln/rnn/_engine.pyx":344
+  /* "fastln/rnn/_engine.pyx":346
  *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
  *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
  *         if self.tn < 0:             # <<<<<<<<<<<<<<
@@ -12364,7 +12336,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/rnn/_engine.pyx":345
+    /* "fastln/rnn/_engine.pyx":347
  *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
  *         if self.tn < 0:
  *             raise ValueError("internal: bad parameters for Step")             # <<<<<<<<<<<<<<
@@ -12377,14 +12349,14 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
       PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_internal_bad_parameters_for_Step};
       __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 345, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 347, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     __Pyx_Raise(__pyx_t_4, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __PYX_ERR(0, 345, __pyx_L1_error)
+    __PYX_ERR(0, 347, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":344
+    /* "fastln/rnn/_engine.pyx":346
  *         self.num_layers, self.input_size, self.hidden_size = nl, I, H
  *         self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
  *         if self.tn < 0:             # <<<<<<<<<<<<<<
@@ -12393,7 +12365,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":346
+  /* "fastln/rnn/_engine.pyx":348
  *         if self.tn < 0:
  *             raise ValueError("internal: bad parameters for Step")
  *         self.lstm = cell.startswith("lstm")             # <<<<<<<<<<<<<<
@@ -12402,12 +12374,12 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
   if (unlikely(__pyx_v_cell == Py_None)) {
     PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "startswith");
-    __PYX_ERR(0, 346, __pyx_L1_error)
+    __PYX_ERR(0, 348, __pyx_L1_error)
   }
-  __pyx_t_1 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 346, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyUnicode_Tailmatch(__pyx_v_cell, __pyx_mstate_global->__pyx_n_u_lstm, 0, PY_SSIZE_T_MAX, -1); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 348, __pyx_L1_error)
   __pyx_v_self->lstm = __pyx_t_1;
 
-  /* "fastln/rnn/_engine.pyx":347
+  /* "fastln/rnn/_engine.pyx":349
  *             raise ValueError("internal: bad parameters for Step")
  *         self.lstm = cell.startswith("lstm")
  *         for k in range(nl):             # <<<<<<<<<<<<<<
@@ -12421,7 +12393,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   for (__pyx_t_7 = 0; __pyx_t_7 < __pyx_t_8; __pyx_t_7+=1) {
     __pyx_v_k = __pyx_t_7;
 
-    /* "fastln/rnn/_engine.pyx":348
+    /* "fastln/rnn/_engine.pyx":350
  *         self.lstm = cell.startswith("lstm")
  *         for k in range(nl):
  *             a = &self.layers[k]             # <<<<<<<<<<<<<<
@@ -12430,7 +12402,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
     __pyx_v_a = (&(__pyx_v_self->layers[__pyx_v_k]));
 
-    /* "fastln/rnn/_engine.pyx":349
+    /* "fastln/rnn/_engine.pyx":351
  *         for k in range(nl):
  *             a = &self.layers[k]
  *             memset(a, 0, sizeof(a[0]))             # <<<<<<<<<<<<<<
@@ -12439,23 +12411,23 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
     (void)(memset(__pyx_v_a, 0, (sizeof((__pyx_v_a[0])))));
 
-    /* "fastln/rnn/_engine.pyx":350
+    /* "fastln/rnn/_engine.pyx":352
  *             a = &self.layers[k]
  *             memset(a, 0, sizeof(a[0]))
  *             a.cell = CELLS[cell]             # <<<<<<<<<<<<<<
  *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
  *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
 */
-    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 350, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_CELLS); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 352, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_5 = __Pyx_PyObject_Dict_GetItem(__pyx_t_4, __pyx_v_cell); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 350, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyObject_Dict_GetItem(__pyx_t_4, __pyx_v_cell); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 352, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __pyx_t_10 = __Pyx_PyLong_As_int(__pyx_t_5); if (unlikely((__pyx_t_10 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 350, __pyx_L1_error)
+    __pyx_t_10 = __Pyx_PyLong_As_int(__pyx_t_5); if (unlikely((__pyx_t_10 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 352, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     __pyx_v_a->cell = __pyx_t_10;
 
-    /* "fastln/rnn/_engine.pyx":351
+    /* "fastln/rnn/_engine.pyx":353
  *             memset(a, 0, sizeof(a[0]))
  *             a.cell = CELLS[cell]
  *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps             # <<<<<<<<<<<<<<
@@ -12480,7 +12452,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
     __pyx_v_a->hidden = __pyx_t_12;
     __pyx_v_a->eps = __pyx_t_13;
 
-    /* "fastln/rnn/_engine.pyx":352
+    /* "fastln/rnn/_engine.pyx":354
  *             a.cell = CELLS[cell]
  *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
  *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)             # <<<<<<<<<<<<<<
@@ -12489,16 +12461,16 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
     if (unlikely(__pyx_v_layers == Py_None)) {
       PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
-      __PYX_ERR(0, 352, __pyx_L1_error)
+      __PYX_ERR(0, 354, __pyx_L1_error)
     }
     __pyx_t_5 = __Pyx_PyList_GET_ITEM(__pyx_v_layers, __pyx_v_k);
     __Pyx_INCREF(__pyx_t_5);
     __pyx_t_14 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 352, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_param_sizes); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 354, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_15);
-    __pyx_t_16 = __Pyx_PyLong_From_int64_t(__pyx_v_a->input); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 352, __pyx_L1_error)
+    __pyx_t_16 = __Pyx_PyLong_From_int64_t(__pyx_v_a->input); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 354, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_16);
-    __pyx_t_17 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 352, __pyx_L1_error)
+    __pyx_t_17 = __Pyx_PyLong_From_int64_t(__pyx_v_H); if (unlikely(!__pyx_t_17)) __PYX_ERR(0, 354, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_17);
     __pyx_t_6 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -12519,15 +12491,15 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
       __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
       __Pyx_DECREF(__pyx_t_17); __pyx_t_17 = 0;
       __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 352, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 354, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
-    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__params(__pyx_v_a, __pyx_t_5, __pyx_v_self->tn, __pyx_t_4, __pyx_v_wbf16); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 352, __pyx_L1_error)
+    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__params(__pyx_v_a, __pyx_t_5, __pyx_v_self->tn, __pyx_t_4, __pyx_v_wbf16); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 354, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
 
-    /* "fastln/rnn/_engine.pyx":353
+    /* "fastln/rnn/_engine.pyx":355
  *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
  *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
  *             if wbf16:             # <<<<<<<<<<<<<<
@@ -12536,7 +12508,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
     if (__pyx_v_wbf16) {
 
-      /* "fastln/rnn/_engine.pyx":354
+      /* "fastln/rnn/_engine.pyx":356
  *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
  *             if wbf16:
  *                 a.wtype = FASTLN_RNN_W_BF16             # <<<<<<<<<<<<<<
@@ -12545,7 +12517,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
       __pyx_v_a->wtype = FASTLN_RNN_W_BF16;
 
-      /* "fastln/rnn/_engine.pyx":353
+      /* "fastln/rnn/_engine.pyx":355
  *             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
  *             _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
  *             if wbf16:             # <<<<<<<<<<<<<<
@@ -12554,7 +12526,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":355
+    /* "fastln/rnn/_engine.pyx":357
  *             if wbf16:
  *                 a.wtype = FASTLN_RNN_W_BF16
  *             _set_packed(a, packs[k])             # <<<<<<<<<<<<<<
@@ -12563,17 +12535,17 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
     if (unlikely(__pyx_v_packs == Py_None)) {
       PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
-      __PYX_ERR(0, 355, __pyx_L1_error)
+      __PYX_ERR(0, 357, __pyx_L1_error)
     }
     __pyx_t_4 = __Pyx_PyList_GET_ITEM(__pyx_v_packs, __pyx_v_k);
     __Pyx_INCREF(__pyx_t_4);
-    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__set_packed(__pyx_v_a, __pyx_t_4); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 355, __pyx_L1_error)
+    __pyx_t_10 = __pyx_f_6fastln_3rnn_7_engine__set_packed(__pyx_v_a, __pyx_t_4); if (unlikely(__pyx_t_10 == ((int)-1))) __PYX_ERR(0, 357, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
   }
 
 
-  /* "fastln/rnn/_engine.pyx":356
+  /* "fastln/rnn/_engine.pyx":358
  *                 a.wtype = FASTLN_RNN_W_BF16
  *             _set_packed(a, packs[k])
  *         self.keys, self.owners, self.bf16 = keys, owners, bf16             # <<<<<<<<<<<<<<
@@ -12599,27 +12571,27 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   __Pyx_DECREF_SET(__pyx_v_self->bf16, __pyx_t_15);
   __pyx_t_15 = 0;
 
-  /* "fastln/rnn/_engine.pyx":357
+  /* "fastln/rnn/_engine.pyx":359
  *             _set_packed(a, packs[k])
  *         self.keys, self.owners, self.bf16 = keys, owners, bf16
  *         self.keep = (layers, packs)             # <<<<<<<<<<<<<<
  *         self.locked = [owners[i] for i in range(len(owners))
  *                        if packs[i // (len(owners) // nl)] is not None
 */
-  __pyx_t_15 = PyTuple_New(2); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 357, __pyx_L1_error)
+  __pyx_t_15 = PyTuple_New(2); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 359, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_15);
   __Pyx_INCREF(__pyx_v_layers);
   __Pyx_GIVEREF(__pyx_v_layers);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 0, __pyx_v_layers) != (0)) __PYX_ERR(0, 357, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 0, __pyx_v_layers) != (0)) __PYX_ERR(0, 359, __pyx_L1_error);
   __Pyx_INCREF(__pyx_v_packs);
   __Pyx_GIVEREF(__pyx_v_packs);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 1, __pyx_v_packs) != (0)) __PYX_ERR(0, 357, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 1, __pyx_v_packs) != (0)) __PYX_ERR(0, 359, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_15);
   __Pyx_GOTREF(__pyx_v_self->keep);
   __Pyx_DECREF_SET(__pyx_v_self->keep, __pyx_t_15);
   __pyx_t_15 = 0;
 
-  /* "fastln/rnn/_engine.pyx":358
+  /* "fastln/rnn/_engine.pyx":360
  *         self.keys, self.owners, self.bf16 = keys, owners, bf16
  *         self.keep = (layers, packs)
  *         self.locked = [owners[i] for i in range(len(owners))             # <<<<<<<<<<<<<<
@@ -12627,19 +12599,19 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
  *                        and i % (len(owners) // nl) < 2]
 */
   { /* enter inner scope */
-    __pyx_t_15 = PyList_New(0); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 358, __pyx_L1_error)
+    __pyx_t_15 = PyList_New(0); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 360, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_15);
     if (unlikely(__pyx_v_owners == Py_None)) {
       PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
-      __PYX_ERR(0, 358, __pyx_L1_error)
+      __PYX_ERR(0, 360, __pyx_L1_error)
     }
-    __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 358, __pyx_L1_error)
+    __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 360, __pyx_L1_error)
     __pyx_t_18 = __pyx_t_2;
 
     for (__pyx_t_19 = 0; __pyx_t_19 < __pyx_t_18; __pyx_t_19+=1) {
       __pyx_7genexpr__pyx_v_i = __pyx_t_19;
 
-      /* "fastln/rnn/_engine.pyx":359
+      /* "fastln/rnn/_engine.pyx":361
  *         self.keep = (layers, packs)
  *         self.locked = [owners[i] for i in range(len(owners))
  *                        if packs[i // (len(owners) // nl)] is not None             # <<<<<<<<<<<<<<
@@ -12648,31 +12620,31 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
       if (unlikely(__pyx_v_packs == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
-        __PYX_ERR(0, 359, __pyx_L1_error)
+        __PYX_ERR(0, 361, __pyx_L1_error)
       }
       if (unlikely(__pyx_v_owners == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
-        __PYX_ERR(0, 359, __pyx_L1_error)
+        __PYX_ERR(0, 361, __pyx_L1_error)
       }
-      __pyx_t_20 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_20 == ((Py_ssize_t)-1))) __PYX_ERR(0, 359, __pyx_L1_error)
+      __pyx_t_20 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_20 == ((Py_ssize_t)-1))) __PYX_ERR(0, 361, __pyx_L1_error)
       if (unlikely(__pyx_v_nl == 0)) {
         PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
-        __PYX_ERR(0, 359, __pyx_L1_error)
+        __PYX_ERR(0, 361, __pyx_L1_error)
       }
       else if (sizeof(Py_ssize_t) == sizeof(long) && (!(((int64_t)-1) > 0)) && unlikely(__pyx_v_nl == (int64_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_t_20))) {
         PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
-        __PYX_ERR(0, 359, __pyx_L1_error)
+        __PYX_ERR(0, 361, __pyx_L1_error)
       }
       __pyx_t_21 = __Pyx_div_Py_ssize_t(__pyx_t_20, __pyx_v_nl, 0);
 
 
       if (unlikely(__pyx_t_21 == 0)) {
         PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
-        __PYX_ERR(0, 359, __pyx_L1_error)
+        __PYX_ERR(0, 361, __pyx_L1_error)
       }
       else if (sizeof(Py_ssize_t) == sizeof(long) && (!(((Py_ssize_t)-1) > 0)) && unlikely(__pyx_t_21 == (Py_ssize_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_7genexpr__pyx_v_i))) {
         PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
-        __PYX_ERR(0, 359, __pyx_L1_error)
+        __PYX_ERR(0, 361, __pyx_L1_error)
       }
       __pyx_t_20 = __Pyx_div_Py_ssize_t(__pyx_7genexpr__pyx_v_i, __pyx_t_21, 0);
 
@@ -12688,7 +12660,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
         goto __pyx_L16_bool_binop_done;
       }
 
-      /* "fastln/rnn/_engine.pyx":360
+      /* "fastln/rnn/_engine.pyx":362
  *         self.locked = [owners[i] for i in range(len(owners))
  *                        if packs[i // (len(owners) // nl)] is not None
  *                        and i % (len(owners) // nl) < 2]             # <<<<<<<<<<<<<<
@@ -12697,23 +12669,23 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
       if (unlikely(__pyx_v_owners == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
-        __PYX_ERR(0, 360, __pyx_L1_error)
+        __PYX_ERR(0, 362, __pyx_L1_error)
       }
-      __pyx_t_20 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_20 == ((Py_ssize_t)-1))) __PYX_ERR(0, 360, __pyx_L1_error)
+      __pyx_t_20 = __Pyx_PyList_GET_SIZE(__pyx_v_owners); if (unlikely(__pyx_t_20 == ((Py_ssize_t)-1))) __PYX_ERR(0, 362, __pyx_L1_error)
       if (unlikely(__pyx_v_nl == 0)) {
         PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
-        __PYX_ERR(0, 360, __pyx_L1_error)
+        __PYX_ERR(0, 362, __pyx_L1_error)
       }
       else if (sizeof(Py_ssize_t) == sizeof(long) && (!(((int64_t)-1) > 0)) && unlikely(__pyx_v_nl == (int64_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_t_20))) {
         PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
-        __PYX_ERR(0, 360, __pyx_L1_error)
+        __PYX_ERR(0, 362, __pyx_L1_error)
       }
       __pyx_t_21 = __Pyx_div_Py_ssize_t(__pyx_t_20, __pyx_v_nl, 0);
 
 
       if (unlikely(__pyx_t_21 == 0)) {
         PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
-        __PYX_ERR(0, 360, __pyx_L1_error)
+        __PYX_ERR(0, 362, __pyx_L1_error)
       }
       __pyx_t_3 = (__Pyx_mod_Py_ssize_t(__pyx_7genexpr__pyx_v_i, __pyx_t_21, 0) < 2);
 
@@ -12723,7 +12695,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 
       __pyx_L16_bool_binop_done:;
 
-      /* "fastln/rnn/_engine.pyx":359
+      /* "fastln/rnn/_engine.pyx":361
  *         self.keep = (layers, packs)
  *         self.locked = [owners[i] for i in range(len(owners))
  *                        if packs[i // (len(owners) // nl)] is not None             # <<<<<<<<<<<<<<
@@ -12733,7 +12705,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
       if (__pyx_t_1) {
 
 
-        /* "fastln/rnn/_engine.pyx":358
+        /* "fastln/rnn/_engine.pyx":360
  *         self.keys, self.owners, self.bf16 = keys, owners, bf16
  *         self.keep = (layers, packs)
  *         self.locked = [owners[i] for i in range(len(owners))             # <<<<<<<<<<<<<<
@@ -12742,11 +12714,11 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 */
         if (unlikely(__pyx_v_owners == Py_None)) {
           PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
-          __PYX_ERR(0, 358, __pyx_L1_error)
+          __PYX_ERR(0, 360, __pyx_L1_error)
         }
-        if (unlikely(__Pyx_ListComp_Append(__pyx_t_15, __Pyx_PyList_GET_ITEM(__pyx_v_owners, __pyx_7genexpr__pyx_v_i)))) __PYX_ERR(0, 358, __pyx_L1_error)
+        if (unlikely(__Pyx_ListComp_Append(__pyx_t_15, __Pyx_PyList_GET_ITEM(__pyx_v_owners, __pyx_7genexpr__pyx_v_i)))) __PYX_ERR(0, 360, __pyx_L1_error)
 
-        /* "fastln/rnn/_engine.pyx":359
+        /* "fastln/rnn/_engine.pyx":361
  *         self.keep = (layers, packs)
  *         self.locked = [owners[i] for i in range(len(owners))
  *                        if packs[i // (len(owners) // nl)] is not None             # <<<<<<<<<<<<<<
@@ -12759,7 +12731,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
 
   } /* exit inner scope */
 
-  /* "fastln/rnn/_engine.pyx":358
+  /* "fastln/rnn/_engine.pyx":360
  *         self.keys, self.owners, self.bf16 = keys, owners, bf16
  *         self.keep = (layers, packs)
  *         self.locked = [owners[i] for i in range(len(owners))             # <<<<<<<<<<<<<<
@@ -12771,7 +12743,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   __Pyx_DECREF_SET(__pyx_v_self->locked, __pyx_t_15);
   __pyx_t_15 = 0;
 
-  /* "fastln/rnn/_engine.pyx":333
+  /* "fastln/rnn/_engine.pyx":335
  *     cdef object keys, owners, keep, locked, bf16
  * 
  *     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,             # <<<<<<<<<<<<<<
@@ -12802,7 +12774,7 @@ static int __pyx_pf_6fastln_3rnn_7_engine_4Step___cinit__(struct __pyx_obj_6fast
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":362
+/* "fastln/rnn/_engine.pyx":364
  *                        and i % (len(owners) // nl) < 2]
  * 
  *     def __dealloc__(self):             # <<<<<<<<<<<<<<
@@ -12825,7 +12797,7 @@ static void __pyx_pw_6fastln_3rnn_7_engine_4Step_3__dealloc__(PyObject *__pyx_v_
 
 static void __pyx_pf_6fastln_3rnn_7_engine_4Step_2__dealloc__(struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self) {
 
-  /* "fastln/rnn/_engine.pyx":363
+  /* "fastln/rnn/_engine.pyx":365
  * 
  *     def __dealloc__(self):
  *         PyMem_Free(self.layers)             # <<<<<<<<<<<<<<
@@ -12834,7 +12806,7 @@ static void __pyx_pf_6fastln_3rnn_7_engine_4Step_2__dealloc__(struct __pyx_obj_6
 */
   PyMem_Free(__pyx_v_self->layers);
 
-  /* "fastln/rnn/_engine.pyx":362
+  /* "fastln/rnn/_engine.pyx":364
  *                        and i % (len(owners) // nl) < 2]
  * 
  *     def __dealloc__(self):             # <<<<<<<<<<<<<<
@@ -12846,7 +12818,7 @@ static void __pyx_pf_6fastln_3rnn_7_engine_4Step_2__dealloc__(struct __pyx_obj_6
 
 }
 
-/* "fastln/rnn/_engine.pyx":365
+/* "fastln/rnn/_engine.pyx":367
  *         PyMem_Free(self.layers)
  * 
  *     def valid(self, dict params):             # <<<<<<<<<<<<<<
@@ -12894,32 +12866,32 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_params,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 365, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 367, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 365, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 367, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "valid", 0) < (0)) __PYX_ERR(0, 365, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "valid", 0) < (0)) __PYX_ERR(0, 367, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("valid", 1, 1, 1, i); __PYX_ERR(0, 365, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("valid", 1, 1, 1, i); __PYX_ERR(0, 367, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 1)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 365, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 367, __pyx_L3_error)
     }
     __pyx_v_params = ((PyObject*)values[0]);
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("valid", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 365, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("valid", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 367, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -12930,7 +12902,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_params), (&PyDict_Type), 1, "params", 1))) __PYX_ERR(0, 365, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_params), (&PyDict_Type), 1, "params", 1))) __PYX_ERR(0, 367, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_4valid(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_params);
 
   /* function exit code */
@@ -12960,15 +12932,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_4valid(struct __pyx_obj_6f
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("valid", 0);
 
-  /* "fastln/rnn/_engine.pyx":368
+  /* "fastln/rnn/_engine.pyx":370
  *         """Whether params holds the arrays the step was built from, and the
  *         weights it keeps packed are still immutable."""
  *         return self._valid(params)             # <<<<<<<<<<<<<<
  * 
  *     def __call__(self, dict params, x, state):
 */
-  __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_valid(__pyx_v_self, __pyx_v_params); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 368, __pyx_L1_error)
-  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 368, __pyx_L1_error)
+  __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_valid(__pyx_v_self, __pyx_v_params); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 370, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_t_1); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 370, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -12982,7 +12954,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_4valid(struct __pyx_obj_6f
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":365
+  /* "fastln/rnn/_engine.pyx":367
  *         PyMem_Free(self.layers)
  * 
  *     def valid(self, dict params):             # <<<<<<<<<<<<<<
@@ -13001,7 +12973,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_4valid(struct __pyx_obj_6f
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":370
+/* "fastln/rnn/_engine.pyx":372
  *         return self._valid(params)
  * 
  *     def __call__(self, dict params, x, state):             # <<<<<<<<<<<<<<
@@ -13037,38 +13009,38 @@ static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_7__call__(PyObject *__pyx_
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_params,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_state,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_VARARGS(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 370, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 372, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  3:
         values[2] = __Pyx_ArgRef_VARARGS(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 370, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 372, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_VARARGS(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 370, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 372, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_VARARGS(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 370, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 372, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__call__", 0) < (0)) __PYX_ERR(0, 370, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__call__", 0) < (0)) __PYX_ERR(0, 372, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__call__", 1, 3, 3, i); __PYX_ERR(0, 370, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__call__", 1, 3, 3, i); __PYX_ERR(0, 372, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 3)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_VARARGS(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 370, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 372, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_VARARGS(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 370, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 372, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_VARARGS(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 370, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 372, __pyx_L3_error)
     }
     __pyx_v_params = ((PyObject*)values[0]);
     __pyx_v_x = values[1];
@@ -13076,7 +13048,7 @@ static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_7__call__(PyObject *__pyx_
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("__call__", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 370, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("__call__", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 372, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -13087,7 +13059,7 @@ static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_7__call__(PyObject *__pyx_
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_params), (&PyDict_Type), 1, "params", 1))) __PYX_ERR(0, 370, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_params), (&PyDict_Type), 1, "params", 1))) __PYX_ERR(0, 372, __pyx_L1_error)
   __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v_params, __pyx_v_x, __pyx_v_state);
 
   /* function exit code */
@@ -13132,14 +13104,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("__call__", 0);
 
-  /* "fastln/rnn/_engine.pyx":377
+  /* "fastln/rnn/_engine.pyx":379
  *         model's dtype; None when a condition fails (step() then takes its
  *         general path)."""
  *         if not (self._valid(params) and _fast(x, self.tn)             # <<<<<<<<<<<<<<
  *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
  *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
 */
-  __pyx_t_2 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_valid(__pyx_v_self, __pyx_v_params); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 377, __pyx_L1_error)
+  __pyx_t_2 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_valid(__pyx_v_self, __pyx_v_params); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 379, __pyx_L1_error)
   if (__pyx_t_2) {
 
   } else {
@@ -13149,7 +13121,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
     goto __pyx_L4_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":378
+  /* "fastln/rnn/_engine.pyx":380
  *         general path)."""
  *         if not (self._valid(params) and _fast(x, self.tn)
  *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2             # <<<<<<<<<<<<<<
@@ -13167,7 +13139,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
     goto __pyx_L4_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":379
+  /* "fastln/rnn/_engine.pyx":381
  *         if not (self._valid(params) and _fast(x, self.tn)
  *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
  *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size             # <<<<<<<<<<<<<<
@@ -13185,7 +13157,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
     goto __pyx_L4_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":380
+  /* "fastln/rnn/_engine.pyx":382
  *                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
  *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
  *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):             # <<<<<<<<<<<<<<
@@ -13209,7 +13181,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 
   __pyx_L4_bool_binop_done:;
 
-  /* "fastln/rnn/_engine.pyx":377
+  /* "fastln/rnn/_engine.pyx":379
  *         model's dtype; None when a condition fails (step() then takes its
  *         general path)."""
  *         if not (self._valid(params) and _fast(x, self.tn)             # <<<<<<<<<<<<<<
@@ -13222,7 +13194,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":381
+    /* "fastln/rnn/_engine.pyx":383
  *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
  *                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):
  *             return None             # <<<<<<<<<<<<<<
@@ -13239,7 +13211,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
     }
     goto __pyx_L0;
 
-    /* "fastln/rnn/_engine.pyx":377
+    /* "fastln/rnn/_engine.pyx":379
  *         model's dtype; None when a condition fails (step() then takes its
  *         general path)."""
  *         if not (self._valid(params) and _fast(x, self.tn)             # <<<<<<<<<<<<<<
@@ -13248,7 +13220,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":383
+  /* "fastln/rnn/_engine.pyx":385
  *             return None
  *         cdef cnp.npy_intp dims[3]
  *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \             # <<<<<<<<<<<<<<
@@ -13260,7 +13232,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   __pyx_t_4 = PyArray_DIM(((PyArrayObject *)__pyx_v_x), 0);
 
 
-  /* "fastln/rnn/_engine.pyx":384
+  /* "fastln/rnn/_engine.pyx":386
  *         cdef cnp.npy_intp dims[3]
  *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
  *             self.hidden_size             # <<<<<<<<<<<<<<
@@ -13270,7 +13242,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   __pyx_t_5 = __pyx_v_self->hidden_size;
 
 
-  /* "fastln/rnn/_engine.pyx":383
+  /* "fastln/rnn/_engine.pyx":385
  *             return None
  *         cdef cnp.npy_intp dims[3]
  *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \             # <<<<<<<<<<<<<<
@@ -13284,7 +13256,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   (__pyx_v_dims[2]) = __pyx_t_5;
 
 
-  /* "fastln/rnn/_engine.pyx":385
+  /* "fastln/rnn/_engine.pyx":387
  *         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
  *             self.hidden_size
  *         h_in = c_in = None             # <<<<<<<<<<<<<<
@@ -13296,7 +13268,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   __Pyx_INCREF(Py_None);
   __pyx_v_c_in = Py_None;
 
-  /* "fastln/rnn/_engine.pyx":386
+  /* "fastln/rnn/_engine.pyx":388
  *             self.hidden_size
  *         h_in = c_in = None
  *         if state is not None:             # <<<<<<<<<<<<<<
@@ -13307,7 +13279,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":387
+    /* "fastln/rnn/_engine.pyx":389
  *         h_in = c_in = None
  *         if state is not None:
  *             if self.lstm:             # <<<<<<<<<<<<<<
@@ -13316,7 +13288,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
     if (__pyx_v_self->lstm) {
 
-      /* "fastln/rnn/_engine.pyx":388
+      /* "fastln/rnn/_engine.pyx":390
  *         if state is not None:
  *             if self.lstm:
  *                 if type(state) is not tuple or len(<tuple>state) != 2:             # <<<<<<<<<<<<<<
@@ -13334,9 +13306,9 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
       }
       if (unlikely(__pyx_v_state == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
-        __PYX_ERR(0, 388, __pyx_L1_error)
+        __PYX_ERR(0, 390, __pyx_L1_error)
       }
-      __pyx_t_6 = __Pyx_PyTuple_GET_SIZE(((PyObject*)__pyx_v_state)); if (unlikely(__pyx_t_6 == ((Py_ssize_t)-1))) __PYX_ERR(0, 388, __pyx_L1_error)
+      __pyx_t_6 = __Pyx_PyTuple_GET_SIZE(((PyObject*)__pyx_v_state)); if (unlikely(__pyx_t_6 == ((Py_ssize_t)-1))) __PYX_ERR(0, 390, __pyx_L1_error)
       __pyx_t_1 = (__pyx_t_6 != 2);
 
 
@@ -13347,7 +13319,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
       if (__pyx_t_2) {
 
 
-        /* "fastln/rnn/_engine.pyx":389
+        /* "fastln/rnn/_engine.pyx":391
  *             if self.lstm:
  *                 if type(state) is not tuple or len(<tuple>state) != 2:
  *                     return None             # <<<<<<<<<<<<<<
@@ -13364,7 +13336,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
         }
         goto __pyx_L0;
 
-        /* "fastln/rnn/_engine.pyx":388
+        /* "fastln/rnn/_engine.pyx":390
  *         if state is not None:
  *             if self.lstm:
  *                 if type(state) is not tuple or len(<tuple>state) != 2:             # <<<<<<<<<<<<<<
@@ -13373,7 +13345,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
       }
 
-      /* "fastln/rnn/_engine.pyx":390
+      /* "fastln/rnn/_engine.pyx":392
  *                 if type(state) is not tuple or len(<tuple>state) != 2:
  *                     return None
  *                 h_in, c_in = state             # <<<<<<<<<<<<<<
@@ -13386,7 +13358,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
         if (unlikely(size != 2)) {
           if (size > 2) __Pyx_RaiseTooManyValuesError(2);
           else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
-          __PYX_ERR(0, 390, __pyx_L1_error)
+          __PYX_ERR(0, 392, __pyx_L1_error)
         }
         #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
         if (likely(PyTuple_CheckExact(sequence))) {
@@ -13396,28 +13368,28 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
           __Pyx_INCREF(__pyx_t_8);
         } else {
           __pyx_t_7 = __Pyx_PyList_GET_ITEM_REF(sequence, 0, __Pyx_ReferenceSharing_SharedReference);
-          if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 390, __pyx_L1_error)
+          if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 392, __pyx_L1_error)
           __Pyx_XGOTREF(__pyx_t_7);
           __pyx_t_8 = __Pyx_PyList_GET_ITEM_REF(sequence, 1, __Pyx_ReferenceSharing_SharedReference);
-          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 390, __pyx_L1_error)
+          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 392, __pyx_L1_error)
           __Pyx_XGOTREF(__pyx_t_8);
         }
         #else
-        __pyx_t_7 = __Pyx_PySequence_ITEM(sequence, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 390, __pyx_L1_error)
+        __pyx_t_7 = __Pyx_PySequence_ITEM(sequence, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 392, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_7);
-        __pyx_t_8 = __Pyx_PySequence_ITEM(sequence, 1); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 390, __pyx_L1_error)
+        __pyx_t_8 = __Pyx_PySequence_ITEM(sequence, 1); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 392, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_8);
         #endif
       } else {
         Py_ssize_t index = -1;
-        __pyx_t_9 = PyObject_GetIter(__pyx_v_state); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 390, __pyx_L1_error)
+        __pyx_t_9 = PyObject_GetIter(__pyx_v_state); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 392, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_9);
         __pyx_t_10 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_9);
         index = 0; __pyx_t_7 = __pyx_t_10(__pyx_t_9); if (unlikely(!__pyx_t_7)) goto __pyx_L14_unpacking_failed;
         __Pyx_GOTREF(__pyx_t_7);
         index = 1; __pyx_t_8 = __pyx_t_10(__pyx_t_9); if (unlikely(!__pyx_t_8)) goto __pyx_L14_unpacking_failed;
         __Pyx_GOTREF(__pyx_t_8);
-        if (__Pyx_IternextUnpackEndCheck(__pyx_t_10(__pyx_t_9), 2) < (0)) __PYX_ERR(0, 390, __pyx_L1_error)
+        if (__Pyx_IternextUnpackEndCheck(__pyx_t_10(__pyx_t_9), 2) < (0)) __PYX_ERR(0, 392, __pyx_L1_error)
         __pyx_t_10 = NULL;
         __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
         goto __pyx_L15_unpacking_done;
@@ -13425,7 +13397,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
         __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
         __pyx_t_10 = NULL;
         if (__Pyx_IterFinish() == 0) __Pyx_RaiseNeedMoreValuesError(index);
-        __PYX_ERR(0, 390, __pyx_L1_error)
+        __PYX_ERR(0, 392, __pyx_L1_error)
         __pyx_L15_unpacking_done:;
       }
       __Pyx_DECREF_SET(__pyx_v_h_in, __pyx_t_7);
@@ -13433,21 +13405,21 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
       __Pyx_DECREF_SET(__pyx_v_c_in, __pyx_t_8);
       __pyx_t_8 = 0;
 
-      /* "fastln/rnn/_engine.pyx":391
+      /* "fastln/rnn/_engine.pyx":393
  *                     return None
  *                 h_in, c_in = state
  *                 if not self._state_ok(c_in, dims):             # <<<<<<<<<<<<<<
  *                     return None
  *             else:
 */
-      __pyx_t_2 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_state_ok(__pyx_v_self, __pyx_v_c_in, __pyx_v_dims); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 391, __pyx_L1_error)
+      __pyx_t_2 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_state_ok(__pyx_v_self, __pyx_v_c_in, __pyx_v_dims); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 393, __pyx_L1_error)
       __pyx_t_1 = (!__pyx_t_2);
 
 
       if (__pyx_t_1) {
 
 
-        /* "fastln/rnn/_engine.pyx":392
+        /* "fastln/rnn/_engine.pyx":394
  *                 h_in, c_in = state
  *                 if not self._state_ok(c_in, dims):
  *                     return None             # <<<<<<<<<<<<<<
@@ -13464,7 +13436,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
         }
         goto __pyx_L0;
 
-        /* "fastln/rnn/_engine.pyx":391
+        /* "fastln/rnn/_engine.pyx":393
  *                     return None
  *                 h_in, c_in = state
  *                 if not self._state_ok(c_in, dims):             # <<<<<<<<<<<<<<
@@ -13473,7 +13445,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
       }
 
-      /* "fastln/rnn/_engine.pyx":387
+      /* "fastln/rnn/_engine.pyx":389
  *         h_in = c_in = None
  *         if state is not None:
  *             if self.lstm:             # <<<<<<<<<<<<<<
@@ -13483,7 +13455,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
       goto __pyx_L10;
     }
 
-    /* "fastln/rnn/_engine.pyx":394
+    /* "fastln/rnn/_engine.pyx":396
  *                     return None
  *             else:
  *                 h_in = state             # <<<<<<<<<<<<<<
@@ -13496,21 +13468,21 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
     }
     __pyx_L10:;
 
-    /* "fastln/rnn/_engine.pyx":395
+    /* "fastln/rnn/_engine.pyx":397
  *             else:
  *                 h_in = state
  *             if not self._state_ok(h_in, dims):             # <<<<<<<<<<<<<<
  *                 return None
  *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
 */
-    __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_state_ok(__pyx_v_self, __pyx_v_h_in, __pyx_v_dims); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 395, __pyx_L1_error)
+    __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_state_ok(__pyx_v_self, __pyx_v_h_in, __pyx_v_dims); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 397, __pyx_L1_error)
     __pyx_t_2 = (!__pyx_t_1);
 
 
     if (__pyx_t_2) {
 
 
-      /* "fastln/rnn/_engine.pyx":396
+      /* "fastln/rnn/_engine.pyx":398
  *                 h_in = state
  *             if not self._state_ok(h_in, dims):
  *                 return None             # <<<<<<<<<<<<<<
@@ -13527,7 +13499,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
       }
       goto __pyx_L0;
 
-      /* "fastln/rnn/_engine.pyx":395
+      /* "fastln/rnn/_engine.pyx":397
  *             else:
  *                 h_in = state
  *             if not self._state_ok(h_in, dims):             # <<<<<<<<<<<<<<
@@ -13536,7 +13508,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":386
+    /* "fastln/rnn/_engine.pyx":388
  *             self.hidden_size
  *         h_in = c_in = None
  *         if state is not None:             # <<<<<<<<<<<<<<
@@ -13545,7 +13517,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":397
+  /* "fastln/rnn/_engine.pyx":399
  *             if not self._state_ok(h_in, dims):
  *                 return None
  *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \             # <<<<<<<<<<<<<<
@@ -13554,20 +13526,20 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
   __pyx_t_2 = (__pyx_v_state != Py_None);
   if (__pyx_t_2) {
-    __pyx_t_7 = PyArray_EMPTY(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 397, __pyx_L1_error)
+    __pyx_t_7 = PyArray_EMPTY(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 399, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __pyx_t_8 = __pyx_t_7;
     __pyx_t_7 = 0;
   } else {
 
-    /* "fastln/rnn/_engine.pyx":398
+    /* "fastln/rnn/_engine.pyx":400
  *                 return None
  *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
  *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)             # <<<<<<<<<<<<<<
  *         c = None
  *         if self.lstm:
 */
-    __pyx_t_7 = PyArray_ZEROS(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 398, __pyx_L1_error)
+    __pyx_t_7 = PyArray_ZEROS(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 400, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __pyx_t_8 = __pyx_t_7;
     __pyx_t_7 = 0;
@@ -13576,7 +13548,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   __pyx_v_h = __pyx_t_8;
   __pyx_t_8 = 0;
 
-  /* "fastln/rnn/_engine.pyx":399
+  /* "fastln/rnn/_engine.pyx":401
  *         h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
  *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
  *         c = None             # <<<<<<<<<<<<<<
@@ -13586,7 +13558,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   __Pyx_INCREF(Py_None);
   __pyx_v_c = Py_None;
 
-  /* "fastln/rnn/_engine.pyx":400
+  /* "fastln/rnn/_engine.pyx":402
  *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
  *         c = None
  *         if self.lstm:             # <<<<<<<<<<<<<<
@@ -13595,7 +13567,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
   if (__pyx_v_self->lstm) {
 
-    /* "fastln/rnn/_engine.pyx":401
+    /* "fastln/rnn/_engine.pyx":403
  *         c = None
  *         if self.lstm:
  *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \             # <<<<<<<<<<<<<<
@@ -13604,20 +13576,20 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
     __pyx_t_2 = (__pyx_v_state != Py_None);
     if (__pyx_t_2) {
-      __pyx_t_7 = PyArray_EMPTY(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 401, __pyx_L1_error)
+      __pyx_t_7 = PyArray_EMPTY(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 403, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __pyx_t_8 = __pyx_t_7;
       __pyx_t_7 = 0;
     } else {
 
-      /* "fastln/rnn/_engine.pyx":402
+      /* "fastln/rnn/_engine.pyx":404
  *         if self.lstm:
  *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
  *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)             # <<<<<<<<<<<<<<
  *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
  *         self.run(dims[1], x, h_in, c_in, y, h, c)
 */
-      __pyx_t_7 = PyArray_ZEROS(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 402, __pyx_L1_error)
+      __pyx_t_7 = PyArray_ZEROS(3, __pyx_v_dims, __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 404, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_7);
       __pyx_t_8 = __pyx_t_7;
       __pyx_t_7 = 0;
@@ -13626,7 +13598,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
     __Pyx_DECREF_SET(__pyx_v_c, __pyx_t_8);
     __pyx_t_8 = 0;
 
-    /* "fastln/rnn/_engine.pyx":400
+    /* "fastln/rnn/_engine.pyx":402
  *             cnp.PyArray_ZEROS(3, dims, self.tn, 0)
  *         c = None
  *         if self.lstm:             # <<<<<<<<<<<<<<
@@ -13635,19 +13607,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":403
+  /* "fastln/rnn/_engine.pyx":405
  *             c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
  *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
  *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)             # <<<<<<<<<<<<<<
  *         self.run(dims[1], x, h_in, c_in, y, h, c)
  *         if self.bf16 is not None:
 */
-  __pyx_t_8 = PyArray_EMPTY(2, (&(__pyx_v_dims[1])), __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 403, __pyx_L1_error)
+  __pyx_t_8 = PyArray_EMPTY(2, (&(__pyx_v_dims[1])), __pyx_v_self->tn, 0); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 405, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
   __pyx_v_y = __pyx_t_8;
   __pyx_t_8 = 0;
 
-  /* "fastln/rnn/_engine.pyx":404
+  /* "fastln/rnn/_engine.pyx":406
  *                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
  *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
  *         self.run(dims[1], x, h_in, c_in, y, h, c)             # <<<<<<<<<<<<<<
@@ -13656,7 +13628,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
   __pyx_t_7 = ((PyObject *)__pyx_v_self);
   __Pyx_INCREF(__pyx_t_7);
-  __pyx_t_9 = __Pyx_PyLong_From_npy_intp((__pyx_v_dims[1])); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 404, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_npy_intp((__pyx_v_dims[1])); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 406, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __pyx_t_11 = 0;
   {
@@ -13664,12 +13636,12 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
     __pyx_t_8 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_run, __pyx_callargs+__pyx_t_11, (8-__pyx_t_11) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
-    if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 404, __pyx_L1_error)
+    if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 406, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
   }
   __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
 
-  /* "fastln/rnn/_engine.pyx":405
+  /* "fastln/rnn/_engine.pyx":407
  *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
  *         self.run(dims[1], x, h_in, c_in, y, h, c)
  *         if self.bf16 is not None:             # <<<<<<<<<<<<<<
@@ -13680,19 +13652,19 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":406
+    /* "fastln/rnn/_engine.pyx":408
  *         self.run(dims[1], x, h_in, c_in, y, h, c)
  *         if self.bf16 is not None:
  *             y = self._to_bf16(y)             # <<<<<<<<<<<<<<
  *         return y, ((h, c) if self.lstm else h)
  * 
 */
-    __pyx_t_8 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_to_bf16(__pyx_v_self, __pyx_v_y); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 406, __pyx_L1_error)
+    __pyx_t_8 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_to_bf16(__pyx_v_self, __pyx_v_y); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 408, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
     __Pyx_DECREF_SET(__pyx_v_y, __pyx_t_8);
     __pyx_t_8 = 0;
 
-    /* "fastln/rnn/_engine.pyx":405
+    /* "fastln/rnn/_engine.pyx":407
  *         y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
  *         self.run(dims[1], x, h_in, c_in, y, h, c)
  *         if self.bf16 is not None:             # <<<<<<<<<<<<<<
@@ -13701,7 +13673,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":407
+  /* "fastln/rnn/_engine.pyx":409
  *         if self.bf16 is not None:
  *             y = self._to_bf16(y)
  *         return y, ((h, c) if self.lstm else h)             # <<<<<<<<<<<<<<
@@ -13709,27 +13681,27 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
  *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):
 */
   if (__pyx_v_self->lstm) {
-    __pyx_t_9 = PyTuple_New(2); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 407, __pyx_L1_error)
+    __pyx_t_9 = PyTuple_New(2); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 409, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_9);
     __Pyx_INCREF(__pyx_v_h);
     __Pyx_GIVEREF(__pyx_v_h);
-    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 0, __pyx_v_h) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 0, __pyx_v_h) != (0)) __PYX_ERR(0, 409, __pyx_L1_error);
     __Pyx_INCREF(__pyx_v_c);
     __Pyx_GIVEREF(__pyx_v_c);
-    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 1, __pyx_v_c) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 1, __pyx_v_c) != (0)) __PYX_ERR(0, 409, __pyx_L1_error);
     __pyx_t_8 = __pyx_t_9;
     __pyx_t_9 = 0;
   } else {
     __Pyx_INCREF(__pyx_v_h);
     __pyx_t_8 = __pyx_v_h;
   }
-  __pyx_t_9 = PyTuple_New(2); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 407, __pyx_L1_error)
+  __pyx_t_9 = PyTuple_New(2); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 409, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __Pyx_INCREF(__pyx_v_y);
   __Pyx_GIVEREF(__pyx_v_y);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 0, __pyx_v_y) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 0, __pyx_v_y) != (0)) __PYX_ERR(0, 409, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_8);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 1, __pyx_t_8) != (0)) __PYX_ERR(0, 407, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_9, 1, __pyx_t_8) != (0)) __PYX_ERR(0, 409, __pyx_L1_error);
   __pyx_t_8 = 0;
   {
     PyObject *__pyx_temp;
@@ -13742,7 +13714,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   __pyx_t_9 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":370
+  /* "fastln/rnn/_engine.pyx":372
  *         return self._valid(params)
  * 
  *     def __call__(self, dict params, x, state):             # <<<<<<<<<<<<<<
@@ -13769,7 +13741,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_6__call__(struct __pyx_obj
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":409
+/* "fastln/rnn/_engine.pyx":411
  *         return y, ((h, c) if self.lstm else h)
  * 
  *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):             # <<<<<<<<<<<<<<
@@ -13782,7 +13754,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastl
   int __pyx_t_1;
   int __pyx_t_2;
 
-  /* "fastln/rnn/_engine.pyx":410
+  /* "fastln/rnn/_engine.pyx":412
  * 
  *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):
  *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3             # <<<<<<<<<<<<<<
@@ -13800,7 +13772,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastl
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":411
+  /* "fastln/rnn/_engine.pyx":413
  *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):
  *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]             # <<<<<<<<<<<<<<
@@ -13818,7 +13790,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastl
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":412
+  /* "fastln/rnn/_engine.pyx":414
  *         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]             # <<<<<<<<<<<<<<
@@ -13836,7 +13808,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastl
     goto __pyx_L3_bool_binop_done;
   }
 
-  /* "fastln/rnn/_engine.pyx":413
+  /* "fastln/rnn/_engine.pyx":415
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])             # <<<<<<<<<<<<<<
@@ -13864,7 +13836,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastl
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":409
+  /* "fastln/rnn/_engine.pyx":411
  *         return y, ((h, c) if self.lstm else h)
  * 
  *     cdef bint _state_ok(self, a, cnp.npy_intp *dims):             # <<<<<<<<<<<<<<
@@ -13878,7 +13850,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__state_ok(struct __pyx_obj_6fastl
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":415
+/* "fastln/rnn/_engine.pyx":417
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
  * 
  *     cdef object _to_bf16(self, y):             # <<<<<<<<<<<<<<
@@ -13903,7 +13875,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_to_bf16", 0);
 
-  /* "fastln/rnn/_engine.pyx":416
+  /* "fastln/rnn/_engine.pyx":418
  * 
  *     cdef object _to_bf16(self, y):
  *         out = np.empty((<object>y).shape, self.bf16)             # <<<<<<<<<<<<<<
@@ -13911,12 +13883,12 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
  *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
 */
   __pyx_t_2 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 416, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 418, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 416, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 418, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_v_y, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 416, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_v_y, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 418, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __pyx_t_5 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -13936,13 +13908,13 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 416, __pyx_L1_error)
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 418, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
   }
   __pyx_v_out = __pyx_t_1;
   __pyx_t_1 = 0;
 
-  /* "fastln/rnn/_engine.pyx":417
+  /* "fastln/rnn/_engine.pyx":419
  *     cdef object _to_bf16(self, y):
  *         out = np.empty((<object>y).shape, self.bf16)
  *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)             # <<<<<<<<<<<<<<
@@ -13951,7 +13923,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
 */
   __pyx_v_d = PyArray_DATA(((PyArrayObject *)__pyx_v_out));
 
-  /* "fastln/rnn/_engine.pyx":418
+  /* "fastln/rnn/_engine.pyx":420
  *         out = np.empty((<object>y).shape, self.bf16)
  *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
  *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)             # <<<<<<<<<<<<<<
@@ -13960,7 +13932,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
 */
   __pyx_v_s = PyArray_DATA(((PyArrayObject *)__pyx_v_y));
 
-  /* "fastln/rnn/_engine.pyx":419
+  /* "fastln/rnn/_engine.pyx":421
  *         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
  *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
  *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)             # <<<<<<<<<<<<<<
@@ -13969,7 +13941,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
 */
   __pyx_v_n = PyArray_SIZE(((PyArrayObject *)__pyx_v_y));
 
-  /* "fastln/rnn/_engine.pyx":420
+  /* "fastln/rnn/_engine.pyx":422
  *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
  *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
  *         with nogil:             # <<<<<<<<<<<<<<
@@ -13982,7 +13954,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":421
+        /* "fastln/rnn/_engine.pyx":423
  *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
  *         with nogil:
  *             to_bf16(d, s, n)             # <<<<<<<<<<<<<<
@@ -13992,7 +13964,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
         __pyx_f_6fastln_5_core_to_bf16(__pyx_v_d, __pyx_v_s, __pyx_v_n);
       }
 
-      /* "fastln/rnn/_engine.pyx":420
+      /* "fastln/rnn/_engine.pyx":422
  *         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
  *         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
  *         with nogil:             # <<<<<<<<<<<<<<
@@ -14009,7 +13981,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":422
+  /* "fastln/rnn/_engine.pyx":424
  *         with nogil:
  *             to_bf16(d, s, n)
  *         return out             # <<<<<<<<<<<<<<
@@ -14027,7 +13999,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":415
+  /* "fastln/rnn/_engine.pyx":417
  *                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
  * 
  *     cdef object _to_bf16(self, y):             # <<<<<<<<<<<<<<
@@ -14053,7 +14025,7 @@ static PyObject *__pyx_f_6fastln_3rnn_7_engine_4Step__to_bf16(struct __pyx_obj_6
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":424
+/* "fastln/rnn/_engine.pyx":426
  *         return out
  * 
  *     cdef bint _valid(self, dict params):             # <<<<<<<<<<<<<<
@@ -14080,7 +14052,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_valid", 0);
 
-  /* "fastln/rnn/_engine.pyx":425
+  /* "fastln/rnn/_engine.pyx":427
  * 
  *     cdef bint _valid(self, dict params):
  *         cdef Py_ssize_t i, n = len(self.keys)             # <<<<<<<<<<<<<<
@@ -14089,11 +14061,11 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
 */
   __pyx_t_1 = __pyx_v_self->keys;
   __Pyx_INCREF(__pyx_t_1);
-  __pyx_t_2 = PyObject_Length(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 425, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 427, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __pyx_v_n = __pyx_t_2;
 
-  /* "fastln/rnn/_engine.pyx":426
+  /* "fastln/rnn/_engine.pyx":428
  *     cdef bint _valid(self, dict params):
  *         cdef Py_ssize_t i, n = len(self.keys)
  *         for i in range(n):             # <<<<<<<<<<<<<<
@@ -14107,16 +14079,16 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
   for (__pyx_t_4 = 0; __pyx_t_4 < __pyx_t_3; __pyx_t_4+=1) {
     __pyx_v_i = __pyx_t_4;
 
-    /* "fastln/rnn/_engine.pyx":427
+    /* "fastln/rnn/_engine.pyx":429
  *         cdef Py_ssize_t i, n = len(self.keys)
  *         for i in range(n):
  *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:             # <<<<<<<<<<<<<<
  *                 return False
  *         for a in self.locked:
 */
-    __pyx_t_1 = __Pyx_GetItemInt(__pyx_v_self->keys, __pyx_v_i, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 427, __pyx_L1_error)
+    __pyx_t_1 = __Pyx_GetItemInt(__pyx_v_self->keys, __pyx_v_i, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 429, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
-    __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_self->owners, __pyx_v_i, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 427, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_GetItemInt(__pyx_v_self->owners, __pyx_v_i, Py_ssize_t, 1, PyLong_FromSsize_t, 0, 0, 1, __Pyx_ReferenceSharing_SharedReference); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 429, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
     __pyx_t_6 = (PyDict_GetItem(__pyx_v_params, __pyx_t_1) != ((void *)__pyx_t_5));
 
@@ -14125,7 +14097,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
     if (__pyx_t_6) {
 
 
-      /* "fastln/rnn/_engine.pyx":428
+      /* "fastln/rnn/_engine.pyx":430
  *         for i in range(n):
  *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
  *                 return False             # <<<<<<<<<<<<<<
@@ -14138,7 +14110,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
       }
       goto __pyx_L0;
 
-      /* "fastln/rnn/_engine.pyx":427
+      /* "fastln/rnn/_engine.pyx":429
  *         cdef Py_ssize_t i, n = len(self.keys)
  *         for i in range(n):
  *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:             # <<<<<<<<<<<<<<
@@ -14149,7 +14121,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
   }
 
 
-  /* "fastln/rnn/_engine.pyx":429
+  /* "fastln/rnn/_engine.pyx":431
  *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
  *                 return False
  *         for a in self.locked:             # <<<<<<<<<<<<<<
@@ -14161,9 +14133,9 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
     __pyx_t_2 = 0;
     __pyx_t_7 = NULL;
   } else {
-    __pyx_t_2 = -1; __pyx_t_5 = PyObject_GetIter(__pyx_v_self->locked); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 429, __pyx_L1_error)
+    __pyx_t_2 = -1; __pyx_t_5 = PyObject_GetIter(__pyx_v_self->locked); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 431, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
-    __pyx_t_7 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_5); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 429, __pyx_L1_error)
+    __pyx_t_7 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_5); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 431, __pyx_L1_error)
   }
   for (;;) {
     if (likely(!__pyx_t_7)) {
@@ -14171,7 +14143,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
         {
           Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_5);
           #if !CYTHON_ASSUME_SAFE_SIZE
-          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 429, __pyx_L1_error)
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 431, __pyx_L1_error)
           #endif
           if (__pyx_t_2 >= __pyx_temp) break;
         }
@@ -14181,7 +14153,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
         {
           Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_5);
           #if !CYTHON_ASSUME_SAFE_SIZE
-          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 429, __pyx_L1_error)
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 431, __pyx_L1_error)
           #endif
           if (__pyx_t_2 >= __pyx_temp) break;
         }
@@ -14192,13 +14164,13 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
         #endif
         ++__pyx_t_2;
       }
-      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 429, __pyx_L1_error)
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 431, __pyx_L1_error)
     } else {
       __pyx_t_1 = __pyx_t_7(__pyx_t_5);
       if (unlikely(!__pyx_t_1)) {
         PyObject* exc_type = PyErr_Occurred();
         if (exc_type) {
-          if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 429, __pyx_L1_error)
+          if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 431, __pyx_L1_error)
           PyErr_Clear();
         }
         break;
@@ -14208,21 +14180,21 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
     __Pyx_XDECREF_SET(__pyx_v_a, __pyx_t_1);
     __pyx_t_1 = 0;
 
-    /* "fastln/rnn/_engine.pyx":430
+    /* "fastln/rnn/_engine.pyx":432
  *                 return False
  *         for a in self.locked:
  *             if not immutable(a):             # <<<<<<<<<<<<<<
  *                 return False
  *         return True
 */
-    __pyx_t_6 = __pyx_f_6fastln_3rnn_7_engine_immutable(__pyx_v_a, 0); if (unlikely(__pyx_t_6 == ((int)-1) && PyErr_Occurred())) __PYX_ERR(0, 430, __pyx_L1_error)
+    __pyx_t_6 = __pyx_f_6fastln_3rnn_7_engine_immutable(__pyx_v_a, 0); if (unlikely(__pyx_t_6 == ((int)-1) && PyErr_Occurred())) __PYX_ERR(0, 432, __pyx_L1_error)
     __pyx_t_8 = (!__pyx_t_6);
 
 
     if (__pyx_t_8) {
 
 
-      /* "fastln/rnn/_engine.pyx":431
+      /* "fastln/rnn/_engine.pyx":433
  *         for a in self.locked:
  *             if not immutable(a):
  *                 return False             # <<<<<<<<<<<<<<
@@ -14236,7 +14208,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
       __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
       goto __pyx_L0;
 
-      /* "fastln/rnn/_engine.pyx":430
+      /* "fastln/rnn/_engine.pyx":432
  *                 return False
  *         for a in self.locked:
  *             if not immutable(a):             # <<<<<<<<<<<<<<
@@ -14245,7 +14217,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":429
+    /* "fastln/rnn/_engine.pyx":431
  *             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
  *                 return False
  *         for a in self.locked:             # <<<<<<<<<<<<<<
@@ -14255,7 +14227,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
   }
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
 
-  /* "fastln/rnn/_engine.pyx":432
+  /* "fastln/rnn/_engine.pyx":434
  *             if not immutable(a):
  *                 return False
  *         return True             # <<<<<<<<<<<<<<
@@ -14268,7 +14240,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":424
+  /* "fastln/rnn/_engine.pyx":426
  *         return out
  * 
  *     cdef bint _valid(self, dict params):             # <<<<<<<<<<<<<<
@@ -14291,7 +14263,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__valid(struct __pyx_obj_6fastln_3
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":434
+/* "fastln/rnn/_engine.pyx":436
  *         return True
  * 
  *     def run(self, int64_t B, x, h_in, c_in, y, h, c):             # <<<<<<<<<<<<<<
@@ -14345,64 +14317,64 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_B,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_h_in,&__pyx_mstate_global->__pyx_n_u_c_in,&__pyx_mstate_global->__pyx_n_u_y,&__pyx_mstate_global->__pyx_n_u_h,&__pyx_mstate_global->__pyx_n_u_c,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 434, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 436, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 434, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 436, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 434, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 436, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 434, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 436, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 434, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 436, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 434, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 436, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 434, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 436, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 434, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 436, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "run", 0) < (0)) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "run", 0) < (0)) __PYX_ERR(0, 436, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 7; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("run", 1, 7, 7, i); __PYX_ERR(0, 434, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("run", 1, 7, 7, i); __PYX_ERR(0, 436, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 7)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 436, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 436, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 436, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 436, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 436, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 436, __pyx_L3_error)
       values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 434, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 436, __pyx_L3_error)
     }
-    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[0]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 434, __pyx_L3_error)
+    __pyx_v_B = __Pyx_PyLong_As_int64_t(values[0]); if (unlikely((__pyx_v_B == ((int64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 436, __pyx_L3_error)
     __pyx_v_x = values[1];
     __pyx_v_h_in = values[2];
     __pyx_v_c_in = values[3];
@@ -14412,7 +14384,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("run", 1, 7, 7, __pyx_nargs); __PYX_ERR(0, 434, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("run", 1, 7, 7, __pyx_nargs); __PYX_ERR(0, 436, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -14453,7 +14425,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("run", 0);
 
-  /* "fastln/rnn/_engine.pyx":438
+  /* "fastln/rnn/_engine.pyx":440
  *         H) goes from h_in, c_in (None: h, c hold it) into h, c."""
  *         cdef fastln_rnn_step_args s
  *         cdef int64_t n = self.num_layers * B * self.hidden_size             # <<<<<<<<<<<<<<
@@ -14462,7 +14434,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
 */
   __pyx_v_n = ((__pyx_v_self->num_layers * __pyx_v_B) * __pyx_v_self->hidden_size);
 
-  /* "fastln/rnn/_engine.pyx":439
+  /* "fastln/rnn/_engine.pyx":441
  *         cdef fastln_rnn_step_args s
  *         cdef int64_t n = self.num_layers * B * self.hidden_size
  *         memset(&s, 0, sizeof(s))             # <<<<<<<<<<<<<<
@@ -14471,37 +14443,37 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
 */
   (void)(memset((&__pyx_v_s), 0, (sizeof(__pyx_v_s))));
 
-  /* "fastln/rnn/_engine.pyx":440
+  /* "fastln/rnn/_engine.pyx":442
  *         cdef int64_t n = self.num_layers * B * self.hidden_size
  *         memset(&s, 0, sizeof(s))
  *         _arr(x, self.tn, B * self.input_size, False, "x")             # <<<<<<<<<<<<<<
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")
  *         _arr(h, self.tn, n, True, "h")
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->input_size), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 440, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->input_size), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 442, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":441
+  /* "fastln/rnn/_engine.pyx":443
  *         memset(&s, 0, sizeof(s))
  *         _arr(x, self.tn, B * self.input_size, False, "x")
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")             # <<<<<<<<<<<<<<
  *         _arr(h, self.tn, n, True, "h")
  *         if h_in is not None:
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->hidden_size), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 441, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->hidden_size), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 443, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":442
+  /* "fastln/rnn/_engine.pyx":444
  *         _arr(x, self.tn, B * self.input_size, False, "x")
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")
  *         _arr(h, self.tn, n, True, "h")             # <<<<<<<<<<<<<<
  *         if h_in is not None:
  *             _arr(h_in, self.tn, n, False, "h_in")
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_self->tn, __pyx_v_n, 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 442, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_self->tn, __pyx_v_n, 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 444, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":443
+  /* "fastln/rnn/_engine.pyx":445
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")
  *         _arr(h, self.tn, n, True, "h")
  *         if h_in is not None:             # <<<<<<<<<<<<<<
@@ -14512,17 +14484,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
   if (__pyx_t_2) {
 
 
-    /* "fastln/rnn/_engine.pyx":444
+    /* "fastln/rnn/_engine.pyx":446
  *         _arr(h, self.tn, n, True, "h")
  *         if h_in is not None:
  *             _arr(h_in, self.tn, n, False, "h_in")             # <<<<<<<<<<<<<<
  *         if self.lstm:
  *             _arr(c, self.tn, n, True, "c")
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h_in, __pyx_v_self->tn, __pyx_v_n, 0, __pyx_mstate_global->__pyx_n_u_h_in); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 444, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_h_in, __pyx_v_self->tn, __pyx_v_n, 0, __pyx_mstate_global->__pyx_n_u_h_in); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 446, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":443
+    /* "fastln/rnn/_engine.pyx":445
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")
  *         _arr(h, self.tn, n, True, "h")
  *         if h_in is not None:             # <<<<<<<<<<<<<<
@@ -14531,7 +14503,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":445
+  /* "fastln/rnn/_engine.pyx":447
  *         if h_in is not None:
  *             _arr(h_in, self.tn, n, False, "h_in")
  *         if self.lstm:             # <<<<<<<<<<<<<<
@@ -14540,17 +14512,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
 */
   if (__pyx_v_self->lstm) {
 
-    /* "fastln/rnn/_engine.pyx":446
+    /* "fastln/rnn/_engine.pyx":448
  *             _arr(h_in, self.tn, n, False, "h_in")
  *         if self.lstm:
  *             _arr(c, self.tn, n, True, "c")             # <<<<<<<<<<<<<<
  *             if c_in is not None:
  *                 _arr(c_in, self.tn, n, False, "c_in")
 */
-    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_self->tn, __pyx_v_n, 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 446, __pyx_L1_error)
+    __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_self->tn, __pyx_v_n, 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 448, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":447
+    /* "fastln/rnn/_engine.pyx":449
  *         if self.lstm:
  *             _arr(c, self.tn, n, True, "c")
  *             if c_in is not None:             # <<<<<<<<<<<<<<
@@ -14561,17 +14533,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
     if (__pyx_t_2) {
 
 
-      /* "fastln/rnn/_engine.pyx":448
+      /* "fastln/rnn/_engine.pyx":450
  *             _arr(c, self.tn, n, True, "c")
  *             if c_in is not None:
  *                 _arr(c_in, self.tn, n, False, "c_in")             # <<<<<<<<<<<<<<
  *             s.c, s.c_in = _ptr(c), _ptr(c_in)
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
 */
-      __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c_in, __pyx_v_self->tn, __pyx_v_n, 0, __pyx_mstate_global->__pyx_n_u_c_in); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 448, __pyx_L1_error)
+      __pyx_t_1 = __pyx_f_6fastln_5_core__arr(__pyx_v_c_in, __pyx_v_self->tn, __pyx_v_n, 0, __pyx_mstate_global->__pyx_n_u_c_in); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 450, __pyx_L1_error)
 
 
-      /* "fastln/rnn/_engine.pyx":447
+      /* "fastln/rnn/_engine.pyx":449
  *         if self.lstm:
  *             _arr(c, self.tn, n, True, "c")
  *             if c_in is not None:             # <<<<<<<<<<<<<<
@@ -14580,7 +14552,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
 */
     }
 
-    /* "fastln/rnn/_engine.pyx":449
+    /* "fastln/rnn/_engine.pyx":451
  *             if c_in is not None:
  *                 _arr(c_in, self.tn, n, False, "c_in")
  *             s.c, s.c_in = _ptr(c), _ptr(c_in)             # <<<<<<<<<<<<<<
@@ -14594,7 +14566,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
     __pyx_v_s.c = __pyx_t_3;
     __pyx_v_s.c_in = __pyx_t_4;
 
-    /* "fastln/rnn/_engine.pyx":445
+    /* "fastln/rnn/_engine.pyx":447
  *         if h_in is not None:
  *             _arr(h_in, self.tn, n, False, "h_in")
  *         if self.lstm:             # <<<<<<<<<<<<<<
@@ -14603,7 +14575,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":450
+  /* "fastln/rnn/_engine.pyx":452
  *                 _arr(c_in, self.tn, n, False, "c_in")
  *             s.c, s.c_in = _ptr(c), _ptr(c_in)
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B             # <<<<<<<<<<<<<<
@@ -14623,7 +14595,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
   __pyx_v_s.batch = __pyx_t_7;
   __pyx_v_s.table_rows = __pyx_t_8;
 
-  /* "fastln/rnn/_engine.pyx":451
+  /* "fastln/rnn/_engine.pyx":453
  *             s.c, s.c_in = _ptr(c), _ptr(c_in)
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
  *         s.h, s.h_in = _ptr(h), _ptr(h_in)             # <<<<<<<<<<<<<<
@@ -14637,7 +14609,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
   __pyx_v_s.h = __pyx_t_4;
   __pyx_v_s.h_in = __pyx_t_3;
 
-  /* "fastln/rnn/_engine.pyx":452
+  /* "fastln/rnn/_engine.pyx":454
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
  *         s.h, s.h_in = _ptr(h), _ptr(h_in)
  *         s.x, s.y = _ptr(x), _ptr(y)             # <<<<<<<<<<<<<<
@@ -14651,15 +14623,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
   __pyx_v_s.x = __pyx_t_3;
   __pyx_v_s.y = __pyx_t_4;
 
-  /* "fastln/rnn/_engine.pyx":453
+  /* "fastln/rnn/_engine.pyx":455
  *         s.h, s.h_in = _ptr(h), _ptr(h_in)
  *         s.x, s.y = _ptr(x), _ptr(y)
  *         return self._call(&s)             # <<<<<<<<<<<<<<
  * 
  *     def table(self, x, rows, h, c, y):
 */
-  __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_call(__pyx_v_self, (&__pyx_v_s)); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 453, __pyx_L1_error)
-  __pyx_t_9 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 453, __pyx_L1_error)
+  __pyx_t_1 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_call(__pyx_v_self, (&__pyx_v_s)); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 455, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyLong_From_int(__pyx_t_1); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 455, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
 
   {
@@ -14673,7 +14645,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
   __pyx_t_9 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":434
+  /* "fastln/rnn/_engine.pyx":436
  *         return True
  * 
  *     def run(self, int64_t B, x, h_in, c_in, y, h, c):             # <<<<<<<<<<<<<<
@@ -14694,7 +14666,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_8run(struct __pyx_obj_6fas
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":455
+/* "fastln/rnn/_engine.pyx":457
  *         return self._call(&s)
  * 
  *     def table(self, x, rows, h, c, y):             # <<<<<<<<<<<<<<
@@ -14746,50 +14718,50 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_rows,&__pyx_mstate_global->__pyx_n_u_h,&__pyx_mstate_global->__pyx_n_u_c,&__pyx_mstate_global->__pyx_n_u_y,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 455, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 457, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 455, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 457, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 455, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 457, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 455, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 457, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 455, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 457, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 455, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 457, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "table", 0) < (0)) __PYX_ERR(0, 455, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "table", 0) < (0)) __PYX_ERR(0, 457, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 5; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("table", 1, 5, 5, i); __PYX_ERR(0, 455, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("table", 1, 5, 5, i); __PYX_ERR(0, 457, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 5)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 455, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 457, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 455, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 457, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 455, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 457, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 455, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 457, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 455, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 457, __pyx_L3_error)
     }
     __pyx_v_x = values[0];
     __pyx_v_rows = values[1];
@@ -14799,7 +14771,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("table", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 455, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("table", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 457, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -14846,7 +14818,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("table", 0);
 
-  /* "fastln/rnn/_engine.pyx":459
+  /* "fastln/rnn/_engine.pyx":461
  *         (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
  *         cdef fastln_rnn_step_args s
  *         memset(&s, 0, sizeof(s))             # <<<<<<<<<<<<<<
@@ -14855,7 +14827,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   (void)(memset((&__pyx_v_s), 0, (sizeof(__pyx_v_s))));
 
-  /* "fastln/rnn/_engine.pyx":460
+  /* "fastln/rnn/_engine.pyx":462
  *         cdef fastln_rnn_step_args s
  *         memset(&s, 0, sizeof(s))
  *         if not _fast(rows, cnp.NPY_INT64):             # <<<<<<<<<<<<<<
@@ -14867,7 +14839,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/rnn/_engine.pyx":461
+    /* "fastln/rnn/_engine.pyx":463
  *         memset(&s, 0, sizeof(s))
  *         if not _fast(rows, cnp.NPY_INT64):
  *             raise ValueError("internal: bad rows")             # <<<<<<<<<<<<<<
@@ -14880,14 +14852,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
       PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_internal_bad_rows};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_4, (2-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 461, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 463, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 461, __pyx_L1_error)
+    __PYX_ERR(0, 463, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":460
+    /* "fastln/rnn/_engine.pyx":462
  *         cdef fastln_rnn_step_args s
  *         memset(&s, 0, sizeof(s))
  *         if not _fast(rows, cnp.NPY_INT64):             # <<<<<<<<<<<<<<
@@ -14896,7 +14868,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":462
+  /* "fastln/rnn/_engine.pyx":464
  *         if not _fast(rows, cnp.NPY_INT64):
  *             raise ValueError("internal: bad rows")
  *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)             # <<<<<<<<<<<<<<
@@ -14905,7 +14877,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   __pyx_v_B = PyArray_SIZE(((PyArrayObject *)__pyx_v_rows));
 
-  /* "fastln/rnn/_engine.pyx":463
+  /* "fastln/rnn/_engine.pyx":465
  *             raise ValueError("internal: bad rows")
  *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
  *         cdef int64_t per = self.num_layers * self.hidden_size             # <<<<<<<<<<<<<<
@@ -14914,7 +14886,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   __pyx_v_per = (__pyx_v_self->num_layers * __pyx_v_self->hidden_size);
 
-  /* "fastln/rnn/_engine.pyx":464
+  /* "fastln/rnn/_engine.pyx":466
  *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
  *         cdef int64_t per = self.num_layers * self.hidden_size
  *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:             # <<<<<<<<<<<<<<
@@ -14935,7 +14907,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 
   if (unlikely(__pyx_v_per == 0)) {
     PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
-    __PYX_ERR(0, 464, __pyx_L1_error)
+    __PYX_ERR(0, 466, __pyx_L1_error)
   }
   __pyx_t_5 = (__Pyx_mod_int64_t(__pyx_t_6, __pyx_v_per, 0) != 0);
 
@@ -14947,7 +14919,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
   if (unlikely(__pyx_t_1)) {
 
 
-    /* "fastln/rnn/_engine.pyx":465
+    /* "fastln/rnn/_engine.pyx":467
  *         cdef int64_t per = self.num_layers * self.hidden_size
  *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
  *             raise ValueError("internal: bad h table")             # <<<<<<<<<<<<<<
@@ -14960,14 +14932,14 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
       PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_internal_bad_h_table};
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_ValueError)), __pyx_callargs+__pyx_t_4, (2-__pyx_t_4) | (__pyx_t_4*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 465, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 467, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 465, __pyx_L1_error)
+    __PYX_ERR(0, 467, __pyx_L1_error)
 
-    /* "fastln/rnn/_engine.pyx":464
+    /* "fastln/rnn/_engine.pyx":466
  *         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
  *         cdef int64_t per = self.num_layers * self.hidden_size
  *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:             # <<<<<<<<<<<<<<
@@ -14976,7 +14948,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":466
+  /* "fastln/rnn/_engine.pyx":468
  *         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
  *             raise ValueError("internal: bad h table")
  *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per             # <<<<<<<<<<<<<<
@@ -14987,26 +14959,26 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 
   if (unlikely(__pyx_v_per == 0)) {
     PyErr_SetString(PyExc_ZeroDivisionError, "integer division or modulo by zero");
-    __PYX_ERR(0, 466, __pyx_L1_error)
+    __PYX_ERR(0, 468, __pyx_L1_error)
   }
   else if (sizeof(int64_t) == sizeof(long) && (!(((int64_t)-1) > 0)) && unlikely(__pyx_v_per == (int64_t)-1)  && unlikely(__Pyx_UNARY_NEG_WOULD_OVERFLOW(__pyx_t_6))) {
     PyErr_SetString(PyExc_OverflowError, "value too large to perform division");
-    __PYX_ERR(0, 466, __pyx_L1_error)
+    __PYX_ERR(0, 468, __pyx_L1_error)
   }
   __pyx_v_S = __Pyx_div_int64_t(__pyx_t_6, __pyx_v_per, 0);
 
 
-  /* "fastln/rnn/_engine.pyx":467
+  /* "fastln/rnn/_engine.pyx":469
  *             raise ValueError("internal: bad h table")
  *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
  *         _arr(h, self.tn, S * per, True, "h")             # <<<<<<<<<<<<<<
  *         if self.lstm:
  *             _arr(c, self.tn, S * per, True, "c")
 */
-  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_self->tn, (__pyx_v_S * __pyx_v_per), 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 467, __pyx_L1_error)
+  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_h, __pyx_v_self->tn, (__pyx_v_S * __pyx_v_per), 1, __pyx_mstate_global->__pyx_n_u_h); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 469, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":468
+  /* "fastln/rnn/_engine.pyx":470
  *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
  *         _arr(h, self.tn, S * per, True, "h")
  *         if self.lstm:             # <<<<<<<<<<<<<<
@@ -15015,17 +14987,17 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   if (__pyx_v_self->lstm) {
 
-    /* "fastln/rnn/_engine.pyx":469
+    /* "fastln/rnn/_engine.pyx":471
  *         _arr(h, self.tn, S * per, True, "h")
  *         if self.lstm:
  *             _arr(c, self.tn, S * per, True, "c")             # <<<<<<<<<<<<<<
  *             s.c = _ptr(c)
  *         _arr(x, self.tn, B * self.input_size, False, "x")
 */
-    __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_self->tn, (__pyx_v_S * __pyx_v_per), 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 469, __pyx_L1_error)
+    __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_c, __pyx_v_self->tn, (__pyx_v_S * __pyx_v_per), 1, __pyx_mstate_global->__pyx_n_u_c); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 471, __pyx_L1_error)
 
 
-    /* "fastln/rnn/_engine.pyx":470
+    /* "fastln/rnn/_engine.pyx":472
  *         if self.lstm:
  *             _arr(c, self.tn, S * per, True, "c")
  *             s.c = _ptr(c)             # <<<<<<<<<<<<<<
@@ -15034,7 +15006,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
     __pyx_v_s.c = __pyx_f_6fastln_5_core__ptr(__pyx_v_c);
 
-    /* "fastln/rnn/_engine.pyx":468
+    /* "fastln/rnn/_engine.pyx":470
  *         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
  *         _arr(h, self.tn, S * per, True, "h")
  *         if self.lstm:             # <<<<<<<<<<<<<<
@@ -15043,27 +15015,27 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   }
 
-  /* "fastln/rnn/_engine.pyx":471
+  /* "fastln/rnn/_engine.pyx":473
  *             _arr(c, self.tn, S * per, True, "c")
  *             s.c = _ptr(c)
  *         _arr(x, self.tn, B * self.input_size, False, "x")             # <<<<<<<<<<<<<<
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
 */
-  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->input_size), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 471, __pyx_L1_error)
+  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_x, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->input_size), 0, __pyx_mstate_global->__pyx_n_u_x); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 473, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":472
+  /* "fastln/rnn/_engine.pyx":474
  *             s.c = _ptr(c)
  *         _arr(x, self.tn, B * self.input_size, False, "x")
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")             # <<<<<<<<<<<<<<
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
  *         s.rows = <const int64_t *>_ptr(rows)
 */
-  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->hidden_size), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 472, __pyx_L1_error)
+  __pyx_t_7 = __pyx_f_6fastln_5_core__arr(__pyx_v_y, __pyx_v_self->tn, (__pyx_v_B * __pyx_v_self->hidden_size), 1, __pyx_mstate_global->__pyx_n_u_y); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 474, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":473
+  /* "fastln/rnn/_engine.pyx":475
  *         _arr(x, self.tn, B * self.input_size, False, "x")
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S             # <<<<<<<<<<<<<<
@@ -15083,7 +15055,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
   __pyx_v_s.batch = __pyx_t_10;
   __pyx_v_s.table_rows = __pyx_t_11;
 
-  /* "fastln/rnn/_engine.pyx":474
+  /* "fastln/rnn/_engine.pyx":476
  *         _arr(y, self.tn, B * self.hidden_size, True, "y")
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
  *         s.rows = <const int64_t *>_ptr(rows)             # <<<<<<<<<<<<<<
@@ -15092,7 +15064,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
 */
   __pyx_v_s.rows = ((int64_t const *)__pyx_f_6fastln_5_core__ptr(__pyx_v_rows));
 
-  /* "fastln/rnn/_engine.pyx":475
+  /* "fastln/rnn/_engine.pyx":477
  *         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
  *         s.rows = <const int64_t *>_ptr(rows)
  *         s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)             # <<<<<<<<<<<<<<
@@ -15109,15 +15081,15 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
   __pyx_v_s.x = __pyx_t_13;
   __pyx_v_s.y = __pyx_t_14;
 
-  /* "fastln/rnn/_engine.pyx":476
+  /* "fastln/rnn/_engine.pyx":478
  *         s.rows = <const int64_t *>_ptr(rows)
  *         s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)
  *         return self._call(&s)             # <<<<<<<<<<<<<<
  * 
  *     cdef int _call(self, fastln_rnn_step_args *s) except -1:
 */
-  __pyx_t_7 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_call(__pyx_v_self, (&__pyx_v_s)); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 476, __pyx_L1_error)
-  __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_t_7); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 476, __pyx_L1_error)
+  __pyx_t_7 = ((struct __pyx_vtabstruct_6fastln_3rnn_7_engine_Step *)__pyx_v_self->__pyx_vtab)->_call(__pyx_v_self, (&__pyx_v_s)); if (unlikely(__pyx_t_7 == ((int)-1))) __PYX_ERR(0, 478, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_t_7); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 478, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -15131,7 +15103,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":455
+  /* "fastln/rnn/_engine.pyx":457
  *         return self._call(&s)
  * 
  *     def table(self, x, rows, h, c, y):             # <<<<<<<<<<<<<<
@@ -15155,7 +15127,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10table(struct __pyx_obj_6
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":478
+/* "fastln/rnn/_engine.pyx":480
  *         return self._call(&s)
  * 
  *     cdef int _call(self, fastln_rnn_step_args *s) except -1:             # <<<<<<<<<<<<<<
@@ -15172,17 +15144,17 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3r
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
 
-  /* "fastln/rnn/_engine.pyx":480
+  /* "fastln/rnn/_engine.pyx":482
  *     cdef int _call(self, fastln_rnn_step_args *s) except -1:
  *         cdef int rc
  *         _init_blas()             # <<<<<<<<<<<<<<
  *         with nogil:
  *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
 */
-  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 480, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_3rnn_7_engine__init_blas(); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 482, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":481
+  /* "fastln/rnn/_engine.pyx":483
  *         cdef int rc
  *         _init_blas()
  *         with nogil:             # <<<<<<<<<<<<<<
@@ -15195,7 +15167,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3r
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastln/rnn/_engine.pyx":482
+        /* "fastln/rnn/_engine.pyx":484
  *         _init_blas()
  *         with nogil:
  *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)             # <<<<<<<<<<<<<<
@@ -15214,7 +15186,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3r
         __pyx_v_rc = __pyx_t_1;
       }
 
-      /* "fastln/rnn/_engine.pyx":481
+      /* "fastln/rnn/_engine.pyx":483
  *         cdef int rc
  *         _init_blas()
  *         with nogil:             # <<<<<<<<<<<<<<
@@ -15231,18 +15203,18 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3r
       }
   }
 
-  /* "fastln/rnn/_engine.pyx":483
+  /* "fastln/rnn/_engine.pyx":485
  *         with nogil:
  *             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
  *         return _check(rc)             # <<<<<<<<<<<<<<
 */
-  __pyx_t_1 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 483, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_6fastln_5_core__check(__pyx_v_rc); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(0, 485, __pyx_L1_error)
   {
     __pyx_r = __pyx_t_1;
   }
   goto __pyx_L0;
 
-  /* "fastln/rnn/_engine.pyx":478
+  /* "fastln/rnn/_engine.pyx":480
  *         return self._call(&s)
  * 
  *     cdef int _call(self, fastln_rnn_step_args *s) except -1:             # <<<<<<<<<<<<<<
@@ -15260,7 +15232,7 @@ static int __pyx_f_6fastln_3rnn_7_engine_4Step__call(struct __pyx_obj_6fastln_3r
   return __pyx_r;
 }
 
-/* "fastln/rnn/_engine.pyx":328
+/* "fastln/rnn/_engine.pyx":330
  *     """
  *     cdef fastln_rnn_args *layers
  *     cdef readonly int64_t num_layers, input_size, hidden_size             # <<<<<<<<<<<<<<
@@ -15299,7 +15271,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10num_layers___get__(struc
       __Pyx_INCREF(__pyx_t_1);
       __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
       /*try:*/ {
-        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->num_layers); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 328, __pyx_L4_error)
+        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->num_layers); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 330, __pyx_L4_error)
         __Pyx_GOTREF(__pyx_t_2);
         {
           PyObject *__pyx_temp;
@@ -15373,7 +15345,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_10input_size___get__(struc
       __Pyx_INCREF(__pyx_t_1);
       __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
       /*try:*/ {
-        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->input_size); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 328, __pyx_L4_error)
+        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->input_size); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 330, __pyx_L4_error)
         __Pyx_GOTREF(__pyx_t_2);
         {
           PyObject *__pyx_temp;
@@ -15447,7 +15419,7 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_11hidden_size___get__(stru
       __Pyx_INCREF(__pyx_t_1);
       __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
       /*try:*/ {
-        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->hidden_size); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 328, __pyx_L4_error)
+        __pyx_t_2 = __Pyx_PyLong_From_int64_t(__pyx_v_self->hidden_size); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 330, __pyx_L4_error)
         __Pyx_GOTREF(__pyx_t_2);
         {
           PyObject *__pyx_temp;
@@ -15485,212 +15457,6 @@ static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_11hidden_size___get__(stru
   __Pyx_AddTraceback("fastln.rnn._engine.Step.hidden_size.__get__", __pyx_clineno, __pyx_lineno, __pyx_filename);
   __pyx_r = NULL;
   __pyx_L0:;
-  __Pyx_XGIVEREF(__pyx_r);
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-/* "(tree fragment)":1
- * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
- * def __setstate_cython__(self, __pyx_state):
-*/
-
-/* Python wrapper */
-static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__(PyObject *__pyx_v_self, 
-#if CYTHON_VECTORCALL
-PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
-#else
-PyObject *__pyx_args, PyObject *__pyx_kwds
-#endif
-); /*proto*/
-PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_12__reduce_cython__, "Step.__reduce_cython__(self)");
-static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_4Step_13__reduce_cython__ = {"__reduce_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_12__reduce_cython__};
-static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__(PyObject *__pyx_v_self, 
-#if CYTHON_VECTORCALL
-PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
-#else
-PyObject *__pyx_args, PyObject *__pyx_kwds
-#endif
-) {
-  #if !CYTHON_VECTORCALL
-  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
-  #endif
-  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
-  PyObject *__pyx_r = 0;
-  __Pyx_RefNannyDeclarations
-  __Pyx_RefNannySetupContext("__reduce_cython__ (wrapper)", 0);
-  #if !CYTHON_VECTORCALL
-  #if CYTHON_ASSUME_SAFE_SIZE
-  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
-  #else
-  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
-  #endif
-  #endif
-  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
-  if (unlikely(__pyx_nargs > 0)) { __Pyx_RaiseArgtupleInvalid("__reduce_cython__", 1, 0, 0, __pyx_nargs); return NULL; }
-  const Py_ssize_t __pyx_kwds_len = unlikely(__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-  if (unlikely(__pyx_kwds_len < 0)) return NULL;
-  if (unlikely(__pyx_kwds_len > 0)) {__Pyx_RejectKeywords("__reduce_cython__", __pyx_kwds); return NULL;}
-  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_12__reduce_cython__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self));
-
-  /* function exit code */
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_12__reduce_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self) {
-  PyObject *__pyx_r = NULL;
-  __Pyx_RefNannyDeclarations
-  int __pyx_lineno = 0;
-  const char *__pyx_filename = NULL;
-  int __pyx_clineno = 0;
-  __Pyx_RefNannySetupContext("__reduce_cython__", 0);
-
-  /* "(tree fragment)":2
- * def __reduce_cython__(self):
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"             # <<<<<<<<<<<<<<
- * def __setstate_cython__(self, __pyx_state):
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
-*/
-  __Pyx_Raise(((PyObject *)(((PyTypeObject*)PyExc_TypeError))), __pyx_mstate_global->__pyx_kp_u_no_default___reduce___due_to_non, 0, 0);
-  __PYX_ERR(3, 2, __pyx_L1_error)
-
-  /* "(tree fragment)":1
- * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
- * def __setstate_cython__(self, __pyx_state):
-*/
-
-  /* function exit code */
-  __pyx_L1_error:;
-  __Pyx_AddTraceback("fastln.rnn._engine.Step.__reduce_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
-  __pyx_r = NULL;
-  __Pyx_XGIVEREF(__pyx_r);
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-/* "(tree fragment)":3
- * def __reduce_cython__(self):
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
- * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
-*/
-
-/* Python wrapper */
-static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__(PyObject *__pyx_v_self, 
-#if CYTHON_VECTORCALL
-PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
-#else
-PyObject *__pyx_args, PyObject *__pyx_kwds
-#endif
-); /*proto*/
-PyDoc_STRVAR(__pyx_doc_6fastln_3rnn_7_engine_4Step_14__setstate_cython__, "Step.__setstate_cython__(self, __pyx_state)");
-static PyMethodDef __pyx_mdef_6fastln_3rnn_7_engine_4Step_15__setstate_cython__ = {"__setstate_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_14__setstate_cython__};
-static PyObject *__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__(PyObject *__pyx_v_self, 
-#if CYTHON_VECTORCALL
-PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
-#else
-PyObject *__pyx_args, PyObject *__pyx_kwds
-#endif
-) {
-  CYTHON_UNUSED PyObject *__pyx_v___pyx_state = 0;
-  #if !CYTHON_VECTORCALL
-  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
-  #endif
-  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
-  PyObject* values[1] = {0};
-  int __pyx_lineno = 0;
-  const char *__pyx_filename = NULL;
-  int __pyx_clineno = 0;
-  PyObject *__pyx_r = 0;
-  __Pyx_RefNannyDeclarations
-  __Pyx_RefNannySetupContext("__setstate_cython__ (wrapper)", 0);
-  #if !CYTHON_VECTORCALL
-  #if CYTHON_ASSUME_SAFE_SIZE
-  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
-  #else
-  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
-  #endif
-  #endif
-  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
-  {
-    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_pyx_state,0};
-    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(3, 3, __pyx_L3_error)
-    if (__pyx_kwds_len > 0) {
-      switch (__pyx_nargs) {
-        case  1:
-        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(3, 3, __pyx_L3_error)
-        CYTHON_FALLTHROUGH;
-        case  0: break;
-        default: goto __pyx_L5_argtuple_error;
-      }
-      const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__setstate_cython__", 0) < (0)) __PYX_ERR(3, 3, __pyx_L3_error)
-      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__setstate_cython__", 1, 1, 1, i); __PYX_ERR(3, 3, __pyx_L3_error) }
-      }
-    } else if (unlikely(__pyx_nargs != 1)) {
-      goto __pyx_L5_argtuple_error;
-    } else {
-      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(3, 3, __pyx_L3_error)
-    }
-    __pyx_v___pyx_state = values[0];
-  }
-  goto __pyx_L6_skip;
-  __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("__setstate_cython__", 1, 1, 1, __pyx_nargs); __PYX_ERR(3, 3, __pyx_L3_error)
-  __pyx_L6_skip:;
-  goto __pyx_L4_argument_unpacking_done;
-  __pyx_L3_error:;
-  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
-    Py_XDECREF(values[__pyx_temp]);
-  }
-  __Pyx_AddTraceback("fastln.rnn._engine.Step.__setstate_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
-  __Pyx_RefNannyFinishContext();
-  return NULL;
-  __pyx_L4_argument_unpacking_done:;
-  __pyx_r = __pyx_pf_6fastln_3rnn_7_engine_4Step_14__setstate_cython__(((struct __pyx_obj_6fastln_3rnn_7_engine_Step *)__pyx_v_self), __pyx_v___pyx_state);
-
-  /* function exit code */
-  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
-    Py_XDECREF(values[__pyx_temp]);
-  }
-  __Pyx_RefNannyFinishContext();
-  return __pyx_r;
-}
-
-static PyObject *__pyx_pf_6fastln_3rnn_7_engine_4Step_14__setstate_cython__(CYTHON_UNUSED struct __pyx_obj_6fastln_3rnn_7_engine_Step *__pyx_v_self, CYTHON_UNUSED PyObject *__pyx_v___pyx_state) {
-  PyObject *__pyx_r = NULL;
-  __Pyx_RefNannyDeclarations
-  int __pyx_lineno = 0;
-  const char *__pyx_filename = NULL;
-  int __pyx_clineno = 0;
-  __Pyx_RefNannySetupContext("__setstate_cython__", 0);
-
-  /* "(tree fragment)":4
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
- * def __setstate_cython__(self, __pyx_state):
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"             # <<<<<<<<<<<<<<
-*/
-  __Pyx_Raise(((PyObject *)(((PyTypeObject*)PyExc_TypeError))), __pyx_mstate_global->__pyx_kp_u_no_default___reduce___due_to_non, 0, 0);
-  __PYX_ERR(3, 4, __pyx_L1_error)
-
-  /* "(tree fragment)":3
- * def __reduce_cython__(self):
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
- * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
-*/
-
-  /* function exit code */
-  __pyx_L1_error:;
-  __Pyx_AddTraceback("fastln.rnn._engine.Step.__setstate_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
-  __pyx_r = NULL;
   __Pyx_XGIVEREF(__pyx_r);
   __Pyx_RefNannyFinishContext();
   return __pyx_r;
@@ -15863,8 +15629,6 @@ static PyMethodDef __pyx_methods_6fastln_3rnn_7_engine_Step[] = {
   {"valid", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_5valid, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_4valid},
   {"run", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_9run, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_8run},
   {"table", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_11table, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_10table},
-  {"__reduce_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_13__reduce_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_12__reduce_cython__},
-  {"__setstate_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_6fastln_3rnn_7_engine_4Step_15__setstate_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_6fastln_3rnn_7_engine_4Step_14__setstate_cython__},
   {0, 0, 0, 0}
 };
 
@@ -16037,14 +15801,14 @@ static int __Pyx_modinit_Exttype___pyx_obj_6fastln_3rnn_7_engine_Step(__pyx_msta
   __pyx_vtable_6fastln_3rnn_7_engine_Step._valid = (int (*)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, PyObject *))__pyx_f_6fastln_3rnn_7_engine_4Step__valid;
   __pyx_vtable_6fastln_3rnn_7_engine_Step._call = (int (*)(struct __pyx_obj_6fastln_3rnn_7_engine_Step *, fastln_rnn_step_args *))__pyx_f_6fastln_3rnn_7_engine_4Step__call;
   #if CYTHON_USE_TYPE_SPECS
-  __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_6fastln_3rnn_7_engine_Step_spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step)) __PYX_ERR(0, 314, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_6fastln_3rnn_7_engine_Step_spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step)) __PYX_ERR(0, 315, __pyx_L1_error)
   #else
   __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step = &__pyx_type_6fastln_3rnn_7_engine_Step;
   #endif
   #if !CYTHON_COMPILING_IN_LIMITED_API
   #endif
   #if !CYTHON_USE_TYPE_SPECS
-  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
+  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 315, __pyx_L1_error)
   #endif
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount((PyObject*)__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step);
@@ -16056,7 +15820,7 @@ static int __Pyx_modinit_Exttype___pyx_obj_6fastln_3rnn_7_engine_Step(__pyx_msta
   #endif
   #if CYTHON_UPDATE_DESCRIPTOR_DOC
   {
-    PyObject *wrapper = PyObject_GetAttrString((PyObject *)__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step, "__call__"); if (unlikely(!wrapper)) __PYX_ERR(0, 314, __pyx_L1_error)
+    PyObject *wrapper = PyObject_GetAttrString((PyObject *)__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step, "__call__"); if (unlikely(!wrapper)) __PYX_ERR(0, 315, __pyx_L1_error)
     if (Py_IS_TYPE(wrapper, &PyWrapperDescr_Type)) {
       __pyx_wrapperbase_6fastln_3rnn_7_engine_4Step_6__call__ = *((PyWrapperDescrObject *)wrapper)->d_base;
       __pyx_wrapperbase_6fastln_3rnn_7_engine_4Step_6__call__.doc = __pyx_doc_6fastln_3rnn_7_engine_4Step_6__call__;
@@ -16064,9 +15828,8 @@ static int __Pyx_modinit_Exttype___pyx_obj_6fastln_3rnn_7_engine_Step(__pyx_msta
     }
   }
   #endif
-  if (__Pyx_SetVtable(__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_vtabptr_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
-  if (PyObject_SetAttr(__pyx_m, __pyx_mstate_global->__pyx_n_u_Step, (PyObject *) __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
-  if (__Pyx_setup_reduce((PyObject *) __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 314, __pyx_L1_error)
+  if (__Pyx_SetVtable(__pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_vtabptr_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 315, __pyx_L1_error)
+  if (PyObject_SetAttr(__pyx_m, __pyx_mstate_global->__pyx_n_u_Step, (PyObject *) __pyx_mstate->__pyx_ptype_6fastln_3rnn_7_engine_Step) < (0)) __PYX_ERR(0, 315, __pyx_L1_error)
   __Pyx_RefNannyFinishContext();
   return 0;
   __pyx_L1_error:;
@@ -16083,7 +15846,7 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_modinit_Type_import_code", 0);
   /*--- Type import code ---*/
-  __pyx_t_1 = PyImport_ImportModule(__Pyx_BUILTIN_MODULE_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(4, 9, __pyx_L1_error)
+  __pyx_t_1 = PyImport_ImportModule(__Pyx_BUILTIN_MODULE_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(3, 9, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __pyx_mstate->__pyx_ptype_7cpython_4type_type = __Pyx_ImportType_3_3_1(__pyx_t_1, __Pyx_BUILTIN_MODULE_NAME, "type",
   #if defined(PYPY_VERSION_NUM) && PYPY_VERSION_NUM < 0x050B0000
@@ -16093,7 +15856,7 @@ static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
   #else
   sizeof(PyHeapTypeObject), __PYX_GET_STRUCT_ALIGNMENT_3_3_1(PyHeapTypeObject),
   #endif
-  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7cpython_4type_type) __PYX_ERR(4, 9, __pyx_L1_error)
+  __Pyx_ImportType_CheckSize_Warn_3_3_1); if (!__pyx_mstate->__pyx_ptype_7cpython_4type_type) __PYX_ERR(3, 9, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __pyx_t_1 = PyImport_ImportModule("numpy"); if (unlikely(!__pyx_t_1)) __PYX_ERR(1, 229, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
@@ -16571,45 +16334,45 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
   if (__Pyx_InitAfterSharedUtility() < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
   /*--- Execution code ---*/
 
-  /* "fastln/rnn/_engine.pyx":15
+  /* "fastln/rnn/_engine.pyx":16
  * from cpython.mem cimport PyMem_Free, PyMem_Malloc
  * cimport numpy as cnp
  * import numpy as np             # <<<<<<<<<<<<<<
  * 
  * from fastln._core cimport (
 */
-  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 15, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 16, __pyx_L1_error)
   __pyx_t_2 = __pyx_t_1;
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_2) < (0)) __PYX_ERR(0, 15, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_2) < (0)) __PYX_ERR(0, 16, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":24
+  /* "fastln/rnn/_engine.pyx":25
  *     rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size, to_bf16)
  * 
  * cnp.import_array()             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_3 = __pyx_f_5numpy_import_array(); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 24, __pyx_L1_error)
+  __pyx_t_3 = __pyx_f_5numpy_import_array(); if (unlikely(__pyx_t_3 == ((int)-1))) __PYX_ERR(0, 25, __pyx_L1_error)
 
 
-  /* "fastln/rnn/_engine.pyx":27
+  /* "fastln/rnn/_engine.pyx":28
  * 
  * 
  * def bf16_products():             # <<<<<<<<<<<<<<
  *     """Where a bfloat16 model's products run on the path in use: "AMX",
  *     "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_1bf16_products, 0, __pyx_mstate_global->__pyx_n_u_bf16_products, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 27, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_1bf16_products, 0, __pyx_mstate_global->__pyx_n_u_bf16_products, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 28, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_bf16_products, __pyx_t_2) < (0)) __PYX_ERR(0, 27, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_bf16_products, __pyx_t_2) < (0)) __PYX_ERR(0, 28, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":39
+  /* "fastln/rnn/_engine.pyx":40
  *     const char *PyCapsule_GetName(object capsule) except? NULL
  * 
  * cdef bint _blas_ready = False             # <<<<<<<<<<<<<<
@@ -16618,112 +16381,112 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   __pyx_v_6fastln_3rnn_7_engine__blas_ready = 0;
 
-  /* "fastln/rnn/_engine.pyx":63
+  /* "fastln/rnn/_engine.pyx":64
  * 
  * # the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
  * CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,             # <<<<<<<<<<<<<<
  *          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
  *          "gru_plain_reset_first": 27}
 */
-  __pyx_t_2 = __Pyx_PyDict_NewPresized(9); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 63, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyDict_NewPresized(9); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh, __pyx_mstate_global->__pyx_int_0) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu, __pyx_mstate_global->__pyx_int_1) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm, __pyx_mstate_global->__pyx_int_2) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru, __pyx_mstate_global->__pyx_int_3) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh_plain, __pyx_mstate_global->__pyx_int_8) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu_plain, __pyx_mstate_global->__pyx_int_9) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm_plain, __pyx_mstate_global->__pyx_int_10) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain, __pyx_mstate_global->__pyx_int_11) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain_reset_first, __pyx_mstate_global->__pyx_int_27) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_CELLS, __pyx_t_2) < (0)) __PYX_ERR(0, 63, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh, __pyx_mstate_global->__pyx_int_0) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu, __pyx_mstate_global->__pyx_int_1) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm, __pyx_mstate_global->__pyx_int_2) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru, __pyx_mstate_global->__pyx_int_3) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_tanh_plain, __pyx_mstate_global->__pyx_int_8) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_rnn_relu_plain, __pyx_mstate_global->__pyx_int_9) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_lstm_plain, __pyx_mstate_global->__pyx_int_10) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain, __pyx_mstate_global->__pyx_int_11) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_gru_plain_reset_first, __pyx_mstate_global->__pyx_int_27) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_CELLS, __pyx_t_2) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":67
+  /* "fastln/rnn/_engine.pyx":68
  *          "gru_plain_reset_first": 27}
  * 
  * _SIZES = {}             # <<<<<<<<<<<<<<
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):
 */
-  __pyx_t_2 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 67, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 68, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_SIZES, __pyx_t_2) < (0)) __PYX_ERR(0, 67, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_SIZES, __pyx_t_2) < (0)) __PYX_ERR(0, 68, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":69
+  /* "fastln/rnn/_engine.pyx":70
  * _SIZES = {}
  * 
  * def param_sizes(str cell, int64_t I, int64_t H):             # <<<<<<<<<<<<<<
  *     """Element counts of one layer's parameters, in fastln_rnn.h order."""
  *     key = (cell, I, H)
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_3param_sizes, 0, __pyx_mstate_global->__pyx_n_u_param_sizes, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 69, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_3param_sizes, 0, __pyx_mstate_global->__pyx_n_u_param_sizes, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 70, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_param_sizes, __pyx_t_2) < (0)) __PYX_ERR(0, 69, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_param_sizes, __pyx_t_2) < (0)) __PYX_ERR(0, 70, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":90
+  /* "fastln/rnn/_engine.pyx":91
  *     return sizes
  * 
  * def cache_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_5cache_size, 0, __pyx_mstate_global->__pyx_n_u_cache_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 90, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_5cache_size, 0, __pyx_mstate_global->__pyx_n_u_cache_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 91, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_cache_size, __pyx_t_2) < (0)) __PYX_ERR(0, 90, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_cache_size, __pyx_t_2) < (0)) __PYX_ERR(0, 91, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":93
+  /* "fastln/rnn/_engine.pyx":94
  *     return rnn_cache_size(CELLS[cell], T, B, H)
  * 
  * def work_size(str cell, int64_t T, int64_t B, int64_t H):             # <<<<<<<<<<<<<<
  *     return rnn_work_size(CELLS[cell], T, B, H)
  * 
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_7work_size, 0, __pyx_mstate_global->__pyx_n_u_work_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 93, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_7work_size, 0, __pyx_mstate_global->__pyx_n_u_work_size, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 94, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_work_size, __pyx_t_2) < (0)) __PYX_ERR(0, 93, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_work_size, __pyx_t_2) < (0)) __PYX_ERR(0, 94, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":188
+  /* "fastln/rnn/_engine.pyx":189
  *     return tn
  * 
  * def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):             # <<<<<<<<<<<<<<
  *     """One layer's weights packed for the forward on the path in use
  *     (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_9pack, 0, __pyx_mstate_global->__pyx_n_u_pack, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 188, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_9pack, 0, __pyx_mstate_global->__pyx_n_u_pack, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 189, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pack, __pyx_t_2) < (0)) __PYX_ERR(0, 188, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pack, __pyx_t_2) < (0)) __PYX_ERR(0, 189, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastln/rnn/_engine.pyx":214
+  /* "fastln/rnn/_engine.pyx":215
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                  x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,             # <<<<<<<<<<<<<<
  *                  packed=None):
  *     """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
 */
-  __pyx_t_2 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 214, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 215, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 214, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 215, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
-  /* "fastln/rnn/_engine.pyx":213
+  /* "fastln/rnn/_engine.pyx":214
  *     return out
  * 
  * def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -16732,32 +16495,32 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   {
     PyObject* __pyx_temp[3] = {__pyx_t_2, __pyx_t_4, Py_None};
-    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 213, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 3); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 214, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
   }
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_11forward, 0, __pyx_mstate_global->__pyx_n_u_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 213, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_11forward, 0, __pyx_mstate_global->__pyx_n_u_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 214, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_4, __pyx_t_5);
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward, __pyx_t_4) < (0)) __PYX_ERR(0, 213, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward, __pyx_t_4) < (0)) __PYX_ERR(0, 214, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":230
+  /* "fastln/rnn/_engine.pyx":231
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):             # <<<<<<<<<<<<<<
  *     """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
  *     params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
 */
-  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 230, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 231, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
-  /* "fastln/rnn/_engine.pyx":229
+  /* "fastln/rnn/_engine.pyx":230
  *     return _rnn_status(rc)
  * 
  * def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -16766,31 +16529,31 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   {
     PyObject* __pyx_temp[2] = {__pyx_t_4, Py_None};
-    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 229, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 230, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
   }
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_13forward2, 0, __pyx_mstate_global->__pyx_n_u_forward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 229, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_13forward2, 0, __pyx_mstate_global->__pyx_n_u_forward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 230, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_4, __pyx_t_5);
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward2, __pyx_t_4) < (0)) __PYX_ERR(0, 229, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_forward2, __pyx_t_4) < (0)) __PYX_ERR(0, 230, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":272
+  /* "fastln/rnn/_engine.pyx":273
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
  *                   x, params, lengths, cache, dy, dh, dc, dx, grads, work=None,
  *                   bint reverse=False):             # <<<<<<<<<<<<<<
  *     """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
  *     cdef fastln_rnn_args a
 */
-  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 272, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 273, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
-  /* "fastln/rnn/_engine.pyx":270
+  /* "fastln/rnn/_engine.pyx":271
  *     return tn
  * 
  * def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
@@ -16799,120 +16562,93 @@ __Pyx_RefNannySetupContext("PyInit__engine", 0);
 */
   {
     PyObject* __pyx_temp[2] = {Py_None, __pyx_t_4};
-    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 270, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyTuple_FromArray(__pyx_temp, 2); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 271, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
   }
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_15backward, 0, __pyx_mstate_global->__pyx_n_u_backward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 270, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_15backward, 0, __pyx_mstate_global->__pyx_n_u_backward, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_4, __pyx_t_5);
   __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward, __pyx_t_4) < (0)) __PYX_ERR(0, 270, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward, __pyx_t_4) < (0)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":284
+  /* "fastln/rnn/_engine.pyx":285
  *     return _rnn_status(rc)
  * 
  * def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,             # <<<<<<<<<<<<<<
  *                    x, params2, lengths, caches2, dy, dh2, dc2, dx, grads2, works2):
  *     """Both directions of one layer backward (fastln_rnn_backward2): dy (T,B,2H);
 */
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_17backward2, 0, __pyx_mstate_global->__pyx_n_u_backward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 284, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_17backward2, 0, __pyx_mstate_global->__pyx_n_u_backward2, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 285, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward2, __pyx_t_4) < (0)) __PYX_ERR(0, 284, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_backward2, __pyx_t_4) < (0)) __PYX_ERR(0, 285, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":304
+  /* "fastln/rnn/_engine.pyx":305
  * # ---- the compiled step --------------------------------------------------------
  * 
  * cpdef bint immutable(object a):             # <<<<<<<<<<<<<<
  *     """Whether no write can reach a's data: a and every array it views are
  *     read-only, down to an owner that is an array or bytes."""
 */
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_19immutable, 0, __pyx_mstate_global->__pyx_n_u_immutable, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[9])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 304, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_19immutable, 0, __pyx_mstate_global->__pyx_n_u_immutable, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[9])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 305, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_immutable, __pyx_t_4) < (0)) __PYX_ERR(0, 304, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_immutable, __pyx_t_4) < (0)) __PYX_ERR(0, 305, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":365
+  /* "fastln/rnn/_engine.pyx":367
  *         PyMem_Free(self.layers)
  * 
  *     def valid(self, dict params):             # <<<<<<<<<<<<<<
  *         """Whether params holds the arrays the step was built from, and the
  *         weights it keeps packed are still immutable."""
 */
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_5valid, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_valid, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[10])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 365, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_5valid, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_valid, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[10])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 367, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_valid, __pyx_t_4) < (0)) __PYX_ERR(0, 365, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_valid, __pyx_t_4) < (0)) __PYX_ERR(0, 367, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":434
+  /* "fastln/rnn/_engine.pyx":436
  *         return True
  * 
  *     def run(self, int64_t B, x, h_in, c_in, y, h, c):             # <<<<<<<<<<<<<<
  *         """One step of B rows: x (B, I) -> y (B, H); the state (num_layers, B,
  *         H) goes from h_in, c_in (None: h, c hold it) into h, c."""
 */
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_9run, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_run, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[11])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 434, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_9run, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_run, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[11])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 436, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_run, __pyx_t_4) < (0)) __PYX_ERR(0, 434, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_run, __pyx_t_4) < (0)) __PYX_ERR(0, 436, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
-  /* "fastln/rnn/_engine.pyx":455
+  /* "fastln/rnn/_engine.pyx":457
  *         return self._call(&s)
  * 
  *     def table(self, x, rows, h, c, y):             # <<<<<<<<<<<<<<
  *         """One step of the streams at rows (B) of the state tables h, c
  *         (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
 */
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_11table, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_table, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[12])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 455, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_11table, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step_table, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[12])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 457, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_table, __pyx_t_4) < (0)) __PYX_ERR(0, 455, __pyx_L1_error)
-  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-
-  /* "(tree fragment)":1
- * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
- * def __setstate_cython__(self, __pyx_state):
-*/
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_13__reduce_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step___reduce_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[13])); if (unlikely(!__pyx_t_4)) __PYX_ERR(3, 1, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_4);
-  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
-  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
-  #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_reduce_cython, __pyx_t_4) < (0)) __PYX_ERR(3, 1, __pyx_L1_error)
-  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-
-  /* "(tree fragment)":3
- * def __reduce_cython__(self):
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
- * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
- *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
-*/
-  __pyx_t_4 = __Pyx_CyFunction_New(&__pyx_mdef_6fastln_3rnn_7_engine_4Step_15__setstate_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_Step___setstate_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastln_rnn__engine, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[14])); if (unlikely(!__pyx_t_4)) __PYX_ERR(3, 3, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_4);
-  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
-  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_4);
-  #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_setstate_cython, __pyx_t_4) < (0)) __PYX_ERR(3, 3, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_6fastln_3rnn_7_engine_Step, __pyx_mstate_global->__pyx_n_u_table, __pyx_t_4) < (0)) __PYX_ERR(0, 457, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
   /* "fastln/rnn/_engine.pyx":1
@@ -16990,41 +16726,41 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{15},{1},{1},{179},{8},{7},{6},{22},{41},{21},{2},{24},{30},{21},{29},{33},{18},{35},{24},{26},{32},{9},{50},{39},{34},{1},{5},{1},{1},{1},{4},{22},{24},{8},{10},{10},{1},{6},{20},{12},{8},{12},{8},{10},{8},{12},{11},{14},{12},{10},{17},{13},{12},{12},{19},{8},{13},{6},{1},{18},{8},{9},{4},{4},{13},{3},{1},{2},{4},{5},{10},{7},{4},{18},{4},{11},{1},{2},{3},{5},{2},{3},{2},{2},{5},{3},{18},{7},{8},{3},{5},{6},{3},{9},{21},{1},{2},{4},{9},{5},{3},{4},{6},{7},{4},{10},{1},{2},{5},{1},{3},{6},{4},{6},{7},{5},{11},{6},{7},{3},{3},{2},{7},{8},{14},{8},{14},{4},{3},{1},{12},{4},{10},{5},{5},{5},{4},{5},{5},{2},{5},{5},{6},{4},{4},{5},{2},{2},{4},{9},{6},{2},{1},{1}};
-    const struct { const unsigned int length: 10; } bytes_length_index[] = {{580},{9},{21},{21},{110},{163},{113},{273},{275},{16},{160},{15},{313},{282},{63}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{1},{1},{179},{8},{7},{6},{22},{41},{21},{2},{24},{30},{21},{29},{33},{18},{35},{24},{26},{32},{9},{39},{34},{1},{5},{1},{1},{1},{4},{8},{10},{10},{1},{6},{20},{12},{8},{8},{10},{8},{12},{14},{12},{12},{8},{13},{6},{1},{18},{8},{9},{4},{4},{13},{3},{1},{2},{4},{5},{10},{7},{4},{18},{4},{11},{1},{2},{3},{5},{2},{3},{2},{2},{5},{3},{18},{7},{8},{3},{5},{6},{3},{9},{21},{1},{2},{4},{9},{5},{3},{4},{6},{7},{4},{10},{1},{2},{5},{1},{3},{6},{4},{6},{7},{5},{11},{6},{7},{3},{3},{2},{7},{8},{14},{8},{14},{4},{3},{1},{12},{4},{10},{5},{5},{5},{4},{5},{5},{2},{5},{5},{6},{4},{4},{5},{2},{2},{4},{9},{6},{2},{1},{1}};
+    const struct { const unsigned int length: 10; } bytes_length_index[] = {{580},{21},{21},{110},{163},{113},{273},{275},{16},{160},{15},{313},{282},{63}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2096 bytes) */
-static const char cstring[] = "x\332\255UMs\323H\032N\210\003\001\222\001\347\203ef\370h\047\001\222,x\312\316\007\354Pa\313$a\226\232\201\305q\310,\354N\251\332R\333\322 K\266\272m\307\263\273U\034u\324QG\035u\324QG\035}\364\321G~\002?a\336n\311\016v`\267\266jS\226\324z\373\355\367\343y\237GYc\026!\250b\341j\215\030l=\373\347\227&#\210\251\230\241\275\016SM\003i\024)D\327\312\304\302\214\350\035D\231\245\311\214X\334\311@\257\016^=\330z\264\205\260\241 \213\374JdF\021m\226e\035SJ(2+\250\334\324t\246\031\210u\352\204f\321\363\n\352\230Md\020\242 f\242:\370}z\200\251\304@\2240\276@\367\260a\230\0143\3154$8\256\031\325{H\321,H\242\265\010?\375\014\353\224d\261\242H\340G\024\215\342\262N\210\301\357\025L\231n|g\031\306w\0221\252\232A\262\365\316Il\375\036\311fSW\020\034BX\327M\031:CT\206\006e\025\325H\315\264:\003G\315ha]S\020\325~#\264*k\006tn`\375{T\306\n\302\226\205;\250bZ\350K\366:\266p\215\216\356\252\210\361\002G\215:\356\020\213\2123%F\352\243\233\"\na_v\260\314\366X\2226\321\252*\213\375%\000A\252c\371\335\250\313\t\202=\321\327\251\275m\231F\025\031\315\032\214\233\017\357\313;Ig4F[1L`I\0057u\206$\311\"JS&\222\204\224\246\030\223a\032\017\2005-\r\353\260\013 jL\222 T\275\223\225d\323\"\331\032\234\323\022\324\260\246\307\324\320ju\323b\237\2725k\230\251g<\236\356\035\374\364S\351/\317K\034\027~e\207\025\310\202\302\222\224X\201W\024\3504f\267\232\206x\212\251\210\225\030\371\221Tz\376\366\240$I\257:\047p\355\003\351\245\227\344\204\035\222\212$%\304\204\036%\251\3224d\376\254\016\242\303_\rk\206x\232JS\027\026\003&\310\237@BI\306um\260N\216\360eKT\3007\032M\254\017\016\014\300<\323\324\320@N\370\01347LB?)\345L\323\222\304\010\205\001H\032\345\260\232MP\047\221\352:\224\2141\355\030\262ff\207vZ\006\336\264\261\245\014\236\3712\246\244\\\311\355\360K\252[\320 h\276\334\254\310r^\2264C\306\262J\304M\342\334\022+\232\227\211\256\313:\317\003\2700\013\313\204\307\223M\205$U\225A\377\212\"+r^\251\222ZMQ\0255\257\234(\035R\253\263\016\251\323X\217Y`r6\22130\233\327\223<\362\200~\325\302\n\025\267|""\325j\302/nj\270\000\2748H\025\315\242LU\363*\324\242\325j\315X\215\214\324\350;\322\201\037\215\265\250C\032\246R\235\262\032\277\342\020\206Q\027\2044\001\035\263m\200\033\327\025\277\210\022\337\363\374A\205:\004\000\3612\271\347\353\304\252\233uK\266H\013\316\022.L\213\350\315\3013N\302\337\0306\324\3013\261\202\306\201\252\224\312\032\010\002\260\304z\225\022\275\002-%\312\243\0349\252b\370\316\362\304\364\235V\027\223\027\r\202\220@\314\217\004\265\341\326$\264-\251j[\322\3246\237d[mkm\323z\307/Q7_\320|\233\235td\025[\360\3014(C\033k-SS\326\047 \022Z\213G\">.\330\252\322\201\313\372D\3627\356DAZ\343\236\302\207\307D\033\367\371\307fgKbbqz\033\232\342\205pN\002\214\276\211\262\270\023Z\373r\200\3178\215%\030:N\210\340\203\016\004\270R\305\270\217\022\203\222\030\326\023\277A\027\243\005\016\243q\004F$\023[\006\252\222*\233\371q\313\316\326\210\345\214\313\320c\240\201\241\307\251a\324c\334a\270/f3\330\214_\222\035N\347\341\202(\202\033\342\375T\343\342uH\2348\004\350\214Kz\202\231\242\353\367\223\375\324%\373\217N\221/.\333\273\356\244\273\344b\267\355\311\376\202_\210\215O\334\264{\307mx\027<\352\257\370\334s\373y7\335O\317\177\27441}\305\306\375\324|o~\305\313y\005\257\344\237\367\345`!\330\013hx\047\244\321Zw\275W:\352\257\336\023GK\301T\3600\314\364S\323\357\377\356L~\270x\251?3gKn\301-\272\025o\317k\365\036\354\206R\267\320-v1\317\373\330\301N\003\262=~\321-\236\246r\340\374\214=m\277v2N\016\002\364\346nA\301\ro\322K{\253^\305\337\363i\260\022\224\302\351\260\024]\210\032\335T\267\320\277}\317;\001\363F\370C\224\213\366\273S\335\274\310q;.\353m`\205\351p5\224\243\205h\314\267\020\027\331\233\273\371I\215\275\335\027\343%\356\037\364\347\027>\236?\205c\025\300(\002\210\327\222j\246\302\355h*z\324\375S\357\350u\377\316\272\277\350\037\005\213\301\317\341\263h%*\216\000\022\347\302n\213\203\331\313>\351=y\331\305\335F\357U\361\223\204\037`\271\343,8\205~j\326~\346\254rk?u\341}\313.9\223\375\231\313\366\2663\005\350\314.9\207\216\345\316\273y\267\344\235\363""\226\275\247^\331\237\3627\375rp.\270\033\236\013W\302\343(\327\237\233wV\234\342\377\307;\357\037\372\215\376\\\332\371\226\317\365?y\321 \303\375\276v3\356\260\322\005\367\251[\366\246\274\334\2071\303\246\207y[\2336\266O\300\234\356\317\002\021\234\207n\206\203\222{?\311\261_r\016\200\251\367{w\037\207\217#A\225\025G\362~\364\377\031f\302\034G\207\332\313\366S[v\346\235<\004\247\3562\004\207\260_\331\277\002\355\323\034\312\037\235\206{\336\225\2754\347\330\244}\315f\3166\354-\272?{\205\317\232\226 C\301;\366\267D;\220\303\262\027D\216\005\347\031\0247s\305np\201-\303\2202\"+\003$`\222\327!\304\r\357\227 \023\354F\323\321a$\274V\354\242M \3729\336\326\202\263\005\305\200\000\277qW9\301\207\213D7\177s\212\216\014\370<\003\326s\261\356\007B\312\031;7\200dfbz\266w\371\0064Y\365@\265\037g\277,\241\333\211\2002\336\226\327\022:\335\014\344p\t$\361\207\356dw\261[\354\243{^\303OA\226\251 \027\354\2073Q*\332\213~\353\025\217\200\320\275\327\307}tW\014\366!\020\345|\210C\026\355t\323\335\325\256\334+\036\016x}k\204\325\177\035\343t\001Fx\361*\240\373\220\023\002^g&.B\271v\003\230\274\351T\0014\230\377\226\335t\n\316\033\230\032\314\177C0l\346\206\373\302O\373\017\202F\177\346[w\313\375\027\220\353(H\237z\227\334\224{\340]\363\376\035\024\202_@n\034\354\263\247)\260\033^g\355\002H(\005L\342\224}\355\335\365\047\343Hp\346\2523\tc\335w\247\335C\327\362\226\340[S\350\317\316\001\212\261\374\306\316\036y7\375jP<k\276\345\267\270\371\242\3755\300\277\013\260_\207\002\262a*|\036\035uo\366\216\337\364\336\274\345\333\327{\351e\230-\366\032\374m\021\270\241\300\201m\350\246\000Q\026\341\363\242\370\253>\006\265\001\313\230\263\003\334\037\002\367\r\360\363\037\376\274\320\031\013r\234\343#H\376o\245\236\2329\3352\361\367\345\202\223@r\r8\275\r\022}\350g>\003U\311;\017\322\235\275\002\243\370\001t~u\021&r\014cj\302\307\264\355c\016\340\221\223v\326\004\267\031\320\257\301\021\377\257\340p8TG\201\216\267\340\024\374\353\031\030\211\220M\312\335\347|\036A\2467\001\271\371w\342\262""\275!\212\340\260\364\276Z\006\322\357\202vf\027\270\026x\253\202\224y\350xZp\247\000=\300\027\351w<Q\004\224";
-    PyObject *data = __Pyx_DecompressString(cstring, 2096, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2011 bytes) */
+static const char cstring[] = "x\332\255U\315s\323H\026\217\211\003\001\222\001\307\t\313\314\360!\047\201|\024x\312\216\223\260C\205-\223\217\331\324\014\014\216CfawJ\325\226\332\226\006Y\262\325\3558\236\335\255\342\250\243\216:\352\250\243\216:\352\250\243\217>\362\047\360\047\354\353\226\355`Cvk\2526e\365\307\353\327\357\343\367~\257\223\375\313K\203b\201*\210\n\273\035\252\030\272\240\022A\306\232Z\301&\242X\353\010\204\232\252D\261\311\224t\341\325\376\253\307\205\047\005\001\351\262`\342\337\260D\211@Z\025IC\204`\"\030U\241\322R5\252\352\002\35540\311\n\207U\241c\264\004\035cY\240\206\320\000\275O/P\005\353\002\301\224-\204\025\244\353\006ET5t\021\256\253zmE\220U\023\234\250\247\230\335>@\032\301Y$\313\"\350aY%\250\242a\254\263\261\212\010\325\364\357L]\377N\304zM\325q\266\3219\213\245\337\013\222\321\322d\001.\tH\323\014\t2\023\210\004\tJ\212P\307u\303\354\014\024U\375\024i\252,\020\365wLj\222\252C\346:\322\276\027*H\026\220i\242\216P5L\341\"y\003\231\250NFO\025\201\262\000G\205\032\352`\223\360;e\212\033\243\207\334\n\246\027+\230F{\314I\033\2535\205\306\372\"\200 6\220\364nT\345L\2003\236\327\271\274m\032zM\320[u(7+\336\305\047\375\314H\214\266\014\007\215NV\224\014\023g\353-(x\037\003\244jq\241\325z\3030\351\247j\255:\242\312g\032\317w\367\177\372\251\374\327\3032\313\222}Y\263\245\363\231\243\306W\274$\307b\371\360\355~Y\024_u\316\340\333\003R\212/\361\031=\302UQ\354\023\007\213\360Wm\351\022\233\353H\325\371l\310-\215\237\350\200*\233\201\030\242\204\032\352`}\312]\261]\263\205\264\201\026\260rx\203bBaR\tK\305h\001\277\261\330\320\300\001B\244\243K\252\221\035\312I\005\220o#S\036\314\371\n\"\270R\315m\261Ol\230\020\016tM\245U\225\244\274$\252\272\204$\005\363Ad\325\341+\222\227\260\246I\032\363\003YP\023I\230\331\223\014\031K\274O\305\nt\220,K\262\224\227k\270^\227\025Y\311\313gr\007\327\033\264\203\033$ft\026\270\220\3557\004p\203\305\323\237\3625Lk&\222\t\037\3625\263\005\2778\251\341B41C\241\252\232\204*J^\201X\324z\275\025\363\231\342:y\207;\360#1\2335pC\025\242\021Zg_lB\327\033""\234\004\006\240c\264uPc\314d\037\226\3431\317&\302\371\305\001\210\227\3751\337\300f\303h\230\222\211O\341.f\3246\261\326\032\314\261\023\266\243HW\006s_\n]\002d\"DR\201\204\200%\322j\004kUHI\206\367\002XK\030rDA\360R1\307\344\235\332 \214F<A /\264\303\023N>\030Z\230\264EEi\213\252\322f\225l+m\265m\230\357\330\307\343f\013\222o\323\263\216\244 \023\236\034\235Pa}\365\324P\345\265\t\260$\254\306%\341\355\211\314\032\031\250\254M\364\377\306\225\010\220\177\\\223\3530\233\302\372#\326\256[\005\221\362\305\3710\024\305\013\256\33470\272\343a1%a\365b\003_P\032s0T\234\340\306\007\031pp\305\252\376H\350\013\344\276`\255\2577\310b4\300\2415\206\300H\313\304\222AW\211\325\215\374\270d\2530\"\371Le\2501\350\201\241\306\271`Tc\\ax\316k38\2147\375\023F\347\341\002\313\234\033|\177\336\343|;$Nl\002\372\214\265\364\0045x\326\357\023\275\344uk\307I8\013\016r\332\256\344\245\275b,|\346\244\234\007N\323\275\342\022o\311+\201p\3630J\365Rs\037\257ML\335\260P/9\327\235[rsn\321-{\227=\311O\373\273>\t\036\004$\\\215\326\272\345\343\336\362\n\277Z\366\047\375\355 \323KN\275\377\273\235\370p\365Zoz\326\022\235\242Sr\252\356\256{\332}\274\023\210Q1*E\210\371}j#\273\t\336\236\276\210J\347\256l\270?mMY\257\355\214\235\003\003\335\331{\020p\323M\270)w\331\255z\273\036\361\227\374r0\025\224\303+a3JF\305\336\375\025\367\014\304\353\301\017a.\334\213&\243<\367q?\016\353\255o\006\251`9\220\302t8\246[\214\203\354\316\336\375$\306\356\316\213\361\020\367\366{s\351\217\227\317\341X\0060J\000\342\255~4\223\301f8\031>\211\376\334=~\335{\260\346\315{\307\376\274\377Kp\020.\205\245\021@b_\3109e`v\263\317\272\317^F(jv_\225>q\370\001\226[v\332.\366\2223\326\201\275\314\244\275\344\225\367\247V\331N\364\246\257[\233\366$\2403\263`\037\331\2463\347\344\235\262{\311]t\237\273\025o\322\333\360*\376%\377ap)X\nN\302\\ov\316^\262K\377\037\355\274w\3445{\263)\373[V\327\377\246E\374\014\323\373\332\3118\303H\323\316s\247\342N\272\271\017c\202\r\027\261\2646,d\235\2018\325\233\001\"\330\333N\206\201\222{\237`\330/""\330\373\300\324G\335\207O\203\247!\247\312\222-\272?z\377\0142A\216\241C\254E\353\271%\331sv\036\214\023g\021\214\203\331\257\254\337\200\366)\006\345\217v\323\271\354Hn\212q,a\335\262\250\275\tg\363\316/n\361\213\242\005\360PtO\274\002O\007|\230V\232\373H\333\007\020\334\364\r\013\352r\r\374\036@\270\314+\005$\240\222\267\301\304\035\367W?\343\357\204S\341Q\310\265\226\254\222\205\301\372%\226V\332.@0\320\200\3378\313\214\340\303E\277o\376f\227l\t\3609\000\326\263f\335\363\023\314F\306\312\r \231\236\230\232\351^\277\003I\326\\\350\332\2173\027\267\320\375~\003e\334\202{\312\373t\303\227\202\005h\211?E\211h>*\365\204\025\267\351%\301\313\244\237\363\367\202\3510\031\356\206\277wK\307@\350\356\353\223\236\360\220\027v\033\210r9@\001\r\267\242T\264\034I\335\322\321\200\327\367FX\375\363\030\247\213P\302\2537\001\335mF\010\330NO\\\205p\255&0y\303\256\001hP\377\202\325\262\213\366\033\250\032\324\177\2353l\372\216\363\302Ky\217\375fo\372[\247\340\374\013\310u\354\247\316\265\313N\322\331wo\271\377\366\213\376\257\320n\014\354\317o\023`7lg\254\"\264P\022\230\304(\373\332}\350%bKp\347\246\235\200\262\3569S\316\221c\272\013\360\326\024{3\263\200b\334~cw\217\335\273^\315/}.\276\347\2352\361U\353k\200\177\007`\277\r\001d\203dp\030\036Gw\273\047o\272o\336\262\343\333\335\324\"\324\026\271M\266\233\007n\310pa\023\262)\202\225yx^do\331C\320m\3002jo\001\367\207\300}\003\374\374\2077\307\373\214\3729\306\361\021$\377X\250\347bF\267L\374\276\\\261\373\220\334\002NoB\213n{\231/@Uv/C\353\316\334\200R\374\000}~s\036*r\002ej\301c\332\366\020\003\360\330N\331\253\234\333\024\350\327d\210\377Op\030\034\212-C\306\005\270\005\377z\006B\314\333&\351\3541>\217 \323\235\000\337\354\235\270n\255\363 \030,\335\257\026\201\364;\320;3i\326\013,UN\312<d<\305\271S\204\034\340E\372\017\276-\260\321";
+    PyObject *data = __Pyx_DecompressString(cstring, 2011, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (2740 bytes) */
-static const char cstring[] = "\377(tree fr\377agment).\377?Note th\377at Cytho\377n is del\377iberatel\377y strict\373er!\001n PEP\377-484 and\377 rejects\377 subclas\377ses of b\377uiltin t\377ypes. If\377 you nee?d to p%\000%\t\377then set\376\200\000e \047anno\177tation_<\000\377ing\047 dir\366b\000iv\242\000o Fa\377lse.add_\376%\000edisabl\367een\002\001fast\377ln/rnn/_\377engine.p\373yx\020\003: cou\367ld Z\000 all\273oc\327\000 sc\336\000c\377h memory\376!\005invalid\377 sizesgc\373in\367\000nal: \377bad arra\277y for \000\025p\337arams(\013h \371t\243\001=\013layer=sG\002StepZ\013A\002\273et\007\027rowV\014w_eightK\003_\202 \337_pack\260\013x \370\266\000\323\002\314\007wrong\017 num\354@\271A\000\027\323\004\335s\350#dno\243`fa\377ult __re\377duce__ d\275u\242Bnon-\263`v\347ial\033\000\302 it_\375_b\000py._co\257re.m5\000i\307$a\373il\225cimpor\375t\033\tumath \375f\023\014BCELLS\247HIS\265!\271!.y\006c\246\276\204\002__\017\004\325`s\314`e\035_\013\nrun1\002\221B;\002\376\356BT_SIZES\337__Pyx\001\000Di\377ct_NextR\317ef__\222\204\004\341\000__\377func____\347getX\003\n\000mai}n\020\001modul!\002\327nam)\002pK\000caCpi.\001\010\001,\004\023\001v\223b\036G\001qual)\005\305%\304\016\366\337&ex{\001set_\362]\005s\200\010\344\016__te\335s\376 _is\372!ou\177tine_pl\260\000\377aasyncio\331.\223@\022\003sb\265`wa\373rd\000\0052base\357bf16\000\001_pr\376\336\000ctsbufc\377c2c_inca\227che\000\002_\260\205\001\n\002s\1772cellcld\001\276\225 traceT\001c\367ode\234Dblas\377ddcdc2dg\377emmdhdh2\377dxdyempt\357yeps\311\206\003.rn;n.\310\206\004for\224\001\000\004}2\373 grads\000\002\2172gru\000\000\317\003\000\006_\373re\241!first\357hh2h\253\000imm\375u\210\206\003temske\365y\000\000s\206\206\003leng\177thslstm\000\001\256\233#nnp\263\204\002o\263 o\237wners\324\205\001\330\205\001e\025d\000\0032\345\205\001s\363\206\002\374\002\005\003\376\013\003s2perpo\377prcrever{se\225\206\001relu\000\005<\200C\253\206\001tanh\000\005\017\004\377owsrunss\337cipy.\311 al\377gselfset\353de\365\205\002s\266!sha{pe""\251\210\002skip\352\204\002\376\352\207\002tnuint8\376\311\210\002valuesw\377_hhw_ihw\376\312Awhwiwor\361k\000\001\264B\t\001s2wt\377xychar c\377onst *(v\377oid)\000int\363 (\334\211\003\330\207\002args^\033\005)\000\000\000\000\000\000\024\016\037step_\033\014D\002P\001\367 *,\301\211\00164_t\300\004\002\t\002\005\013\026\003(\002\207\004, \370\002\t\222\002=\001 (int\000*\024\022\020k\006t\006\202\001\304\000\223\002\337\005>\330\"_fn, \361\004\243\204\002\306\016\000)\000\"\003\276\005\223\013in\221tH\003\200\212\001\246\205\n\000\r\002\327\205\0042o_f32\002\r64\027\n\006\022\016_f\033\004\374\204\005<\006\007\007\024\013\200\021\r9\006\227B{\005\007\003w\004\264\213\001\000\006\271\213\005ed\320\206\002\266\002\332\206\007\305\002\260fx\323\002\211\210\001\317\206\001\000to_\251\207\001\377\200\001\330\004\n\210+\220\375Q\005\001\013\210=\230\001\230\377\025\230a\230w\240c\250\367\023\250A\017\003>\230\021\230\377%\230q\240\007\240s\250\373#\250&\0015I\310\021\330\377\021\022\360\n\000\005\017\210\377a\330\004\022\320\022#\240\3771\240A\240S\250\006\250\377c\260\023\260C\260s\270\377%\270s\300(\310)\320\337ST\330$\0476\002S\260\377\003\2607\270!\330\004\005\377\200[\220\001\340\t\n\330\377\010\r\210_\230A\230Q\377\230f\240C\240v\320-\377=\270_\310A\310Q\310\376Q\000\013\210;\220a\220q^\236\000;M\310Qa\007\220=\000\377\010\210\005\210U\220!\220\3351>\000\320\r\036\256\000q\240\377\001\240\021\240$\240f\250\377C\250s\260#\260S\270\377\005\270S\300\007\300q\310\377\004\310A\330\037\047\240x\376\024\000*\270G\3001\300D\257\310\003\3102_\002\037\221\003Z\377\260r\270\021\270$\270c\327\300\023\300\035\014A\237\003\320\r\335\035\231\010\320=M\223\rDE_\330\022\023\360\006\205\047$\212 \365Q\302 \026\207\004\003\2705\300\377\003\3008\3109\320TU\377\330%)\250\024\250T\260\377\024\260W\270F\300#\300\271Q\204*f\003a\230v\311!\320\377.>\320>N\310a\310\347q\320P$\000\213&\340\004\013\377\2106\220\023\220A\330\004\337\014\210F\220$\246!\330\004\377\007\200v\210S\220\001\330""\277\010\013\2105\220\003\233 \014\377\025\220R\220r\230\022\230\3772\230S\240\002\240\"\240\377B\240b\250\003\2503\250\377b\260\002\260&\270\002\270\377#\270V\3001\330\r\022\237\220#\220Q\330\000+E\0242\377\250R\250q\330\r\021\220u\033\324A\330\013\030s\260!$\001\337\031\230!\2301t\005\023\230\377B\230b\240\003\2401\340\334\264\004\t\0053\240a\323\0013\210\367a\210x\317\000\021\330\014\022\366\375@7\230\312`\013\2101\200\375\001\370!\025\220E\230\021\230\177,\320&;\270;\300\222\204\001\376\323\000_\240K\250{\270!\373\2701\232!s\210\"\210B\277\210c\220\022\2202\225 s\363\230\"k\000T\000\016\210j\230\367\001\230\021\307!K\220q\230\357\006\230c\240\n\000\010\210\001\377\210\026\210t\2205\230\001\237\230\024\230W\240\350 \000\020\025\377\220_\240A\240V\2504\272\363`!\376!r\210\023_\002\023{\220F\232\000\010\017\210q\335\205\001\225\"\242@!q\002t\211@\356@\030\377\230\001\230\034\240]\260!\177\260=\300\005\300R\300!\002_#\210Q\210en\000\002\323\001\367\023\2204\212\000\001\330\004\032\343\230$\335\204\001\000\006\261\205\004X\220Q\377\220c\230\023\230F\240$6\250\206\002D\260\306\206\002!\210\350\000\215#\177\010\000\005\014\320\013\034\320 \227g\240Q\240 \014\246\206\005\261\205\017\037\375\230\273\205\003!\2404\240v\250\376\244\206\0013\260c\270\025\270c\377\300\027\310\001\310\024\310Q\377\330 \047\240q\250\004\250\377D\260\003\2601\260D\270\377\010\300\004\300C\300z\320\377QT\320TU\320UV\327\330 &\326b7\324`\006\270\377a\270t\3006\310\021\310?$\310c\320QR\274\205\005\244\206\001\372\314\204\007O\305\204\014A\360\006\000\t\371\020\356 \322@\2301\200A\360\357\010\000\t\017\354@q\220\003\277\2203\220g\230Q\323\204\0014\377\210u\220A\220Y\230a\372\374A*\335b\010\034\230M\250\377\021\250-\260q\330\010\033\377\2304\230|\2502\250T\373\260\021$\007S\230\004\230E\377\240\026\240}\260A\260]\343\300#\350\"\273`/\014s\270#\375\270`\000\014\210A\210S\220y\004\307`\261\205\001U\240&\250\312\205\002\3754\304@\014\020\220\001\220\023\377\220D\230\005\230R\230r\377\240\025\240f\250A""\330\014\327\r\210U\370\205\004\010.\013T\240\357\035\250g\260B\016T\240\036\373\250v\023\001\t\210\031\220!\277\220=\240\001\240\030\274\000.\377\270\004\270I\300T\310\035\377\320VY\320YZ\330\010\377\t\210\030\320\021\"\240$w\240a\240\326\000\t\210\024\231`\337d\220!\2205\313\000A\230\377T\240\024\240Q\240d\250\357$\250a\250\365\000\017\210t\317\2206\230\021\306\205\001\263#\032\230\337\024\230\\\250\022\210 R\250?t\2601\330\010\016\274+}+\364\213\047\353a!\332\207\003\007\220q\330\376\216\"\026\220t\2305\240\003\347\2407\250\025\002\234,S\240\006\365\240\253@\017\266@G\2301\330\353\020\024\275@V\244@u\240C\367\240w\250\305@\r\210T\220W\021\220(\340\204\002t\374`q\356!|\374\036\213!h\220d\230!\357@\321t\367\213\001\256!\240!e\262\205\002\004\230mD\215\213\001\330\010\217(\320\000y\000\316\240\212\001\013\210*\200\002\223!\320\016\377\"\240!\240=\260\001\330\343\014\023\313\213\001\374A\344\211\0022\210Sw\220\005\220\270aA\230S\216\210\001";
-    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 2740, 3985);
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (2620 bytes) */
+static const char cstring[] = "\377.?Note t\377hat Cyth\377on is de\377liberate\377ly stric\367ter!\001n PE\377P-484 an\377d reject\377s subcla\377sses of \377builtin \377types. I\377f you ne\177ed to p%\000\376%\tthen se\375t\200\000e \047ann\377otation_\376<\000ing\047 di\355rb\000iv\242\000o F\377alse.add\375_%\000edisab\357leen\002\001fas\377tln/rnn/\377_engine.\367pyx\020\003: co\357uld Z\000 alwloc\327\000 sc\336\000\377ch memor\375y!\005invali\377d sizesg\367cin\367\000nal:\377 bad arr\177ay for \000\025\277params(\013h\363 t\243\001=\013laye{rsG\002StepZ\013vA\002et\007\027rowV\014\277weightK\003_\276\202 _pack\260\013x\361 \266\000\323\002\314\007wron\037g num\354@\271A\000\027\352\323\004s\350#d0\000py.\377_core.mu\334\356@\225$ail\343Cim\357port\033\tuma\357th f\023\014BCE?LLSHIS\203!\207!\017.run\003\002\261\"\r\002\216B\377T_SIZES_\357_Pyx\001\000Dic\377t_NextRe\367f__\262de___\337_func\004\001ma{in\003\002odul\025\002\347nam\035\002\226`_ca\223pi*\001\010\001v\234B8\001q\367ual\036\005set_\336*\005testY\000is\356\356\001out\334`_pl\376^\000aasynci\263o.\207 \022\003sb\367 w\367ard\000\0052bas\337ebf16\000\001_p\375r\214\000ctsbuf\377cc2c_inc/ache\000\002_\362a\n\002\377s2cellcl|d\001\303\000traceT\001\337codec\243\206\002_b\377lasddcdc\3772dgemmdh\377dh2dxdye\177mptyeps\213\205\003\337.rnn.\212\205\004fo\371r\224\001\000\0042getg\357rads\000\0022grqu\000\000\317\003\000\006_re\202!\377firsthh2\275h\253\000immu\312\204\003t\277emskey\000\000s\376\310\204\003lengths\317lstm\000\001\233#nn\365p\247bo\263 owne\263rs\226\204\001\232\204\001ed\000\0032\302\247\204\001s\265\205\002\374\002\005\003\013\003s2\377perpoprc\177reverse\327\204\001\217relu\000\005\200C\355\204\001t\347anh\000\005\017\004ows\376\312`sscipy.\376\311 algself\377setdefau\367lts\266!shap\375e\353\206\002skipst\367ate\254\206\002tnui\367nt8\213\207\002valu\377esw_hhw_\367ihw\312Awhwi\217work\000\001\264B\t\001s\3772wtxycha\377r const \377*(void)\000\237int (\236\210\003\232\206\002a\367rgs\033\005)\000\000\000\372\000""\000\000\024\016step_\270\033\014D\002P\001 *,\203\210\0016\0074_t\004\002\t\002\005\013\026\003(\002\306\207\004, \002\t\222\002=\001 (\007int*\024\022\020k\006t\006\202\001\360\304\000\223\002\337\005\330\"_fn,1 \361\004\243\204\002\016\000)\000\"\003\276\005\216\223\013intH\003\302\210\001\246\205\n\000|\r\002\327\205\0042_f32\002\r364\027\n\022\016_f\033\004\374\204\005\000<\006\007\007\024\013\021\r9\006\227B{\005\007\0034w\004\366\211\001\000\373\211\005ed\320\206\002\266\002\300\332\206\007\305\002\260f\323\002\352\207\001\317\206\001\000t\373o_\251\207\001\200\001\330\004\013\377\210=\230\001\230\025\230a\377\230w\240c\250\023\250A\376\017\003>\230\021\230%\230q\377\240\007\240s\250#\250Q\376\047\0005I\310\021\330\021\022\377\360\n\000\005\017\210a\330\377\004\022\320\022#\2401\240\377A\240S\250\006\250c\260\377\023\260C\260s\270%\270\377s\300(\310)\320ST\367\330$\0476\002S\260\003\260\3777\270!\330\004\005\200[\377\220\001\340\t\n\330\010\r\377\210_\230A\230Q\230f\377\240C\240v\320-=\270\277_\310A\310Q\310Q\000\013\277\210;\220a\220q\225\000;\327M\310Qa\007\220=\000\010\210\177\005\210U\220!\2201>\000\367\320\r\036\256\000q\240\001\240\377\021\240$\240f\250C\250\377s\260#\260S\270\005\270\377S\300\007\300q\310\004\310\277A\330\037\047\240x\024\000*\377\270G\3001\300D\310\003\353\3102_\002\037\221\003Z\260r\377\270\021\270$\270c\300\023u\300\035\014A\237\003\320\r\035\231\010\367\320=M\223\rDE\330\022W\023\360\006\205\047$\212 Q\302 \375\026\207\004\003\2705\300\003\300\3778\3109\320TU\330%\377)\250\024\250T\260\024\260\177W\270F\300#\300Q\204*\356f\003a\230v\311!\320.>\377\320>N\310a\310q\320\351P$\000\213&\340\251@6\220\023\377\220A\330\004\014\210F\220\375$\246!\330\004\007\200v\210\377S\220\001\330\010\013\2105\373\220\003\233 \014\025\220R\220\377r\230\022\2302\230S\240\377\002\240\"\240B\240b\250\377\003\2503\250b\260\002\260\377&\270\002\270#\270V\300\3771\330\r\022\220#\220Q\371\330\000+E\0242\250R\250q_\330\r\021\220\033\324A\330\013\030\367s\260!$""\001\031\230!\230\3751t\005\023\230B\230b\240\317\003\2401\340\264\004\t\0053\240}a\323\0013\210a\210x\317\000o\021\330\014\022\375@7\230\312`\337\013\2101\200\001\370!\025\220\377E\230\021\230,\320&;\347\270;\300\222\204\001\323\000_\240K\277\250{\270!\2701\232!s\377\210\"\210B\210c\220\022;\2202\225 s\230\"k\000T\000\177\016\210j\230\001\230\021\307!\377K\220q\230\006\230c\240\376\n\000\010\210\001\210\026\210t\377\2205\230\001\230\024\230W\371\240\350 \000\020\025\220_\240A\257\240V\2504\363`!\376!r\273\210\023_\002\023\220F\232\000\010\277\017\210q\330\004\nu\000F\313\220!q\002t\211@\356@\030\230\377\001\230\034\240]\260!\260\277=\300\005\300R\300!\002#\257\210Q\210en\000\002\323\001\023\373\2204\212\000\001\330\004\032\230\361$\335\204\001\000\006\261\205\004X\220Q\220\177c\230\023\230F\240$\250\206\0027D\260\001f\001!\210\350\000\215#\177\010\000\005\014\320\013\034\320 \227g\240Q\240 \014\246\206\005\261\205\017\037\375\230\273\205\003!\2404\240v\250\376\244\206\0013\260c\270\025\270c\377\300\027\310\001\310\024\310Q\377\330 \047\240q\250\004\250\377D\260\003\2601\260D\270\377\010\300\004\300C\300z\320\377QT\320TU\320UV\327\330 &\326b7\324`\006\270\377a\270t\3006\310\021\310?$\310c\320QR\274\205\005\244\206\001\372\314\204\007O\305\204\014A\360\006\000\t\371\020\356 \322@\2301\200A\360\357\010\000\t\017\354@q\220\003\277\2203\220g\230Q\323\204\0014\377\210u\220A\220Y\230a\372\374A*\335b\010\034\230M\250\377\021\250-\260q\330\010\033\377\2304\230|\2502\250T\373\260\021$\007S\230\004\230E\377\240\026\240}\260A\260]\343\300#\350\"\273`/\014s\270#\375\270`\000\014\210A\210S\220y\004\307`\261\205\001U\240&\250\312\205\002\3754\304@\014\020\220\001\220\023\377\220D\230\005\230R\230r\377\240\025\240f\250A\330\014\327\r\210U\370\205\004\010.\013T\240\357\035\250g\260B\016T\240\036\373\250v\023\001\t\210\031\220!\277\220=\240\001\240\030\274\000.\377\270\004\270I\300T\310\035\377\320VY\320YZ\330\010\377\t\210\030\320\021\"\240$w\240a\240\326\000\t\210\024\231`\337d""\220!\2205\313\000A\230\377T\240\024\240Q\240d\250\357$\250a\250\365\000\017\210t\317\2206\230\021\306\205\001\263#\032\230\337\024\230\\\250\022\210 R\250?t\2601\330\010\016\274+}+\364\213\047\353a!\332\207\003\007\220q\330\376\216\"\026\220t\2305\240\003\347\2407\250\025\002\234,S\240\006\365\240\253@\017\266@G\2301\330\353\020\024\275@V\244@u\240C\367\240w\250\305@\r\210T\220W\021\220(\340\204\002t\374`q\356!|\374\036\213!h\220d\230!\357@\321t\367\213\001\256!\240!e\262\205\002\004\230mD\215\213\001\330\010\217(\320\000y\000\316\240\212\001\013\210*\200\002\223!\320\016\377\"\240!\240=\260\001\330\343\014\023\313\213\001\374A\344\211\0022\210Sw\220\005\220\270aA\230S\216\210\001";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 2620, 3771);
     #define __Pyx_DecompressString_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (3985 bytes) */
-static const char bytes[] = "(tree fragment).?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notedisableenablefastln/rnn/_engine.pyxfastln: could not allocate scratch memoryfastln: invalid sizesgcinternal: bad array for internal: bad array for paramsinternal: bad h tableinternal: bad layers for Stepinternal: bad parameters for Stepinternal: bad rowsinternal: bad weights for _rnn_packinternal: bad x or sizesinternal: wrong number of internal: wrong number of paramsisenabledno default __reduce__ due to non-trivial __cinit__numpy._core.multiarray failed to importnumpy._core.umath failed to importBCELLSHISStepStep.__reduce_cython__Step.__setstate_cython__Step.runStep.tableStep.validT_SIZES__Pyx_PyDict_NextRef__annotate____func____getstate____main____module____name____pyx_capi____pyx_state__pyx_vtable____qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___is_coroutine_plainaasyncio.coroutinesbackwardbackward2basebf16bf16_productsbufcc2c_incachecache_sizecaches2cellcline_in_tracebackcodecython_blasddcdc2dgemmdhdh2dxdyemptyepsfastln.rnn._engineforwardforward2getgradsgrads2grugru_plaingru_plain_reset_firsthh2h_inimmutableitemskeykeyslayerslengthslstmlstm_plainnnpnumpyooutownerspackpackedpacked2packsparam_sizesparamsparams2perpoprcreversernn_relurnn_relu_plainrnn_tanhrnn_tanh_plainrowsrunsscipy.linalgselfsetdefaultsgemmshapesizesskipstatetabletnuint8validvaluesw_hhw_ihwbf16whwiworkwork_sizeworks2wtxychar const *(void)\000int (fastln_rnn_args const *)\000\000\000\000\000\000\000\000int (fastln_rnn_step_args const *)\000\000int (void *, int64_t, int, int, int64_t, int64_t, void const *, void const *)\000int64_t (int, int, int64_t, int64_t)\000int64_t (int, int64_t, int64_t, int64_t)\000\000void (fastln_sgemm_fn, fastln_dgemm_fn)\000void (void *, void const *, int64_t)\000rnn_bf16_products\000rnn_backward2_f32\000rnn_""backward2_f64\000rnn_backward_f32\000rnn_backward_f64\000rnn_forward2_f32\000rnn_forward2_f64\000rnn_forward_f32\000rnn_forward_f64\000rnn_step_f32\000rnn_step_f64\000rnn_pack\000rnn_packed_size\000rnn_cache_size\000rnn_work_size\000rnn_set_blas\000to_bf16\200\001\330\004\n\210+\220Q\200\001\330\004\013\210=\230\001\230\025\230a\230w\240c\250\023\250A\200\001\330\004\013\210>\230\021\230%\230q\240\007\240s\250#\250Q\200\001\3305I\310\021\330\021\022\360\n\000\005\017\210a\330\004\022\320\022#\2401\240A\240S\250\006\250c\260\023\260C\260s\270%\270s\300(\310)\320ST\330$\047\240s\250#\250S\260\003\2607\270!\330\004\005\200[\220\001\340\t\n\330\010\r\210_\230A\230Q\230f\240C\240v\320-=\270_\310A\310Q\310a\330\004\013\210;\220a\220q\200\001\330;M\310Q\360\n\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\036\230a\230q\240\001\240\021\240$\240f\250C\250s\260#\260S\270\005\270S\300\007\300q\310\004\310A\330\037\047\240x\250s\260*\270G\3001\300D\310\003\3102\310Q\310a\330\037\047\240s\250#\250Z\260r\270\021\270$\270c\300\023\300A\330\037\047\240x\250s\260*\270G\3001\300A\340\t\n\330\010\r\320\r\035\230Q\230f\240C\240v\320-=\320=M\310Q\310a\330\004\013\210;\220a\220q\200\001\330DE\330\022\023\360\006\000\005\017\210a\330\004\022\320\022$\240A\240Q\240c\250\026\250s\260#\260S\270\003\2705\300\003\3008\3109\320TU\330%)\250\024\250T\260\024\260W\270F\300#\300Q\330\004\005\200[\220\001\340\t\n\330\010\r\320\r\035\230Q\230a\230v\240S\250\006\320.>\320>N\310a\310q\320PQ\330\004\013\210;\220a\220q\200\001\340\004\013\2106\220\023\220A\330\004\014\210F\220$\220a\220q\330\004\007\200v\210S\220\001\330\010\013\2105\220\003\2201\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002""\240\"\240B\240b\250\003\2502\250R\250q\330\r\021\220\033\230A\230Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2502\250R\250s\260!\330\r\021\220\031\230!\2301\330\014\025\220R\220r\230\023\230B\230b\240\003\2401\340\014\025\220R\220r\230\023\230B\230b\240\003\2403\240a\330\010\013\2103\210a\210x\220r\230\021\330\014\022\220!\2207\230!\330\004\013\2101\200\001\360\006\000\005\025\220E\230\021\230,\320&;\270;\300a\330\004\022\220#\220_\240K\250{\270!\2701\330\004\007\200s\210\"\210B\210c\220\022\2202\220R\220s\230\"\230B\230a\330\010\016\210j\230\001\230\021\330\004\014\210K\220q\230\006\230c\240\021\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\025\220_\240A\240V\2504\250s\260!\330\004\007\200r\210\023\210B\210c\220\023\220F\230!\330\010\017\210q\330\004\n\210\"\210F\220!\2202\220R\220t\2302\230Q\330\004\030\230\001\230\034\240]\260!\260=\300\005\300R\300q\330\004\n\210#\210Q\210e\2205\230\002\230!\330\004\023\2204\220q\230\001\330\004\032\230$\230a\230q\330\004\032\230$\230a\230q\340\t\n\330\010\r\210X\220Q\220c\230\023\230F\240$\240c\250\023\250D\260\001\330\004\n\210!\2101\330\004\013\2101\200\001\360\010\000\005\014\320\013\034\230B\230g\240Q\200\001\360\014\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\037\230q\240\001\240\021\240!\2404\240v\250S\260\003\2603\260c\270\025\270c\300\027\310\001\310\024\310Q\330 \047\240q\250\004\250D\260\003\2601\260D\270\010\300\004\300C\300z\320QT\320TU\320UV\330 &\240b\250\003\2507\260&\270\006\270a\270t\3006\310\021\310$\310c\320QR\340\t\n\330\010\r\320\r\036\230a\230v\240S\250\006\320.>\320>O\310q\320PQ\330\004\013\210;\220a\220q\200A\360\006\000\t\020\210t\2207\230!\2301\200A\360\010\000\t\017\210a\210q\220\003\2203\220g\230Q\330\010\013\2104\210u\220A\220Y\230a\330\014\022\220*\230A\230Q\330\010\034\230M\250\021\250-\260q\330\010\033\2304\230|\2502\250T\260\021\330""\010\013\2104\210u\220A\220S\230\004\230E\240\026\240}\260A\260]\300#\300R\300q\330\014\022\220*\230A\230Q\330\010\034\230M\250\021\250-\260s\270#\270Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230U\240&\250\001\330\010\013\2104\210q\330\014\020\220\001\220\023\220D\230\005\230R\230r\240\025\240f\250A\330\014\r\210U\220$\220a\220q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\035\250g\260Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\036\250v\260Q\330\010\t\210\031\220!\220=\240\001\240\030\250\021\250.\270\004\270I\300T\310\035\320VY\320YZ\330\010\t\210\030\320\021\"\240$\240a\240q\330\010\t\210\024\210Q\210d\220!\2205\230\004\230A\230T\240\024\240Q\240d\250$\250a\250q\330\010\017\210t\2206\230\021\230!\2301\200A\360\010\000\t\032\230\024\230\\\250\022\2502\250R\250t\2601\330\010\016\210a\210q\220\003\2203\220g\230Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\035\250g\260Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\036\250v\260Q\330\010\014\210A\210S\220\004\220E\230\023\230F\240!\330\010\013\2105\220\007\220q\330\014\020\220\001\220\026\220t\2305\240\003\2407\250!\330\010\013\2104\210q\330\014\020\220\001\220\023\220D\230\005\230S\240\006\240a\330\014\017\210u\220G\2301\330\020\024\220A\220V\2304\230u\240C\240w\250a\330\014\r\210T\220\021\220(\230$\230a\230t\2404\240q\250\001\330\010\t\210\031\220!\220=\240\001\240\030\250\021\250.\270\004\270I\300T\310\035\320VY\320YZ\330\010\t\210\024\210Q\210h\220d\230!\2304\230t\2401\240A\330\010\t\210\024\210Q\210e\2204\220q\230\004\230D\240\001\240\021\330\010\017\210t\2206\230\021\230!\2301\320\000\024\220A\360\006\000\005\013\210*\220A\220V\2301\330\010\016\320\016\"\240!\240=\260\001\330\014\023\2201\330\010\014\210A\210Q\330\004\013\2102\210S\220\005\220S\230\004\230A\230S\240\003\2401";
+    #else /* compression: none (3771 bytes) */
+static const char bytes[] = ".?Note that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.add_notedisableenablefastln/rnn/_engine.pyxfastln: could not allocate scratch memoryfastln: invalid sizesgcinternal: bad array for internal: bad array for paramsinternal: bad h tableinternal: bad layers for Stepinternal: bad parameters for Stepinternal: bad rowsinternal: bad weights for _rnn_packinternal: bad x or sizesinternal: wrong number of internal: wrong number of paramsisenablednumpy._core.multiarray failed to importnumpy._core.umath failed to importBCELLSHISStepStep.runStep.tableStep.validT_SIZES__Pyx_PyDict_NextRef__annotate____func____main____module____name____pyx_capi____pyx_vtable____qualname____set_name____test___is_coroutine_plainaasyncio.coroutinesbackwardbackward2basebf16bf16_productsbufcc2c_incachecache_sizecaches2cellcline_in_tracebackcodecython_blasddcdc2dgemmdhdh2dxdyemptyepsfastln.rnn._engineforwardforward2getgradsgrads2grugru_plaingru_plain_reset_firsthh2h_inimmutableitemskeykeyslayerslengthslstmlstm_plainnnpnumpyooutownerspackpackedpacked2packsparam_sizesparamsparams2perpoprcreversernn_relurnn_relu_plainrnn_tanhrnn_tanh_plainrowsrunsscipy.linalgselfsetdefaultsgemmshapesizesskipstatetabletnuint8validvaluesw_hhw_ihwbf16whwiworkwork_sizeworks2wtxychar const *(void)\000int (fastln_rnn_args const *)\000\000\000\000\000\000\000\000int (fastln_rnn_step_args const *)\000\000int (void *, int64_t, int, int, int64_t, int64_t, void const *, void const *)\000int64_t (int, int, int64_t, int64_t)\000int64_t (int, int64_t, int64_t, int64_t)\000\000void (fastln_sgemm_fn, fastln_dgemm_fn)\000void (void *, void const *, int64_t)\000rnn_bf16_products\000rnn_backward2_f32\000rnn_backward2_f64\000rnn_backward_f32\000rnn_backward_f64\000rnn_forward2_f32\000rnn_forward2_f64\000rnn_forward_f32\000rnn_forward_f64\000rnn_step_f32\000rnn_step_f64\000rnn_pack\000rnn_packed_size\000rnn_cac""he_size\000rnn_work_size\000rnn_set_blas\000to_bf16\200\001\330\004\013\210=\230\001\230\025\230a\230w\240c\250\023\250A\200\001\330\004\013\210>\230\021\230%\230q\240\007\240s\250#\250Q\200\001\3305I\310\021\330\021\022\360\n\000\005\017\210a\330\004\022\320\022#\2401\240A\240S\250\006\250c\260\023\260C\260s\270%\270s\300(\310)\320ST\330$\047\240s\250#\250S\260\003\2607\270!\330\004\005\200[\220\001\340\t\n\330\010\r\210_\230A\230Q\230f\240C\240v\320-=\270_\310A\310Q\310a\330\004\013\210;\220a\220q\200\001\330;M\310Q\360\n\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\036\230a\230q\240\001\240\021\240$\240f\250C\250s\260#\260S\270\005\270S\300\007\300q\310\004\310A\330\037\047\240x\250s\260*\270G\3001\300D\310\003\3102\310Q\310a\330\037\047\240s\250#\250Z\260r\270\021\270$\270c\300\023\300A\330\037\047\240x\250s\260*\270G\3001\300A\340\t\n\330\010\r\320\r\035\230Q\230f\240C\240v\320-=\320=M\310Q\310a\330\004\013\210;\220a\220q\200\001\330DE\330\022\023\360\006\000\005\017\210a\330\004\022\320\022$\240A\240Q\240c\250\026\250s\260#\260S\270\003\2705\300\003\3008\3109\320TU\330%)\250\024\250T\260\024\260W\270F\300#\300Q\330\004\005\200[\220\001\340\t\n\330\010\r\320\r\035\230Q\230a\230v\240S\250\006\320.>\320>N\310a\310q\320PQ\330\004\013\210;\220a\220q\200\001\340\004\013\2106\220\023\220A\330\004\014\210F\220$\220a\220q\330\004\007\200v\210S\220\001\330\010\013\2105\220\003\2201\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2503\250b\260\002\260&\270\002\270#\270V\3001\330\r\022\220#\220Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2502\250R\250q\330\r\021\220\033\230A\230Q\330\014\025\220R\220r\230\022\2302\230S\240\002\240\"\240B\240b\250\003\2502\250R\250s\260!\330\r\021\220\031\230!\2301\330\014\025\220R\220r\230\023\230B\230b\240\003""\2401\340\014\025\220R\220r\230\023\230B\230b\240\003\2403\240a\330\010\013\2103\210a\210x\220r\230\021\330\014\022\220!\2207\230!\330\004\013\2101\200\001\360\006\000\005\025\220E\230\021\230,\320&;\270;\300a\330\004\022\220#\220_\240K\250{\270!\2701\330\004\007\200s\210\"\210B\210c\220\022\2202\220R\220s\230\"\230B\230a\330\010\016\210j\230\001\230\021\330\004\014\210K\220q\230\006\230c\240\021\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\010\210\001\210\026\210t\2205\230\001\230\024\230W\240A\330\004\025\220_\240A\240V\2504\250s\260!\330\004\007\200r\210\023\210B\210c\220\023\220F\230!\330\010\017\210q\330\004\n\210\"\210F\220!\2202\220R\220t\2302\230Q\330\004\030\230\001\230\034\240]\260!\260=\300\005\300R\300q\330\004\n\210#\210Q\210e\2205\230\002\230!\330\004\023\2204\220q\230\001\330\004\032\230$\230a\230q\330\004\032\230$\230a\230q\340\t\n\330\010\r\210X\220Q\220c\230\023\230F\240$\240c\250\023\250D\260\001\330\004\n\210!\2101\330\004\013\2101\200\001\360\010\000\005\014\320\013\034\230B\230g\240Q\200\001\360\014\000\005\017\210a\330\004\022\220!\330\004\010\210\005\210U\220!\2201\330\010\r\320\r\037\230q\240\001\240\021\240!\2404\240v\250S\260\003\2603\260c\270\025\270c\300\027\310\001\310\024\310Q\330 \047\240q\250\004\250D\260\003\2601\260D\270\010\300\004\300C\300z\320QT\320TU\320UV\330 &\240b\250\003\2507\260&\270\006\270a\270t\3006\310\021\310$\310c\320QR\340\t\n\330\010\r\320\r\036\230a\230v\240S\250\006\320.>\320>O\310q\320PQ\330\004\013\210;\220a\220q\200A\360\006\000\t\020\210t\2207\230!\2301\200A\360\010\000\t\017\210a\210q\220\003\2203\220g\230Q\330\010\013\2104\210u\220A\220Y\230a\330\014\022\220*\230A\230Q\330\010\034\230M\250\021\250-\260q\330\010\033\2304\230|\2502\250T\260\021\330\010\013\2104\210u\220A\220S\230\004\230E\240\026\240}\260A\260]\300#\300R\300q\330\014\022\220*\230A\230Q\330\010\034\230M\250\021\250-\260s\270#\270Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230U\240&\250\001\330\010\013\2104\210q""\330\014\020\220\001\220\023\220D\230\005\230R\230r\240\025\240f\250A\330\014\r\210U\220$\220a\220q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\035\250g\260Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\036\250v\260Q\330\010\t\210\031\220!\220=\240\001\240\030\250\021\250.\270\004\270I\300T\310\035\320VY\320YZ\330\010\t\210\030\320\021\"\240$\240a\240q\330\010\t\210\024\210Q\210d\220!\2205\230\004\230A\230T\240\024\240Q\240d\250$\250a\250q\330\010\017\210t\2206\230\021\230!\2301\200A\360\010\000\t\032\230\024\230\\\250\022\2502\250R\250t\2601\330\010\016\210a\210q\220\003\2203\220g\230Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\035\250g\260Q\330\010\014\210A\210S\220\004\220E\230\022\2302\230T\240\036\250v\260Q\330\010\014\210A\210S\220\004\220E\230\023\230F\240!\330\010\013\2105\220\007\220q\330\014\020\220\001\220\026\220t\2305\240\003\2407\250!\330\010\013\2104\210q\330\014\020\220\001\220\023\220D\230\005\230S\240\006\240a\330\014\017\210u\220G\2301\330\020\024\220A\220V\2304\230u\240C\240w\250a\330\014\r\210T\220\021\220(\230$\230a\230t\2404\240q\250\001\330\010\t\210\031\220!\220=\240\001\240\030\250\021\250.\270\004\270I\300T\310\035\320VY\320YZ\330\010\t\210\024\210Q\210h\220d\230!\2304\230t\2401\240A\330\010\t\210\024\210Q\210e\2204\220q\230\004\230D\240\001\240\021\330\010\017\210t\2206\230\021\230!\2301\320\000\024\220A\360\006\000\005\013\210*\220A\220V\2301\330\010\016\320\016\"\240!\240=\260\001\330\014\023\2201\330\010\014\210A\210Q\330\004\013\2102\210S\220\005\220S\230\004\230A\230S\240\003\2401";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 154; i++) {
+    for (int i = 0; i < 143; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
-      if (likely(string) && i >= 25) PyUnicode_InternInPlace(&string);
+      if (likely(string) && i >= 23) PyUnicode_InternInPlace(&string);
       if (unlikely(!string)) {
         Py_XDECREF(data);
         __PYX_ERR(0, 1, __pyx_L1_error)
@@ -17032,8 +16768,8 @@ static const char bytes[] = "(tree fragment).?Note that Cython is deliberately s
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 154; i < 169; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-154].length;
+    for (int i = 143; i < 157; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-143].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -17043,15 +16779,15 @@ static const char bytes[] = "(tree fragment).?Note that Cython is deliberately s
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 169; i++) {
+    for (Py_ssize_t i = 0; i < 157; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 154;
-      for (Py_ssize_t i=0; i<15; ++i) {
+      PyObject **table = stringtab + 143;
+      for (Py_ssize_t i=0; i<14; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
         #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -17137,79 +16873,69 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
   PyObject* tuple_dedup_map = PyDict_New();
   if (unlikely(!tuple_dedup_map)) return -1;
   {
-    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 0, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 27};
+    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 0, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 28};
     PyObject* const varnames[] = {0};
     __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_bf16_products, __pyx_mstate->__pyx_kp_b_iso88591_BgQ, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 5, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 69};
+    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 5, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 70};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_key, __pyx_mstate->__pyx_n_u_sizes};
     __pyx_mstate_global->__pyx_codeobj_tab[1] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_param_sizes, __pyx_mstate->__pyx_kp_b_iso88591_6_A_F_aq_vS_5_1_Rr_2S_Bb_3b_V1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[1])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 90};
+    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 91};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_H};
     __pyx_mstate_global->__pyx_codeobj_tab[2] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_cache_size, __pyx_mstate->__pyx_kp_b_iso88591_q_s_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[2])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 93};
+    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 94};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_H};
     __pyx_mstate_global->__pyx_codeobj_tab[3] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_work_size, __pyx_mstate->__pyx_kp_b_iso88591_awc_A, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[3])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 18, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 188};
+    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 18, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 189};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_wbf16, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_w_ih, __pyx_mstate->__pyx_n_u_w_hh, __pyx_mstate->__pyx_n_u_code, __pyx_mstate->__pyx_n_u_wt, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_sizes, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_buf, __pyx_mstate->__pyx_n_u_skip, __pyx_mstate->__pyx_n_u_out, __pyx_mstate->__pyx_n_u_o, __pyx_mstate->__pyx_n_u_wi, __pyx_mstate->__pyx_n_u_wh, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[4] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_pack, __pyx_mstate->__pyx_kp_b_iso88591_E_a__K_1_s_Bc_2Rs_Ba_j_Kq_c_t5, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[4])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 213};
+    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 214};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_cache, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_h, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_reverse, __pyx_mstate->__pyx_n_u_wbf16, __pyx_mstate->__pyx_n_u_packed, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[5] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_forward, __pyx_mstate->__pyx_kp_b_iso88591_5I_a_1AS_c_Cs_s_ST_s_S_7__AQfCv, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[5])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {15, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 229};
+    const __Pyx_PyCode_New_function_description descr = {15, 0, 0, 19, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 230};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params2, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_caches2, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_h2, __pyx_mstate->__pyx_n_u_c2, __pyx_mstate->__pyx_n_u_wbf16, __pyx_mstate->__pyx_n_u_packed2, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[6] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_forward2, __pyx_mstate->__pyx_kp_b_iso88591_MQ_a_U_1_aq_fCs_S_S_q_A_xs_G1D, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[6])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {17, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 270};
+    const __Pyx_PyCode_New_function_description descr = {17, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 271};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_cache, __pyx_mstate->__pyx_n_u_dy, __pyx_mstate->__pyx_n_u_dh, __pyx_mstate->__pyx_n_u_dc, __pyx_mstate->__pyx_n_u_dx, __pyx_mstate->__pyx_n_u_grads, __pyx_mstate->__pyx_n_u_work, __pyx_mstate->__pyx_n_u_reverse, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[7] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_backward, __pyx_mstate->__pyx_kp_b_iso88591_DE_a_AQc_s_S_5_89TU_T_WF_Q_QavS, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[7])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 284};
+    const __Pyx_PyCode_New_function_description descr = {16, 0, 0, 20, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 285};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_cell, __pyx_mstate->__pyx_n_u_T, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_I, __pyx_mstate->__pyx_n_u_H, __pyx_mstate->__pyx_n_u_eps, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_params2, __pyx_mstate->__pyx_n_u_lengths, __pyx_mstate->__pyx_n_u_caches2, __pyx_mstate->__pyx_n_u_dy, __pyx_mstate->__pyx_n_u_dh2, __pyx_mstate->__pyx_n_u_dc2, __pyx_mstate->__pyx_n_u_dx, __pyx_mstate->__pyx_n_u_grads2, __pyx_mstate->__pyx_n_u_works2, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_tn, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_rc};
     __pyx_mstate_global->__pyx_codeobj_tab[8] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_backward2, __pyx_mstate->__pyx_kp_b_iso88591_a_U_1_q_4vS_3c_c_Q_q_D_1D_CzQTT, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[8])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 304};
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 305};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_a};
     __pyx_mstate_global->__pyx_codeobj_tab[9] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_immutable, __pyx_mstate->__pyx_kp_b_iso88591_A_AV1_1_AQ_2S_S_AS_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[9])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 365};
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 367};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_params};
     __pyx_mstate_global->__pyx_codeobj_tab[10] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_valid, __pyx_mstate->__pyx_kp_b_iso88591_A_t7_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[10])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {8, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 434};
+    const __Pyx_PyCode_New_function_description descr = {8, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 436};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_h_in, __pyx_mstate->__pyx_n_u_c_in, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_h, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_n};
     __pyx_mstate_global->__pyx_codeobj_tab[11] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_run, __pyx_mstate->__pyx_kp_b_iso88591_A_2Rt1_aq_3gQ_AS_E_2T_gQ_AS_E_2T, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[11])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 455};
+    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 457};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_rows, __pyx_mstate->__pyx_n_u_h, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_per, __pyx_mstate->__pyx_n_u_S};
     __pyx_mstate_global->__pyx_codeobj_tab[12] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastln_rnn__engine_pyx, __pyx_mstate->__pyx_n_u_table, __pyx_mstate->__pyx_kp_b_iso88591_A_aq_3gQ_4uAYa_AQ_M_q_4_2T_4uAS, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[12])) goto bad;
-  }
-  {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 1};
-    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self};
-    __pyx_mstate_global->__pyx_codeobj_tab[13] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_reduce_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[13])) goto bad;
-  }
-  {
-    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 3};
-    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_pyx_state};
-    __pyx_mstate_global->__pyx_codeobj_tab[14] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_setstate_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[14])) goto bad;
   }
   Py_DECREF(tuple_dedup_map);
   return 0;
@@ -19762,33 +19488,6 @@ static CYTHON_INLINE int64_t __Pyx_div_int64_t(int64_t a, int64_t b, int b_is_co
     return q - adapt_python;
 }
 
-/* RejectKeywords */
-static void __Pyx_RejectKeywords(const char* function_name, PyObject *kwds) {
-    PyObject *key = NULL;
-    if (CYTHON_VECTORCALL && likely(PyTuple_Check(kwds))) {
-        key = __Pyx_PySequence_ITEM(kwds, 0);
-    } else {
-#if CYTHON_AVOID_BORROWED_REFS
-        PyObject *pos = NULL;
-#else
-        Py_ssize_t pos = 0;
-#endif
-#if !CYTHON_COMPILING_IN_PYPY || defined(PyArg_ValidateKeywordArguments)
-        if (unlikely(!PyArg_ValidateKeywordArguments(kwds))) return;
-#endif
-        __Pyx_PyDict_NextRef(kwds, &pos, &key, NULL);
-#if CYTHON_AVOID_BORROWED_REFS
-        Py_XDECREF(pos);
-#endif
-    }
-    if (likely(key)) {
-        PyErr_Format(PyExc_TypeError,
-            "%s() got an unexpected keyword argument '%U'",
-            function_name, key);
-        Py_DECREF(key);
-    }
-}
-
 /* AllocateExtensionType */
 static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final) {
     if (is_final || likely(!__Pyx_PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT))) {
@@ -20351,182 +20050,6 @@ static int __Pyx_SetVtable(PyTypeObject *type, void *vtable) {
 bad:
     Py_XDECREF(ob);
     return -1;
-}
-
-/* LimitedApiGetTypeTypeDict (used by DelItemOnTypeDict) */
-#if CYTHON_COMPILING_IN_LIMITED_API
-static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp) {
-    static Py_ssize_t tp_dictoffset = 0;
-    if (unlikely(tp_dictoffset == 0)) {
-        tp_dictoffset = __Pyx_GetTypeDictOffset((PyObject*)(&PyType_Type), 1);
-        if (unlikely(tp_dictoffset == -1 && PyErr_Occurred())) {
-            tp_dictoffset = 0; // try again next time?
-            return NULL;
-        }
-    }
-    return *(PyObject**)((char*)tp + tp_dictoffset);
-}
-#endif
-
-/* DelItemOnTypeDict (used by SetupReduce) */
-static int __Pyx__DelItemOnTypeDict(PyTypeObject *tp, PyObject *k) {
-    int result;
-    PyObject *tp_dict;
-#if CYTHON_COMPILING_IN_LIMITED_API
-    tp_dict = __Pyx_GetTypeTypeDict(tp);
-    if (unlikely(!tp_dict)) return -1;
-#else
-    tp_dict = tp->tp_dict;
-#endif
-    result = PyDict_DelItem(tp_dict, k);
-    if (likely(!result)) PyType_Modified(tp);
-    return result;
-}
-
-/* SetItemOnTypeDict (used by SetupReduce) */
-static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v) {
-    int result;
-    PyObject *tp_dict;
-#if CYTHON_COMPILING_IN_LIMITED_API
-    tp_dict = __Pyx_GetTypeTypeDict(tp);
-    if (unlikely(!tp_dict)) return -1;
-#else
-    tp_dict = tp->tp_dict;
-#endif
-    result = PyDict_SetItem(tp_dict, k, v);
-    if (likely(!result)) {
-        PyType_Modified(tp);
-        if (unlikely(PyObject_HasAttr(v, __pyx_mstate_global->__pyx_n_u_set_name))) {
-            PyObject *setNameResult = PyObject_CallMethodObjArgs(v, __pyx_mstate_global->__pyx_n_u_set_name,  (PyObject *) tp, k, NULL);
-            if (!setNameResult) return -1;
-            Py_DECREF(setNameResult);
-        }
-    }
-    return result;
-}
-
-/* SetupReduce */
-static int __Pyx_setup_reduce_is_named(PyObject* meth, PyObject* name) {
-  int ret;
-  PyObject *name_attr;
-  name_attr = __Pyx_PyObject_GetAttrStrNoError(meth, __pyx_mstate_global->__pyx_n_u_name);
-  if (likely(name_attr)) {
-      ret = PyObject_RichCompareBool(name_attr, name, Py_EQ);
-  } else {
-      ret = -1;
-  }
-  if (unlikely(ret < 0) && __Pyx_IgnoreException(PyExc_Exception)) {
-      ret = 0;  // But BaseException is still propagated.
-  }
-  Py_XDECREF(name_attr);
-  return ret;
-}
-static PyObject *__Pyx_setup_reduce_get_reduce_attribute(PyObject *type_obj, PyObject *name, int allow_not_present) {
-#if CYTHON_USE_PYTYPE_LOOKUP
-    CYTHON_UNUSED_VAR(allow_not_present);
-    return _PyType_Lookup((PyTypeObject*)type_obj, name);
-#else
-    if (allow_not_present) {
-        return __Pyx_PyObject_GetAttrStrNoError(type_obj, name);
-    } else {
-        return __Pyx_PyObject_GetAttrStr(type_obj, name);
-    }
-#endif
-}
-static int __Pyx_setup_reduce(PyObject* type_obj) {
-    int ret = 0;
-    PyObject *object_reduce = NULL;
-    PyObject *object_getstate = NULL;
-    PyObject *object_reduce_ex = NULL;
-    PyObject *reduce = NULL;
-    PyObject *reduce_ex = NULL;
-    PyObject *reduce_cython = NULL;
-    PyObject *setstate = NULL;
-    PyObject *setstate_cython = NULL;
-    PyObject *getstate = NULL;
-    getstate = __Pyx_setup_reduce_get_reduce_attribute(type_obj, __pyx_mstate_global->__pyx_n_u_getstate, 1);
-    if (!getstate && PyErr_Occurred()) {
-        goto __PYX_BAD;
-    }
-    if (getstate) {
-        object_getstate = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_getstate, 1);
-        if (!object_getstate && PyErr_Occurred()) {
-            goto __PYX_BAD;
-        }
-        if (object_getstate != getstate) {
-            goto __PYX_GOOD;
-        }
-    }
-    object_reduce_ex = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_reduce_ex, 0);
-    if (unlikely(!object_reduce_ex)) goto __PYX_BAD;
-    reduce_ex = __Pyx_PyObject_GetAttrStr(type_obj, __pyx_mstate_global->__pyx_n_u_reduce_ex); if (unlikely(!reduce_ex)) goto __PYX_BAD;
-    if (reduce_ex == object_reduce_ex) {
-        object_reduce = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_reduce, 0);
-        if (!object_reduce) goto __PYX_BAD;
-        reduce = __Pyx_PyObject_GetAttrStr(type_obj, __pyx_mstate_global->__pyx_n_u_reduce); if (unlikely(!reduce)) goto __PYX_BAD;
-        int try_to_replace_reduce = (reduce == object_reduce);
-        if (!try_to_replace_reduce) {
-            try_to_replace_reduce = __Pyx_setup_reduce_is_named(reduce, __pyx_mstate_global->__pyx_n_u_reduce_cython);
-            if (unlikely(try_to_replace_reduce < 0)) {
-                goto __PYX_BAD;
-            }
-        }
-        if (try_to_replace_reduce) {
-            reduce_cython = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_reduce_cython);
-            if (likely(reduce_cython)) {
-                ret = __Pyx_SetItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_reduce, reduce_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
-                ret = __Pyx_DelItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_reduce_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
-            } else if (reduce == object_reduce || PyErr_Occurred()) {
-                goto __PYX_BAD;
-            }
-            setstate = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_setstate);
-            int try_to_replace_setstate;
-            if (!setstate) {
-                PyObject *exc = PyErr_Occurred();
-                if (exc && !__Pyx_IgnoreGivenException(exc, PyExc_Exception)) {
-                    goto __PYX_BAD;
-                }
-                try_to_replace_setstate = 1;
-            } else {
-                try_to_replace_setstate = __Pyx_setup_reduce_is_named(setstate, __pyx_mstate_global->__pyx_n_u_setstate_cython);
-                if (unlikely(try_to_replace_setstate < 0)) {
-                    goto __PYX_BAD;
-                }
-            }
-            if (try_to_replace_setstate) {
-                setstate_cython = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_setstate_cython);
-                if (likely(setstate_cython)) {
-                    ret = __Pyx_SetItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_setstate, setstate_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
-                    ret = __Pyx_DelItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_setstate_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
-                } else if (!setstate || PyErr_Occurred()) {
-                    goto __PYX_BAD;
-                }
-            }
-            PyType_Modified((PyTypeObject*)type_obj);
-        }
-    }
-    goto __PYX_GOOD;
-__PYX_BAD:
-    if (!PyErr_Occurred()) {
-        __Pyx_RaiseErrorWithType(
-            PyExc_RuntimeError,
-            "Unable to initialize pickling for " __Pyx_FMT_TYPENAME,
-            (PyTypeObject*)type_obj);
-    }
-    ret = -1;
-__PYX_GOOD:
-#if !CYTHON_USE_PYTYPE_LOOKUP
-    Py_XDECREF(object_reduce);
-    Py_XDECREF(object_reduce_ex);
-    Py_XDECREF(object_getstate);
-    Py_XDECREF(getstate);
-#endif
-    Py_XDECREF(reduce);
-    Py_XDECREF(reduce_ex);
-    Py_XDECREF(reduce_cython);
-    Py_XDECREF(setstate);
-    Py_XDECREF(setstate_cython);
-    return ret;
 }
 
 /* TypeImport */
@@ -22162,6 +21685,43 @@ static PyTypeObject *__Pyx_Get_CyFunction_Type(void) {
     PyTypeObject *tp = __pyx_mstate_global->__pyx_CyFunctionType;
     Py_INCREF((PyObject*)tp);
     return tp;
+}
+
+/* LimitedApiGetTypeTypeDict (used by SetItemOnTypeDict) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp) {
+    static Py_ssize_t tp_dictoffset = 0;
+    if (unlikely(tp_dictoffset == 0)) {
+        tp_dictoffset = __Pyx_GetTypeDictOffset((PyObject*)(&PyType_Type), 1);
+        if (unlikely(tp_dictoffset == -1 && PyErr_Occurred())) {
+            tp_dictoffset = 0; // try again next time?
+            return NULL;
+        }
+    }
+    return *(PyObject**)((char*)tp + tp_dictoffset);
+}
+#endif
+
+/* SetItemOnTypeDict */
+static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v) {
+    int result;
+    PyObject *tp_dict;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    tp_dict = __Pyx_GetTypeTypeDict(tp);
+    if (unlikely(!tp_dict)) return -1;
+#else
+    tp_dict = tp->tp_dict;
+#endif
+    result = PyDict_SetItem(tp_dict, k, v);
+    if (likely(!result)) {
+        PyType_Modified(tp);
+        if (unlikely(PyObject_HasAttr(v, __pyx_mstate_global->__pyx_n_u_set_name))) {
+            PyObject *setNameResult = PyObject_CallMethodObjArgs(v, __pyx_mstate_global->__pyx_n_u_set_name,  (PyObject *) tp, k, NULL);
+            if (!setNameResult) return -1;
+            Py_DECREF(setNameResult);
+        }
+    }
+    return result;
 }
 
 /* CLineInTraceback (used by AddTraceback) */

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy.typing as npt
-from typing_extensions import TypeAlias
+from typing_extensions import TypeAlias, disjoint_base
 
 _Array: TypeAlias = npt.NDArray[Any]
 
@@ -95,3 +95,42 @@ def backward2(
     grads2: Sequence[Sequence[_Array]],
     works2: Sequence[_Array | None],
 ) -> int: ...
+def immutable(a: object) -> bool: ...
+
+@disjoint_base
+class Step:
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def input_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    def __new__(
+        cls,
+        cell: str,
+        I: int,
+        H: int,
+        eps: float,
+        layers: list[list[_Array]],
+        packs: list[_Array | None],
+        bf16: Any,
+        keys: list[str],
+        owners: list[Any],
+    ) -> Step: ...
+    def valid(self, params: dict[str, Any]) -> bool: ...
+    def __call__(
+        self, params: dict[str, Any], x: Any, state: Any
+    ) -> tuple[_Array, _Array | tuple[_Array, _Array]] | None: ...
+    def run(
+        self,
+        B: int,
+        x: _Array,
+        h_in: _Array | None,
+        c_in: _Array | None,
+        y: _Array,
+        h: _Array,
+        c: _Array | None,
+    ) -> int: ...
+    def table(
+        self, x: _Array, rows: _Array, h: _Array, c: _Array | None, y: _Array
+    ) -> int: ...

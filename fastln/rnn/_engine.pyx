@@ -7,6 +7,7 @@ engine read or write past a buffer. The engine itself is compiled into
 fastln._core, whose entry points this module cimports (fastln/_core.pxd).
 BLAS is SciPy's, found on first use. No math lives here.
 """
+cimport cython
 from libc.stdint cimport int64_t
 from libc.string cimport memset
 from cpython.dict cimport PyDict_GetItem
@@ -311,6 +312,7 @@ cpdef bint immutable(object a):
     return a is None or type(a) is bytes
 
 
+@cython.auto_pickle(False)   # a Step holds pointers: a model rebuilds its own
 cdef class Step:
     """A model's step, compiled: every layer's arguments checked and filled
     once, then one call into the engine (fastln_rnn_step_*) per step.

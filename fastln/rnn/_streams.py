@@ -147,7 +147,13 @@ class StreamTable:
         return stream_id in self._slot
 
     def ids(self) -> List[Hashable]:
-        """The ids of the streams the table holds, oldest first."""
+        """The ids of the streams the table holds.
+
+        Returns
+        -------
+        list of hashable
+            In the order the streams were opened or imported.
+        """
         with self._lock:
             return list(self._slot)
 
@@ -179,6 +185,11 @@ class StreamTable:
     def close(self, stream_id: Hashable) -> None:
         """Ends a stream and frees its slot.
 
+        Parameters
+        ----------
+        stream_id : hashable
+            The stream.
+
         Raises
         ------
         UnknownStreamError
@@ -188,10 +199,21 @@ class StreamTable:
             self._drop(stream_id)
 
     def export_state(self, stream_id: Hashable) -> StreamState:
-        """A copy of a stream's state, in the form of the model's ``step``
-        state for a batch of one: h (layers, 1, H), or (h, c) for an LSTM.
-        The stream stays open; :meth:`import_state` (here or in another
-        process's table of the same model) continues it bitwise.
+        """A copy of a stream's state; the stream stays open.
+
+        Parameters
+        ----------
+        stream_id : hashable
+            The stream.
+
+        Returns
+        -------
+        ndarray or tuple of ndarray
+            The state in the form of the model's ``step`` state for a batch
+            of one: h (num_layers, 1, H), or (h, c) for an LSTM, in the
+            state's dtype (float32 for a bfloat16 model). :meth:`import_state`,
+            here or in another process's table of the same model, continues
+            the stream bitwise.
 
         Raises
         ------
@@ -204,9 +226,21 @@ class StreamTable:
             return h if self._c is None else (h, self._c[:, slot:slot + 1].copy())
 
     def import_state(self, state: StreamState, stream_id: Optional[Hashable] = None) -> Hashable:
-        """Opens a stream with the given state (as :meth:`export_state`
-        returns it, or as the model's ``step`` takes it for B = 1); returns
-        its id.
+        """Opens a stream with the given state.
+
+        Parameters
+        ----------
+        state : ndarray or tuple of ndarray
+            As :meth:`export_state` returns it, or as the model's ``step``
+            takes it for B = 1.
+        stream_id : hashable, optional
+            The stream's id; None (the default) takes a new one, as
+            :meth:`open`.
+
+        Returns
+        -------
+        hashable
+            The id.
 
         Raises
         ------
@@ -218,9 +252,19 @@ class StreamTable:
         return self._admit(stream_id, parts)
 
     def evict_idle(self, now: Optional[float] = None) -> List[Hashable]:
-        """Evicts the streams idle for at least idle_timeout seconds at
-        `now` (default: the clock's time), calling on_evict for each;
-        returns their ids. Does nothing without an idle_timeout."""
+        """Evicts the streams idle for at least idle_timeout seconds.
+
+        Parameters
+        ----------
+        now : float, optional
+            The time to measure idleness at; default the table's clock.
+
+        Returns
+        -------
+        list of hashable
+            The evicted streams' ids, after on_evict was called for each.
+            Empty without an idle_timeout.
+        """
         if self.idle_timeout is None:
             return []
         now = self._clock() if now is None else now
