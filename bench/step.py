@@ -29,7 +29,6 @@ try:
 except ImportError:  # a peer: left out when missing
     torch = None
 try:
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 except ImportError:

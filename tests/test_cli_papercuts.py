@@ -281,7 +281,7 @@ def test_fastln_json_into_a_missing_folder_fails_before_running(tmp_path, monkey
     assert "is a folder" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["rnn", "fused", "streams"])
+@pytest.mark.parametrize("script", ["rnn", "fused", "streams", "step"])
 def test_bench_json_into_a_missing_folder_fails_before_running(script, tmp_path, monkeypatch,
                                                                 capsys):
     mod = bench(script)
@@ -313,6 +313,23 @@ def test_bench_streams_runs_and_reports(tmp_path, capsys):
     assert set(res["median"]) == {"engine", "engine_thread", "table", "batcher"}
     assert all(len(v) == 2 and min(v) > 0 for v in res["rates"].values())
     assert res["batcher_metrics"]["steps"] > 0 and res["batcher_metrics"]["failed"] == 0
+
+
+def test_bench_step_runs_and_reports(tmp_path, capsys):
+    """A tiny run of bench/step.py: fastln's cases and every installed peer,
+    each with a positive time, in the table and the JSON."""
+    mod = bench("step")
+    assert_every_option_shows_its_default(mod.make_parser())
+    path = tmp_path / "step.json"
+    mod.main(["--input", "4", "--hidden", "8", "--repeat", "2", "--calls", "5",
+              "--json", str(path)])
+    out = capsys.readouterr().out
+    rows = json.loads(path.read_text())
+    names = [r["case"] for r in rows]
+    assert names[:2] == ["fastln step()", "fastln step(), read-only weights"]
+    assert (mod.ort is not None) == ("ONNX Runtime, LSTM node, T = 1" in names)
+    assert (mod.torch is not None) == ("torch.nn.LSTMCell" in names)
+    assert all(r["us"] > 0 and f"| {r['case']} |" in out for r in rows)
 
 
 # ---------------------------------------------------------------- 5. bench output
