@@ -131,19 +131,6 @@ def run(I=64, H=128, threads=1, repeat=9, calls=2000):
             for name, t in times.items()]
 
 
-def cpu_name():
-    """The CPU's model name (Linux), else the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown"
-
-
 def make_parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -163,7 +150,7 @@ def main(argv=None):
         _selfcheck.check_output_path(ap, "--json", args.json)
     rows = run(args.input, args.hidden, args.threads, args.repeat, args.calls)
     print(f"One LN-LSTM step at B = 1, I = {args.input}, H = {args.hidden}, "
-          f"{args.threads} thread(s); CPU: {cpu_name()}")
+          f"{args.threads} thread(s); CPU: {_selfcheck.cpu_model()}")
     print("| case | µs per step | / fastln step() |")
     print("|---|---:|---:|")
     for r in rows:

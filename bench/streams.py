@@ -225,7 +225,7 @@ def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch
         "config": {"streams": streams, "hidden": hidden, "input": input_size, "seconds": seconds,
                    "rounds": rounds, "threads": threads, "dtype": dtype, "model": "LNLSTM",
                    "max_batch": max_batch or streams},
-        "cpu": _cpu(), "python": platform.python_version(), "numpy": np.__version__,
+        "cpu": _selfcheck.cpu_model(), "python": platform.python_version(), "numpy": np.__version__,
         "rates": rates, "median": med,
         "table_vs_engine": med["table"] / med["engine"],
         "batcher_vs_engine": med["batcher"] / med["engine"],
@@ -237,17 +237,6 @@ def _run(streams, hidden, input_size, seconds, rounds, threads, dtype, max_batch
             a / e for a, e in zip(rates[k], rates["engine"])) for k in rates if k != "engine"},
         "batcher_metrics": {k: v for k, v in metrics.items() if k != "batch_sizes"},
     }
-
-
-def _cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def report(res):

@@ -244,3 +244,19 @@ def test_step_matches_forward_and_threads(threads):
         assert np.array_equal(_bits(h), _bits(y[-1]))
     else:
         np.testing.assert_allclose(h, y[-1], atol=1e-5)
+
+
+def test_out_of_a_bfloat16_model_is_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    m = LNGRU(4, 16, seed=1).to(ml_dtypes.bfloat16)
+    x = np.ones((2, 4), np.float32)
+    want, st = m.step(x)
+    out = np.empty((2, 16), ml_dtypes.bfloat16)
+    state = np.zeros((1, 2, 16), np.float32)
+    y, new = m.step(x, None, out=out, state_out=state)
+    assert y is out and new is state
+    assert np.array_equal(_bits(out), _bits(want)) and np.array_equal(state, st)
+    y, _ = m.step(x, state, out=out, state_out=state)   # in place, again
+    assert np.array_equal(_bits(y), _bits(m.step(x, st)[0]))
+    with pytest.raises(TypeError, match="out"):
+        m.step(x, out=np.empty((2, 16), np.float32))

@@ -8,8 +8,8 @@ gains and biases shared by every time step. The exact equations are in
 docs/design.md ("Recurrent networks") and in :mod:`fastln.rnn_reference`, the
 slow float64 reference these models are tested against.
 
-Each layer runs in the C engine (src_c/fastln_rnn.h): one BLAS product for the
-input projections of all time steps, then per step one recurrent product and
+Each layer runs in the C engine (src_c/fastln_rnn.h): one product for the
+input projections of a chunk of time steps, then per step one recurrent product and
 one fused row kernel (LN statistics, gates, state update, LN(c), output).
 Backward runs the steps in reverse the same way and ends with BLAS products
 for the weight gradients and dx. Python here only checks arguments and moves
@@ -21,6 +21,12 @@ All six models share one interface: ``forward`` (also ``model(x)``),
 parameters in the dict ``params`` and their gradients in ``grads``; LNLSTM,
 LSTM, GRU and RNN also have a ``from_torch`` constructor, and
 :func:`from_onnx` loads an ONNX LSTM, GRU or RNN node.
+
+For serving many streams of one model: :class:`StreamTable` keeps their
+states in one preallocated table and steps any subset of them in one batched
+call; :class:`StreamBatcher` gathers single steps that arrive one request at
+a time (``await batcher.step(stream_id, x)``) into such batches, for asyncio
+servers.
 
 ``bidirectional=True`` runs every layer in both directions, as PyTorch does:
 the reverse direction of each sequence runs from its last valid step (per

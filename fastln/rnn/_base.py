@@ -760,7 +760,7 @@ class _LNRecurrent(Generic[_State]):
             The state before the step, as in :meth:`forward`; None for zeros.
         out : ndarray, optional
             Where to write h: C-contiguous, (B, hidden_size), of the model's
-            dtype (float32 for a bfloat16 model).
+            dtype (bfloat16 for a bfloat16 model).
         state_out : ndarray or tuple of ndarray, optional
             Where to write the new state, in the form of `state`: C-contiguous
             arrays of the state's dtype, writable. They may be the arrays
@@ -820,16 +820,12 @@ class _LNRecurrent(Generic[_State]):
         True
         """
         run = self._step
-        if run is not None and out is None and state_out is None:
-            done = run(self.params, x_t, state)   # the common case, in one call
+        if run is not None:
+            done = run(self.params, x_t, state, out, state_out)   # the common case, in one call
             if done is not None:
                 return done
-        if run is None or not run.valid(self.params):
-            run = self._compile_step()
-        dt, xs = self._dt, x_t
-        if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
-                and xs.flags.aligned):
-            xs = self._array(xs, "x_t", strict=True, data=True)
+        run, xs = self._step_input(x_t, "x_t")
+        dt = self._dt
         shape = xs.shape
         if len(shape) != 2 or shape[1] != self.input_size:
             raise ValueError(f"x_t must have shape (B, {self.input_size}), got {shape}")
@@ -850,21 +846,20 @@ class _LNRecurrent(Generic[_State]):
             for o, st in zip(outs, start):
                 o[...] = st
             outs = outs or start
-        if out is None:
-            y = np.empty((B, self.hidden_size), dt)
-        else:
-            y = self._outputs(out, (B, self.hidden_size), "out")[0]
+        given = self._outputs(out, (B, self.hidden_size), "out")
+        y = given[0] if given and dt is self.dtype else np.empty((B, self.hidden_size), dt)
         if B:
             run.run(B, xs, ins[0], ins[-1] if cell else None, y, outs[0],
                     outs[-1] if cell else None)
-        if dt is not self.dtype:
-            y = _to_bf16(y)
+        if dt is not self.dtype:   # bfloat16: rounded into out, or a new array
+            y = _to_bf16(y, given[0] if given else None)
         return y, cast(_State, tuple(outs) if cell else outs[0])
 
     def _outputs(self, arrays: Any, shape: Tuple[int, ...], name: str) -> List[_Array]:
         """arrays (an array, or a tuple (h, c) for a model with a cell state
-        when name is state_out) checked as outputs of shape and the state's
-        dtype: C-contiguous, aligned and writable; [] for None."""
+        when name is state_out) checked as outputs of shape and dtype (the
+        model's for out, the state's for the state): C-contiguous, aligned
+        and writable; [] for None."""
         if arrays is None:
             return []
         n = 2 if self._has_cell and name == "state_out" else 1
@@ -872,17 +867,29 @@ class _LNRecurrent(Generic[_State]):
         if n == 2 and not (type(arrays) is tuple and len(arrays) == 2):
             raise TypeError(f"{name} must be a tuple (h, c) for {type(self).__name__}, "
                             f"got {type(arrays).__name__}")
+        want = self.dtype if name == "out" else self._dt
         for a in parts:
             if not isinstance(a, np.ndarray):
                 raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
-            if a.dtype != self._dt:
-                raise TypeError(f"{name} has dtype {a.dtype}, expected {self._dt}")
+            if a.dtype != want:
+                raise TypeError(f"{name} has dtype {a.dtype}, expected {want}")
             if a.shape != shape:
                 raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
             if not (a.flags.c_contiguous and a.flags.aligned and a.flags.writeable
                     and a.dtype.isnative):
                 raise ValueError(f"{name} must be a C-contiguous, aligned, writable array")
         return list(parts)
+
+    def _step_input(self, x: Any, name: str) -> Tuple[Any, _Array]:
+        """The compiled step for the parameters params holds now, and x as
+        the step reads it (of the state's dtype, C-contiguous, aligned)."""
+        run = self._step
+        if run is None or not run.valid(self.params):
+            run = self._compile_step()
+        if not (type(x) is np.ndarray and x.dtype is self._dt and x.flags.c_contiguous
+                and x.flags.aligned):
+            x = self._array(x, name, strict=True, data=True)
+        return run, x
 
     def _compile_step(self) -> Any:
         """The engine's compiled step (_engine.Step) for the parameters that
@@ -904,32 +911,18 @@ class _LNRecurrent(Generic[_State]):
                     x: npt.ArrayLike, out: Optional[_Array]) -> _Array:
         """One step of the streams whose states are `rows` of the tables
         (num_layers, capacity, H), which it updates (StreamTable.step)."""
-        run = self._step
-        if run is None or not run.valid(self.params):
-            run = self._compile_step()
-        dt, xs = self._dt, x
-        if not (type(xs) is np.ndarray and xs.dtype is dt and xs.flags.c_contiguous
-                and xs.flags.aligned):
-            xs = self._array(xs, "x", strict=True, data=True)
+        run, xs = self._step_input(x, "x")
+        dt = self._dt
         B = len(rows)
         if xs.shape != (B, self.input_size):
             raise ValueError(f"x must have shape (len(ids), input_size) = "
                              f"{(B, self.input_size)}, got {xs.shape}")
-        bf = dt is not self.dtype
-        if out is None or bf:
-            y = np.empty((B, self.hidden_size), dt)
-        else:
-            y = self._outputs(out, (B, self.hidden_size), "out")[0]
+        given = self._outputs(out, (B, self.hidden_size), "out")
+        y = given[0] if given and dt is self.dtype else np.empty((B, self.hidden_size), dt)
         if B:
             run.table(xs, rows, h_table, c_table, y)
-        if bf:
-            y = _to_bf16(y)
-            if out is not None:
-                if not (isinstance(out, np.ndarray) and out.dtype == self.dtype
-                        and out.shape == y.shape):
-                    raise TypeError(f"out must be a {self.dtype} array of shape {y.shape}")
-                out[...] = y
-                return out
+        if dt is not self.dtype:   # bfloat16: rounded into out, or a new array
+            y = _to_bf16(y, given[0] if given else None)
         return y
 
     def to(self, dtype: npt.DTypeLike) -> Self:

@@ -28,10 +28,12 @@ def _is_bf16(dtype: Any) -> bool:
     return _BF16 is not None and dtype == _BF16
 
 
-def _to_bf16(a: _Array) -> _Array:
-    """A new bfloat16 array of a's values (float32), rounded to nearest even."""
+def _to_bf16(a: _Array, out: Optional[_Array] = None) -> _Array:
+    """a's values (float32) rounded to nearest even into bfloat16: into out
+    (C-contiguous, a's shape), or a new array."""
     a = np.require(a, requirements=["C", "A"])
-    out = np.empty(a.shape, _BF16)
+    if out is None:
+        out = np.empty(a.shape, _BF16)
     _core._half_convert(a, out.view(np.uint16))
     return out
 

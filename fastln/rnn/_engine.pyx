@@ -369,13 +369,14 @@ cdef class Step:
         weights it keeps packed are still immutable."""
         return self._valid(params)
 
-    def __call__(self, dict params, x, state):
+    def __call__(self, dict params, x, state, out=None, state_out=None):
         """A model's step() in its common case, in one call: params valid,
-        x an aligned, C-contiguous (B, I) array of the state's dtype, B >= 1,
-        and state None (zeros), h or (h, c): such arrays of shape
-        (num_layers, B, H). Returns (y, state) in new arrays, y in the
-        model's dtype; None when a condition fails (step() then takes its
-        general path)."""
+        x an aligned, C-contiguous (B, I) array of the state's dtype, B >= 1;
+        state None (zeros), h or (h, c): such arrays of shape (num_layers,
+        B, H); out None or a writable such (B, H) array of the model's
+        dtype; state_out None or writable arrays in the form of state.
+        Returns (y, state), in out and state_out or new arrays; None when a
+        condition fails (step() then takes its general path)."""
         if not (self._valid(params) and _fast(x, self.tn)
                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
@@ -384,38 +385,65 @@ cdef class Step:
         cdef cnp.npy_intp dims[3]
         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
             self.hidden_size
-        h_in = c_in = None
+        h_in = c_in = h = c = None
         if state is not None:
-            if self.lstm:
-                if type(state) is not tuple or len(<tuple>state) != 2:
-                    return None
-                h_in, c_in = state
-                if not self._state_ok(c_in, dims):
-                    return None
-            else:
-                h_in = state
-            if not self._state_ok(h_in, dims):
+            if not self._parts(state, dims, False):
                 return None
-        h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
-            cnp.PyArray_ZEROS(3, dims, self.tn, 0)
-        c = None
-        if self.lstm:
-            c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+            h_in, c_in = (state[0], state[1]) if self.lstm else (state, None)
+        if state_out is not None:
+            if not self._parts(state_out, dims, True):
+                return None
+            h, c = (state_out[0], state_out[1]) if self.lstm else (state_out, None)
+            if state is None:
+                cnp.PyArray_FILLWBYTE(<cnp.ndarray>h, 0)
+                if self.lstm:
+                    cnp.PyArray_FILLWBYTE(<cnp.ndarray>c, 0)
+        else:
+            h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
-        y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+            if self.lstm:
+                c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
+                    cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+        y = out
+        if out is not None:
+            if not (type(out) is cnp.ndarray and cnp.PyArray_ISCARRAY(<cnp.ndarray>out)
+                    and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)
+                    and cnp.PyArray_NDIM(<cnp.ndarray>out) == 2
+                    and cnp.PyArray_DIM(<cnp.ndarray>out, 0) == dims[1]
+                    and cnp.PyArray_DIM(<cnp.ndarray>out, 1) == dims[2]
+                    and (out.dtype == self.bf16 if self.bf16 is not None
+                         else cnp.PyArray_TYPE(<cnp.ndarray>out) == self.tn)):
+                return None
+            if self.bf16 is not None:
+                y = None
+        if y is None:
+            y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
         self.run(dims[1], x, h_in, c_in, y, h, c)
         if self.bf16 is not None:
-            y = self._to_bf16(y)
+            y = self._to_bf16(y, out)
         return y, ((h, c) if self.lstm else h)
 
-    cdef bint _state_ok(self, a, cnp.npy_intp *dims):
+    cdef bint _parts(self, state, cnp.npy_intp *dims, bint writable):
+        """Whether state is h, or (h, c) for an LSTM, of arrays the fast path
+        takes (writable ones for an output)."""
+        if self.lstm:
+            if type(state) is not tuple or len(<tuple>state) != 2:
+                return False
+            return (self._state_ok(state[0], dims, writable)
+                    and self._state_ok(state[1], dims, writable))
+        return self._state_ok(state, dims, writable)
+
+    cdef bint _state_ok(self, a, cnp.npy_intp *dims, bint writable):
         return (_fast(a, self.tn) and cnp.PyArray_NDIM(<cnp.ndarray>a) == 3
+                and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))
                 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == dims[0]
                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]
                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
 
-    cdef object _to_bf16(self, y):
-        out = np.empty((<object>y).shape, self.bf16)
+    cdef object _to_bf16(self, y, out):
+        """y (float32) rounded to bfloat16, into out (None: a new array)."""
+        if out is None:
+            out = np.empty((<object>y).shape, self.bf16)
         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
         cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
