@@ -203,13 +203,19 @@ static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
                                       NULL, NULL, 1) > 0;
 }
 
-/* dst (N, K) = src^T, src (K, N) row-major, elements of es bytes. */
-static void transpose(char *dst, const char *src, int64_t K, int64_t N, size_t es)
+/* dst (N, K) = src^T, src (K, N) row-major, float (f32) or double, in
+ * blocks of 32 x 32 that stay in L1 for both sides. */
+static void transpose(void *dst, const void *src, int64_t K, int64_t N, int f32)
 {
-    for (int64_t n0 = 0; n0 < N; n0 += 16)
-        for (int64_t k = 0; k < K; k++)
-            for (int64_t n = n0; n < N && n < n0 + 16; n++)
-                memcpy(dst + ((size_t)n * K + k) * es, src + ((size_t)k * N + n) * es, es);
+    for (int64_t k0 = 0; k0 < K; k0 += 32)
+        for (int64_t n0 = 0; n0 < N; n0 += 32) {
+            int64_t k1 = k0 + 32 < K ? k0 + 32 : K, n1 = n0 + 32 < N ? n0 + 32 : N;
+            for (int64_t n = n0; n < n1; n++)
+                for (int64_t k = k0; k < k1; k++) {
+                    if (f32) ((float *)dst)[n * K + k] = ((const float *)src)[k * N + n];
+                    else ((double *)dst)[n * K + k] = ((const double *)src)[k * N + n];
+                }
+        }
 }
 
 /* b = a, with the transposed weight matrices of a copied into the plain
@@ -231,7 +237,7 @@ static int plain_weights(fastln_rnn_args *b, const fastln_rnn_args *a, int backw
     for (int i = 0; i < 2; i++) {
         if (!(a->transposed & (i ? FASTLN_RNN_W_HH_T : FASTLN_RNN_W_IH_T))) continue;
         char *w = buf + (i ? (size_t)G * (size_t)K[0] * es : 0);
-        transpose(w, (const char *)a->params[i], K[i], G, es);
+        transpose(w, a->params[i], K[i], G, f32);
         b->params[i] = w;
     }
     b->transposed = 0;
