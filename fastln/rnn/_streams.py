@@ -130,7 +130,8 @@ class StreamTable:
         self._lock = threading.Lock()        # the maps below
         self._step_lock = threading.Lock()   # one step at a time
         self._slot: Dict[Hashable, int] = {}
-        self._last: Dict[Hashable, float] = {}
+        self._last = np.zeros(self.capacity)   # per slot: the time of its last step
+        self._sid: List[Optional[Hashable]] = [None] * self.capacity   # per slot: its stream
         self._free = list(range(self.capacity - 1, -1, -1))   # pop() gives slot 0 first
         self._busy: set[int] = set()          # slots of the step that runs
         self._release: List[int] = []         # slots freed during that step
@@ -271,11 +272,10 @@ class StreamTable:
         gone: List[Tuple[Hashable, StreamState]] = []
         with self._step_lock, self._lock:
             self._next_sweep = now + self.idle_timeout / 8
-            limit = now - self.idle_timeout
-            for sid, last in list(self._last.items()):   # oldest activity first
-                if last > limit:
-                    break
-                slot = self._slot[sid]
+            used = np.fromiter(self._slot.values(), np.int64, len(self._slot))
+            idle = used[self._last[used] <= now - self.idle_timeout]
+            for slot in idle[np.argsort(self._last[idle], kind="stable")]:   # oldest first
+                sid = self._sid[slot]
                 h = self._h[:, slot:slot + 1].copy()
                 gone.append((sid, h if self._c is None else (h, self._c[:, slot:slot + 1].copy())))
                 self._drop(sid)
@@ -322,15 +322,17 @@ class StreamTable:
         B = len(ids)
         with self._step_lock:
             with self._lock:
-                slots = np.fromiter(map(self._lookup, ids), np.int64, B)
-                busy = set(slots.tolist())
+                slot = self._slot
+                try:
+                    rows = [slot[sid] for sid in ids]
+                except (KeyError, TypeError):
+                    rows = list(map(self._lookup, ids))   # raises the error for the bad id
+                busy = set(rows)
                 if len(busy) != B:
                     raise ValueError(f"ids names a stream more than once: {_repeated(ids)!r}")
+                slots = np.array(rows, np.int64)
                 self._busy = busy
-                now = self._clock()
-                for sid in ids:   # most recent last: the idle sweep stops early
-                    del self._last[sid]
-                    self._last[sid] = now
+                self._last[slots] = self._clock()
             try:
                 return self.model._table_step(self._h, self._c, slots, x, out)
             finally:
@@ -356,7 +358,7 @@ class StreamTable:
         list now, or after the running step when that step names it."""
         slot = self._lookup(stream_id)
         del self._slot[stream_id]
-        del self._last[stream_id]
+        self._sid[slot] = None
         (self._release if slot in self._busy else self._free).append(slot)
 
     def _admit(self, stream_id: Optional[Hashable], parts: Optional[List[_Array]]) -> Hashable:
@@ -387,7 +389,8 @@ class StreamTable:
                 if self._c is not None:
                     self._c[:, slot] = parts[1][:, 0]
             self._slot[stream_id] = slot
-            self._last[stream_id] = self._clock()
+            self._sid[slot] = stream_id
+            self._last[slot] = self._clock()
         return stream_id
 
 
