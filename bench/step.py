@@ -112,10 +112,23 @@ def run(I=64, H=128, threads=1, repeat=9, calls=2000):
     cases = fastln_cases(I, H)
     if ort is not None:
         cases["ONNX Runtime, LSTM node, T = 1"] = ort_case(I, H, threads)
+    saved = torch.get_num_threads() if torch is not None else None
     if torch is not None:
         torch.set_num_threads(threads)
         cases.update(torch_cases(I, H))
     times = {name: [] for name in cases}
+    try:
+        _time(cases, times, threads, repeat, calls)
+    finally:   # the caller's torch keeps its thread count
+        if torch is not None:
+            torch.set_num_threads(saved)
+    base = float(np.median(times["fastln step()"]))
+    return [{"case": name, "us": float(np.median(t)), "ratio": float(np.median(t)) / base}
+            for name, t in times.items()]
+
+
+def _time(cases, times, threads, repeat, calls):
+    """times[name] += one median-able time per round, the cases in turns."""
     with fastln.threads(threads):
         for step in cases.values():   # warm up
             for _ in range(calls // 10):
@@ -126,9 +139,6 @@ def run(I=64, H=128, threads=1, repeat=9, calls=2000):
                 for _ in range(calls):
                     step()
                 times[name].append((time.perf_counter() - t0) / calls * 1e6)
-    base = float(np.median(times["fastln step()"]))
-    return [{"case": name, "us": float(np.median(t)), "ratio": float(np.median(t)) / base}
-            for name, t in times.items()]
 
 
 def make_parser():

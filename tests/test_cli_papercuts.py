@@ -320,6 +320,7 @@ def test_bench_step_runs_and_reports(tmp_path, capsys):
     each with a positive time, in the table and the JSON."""
     mod = bench("step")
     assert_every_option_shows_its_default(mod.make_parser())
+    saved = mod.torch.get_num_threads() if mod.torch is not None else None
     path = tmp_path / "step.json"
     mod.main(["--input", "4", "--hidden", "8", "--repeat", "2", "--calls", "5",
               "--json", str(path)])
@@ -330,6 +331,8 @@ def test_bench_step_runs_and_reports(tmp_path, capsys):
     assert (mod.ort is not None) == ("ONNX Runtime, LSTM node, T = 1" in names)
     assert (mod.torch is not None) == ("torch.nn.LSTMCell" in names)
     assert all(r["us"] > 0 and f"| {r['case']} |" in out for r in rows)
+    if mod.torch is not None:   # the caller's torch keeps its thread count
+        assert mod.torch.get_num_threads() == saved
 
 
 # ---------------------------------------------------------------- 5. bench output
