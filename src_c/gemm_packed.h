@@ -35,15 +35,8 @@ typedef __m256 SFX(vf);
 
 /* Panels a single tile runs side by side when it has only mr rows: enough
  * chains of FMAs (mr * npn * NV) to cover an FMA's latency. */
-#if VEC_BYTES == 64
-/* one row takes 8 panels (16 of the 32 registers): a step at B = 1 then
- * reads each row of the weights' panels in longer runs, in half the passes */
-#define NPN_MAX 8
-#define NPN(mr) ((mr) == 1 ? 8 : 8 / ((mr) * NV) > 1 ? 8 / ((mr) * NV) : 1)
-#else
 #define NPN_MAX 4
 #define NPN(mr) (8 / ((mr) * NV) >= NPN_MAX ? NPN_MAX : 8 / ((mr) * NV) > 1 ? 8 / ((mr) * NV) : 1)
-#endif
 
 /* Columns [0, ncols) of one row of a tile's panel: c = acc ? c + v : v. */
 static inline __attribute__((always_inline)) void SFX(tile_store)(float *c, const SFX(vf) *v,
@@ -177,21 +170,7 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
         case 2: TILE(m, r, 2); break;              \
         default: TILE(m, r, 1); break;             \
     }
-                if (M == 1) {
-#if NPN_MAX == 8
-                    switch (cnt) {
-                        case 8: TILE(m, 1, 8); break;
-                        case 7: TILE(m, 1, 7); break;
-                        case 6: TILE(m, 1, 6); break;
-                        case 5: TILE(m, 1, 5); break;
-                        default: SMALL(1) break;
-                    }
-#else
-                    SMALL(1)
-#endif
-                } else {
-                    SMALL(2)
-                }
+                if (M == 1) SMALL(1) else SMALL(2)
 #undef SMALL
                 continue;
             }
