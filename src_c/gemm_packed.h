@@ -94,8 +94,9 @@ static inline __attribute__((always_inline)) void SFX(tile)(
 
 /* C (M, N) (+)= op(A) (M, K) P. float (bf 0): element (m, k) of op(A) at
  * A[m*ars + k*aks], or, with ars == 0, A packed by pack_at: blocks of MR
- * rows, k-major; P packed in panels (ldp == FASTLN_NR), or a row-major
- * (K, N) matrix with N % FASTLN_NR == 0 (ldp == N) read in place.
+ * rows, k-major; P packed in panels (ldp == FASTLN_NR), or read in place:
+ * K rows ldp apart of N columns, N a multiple of FASTLN_NR (a row-major
+ * (K, N) matrix, or a block of columns of a wider one).
  * bfloat16 pairs (gemm_bf16.h; bf 1: VDPBF16PS, 2: AMX): A rows of
  * bfloat16 ars apart (aks 1), K a multiple of 32, P packed by pack_nt_bf16
  * (ldp unused).
