@@ -260,3 +260,22 @@ def test_out_of_a_bfloat16_model_is_bfloat16():
     assert np.array_equal(_bits(y), _bits(m.step(x, st)[0]))
     with pytest.raises(TypeError, match="out"):
         m.step(x, out=np.empty((2, 16), np.float32))
+
+
+def test_params_of_another_mapping_type_still_step_right():
+    from collections import UserDict
+    m = LNRNN(3, 8, seed=0)
+    x = np.ones((1, 3), np.float32)
+    want = m.step(x)[0]
+    m.params = UserDict(m.params)
+    assert np.array_equal(_bits(m.step(x)[0]), _bits(want))
+    m.params["weight_ih_l0"] = m.params["weight_ih_l0"] * 2
+    got = m.step(x)[0]
+    assert not np.array_equal(got, want)
+    assert np.array_equal(_bits(got), _bits(_fresh_plain(m).step(x)[0]))
+
+
+def _fresh_plain(m):
+    new = type(m)(m.input_size, m.hidden_size, m.num_layers, seed=0)
+    new.load_state_dict(dict(m.params))
+    return new

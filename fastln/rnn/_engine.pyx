@@ -364,12 +364,12 @@ cdef class Step:
     def __dealloc__(self):
         PyMem_Free(self.layers)
 
-    def valid(self, dict params):
+    def valid(self, params):
         """Whether params holds the arrays the step was built from, and the
         weights it keeps packed are still immutable."""
         return self._valid(params)
 
-    def __call__(self, dict params, x, state, out=None, state_out=None):
+    def __call__(self, params, x, state, out=None, state_out=None):
         """A model's step() in its common case, in one call: params valid,
         x an aligned, C-contiguous (B, I) array of the state's dtype, B >= 1;
         state None (zeros), h or (h, c): such arrays of shape (num_layers,
@@ -451,7 +451,11 @@ cdef class Step:
             to_bf16(d, s, n)
         return out
 
-    cdef bint _valid(self, dict params):
+    cdef bint _valid(self, params):
+        """valid(): a params that is not a dict is never taken as the same
+        (each call then compiles anew: slower, still right)."""
+        if not isinstance(params, dict):
+            return False
         cdef Py_ssize_t i, n = len(self.keys)
         for i in range(n):
             if PyDict_GetItem(params, self.keys[i]) is not <void *>self.owners[i]:
