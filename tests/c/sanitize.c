@@ -8,7 +8,10 @@
  *    sizes, B = 1, lengths, 1 and 3 threads; one direction, reversed, and
  *    both (forward2/backward2); forward with and without a cache, backward
  *    with and without the caller's scratch; inference with weights packed
- *    by fastln_rnn_pack and with bfloat16 weights, unpacked and packed;
+ *    by fastln_rnn_pack and with bfloat16 weights, unpacked and packed, and
+ *    with transposed weights (forward and both directions); one step through
+ *    fastln_rnn_step_* (in place and on rows of a table, plain and transposed
+ *    weights);
  *  - the cache of large outputs (pool.h): blocks of every size class
  *    allocated, written to their last byte, resized, freed and reused from 3
  *    threads at once while the limit changes; every block released at the
@@ -75,6 +78,79 @@ static int run_packed(fastln_rnn_args *a, int nd, int cell, int64_t I, int64_t H
     return rc;
 }
 
+/* Inference and a backward with W_ih and W_hh stored transposed (column-major
+ * W: read in place by a float forward where G allows, else copied). a is left
+ * as it was. */
+static int run_transposed(fastln_rnn_args *a, int nd, int64_t G, int64_t I, int64_t H,
+                          size_t es, int f64) {
+    int64_t K[2] = {I, H};
+    const void *w[2][2];
+    int rc = 0;
+    for (int d = 0; d < nd; d++)
+        for (int m = 0; m < 2; m++) {
+            char *t = malloc(G * K[m] * es);
+            w[d][m] = a[d].params[m];
+            for (int64_t n = 0; n < G; n++)
+                for (int64_t k = 0; k < K[m]; k++)
+                    memcpy(t + (k * G + n) * es, (const char *)w[d][m] + (n * K[m] + k) * es, es);
+            a[d].params[m] = t;
+            a[d].transposed = FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T;
+        }
+    void *cache0 = a[0].cache;
+    for (int d = 0; d < nd; d++) a[d].cache = NULL;
+    rc |= nd == 2 ? (f64 ? fastln_rnn_forward2_f64(a) : fastln_rnn_forward2_f32(a))
+                  : (f64 ? fastln_rnn_forward_f64(a) : fastln_rnn_forward_f32(a));
+    for (int d = 0; d < nd; d++) {
+        for (int m = 0; m < 2; m++) {
+            free((void *)a[d].params[m]);
+            a[d].params[m] = w[d][m];
+        }
+        a[d].transposed = 0;
+    }
+    a[0].cache = cache0;
+    return rc;
+}
+
+/* One step of the layer (its first time step's input) through
+ * fastln_rnn_step_*: the state in place, and as rows of a table of B + 3
+ * streams named in reverse, plain and transposed weights. a is left as it was. */
+static int run_step(fastln_rnn_args *a, int64_t B, int64_t G, int64_t I, int64_t H, size_t es,
+                    int f64) {
+    int64_t S = B + 3, K[2] = {I, H};
+    void *ht = fill(S * H, es, 21), *ct = fill(S * H, es, 22), *y = malloc(B * H * es);
+    int64_t *rows = malloc(B * 8);
+    for (int64_t b = 0; b < B; b++) rows[b] = S - 1 - 2 * b % S;
+    for (int64_t b = 0; b < B; b++)   /* distinct: S - 1 - 2b wraps past B + 3 rows */
+        for (int64_t q = 0; q < b; q++)
+            if (rows[q] == rows[b]) rows[b] = (rows[b] + 1) % S;
+    fastln_rnn_args layer = a[0];
+    fastln_rnn_step_args s;
+    memset(&s, 0, sizeof s);
+    s.layers = &layer; s.num_layers = 1; s.batch = B; s.x = a[0].x; s.y = y;
+    int rc = 0, cell = (a[0].cell & ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST)) == FASTLN_CELL_LSTM;
+    for (int t = 0; t < 2; t++) {
+        if (t) {   /* transposed weights */
+            for (int m = 0; m < 2; m++) {
+                char *w = malloc(G * K[m] * es);
+                for (int64_t n = 0; n < G; n++)
+                    for (int64_t k = 0; k < K[m]; k++)
+                        memcpy(w + (k * G + n) * es, (const char *)a[0].params[m] + (n * K[m] + k) * es, es);
+                layer.params[m] = w;
+            }
+            layer.transposed = FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T;
+        }
+        s.rows = NULL; s.table_rows = B; s.h = ht; s.c = cell ? ct : NULL;   /* in place */
+        s.h_in = NULL; s.c_in = NULL;
+        rc |= f64 ? fastln_rnn_step_f64(&s) : fastln_rnn_step_f32(&s);
+        s.rows = rows; s.table_rows = S;                                      /* rows */
+        rc |= f64 ? fastln_rnn_step_f64(&s) : fastln_rnn_step_f32(&s);
+        if (t)
+            for (int m = 0; m < 2; m++) free((void *)layer.params[m]);
+    }
+    free(ht); free(ct); free(y); free(rows);
+    return rc;
+}
+
 /* One layer of cell forward (without and with a cache) and backward (without
  * and with the caller's scratch). dirs: 0 one direction, 1 reversed, 2 both
  * (fastln_rnn_forward2/backward2, y and dy (T, B, 2H)). */
@@ -112,6 +188,8 @@ static int run(int cell, int64_t T, int64_t B, int64_t I, int64_t H, int f64, in
     int rc = FWD();   /* inference */
     if (!f64)         /* inference with packed weights, and with bfloat16 ones */
         rc |= run_packed(a, nd, cell, I, H);
+    rc |= run_transposed(a, nd, G, I, H, es, f64);
+    if (nd == 1) rc |= run_step(a, B, G, I, H, es, f64);
     for (int d = 0; d < nd; d++) {
         void *h0 = fill(B * H, es, 12); memcpy(h[d], h0, B * H * es); free(h0);
         a[d].cache = cache[d];
