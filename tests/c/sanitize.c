@@ -78,9 +78,17 @@ static int run_packed(fastln_rnn_args *a, int nd, int cell, int64_t I, int64_t H
     return rc;
 }
 
-/* Inference and a backward with W_ih and W_hh stored transposed (column-major
- * W: read in place by a float forward where G allows, else copied). a is left
- * as it was. */
+/* A new (K, G) row-major copy of w (G, K), elements of es bytes: w^T. */
+static void *transposed(const void *w, int64_t G, int64_t K, size_t es) {
+    char *t = malloc(G * K * es);
+    for (int64_t n = 0; n < G; n++)
+        for (int64_t k = 0; k < K; k++)
+            memcpy(t + (k * G + n) * es, (const char *)w + (n * K + k) * es, es);
+    return t;
+}
+
+/* Inference with W_ih and W_hh stored transposed (column-major W: read in
+ * place by a float forward where G allows, else copied). a is left as it was. */
 static int run_transposed(fastln_rnn_args *a, int nd, int64_t G, int64_t I, int64_t H,
                           size_t es, int f64) {
     int64_t K[2] = {I, H};
@@ -88,16 +96,10 @@ static int run_transposed(fastln_rnn_args *a, int nd, int64_t G, int64_t I, int6
     int rc = 0;
     for (int d = 0; d < nd; d++)
         for (int m = 0; m < 2; m++) {
-            char *t = malloc(G * K[m] * es);
             w[d][m] = a[d].params[m];
-            for (int64_t n = 0; n < G; n++)
-                for (int64_t k = 0; k < K[m]; k++)
-                    memcpy(t + (k * G + n) * es, (const char *)w[d][m] + (n * K[m] + k) * es, es);
-            a[d].params[m] = t;
+            a[d].params[m] = transposed(w[d][m], G, K[m], es);
             a[d].transposed = FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T;
         }
-    void *cache0 = a[0].cache;
-    for (int d = 0; d < nd; d++) a[d].cache = NULL;
     rc |= nd == 2 ? (f64 ? fastln_rnn_forward2_f64(a) : fastln_rnn_forward2_f32(a))
                   : (f64 ? fastln_rnn_forward_f64(a) : fastln_rnn_forward_f32(a));
     for (int d = 0; d < nd; d++) {
@@ -107,7 +109,6 @@ static int run_transposed(fastln_rnn_args *a, int nd, int64_t G, int64_t I, int6
         }
         a[d].transposed = 0;
     }
-    a[0].cache = cache0;
     return rc;
 }
 
@@ -130,13 +131,7 @@ static int run_step(fastln_rnn_args *a, int64_t B, int64_t G, int64_t I, int64_t
     int rc = 0, cell = (a[0].cell & ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST)) == FASTLN_CELL_LSTM;
     for (int t = 0; t < 2; t++) {
         if (t) {   /* transposed weights */
-            for (int m = 0; m < 2; m++) {
-                char *w = malloc(G * K[m] * es);
-                for (int64_t n = 0; n < G; n++)
-                    for (int64_t k = 0; k < K[m]; k++)
-                        memcpy(w + (k * G + n) * es, (const char *)a[0].params[m] + (n * K[m] + k) * es, es);
-                layer.params[m] = w;
-            }
+            for (int m = 0; m < 2; m++) layer.params[m] = transposed(a[0].params[m], G, K[m], es);
             layer.transposed = FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T;
         }
         s.rows = NULL; s.table_rows = B; s.h = ht; s.c = cell ? ct : NULL;   /* in place */
