@@ -279,3 +279,35 @@ def _fresh_plain(m):
     new = type(m)(m.input_size, m.hidden_size, m.num_layers, seed=0)
     new.load_state_dict(dict(m.params))
     return new
+
+
+def test_one_model_steps_from_many_threads():
+    """Eight threads step their own streams of one model at once (the first
+    call of each compiles the step, concurrently); each stream is bitwise its
+    serial run."""
+    import threading
+    m = LNLSTM(5, 32, 2, seed=6)
+    rng = np.random.default_rng(6)
+    xs = rng.standard_normal((8, 20, 2, 5)).astype(np.float32)
+    want = []
+    for k in range(8):
+        st = None
+        for x in xs[k]:
+            y, st = m.step(x, st)
+        want.append(y)
+    m._step = None   # compiled anew, by the threads
+    got = [None] * 8
+
+    def run(k):
+        st = None
+        for x in xs[k]:
+            y, st = m.step(x, st)
+        got[k] = y
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for k in range(8):
+        assert np.array_equal(_bits(got[k]), _bits(want[k])), k

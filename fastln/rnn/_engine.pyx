@@ -357,9 +357,9 @@ cdef class Step:
             _set_packed(a, packs[k])
         self.keys, self.owners, self.bf16 = keys, owners, bf16
         self.keep = (layers, packs)
-        self.locked = [owners[i] for i in range(len(owners))
-                       if packs[i // (len(owners) // nl)] is not None
-                       and i % (len(owners) // nl) < 2]
+        per = len(owners) // nl   # each layer's keys, W_ih and W_hh first
+        self.locked = [owners[k * per + m] for k in range(nl) if packs[k] is not None
+                       for m in (0, 1)]
 
     def __dealloc__(self):
         PyMem_Free(self.layers)
