@@ -57,10 +57,14 @@ static int step(const fastln_rnn_step_args *s, int f32)
      * outputs of the layers below the top, in turn */
     size_t nstate = s->rows ? (size_t)nl * layer_batch * (cell ? 2 : 1) : 0;
     size_t nmid = nl > 1 ? 2 * layer_batch : 0;
-    char *raw = (char *)malloc(nstate + nmid + 64);
-    if (!raw) return FASTLN_ENOMEM;
-    char *buf = (char *)fastln_align64(raw);
-    char *hs = buf, *cs = cell ? buf + (size_t)nl * layer_batch : NULL, *mid = buf + nstate;
+    char *raw = nstate + nmid ? (char *)malloc(nstate + nmid + 64) : NULL;
+    if (nstate + nmid && !raw) return FASTLN_ENOMEM;
+    char *buf = raw ? (char *)fastln_align64(raw) : NULL;
+    char *hs = buf, *cs = NULL, *mid = NULL;
+    if (buf) {
+        if (cell && s->rows) cs = buf + (size_t)nl * layer_batch;
+        mid = buf + nstate;
+    }
     char *h = (char *)s->h, *c = (char *)s->c;
     for (int64_t k = 0; k < nl; k++) {
         if (s->rows) {

@@ -418,7 +418,14 @@ cdef class Step:
                 y = None
         if y is None:
             y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
-        self.run(dims[1], x, h_in, c_in, y, h, c)
+        # every array is checked above (or made here): straight to the engine
+        cdef fastln_rnn_step_args st
+        memset(&st, 0, sizeof(st))
+        st.layers, st.num_layers, st.batch, st.table_rows = self.layers, self.num_layers, \
+            dims[1], dims[1]
+        st.x, st.y, st.h, st.c = _ptr(x), _ptr(y), _ptr(h), _ptr(c)
+        st.h_in, st.c_in = _ptr(h_in), _ptr(c_in)
+        self._call(&st)
         if self.bf16 is not None:
             y = self._to_bf16(y, out)
         return y, ((h, c) if self.lstm else h)
