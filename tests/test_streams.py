@@ -27,6 +27,8 @@ from fastln.rnn import (
     UnknownStreamError,
 )
 
+from test_rnn import VARIANTS, VIDS, randomized, ref_forward
+
 CLASSES = [LNLSTM, LNGRU, LNRNN, LSTM, GRU, RNN]
 
 
@@ -308,3 +310,52 @@ def test_threads_open_step_close_evict_at_once():
     assert len(table) == 0
     assert sorted(table._free) == list(range(24))   # every slot free, once
     assert not table._busy and not table._release
+
+
+# ---- against the float64 reference and PyTorch ----
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("variant", VARIANTS, ids=VIDS)
+def test_streams_against_the_float64_reference(variant, dtype):
+    """Streams of different lengths, stepped through one table in changing
+    batches, each against fastln.rnn_reference's forward over its own inputs
+    (H = 32: the float32 weights are read in place, the GRU's split blocks too)."""
+    rng = np.random.default_rng(7)
+    m = randomized(rng, variant, 5, 32, 2, dtype)
+    table = StreamTable(m, 6)
+    lengths = [6, 3, 5, 1, 4]
+    xs = [rng.standard_normal((n, 1, 5)).astype(dtype) for n in lengths]
+    ids = [table.open() for _ in lengths]
+    ys = [[] for _ in lengths]
+    for t in range(max(lengths)):
+        live = [k for k, n in enumerate(lengths) if t < n][::-1 if t % 2 else 1]
+        y = table.step([ids[k] for k in live], np.concatenate([xs[k][t] for k in live]))
+        for i, k in enumerate(live):
+            ys[k].append(y[i])
+    tol = 1e-12 if dtype == np.float64 else 2e-4
+    for k in range(len(lengths)):
+        want = ref_forward(m, variant, xs[k].astype(np.float64))[0][:, 0]
+        np.testing.assert_allclose(np.array(ys[k], np.float64), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_streams_against_pytorch(torch, kind):
+    """A model loaded from torch.nn.LSTM, GRU or RNN (two layers), its streams
+    stepped through a table, against the torch module over each stream."""
+    torch.manual_seed(0)
+    mod = getattr(torch.nn, kind)(5, 32, num_layers=2)
+    m = {"LSTM": LSTM, "GRU": GRU, "RNN": RNN}[kind].from_torch(mod)
+    rng = np.random.default_rng(8)
+    table = StreamTable(m, 4)
+    xs = [rng.standard_normal((n, 1, 5)).astype(np.float32) for n in (4, 2, 3)]
+    ids = [table.open() for _ in xs]
+    ys = [[] for _ in xs]
+    for t in range(4):
+        live = [k for k, x in enumerate(xs) if t < len(x)]
+        y = table.step([ids[k] for k in live], np.concatenate([xs[k][t] for k in live]))
+        for i, k in enumerate(live):
+            ys[k].append(y[i])
+    with torch.no_grad():
+        for k, x in enumerate(xs):
+            want = mod(torch.from_numpy(x))[0][:, 0].numpy()
+            np.testing.assert_allclose(np.array(ys[k]), want, rtol=1e-5, atol=1e-5)
