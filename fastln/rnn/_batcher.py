@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from ._base import _Array, _positive_int
 from ._bf16 import _is_bf16
-from ._streams import StreamTable, UnknownStreamError
+from ._streams import StreamTable, UnknownStreamError, _unknown
 
 __all__ = ["StreamBatcher", "OverloadedError"]
 
@@ -566,7 +566,3 @@ _done = asyncio.Future.done
 
 def _head_time(kv: Tuple[Hashable, Deque[_Item]]) -> float:
     return kv[1][0][2]
-
-
-def _unknown(stream_id: Hashable) -> str:
-    return f"no open stream has id {stream_id!r} (never opened, closed, or evicted)"

@@ -131,7 +131,6 @@ class StreamTable:
         self._step_lock = threading.Lock()   # one step at a time
         self._slot: Dict[Hashable, int] = {}
         self._last = np.zeros(self.capacity)   # per slot: the time of its last step
-        self._sid: List[Optional[Hashable]] = [None] * self.capacity   # per slot: its stream
         self._free = list(range(self.capacity - 1, -1, -1))   # pop() gives slot 0 first
         self._busy: set[int] = set()          # slots of the step that runs
         self._release: List[int] = []         # slots freed during that step
@@ -222,9 +221,7 @@ class StreamTable:
             When the table holds no stream with that id.
         """
         with self._step_lock, self._lock:
-            slot = self._lookup(stream_id)
-            h = self._h[:, slot:slot + 1].copy()
-            return h if self._c is None else (h, self._c[:, slot:slot + 1].copy())
+            return self._state_of(self._lookup(stream_id))
 
     def import_state(self, state: StreamState, stream_id: Optional[Hashable] = None) -> Hashable:
         """Opens a stream with the given state.
@@ -272,13 +269,13 @@ class StreamTable:
         gone: List[Tuple[Hashable, StreamState]] = []
         with self._step_lock, self._lock:
             self._next_sweep = now + self.idle_timeout / 8
-            used = np.fromiter(self._slot.values(), np.int64, len(self._slot))
-            idle = used[self._last[used] <= now - self.idle_timeout]
-            for slot in idle[np.argsort(self._last[idle], kind="stable")]:   # oldest first
-                sid = self._sid[slot]
-                h = self._h[:, slot:slot + 1].copy()
-                gone.append((sid, h if self._c is None else (h, self._c[:, slot:slot + 1].copy())))
-                self._drop(sid)
+            sids = list(self._slot)
+            used = np.fromiter(self._slot.values(), np.int64, len(sids))
+            last = self._last[used]
+            idle = np.flatnonzero(last <= now - self.idle_timeout)
+            for i in idle[np.argsort(last[idle], kind="stable")]:   # oldest first
+                gone.append((sids[i], self._state_of(int(used[i]))))
+                self._drop(sids[i])
             self.evicted += len(gone)
         if self.on_evict is not None:
             for sid, st in gone:
@@ -316,8 +313,7 @@ class StreamTable:
         TypeError
             For x or out of the wrong type.
         """
-        if self.idle_timeout is not None and self._clock() >= self._next_sweep:
-            self.evict_idle()
+        self._sweep_if_due()
         ids = list(ids)
         B = len(ids)
         with self._step_lock:
@@ -343,12 +339,21 @@ class StreamTable:
 
     # ---- internals -------------------------------------------------------
 
+    def _sweep_if_due(self) -> None:
+        """evict_idle() when the last sweep is an eighth of idle_timeout old."""
+        if self.idle_timeout is not None and self._clock() >= self._next_sweep:
+            self.evict_idle()
+
+    def _state_of(self, slot: int) -> StreamState:
+        """A copy of slot's state, in export_state's form (the lock held)."""
+        h = self._h[:, slot:slot + 1].copy()
+        return h if self._c is None else (h, self._c[:, slot:slot + 1].copy())
+
     def _lookup(self, stream_id: Hashable) -> int:
         try:
             return self._slot[stream_id]
         except KeyError:
-            raise UnknownStreamError(f"no open stream has id {stream_id!r} (never opened, "
-                                     f"closed, or evicted)") from None
+            raise UnknownStreamError(_unknown(stream_id)) from None
         except TypeError:
             raise TypeError(f"stream ids must be hashable, got "
                             f"{type(stream_id).__name__}") from None
@@ -358,12 +363,10 @@ class StreamTable:
         list now, or after the running step when that step names it."""
         slot = self._lookup(stream_id)
         del self._slot[stream_id]
-        self._sid[slot] = None
         (self._release if slot in self._busy else self._free).append(slot)
 
     def _admit(self, stream_id: Optional[Hashable], parts: Optional[List[_Array]]) -> Hashable:
-        if self.idle_timeout is not None and self._clock() >= self._next_sweep:
-            self.evict_idle()
+        self._sweep_if_due()
         with self._lock:
             if stream_id is None:
                 stream_id = next(self._ids)
@@ -389,9 +392,13 @@ class StreamTable:
                 if self._c is not None:
                     self._c[:, slot] = parts[1][:, 0]
             self._slot[stream_id] = slot
-            self._sid[slot] = stream_id
             self._last[slot] = self._clock()
         return stream_id
+
+
+def _unknown(stream_id: Hashable) -> str:
+    """UnknownStreamError's message for stream_id."""
+    return f"no open stream has id {stream_id!r} (never opened, closed, or evicted)"
 
 
 def _repeated(ids: Iterable[Hashable]) -> Hashable:
