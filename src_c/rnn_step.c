@@ -11,8 +11,9 @@
 #include <string.h>
 #include "internal.h"
 
-/* Whether the layers chain: layer 0 reads I0 = layers[0].input, layer k > 0
- * reads layer k-1's output; every layer is valid for a forward at T = 1. */
+/* Whether s is a valid step: every layer is valid for a forward at T = 1,
+ * with the same cell and H; layer 0 reads I0 = layers[0].input, layer k > 0
+ * layer k-1's output; every row is inside the table. */
 static int step_args_ok(const fastln_rnn_step_args *s)
 {
     if (!s || !s->layers || s->num_layers < 1 || s->batch < 1 || !s->x || !s->y || !s->h)

@@ -4,6 +4,9 @@
   model's step(), in any batch, for every model class and dtype (float64
   and the generic path: to rounding), through export and import, after
   evictions of others;
+- every model variant's streams against fastln.rnn_reference (float64, and
+  float32 on the weights read in place), and models loaded from torch.nn
+  LSTM, GRU and RNN against the torch modules;
 - ids, capacity and errors; idle eviction with its callback;
 - threads: open, step, close, export, import and eviction at once, with no
   slot shared by two streams nor freed twice, and a slot freed during a

@@ -835,7 +835,7 @@ class _LNRecurrent(Generic[_State]):
         parts = state if cell and type(state) is tuple else (state,)
         if len(parts) == 1 + cell and all(type(p) is np.ndarray and p.dtype is dt
                                           and p.shape == full and p.flags.c_contiguous
-                                          for p in parts):
+                                          and p.flags.aligned for p in parts):
             ins: List[Optional[_Array]] = list(parts)   # read by the engine, not changed
             outs = self._outputs(state_out, full, "state_out") or \
                 [np.empty(full, dt) for _ in parts]
