@@ -346,6 +346,8 @@ def test_unknown_stream_and_bad_x():
         StreamBatcher(table, max_delay=-1)
     with pytest.raises(ValueError):
         StreamBatcher(table, max_batch=0)
+    with pytest.raises(TypeError, match="run_when_all_waiting"):
+        StreamBatcher(table, run_when_all_waiting=1)
 
 
 def test_stream_closed_while_waiting():

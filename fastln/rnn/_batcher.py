@@ -24,6 +24,7 @@ from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 import numpy as np
 import numpy.typing as npt
 
+from .. import _api
 from ._base import _Array, _positive_int
 from ._bf16 import _is_bf16
 from ._streams import StreamTable, UnknownStreamError, _unknown
@@ -134,7 +135,7 @@ class StreamBatcher:
         if not (delay >= 0 and math.isfinite(delay)):
             raise ValueError(f"max_delay must be finite and at least 0, got {max_delay}")
         self.max_delay = delay
-        self.run_when_all_waiting = bool(run_when_all_waiting)
+        self.run_when_all_waiting = _api._flag(run_when_all_waiting, "run_when_all_waiting")
         self.max_queue_per_stream = _positive_int(max_queue_per_stream, "max_queue_per_stream")
         self.max_pending = 4 * table.capacity if max_pending is None else _positive_int(
             max_pending, "max_pending")
