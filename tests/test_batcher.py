@@ -528,3 +528,80 @@ def test_a_failing_batch_fails_its_steps_only():
     assert all(isinstance(r, MemoryError) for r in first)
     assert all(r.shape == (H,) for r in second)
     assert m["failed"] == 2 and m["steps"] == 2
+
+
+# ---- submit ---------------------------------------------------------------
+
+def test_submit_answers_in_callbacks_in_order():
+    """submit() queues without awaiting; the futures' callbacks run in each
+    stream's submission order, results bitwise those of each stream alone,
+    and an overload raises at the call."""
+    model = LNLSTM(I, H, seed=11)
+    table = StreamTable(model, 8)
+    ids = [table.open() for _ in range(3)]
+    xs = inputs(3, 4, seed=11)
+
+    async def main():
+        async with StreamBatcher(table, max_queue_per_stream=4) as b:
+            got = {sid: [] for sid in ids}
+            futs = []
+            for t in range(4):
+                for k, sid in enumerate(ids):
+                    f = b.submit(sid, xs[k, t])
+                    f.add_done_callback(lambda f, sid=sid: got[sid].append(f.result().copy()))
+                    futs.append(f)
+            with pytest.raises(OverloadedError, match="max_queue_per_stream"):
+                b.submit(ids[0], xs[0, 0])
+            await asyncio.gather(*futs)
+            await asyncio.sleep(0)                   # the last callbacks run
+            return got, b.metrics()
+    got, m = asyncio.run(main())
+    for k, sid in enumerate(ids):
+        want = alone(model, xs[k])
+        assert [y.tobytes() for y in got[sid]] == [y.tobytes() for y in want]
+    assert m["steps"] == 12 and m["rejected"] == 1 and m["pending"] == 0
+
+
+def test_submit_cancelled_before_its_batch_is_skipped():
+    model = LNLSTM(I, H, seed=12)
+    table = RecordingTable(model, 8)
+    a, b_ = table.open(), table.open()
+    xs = inputs(2, 2, seed=12)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            first = b.submit(a, xs[0, 0])            # runs, held at the gate
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            dropped = b.submit(b_, xs[1, 0])         # waits, then is cancelled
+            kept = b.submit(a, xs[0, 1])
+            dropped.cancel()
+            table.gate.set()
+            y0, y1 = await first, await kept
+            y_b = await b.step(b_, xs[1, 1])
+            return y0, y1, y_b, b.metrics()
+    y0, y1, y_b, m = asyncio.run(main())
+    assert table.calls[1] == [a]                     # the cancelled step is not in the batch
+    assert [y0.tobytes(), y1.tobytes()] == [y.tobytes() for y in alone(model, xs[0])]
+    assert y_b.tobytes() == alone(model, xs[1, 1:])[0].tobytes()   # b_ did not advance
+    assert m["cancelled"] == 1 and m["pending"] == 0
+
+
+def test_submit_errors():
+    table = StreamTable(LNLSTM(I, H, seed=0), 2)
+    sid = table.open()
+    b = StreamBatcher(table)
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        b.submit(sid, np.ones(I, np.float32))
+    assert b.metrics()["pending"] == 0 and not b._waiting
+
+    async def main():
+        with pytest.raises(UnknownStreamError):
+            b.submit("nope", np.ones(I, np.float32))
+        with pytest.raises(ValueError, match="shape"):
+            b.submit(sid, np.ones(I + 1, np.float32))
+        await b.aclose()
+        with pytest.raises(RuntimeError, match="closed"):
+            b.submit(sid, np.ones(I, np.float32))
+    asyncio.run(main())

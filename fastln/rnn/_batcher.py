@@ -212,6 +212,74 @@ class StreamBatcher:
         >>> [y.shape for y in asyncio.run(main())]
         [(3,), (3,), (3,)]
         """
+        fut = self.submit(stream_id, x)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._withdraw(stream_id, fut)
+            raise
+
+    def submit(self, stream_id: Hashable, x: npt.ArrayLike) -> asyncio.Future[_Array]:
+        """Queues one step of one stream and returns its future, without
+        awaiting it: for transports that answer in callbacks.
+
+        The future's result is what :meth:`step` returns, and its error
+        what :meth:`step` raises once queued. A server that reads many
+        frames in one pass of the event loop queues each with ``submit``
+        and answers it in ``future.add_done_callback``, which costs less
+        than a task or a coroutine per step. Futures resolve in batch
+        order, so the callbacks of one stream's steps run in the order
+        the steps were submitted. Call it from the batcher's event loop.
+
+        Parameters
+        ----------
+        stream_id : hashable
+            An open stream of the table.
+        x : array_like, shape (input_size,)
+            The stream's input, in the model's dtype (float32 too for a
+            bfloat16 model). An array is kept, not copied, until its batch
+            forms: do not change it meanwhile.
+
+        Returns
+        -------
+        asyncio.Future
+            Resolves to y, shape (hidden_size,), a row (a view) of its
+            batch's output. Cancelling it before its batch forms removes
+            the step; cancelling it later drops only the result (the
+            stream's state has advanced).
+
+        Raises
+        ------
+        OverloadedError
+            When the stream has max_queue_per_stream steps waiting, or the
+            batcher max_pending over all streams.
+        UnknownStreamError
+            For a stream the table does not hold now; one closed or
+            evicted while its step waits fails the future with it.
+        RuntimeError
+            When the batcher is closed (a close while the step waits
+            fails the future with it), or there is no running event loop.
+        TypeError, ValueError
+            For x of the wrong dtype or shape.
+
+        Examples
+        --------
+        >>> import asyncio
+        >>> import numpy as np
+        >>> from fastln.rnn import LSTM, StreamBatcher, StreamTable
+        >>> table = StreamTable(LSTM(input_size=2, hidden_size=3, seed=0), capacity=4)
+        >>> a, b = table.open(), table.open()
+        >>> async def main():
+        ...     async with StreamBatcher(table) as batcher:
+        ...         answered = []
+        ...         for sid in (a, b, a):
+        ...             fut = batcher.submit(sid, np.ones(2, np.float32))
+        ...             fut.add_done_callback(lambda f, sid=sid: answered.append(sid))
+        ...         await asyncio.sleep(0.1)
+        ...         return answered, batcher.metrics()["batches"]
+        >>> asyncio.run(main())
+        ([0, 1, 0], 2)
+        """
         if self._closed:
             raise RuntimeError("batcher closed")
         if not self._has(stream_id):
@@ -219,6 +287,7 @@ class StreamBatcher:
         if x.__class__ is not np.ndarray or x.shape != self._xshape or (  # type: ignore
                 x.dtype not in self._xdtypes):  # type: ignore[union-attr]
             x = self._convert(x)
+        loop = self._loop or self._start()
         q = self._queues.get(stream_id)
         if q is None:
             q = self._new_queue(stream_id)
@@ -230,10 +299,8 @@ class StreamBatcher:
             raise self._overloaded(q, stream_id)
         else:
             waiting[stream_id] = q     # its first waiting step: it queues last
-        loop = self._loop or self._start()
         fut: asyncio.Future[_Array] = loop.create_future()
-        item = (fut, x, _now())
-        q.append(item)
+        q.append((fut, x, _now()))
         self._pending += 1
         w = self._wake
         if w is not None and (self.max_delay == 0 or len(waiting) == 1
@@ -241,11 +308,7 @@ class StreamBatcher:
                               or (self.run_when_all_waiting and len(waiting) >= len(self.table))):
             self._wake = None
             w.set_result(None)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            self._withdraw(stream_id, q, item)
-            raise
+        return fut
 
     def metrics(self) -> Dict[str, Any]:
         """The batcher's counters, as a plain dict.
@@ -369,19 +432,21 @@ class StreamBatcher:
             raise ValueError(f"x must have shape {self._xshape} (input_size,), got {x.shape}")
         return x
 
-    def _withdraw(self, stream_id: Hashable, q: Deque[_Item], item: _Item) -> None:
+    def _withdraw(self, stream_id: Hashable, fut: asyncio.Future[_Array]) -> None:
         """Removes a cancelled step that has not been taken into a batch."""
-        head = bool(q) and q[0] is item
-        try:
-            q.remove(item)
-        except ValueError:
+        q = self._queues.get(stream_id)
+        if q is None:
+            return
+        k = next((k for k, item in enumerate(q) if item[0] is fut), None)
+        if k is None:
             return                 # in a batch already: its result is dropped
+        del q[k]
         self._pending -= 1
         self._cancelled += 1
         if not q:
             if self._waiting.get(stream_id) is q:
                 del self._waiting[stream_id]
-        elif head:
+        elif k == 0:
             self._unsorted = True
 
     async def _sleep(self, deadline: Optional[float]) -> None:
@@ -442,7 +507,8 @@ class StreamBatcher:
         if not all(map(self._has, ids)) or any(map(_done, futs)):
             keep = []
             for i, (sid, f) in enumerate(zip(ids, futs)):
-                if f.done():
+                if f.done():       # cancelled by a submit() caller while it waited
+                    self._cancelled += 1
                     continue
                 if sid not in table:
                     self._failed += 1
