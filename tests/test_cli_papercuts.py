@@ -4,8 +4,8 @@ fastln`` and the C example's Makefile, as a new user meets them:
 1. loadtest.py --quick writes no tracked file (a full run still writes them).
 2. server.py --model takes an .npz of a bare state_dict (the class and sizes
    inferred from the parameters, a clear error where they cannot be) and an
-   .onnx file; a missing file, a file of another kind and a port out of range
-   are one-line argparse errors.
+   .onnx file; a missing file, a file of another kind, a port out of range
+   and a bad setting are one-line argparse errors.
 3. Every option of server.py, model.py and loadtest.py shows its default in
    --help; gradient_flow.py's --threads help says what its default does.
 4. bench/harness.py says it is a library module; bench/plots.py's missing
@@ -42,7 +42,7 @@ if ROOT not in sys.path:
 
 def serve(name):
     """examples.serve.<name>; its packages missing: a skip, or a failure under CI."""
-    for dep in ("starlette", "uvicorn", "httpx", "ml_dtypes"):
+    for dep in ("picows", "starlette", "uvicorn", "ml_dtypes"):
         require(dep)
     return importlib.import_module(f"examples.serve.{name}")
 
@@ -126,44 +126,52 @@ def test_bare_state_dict_loads_as_its_model(make, tmp_path):
 
 
 @pytest.fixture
-def no_uvicorn(monkeypatch):
-    """uvicorn.run records its app instead of serving."""
-    import uvicorn
+def no_serving(monkeypatch):
+    """server.serve records its arguments and the service instead of serving."""
+    server = serve("server")
     served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+
+    async def record(args, service):
+        served.append((args, service))
+    monkeypatch.setattr(server, "serve", record)
     return served
 
 
-def test_server_serves_a_bare_lnlstm_state_dict(tmp_path, no_uvicorn, capsys):
+def test_server_serves_a_bare_lnlstm_state_dict(tmp_path, no_serving):
     server = serve("server")
     path = bare(tmp_path / "lnlstm.npz", rnn.LNLSTM(6, 10, seed=0))
     server.main(["--model", path, "--port", "8123"])
-    out = capsys.readouterr().out
-    assert '"class": "LNLSTM", "input_size": 6, "hidden_size": 10' in out
-    assert no_uvicorn == [{"host": "127.0.0.1", "port": 8123, "log_level": "warning"}]
+    ((args, service),) = no_serving
+    assert (args.port, args.ws_port, args.host) == (8123, 8001, "127.0.0.1")
+    assert service.config == {"class": "LNLSTM", "input_size": 6, "hidden_size": 10,
+                              "num_layers": 1, "dtype": "float32", "eps": 1e-05}
 
 
-def test_bare_state_dict_served_over_http(tmp_path):
+def test_bare_state_dict_served_over_websocket(tmp_path):
     import asyncio
-    lt, sm = serve("loadtest"), serve("model")
+    sm, client = serve("model"), serve("client")
     model = rnn.LNLSTM(6, 10, 2, seed=3)
     path = bare(tmp_path / "lnlstm.npz", model)
-    inputs = [sm.stream_inputs(0, i, 5, 6) for i in range(3)]
-    wants = [sm.reference_run(model, xs) for xs in inputs]
-    with lt.start_server("--model", path, "--threads", 1) as url:
-        out = asyncio.run(lt.drive(url, inputs, wants, time_limit=60, request_timeout=20))
-    assert out["messages"] == []
-    assert (out["errors"], out["mismatches"], out["steps"]) == (0, 0, 15)
+    xs = sm.stream_inputs(0, 0, 5, 6)
+
+    async def main(url):
+        async with await client.StreamClient.connect(url, "bare", new=True) as c:
+            return [(await c.step(x)).copy() for x in xs]
+    with client.run_server("--model", path, "--threads", 1) as server:
+        ys = asyncio.run(main(server.ws))
+    assert np.array_equal(np.stack(ys), sm.reference_run(model, xs))
 
 
-def test_server_takes_an_onnx_file_as_model(tmp_path, no_uvicorn, capsys):
+def test_server_takes_an_onnx_file_as_model(tmp_path, no_serving):
     require("onnx")
     from tests.test_serve import onnx_lstm
     server = serve("server")
     path = tmp_path / "lstm.onnx"
     onnx_lstm(path, 5, 9)
     server.main(["--model", str(path)])
-    assert '"class": "LSTM", "input_size": 5, "hidden_size": 9' in capsys.readouterr().out
+    ((_, service),) = no_serving
+    assert service.config["class"] == "LSTM"
+    assert (service.model.input_size, service.model.hidden_size) == (5, 9)
 
 
 def server_error(argv, capsys):
@@ -215,9 +223,11 @@ def test_server_settings_errors_name_the_option(tmp_path, capsys):
     path = bare(tmp_path / "m.npz", rnn.LNLSTM(4, 6))
     line, _ = server_error(["--model", path, "--max-batch", "0"], capsys)
     assert "--max-batch must be at least 1, got 0" in line
+    line, _ = server_error(["--model", path, "--idle-timeout", "0"], capsys)
+    assert "--idle-timeout must be above 0, got 0.0" in line
 
 
-@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_port_out_of_range_is_an_argparse_error(port, capsys):
     line, _ = server_error(["--model", "m.npz", "--port", port], capsys)
     assert "argument --port" in line

@@ -37,6 +37,7 @@ DISTRIBUTIONS = {
     "dask": "dask", "distributed": "distributed", "threadpoolctl": "threadpoolctl",
     "matplotlib": "matplotlib", "sklearn": "scikit-learn", "tqdm": "tqdm",
     "starlette": "starlette", "uvicorn": "uvicorn", "httpx": "httpx",
+    "picows": "picows", "uvloop": "uvloop",
     "pytest": "pytest", "hypothesis": "hypothesis", "mypy": "mypy",
     "sniffio": "httpx",   # httpx's own optional dependency, probed by the load test
 }

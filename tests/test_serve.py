@@ -1,54 +1,54 @@
-"""The served-model example (examples/serve): the real server in a subprocess.
+"""The served-model example (examples/serve): server.py in a subprocess, driven
+through client.py's StreamClient over WebSocket and through HTTP JSON.
 
 1. Model files: save_model / load_model keep each forward fastln.rnn class, its
-   configuration and its parameters bit for bit (float32, float64, bfloat16),
-   and the loaded weights are read-only; bidirectional models are refused.
-2. Dynamic batching: 16 concurrent streams x 20 steps of a 2-layer LN-LSTM
-   (float32 and bfloat16), with a window long enough that batches of several
-   streams form (the server's largest batch says so): every reply equals, bit
-   for bit, the stream run alone in this process (B=1 steps of the model that
-   was saved), with no errors. Concurrent requests of one stream run one after
-   the other: their step indices are 0..n-1 and each y is that of the inputs
-   in the order of the indices. Deleting a stream answers its waiting step 404.
-3. An ONNX LSTM file, served with batching off, answers as fastln.rnn.from_onnx
-   of the same file does in process.
-4. Bad requests: each 4xx case (not JSON, wrong x, unknown stream, body too
-   large by Content-Length and by its bytes, too many streams, unknown route)
-   gets its status and a JSON message, and leaves the stream's state as it was.
-
-The example needs starlette, uvicorn and httpx: skipped when one is missing,
-unless the CI variable is set, where that is a failure.
+   configuration and its parameters bit for bit, with read-only weights.
+2. Streams: 16 concurrent streams with several frames in flight each, float32
+   and bfloat16 models (bfloat16 x frames too) and a 2-layer model: every
+   reply equals, bit for bit, the stream run alone (B=1 steps in this
+   process), and batches of several streams formed. A stream stepped over
+   HTTP JSON continues over WebSocket, and the reverse. An ONNX model serves.
+3. Bad frames: wrong length, a bfloat16-sized frame on a float32 connection,
+   non-finite x, a text frame, a frame over the size limit, an unknown
+   stream, a second open of a stream, a second connection to it, a bad id or
+   query, a full table, a flood of frames, and a client that vanishes
+   mid-step: each gets its close code and a message, the server goes on, and
+   the stream continues bit for bit from the steps the server ran.
+4. Restarts: SIGTERM while frames are in flight saves every stream; a new
+   server on the same --state-file resumes each at the step count its client
+   received, and the rest of every stream matches the run alone. A state
+   file of another model is refused.
+5. Moves: a stream exported from one server and put into another continues
+   there, bit for bit; the first no longer holds it.
+6. Endings: a close with 1000 ends a stream, any other keeps it, and
+   --idle-timeout ends one left alone.
+7. HTTP JSON: every 4xx case gets its status and a message.
 """
 import asyncio
 import json
 import os
 import sys
+import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
 
 from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN, from_onnx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _util import require
 
-missing = []
-for _name in ("starlette", "uvicorn", "httpx", "ml_dtypes"):
-    try:
-        __import__(_name)
-    except ImportError as _e:
-        missing.append(f"{_name} ({_e})")
-if missing and os.environ.get("CI"):
-    raise ImportError("CI is set but the served-model example needs " + ", ".join(missing))
-if missing:
-    pytest.skip("the served-model example needs " + ", ".join(missing), allow_module_level=True)
+for _name in ("picows", "starlette", "uvicorn", "ml_dtypes"):
+    require(_name)
 
-import httpx  # noqa: E402
 import ml_dtypes  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.append(ROOT)
-from examples.serve import loadtest  # noqa: E402
 from examples.serve import model as serve_model  # noqa: E402
+from examples.serve.client import Closed, StreamClient, run_server  # noqa: E402
 
 I, H, LAYERS = 12, 24, 2
 STREAMS, STEPS = 16, 20
@@ -58,15 +58,43 @@ def bf16(model):
     return model.to(ml_dtypes.bfloat16)
 
 
-def reference(model, n, steps=STEPS, seed=0, input_size=I):
-    """The inputs of n streams and each one's replies run alone (B=1 steps)."""
-    inputs = [serve_model.stream_inputs(seed, i, steps, input_size) for i in range(n)]
-    return inputs, [serve_model.reference_run(model, xs) for xs in inputs]
-
-
 def bits(a):
     """The bits of a's values as float64 (exact for float32, bfloat16 and float64)."""
     return np.asarray(a).astype(np.float64).view(np.uint64)
+
+
+def same(a, b):
+    return np.array_equal(bits(a), bits(b))
+
+
+def inputs(n, steps=STEPS, seed=0):
+    return [serve_model.stream_inputs(seed, i, steps, I) for i in range(n)]
+
+
+def http(server, method, path, body=None):
+    """(status, JSON reply) of one HTTP request to the server."""
+    data = None if body is None else (body if isinstance(body, bytes) else
+                                      json.dumps(body).encode())
+    req = urllib.request.Request(server.http + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def run(coro, timeout=60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def refused(url, stream_id, **kw):
+    """The Closed that ends a connection the server refuses at once."""
+    try:
+        c = await StreamClient.connect(url, stream_id, **kw)
+    except Closed as e:
+        return e
+    await c.close(1001)
+    raise AssertionError(f"the server took {stream_id!r} {kw}")
 
 
 # ---------------------------------------------------------------- model files
@@ -96,7 +124,7 @@ def test_model_file_round_trip(tmp_path, make):
         assert not loaded.params[key].flags.writeable, key
     xs = serve_model.stream_inputs(0, 0, 5, I)
     want = serve_model.reference_run(model, xs)
-    assert np.array_equal(bits(serve_model.reference_run(loaded, xs)), bits(want))
+    assert same(serve_model.reference_run(loaded, xs), want)
 
 
 def test_model_file_refusals(tmp_path):
@@ -109,83 +137,82 @@ def test_model_file_refusals(tmp_path):
 
 # ---------------------------------------------------------------- servers
 
+def saved(tmp_path, model, name="m.npz"):
+    path = tmp_path / name
+    serve_model.save_model(path, model)
+    return path
+
+
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def batched(request, tmp_path_factory):
-    """(url, in-process model) of a server with batching on, a 50 ms window."""
+def served(request, tmp_path_factory):
+    """(server, in-process model): a 2-layer LN-LSTM; batches wait 20 ms for
+    more streams, so that several streams share them."""
     model = LNLSTM(I, H, LAYERS, seed=7)
     if request.param == "bfloat16":
         model = bf16(model)
-    path = tmp_path_factory.mktemp("serve") / f"{request.param}.npz"
-    serve_model.save_model(path, model)
-    with loadtest.start_server("--model", path, "--max-batch", 64, "--window-ms", 50,
-                               "--max-streams", 40, "--threads", 1) as url:
-        yield url, model
+    path = saved(tmp_path_factory.mktemp("serve"), model)
+    with run_server("--model", path, "--threads", 1, "--capacity", 40,
+                    "--max-delay-ms", 20, "--max-queue-per-stream", 8,
+                    "--max-frame", 4096) as server:
+        yield server, model
 
 
-def test_batched_replies_match_single_stream(batched):
-    url, model = batched
-    inputs, wants = reference(model, STREAMS)
-    out = asyncio.run(loadtest.drive(url, inputs, wants, time_limit=60, request_timeout=20))
-    assert out["messages"] == []
-    assert (out["errors"], out["mismatches"]) == (0, 0)
-    assert out["steps"] == out["server_steps"] == STREAMS * STEPS
-    assert not out["cut"]
-    health = httpx.get(url + "/health").json()
-    assert health["model"]["dtype"] == serve_model.dtype_name(model)
-    assert health["batching"] is True and health["streams"] == 0 and health["threads"] == 1
-    # batches of several streams formed (the batch invariance is what made them exact)
-    assert 1 < health["largest_batch"] <= STREAMS, health
-    assert out["batches"] < out["server_steps"], out
+async def stream_run(url, sid, xs, inflight=1, dtype="float32", new=True):
+    """Runs one stream over xs with up to inflight frames in flight; its ys."""
+    async with await StreamClient.connect(url, sid, new=new, dtype=dtype) as c:
+        ys = []
+        for k, x in enumerate(xs):
+            c.send(x)
+            if k + 1 >= inflight:
+                ys.append((await c.recv()).copy())
+        while len(ys) < len(xs):
+            ys.append((await c.recv()).copy())
+    return ys
 
 
-def test_requests_of_one_stream_run_in_order(batched):
-    """n requests of one stream sent at once (while a second, idle stream is
-    open, so that they wait out the window together): one per batch, so their
-    step indices are 0..n-1 and each y follows from the inputs in that order."""
-    url, model = batched
-    xs = serve_model.stream_inputs(1, 0, 6, I)
+def test_streams_match_each_stream_alone(served):
+    server, model = served
+    before = server.health()["batcher"]["batches"]
+    xs = inputs(STREAMS)
+    dtypes = ["float32"] * STREAMS
+    if serve_model.dtype_name(model) == "bfloat16":   # half the streams send bfloat16 x
+        dtypes[::2] = ["bfloat16"] * (STREAMS // 2)
+        xs = [x.astype(ml_dtypes.bfloat16).astype(np.float32) if d == "bfloat16" else x
+              for x, d in zip(xs, dtypes)]
 
-    async def burst():
-        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
-            stream, idle = [(await client.post("/streams")).json()["stream"] for _ in "ab"]
-            replies = await asyncio.gather(*(
-                client.post(f"/streams/{stream}/step", json={"x": x}) for x in xs.tolist()))
-            for s in (stream, idle):
-                await client.delete(f"/streams/{s}")
-        return [r.json() for r in replies]
-
-    replies = asyncio.run(burst())
-    order = [r["t"] for r in replies]
-    assert sorted(order) == list(range(len(xs)))
-    by_t = sorted(range(len(xs)), key=order.__getitem__)   # request index of step t
-    want = serve_model.reference_run(model, xs[by_t])
-    for t, i in enumerate(by_t):
-        assert loadtest.same_bits(replies[i]["y"], want[t]), t
+    async def main():
+        return await asyncio.gather(*(
+            stream_run(server.ws, f"alone-{k}", x, inflight=1 + k % 3, dtype=d)
+            for k, (x, d) in enumerate(zip(xs, dtypes))))
+    got = run(main())
+    for x, ys in zip(xs, got):
+        assert same(np.stack(ys), serve_model.reference_run(model, x))
+    health = server.health()
+    assert health["batcher"]["batch_max"] > 1, health      # batches of several streams formed
+    assert health["batcher"]["batches"] - before < STREAMS * STEPS
+    assert health["streams"] == 0                           # each closed with 1000
 
 
-def test_deleting_a_stream_fails_its_waiting_step(batched):
-    """With two streams open, a lone step waits out the 50 ms window; a DELETE
-    of its stream meanwhile answers it 404, and the other stream goes on."""
-    url, model = batched
-    x = serve_model.stream_inputs(4, 0, 1, I)
+def test_http_and_websocket_share_a_stream(served):
+    server, model = served
+    xs = inputs(1, 9, seed=3)[0]
+    want = serve_model.reference_run(model, xs)
+    assert http(server, "POST", "/streams", {"stream": "both"}) == (201, {"stream": "both"})
+    for t in range(3):
+        status, reply = http(server, "POST", "/streams/both/step", {"x": xs[t].tolist()})
+        assert status == 200 and reply["t"] == t and same(reply["y"], want[t])
 
-    async def race():
-        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
-            a, b = [(await client.post("/streams")).json()["stream"] for _ in range(2)]
-            step = asyncio.ensure_future(client.post(f"/streams/{a}/step",
-                                                     json={"x": x[0].tolist()}))
-            await asyncio.sleep(0.01)
-            deleted = await client.delete(f"/streams/{a}")
-            waited = await step
-            other = await client.post(f"/streams/{b}/step", json={"x": x[0].tolist()})
-            await client.delete(f"/streams/{b}")
-            return deleted, waited, other
-
-    deleted, waited, other = asyncio.run(race())
-    assert deleted.json()["steps"] == 0
-    assert waited.status_code == 404 and "was deleted" in waited.json()["error"], waited.text
-    assert other.json()["t"] == 0
-    assert loadtest.same_bits(other.json()["y"], serve_model.reference_run(model, x)[0])
+    async def middle():
+        c = await StreamClient.connect(server.ws, "both")
+        assert c.hello["t"] == 3
+        ys = [await c.step(x) for x in xs[3:6]]
+        await c.close(1001)                                  # keeps the stream
+        return ys
+    assert same(np.stack(run(middle())), want[3:6])
+    for t in range(6, 9):
+        status, reply = http(server, "POST", "/streams/both/step", {"x": xs[t].tolist()})
+        assert status == 200 and reply["t"] == t and same(reply["y"], want[t])
+    assert http(server, "DELETE", "/streams/both") == (200, {"stream": "both", "steps": 9})
 
 
 def onnx_lstm(path, input_size, hidden, seed=0):
@@ -207,78 +234,317 @@ def onnx_lstm(path, input_size, hidden, seed=0):
         f.write(model.SerializeToString())
 
 
-def test_onnx_model_with_batching_off(tmp_path):
+def test_onnx_model(tmp_path):
+    require("onnx")
     path = tmp_path / "lstm.onnx"
-    onnx_lstm(path, 5, 9)
+    onnx_lstm(path, I, 9)
     model = from_onnx(str(path))
-    inputs, wants = reference(model, 4, steps=10, seed=3, input_size=5)
-    with loadtest.start_server("--onnx", path, "--batching", "off") as url:
-        out = asyncio.run(loadtest.drive(url, inputs, wants, time_limit=60,
-                                         request_timeout=20))
-        health = httpx.get(url + "/health").json()
-    assert out["messages"] == []
-    assert (out["errors"], out["mismatches"], out["steps"]) == (0, 0, 40)
-    assert health["model"]["class"] == "LSTM" and health["batching"] is False
-    assert health["largest_batch"] == 1 and health["batches"] == health["steps"] == 40
+    xs = inputs(3, 10, seed=3)
+
+    async def main(url):
+        return await asyncio.gather(*(stream_run(url, f"o{k}", x, inflight=2)
+                                      for k, x in enumerate(xs)))
+    with run_server("--onnx", path) as server:
+        got = run(main(server.ws))
+        assert server.health()["model"]["class"] == "LSTM"
+    for x, ys in zip(xs, got):
+        assert same(np.stack(ys), serve_model.reference_run(model, x))
 
 
-# ---------------------------------------------------------------- bad requests
+# ---------------------------------------------------------------- bad frames
 
-def test_bad_requests(batched):
-    url, model = batched
-    x = serve_model.stream_inputs(2, 0, 1, I)
-    with httpx.Client(base_url=url, timeout=20) as client:
-        health = client.get("/health").json()
-        stream = client.post("/streams").json()["stream"]
-        step = f"/streams/{stream}/step"
+async def close_of(client, frames=(), text=False):
+    """Sends raw frames (and then one good step); the Closed the server answers with."""
+    for f in frames:
+        client.send_frame(f, text)
+    try:
+        await asyncio.wait_for(client.step(np.zeros(I, np.float32)), 10)
+    except Closed as e:
+        return e
+    raise AssertionError("the server did not close the connection")
 
-        def check(response, status, message):
-            assert response.status_code == status, response.text
-            assert message in response.json()["error"], response.json()
 
-        check(client.post(step, content=b'{"x": [1,'), 400, "not valid JSON")
-        check(client.post(step, content=b"\xff\xfe"), 400, "not valid JSON")
-        check(client.post(step, content='{"x": [NaN]}'), 400, "NaN is not a JSON number")
-        check(client.post(step, json=[1, 2]), 422, 'a JSON object {"x"')
-        check(client.post(step, json={"y": [0.0] * I}), 422, 'a JSON object {"x"')
-        check(client.post(step, json={"x": [0.0] * (I - 1)}), 422,
-              f"x must be a list of {I} numbers, got a list of {I - 1}")
-        check(client.post(step, json={"x": "0.5"}), 422, "got a str")
-        check(client.post(step, json={"x": [[0.0] * I]}), 422, f"a list of {I} numbers")
-        for bad in ("1", True, None, [1.0]):
-            check(client.post(step, json={"x": [0.0] * (I - 1) + [bad]}), 422,
-                  f"x[{I - 1}] must be a number, got {json.dumps(bad)}")
-        check(client.post(step, json={"x": [1e39] + [0.0] * (I - 1)}), 422,
-              "x must hold finite float32 numbers, x[0] is not")
-        check(client.post(step, json={"x": [0.0, 10 ** 400] + [0.0] * (I - 2)}), 422,
-              "an integer in x is too large")
-        limit = health["max_body"]
-        check(client.post(step, content=b" " * (limit + 1)), 413, f"at most {limit} bytes")
+def test_bad_frames_get_close_codes_and_the_server_goes_on(served):
+    server, model = served
+    bf = serve_model.dtype_name(model) == "bfloat16"
+    xs = inputs(1, 6, seed=5)[0]
+    want = serve_model.reference_run(model, xs)
 
-        def chunks():   # no Content-Length: the server counts the bytes
-            for _ in range(limit // 1000 + 2):
-                yield b" " * 1000
+    async def main():
+        url = server.ws
+        c = await StreamClient.connect(url, "victim", new=True)
+        y0 = await c.step(xs[0])
+        await c.close(1001)
+        codes = {}
 
-        check(client.post(step, content=chunks()), 413, f"at most {limit} bytes")
-        check(client.post("/streams/nope/step", json={"x": [0.0] * I}), 404,
-              "unknown stream 'nope'")
-        check(client.delete("/streams/nope"), 404, "unknown stream")
-        check(client.get("/nowhere"), 404, "Not Found")
-        check(client.get("/streams"), 405, "Method Not Allowed")
-        assert client.get("/streams").headers["allow"] == "POST"
+        async def bad(name, frames=(), text=False):
+            c = await StreamClient.connect(url, "victim")
+            codes[name] = await close_of(c, frames, text)
 
-        # none of the above ran a step: the stream starts at t = 0
-        reply = client.post(step, json={"x": x[0].tolist()}).json()
-        assert reply["t"] == 0
-        assert loadtest.same_bits(reply["y"], serve_model.reference_run(model, x)[0])
-        assert client.delete(f"/streams/{stream}").json() == {"stream": stream, "steps": 1}
-        check(client.post(step, json={"x": x[0].tolist()}), 404, "unknown stream")
+        await bad("short", [b"\0" * (4 * I - 4)])
+        await bad("half size", [np.zeros(I, ml_dtypes.bfloat16).tobytes()])
+        nan = np.zeros(I, np.float32)
+        nan[3] = np.nan
+        await bad("nan", [nan.tobytes()])
+        await bad("inf", [np.full(I, np.inf, np.float32).tobytes()])
+        await bad("text", [b"{}"], text=True)
+        await bad("oversized", [b"\0" * 5000])
+        codes["unknown"] = await refused(url, "nobody")
+        codes["new twice"] = await refused(url, "victim", new=True)
+        holder = await StreamClient.connect(url, "victim")
+        codes["second connection"] = await refused(url, "victim")
+        await holder.close(1001)
+        codes["bad id"] = await refused(url, "x" * 65, new=True)
+        codes["bad dtype"] = await refused(url, "fine", new=True, dtype="int8")
+        # none of them ran a step: the stream goes on from t = 1
+        c = await StreamClient.connect(url, "victim")
+        t = c.hello["t"]
+        y1 = await c.step(xs[1])
+        await c.close()
+        return codes, y0, t, y1
 
-        opened = [client.post("/streams") for _ in range(health["max_streams"])]
+    codes, y0, t, y1 = run(main())
+    expect = {"short": (1007, f"must be {4 * I} bytes ({I} float32 values), got {4 * I - 4}"),
+              "half size": (1007, f"got {2 * I}" + (": the size of bfloat16 x, which needs "
+                                                    "?dtype=bfloat16" if bf else "")),
+              "nan": (1007, "x[3] is not finite"), "inf": (1007, "x[0] is not finite"),
+              "text": (1003, "must be binary"), "oversized": (1009, ""),
+              "unknown": (4404, "no stream 'nobody' here"),
+              "new twice": (4409, "stream 'victim' exists"),
+              "second connection": (4409, "another connection holds stream 'victim'"),
+              "bad id": (1008, "a stream id is 1 to 64"),
+              "bad dtype": (1008, "dtype must be one of float32")}
+    for name, (code, message) in expect.items():
+        assert codes[name].code == code, (name, codes[name])
+        assert message in codes[name].message, (name, codes[name].message)
+    assert t == 1 and same(y0, want[0]) and same(y1, want[1])
+    assert server.health()["status"] == "ok"
+
+
+def test_a_full_table_and_a_flood(tmp_path):
+    model = LNLSTM(I, H, seed=8)
+    path = saved(tmp_path, model)
+    xs = inputs(1, 60, seed=6)[0]
+    want = serve_model.reference_run(model, xs)
+
+    async def main(url):
+        held = [await StreamClient.connect(url, f"s{k}", new=True) for k in range(3)]
+        full = await refused(url, "one-more", new=True)
+        flooder = held[0]
+        for x in xs:                                  # 60 frames at once, 4 may wait
+            flooder.send(x)
+        got = []
         try:
-            assert all(r.status_code == 201 for r in opened)
-            check(client.post("/streams"), 429, "too many streams")
-        finally:
-            for r in opened:
-                client.delete(f"/streams/{r.json()['stream']}")
-        assert client.get("/health").json()["streams"] == 0
+            while True:
+                got.append((await flooder.recv()).copy())
+        except Closed as e:
+            flood = e
+        for c in held[1:]:
+            await c.close()
+        await asyncio.sleep(0.2)
+        c = await StreamClient.connect(url, "s0")   # the steps it took ran
+        t = c.hello["t"]
+        rest = [await c.step(x) for x in xs[t:t + 3]]
+        await c.close()
+        return full, flood, got, t, rest
+
+    with run_server("--model", path, "--capacity", 3, "--max-queue-per-stream", 4) as server:
+        full, flood, got, t, rest = run(main(server.ws))
+        assert server.health()["status"] == "ok"
+    assert (full.code, full.message) == (1013, "the server holds 3 streams, its --capacity")
+    assert flood.code == 1013 and "max_queue_per_stream" in flood.message, flood
+    assert len(got) <= t < len(xs)
+    assert all(same(y, w) for y, w in zip(got, want))
+    assert same(np.stack(rest), want[t:t + 3])
+
+
+def test_a_client_that_vanishes_mid_step(served):
+    server, model = served
+    xs = inputs(1, 12, seed=9)[0]
+    want = serve_model.reference_run(model, xs)
+
+    async def main():
+        c = await StreamClient.connect(server.ws, "ghost", new=True)
+        for x in xs[:6]:
+            c.send(x)
+        c.abort()
+        deadline = time.monotonic() + 10
+        while True:                                  # until the server sees it gone
+            try:
+                c = await StreamClient.connect(server.ws, "ghost")
+                break
+            except Closed as e:
+                assert e.code == 4409 and time.monotonic() < deadline, e
+                await asyncio.sleep(0.05)
+        t = c.hello["t"]
+        ys = [await c.step(x) for x in xs[t:]]
+        await c.close()
+        return t, ys
+    t, ys = run(main())
+    assert 0 <= t <= 6
+    assert same(np.stack(ys), want[t:])
+
+
+# ---------------------------------------------------------------- restarts and moves
+
+def test_restart_loses_nothing(tmp_path):
+    model = LNLSTM(I, H, LAYERS, seed=10)
+    path = saved(tmp_path, model)
+    state = tmp_path / "streams.npz"
+    n = 6
+    xs = inputs(n, 40, seed=10)
+    wants = [serve_model.reference_run(model, x) for x in xs]
+    got = [[] for _ in range(n)]
+
+    async def first(url):
+        clients = [await StreamClient.connect(url, f"r{k}", new=True) for k in range(n)]
+
+        async def drive(k, c):
+            try:
+                for x in xs[k]:
+                    if c.closed is not None:      # the replies that came are still read
+                        break
+                    c.send(x)
+                    if c.pending >= 3:
+                        got[k].append((await c.recv()).copy())
+                while c.pending:
+                    got[k].append((await c.recv()).copy())
+            except Closed as e:
+                return e
+            return c.closed
+        return await asyncio.gather(*(drive(k, c) for k, c in enumerate(clients)))
+
+    async def second(url):
+        ts = []
+        for k in range(n):
+            async with await StreamClient.connect(url, f"r{k}") as c:
+                ts.append(c.hello["t"])
+                for x in xs[k][c.t:]:
+                    got[k].append((await c.step(x)).copy())
+        return ts
+
+    with run_server("--model", path, "--state-file", state) as server:
+        async def stop_midway():
+            task = asyncio.ensure_future(first(server.ws))
+            while sum(map(len, got)) < n * 10:
+                await asyncio.sleep(0.002)
+            stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
+            return await task, await stopping
+        closes, code = run(stop_midway())
+        assert code == 0, server.output()
+        assert f"saved {n} streams" in server.output()
+    assert all(c.code == 1012 for c in closes), closes
+    received = [len(g) for g in got]
+    assert all(0 < r < 40 for r in received), received
+    with run_server("--model", path, "--state-file", state) as server:
+        assert f"loaded {n} streams" in server.output()
+        ts = run(second(server.ws))
+    assert ts == received                      # every step the server ran reached its client
+    for g, want in zip(got, wants):
+        assert same(np.stack(g), want)
+
+    other = saved(tmp_path, LNLSTM(I, H, LAYERS, seed=11), "other.npz")
+    with pytest.raises(RuntimeError, match="holds the streams of another model"):
+        with run_server("--model", other, "--state-file", state):
+            pass
+
+
+def test_a_stream_moves_between_two_servers(tmp_path):
+    model = LNLSTM(I, H, seed=12)
+    path = saved(tmp_path, model)
+    xs = inputs(1, 20, seed=12)[0]
+    want = serve_model.reference_run(model, xs)
+    with run_server("--model", path) as a, run_server("--model", path) as b:
+        async def main():
+            c = await StreamClient.connect(a.ws, "mover", new=True)
+            ys = [await c.step(x) for x in xs[:8]]
+            c.send(xs[8])                          # in flight while it is exported
+            loop = asyncio.get_running_loop()
+            status, exported = await loop.run_in_executor(
+                None, http, a, "POST", "/streams/mover/export")
+            try:
+                ys.append(await c.recv())
+            except Closed as e:
+                gone = e
+            else:
+                gone = await close_of(c)
+            put = await loop.run_in_executor(None, http, b, "PUT", "/streams/mover/state",
+                                             exported)
+            lost = await refused(a.ws, "mover")
+            c = await StreamClient.connect(b.ws, "mover")
+            assert c.hello["t"] == len(ys) == exported["t"]
+            ys += [await c.step(x) for x in xs[len(ys):]]
+            await c.close()
+            return status, exported, gone, put, lost, ys
+        status, exported, gone, put, lost, ys = run(main())
+        assert status == 200 and gone.code == 4410 and lost.code == 4404
+        assert put == (201, {"stream": "mover", "t": exported["t"]})
+        assert same(np.stack(ys), want)
+
+        other = saved(tmp_path, LNLSTM(I, H, seed=13), "other.npz")
+        with run_server("--model", other) as c:
+            assert http(a, "POST", "/streams", {"stream": "x"})[0] == 201
+            status, exported = http(a, "POST", "/streams/x/export")
+            status, reply = http(c, "PUT", "/streams/x/state", exported)
+            assert status == 422 and "another model" in reply["error"]
+
+
+# ---------------------------------------------------------------- endings
+
+def test_close_codes_end_or_keep_a_stream_and_idle_ones_go(tmp_path):
+    path = saved(tmp_path, LNLSTM(I, H, seed=14))
+
+    async def main(url):
+        for sid, code in (("ended", 1000), ("kept", 1001), ("idle", 1001)):
+            c = await StreamClient.connect(url, sid, new=True)
+            await c.step(np.zeros(I, np.float32))
+            await c.close(code)
+        ended = await refused(url, "ended")
+        c = await StreamClient.connect(url, "kept")
+        await asyncio.sleep(2.0)                      # "idle" is left alone meanwhile
+        gone = await refused(url, "idle")
+        t = c.hello["t"]
+        await c.close()
+        return ended, t, gone
+
+    with run_server("--model", path, "--idle-timeout", 0.5) as server:
+        ended, t, gone = run(main(server.ws))
+    assert ended.code == 4404 and gone.code == 4404 and t == 1
+
+
+# ---------------------------------------------------------------- HTTP JSON
+
+def test_http_errors(served):
+    server, model = served
+    x = serve_model.stream_inputs(2, 0, 1, I)
+    assert http(server, "POST", "/streams", {"stream": "j"}) == (201, {"stream": "j"})
+
+    def check(reply, status, message):
+        assert reply[0] == status, reply
+        assert message in reply[1]["error"], reply
+
+    step = "/streams/j/step"
+    check(http(server, "POST", step, b'{"x": [1,'), 400, "not valid JSON")
+    check(http(server, "POST", step, b'{"x": [NaN]}'), 400, "NaN is not a JSON number")
+    check(http(server, "POST", step, [1, 2]), 422, 'a JSON object {"x"')
+    check(http(server, "POST", step, {"x": [0.0] * (I - 1)}), 422,
+          f"x must be a list of {I} numbers, got a list of {I - 1}")
+    for bad in ("1", True, None, [1.0]):
+        check(http(server, "POST", step, {"x": [0.0] * (I - 1) + [bad]}), 422,
+              f"x[{I - 1}] must be a number, got {json.dumps(bad)}")
+    check(http(server, "POST", step, {"x": [1e39] + [0.0] * (I - 1)}), 422,
+          "x must hold finite float32 numbers, x[0] is not")
+    check(http(server, "POST", step, b" " * (1 << 17)), 413, "at most 65536 bytes")
+    check(http(server, "POST", "/streams/nope/step", {"x": [0.0] * I}), 404,
+          "no stream 'nope' here")
+    check(http(server, "DELETE", "/streams/nope"), 404, "no stream 'nope' here")
+    check(http(server, "POST", "/streams", {"stream": "j"}), 409, "stream 'j' exists")
+    check(http(server, "POST", "/streams", {"stream": "a b"}), 422, "an id of 1 to 64")
+    check(http(server, "PUT", "/streams/k/state", {"t": 1}), 422, "export's JSON")
+    check(http(server, "PUT", "/streams/k/state", {"t": 0, "state": [[[[0.5]]]] * 2}), 422,
+          "each state array must have shape")
+    # none of the above ran a step: the stream starts at t = 0
+    status, reply = http(server, "POST", step, {"x": x[0].tolist()})
+    assert status == 200 and reply["t"] == 0
+    assert same(reply["y"], serve_model.reference_run(model, x)[0])
+    assert http(server, "DELETE", "/streams/j") == (200, {"stream": "j", "steps": 1})

@@ -1,193 +1,490 @@
-"""Serves one fastln.rnn model over HTTP (Starlette on uvicorn), keeping the
-recurrent state of each client stream, with dynamic batching.
+"""Serves one fastln.rnn model to many streams: binary WebSocket frames, one
+connection per stream, over a StreamTable and a StreamBatcher; JSON over HTTP
+for curl, health checks and moving streams between servers.
 
 Run (with fastln importable: installed, or PYTHONPATH=. in a checkout built in place)::
 
     python examples/serve/model.py model.npz              # a new LN-LSTM, I=128, H=256
-    python examples/serve/server.py --model model.npz [--port 8000] [--batching on|off]
-        [--max-batch 256] [--window-ms 2] [--max-streams 1024]
-    python examples/serve/server.py --onnx lstm.onnx     # an ONNX LSTM, GRU or RNN node
+    python examples/serve/server.py --model model.npz [--port 8000] [--ws-port 8001]
+        [--state-file streams.npz] [--capacity 1024] [--threads 1]
 
 --model takes a file of model.py's save_model, an .npz of a forward LNLSTM,
-LNGRU or LSTM's bare state_dict (np.savez(path, **model.state_dict())), or an
-.onnx file (served as --onnx would).
+LNGRU or LSTM's bare state_dict, or an .onnx file with one LSTM, GRU or RNN node.
 
-Endpoints (JSON)::
+WebSocket, on --ws-port: ``ws://HOST:WS_PORT/ws/STREAM_ID[?new=1][&dtype=bfloat16]``.
+STREAM_ID is 1 to 64 characters of letters, digits, '_', '.' and '-', chosen by
+the client (so that a proxy can route by it). ``new=1`` opens the stream with a
+zero state; without it the stream must exist (a reconnect, after a restart or
+a move). The server's first frame is a text frame of JSON::
 
-    POST   /streams               -> 201 {"stream": id}        a new stream, zero state
-    POST   /streams/{id}/step     {"x": [I numbers]} -> {"y": [H numbers], "t": step index}
-    DELETE /streams/{id}          -> {"stream": id, "steps": steps run}
-    GET    /health                -> the model, the settings and the batch statistics
+    {"stream": id, "t": steps run, "input_size": I, "hidden_size": H,
+     "x_dtype": "float32", "y_dtype": "float32"}
 
-y holds the float32 (or bfloat16, float64) values of the model's output as JSON
-numbers, which read back to the same values. Bad requests get a 4xx status and
-{"error": message}: 400 for a body that is not JSON, 422 for a JSON body that is
-not {"x": [I finite numbers]}, 404 for an unknown stream, 413 for a body over
---max-body bytes, 429 when --max-streams streams are open, 503 when
---max-queue steps are waiting.
+Then each binary frame of the client holds one step's x: I little-endian
+values of x_dtype (``dtype=``: float32, the default, or bfloat16). The server
+answers each with one binary frame of y: H values of the model's dtype
+(bfloat16 as its 16-bit patterns), in the order the frames came. A client may
+send several frames before their replies come, up to --max-queue-per-stream
+waiting. A close from the client with code 1000 ends the stream; any other end
+of the connection keeps it for a reconnect, until --idle-timeout.
 
-Dynamic batching (--batching on): each step request joins a queue. One batcher
-task takes the requests that arrive within --window-ms of the oldest waiting
-one (sooner once --max-batch requests wait, or as many as there are open
-streams), stacks their x into (B, I) and their streams' states along the batch
-axis, runs one ``model.step`` in a worker thread (the engine releases the GIL,
-so the event loop keeps taking requests), then hands each stream its row of
-the new state and each request its row of y. A batch holds at most one request
-per stream: a second request for a stream waits for the next batch, so each
-stream's steps run one after the other, in the order they arrived.
---batching off runs the same queue with batches of one request: one B=1 step
-at a time, through the same worker thread.
+The server closes a connection with a code and a message that says why:
+
+    1003  a text frame after the hello       1012  the server restarts: reconnect
+    1007  x of the wrong length, or not finite      without new=1 and resume at t
+    1008  a bad stream id or query           1013  the table is full, or too many
+    1009  a frame over --max-frame bytes           frames of the stream wait
+    4404  no such stream                     4409  the stream exists (new=1), or
+    4410  the stream was exported                  another connection holds it
+
+GET /health on the WebSocket port answers as the HTTP one does.
+
+HTTP, on --port (JSON bodies)::
+
+    GET    /health                 the model, the settings, counters, cpu_seconds
+    POST   /streams                {"stream": id} optional -> 201 {"stream": id}
+    POST   /streams/{id}/step      {"x": [I numbers]} -> {"y": [H numbers], "t": step index}
+    DELETE /streams/{id}           -> {"stream": id, "steps": t}
+    POST   /streams/{id}/export    -> {"stream", "t", "dtype", "state"}; the stream
+                                   leaves this server (its WebSocket closes with 4410)
+    PUT    /streams/{id}/state     export's JSON -> 201: the stream continues here
+
+Restarts lose nothing: on SIGTERM or SIGINT the server stops taking frames,
+lets every step it took finish and answers it, closes every WebSocket with
+1012, writes every stream's state and step count to --state-file (a new file,
+then renamed over the old one) and exits; on start it loads that file, so a
+client that reconnects continues bit for bit where it stopped.
+
+Every step runs through one StreamBatcher: the frames that one pass of the
+event loop reads are queued with ``submit`` and answered in the futures'
+callbacks, and each batch is one ``StreamTable.step`` in a worker thread.
+--echo answers each frame at once with zero bytes of y's size and runs no
+model: the transport's own cost, for comparison.
 """
 import argparse
 import asyncio
-import collections
 import contextlib
+import hashlib
 import json
 import math
 import os
-import secrets
+import re
+import signal
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
+from urllib.parse import parse_qs
 
 import numpy as np
+import uvicorn
+from picows import (
+    WSCloseCode,
+    WSListener,
+    WSMsgType,
+    WSUpgradeResponse,
+    WSUpgradeResponseWithListener,
+    ws_create_server,
+)
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import fastln
+from fastln.rnn import OverloadedError, StreamBatcher, StreamTable, UnknownStreamError
 
 if __package__:
     from .model import HelpFormatter, check_streamable, config_of, freeze, input_dtype, load_model
 else:   # run as a script: this directory is sys.path[0]
     from model import HelpFormatter, check_streamable, config_of, freeze, input_dtype, load_model
 
+STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
-class StreamClosed(Exception):
-    """The stream of a waiting step request was deleted before the step ran."""
+# WebSocket close codes (RFC 6455 section 7.4, and 4000-4999 for this application)
+UNSUPPORTED, INVALID, POLICY, TOO_BIG, RESTART, TRY_LATER = 1003, 1007, 1008, 1009, 1012, 1013
+NOT_FOUND, CONFLICT, GONE = 4404, 4409, 4410
+
+
+class Refused(Exception):
+    """A request the server refuses: a WebSocket close code (or HTTP status) and why."""
+
+    def __init__(self, code, status, message):
+        super().__init__(message)
+        self.code, self.status, self.message = code, status, message
 
 
 class Stream:
-    """One client stream: its state (a tuple of (num_layers, 1, H) arrays: (h,) or
-    (h, c)), the number of steps it has run, and its waiting step requests."""
+    """What the server keeps of one stream besides its state in the table:
+    the steps answered, the steps taken and not yet answered, the
+    connection that holds it, and when it was last used."""
 
-    __slots__ = ("id", "state", "t", "pending", "busy", "closed")
+    __slots__ = ("id", "t", "inflight", "conn", "seen", "leaving")
 
-    def __init__(self, stream_id, state):
-        self.id, self.state, self.t = stream_id, state, 0
-        self.pending = collections.deque()   # (x, future, arrival time), oldest first
-        self.busy = False                    # a step of it is running
-        self.closed = False
+    def __init__(self, stream_id, t=0):
+        self.id, self.t, self.inflight = stream_id, t, 0
+        self.conn = None        # the Connection attached, if any
+        self.seen = time.monotonic()
+        self.leaving = False    # being exported: it takes no more steps
 
 
-class Batcher:
-    """The step queue and the task that runs it (see the module's docstring).
+class Service:
+    """The streams, the table, the batcher, and what the two listeners share."""
 
-    Each stream keeps its own waiting requests; ``ready`` lists the streams
-    that have one and no step running, in the order they became so. A batch
-    takes the first request of up to max_batch ready streams, so it never
-    holds two steps of one stream, and each stream's steps run in order."""
+    def __init__(self, model, capacity=1024, max_batch=256, max_delay=0.0,
+                 max_queue_per_stream=64, echo=False):
+        check_streamable(model)
+        self.model, self.echo = model, echo
+        self.config = config_of(model)
+        self.table = StreamTable(model, capacity)
+        self.batcher = StreamBatcher(self.table, max_batch=max_batch, max_delay=max_delay,
+                                     max_queue_per_stream=max_queue_per_stream,
+                                     max_pending=capacity * max_queue_per_stream)
+        self.streams = {}
+        self.steps = 0
+        self.draining = False
+        self.idle = asyncio.Event()      # set whenever no step is in flight
+        self.idle.set()
+        self.inflight = 0
+        self.x_dtypes = {"float32": np.dtype(np.float32)}
+        y_dtype = np.dtype(model.dtype)
+        if y_dtype.name == "bfloat16":
+            self.x_dtypes["bfloat16"] = y_dtype
+        elif y_dtype.name == "float64":
+            self.x_dtypes = {"float64": y_dtype}
+        # y as bytes: bfloat16 goes out as its 16-bit patterns
+        self.y_view = np.uint16 if y_dtype.name == "bfloat16" else y_dtype
+        self.y_dtype_name = y_dtype.name
+        self.y_bytes = model.hidden_size * y_dtype.itemsize
+        probe = self.table.open()
+        self.state_dtypes = [a.dtype for a in self._parts(self.table.export_state(probe))]
+        self.table.close(probe)
+        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode())
+        for key in sorted(model.params):
+            digest.update(np.ascontiguousarray(model.params[key]).view(np.uint8).data)
+        self.fingerprint = digest.hexdigest()
 
-    def __init__(self, model, max_batch, window_s, max_queue, open_streams):
-        self.model, self.max_batch, self.window_s, self.max_queue = (
-            model, max_batch, window_s, max_queue)
-        self.open_streams = open_streams     # how many streams are open now
-        self.x_dtype = input_dtype(model)
-        self.ready = collections.deque()
-        self.queued = 0                      # waiting requests, all streams together
-        self.arrived = asyncio.Event()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="model-step")
-        self.stats = {"steps": 0, "batches": 0, "largest_batch": 0}
+    @staticmethod
+    def _parts(state):
+        return state if isinstance(state, tuple) else (state,)
 
-    def submit(self, stream, x):
-        """Queues one step of stream; the future gets (y row as floats, step index)."""
-        if stream.closed:   # deleted while its request's body was read
-            raise StreamClosed()
-        if self.queued >= self.max_queue:
-            raise HTTPException(503, f"the server is busy: {self.max_queue} steps are waiting")
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        stream.pending.append((x, future, loop.time()))
-        self.queued += 1
-        if len(stream.pending) == 1 and not stream.busy:
-            self.ready.append(stream)
-            self.arrived.set()
-        return future
+    # ---- streams ------------------------------------------------------------
 
-    def close(self, stream):
-        """Deletes stream: its waiting requests fail with StreamClosed."""
-        stream.closed = True
-        for _, future, _ in stream.pending:
-            if not future.done():
-                future.set_exception(StreamClosed())
-        self.queued -= len(stream.pending)
-        stream.pending.clear()
+    def add(self, stream_id=None, state=None, t=0):
+        """A new stream: a zero state, or the given one (a list of the table's
+        state arrays) after t steps; the table picks the id when None."""
+        if stream_id is not None and stream_id in self.streams:
+            raise Refused(CONFLICT, 409, f"stream {stream_id!r} exists")
+        if self.draining:
+            raise Refused(RESTART, 503, "the server restarts")
+        if len(self.table) >= self.table.capacity:
+            raise Refused(TRY_LATER, 429, f"the server holds {self.table.capacity} streams, "
+                                          f"its --capacity")
+        if state is None:
+            sid = self.table.open(stream_id)
+        else:
+            sid = self.table.import_state(state[0] if len(state) == 1 else tuple(state),
+                                          stream_id)
+        stream = self.streams[sid] = Stream(sid, t)
+        return stream
 
-    async def run(self):
-        loop = asyncio.get_running_loop()
-        while True:
-            while not self.ready:
-                self.arrived.clear()
-                await self.arrived.wait()
-            first = self.ready[0].pending
-            deadline = (first[0][2] if first else loop.time()) + self.window_s
-            while (len(self.ready) < min(self.max_batch, self.open_streams())
-                   and loop.time() < deadline):
-                self.arrived.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.arrived.wait(), deadline - loop.time())
-            batch = self.take()
-            if batch:
-                await self.run_batch(batch)
+    def get(self, stream_id):
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.leaving:
+            raise Refused(NOT_FOUND, 404, f"no stream {stream_id!r} here")
+        return stream
 
-    def take(self):
-        """(stream, x, future) of the first waiting request of up to max_batch ready streams."""
-        batch = []
-        while self.ready and len(batch) < self.max_batch:
-            stream = self.ready.popleft()
-            while stream.pending and stream.pending[0][1].done():   # its client went away
-                stream.pending.popleft()
-                self.queued -= 1
-            if stream.pending:   # a closed stream has none
-                x, future, _ = stream.pending.popleft()
-                self.queued -= 1
-                stream.busy = True
-                batch.append((stream, x, future))
-        return batch
-
-    def step_fn(self, x, state):
-        """One model step over a batch; the state as a tuple in and out."""
-        y, new = self.model.step(x, state if len(state) == 2 else state[0])
-        return y, new if isinstance(new, tuple) else (new,)
-
-    async def run_batch(self, batch):
-        streams = [stream for stream, _, _ in batch]
-        x = np.stack([x for _, x, _ in batch])
-        state = tuple(np.concatenate(parts, axis=1) for parts in zip(*(s.state for s in streams)))
-        loop = asyncio.get_running_loop()
-        error = None
+    def submit(self, stream, x, callback):
+        """Queues one step of stream; callback(future) runs once it is answered,
+        after finish() has counted it."""
+        if self.draining:
+            return None
         try:
-            y, new = await loop.run_in_executor(self.executor, self.step_fn, x, state)
-            rows = y.astype(np.float64).tolist()   # exact for float32, bfloat16 and float64
-        except Exception as e:   # not expected: the requests were checked
-            error = e
-        for b, (stream, _, future) in enumerate(batch):
-            if error is None:
-                stream.state = tuple(a[:, b:b + 1].copy() for a in new)
-                stream.t += 1
-            if not future.done():
-                if error is None:
-                    future.set_result((rows[b], stream.t - 1))
-                else:
-                    future.set_exception(error)
-            stream.busy = False
-            if stream.pending:
-                self.ready.append(stream)
-        if error is None:
-            self.stats["steps"] += len(batch)
-            self.stats["batches"] += 1
-            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch))
+            fut = self.batcher.submit(stream.id, x)
+        except OverloadedError as e:
+            raise Refused(TRY_LATER, 503, str(e)) from None
+        except UnknownStreamError:
+            raise Refused(NOT_FOUND, 404, f"no stream {stream.id!r} here") from None
+        stream.inflight += 1
+        self.inflight += 1
+        self.idle.clear()
+        fut.add_done_callback(callback)
+        return fut
 
+    def finish(self, stream, fut):
+        """Counts an answered step; returns its y (None when it failed or was
+        cancelled), and the step's index."""
+        stream.inflight -= 1
+        self.inflight -= 1
+        if not self.inflight:
+            self.idle.set()
+        stream.seen = time.monotonic()
+        if fut.cancelled() or fut.exception() is not None:
+            return None, stream.t
+        stream.t += 1
+        self.steps += 1
+        return fut.result(), stream.t - 1
+
+    def remove(self, stream):
+        self.streams.pop(stream.id, None)
+        if stream.id in self.table:
+            self.table.close(stream.id)
+
+    async def quiet(self, stream):
+        """Waits until none of stream's steps is in flight."""
+        while stream.inflight:
+            self.idle.clear()
+            await self.idle.wait()
+
+    async def export(self, stream_id):
+        """The stream's state and step count as JSON-ready values; the stream
+        leaves this server."""
+        stream = self.get(stream_id)
+        stream.leaving = True
+        if stream.conn is not None:
+            stream.conn.close(GONE, "the stream was exported to another server")
+        await self.quiet(stream)
+        state = self.table.export_state(stream.id)
+        self.remove(stream)
+        return {"stream": stream.id, "t": stream.t, "dtype": self.y_dtype_name,
+                "fingerprint": self.fingerprint,
+                "state": [a.astype(np.float64).tolist() for a in self._parts(state)]}
+
+    def import_(self, stream_id, payload):
+        """Adds the stream that export() gave as payload."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("state"), list) or (
+                type(payload.get("t")) is not int or payload["t"] < 0):
+            raise Refused(INVALID, 422, 'the body must be export\'s JSON: {"t": steps, '
+                                        '"state": [arrays], ...}')
+        if payload.get("fingerprint", self.fingerprint) != self.fingerprint:
+            raise Refused(INVALID, 422, "the state comes from another model (the "
+                                        "fingerprints differ)")
+        parts = payload["state"]
+        shape = (self.model.num_layers, 1, self.model.hidden_size)
+        if len(parts) != len(self.state_dtypes):
+            raise Refused(INVALID, 422, f"state must hold {len(self.state_dtypes)} arrays, "
+                                        f"got {len(parts)}")
+        try:
+            arrays = [np.array(p, np.float64) for p in parts]
+        except (TypeError, ValueError):
+            raise Refused(INVALID, 422, "state must hold arrays of numbers") from None
+        if any(a.shape != shape for a in arrays):
+            raise Refused(INVALID, 422, f"each state array must have shape {shape}, got "
+                                        f"{[a.shape for a in arrays]}")
+        state = [a.astype(d) for a, d in zip(arrays, self.state_dtypes)]
+        if any(not np.array_equal(s.astype(np.float64), a) for s, a in zip(state, arrays)):
+            raise Refused(INVALID, 422, f"the state's values are not exact {self.y_dtype_name} "
+                                        f"values")
+        return self.add(stream_id, state, payload["t"])
+
+    # ---- restarts -----------------------------------------------------------
+
+    async def drain(self):
+        """Stops taking steps, waits for those taken, and closes every connection."""
+        self.draining = True
+        await self.idle.wait()
+        for stream in self.streams.values():
+            if stream.conn is not None:
+                stream.conn.close(RESTART, "the server restarts: reconnect and resume")
+
+    def save(self, path):
+        """Writes every stream's state and step count to path (a new file,
+        renamed over the old one)."""
+        ids = list(self.streams)
+        arrays = {"fingerprint": np.array(self.fingerprint), "ids": np.array(json.dumps(ids)),
+                  "t": np.array([self.streams[s].t for s in ids], np.int64)}
+        states = [self._parts(self.table.export_state(s)) for s in ids]
+        for k, dtype in enumerate(self.state_dtypes):
+            shape = (self.model.num_layers, 0, self.model.hidden_size)
+            a = np.concatenate([st[k] for st in states], axis=1) if ids else np.empty(shape, dtype)
+            arrays[f"state{k}"] = a.view(np.uint16) if dtype.name == "bfloat16" else a
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return len(ids)
+
+    def load(self, path):
+        """Adds the streams that save() wrote to path; ValueError for a file of another model."""
+        with np.load(path, allow_pickle=False) as f:
+            if str(f["fingerprint"]) != self.fingerprint:
+                raise ValueError(f"{path} holds the streams of another model (the "
+                                 f"fingerprints differ)")
+            ids, ts = json.loads(str(f["ids"])), f["t"]
+            parts = [f[f"state{k}"] for k in range(len(self.state_dtypes))]
+        parts = [p.view(d) for p, d in zip(parts, self.state_dtypes)]
+        for i, (sid, t) in enumerate(zip(ids, ts.tolist())):
+            self.add(sid, [p[:, i:i + 1] for p in parts], t)
+        return len(ids)
+
+    def sweep(self, idle_timeout):
+        """Ends the streams that no connection has held for idle_timeout seconds."""
+        now = time.monotonic()
+        for stream in [s for s in self.streams.values()
+                       if s.conn is None and not s.inflight and now - s.seen > idle_timeout]:
+            self.remove(stream)
+
+    def health(self, ws_port, port):
+        return {"status": "draining" if self.draining else "ok", "model": self.config,
+                "echo": self.echo, "streams": len(self.streams),
+                "capacity": self.table.capacity, "port": port, "ws_port": ws_port,
+                "threads": fastln.get_num_threads(), "steps": self.steps,
+                "cpu_seconds": time.process_time(), "batcher": self.batcher.metrics()}
+
+
+# ---------------------------------------------------------------- WebSocket
+
+class Connection(WSListener):
+    """One WebSocket connection and the stream it holds (see the module's docstring)."""
+
+    def __init__(self, service, stream_id, new=False, x_dtype=np.float32, refusal=None):
+        super().__init__()
+        self.service, self.stream_id, self.new = service, stream_id, new
+        self.x_dtype = np.dtype(x_dtype)
+        self.x_bytes = service.model.input_size * self.x_dtype.itemsize
+        self.dot_checks = self.x_dtype.name in ("float32", "float64")
+        self.refusal = refusal     # a bad query, told once the connection is up
+        self.transport = self.stream = None
+        self.closed = False
+        self.hello_due = False
+        self.answer = self._answer
+        self.zeros = bytes(service.y_bytes)
+
+    def on_ws_connected(self, transport):
+        self.transport = transport
+        svc = self.service
+        try:
+            if self.refusal is not None:
+                raise self.refusal
+            stream = svc.add(self.stream_id) if self.new else svc.get(self.stream_id)
+            if stream.conn is not None:
+                raise Refused(CONFLICT, 409, f"another connection holds stream {stream.id!r}")
+        except Refused as e:
+            self.close(e.code, e.message)
+            return
+        stream.conn, self.stream = self, stream
+        if stream.inflight:        # steps of an earlier connection still run: t is not final
+            self.hello_due = True
+        else:
+            self.hello()
+
+    def hello(self):
+        svc = self.service
+        self.hello_due = False
+        self.transport.send(WSMsgType.TEXT, json.dumps({
+            "stream": self.stream.id, "t": self.stream.t,
+            "input_size": svc.model.input_size, "hidden_size": svc.model.hidden_size,
+            "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name}).encode())
+
+    def on_ws_frame(self, transport, frame):
+        kind = frame.msg_type
+        if kind != WSMsgType.BINARY or not frame.fin:
+            if kind == WSMsgType.CLOSE:
+                self.client_closed(frame.get_close_code())
+            elif kind == WSMsgType.TEXT:
+                self.close(UNSUPPORTED, "frames after the hello must be binary (x)")
+            elif kind in (WSMsgType.BINARY, WSMsgType.CONTINUATION):
+                self.close(UNSUPPORTED, "x must come in one frame, not fragments")
+            return
+        stream = self.stream
+        if stream is None or self.closed:
+            return
+        payload = frame.get_payload_as_bytes()
+        if len(payload) != self.x_bytes:
+            n, size = len(payload), self.service.model.input_size
+            other = {2 * size: "bfloat16", 4 * size: "float32"}.get(n)
+            hint = (f": the size of {other} x, which needs ?dtype={other}"
+                    if other in self.service.x_dtypes else "")
+            self.close(INVALID, f"x must be {self.x_bytes} bytes ({self.service.model.input_size} "
+                                f"{self.x_dtype.name} values), got {n}{hint}")
+            return
+        svc = self.service
+        if svc.echo:
+            svc.steps += 1
+            transport.send(WSMsgType.BINARY, self.zeros)
+            return
+        x = np.frombuffer(payload, self.x_dtype)
+        # x.x is finite when every value is (and they are not huge): a check
+        # that costs a quarter of isfinite's; the exact one decides otherwise
+        if not (self.dot_checks and math.isfinite(x.dot(x))) and not np.isfinite(x).all():
+            self.close(INVALID, f"x[{int(np.argmin(np.isfinite(x)))}] is not finite")
+            return
+        try:
+            svc.submit(stream, x, self.answer)
+        except Refused as e:
+            self.close(e.code, e.message)
+
+    def _answer(self, fut):
+        svc, stream = self.service, self.stream
+        y, _ = svc.finish(stream, fut)
+        if not self.closed:
+            if y is not None:
+                self.transport.send(WSMsgType.BINARY, y.view(svc.y_view))
+            elif not fut.cancelled():
+                self.close(1011, f"the step failed: {fut.exception()}")
+        if not stream.inflight:
+            if stream.conn is not None and stream.conn.hello_due:
+                stream.conn.hello()
+            elif stream.conn is None and stream.leaving and stream.id in svc.streams:
+                svc.remove(stream)         # ended by its client while steps ran
+
+    def client_closed(self, code):
+        """The client's close: code 1000 ends the stream (once its steps are answered)."""
+        stream = self.stream
+        if code == WSCloseCode.OK and stream is not None and stream.conn is self:
+            stream.leaving = True
+            if not stream.inflight:
+                self.service.remove(stream)
+        self.closed = True
+        self.transport.send_close(WSCloseCode.OK)
+        self.transport.disconnect()
+
+    def close(self, code, message):
+        if self.closed:
+            return
+        self.closed = True
+        # a close frame holds at most 123 bytes of reason
+        reason = message.encode()[:123].decode("utf-8", "ignore").encode()
+        self.transport.send_close(code, reason)
+        self.transport.disconnect()
+
+    def on_ws_disconnected(self, transport):
+        self.closed = True
+        stream = self.stream
+        if stream is not None and stream.conn is self:
+            stream.conn = None
+            stream.seen = time.monotonic()
+
+
+def ws_factory(service, ports):
+    """picows's listener factory: routes /ws/ID to a Connection and answers GET /health."""
+    def factory(request):
+        path, _, query = request.path.decode("latin-1").partition("?")
+        if path == "/health":
+            body = json.dumps(service.health(*ports)).encode()
+            return WSUpgradeResponseWithListener(WSUpgradeResponse.create_ok_response(
+                body, {"Content-Type": "application/json"}), None)
+        if not path.startswith("/ws/"):
+            return None            # 404
+        stream_id, q = path[4:], parse_qs(query)
+        refusal = None
+        if not STREAM_ID.fullmatch(stream_id):
+            got = f"{len(stream_id)} characters" if len(stream_id) > 20 else repr(stream_id)
+            refusal = Refused(POLICY, 400, f"a stream id is 1 to 64 letters, digits, '_', '.' "
+                                           f"or '-', got {got}")
+        dtype = q.get("dtype", [next(iter(service.x_dtypes))])[-1]
+        if dtype not in service.x_dtypes:
+            refusal = Refused(POLICY, 400, f"dtype must be one of {', '.join(service.x_dtypes)}, "
+                                           f"got {dtype[:20]!r}")
+        new = q.get("new", ["0"])[-1]
+        if new not in ("0", "1"):
+            refusal = Refused(POLICY, 400, f"new must be 0 or 1, got {new[:20]!r}")
+        return Connection(service, stream_id, new == "1",
+                          service.x_dtypes.get(dtype, np.float32), refusal)
+    return factory
+
+
+# ---------------------------------------------------------------- HTTP
 
 async def read_json(request, limit):
     """The request's body parsed as JSON: 413 past limit bytes, 400 if it is not JSON."""
@@ -205,7 +502,7 @@ async def read_json(request, limit):
         raise ValueError(f"{name} is not a JSON number")
 
     try:
-        return json.loads(body, parse_constant=no_constants)
+        return json.loads(body, parse_constant=no_constants) if body else None
     except ValueError as e:   # json.JSONDecodeError and UnicodeDecodeError included
         raise HTTPException(400, f"the body is not valid JSON: {e}") from None
 
@@ -233,96 +530,99 @@ def parse_x(payload, size, dtype):
     return a
 
 
-def create_app(model, batching=True, max_batch=256, window_ms=2.0, max_streams=1024,
-               max_body=1 << 16, max_queue=4096):
-    """The Starlette app serving ``model`` (a forward fastln.rnn model; see the module)."""
-    check_streamable(model)
-    for name, value, low in (("max_batch", max_batch, 1), ("max_streams", max_streams, 1),
-                             ("max_body", max_body, 1), ("max_queue", max_queue, 1),
-                             ("window_ms", window_ms, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-        if not value >= low or not math.isfinite(value):
-            raise ValueError(f"{name} must be at least {low}, got {value}")
-    config = config_of(model)
-    # one step on a zero state: the state's dtypes and shapes, and the engine warmed up
-    _, zero = model.step(np.zeros((1, model.input_size), input_dtype(model)))
-    zero = tuple(np.zeros_like(a) for a in (zero if isinstance(zero, tuple) else (zero,)))
-    streams = {}
-    batcher = None
+def create_app(service, ports, max_body=1 << 16):
+    """The Starlette app of the JSON endpoints (see the module's docstring)."""
+    x_dtype = input_dtype(service.model)
 
-    def stream_of(request):
-        stream = streams.get(request.path_params["stream_id"])
-        if stream is None:
-            raise HTTPException(404, f"unknown stream {request.path_params['stream_id']!r}")
-        return stream
-
-    async def create(request):
-        if len(streams) >= max_streams:
-            raise HTTPException(429, f"too many streams: {max_streams} are open; "
-                                     f"DELETE finished ones")
-        stream_id = secrets.token_hex(8)
-        streams[stream_id] = Stream(stream_id, zero)
-        return JSONResponse({"stream": stream_id}, status_code=201)
-
-    async def step(request):
-        stream = stream_of(request)
-        x = parse_x(await read_json(request, max_body), model.input_size, batcher.x_dtype)
-        try:
-            y, t = await batcher.submit(stream, x)
-        except StreamClosed:
-            raise HTTPException(404, f"stream {stream.id!r} was deleted") from None
-        return JSONResponse({"y": y, "t": t})
-
-    async def delete(request):
-        stream = stream_of(request)
-        del streams[stream.id]
-        batcher.close(stream)
-        return JSONResponse({"stream": stream.id, "steps": stream.t})
+    def refused(e):
+        return JSONResponse({"error": e.message}, status_code=e.status)
 
     async def health(request):
-        return JSONResponse({
-            "status": "ok", "model": config, "batching": batching,
-            "max_batch": batcher.max_batch, "window_ms": window_ms if batching else 0.0,
-            "streams": len(streams), "max_streams": max_streams, "max_body": max_body,
-            "queued": batcher.queued, "threads": fastln.get_num_threads(),
-            **batcher.stats})
+        return JSONResponse(service.health(*ports))
+
+    async def create(request):
+        payload = await read_json(request, max_body)
+        stream_id = None
+        if payload is not None:
+            stream_id = payload.get("stream") if isinstance(payload, dict) else None
+            if not isinstance(stream_id, str) or not STREAM_ID.fullmatch(stream_id):
+                raise HTTPException(422, 'the body must be {"stream": id}, an id of 1 to 64 '
+                                         "letters, digits, '_', '.' or '-', or empty")
+        try:
+            stream = service.add(stream_id)
+        except Refused as e:
+            return refused(e)
+        return JSONResponse({"stream": stream.id}, status_code=201)
+
+    async def step(request):
+        x = parse_x(await read_json(request, max_body), service.model.input_size, x_dtype)
+        try:
+            stream = service.get(request.path_params["stream_id"])
+            if service.echo:
+                raise Refused(UNSUPPORTED, 409, "an --echo server runs no model")
+            answered = []
+            fut = service.submit(stream, x, lambda f: answered.append(service.finish(stream, f)))
+            if fut is None:
+                raise Refused(RESTART, 503, "the server restarts")
+        except Refused as e:
+            return refused(e)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(fut)
+        y, t = answered[0]
+        if y is None:
+            return JSONResponse({"error": f"the step failed: {fut.exception()}"}, 500)
+        return JSONResponse({"y": y.astype(np.float64).tolist(), "t": t})
+
+    async def delete(request):
+        try:
+            stream = service.get(request.path_params["stream_id"])
+        except Refused as e:
+            return refused(e)
+        stream.leaving = True
+        if stream.conn is not None:
+            stream.conn.close(GONE, "the stream was deleted")
+        await service.quiet(stream)
+        service.remove(stream)
+        return JSONResponse({"stream": stream.id, "steps": stream.t})
+
+    async def export(request):
+        try:
+            return JSONResponse(await service.export(request.path_params["stream_id"]))
+        except Refused as e:
+            return refused(e)
+
+    async def put_state(request):
+        payload = await read_json(request, max(max_body, 64 * service.y_bytes
+                                               * service.model.num_layers + 4096))
+        try:
+            stream = service.import_(request.path_params["stream_id"], payload)
+        except Refused as e:
+            return refused(e)
+        return JSONResponse({"stream": stream.id, "t": stream.t}, status_code=201)
 
     async def error(request, exc):
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code,
                             headers=exc.headers)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        nonlocal batcher
-        batcher = Batcher(model, max_batch if batching else 1,
-                          window_ms / 1000 if batching else 0.0, max_queue,
-                          lambda: len(streams))
-        task = asyncio.create_task(batcher.run())
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            batcher.executor.shutdown()
-
-    routes = [Route("/streams", create, methods=["POST"]),
+    routes = [Route("/health", health, methods=["GET"]),
+              Route("/streams", create, methods=["POST"]),
               Route("/streams/{stream_id}/step", step, methods=["POST"]),
               Route("/streams/{stream_id}", delete, methods=["DELETE"]),
-              Route("/health", health, methods=["GET"])]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: error})
+              Route("/streams/{stream_id}/export", export, methods=["POST"]),
+              Route("/streams/{stream_id}/state", put_state, methods=["PUT"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: error})
 
+
+# ---------------------------------------------------------------- the process
 
 def port_number(text):
-    """A TCP port, 1 to 65535, or argparse's error."""
+    """A TCP port, 0 (any free one) to 65535, or argparse's error."""
     try:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {port}")
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {port}")
     return port
 
 
@@ -335,17 +635,27 @@ def make_parser():
                         "save_model or of a model's state_dict, or an .onnx file")
     source.add_argument("--onnx", help="an .onnx file with one LSTM, GRU or RNN node")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
-    p.add_argument("--port", type=port_number, default=8000, help="the TCP port to listen on")
-    p.add_argument("--batching", choices=["on", "off"], default="on",
-                   help="dynamic batching of the streams' steps")
-    p.add_argument("--max-batch", type=int, default=256, help="requests per batch at most")
-    p.add_argument("--window-ms", type=float, default=2.0,
-                   help="how long the oldest waiting request waits for others")
-    p.add_argument("--max-streams", type=int, default=1024, help="open streams at most")
-    p.add_argument("--max-body", type=int, default=1 << 16, help="request body bytes at most")
-    p.add_argument("--max-queue", type=int, default=4096, help="waiting steps at most")
-    p.add_argument("--threads", type=int,
-                   help="fastln's threads; None keeps fastln's own (all cores)")
+    p.add_argument("--port", type=port_number, default=8000,
+                   help="the HTTP (JSON) port; 0 picks a free one")
+    p.add_argument("--ws-port", type=port_number, default=8001,
+                   help="the WebSocket port; 0 picks a free one")
+    p.add_argument("--capacity", type=int, default=1024, help="streams held at most")
+    p.add_argument("--max-batch", type=int, default=256, help="steps per batch at most")
+    p.add_argument("--max-delay-ms", type=float, default=0.0,
+                   help="how long the oldest waiting step waits for others to join its batch")
+    p.add_argument("--max-queue-per-stream", type=int, default=64,
+                   help="frames of one stream waiting at most")
+    p.add_argument("--max-frame", type=int, default=1 << 16,
+                   help="bytes of one WebSocket frame at most")
+    p.add_argument("--max-body", type=int, default=1 << 16, help="HTTP request body bytes at most")
+    p.add_argument("--idle-timeout", type=float, default=600.0,
+                   help="seconds a stream with no connection is kept")
+    p.add_argument("--state-file",
+                   help="where SIGTERM writes the streams, and where a start reads them")
+    p.add_argument("--threads", type=int, default=1,
+                   help="fastln's threads (the event loop and the batch thread need a core too)")
+    p.add_argument("--echo", action="store_true",
+                   help="answer each frame with zero bytes at once, running no model")
     return p
 
 
@@ -368,29 +678,79 @@ def open_model(p, args):
         p.error(f"{flag} {e}")
 
 
+class HTTPServer(uvicorn.Server):
+    """uvicorn's server, leaving SIGTERM and SIGINT to the service."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+async def serve(args, service):
+    loop = asyncio.get_running_loop()
+    ports = [args.ws_port, args.port]
+    ws = await ws_create_server(ws_factory(service, ports), args.host, args.ws_port,
+                                max_frame_size=args.max_frame)
+    ports[0] = ws.sockets[0].getsockname()[1]
+    http = HTTPServer(uvicorn.Config(create_app(service, ports, args.max_body), host=args.host,
+                                     port=args.port, log_level="warning", lifespan="off"))
+    http_task = loop.create_task(http.serve())
+    while not http.started:
+        if http_task.done():
+            http_task.result()
+            raise SystemExit(f"the HTTP server on port {args.port} did not start")
+        await asyncio.sleep(0.01)
+    ports[1] = http.servers[0].sockets[0].getsockname()[1]
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"serving {json.dumps(service.config)}{' (echo)' if service.echo else ''} on "
+          f"http://{args.host}:{ports[1]} and ws://{args.host}:{ports[0]}/ws/", flush=True)
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), min(args.idle_timeout / 4, 5.0))
+        service.sweep(args.idle_timeout)
+    await service.drain()
+    ws.close()
+    if args.state_file:
+        n = service.save(args.state_file)
+        print(f"saved {n} streams to {args.state_file}", flush=True)
+    http.should_exit = True
+    await http_task
+    await service.batcher.aclose()
+
+
 def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-
-    import uvicorn
-
-    if args.threads is not None and args.threads < 1:
-        p.error(f"--threads must be at least 1, got {args.threads}")
-    if args.threads is not None:
-        fastln.set_num_threads(args.threads)
+    for name in ("capacity", "max_batch", "max_queue_per_stream", "max_frame", "max_body",
+                 "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not (args.max_delay_ms >= 0 and math.isfinite(args.max_delay_ms)):
+        p.error(f"--max-delay-ms must be finite and at least 0, got {args.max_delay_ms}")
+    if not args.idle_timeout > 0:
+        p.error(f"--idle-timeout must be above 0, got {args.idle_timeout}")
+    fastln.set_num_threads(args.threads)
     model = open_model(p, args)
-    try:
-        app = create_app(model, args.batching == "on", args.max_batch, args.window_ms,
-                         args.max_streams, args.max_body, args.max_queue)
-    except (TypeError, ValueError) as e:   # create_app names its arguments: give the options
-        message = str(e)
-        for name in ("max_batch", "window_ms", "max_streams", "max_body", "max_queue"):
-            message = message.replace(name, "--" + name.replace("_", "-"))
-        p.error(message)
-    print(f"serving {json.dumps(config_of(model))} on http://{args.host}:{args.port} "
-          f"(batching {args.batching})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    service = Service(model, args.capacity, args.max_batch, args.max_delay_ms / 1000,
+                      args.max_queue_per_stream, args.echo)
+    if args.state_file and os.path.exists(args.state_file):
+        try:
+            n = service.load(args.state_file)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--state-file {args.state_file}: {e}")
+        print(f"loaded {n} streams from {args.state_file}", flush=True)
+    run(serve(args, service))
 
+
+def run(main):
+    """Runs the coroutine main on uvloop's event loop, or asyncio's without uvloop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 if __name__ == "__main__":
     sys.exit(main())
