@@ -1,7 +1,8 @@
 """The command lines of the served-model example, the benchmarks, ``python -m
 fastln`` and the C example's Makefile, as a new user meets them:
 
-1. loadtest.py --quick writes no tracked file (a full run still writes them).
+1. loadtest.py --quick runs every mode and writes no tracked file (a full run
+   still writes them).
 2. server.py --model takes an .npz of a bare state_dict (the class and sizes
    inferred from the parameters, a clear error where they cannot be) and an
    .onnx file; a missing file, a file of another kind, a port out of range
@@ -63,9 +64,9 @@ def exits(code, fn, *args):
 
 # ---------------------------------------------------------------- 1. loadtest --quick
 
-FAKE_ROW = {"dtype": "float32", "batching": "on", "streams": 1, "steps": 20, "steps_per_s": 1.0,
-            "p50_ms": 1.0, "p99_ms": 2.0, "mean_batch": 1.0, "errors": 0, "mismatches": 0,
-            "cut": False}
+FAKE_ROW = {"run": "closed", "dtype": "float32", "hz": None, "streams": 1, "steps": 20,
+            "steps_per_s": 1.0, "p50_ms": 1.0, "p99_ms": 2.0, "cpu_us": 20.0, "mean_batch": 1.0,
+            "errors": 0, "mismatches": 0, "lost": 0, "lat_ms": np.array([1.0, 2.0])}
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def fake_loadtest(monkeypatch, tmp_path):
     lt = serve("loadtest")
     threads = fastln.get_num_threads()   # main sets --threads for the whole process
     monkeypatch.setattr(lt, "run_all", lambda args, workdir: ([dict(FAKE_ROW)],
-                                                               {"float32": (1.0, 2.0)}))
+                                                               {"float32": 256}))
     monkeypatch.setattr(lt, "RESULTS", str(tmp_path / "RESULTS.md"))
     monkeypatch.setattr(lt, "FIGURE", str(tmp_path / "figures" / "serve_latency.png"))
     yield lt
@@ -91,9 +92,25 @@ def test_quick_loadtest_writes_nothing(fake_loadtest, tmp_path, capsys):
 def test_full_loadtest_writes_its_results(fake_loadtest, tmp_path, monkeypatch):
     drawn = []
     monkeypatch.setattr(fake_loadtest, "plot", lambda rows, path: drawn.append(path))
-    assert fake_loadtest.main(["--sessions", "1", "--steps", "3"]) == 0
-    assert "| float32 | on | 1 | 20 |" in (tmp_path / "RESULTS.md").read_text()
+    assert fake_loadtest.main(["--streams", "1", "--steps", "3"]) == 0
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| closed | float32 | 1 | - | 20 |" in text
+    assert "largest stream count at 50 Hz with p99 < 20 ms: 256 (float32)" in text
     assert drawn == [fake_loadtest.FIGURE]
+
+
+def test_quick_loadtest_runs_every_mode(capsys):
+    """The real --quick run: every mode against real servers, every reply checked."""
+    lt = serve("loadtest")
+    import fastln
+    threads = fastln.get_num_threads()
+    try:
+        assert lt.main(["--quick", "--dtypes", "float32"]) == 0
+    finally:
+        fastln.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for run in ("echo", "closed", "open", "sweep", "restart"):
+        assert f"| {run} | float32 |" in out, out
 
 
 # ---------------------------------------------------------------- 2. server.py --model

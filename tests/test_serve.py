@@ -29,7 +29,6 @@ import json
 import os
 import sys
 import time
-import urllib.error
 import urllib.request
 
 import numpy as np
@@ -48,7 +47,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.append(ROOT)
 from examples.serve import model as serve_model  # noqa: E402
-from examples.serve.client import Closed, StreamClient, run_server  # noqa: E402
+from examples.serve.client import (  # noqa: E402
+    Closed,
+    StreamClient,
+    move_stream,
+    request,
+    run_server,
+)
 
 I, H, LAYERS = 12, 24, 2
 STREAMS, STEPS = 16, 20
@@ -73,14 +78,7 @@ def inputs(n, steps=STEPS, seed=0):
 
 def http(server, method, path, body=None):
     """(status, JSON reply) of one HTTP request to the server."""
-    data = None if body is None else (body if isinstance(body, bytes) else
-                                      json.dumps(body).encode())
-    req = urllib.request.Request(server.http + path, data=data, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=20) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return request(method, server.http + path, body)
 
 
 def run(coro, timeout=60):
@@ -458,35 +456,43 @@ def test_a_stream_moves_between_two_servers(tmp_path):
         async def main():
             c = await StreamClient.connect(a.ws, "mover", new=True)
             ys = [await c.step(x) for x in xs[:8]]
-            c.send(xs[8])                          # in flight while it is exported
-            loop = asyncio.get_running_loop()
-            status, exported = await loop.run_in_executor(
-                None, http, a, "POST", "/streams/mover/export")
+            c.send(xs[8])                          # in flight while it moves
+            t = await asyncio.get_running_loop().run_in_executor(
+                None, move_stream, "mover", a.http, b.http)
             try:
                 ys.append(await c.recv())
             except Closed as e:
                 gone = e
             else:
                 gone = await close_of(c)
-            put = await loop.run_in_executor(None, http, b, "PUT", "/streams/mover/state",
-                                             exported)
             lost = await refused(a.ws, "mover")
             c = await StreamClient.connect(b.ws, "mover")
-            assert c.hello["t"] == len(ys) == exported["t"]
+            assert c.hello["t"] == len(ys) == t
             ys += [await c.step(x) for x in xs[len(ys):]]
             await c.close()
-            return status, exported, gone, put, lost, ys
-        status, exported, gone, put, lost, ys = run(main())
-        assert status == 200 and gone.code == 4410 and lost.code == 4404
-        assert put == (201, {"stream": "mover", "t": exported["t"]})
+            return gone, lost, ys
+        gone, lost, ys = run(main())
+        assert gone.code == 4410 and lost.code == 4404
         assert same(np.stack(ys), want)
+        assert http(a, "GET", "/streams") == (200, {"streams": {}})
 
         other = saved(tmp_path, LNLSTM(I, H, seed=13), "other.npz")
         with run_server("--model", other) as c:
             assert http(a, "POST", "/streams", {"stream": "x"})[0] == 201
-            status, exported = http(a, "POST", "/streams/x/export")
-            status, reply = http(c, "PUT", "/streams/x/state", exported)
-            assert status == 422 and "another model" in reply["error"]
+            with pytest.raises(RuntimeError, match="another model.*returned to"):
+                move_stream("x", a.http, c.http)
+            assert http(a, "GET", "/streams") == (200, {"streams": {"x": 0}})
+            assert http(c, "GET", "/streams") == (200, {"streams": {}})
+
+
+def test_owner_names_the_server(tmp_path):
+    with run_server("--model", saved(tmp_path, LNLSTM(I, H, seed=1)),
+                    "--advertise", "10.1.2.3") as server:
+        port = server.ws.rsplit(":", 1)[1]
+        with urllib.request.urlopen(server.ws.replace("ws:", "http:") + "/owner/abc") as r:
+            owner = json.loads(r.read())
+    assert owner == {"http": f"http://10.1.2.3:{server.http.rsplit(':', 1)[1]}",
+                     "ws": f"ws://10.1.2.3:{port}"}
 
 
 # ---------------------------------------------------------------- endings

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import deque
 
@@ -154,6 +155,41 @@ class StreamClient:
                 f.exception()      # marked as seen: recv() raises it, if it is ever called
         if not self._ready.done():
             self._ready.set_exception(self.closed)
+
+
+def request(method, url, body=None, timeout=30.0):
+    """(status, JSON reply) of one HTTP request; body is JSON-ready values,
+    or bytes sent as they are."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        text = e.read()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:        # not JSON: a proxy's page, or a server's crash
+            return e.code, {"error": text.decode("utf-8", "replace")}
+
+
+def move_stream(stream_id, source, target):
+    """Moves a stream from the server at HTTP address source to the one at
+    target (``http://host:port`` each): export, then put. Its client's
+    WebSocket on source closes with 4410; it reconnects to target and
+    resumes. If target refuses it, the stream goes back to source and
+    RuntimeError says why. Returns the stream's step count."""
+    status, exported = request("POST", f"{source}/streams/{stream_id}/export")
+    if status != 200:
+        raise RuntimeError(f"{source} did not export {stream_id!r}: {status} {exported}")
+    status, reply = request("PUT", f"{target}/streams/{stream_id}/state", exported)
+    if status != 201:
+        back, _ = request("PUT", f"{source}/streams/{stream_id}/state", exported)
+        raise RuntimeError(f"{target} refused {stream_id!r}: {status} {reply}; "
+                           f"{'returned to' if back == 201 else 'and could not return it to'} "
+                           f"{source}")
+    return reply["t"]
 
 
 class Server:

@@ -1,359 +1,644 @@
-"""Load test of the served-model example: the real server (server.py, in a
-subprocess on 127.0.0.1) driven by S concurrent client streams of N steps each,
-with batching off and on, for a float32 and a bfloat16 LN-LSTM (I=128, H=256,
-default initialization, seed 0).
+"""Load test of the served-model example: server.py in a subprocess on 127.0.0.1,
+driven over its WebSocket protocol (a connection per stream, binary frames) by
+this process, for a float32 and a bfloat16 LN-LSTM (I=128, H=256, default
+initialization, seed 0).
 
-    python examples/serve/loadtest.py                   # 1, 8, 64, 256 streams x 200 steps
-    python examples/serve/loadtest.py --quick           # 1 and 8 streams x 20 steps
-    python examples/serve/loadtest.py --sessions 1 64 --steps 50 --dtypes float32 --batching on
+    python examples/serve/loadtest.py                   # every run below
+    python examples/serve/loadtest.py --quick           # a few streams, every run once
+    python examples/serve/loadtest.py --dtypes float32 --streams 64 --no-write
 
-Every stream sends standard normal inputs from its own seeded generator, and
-every reply is compared bit for bit with the same stream run alone in this
-process (B=1 steps over the same inputs): a "mismatch" is a reply whose y or
-step index differs. Each configuration stops at --time-limit seconds and each
-request at --request-timeout seconds; the server is always shut down. The
-client is one asyncio process (httpx, a connection per stream), on the same
-machine as the server, so the two share its cores; the server's fastln runs
---threads threads (default 1: on a machine with few cores, a second OpenMP
-thread competes with the client and the event loop, and a step that waits at a
-barrier for a thread the OS has paused takes milliseconds instead of
-microseconds).
+The runs, per dtype:
 
-Prints a markdown table and writes it to examples/serve/RESULTS.md, and the
-latency plot to examples/figures/serve_latency.png (--no-write: neither). A
---quick run only prints: its 20-step numbers are a smoke test, and the files
-keep the full run's.
+- echo: --streams closed-loop streams (below) against ``server.py --echo``
+  (the same frames, no model): the transport's own ceiling.
+- closed: --streams streams of --steps steps; each sends its next frame as soon
+  as a reply comes (--inflight frames outstanding per stream).
+- open: --streams streams sending at --hz on a fixed schedule, each with a
+  random phase, whether or not the last reply came; latency counts from the
+  scheduled send time, so a slow reply hides no later delay.
+- sweep: open loop at --sweep-hz over --sweep-streams, stopping after the
+  first count whose p99 reaches --p99-ms.
+- restart: --restart-streams closed-loop streams; partway, the server gets
+  SIGTERM and exits, a new one starts on the same --state-file, and the clients
+  reconnect without new=1 and continue from the hello's t.
+
+Every reply is compared bit for bit with the same stream run alone in this
+process (model.py's reference_run: B=1 steps over stream_inputs), echo's with
+zero bytes. A "mismatch" is a reply that differs; an "error" an unexpected
+close, a failed connection or a stream unfinished at the time limit; "lost" a
+stream that could not resume after the restart, or whose hello's t differs
+from the replies it got. The exit code is 1 if any run has one.
+
+The client is one asyncio process (uvloop when importable, picows listeners)
+on the machine of the server: the two share its cores. Prints a markdown table
+and writes it to examples/serve/RESULTS.md, and the latency plot to
+examples/figures/serve_latency.png (--no-write: neither). A --quick run only
+prints: its numbers are a smoke test, and the files keep the full run's.
 """
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import platform
-import socket
-import subprocess
+import resource
+import signal
 import sys
 import tempfile
 import time
 
-import httpx
 import numpy as np
+import picows
+from picows import WSError, WSListener, WSMsgType, ws_connect
 
 import fastln
 from fastln.rnn import LNLSTM
 
+try:
+    import uvloop
+except ImportError:   # plain asyncio
+    uvloop = None
+
 if __package__:
+    from .client import run_server
     from .model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
 else:   # run as a script: this directory is sys.path[0]
+    from client import run_server
     from model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
 
-try:
-    import sniffio  # noqa: F401
-except ImportError:
-    # httpcore imports sniffio on every request and runs on asyncio without it;
-    # Python does not cache a failed import, so each request would search
-    # sys.path again. None in sys.modules makes that import fail at once.
-    sys.modules["sniffio"] = None
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-SERVER = os.path.join(HERE, "server.py")
 RESULTS = os.path.join(HERE, "RESULTS.md")
 FIGURE = os.path.join(os.path.dirname(HERE), "figures", "serve_latency.png")
-
-
-# ---------------------------------------------------------------- the server
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def package_parent():
-    """The directory holding the fastln this process imported (source tree or site-packages)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(fastln.__file__)))
-
-
-@contextlib.contextmanager
-def start_server(*args, timeout=60.0):
-    """Runs ``server.py *args`` on a free port of 127.0.0.1 until the block ends;
-    yields its base URL once /health answers. The server's output goes to a
-    temporary file whose end a startup failure reports."""
-    port = free_port()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent(), env.get("PYTHONPATH"))
-                                        if p)
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, SERVER, *map(str, args), "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + timeout
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    why = "exited" if proc.poll() is not None else f"is not up after {timeout} s"
-                    raise RuntimeError(f"the server {why}; its output:\n{log.read()[-3000:]}")
-                try:
-                    if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+BINARY, TEXT, CLOSE = WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CLOSE
+RESTART_CODE = 1012
+CONNECT_BATCH = 64   # connections opened concurrently
 
 
 # ---------------------------------------------------------------- the clients
 
-def same_bits(y, want):
-    """y (a list of floats from JSON) holds exactly the values of want (any float dtype)."""
-    got = np.asarray(y, np.float64)
-    want = np.asarray(want).astype(np.float64)
-    return got.shape == want.shape and bool(np.all(got.view(np.uint64) == want.view(np.uint64)))
+class References:
+    """Per stream index: its x frames and the y of its run alone, as one bytes
+    object each (step t at [t * size, (t + 1) * size)), computed when first asked for."""
+
+    def __init__(self, model, seed):
+        self.model, self.seed, self.cache = model, seed, {}
+        self.x_bytes = 4 * model.input_size   # float32 x frames
+        self.y_bytes = model.hidden_size * reference_run(
+            model, np.zeros((1, model.input_size), np.float32)).dtype.itemsize
+
+    def get(self, index, steps):
+        have = self.cache.get(index)
+        if have is None or have[0] < steps:
+            xs = stream_inputs(self.seed, index, steps, self.model.input_size)
+            have = (steps, xs.tobytes(), reference_run(self.model, xs).tobytes())
+            self.cache[index] = have
+        return have[1], have[2]
 
 
-async def run_stream(client, xs, want, deadline, out):
-    """One client stream: creates it, steps it over xs (checking each reply
-    against want, the single-stream run) until done or past deadline, deletes it.
-    Adds to out's counters and latencies; stops at its first failed request."""
-    r = await client.post("/streams")
-    if r.status_code != 201:
-        out["errors"] += 1
-        out["messages"].append(f"POST /streams: {r.status_code} {r.text[:200]}")
-        return
-    stream = r.json()["stream"]
-    try:
-        for t, (x, w) in enumerate(zip(xs.tolist(), want)):
-            if time.monotonic() > deadline:
-                out["cut"] = True
-                break
-            start = time.perf_counter()
-            try:
-                r = await client.post(f"/streams/{stream}/step", json={"x": x})
-            except httpx.HTTPError as e:
-                out["errors"] += 1
-                out["messages"].append(f"step {t}: {type(e).__name__} {e}")
-                break
-            out["latency"].append(time.perf_counter() - start)
-            if r.status_code != 200:
-                out["errors"] += 1
-                out["messages"].append(f"step {t}: {r.status_code} {r.text[:200]}")
-                break
-            reply = r.json()
-            if reply["t"] != t or not same_bits(reply["y"], w):
-                out["mismatches"] += 1
-                if len(out["messages"]) < 10:
-                    out["messages"].append(f"stream {stream} step {t}: reply differs from "
-                                           f"the single-stream run (t={reply['t']})")
-            out["steps"] += 1
-    finally:
-        with contextlib.suppress(httpx.HTTPError):
-            await client.delete(f"/streams/{stream}")
+class Run:
+    """The counters that the streams of one run share."""
+
+    def __init__(self, streams):
+        self.errors = self.mismatches = self.lost = 0
+        self.messages = []
+        self.pending = streams
+        self.done = asyncio.get_running_loop().create_future()
+        self.restarting = False   # closes with 1012 are expected
+
+    def fail(self, kind, message):
+        setattr(self, kind, getattr(self, kind) + 1)
+        if len(self.messages) < 10:
+            self.messages.append(message)
+
+    def finished(self):
+        self.pending -= 1
+        if self.pending <= 0 and not self.done.done():
+            self.done.set_result(None)
 
 
-async def drive(url, inputs, wants, time_limit=120.0, request_timeout=30.0):
-    """Runs len(inputs) concurrent streams against the server at url: stream i
-    sends inputs[i] (steps, I) and expects wants[i] (steps, H). Returns a dict:
-    steps, errors, mismatches, messages, latency (seconds per step), seconds,
-    cut (the time limit ended it) and the server's batches and steps meanwhile."""
-    out = {"steps": 0, "errors": 0, "mismatches": 0, "messages": [], "latency": [],
-           "cut": False}
-    # one client of one connection per stream: a stream sends one request at
-    # a time, and httpx's pool scans all its connections on every request
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(httpx.AsyncClient(
-            base_url=url, limits=limits, timeout=httpx.Timeout(request_timeout)))
-            for _ in inputs]
-        before = (await clients[0].get("/health")).json()
-        start = time.monotonic()
-        runs = [run_stream(client, xs, want, start + time_limit, out)
-                for client, xs, want in zip(clients, inputs, wants)]
+class Stream(WSListener):
+    """One client stream over one WebSocket. ``sent_at[t]`` is when step t was
+    sent (closed loop) or was due (open loop); a reply's latency counts from it.
+    Replies come in order, so the next reply is step ``received``."""
+
+    def __init__(self, run, sid, refs, index, steps, inflight=0, echo=False):
+        super().__init__()
+        self.xb, self.yb = refs.get(index, steps)
+        if echo:   # the echo server answers zero bytes of y's size
+            self.yb = bytes(len(self.yb))
+        self.run, self.sid, self.steps = run, sid, steps
+        self.nx, self.ny, self.inflight = refs.x_bytes, refs.y_bytes, inflight
+        self.sent = self.received = 0
+        self.sent_at = [0.0] * steps
+        self.lat = []
+        self.transport = self.hello = None
+        self.is_done = False
+        self.close_code = None
+
+    async def connect(self, ws, new, timeout):
+        """Opens the WebSocket to the server at ws (ws://host:port) and waits for
+        the hello; returns its JSON or None."""
+        self.hello = asyncio.get_running_loop().create_future()
+        self.close_code = None
+        url = f"{ws}/ws/{self.sid}" + ("?new=1" if new else "")
         try:
-            await asyncio.wait_for(asyncio.gather(*runs), time_limit + 2 * request_timeout)
-        except asyncio.TimeoutError:
-            out["cut"] = True
-            out["errors"] += 1
-            out["messages"].append("the streams did not finish in time")
-        out["seconds"] = time.monotonic() - start
-        after = (await clients[0].get("/health")).json()
-    out["batches"] = after["batches"] - before["batches"]
-    out["server_steps"] = after["steps"] - before["steps"]
-    out["largest_batch"] = after["largest_batch"]
+            await asyncio.wait_for(ws_connect(lambda: self, url,
+                                              websocket_handshake_timeout=timeout), timeout)
+            return await asyncio.wait_for(self.hello, timeout)
+        except (OSError, WSError, asyncio.TimeoutError) as e:
+            self.end("errors", f"{self.sid}: connect: {type(e).__name__} {e}")
+            return None
+
+    def end(self, kind=None, message=""):
+        """Marks the stream done, counting a failure of ``kind`` if given."""
+        if kind:
+            self.run.fail(kind, message)
+        if not self.is_done:
+            self.is_done = True
+            self.run.finished()
+
+    def pump(self):
+        """Closed loop: sends frames until ``inflight`` wait for replies."""
+        k, limit = self.sent, min(self.steps, self.received + self.inflight)
+        tr, nx, xb, sent_at = self.transport, self.nx, self.xb, self.sent_at
+        while k < limit:
+            sent_at[k] = time.perf_counter()
+            tr.send(BINARY, xb[k * nx:(k + 1) * nx])
+            k += 1
+        self.sent = k
+
+    def on_ws_connected(self, transport):
+        self.transport = transport
+
+    def on_ws_frame(self, transport, frame):
+        kind = frame.msg_type
+        if kind is BINARY:
+            now = time.perf_counter()
+            t = self.received
+            if t >= self.steps:
+                self.end("errors", f"{self.sid}: a reply past step {self.steps}")
+                return
+            ny = self.ny
+            if frame.get_payload_as_bytes() != self.yb[t * ny:(t + 1) * ny]:
+                self.run.fail("mismatches", f"{self.sid} step {t}: the reply differs from "
+                                            f"the stream run alone")
+            self.lat.append(now - self.sent_at[t])
+            self.received = t = t + 1
+            if t == self.steps:
+                self.end()
+            elif self.inflight:
+                self.pump()
+        elif kind is TEXT:
+            if not self.hello.done():
+                self.hello.set_result(json.loads(frame.get_payload_as_utf8_text()))
+        elif kind is CLOSE:
+            code = frame.get_close_code()
+            self.close_code = int(getattr(code, "value", code))
+            transport.send_close(code)
+            transport.disconnect()
+            if not (self.is_done or self.close_code == RESTART_CODE and self.run.restarting):
+                self.end("errors", f"{self.sid}: closed with {self.close_code} at step "
+                                   f"{self.received}: {frame.get_close_message()[:200]!r}")
+
+    def on_ws_disconnected(self, transport):
+        if self.transport is transport:
+            self.transport = None
+        if self.hello is not None and not self.hello.done():
+            self.hello.set_result(None)
+        if not self.is_done and not self.run.restarting:
+            self.end("errors", f"{self.sid}: disconnected at step {self.received} "
+                               f"(close code {self.close_code})")
+
+    def close(self):
+        if self.transport is not None:
+            self.transport.send_close(picows.WSCloseCode.OK)
+            self.transport.disconnect()
+
+
+async def connect_all(streams, ws, new, timeout):
+    """Connects the streams, CONNECT_BATCH at a time; returns their hellos (None: failed)."""
+    hellos = []
+    for i in range(0, len(streams), CONNECT_BATCH):
+        hellos += await asyncio.gather(*(s.connect(ws, new, timeout)
+                                         for s in streams[i:i + CONNECT_BATCH]))
+    return hellos
+
+
+async def wait_done(run, streams, seconds):
+    """Waits until every stream is done, for seconds at most; the rest count as errors."""
+    try:
+        await asyncio.wait_for(asyncio.shield(run.done), seconds)
+    except asyncio.TimeoutError:
+        for s in streams:
+            if not s.is_done:
+                s.end("errors", f"{s.sid}: {s.received} of {s.steps} replies at the time limit")
+
+
+async def close_all(streams):
+    for s in streams:
+        s.close()
+    await asyncio.sleep(0.05)
+
+
+def send_open_loop(streams, hz, rng, start):
+    """Sends the streams' frames on a fixed schedule: stream i's step k is due at
+    start + phase_i + k / hz, with phase_i uniform in one period. One callback
+    sends every frame due, in the order of the due times, whether or not earlier
+    replies came, and sleeps until the next is due (1 ms at least: a frame goes
+    out up to a timer tick late, and its latency counts from its due time).
+    Returns a list that holds, once the schedule is done, the seconds each frame
+    went out after its due time."""
+    period = 1.0 / hz
+    phases = rng.random(len(streams)) * period
+    order = np.argsort(phases)
+    ordered, ph = [streams[j] for j in order], phases[order].tolist()
+    n, steps, lags = len(streams), streams[0].steps, []
+    loop = asyncio.get_running_loop()
+    cursor = [0, 0]   # the round k and the position j of the next frame due
+
+    def tick():
+        now = time.perf_counter()
+        k, j = cursor
+        base = start + k * period
+        while k < steps:
+            due = base + ph[j]
+            if due > now:
+                break
+            s = ordered[j]
+            if s.transport is not None and not s.is_done:
+                nx = s.nx
+                s.sent_at[k] = due
+                s.transport.send(BINARY, s.xb[k * nx:(k + 1) * nx])
+                s.sent = k + 1
+            lags.append(now - due)
+            j += 1
+            if j == n:
+                j, k = 0, k + 1
+                base = start + k * period
+        cursor[:] = k, j
+        if k < steps:   # at least 1 ms: uvloop runs a shorter timer at once, which spins
+            loop.call_later(max(0.001, due - time.perf_counter()), tick)
+
+    loop.call_at(loop.time() + max(0.0, start - time.perf_counter()), tick)
+    return lags
+
+
+async def drive(server, refs, runtag, streams, steps, mode, hz=0.0, inflight=1, echo=False,
+                seed=0, time_limit=60.0, timeout=10.0):
+    """One run of ``streams`` streams of ``steps`` steps against ``server``:
+    mode "closed" (``inflight`` frames outstanding) or "open" (``hz`` per stream).
+    Returns the result's dict (see summary)."""
+    run = Run(streams)
+    clients = [Stream(run, f"s{i}-{runtag}", refs, i, steps,
+                      inflight if mode == "closed" else 0, echo) for i in range(streams)]
+    await connect_all(clients, server.ws, True, timeout)
+    before = server.health()
+    start, cpu = time.perf_counter(), time.process_time()
+    lags = []
+    if mode == "closed":
+        for s in clients:
+            if s.transport is not None and not s.is_done:
+                s.pump()
+    else:
+        start += 0.05
+        lags = send_open_loop(clients, hz, np.random.default_rng([seed, streams]), start)
+        time_limit += steps / hz
+    await wait_done(run, clients, time_limit)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    after = server.health()
+    await close_all(clients)
+    out = result(run, clients, seconds, before, after, lags)
+    out["client_us"] = cpu / out["steps"] * 1e6 if out["steps"] else None
     return out
+
+
+def result(run, clients, seconds, before=None, after=None, lags=()):
+    lat = np.concatenate([np.asarray(s.lat) for s in clients]) * 1e3 if clients else []
+    out = {"streams": len(clients), "steps": int(sum(s.received for s in clients)),
+           "seconds": seconds, "lat_ms": np.asarray(lat, np.float64),
+           "errors": run.errors, "mismatches": run.mismatches, "lost": run.lost,
+           "messages": run.messages, "cpu_us": None, "mean_batch": None, "client_us": None,
+           "lag_ms": np.percentile(lags, [50, 99]) * 1e3 if len(lags) else None}
+    if before and after:
+        steps = after["steps"] - before["steps"]
+        if steps:
+            out["cpu_us"] = (after["cpu_seconds"] - before["cpu_seconds"]) / steps * 1e6
+        b0, b1 = before.get("batcher") or {}, after.get("batcher") or {}
+        if b1.get("batches", 0) - b0.get("batches", 0):
+            out["mean_batch"] = ((b1["steps"] - b0.get("steps", 0))
+                                 / (b1["batches"] - b0.get("batches", 0)))
+    return out
+
+
+async def drive_restart(model_path, server_args, refs, streams, steps, inflight, state,
+                        fraction=0.4, time_limit=60.0, timeout=10.0):
+    """The restart run: closed-loop streams against a server with a state file;
+    once ``fraction`` of the steps have replies, SIGTERM, a new server on the same
+    file, and every stream reconnects (without new=1) and continues from the hello's t."""
+    loop = asyncio.get_running_loop()
+    args = ("--model", model_path, "--state-file", state, *server_args)
+    run = Run(streams)
+    clients = [Stream(run, f"s{i}-restart", refs, i, steps, inflight) for i in range(streams)]
+    start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(run_server(*args))
+        await connect_all(clients, server.ws, True, timeout)
+        for s in clients:
+            if s.transport is not None:
+                s.pump()
+        deadline = time.monotonic() + time_limit
+        while (sum(s.received for s in clients) < fraction * streams * steps
+               and not run.done.done() and time.monotonic() < deadline):
+            await asyncio.sleep(0.01)
+        run.restarting = True
+        server.proc.send_signal(signal.SIGTERM)
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if server.proc.poll() != 0:
+            run.fail("errors", f"the server's exit status after SIGTERM: {server.proc.poll()}")
+        while any(s.transport is not None for s in clients) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        server = await loop.run_in_executor(None, stack.enter_context, run_server(*args))
+        run.restarting = False
+        down = [s for s in clients if not s.is_done or s.close_code is not None]
+        hellos = await connect_all(down, server.ws, False, timeout)
+        midway = sum(0 < s.received < s.steps for s in down)
+        for s, hello in zip(down, hellos):
+            if hello is None or hello.get("t") != s.received:
+                run.fail("lost", f"{s.sid}: resumed with {hello and hello.get('t')} steps "
+                                 f"run, {s.received} replies received")
+                if hello is None:
+                    continue
+                s.received = min(hello["t"], s.steps)
+            s.sent = s.received
+            if s.received >= s.steps:
+                s.end()
+            elif s.transport is not None:
+                s.pump()
+        await wait_done(run, clients, max(1.0, deadline - time.monotonic()))
+        seconds = time.perf_counter() - start
+        await close_all(clients)
+    print(f"    restart: {midway} of {streams} streams resumed partway", flush=True)
+    return result(run, clients, seconds)
 
 
 # ---------------------------------------------------------------- the runs
 
-def summary(dtype, batching, streams, out):
-    lat = np.asarray(out["latency"]) * 1e3
-    return {"dtype": dtype, "batching": batching, "streams": streams, "steps": out["steps"],
-            "steps_per_s": out["steps"] / out["seconds"] if out["seconds"] else 0.0,
-            "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
-            "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
-            "mean_batch": out["server_steps"] / out["batches"] if out["batches"] else 0.0,
-            "errors": out["errors"], "mismatches": out["mismatches"], "cut": out["cut"]}
+def summary(run, dtype, out, hz=None):
+    lat = out["lat_ms"]
+    row = {"run": run, "dtype": dtype, "hz": hz, **out,
+           "steps_per_s": out["steps"] / out["seconds"] if out["seconds"] else 0.0,
+           "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+           "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan")}
+    print(table([row], header=False), flush=True)
+    if out["client_us"] is not None:
+        print(f"    client CPU {out['client_us']:.1f} µs/step", end="", flush=True)
+        if out["lag_ms"] is not None:
+            print(f"; frames went out {out['lag_ms'][0]:.2f} ms (p50), "
+                  f"{out['lag_ms'][1]:.2f} ms (p99) after their scheduled time", end="")
+        print(flush=True)
+    for message in out["messages"][:5]:
+        print("   ", message, flush=True)
+    return row
 
 
-def model_rate(model, batch, repeat=20):
-    """Steps per second of model.step alone, in process, on a batch of that many streams
-    (the median of repeat calls)."""
-    x = np.zeros((batch, model.input_size), np.float32)
-    y, state = model.step(x)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        y, state = model.step(x, state)
-        times.append(time.perf_counter() - start)
-    return batch / float(np.median(times))
+def run_dtype(args, dtype, workdir):
+    """Every run of one model dtype; returns the table's rows and the sweep's answer."""
+    model = LNLSTM(args.input, args.hidden, seed=args.seed)
+    if dtype == "bfloat16":
+        model = model.to(bfloat16())
+    path = os.path.join(workdir, f"lnlstm_{dtype}.npz")
+    save_model(path, model)
+    refs = References(load_model(path), args.seed)
+    open_steps = max(1, round(args.hz * args.seconds))
+    sweep_steps = max(1, round(args.sweep_hz * args.sweep_seconds))
+    started = time.monotonic()
+    for i in range(max(args.streams, args.restart_streams)):
+        refs.get(i, max(args.steps, open_steps, args.restart_steps if i < args.restart_streams
+                        else 0))
+    print(f"{dtype}: single-stream references in {time.monotonic() - started:.1f} s",
+          flush=True)
+    common = ["--threads", args.threads, "--max-queue-per-stream", args.max_queue_per_stream]
+    capacity = 2 * (args.streams + max(args.sweep_streams)) + 64
+    rows, largest = [], None
+    kw = dict(seed=args.seed, time_limit=args.time_limit, timeout=args.timeout)
+    # echo first, closed next: the two whose ratio the results give, close in time
+    with run_server("--model", path, "--echo", "--capacity", capacity, *common) as server:
+        rows.append(summary("echo", dtype, arun(drive(
+            server, refs, "echo", args.streams, args.steps, "closed",
+            inflight=args.inflight, echo=True, **kw))))
+    with run_server("--model", path, "--capacity", capacity, *common) as server:
+        # one short stream first: the server's first batch packs the weights
+        warm = arun(drive(server, refs, "warm", 1, 5, "closed", **kw))
+        for message in warm["messages"][:5]:
+            print("    warm-up:", message, flush=True)
+        rows.append(summary("closed", dtype, arun(drive(
+            server, refs, "closed", args.streams, args.steps, "closed",
+            inflight=args.inflight, **kw))))
+        rows.append(summary("open", dtype, arun(drive(
+            server, refs, "open", args.streams, open_steps, "open", hz=args.hz, **kw)),
+            hz=args.hz))
+        for n in args.sweep_streams:
+            started = time.monotonic()
+            for i in range(n):
+                refs.get(i, sweep_steps)
+            if time.monotonic() - started > 1:
+                print(f"    (references of {n} streams: {time.monotonic() - started:.1f} s)",
+                      flush=True)
+            row = summary("sweep", dtype, arun(drive(
+                server, refs, f"w{n}", n, sweep_steps, "open", hz=args.sweep_hz, **kw)),
+                hz=args.sweep_hz)
+            rows.append(dict(row, limit_ms=args.p99_ms))
+            if row["p99_ms"] >= args.p99_ms or row["errors"] or not row["steps"]:
+                break
+            largest = n
+    rows.append(summary("restart", dtype, arun(drive_restart(
+        path, ["--capacity", capacity, *common], refs, args.restart_streams, args.restart_steps,
+        args.inflight, os.path.join(workdir, f"{dtype}.state"),
+        time_limit=args.time_limit, timeout=args.timeout))))
+    return rows, largest
 
 
 def run_all(args, workdir):
-    """Runs every configuration; returns the table's rows and, per dtype, the
-    in-process step rates at B=1 and B=max_batch."""
-    rows, rates = [], {}
-    top = max(args.sessions)
+    """Every run of every dtype; returns the table's rows and {dtype: the sweep's answer}."""
+    rows, largest = [], {}
     for dtype in args.dtypes:
-        model = LNLSTM(args.input, args.hidden, seed=args.seed)
-        if dtype == "bfloat16":
-            model = model.to(bfloat16())
-        path = os.path.join(workdir, f"lnlstm_{dtype}.npz")
-        save_model(path, model)
-        model = load_model(path)
-        inputs = [stream_inputs(args.seed, i, args.steps, args.input) for i in range(top)]
-        started = time.monotonic()
-        wants = [reference_run(model, xs) for xs in inputs]
-        rates[dtype] = (model_rate(model, 1), model_rate(model, args.max_batch))
-        print(f"{dtype}: single-stream reference of {top} streams x {args.steps} steps "
-              f"in {time.monotonic() - started:.1f} s; model.step alone: "
-              f"{rates[dtype][0]:.0f} steps/s at B=1, {rates[dtype][1]:.0f} at "
-              f"B={args.max_batch}", flush=True)
-        for batching in args.batching:
-            with start_server("--model", path, "--batching", batching,
-                              "--max-batch", args.max_batch, "--window-ms", args.window_ms,
-                              "--max-streams", max(1024, top), "--threads", args.threads) as url:
-                warm = asyncio.run(drive(url, [inputs[0][:5]], [wants[0][:5]]))
-                if warm["errors"] or warm["mismatches"]:
-                    print("warm-up:", warm["messages"], flush=True)
-                for streams in args.sessions:
-                    out = asyncio.run(drive(url, inputs[:streams], wants[:streams],
-                                            args.time_limit, args.request_timeout))
-                    rows.append(summary(dtype, batching, streams, out))
-                    print(table(rows[-1:], header=len(rows) == 1), flush=True)
-                    for message in out["messages"][:5]:
-                        print("   ", message, flush=True)
-    return rows, rates
+        got, largest[dtype] = run_dtype(args, dtype, workdir)
+        rows += got
+    return rows, largest
 
 
 def table(rows, header=True):
     lines = []
     if header:
-        lines += ["| model | batching | streams | steps | steps/s | p50 ms | p99 ms | "
-                  "mean batch | errors | mismatches |",
-                  "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        lines += ["| run | dtype | streams | Hz | steps | steps/s | p50 ms | p99 ms | "
+                  "server CPU µs/step | mean batch | errors | mismatches | lost |",
+                  "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+
+    def opt(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
     for r in rows:
-        cut = " (time limit)" if r["cut"] else ""
-        lines.append(f"| {r['dtype']} | {r['batching']} | {r['streams']} | {r['steps']}{cut} | "
-                     f"{r['steps_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['mean_batch']:.1f} | {r['errors']} | {r['mismatches']} |")
+        lines.append(f"| {r['run']} | {r['dtype']} | {r['streams']} | {opt(r['hz'], 'g')} | "
+                     f"{r['steps']} | {r['steps_per_s']:.0f} | {r['p50_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {opt(r['cpu_us'], '.1f')} | "
+                     f"{opt(r['mean_batch'], '.1f')} | {r['errors']} | {r['mismatches']} | "
+                     f"{r['lost']} |")
     return "\n".join(lines)
+
+
+def ratios(rows):
+    """Lines of closed-loop steps/s, model over echo, per dtype."""
+    lines = []
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        got = {r["run"]: r["steps_per_s"] for r in rows if r["dtype"] == dtype}
+        if got.get("closed") and got.get("echo"):
+            lines.append(f"closed loop, {dtype} model / echo: {got['closed']:.0f} / "
+                         f"{got['echo']:.0f} steps/s = {got['closed'] / got['echo']:.2f}")
+    return lines
+
+
+def largest_line(largest, args):
+    """The sweep's answer per dtype (largest: {dtype: stream count or None})."""
+    return (f"largest stream count at {args.sweep_hz:g} Hz with p99 < {args.p99_ms:g} ms: "
+            + ", ".join(f"{n if n is not None else 'none of those tried'} ({dtype})"
+                        for dtype, n in largest.items()))
 
 
 def machine():
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{platform.machine()}, {cores} cores usable ({os.cpu_count()} online), "
-            f"fastln {fastln.__version__}, fastln.get_num_threads() = "
-            f"{fastln.get_num_threads()} in the server and the reference run, "
-            f"ISA path {fastln.get_isa()}, Python {platform.python_version()}, "
-            f"NumPy {np.__version__}")
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    return (f"{cpu}, {cores} cores usable ({os.cpu_count()} online), fastln "
+            f"{fastln.__version__} (ISA path {fastln.get_isa()}), Python "
+            f"{platform.python_version()}, NumPy {np.__version__}, picows "
+            f"{getattr(picows, '__version__', '?')}")
 
 
-def write_results(rows, rates, args, command):
+def write_results(rows, largest, args, command):
     text = [
         "# Served-model load test", "",
         "Written by `examples/serve/loadtest.py`; rerun it to update.", "",
         f"Command: `{command}`", "",
-        f"Machine: {machine()}. The client (one asyncio process) and the server share "
-        f"these cores.", "",
-        f"Model: LN-LSTM, I={args.input}, H={args.hidden}, one layer, seed {args.seed}; "
-        f"{args.steps} steps per stream; batching on: --max-batch {args.max_batch}, "
-        f"--window-ms {args.window_ms}.", "",
-        "steps/s: replies per second over all streams; p50, p99: the latency of one step "
-        "request as the client sees it; mean batch: requests per model step in the server; "
-        "mismatches: replies not bit for bit equal to the stream run alone (B=1 steps) in "
-        "the client's process.", "",
-        "model.step alone, in process (steps per second, one call at a time): " + "; ".join(
-            f"{dtype} {one:.0f} at B=1, {many:.0f} at B={args.max_batch}"
-            for dtype, (one, many) in rates.items()) + ".", "",
-        table(rows), ""]
+        f"Machine: {machine()}. The client (one asyncio process, "
+        f"{'uvloop' if uvloop else 'asyncio'}) and the server share these "
+        f"cores.", "",
+        f"Server: `server.py --threads {args.threads} --max-queue-per-stream "
+        f"{args.max_queue_per_stream}`, other settings at their defaults; a fresh server "
+        f"for the model runs, for echo (`--echo`) and for each side of the restart "
+        f"(`--state-file`).", "",
+        f"Model: LN-LSTM, I={args.input}, H={args.hidden}, one layer, seed {args.seed}, "
+        f"default initialization; x frames float32, y frames in the model's dtype.", "",
+        f"closed: each stream sends its next frame when a reply comes ({args.inflight} "
+        f"in flight); open and sweep: each stream sends at Hz on a fixed schedule with a "
+        f"random phase, and latency counts from the scheduled send time; restart: SIGTERM "
+        f"partway, a new server on the same state file, reconnect and resume. steps/s: "
+        f"replies per second over all streams; p50, p99: from sending (or the scheduled "
+        f"time) to the reply; server CPU µs/step: the server process's CPU time over the "
+        f"steps it ran; mean batch: steps per batch of the server's StreamBatcher; "
+        f"mismatches: replies not bit for bit equal to the stream run alone (B=1 steps) "
+        f"in the client; lost: streams whose resumed t differs from the replies they got.",
+        "", table(rows), "", *(line + "  " for line in ratios(rows)),
+        largest_line(largest, args), ""]
     with open(RESULTS, "w") as f:
         f.write("\n".join(text))
 
 
 def plot(rows, path):
+    """The sweep's p50 and p99 against streams, and the latency CDF of the other runs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = {"float32": "tab:blue", "bfloat16": "tab:orange"}
-    for ax, key, name in zip(axes, ("p50_ms", "p99_ms"), ("p50", "p99")):
-        for dtype in colors:
-            for batching, style in (("off", "--"), ("on", "-")):
-                sel = [r for r in rows if r["dtype"] == dtype and r["batching"] == batching]
-                if sel:
-                    ax.plot([r["streams"] for r in sel], [r[key] for r in sel], style,
-                            marker="o", color=colors[dtype],
-                            label=f"{dtype}, batching {batching}")
-        ax.set_xscale("log", base=2)
+    ax, sweep = axes[0], [r for r in rows if r["run"] == "sweep"]
+    for dtype, color in colors.items():
+        sel = [r for r in sweep if r["dtype"] == dtype]
+        for key, style in (("p50_ms", "--"), ("p99_ms", "-")):
+            if sel:
+                ax.plot([r["streams"] for r in sel], [r[key] for r in sel], style, marker="o",
+                        color=color, label=f"{dtype} {key[:3]}")
+    if sweep:
+        ax.axhline(sweep[0]["limit_ms"], color="gray", lw=0.8,
+                   label=f"{sweep[0]['limit_ms']:g} ms")
+        ax.set_title(f"open loop at {sweep[0]['hz']:g} Hz per stream: latency")
         ax.set_yscale("log")
-        ax.set_xticks(sorted({r["streams"] for r in rows}))
-        ax.xaxis.set_major_formatter(plain)
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel("concurrent streams")
-        ax.set_title(f"{name} latency of one step request")
+        ax.legend()
+    ax.set_xlabel("streams")
+    ax.set_ylabel("ms")
+    ax = axes[1]
+    for r in rows:
+        if r["run"] in ("closed", "open", "echo") and r["lat_ms"].size:
+            lat = np.sort(r["lat_ms"])
+            ax.plot(lat, np.arange(1, lat.size + 1) / lat.size,
+                    color=colors.get(r["dtype"]), ls={"closed": "-", "open": "--"}.get(
+                        r["run"], ":"), label=f"{r['run']} {r['dtype']}, {r['streams']} streams")
+    if ax.lines:
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("latency, ms")
+    ax.set_ylabel("fraction of replies")
+    ax.set_title("latency CDF")
+    for ax, axis in ((axes[0], axes[0].yaxis), (axes[1], axes[1].xaxis)):
+        if axis.get_scale() == "log":   # ticks at 1, 2, 5 times powers of 10, plainly written
+            axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("ms")
-    axes[0].legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def arun(coro):
+    """Runs coro in a new event loop: uvloop's when importable."""
+    return (uvloop.run if hasattr(uvloop, "run") else asyncio.run)(coro)
+
+
 def make_parser():
     """The command line's parser; every option shows its default in --help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64, 256],
-                   help="concurrent streams of each run")
-    p.add_argument("--steps", type=int, default=200, help="steps per stream")
     p.add_argument("--quick", action="store_true",
-                   help="1 and 8 streams, 20 steps; prints only, writes no file")
+                   help="4 streams, 20 steps, every run once; prints only, writes no file")
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],
                    default=["float32", "bfloat16"], help="the model's dtypes")
-    p.add_argument("--batching", nargs="+", choices=["off", "on"], default=["off", "on"],
-                   help="the server's --batching settings")
+    p.add_argument("--streams", type=int, default=256, help="streams of closed, echo and open")
+    p.add_argument("--steps", type=int, default=400, help="steps per stream of closed and echo")
+    p.add_argument("--inflight", type=int, default=1,
+                   help="frames outstanding per stream in the closed loops")
+    p.add_argument("--hz", type=float, default=40.0, help="frames per second per open stream")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of the open-loop run")
+    p.add_argument("--sweep-hz", type=float, default=50.0, help="frames per second per "
+                   "stream in the sweep")
+    p.add_argument("--sweep-streams", type=int, nargs="+",
+                   default=[256, 320, 384, 448, 512, 768, 1024, 1280, 1536, 2048],
+                   help="stream counts of the sweep, tried in order")
+    p.add_argument("--sweep-seconds", type=float, default=4.0, help="length of a sweep run")
+    p.add_argument("--p99-ms", type=float, default=20.0,
+                   help="the sweep stops after the first count whose p99 reaches this")
+    p.add_argument("--restart-streams", type=int, default=64, help="streams of the restart run")
+    p.add_argument("--restart-steps", type=int, default=400, help="steps per stream of the "
+                   "restart run; the server restarts after 40%% of all")
     p.add_argument("--input", type=int, default=128, help="the model's input_size I")
     p.add_argument("--hidden", type=int, default=256, help="the model's hidden_size H")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the inputs")
-    p.add_argument("--max-batch", type=int, default=256, help="the server's --max-batch")
-    p.add_argument("--window-ms", type=float, default=2.0, help="the server's --window-ms")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the weights, the inputs and the open-loop phases")
     p.add_argument("--threads", type=int, default=1,
                    help="fastln threads of the server and of the reference run")
-    p.add_argument("--time-limit", type=float, default=120.0, help="seconds per run at most")
-    p.add_argument("--request-timeout", type=float, default=30.0,
-                   help="seconds per request at most")
+    p.add_argument("--max-queue-per-stream", type=int, default=256,
+                   help="the server's --max-queue-per-stream")
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="seconds per run at most (after an open loop's schedule)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds per connection and hello at most")
     p.add_argument("--no-write", action="store_true", help="write neither RESULTS.md nor the PNG")
     return p
 
@@ -362,28 +647,52 @@ def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
     if args.quick:
-        args.sessions, args.steps = [1, 8], 20
-    if min(args.sessions) < 1 or args.steps < 1 or args.threads < 1:
-        p.error("--sessions, --steps and --threads must be at least 1")
-    if min(args.input, args.hidden, args.max_batch) < 1:
-        p.error("--input, --hidden and --max-batch must be at least 1")
-    if not (args.window_ms >= 0 and args.time_limit > 0 and args.request_timeout > 0):
-        p.error("--window-ms must be at least 0, --time-limit and --request-timeout above 0")
+        args.streams, args.steps, args.restart_streams, args.restart_steps = 4, 20, 4, 200
+        args.seconds, args.sweep_seconds, args.sweep_streams = 0.5, 0.4, [4, 8]
+    counts = (args.streams, args.steps, args.inflight, args.restart_streams, args.restart_steps,
+              args.threads, args.max_queue_per_stream, args.input, args.hidden,
+              *args.sweep_streams)
+    if min(counts) < 1:
+        p.error("--streams, --steps, --inflight, --restart-streams, --restart-steps, --threads, "
+                "--max-queue-per-stream, --input, --hidden and --sweep-streams must be at "
+                "least 1")
+    if args.inflight > args.max_queue_per_stream:
+        p.error(f"--inflight {args.inflight} is over --max-queue-per-stream "
+                f"{args.max_queue_per_stream}: the server would close the streams")
+    if not min(args.hz, args.seconds, args.sweep_hz, args.sweep_seconds, args.p99_ms,
+               args.time_limit, args.timeout) > 0:
+        p.error("--hz, --seconds, --sweep-hz, --sweep-seconds, --p99-ms, --time-limit and "
+                "--timeout must be above 0")
     fastln.set_num_threads(args.threads)
+    # a socket per stream on each side: the server inherits this process's limit
+    need = 2 * max(args.streams, *args.sweep_streams) + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (
+                need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
     command = "python examples/serve/loadtest.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
+    print(table([], header=True), flush=True)
     with tempfile.TemporaryDirectory() as workdir:
-        rows, rates = run_all(args, workdir)
+        try:
+            rows, largest = run_all(args, workdir)
+        except (RuntimeError, OSError) as e:   # a server that did not start, or died
+            print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            return 1
     print()
     print(table(rows))
+    for line in ratios(rows):
+        print(line)
+    print(largest_line(largest, args))
     if args.quick:
         print(f"\n--quick: nothing written ({os.path.relpath(RESULTS)} and "
               f"{os.path.relpath(FIGURE)} hold a full run's results)")
     elif not args.no_write:
-        write_results(rows, rates, args, command.strip())
+        write_results(rows, largest, args, command.strip())
         plot(rows, FIGURE)
         print(f"\nwrote {RESULTS} and {FIGURE}")
-    return 1 if any(r["errors"] or r["mismatches"] for r in rows) else 0
+    return 1 if any(r["errors"] or r["mismatches"] or r["lost"] for r in rows) else 0
 
 
 if __name__ == "__main__":

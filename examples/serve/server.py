@@ -37,11 +37,14 @@ The server closes a connection with a code and a message that says why:
     4404  no such stream                     4409  the stream exists (new=1), or
     4410  the stream was exported                  another connection holds it
 
-GET /health on the WebSocket port answers as the HTTP one does.
+GET /health on the WebSocket port answers as the HTTP one does, and GET
+/owner/STREAM_ID with this server's addresses (``--advertise``): asked
+through a proxy that routes by the stream id, it names the stream's owner.
 
 HTTP, on --port (JSON bodies)::
 
     GET    /health                 the model, the settings, counters, cpu_seconds
+    GET    /streams                -> {"streams": {id: steps run}}
     POST   /streams                {"stream": id} optional -> 201 {"stream": id}
     POST   /streams/{id}/step      {"x": [I numbers]} -> {"y": [H numbers], "t": step index}
     DELETE /streams/{id}           -> {"stream": id, "steps": t}
@@ -117,13 +120,14 @@ class Stream:
     the steps answered, the steps taken and not yet answered, the
     connection that holds it, and when it was last used."""
 
-    __slots__ = ("id", "t", "inflight", "conn", "seen", "leaving")
+    __slots__ = ("id", "t", "inflight", "conn", "seen", "leaving", "ends")
 
     def __init__(self, stream_id, t=0):
         self.id, self.t, self.inflight = stream_id, t, 0
         self.conn = None        # the Connection attached, if any
         self.seen = time.monotonic()
-        self.leaving = False    # being exported: it takes no more steps
+        self.leaving = False    # being exported or ended: it takes no more steps
+        self.ends = False       # ended by its client: removed once its steps are answered
 
 
 class Service:
@@ -425,14 +429,14 @@ class Connection(WSListener):
         if not stream.inflight:
             if stream.conn is not None and stream.conn.hello_due:
                 stream.conn.hello()
-            elif stream.conn is None and stream.leaving and stream.id in svc.streams:
+            elif stream.ends and stream.id in svc.streams:
                 svc.remove(stream)         # ended by its client while steps ran
 
     def client_closed(self, code):
         """The client's close: code 1000 ends the stream (once its steps are answered)."""
         stream = self.stream
         if code == WSCloseCode.OK and stream is not None and stream.conn is self:
-            stream.leaving = True
+            stream.leaving = stream.ends = True
             if not stream.inflight:
                 self.service.remove(stream)
         self.closed = True
@@ -456,12 +460,19 @@ class Connection(WSListener):
             stream.seen = time.monotonic()
 
 
-def ws_factory(service, ports):
-    """picows's listener factory: routes /ws/ID to a Connection and answers GET /health."""
+def ws_factory(service, ports, address):
+    """picows's listener factory: routes /ws/ID to a Connection, and answers
+    GET /health and GET /owner/ID (this server's addresses: through a proxy
+    that routes by the stream id, those of the server that owns ID)."""
     def factory(request):
         path, _, query = request.path.decode("latin-1").partition("?")
         if path == "/health":
             body = json.dumps(service.health(*ports)).encode()
+            return WSUpgradeResponseWithListener(WSUpgradeResponse.create_ok_response(
+                body, {"Content-Type": "application/json"}), None)
+        if path.startswith("/owner/"):
+            body = json.dumps({"http": f"http://{address}:{ports[1]}",
+                               "ws": f"ws://{address}:{ports[0]}"}).encode()
             return WSUpgradeResponseWithListener(WSUpgradeResponse.create_ok_response(
                 body, {"Content-Type": "application/json"}), None)
         if not path.startswith("/ws/"):
@@ -540,6 +551,10 @@ def create_app(service, ports, max_body=1 << 16):
     async def health(request):
         return JSONResponse(service.health(*ports))
 
+    async def listing(request):
+        return JSONResponse({"streams": {sid: s.t for sid, s in service.streams.items()
+                                         if not s.leaving}})
+
     async def create(request):
         payload = await read_json(request, max_body)
         stream_id = None
@@ -605,6 +620,7 @@ def create_app(service, ports, max_body=1 << 16):
                             headers=exc.headers)
 
     routes = [Route("/health", health, methods=["GET"]),
+              Route("/streams", listing, methods=["GET"]),
               Route("/streams", create, methods=["POST"]),
               Route("/streams/{stream_id}/step", step, methods=["POST"]),
               Route("/streams/{stream_id}", delete, methods=["DELETE"]),
@@ -635,6 +651,8 @@ def make_parser():
                         "save_model or of a model's state_dict, or an .onnx file")
     source.add_argument("--onnx", help="an .onnx file with one LSTM, GRU or RNN node")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--advertise",
+                   help="the address GET /owner/ID names; None names --host")
     p.add_argument("--port", type=port_number, default=8000,
                    help="the HTTP (JSON) port; 0 picks a free one")
     p.add_argument("--ws-port", type=port_number, default=8001,
@@ -689,7 +707,8 @@ class HTTPServer(uvicorn.Server):
 async def serve(args, service):
     loop = asyncio.get_running_loop()
     ports = [args.ws_port, args.port]
-    ws = await ws_create_server(ws_factory(service, ports), args.host, args.ws_port,
+    ws = await ws_create_server(ws_factory(service, ports, args.advertise or args.host),
+                                args.host, args.ws_port,
                                 max_frame_size=args.max_frame)
     ports[0] = ws.sockets[0].getsockname()[1]
     http = HTTPServer(uvicorn.Config(create_app(service, ports, args.max_body), host=args.host,
