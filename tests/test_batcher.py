@@ -605,3 +605,60 @@ def test_submit_errors():
         with pytest.raises(RuntimeError, match="closed"):
             b.submit(sid, np.ones(I, np.float32))
     asyncio.run(main())
+
+
+def test_submit_with_callbacks():
+    """Callbacks run in each stream's submission order with results bitwise
+    those of each stream alone; a stream closed while its step waits, and a
+    close of the batcher, reach the callback as errors; a callback that
+    raises is reported to the loop and the batcher goes on."""
+    model = LNLSTM(I, H, seed=13)
+    table = RecordingTable(model, 8)
+    ids = [table.open() for _ in range(3)]
+    xs = inputs(3, 3, seed=13)
+    table.gate = threading.Event()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        reported = []
+        loop.set_exception_handler(lambda loop, context: reported.append(context))
+        got = {sid: [] for sid in ids}
+
+        def answer(sid):
+            return lambda y, error: got[sid].append(
+                y.copy() if error is None else type(error).__name__)
+
+        async with StreamBatcher(table) as b:
+            assert b.submit(ids[0], xs[0, 0], answer(ids[0])) is None   # runs, held
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            for t in range(1, 3):
+                b.submit(ids[0], xs[0, t], answer(ids[0]))
+            for t in range(3):
+                b.submit(ids[1], xs[1, t], answer(ids[1]))
+            b.submit(ids[2], xs[2, 0], answer(ids[2]))
+            b.submit(ids[2], xs[2, 1], lambda y, error: 1 / 0)
+            table.close(ids[2])                      # its waiting steps fail
+            table.gate.set()
+            while len(got[ids[0]]) < 3 or len(got[ids[1]]) < 3:
+                await asyncio.sleep(0.001)
+            table.gate = threading.Event()           # the next batch is held ...
+            table.entered.clear()
+            b.submit(ids[1], xs[1, 0], answer(ids[1]))
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            b.submit(ids[0], xs[0, 0], answer(ids[0]))   # ... and this one waits
+            closing = asyncio.ensure_future(b.aclose())
+            await asyncio.sleep(0.01)
+            table.gate.set()
+            await closing
+        return got, reported
+    got, reported = asyncio.run(main())
+    for k in range(2):
+        want = [y.tobytes() for y in alone(model, xs[k])]
+        assert [y.tobytes() for y in got[ids[k]][:3]] == want
+    assert got[ids[2]] == ["UnknownStreamError"]
+    assert got[ids[0]][3] == "RuntimeError"          # waiting when the batcher closed
+    assert len(got[ids[1]]) == 4                     # ran in the held batch
+    assert [type(c["exception"]) for c in reported] == [ZeroDivisionError]
+    assert reported[0]["message"] == "a StreamBatcher.submit callback raised"

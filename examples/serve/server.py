@@ -59,8 +59,9 @@ then renamed over the old one) and exits; on start it loads that file, so a
 client that reconnects continues bit for bit where it stopped.
 
 Every step runs through one StreamBatcher: the frames that one pass of the
-event loop reads are queued with ``submit`` and answered in the futures'
-callbacks, and each batch is one ``StreamTable.step`` in a worker thread.
+event loop reads are queued with ``submit`` and answered in its callbacks
+(no future or task per frame), and each batch is one ``StreamTable.step`` in
+a worker thread.
 --echo answers each frame at once with zero bytes of y's size and runs no
 model: the transport's own cost, for comparison.
 """
@@ -197,12 +198,13 @@ class Service:
         return stream
 
     def submit(self, stream, x, callback):
-        """Queues one step of stream; callback(future) runs once it is answered,
-        after finish() has counted it."""
+        """Queues one step of stream; the batcher calls callback(y, error) once
+        it is answered (see StreamBatcher.submit), and the callback calls
+        finish(). False while the server drains: the step is not taken."""
         if self.draining:
-            return None
+            return False
         try:
-            fut = self.batcher.submit(stream.id, x)
+            self.batcher.submit(stream.id, x, callback)
         except OverloadedError as e:
             raise Refused(TRY_LATER, 503, str(e)) from None
         except UnknownStreamError:
@@ -210,22 +212,21 @@ class Service:
         stream.inflight += 1
         self.inflight += 1
         self.idle.clear()
-        fut.add_done_callback(callback)
-        return fut
+        return True
 
-    def finish(self, stream, fut):
-        """Counts an answered step; returns its y (None when it failed or was
-        cancelled), and the step's index."""
+    def finish(self, stream, error):
+        """Counts an answered step (a failed one when error is not None);
+        returns the step's index."""
         stream.inflight -= 1
         self.inflight -= 1
         if not self.inflight:
             self.idle.set()
         stream.seen = time.monotonic()
-        if fut.cancelled() or fut.exception() is not None:
-            return None, stream.t
+        if error is not None:
+            return stream.t
         stream.t += 1
         self.steps += 1
-        return fut.result(), stream.t - 1
+        return stream.t - 1
 
     def remove(self, stream):
         self.streams.pop(stream.id, None)
@@ -418,14 +419,14 @@ class Connection(WSListener):
         except Refused as e:
             self.close(e.code, e.message)
 
-    def _answer(self, fut):
+    def _answer(self, y, error):
         svc, stream = self.service, self.stream
-        y, _ = svc.finish(stream, fut)
+        svc.finish(stream, error)
         if not self.closed:
-            if y is not None:
+            if error is None:
                 self.transport.send(WSMsgType.BINARY, y.view(svc.y_view))
-            elif not fut.cancelled():
-                self.close(1011, f"the step failed: {fut.exception()}")
+            else:
+                self.close(1011, f"the step failed: {error}")
         if not stream.inflight:
             if stream.conn is not None and stream.conn.hello_due:
                 stream.conn.hello()
@@ -575,17 +576,19 @@ def create_app(service, ports, max_body=1 << 16):
             stream = service.get(request.path_params["stream_id"])
             if service.echo:
                 raise Refused(UNSUPPORTED, 409, "an --echo server runs no model")
-            answered = []
-            fut = service.submit(stream, x, lambda f: answered.append(service.finish(stream, f)))
-            if fut is None:
+            answered = asyncio.get_running_loop().create_future()
+
+            def answer(y, error):
+                t = service.finish(stream, error)
+                if not answered.done():    # its request may have been cancelled
+                    answered.set_result((y, t, error))
+            if not service.submit(stream, x, answer):
                 raise Refused(RESTART, 503, "the server restarts")
         except Refused as e:
             return refused(e)
-        with contextlib.suppress(Exception):
-            await asyncio.shield(fut)
-        y, t = answered[0]
-        if y is None:
-            return JSONResponse({"error": f"the step failed: {fut.exception()}"}, 500)
+        y, t, error = await answered
+        if error is not None:
+            return JSONResponse({"error": f"the step failed: {error}"}, 500)
         return JSONResponse({"y": y.astype(np.float64).tolist(), "t": t})
 
     async def delete(request):

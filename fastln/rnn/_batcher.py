@@ -17,9 +17,10 @@ import asyncio
 import concurrent.futures
 import itertools
 import math
+import operator
 import time
 from collections import deque
-from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -212,24 +213,30 @@ class StreamBatcher:
         >>> [y.shape for y in asyncio.run(main())]
         [(3,), (3,), (3,)]
         """
-        fut = self.submit(stream_id, x)
+        fut = self._queue(stream_id, x, None)
         try:
             return await fut
         except asyncio.CancelledError:
             self._withdraw(stream_id, fut)
             raise
 
-    def submit(self, stream_id: Hashable, x: npt.ArrayLike) -> asyncio.Future[_Array]:
-        """Queues one step of one stream and returns its future, without
-        awaiting it: for transports that answer in callbacks.
+    def submit(self, stream_id: Hashable, x: npt.ArrayLike,
+               callback: Optional[Callable[[Optional[_Array], Optional[BaseException]], Any]]
+               = None) -> Optional[asyncio.Future[_Array]]:
+        """Queues one step of one stream without awaiting it: for transports
+        that answer in callbacks.
 
-        The future's result is what :meth:`step` returns, and its error
-        what :meth:`step` raises once queued. A server that reads many
-        frames in one pass of the event loop queues each with ``submit``
-        and answers it in ``future.add_done_callback``, which costs less
-        than a task or a coroutine per step. Futures resolve in batch
-        order, so the callbacks of one stream's steps run in the order
-        the steps were submitted. Call it from the batcher's event loop.
+        Without ``callback`` it returns the step's future, whose result is
+        what :meth:`step` returns and whose error what :meth:`step` raises
+        once queued. With ``callback`` it returns None, and the batcher
+        calls ``callback(y, None)`` when the step's batch has run, or
+        ``callback(None, error)`` when it fails, on the event loop and in
+        batch order: the callbacks of one stream's steps run in the order
+        the steps were submitted. A callback costs less than a future (no
+        object, no scheduling), which counts in a server that reads many
+        frames in one pass of the event loop. Call it from the batcher's
+        event loop. A callback that raises is reported to the event loop's
+        exception handler, and the batcher goes on.
 
         Parameters
         ----------
@@ -239,14 +246,20 @@ class StreamBatcher:
             The stream's input, in the model's dtype (float32 too for a
             bfloat16 model). An array is kept, not copied, until its batch
             forms: do not change it meanwhile.
+        callback : callable, optional
+            ``callback(y, error)``: y, shape (hidden_size,), a row (a view)
+            of the batch's output, and None; or None and the exception
+            (UnknownStreamError for a stream closed or evicted while the
+            step waited, RuntimeError when the batcher closes, or the
+            batch's own error).
 
         Returns
         -------
-        asyncio.Future
-            Resolves to y, shape (hidden_size,), a row (a view) of its
-            batch's output. Cancelling it before its batch forms removes
-            the step; cancelling it later drops only the result (the
-            stream's state has advanced).
+        asyncio.Future or None
+            Without callback, the step's future: it resolves to y.
+            Cancelling it before its batch forms removes the step;
+            cancelling it later drops only the result (the stream's state
+            has advanced). With callback, None.
 
         Raises
         ------
@@ -254,11 +267,9 @@ class StreamBatcher:
             When the stream has max_queue_per_stream steps waiting, or the
             batcher max_pending over all streams.
         UnknownStreamError
-            For a stream the table does not hold now; one closed or
-            evicted while its step waits fails the future with it.
+            For a stream the table does not hold now.
         RuntimeError
-            When the batcher is closed (a close while the step waits
-            fails the future with it), or there is no running event loop.
+            When the batcher is closed, or there is no running event loop.
         TypeError, ValueError
             For x of the wrong dtype or shape.
 
@@ -273,13 +284,21 @@ class StreamBatcher:
         ...     async with StreamBatcher(table) as batcher:
         ...         answered = []
         ...         for sid in (a, b, a):
-        ...             fut = batcher.submit(sid, np.ones(2, np.float32))
-        ...             fut.add_done_callback(lambda f, sid=sid: answered.append(sid))
-        ...         await asyncio.sleep(0.1)
+        ...             batcher.submit(sid, np.ones(2, np.float32),
+        ...                            lambda y, error, sid=sid: answered.append((sid, y.shape)))
+        ...         fut = batcher.submit(b, np.ones(2, np.float32))
+        ...         await fut
         ...         return answered, batcher.metrics()["batches"]
         >>> asyncio.run(main())
-        ([0, 1, 0], 2)
+        ([(0, (3,)), (1, (3,)), (0, (3,))], 2)
         """
+        if callback is None:
+            return self._queue(stream_id, x, None)
+        self._queue(stream_id, x, _Callback(callback))
+        return None
+
+    def _queue(self, stream_id: Hashable, x: npt.ArrayLike, sink: Any) -> Any:
+        """Queues one step; sink is a _Callback, or None for a new future. Returns the sink."""
         if self._closed:
             raise RuntimeError("batcher closed")
         if not self._has(stream_id):
@@ -299,7 +318,7 @@ class StreamBatcher:
             raise self._overloaded(q, stream_id)
         else:
             waiting[stream_id] = q     # its first waiting step: it queues last
-        fut: asyncio.Future[_Array] = loop.create_future()
+        fut = loop.create_future() if sink is None else sink
         q.append((fut, x, _now()))
         self._pending += 1
         w = self._wake
@@ -628,7 +647,35 @@ class StreamBatcher:
         self._ndelays += len(d)
 
 
-_done = asyncio.Future.done
+_done = operator.methodcaller("done")
+
+
+class _Callback:
+    """A waiting step's callback, in the place of its future: the batcher
+    answers both through done, set_result and set_exception."""
+
+    __slots__ = ("fn", "fired")
+
+    def __init__(self, fn: Callable[[Optional[_Array], Optional[BaseException]], Any]) -> None:
+        self.fn = fn
+        self.fired = False
+
+    def done(self) -> bool:
+        return self.fired
+
+    def set_result(self, y: _Array) -> None:
+        self._call(y, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._call(None, error)
+
+    def _call(self, y: Optional[_Array], error: Optional[BaseException]) -> None:
+        self.fired = True
+        try:
+            self.fn(y, error)
+        except Exception as e:     # the batcher goes on; the loop's handler reports it
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "a StreamBatcher.submit callback raised", "exception": e})
 
 
 def _head_time(kv: Tuple[Hashable, Deque[_Item]]) -> float:
