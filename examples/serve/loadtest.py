@@ -428,10 +428,6 @@ def run_dtype(args, dtype, workdir):
             server, refs, "echo", args.streams, args.steps, "closed",
             inflight=args.inflight, echo=True, **kw))))
     with run_server("--model", path, "--capacity", capacity, *common) as server:
-        # one short stream first: the server's first batch packs the weights
-        warm = arun(drive(server, refs, "warm", 1, 5, "closed", **kw))
-        for message in warm["messages"][:5]:
-            print("    warm-up:", message, flush=True)
         rows.append(summary("closed", dtype, arun(drive(
             server, refs, "closed", args.streams, args.steps, "closed",
             inflight=args.inflight, **kw))))

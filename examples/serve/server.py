@@ -161,6 +161,8 @@ class Service:
         self.y_bytes = model.hidden_size * y_dtype.itemsize
         probe = self.table.open()
         self.state_dtypes = [a.dtype for a in self._parts(self.table.export_state(probe))]
+        # one step now: the engine packs its weights before a client's first step waits on it
+        self.table.step([probe], np.zeros((1, model.input_size), input_dtype(model)))
         self.table.close(probe)
         digest = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode())
         for key in sorted(model.params):

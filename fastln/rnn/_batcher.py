@@ -166,8 +166,7 @@ class StreamBatcher:
         self._failed = 0
         self._cancelled = 0
         self._sizes = [0] * (self.max_batch + 1)
-        self._delays = np.zeros(_RING)
-        self._ndelays = 0
+        self._delays: Deque[float] = deque(maxlen=_RING)
 
     # ---- the public interface ---------------------------------------------
 
@@ -354,10 +353,9 @@ class StreamBatcher:
         >>> m["batches"], m["queue_delay_p50"], m["active_streams"]
         (0, None, 0)
         """
-        n = min(self._ndelays, _RING)
         p50 = p99 = None
-        if n:
-            p50, p99 = (float(v) for v in np.percentile(self._delays[:n], [50, 99]))
+        if self._delays:
+            p50, p99 = (float(v) for v in np.percentile(self._delays, [50, 99]))
         return {
             "batches": self._batches,
             "steps": self._steps,
@@ -639,12 +637,7 @@ class StreamBatcher:
         self._batches += 1
         self._steps += n
         self._sizes[n] += 1
-        d = (start - np.array(ts))[-_RING:]
-        k = self._ndelays % _RING
-        m = min(len(d), _RING - k)
-        self._delays[k:k + m] = d[:m]
-        self._delays[:len(d) - m] = d[m:]
-        self._ndelays += len(d)
+        self._delays.extend([start - t for t in ts])
 
 
 _done = operator.methodcaller("done")
