@@ -615,7 +615,7 @@ def make_parser():
     p.add_argument("--sweep-hz", type=float, default=50.0, help="frames per second per "
                    "stream in the sweep")
     p.add_argument("--sweep-streams", type=int, nargs="+",
-                   default=[256, 320, 384, 448, 512, 768, 1024, 1280, 1536, 2048],
+                   default=[256, 320, 384, 448, 512, 576, 640, 704, 768, 1024, 1536, 2048],
                    help="stream counts of the sweep, tried in order")
     p.add_argument("--sweep-seconds", type=float, default=4.0, help="length of a sweep run")
     p.add_argument("--p99-ms", type=float, default=20.0,
