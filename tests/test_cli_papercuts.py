@@ -241,7 +241,7 @@ def test_server_settings_errors_name_the_option(tmp_path, capsys):
     line, _ = server_error(["--model", path, "--max-batch", "0"], capsys)
     assert "--max-batch must be at least 1, got 0" in line
     line, _ = server_error(["--model", path, "--idle-timeout", "0"], capsys)
-    assert "--idle-timeout must be above 0, got 0.0" in line
+    assert "--idle-timeout must be finite and above 0, got 0.0" in line
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])

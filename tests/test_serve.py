@@ -20,8 +20,9 @@ through client.py's StreamClient over WebSocket and through HTTP JSON.
    file of another model is refused.
 5. Moves: a stream exported from one server and put into another continues
    there, bit for bit; the first no longer holds it.
-6. Endings: a close with 1000 ends a stream, any other keeps it, and
-   --idle-timeout ends one left alone.
+6. Endings: a close with 1000 ends a stream, any other keeps it,
+   --idle-timeout ends one left alone, and a peer that answers no ping is
+   dropped while its stream stays.
 7. HTTP JSON: every 4xx case gets its status and a message.
 """
 import asyncio
@@ -516,6 +517,27 @@ def test_close_codes_end_or_keep_a_stream_and_idle_ones_go(tmp_path):
     with run_server("--model", path, "--idle-timeout", 0.5) as server:
         ended, t, gone = run(main(server.ws))
     assert ended.code == 4404 and gone.code == 4404 and t == 1
+
+
+def test_a_peer_that_answers_no_ping_lets_its_stream_go(tmp_path):
+    """A connection whose peer answers no ping is dropped, and the stream can
+    be resumed (it is not held by a dead connection)."""
+    from picows import WSListener, ws_connect
+
+    path = saved(tmp_path, LNLSTM(I, H, seed=15))
+
+    async def main(url):
+        silent, _ = await ws_connect(WSListener, f"{url}/ws/quiet?new=1", enable_auto_pong=False)
+        held = await refused(url, "quiet")            # the silent connection holds it
+        await asyncio.wait_for(silent.wait_disconnected(), 10)
+        c = await StreamClient.connect(url, "quiet")
+        t = c.hello["t"]
+        await c.close()
+        return held, t
+
+    with run_server("--model", path, "--ping", 0.3) as server:
+        held, t = run(main(server.ws))
+    assert held.code == 4409 and t == 0
 
 
 # ---------------------------------------------------------------- HTTP JSON

@@ -26,7 +26,8 @@ answers each with one binary frame of y: H values of the model's dtype
 (bfloat16 as its 16-bit patterns), in the order the frames came. A client may
 send several frames before their replies come, up to --max-queue-per-stream
 waiting. A close from the client with code 1000 ends the stream; any other end
-of the connection keeps it for a reconnect, until --idle-timeout.
+of the connection keeps it for a reconnect, until --idle-timeout. A peer that
+answers no ping for 2 x --ping seconds is disconnected.
 
 The server closes a connection with a code and a message that says why:
 
@@ -159,6 +160,7 @@ class Service:
         self.y_view = np.uint16 if y_dtype.name == "bfloat16" else y_dtype
         self.y_dtype_name = y_dtype.name
         self.y_bytes = model.hidden_size * y_dtype.itemsize
+        self.zeros = bytes(self.y_bytes)       # --echo's reply
         probe = self.table.open()
         self.state_dtypes = [a.dtype for a in self._parts(self.table.export_state(probe))]
         # one step now: the engine packs its weights before a client's first step waits on it
@@ -355,7 +357,6 @@ class Connection(WSListener):
         self.closed = False
         self.hello_due = False
         self.answer = self._answer
-        self.zeros = bytes(service.y_bytes)
 
     def on_ws_connected(self, transport):
         self.transport = transport
@@ -408,7 +409,7 @@ class Connection(WSListener):
         svc = self.service
         if svc.echo:
             svc.steps += 1
-            transport.send(WSMsgType.BINARY, self.zeros)
+            transport.send(WSMsgType.BINARY, svc.zeros)
             return
         x = np.frombuffer(payload, self.x_dtype)
         # x.x is finite when every value is (and they are not huge): a check
@@ -673,6 +674,9 @@ def make_parser():
     p.add_argument("--max-body", type=int, default=1 << 16, help="HTTP request body bytes at most")
     p.add_argument("--idle-timeout", type=float, default=600.0,
                    help="seconds a stream with no connection is kept")
+    p.add_argument("--ping", type=float, default=20.0,
+                   help="seconds of silence before a ping, and for its answer; a peer that "
+                        "does not answer is disconnected and its stream kept")
     p.add_argument("--state-file",
                    help="where SIGTERM writes the streams, and where a start reads them")
     p.add_argument("--threads", type=int, default=1,
@@ -712,9 +716,11 @@ class HTTPServer(uvicorn.Server):
 async def serve(args, service):
     loop = asyncio.get_running_loop()
     ports = [args.ws_port, args.port]
+    # pings find a peer that vanished without closing, so that its stream can be resumed
     ws = await ws_create_server(ws_factory(service, ports, args.advertise or args.host),
-                                args.host, args.ws_port,
-                                max_frame_size=args.max_frame)
+                                args.host, args.ws_port, max_frame_size=args.max_frame,
+                                enable_auto_ping=True, auto_ping_idle_timeout=args.ping,
+                                auto_ping_reply_timeout=args.ping)
     ports[0] = ws.sockets[0].getsockname()[1]
     http = HTTPServer(uvicorn.Config(create_app(service, ports, args.max_body), host=args.host,
                                      port=args.port, log_level="warning", lifespan="off"))
@@ -753,8 +759,10 @@ def main(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not (args.max_delay_ms >= 0 and math.isfinite(args.max_delay_ms)):
         p.error(f"--max-delay-ms must be finite and at least 0, got {args.max_delay_ms}")
-    if not args.idle_timeout > 0:
-        p.error(f"--idle-timeout must be above 0, got {args.idle_timeout}")
+    for name in ("idle_timeout", "ping"):
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            p.error(f"--{name.replace('_', '-')} must be finite and above 0, "
+                    f"got {getattr(args, name)}")
     fastln.set_num_threads(args.threads)
     model = open_model(p, args)
     service = Service(model, args.capacity, args.max_batch, args.max_delay_ms / 1000,
