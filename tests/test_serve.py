@@ -28,6 +28,7 @@ through client.py's StreamClient over WebSocket and through HTTP JSON.
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 import urllib.request
@@ -212,6 +213,15 @@ def test_http_and_websocket_share_a_stream(served):
         status, reply = http(server, "POST", "/streams/both/step", {"x": xs[t].tolist()})
         assert status == 200 and reply["t"] == t and same(reply["y"], want[t])
     assert http(server, "DELETE", "/streams/both") == (200, {"stream": "both", "steps": 9})
+
+    status, reply = http(server, "POST", "/streams")          # the server names it
+    assert status == 201 and re.fullmatch("[0-9a-f]{16}", reply["stream"]), reply
+
+    async def by_name(sid):
+        async with await StreamClient.connect(server.ws, sid) as c:
+            return c.hello["t"], await c.step(xs[0])
+    t, y = run(by_name(reply["stream"]))
+    assert t == 0 and same(y, want[0])
 
 
 def onnx_lstm(path, input_size, hidden, seed=0):

@@ -74,6 +74,7 @@ import json
 import math
 import os
 import re
+import secrets
 import signal
 import sys
 import time
@@ -147,9 +148,7 @@ class Service:
         self.streams = {}
         self.steps = 0
         self.draining = False
-        self.idle = asyncio.Event()      # set whenever no step is in flight
-        self.idle.set()
-        self.inflight = 0
+        self.inflight = 0                # steps taken and not yet answered, all streams
         self.x_dtypes = {"float32": np.dtype(np.float32)}
         y_dtype = np.dtype(model.dtype)
         if y_dtype.name == "bfloat16":
@@ -179,8 +178,11 @@ class Service:
 
     def add(self, stream_id=None, state=None, t=0):
         """A new stream: a zero state, or the given one (a list of the table's
-        state arrays) after t steps; the table picks the id when None."""
-        if stream_id is not None and stream_id in self.streams:
+        state arrays) after t steps; a random id of 16 hex digits when None."""
+        generated = False
+        while stream_id is None or (generated and stream_id in self.streams):
+            stream_id, generated = secrets.token_hex(8), True
+        if stream_id in self.streams:
             raise Refused(CONFLICT, 409, f"stream {stream_id!r} exists")
         if self.draining:
             raise Refused(RESTART, 503, "the server restarts")
@@ -215,7 +217,6 @@ class Service:
             raise Refused(NOT_FOUND, 404, f"no stream {stream.id!r} here") from None
         stream.inflight += 1
         self.inflight += 1
-        self.idle.clear()
         return True
 
     def finish(self, stream, error):
@@ -223,8 +224,6 @@ class Service:
         returns the step's index."""
         stream.inflight -= 1
         self.inflight -= 1
-        if not self.inflight:
-            self.idle.set()
         stream.seen = time.monotonic()
         if error is not None:
             return stream.t
@@ -237,11 +236,12 @@ class Service:
         if stream.id in self.table:
             self.table.close(stream.id)
 
-    async def quiet(self, stream):
-        """Waits until none of stream's steps is in flight."""
+    @staticmethod
+    async def quiet(stream):
+        """Waits until none of stream's (or, given the service, any stream's)
+        steps is in flight: a batch takes milliseconds, so a poll serves."""
         while stream.inflight:
-            self.idle.clear()
-            await self.idle.wait()
+            await asyncio.sleep(0.001)
 
     async def export(self, stream_id):
         """The stream's state and step count as JSON-ready values; the stream
@@ -289,7 +289,7 @@ class Service:
     async def drain(self):
         """Stops taking steps, waits for those taken, and closes every connection."""
         self.draining = True
-        await self.idle.wait()
+        await self.quiet(self)
         for stream in self.streams.values():
             if stream.conn is not None:
                 stream.conn.close(RESTART, "the server restarts: reconnect and resume")
