@@ -3,13 +3,14 @@ steps of many streams, arriving one request at a time, into batched table
 steps.
 
 A server (Starlette, aiohttp, grpc.aio, a raw TCP loop) awaits
-``batcher.step(stream_id, x)`` in each request handler; the batcher queues
-the step and a worker task forms batches of at most one step per stream,
-oldest first, and runs each in a worker thread, so that the event loop keeps
-taking requests while the model runs. The per-request work on the event loop
-is kept small (one future, a deque append, one row view of the batch's
-output): with many streams and a small model it is a large part of the
-cost of each step.
+``batcher.step(stream_id, x)`` in each request handler, or, from a
+transport's callbacks, calls ``batcher.submit(stream_id, x, callback)``. The
+batcher queues the step and a worker task forms batches of at most one step
+per stream, oldest first, and runs each in a worker thread, so that the
+event loop keeps taking requests while the model runs. The per-request work
+on the event loop is kept small (a future or a callback, a deque append, one
+row view of the batch's output): with many streams and a small model it is
+a large part of the cost of each step.
 """
 from __future__ import annotations
 
@@ -231,9 +232,9 @@ class StreamBatcher:
         calls ``callback(y, None)`` when the step's batch has run, or
         ``callback(None, error)`` when it fails, on the event loop and in
         batch order: the callbacks of one stream's steps run in the order
-        the steps were submitted. A callback costs less than a future (no
-        object, no scheduling), which counts in a server that reads many
-        frames in one pass of the event loop. Call it from the batcher's
+        the steps were submitted. A callback costs less than a future
+        (nothing is scheduled on the loop to call it), which counts in a
+        server that reads many frames in one pass of the event loop. Call it from the batcher's
         event loop. A callback that raises is reported to the event loop's
         exception handler, and the batcher goes on.
 
