@@ -108,6 +108,7 @@ STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 # WebSocket close codes (RFC 6455 section 7.4, and 4000-4999 for this application)
 UNSUPPORTED, INVALID, POLICY, TOO_BIG, RESTART, TRY_LATER = 1003, 1007, 1008, 1009, 1012, 1013
 NOT_FOUND, CONFLICT, GONE = 4404, 4409, 4410
+CLOSE_WAIT = 5.0   # seconds a client has to answer the server's close frame
 
 
 class Refused(Exception):
@@ -388,7 +389,10 @@ class Connection(WSListener):
         kind = frame.msg_type
         if kind != WSMsgType.BINARY or not frame.fin:
             if kind == WSMsgType.CLOSE:
-                self.client_closed(frame.get_close_code())
+                if self.closed:            # the client's answer to the server's close
+                    transport.disconnect()
+                else:
+                    self.client_closed(frame.get_close_code())
             elif kind == WSMsgType.TEXT:
                 self.close(UNSUPPORTED, "frames after the hello must be binary (x)")
             elif kind in (WSMsgType.BINARY, WSMsgType.CONTINUATION):
@@ -454,7 +458,10 @@ class Connection(WSListener):
         # a close frame holds at most 123 bytes of reason
         reason = message.encode()[:123].decode("utf-8", "ignore").encode()
         self.transport.send_close(code, reason)
-        self.transport.disconnect()
+        # the TCP connection closes when the client answers (RFC 6455, 7.1.1):
+        # closing it now would reset it if the client is still sending, and the
+        # reset can discard the close frame before the client reads it
+        asyncio.get_running_loop().call_later(CLOSE_WAIT, self.transport.disconnect)
 
     def on_ws_disconnected(self, transport):
         self.closed = True
