@@ -248,10 +248,10 @@ class Service:
         """The stream's state and step count as JSON-ready values; the stream
         leaves this server."""
         stream = self.get(stream_id)
-        stream.leaving = True
+        stream.leaving = True               # its frames from now on are not taken
+        await self.quiet(stream)            # the steps it took are answered first
         if stream.conn is not None:
             stream.conn.close(GONE, "the stream was exported to another server")
-        await self.quiet(stream)
         state = self.table.export_state(stream.id)
         self.remove(stream)
         return {"stream": stream.id, "t": stream.t, "dtype": self.y_dtype_name,
@@ -399,7 +399,7 @@ class Connection(WSListener):
                 self.close(UNSUPPORTED, "x must come in one frame, not fragments")
             return
         stream = self.stream
-        if stream is None or self.closed:
+        if stream is None or self.closed or stream.leaving:
             return
         payload = frame.get_payload_as_bytes()
         if len(payload) != self.x_bytes:
@@ -607,9 +607,9 @@ def create_app(service, ports, max_body=1 << 16):
         except Refused as e:
             return refused(e)
         stream.leaving = True
+        await service.quiet(stream)
         if stream.conn is not None:
             stream.conn.close(GONE, "the stream was deleted")
-        await service.quiet(stream)
         service.remove(stream)
         return JSONResponse({"stream": stream.id, "steps": stream.t})
 
