@@ -106,7 +106,8 @@ else:   # run as a script: this directory is sys.path[0]
 STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 # WebSocket close codes (RFC 6455 section 7.4, and 4000-4999 for this application)
-UNSUPPORTED, INVALID, POLICY, TOO_BIG, RESTART, TRY_LATER = 1003, 1007, 1008, 1009, 1012, 1013
+UNSUPPORTED, INVALID, POLICY = 1003, 1007, 1008   # 1009: picows, past --max-frame
+INTERNAL, RESTART, TRY_LATER = 1011, 1012, 1013
 NOT_FOUND, CONFLICT, GONE = 4404, 4409, 4410
 CLOSE_WAIT = 5.0   # seconds a client has to answer the server's close frame
 
@@ -433,7 +434,7 @@ class Connection(WSListener):
             if error is None:
                 self.transport.send(WSMsgType.BINARY, y.view(svc.y_view))
             else:
-                self.close(1011, f"the step failed: {error}")
+                self.close(INTERNAL, f"the step failed: {error}")
         if not stream.inflight:
             if stream.conn is not None and stream.conn.hello_due:
                 stream.conn.hello()
@@ -462,9 +463,14 @@ class Connection(WSListener):
         # closing it now would reset it if the client is still sending, and the
         # reset can discard the close frame before the client reads it
         asyncio.get_running_loop().call_later(CLOSE_WAIT, self.transport.disconnect)
+        self.detach()              # a reconnect need not wait for that answer
 
     def on_ws_disconnected(self, transport):
         self.closed = True
+        self.detach()
+
+    def detach(self):
+        """Lets go of the stream, which waits for its next connection."""
         stream = self.stream
         if stream is not None and stream.conn is self:
             stream.conn = None
