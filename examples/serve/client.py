@@ -26,7 +26,7 @@ import urllib.request
 from collections import deque
 
 import numpy as np
-from picows import WSCloseCode, WSListener, WSMsgType, ws_connect
+from picows import WSListener, WSMsgType, ws_connect
 
 
 class Closed(ConnectionError):
@@ -51,8 +51,8 @@ class _Listener(WSListener):
             c._hello(json.loads(frame.get_payload_as_utf8_text()))
         elif frame.msg_type == WSMsgType.CLOSE:
             code = frame.get_close_code()
-            c._end(Closed(int(code), frame.get_close_message().decode("utf-8", "replace")
-                          if frame.get_close_message() else ""))
+            c._end(Closed(int(code), (frame.get_close_message() or b"").decode("utf-8",
+                                                                                 "replace")))
             transport.send_close(code)
             transport.disconnect()
 
@@ -125,8 +125,7 @@ class StreamClient:
     async def close(self, code=1000, message=""):
         """Closes the connection; code 1000 ends the stream on the server."""
         if self.closed is None:
-            self._transport.send_close(WSCloseCode(code) if code < 4000 else code,
-                                       message.encode())
+            self._transport.send_close(code, message.encode())
             await asyncio.wait_for(self._transport.wait_disconnected(), 10)
 
     async def __aenter__(self):
@@ -155,6 +154,15 @@ class StreamClient:
                 f.exception()      # marked as seen: recv() raises it, if it is ever called
         if not self._ready.done():
             self._ready.set_exception(self.closed)
+
+
+def run(main):
+    """Runs the coroutine main on uvloop's event loop, or asyncio's without uvloop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def request(method, url, body=None, timeout=30.0):

@@ -52,6 +52,7 @@ import picows
 from picows import WSError, WSListener, WSMsgType, ws_connect
 
 import fastln
+from fastln import _selfcheck
 from fastln.rnn import LNLSTM
 
 try:
@@ -60,10 +61,10 @@ except ImportError:   # plain asyncio
     uvloop = None
 
 if __package__:
-    from .client import run_server
+    from .client import run, run_server
     from .model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
 else:   # run as a script: this directory is sys.path[0]
-    from client import run_server
+    from client import run, run_server
     from model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -424,14 +425,14 @@ def run_dtype(args, dtype, workdir):
     kw = dict(seed=args.seed, time_limit=args.time_limit, timeout=args.timeout)
     # echo first, closed next: the two whose ratio the results give, close in time
     with run_server("--model", path, "--echo", "--capacity", capacity, *common) as server:
-        rows.append(summary("echo", dtype, arun(drive(
+        rows.append(summary("echo", dtype, run(drive(
             server, refs, "echo", args.streams, args.steps, "closed",
             inflight=args.inflight, echo=True, **kw))))
     with run_server("--model", path, "--capacity", capacity, *common) as server:
-        rows.append(summary("closed", dtype, arun(drive(
+        rows.append(summary("closed", dtype, run(drive(
             server, refs, "closed", args.streams, args.steps, "closed",
             inflight=args.inflight, **kw))))
-        rows.append(summary("open", dtype, arun(drive(
+        rows.append(summary("open", dtype, run(drive(
             server, refs, "open", args.streams, open_steps, "open", hz=args.hz, **kw)),
             hz=args.hz))
         for n in args.sweep_streams:
@@ -441,14 +442,14 @@ def run_dtype(args, dtype, workdir):
             if time.monotonic() - started > 1:
                 print(f"    (references of {n} streams: {time.monotonic() - started:.1f} s)",
                       flush=True)
-            row = summary("sweep", dtype, arun(drive(
+            row = summary("sweep", dtype, run(drive(
                 server, refs, f"w{n}", n, sweep_steps, "open", hz=args.sweep_hz, **kw)),
                 hz=args.sweep_hz)
             rows.append(dict(row, limit_ms=args.p99_ms))
             if row["p99_ms"] >= args.p99_ms or row["errors"] or not row["steps"]:
                 break
             largest = n
-    rows.append(summary("restart", dtype, arun(drive_restart(
+    rows.append(summary("restart", dtype, run(drive_restart(
         path, ["--capacity", capacity, *common], refs, args.restart_streams, args.restart_steps,
         args.inflight, os.path.join(workdir, f"{dtype}.state"),
         time_limit=args.time_limit, timeout=args.timeout))))
@@ -503,12 +504,7 @@ def largest_line(largest, args):
 
 def machine():
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
-    return (f"{cpu}, {cores} cores usable ({os.cpu_count()} online), fastln "
+    return (f"{_selfcheck.cpu_model()}, {cores} cores usable ({os.cpu_count()} online), fastln "
             f"{fastln.__version__} (ISA path {fastln.get_isa()}), Python "
             f"{platform.python_version()}, NumPy {np.__version__}, picows "
             f"{getattr(picows, '__version__', '?')}")
@@ -591,11 +587,6 @@ def plot(rows, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def arun(coro):
-    """Runs coro in a new event loop: uvloop's when importable."""
-    return (uvloop.run if hasattr(uvloop, "run") else asyncio.run)(coro)
 
 
 def make_parser():

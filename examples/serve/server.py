@@ -99,8 +99,10 @@ import fastln
 from fastln.rnn import OverloadedError, StreamBatcher, StreamTable, UnknownStreamError
 
 if __package__:
+    from .client import run
     from .model import HelpFormatter, check_streamable, config_of, freeze, input_dtype, load_model
 else:   # run as a script: this directory is sys.path[0]
+    from client import run
     from model import HelpFormatter, check_streamable, config_of, freeze, input_dtype, load_model
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -788,14 +790,6 @@ def main(argv=None):
         print(f"loaded {n} streams from {args.state_file}", flush=True)
     run(serve(args, service))
 
-
-def run(main):
-    """Runs the coroutine main on uvloop's event loop, or asyncio's without uvloop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 if __name__ == "__main__":
     sys.exit(main())
