@@ -18,15 +18,19 @@ package staged for installing); fastln.egg-info/ is setuptools' metadata of
 the package, written as pip builds it; fastln/_core.c is Cython's output, the
 C translation of fastln/_core.pyx that the compiler builds (regenerated when
 the .pyx changes); fastln/_core.*.so (or .pyd) is the extension, copied there
-as above. `git clean -fdX` removes them all. The installed package keeps its
-own copy of the extension, but Python started in the checkout imports
-./fastln, which then lacks it: run from another folder, or rebuild.
+as above; fastln/include/ holds copies of the public headers (see
+copy_public_headers). `git clean -fdX` removes them all. The installed
+package keeps its own copy of the extension, but Python started in the
+checkout imports ./fastln, which then lacks it: run from another folder, or
+rebuild.
 
 Environment: FASTLN_NO_OPENMP=1 skips OpenMP; FASTLN_NATIVE=1 adds
 -march=native (local experiments only); FASTLN_DEBUG=1 keeps -g.
 """
+import filecmp
 import glob
 import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -38,14 +42,26 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # every C source of src_c/, the slowest to compile first (parallel_compile
-# starts them in this order)
-C_SOURCES = ["src_c/avx512_rows16_fwd_half.c", "src_c/avx512_long_bwd.c",
-             "src_c/avx512_long_fwd.c", "src_c/avx512_rows16_bwd.c", "src_c/avx512_rows16_fwd.c",
-             "src_c/kernels_avx2.c", "src_c/kernels_avx512.c", "src_c/kernels_generic.c",
-             "src_c/dispatch.c", "src_c/policy.c", "src_c/rnn.c", "src_c/rnn_step.c",
-             "src_c/pool.c"]
+# starts them in this order): the list CMakeLists.txt builds too
+C_SOURCES_LIST = "src_c/sources.txt"
+with open(C_SOURCES_LIST, encoding="utf-8") as f:
+    C_SOURCES = ["src_c/" + line.strip() for line in f
+                 if line.strip() and not line.startswith("#")]
 
 assert sorted(C_SOURCES) == sorted(glob.glob("src_c/*.c")), "C_SOURCES and src_c/*.c differ"
+
+# the public C headers: copied into fastln/include/, which fastln.get_include()
+# names and the package installs, for extensions that cimport fastln.kernels
+PUBLIC_HEADERS = ["src_c/fastln.h", "src_c/fastln_rnn.h"]
+
+
+def copy_public_headers():
+    """Copies PUBLIC_HEADERS into fastln/include/ where they differ."""
+    os.makedirs("fastln/include", exist_ok=True)
+    for header in PUBLIC_HEADERS:
+        target = os.path.join("fastln/include", os.path.basename(header))
+        if not (os.path.exists(target) and filecmp.cmp(header, target, shallow=False)):
+            shutil.copyfile(header, target)
 
 
 def openmp_flags(compiler):
@@ -143,7 +159,7 @@ ext = Extension(
     # NumPy >= 1.22's C API: the allocator interface (PyDataMem_SetHandler)
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                    ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
-    depends=sorted(glob.glob("src_c/*.h")),
+    depends=sorted(glob.glob("src_c/*.h")) + [C_SOURCES_LIST],   # also puts the list in an sdist
 )
 
 # the recurrent engine's binding: compiles no C of its own, it calls the
@@ -154,12 +170,15 @@ engine = Extension(
     include_dirs=["src_c", np.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                    ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
-    depends=["fastln/_core.pxd", "src_c/fastln_rnn.h"],
+    depends=["fastln/_core.pxd", "fastln/_ndarray.pxd", "src_c/fastln_rnn.h"],
 )
 
+copy_public_headers()
 setup(
     ext_modules=cythonize([ext, engine], language_level=3),
     cmdclass={"build_ext": BuildExt},
     # PEP 561: the stubs of the compiled module and the marker that the package is typed
-    package_data={"fastln": ["py.typed", "*.pyi"], "fastln.rnn": ["*.pyi"]},
+    # the Cython declarations (cimport fastln.kernels) and the C headers they need
+    package_data={"fastln": ["py.typed", "*.pyi", "*.pxd", "include/*.h"],
+                  "fastln.rnn": ["*.pyi"]},
 )

@@ -66,6 +66,7 @@ if _typing.TYPE_CHECKING:   # for type checkers: at run time these load on first
     from fastln import rnn as rnn
     from fastln import rnn_reference as rnn_reference
 
+#: The version of fastln, as in pyproject.toml.
 __version__: str = "0.1.0"
 
 __all__ = [
@@ -73,7 +74,7 @@ __all__ = [
     "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward",
     "LayerNorm", "RMSNorm", "get_num_threads", "set_num_threads", "threads",
     "get_isa", "supported_isas", "has_openmp", "cache_info", "set_cache_limit", "empty_cache",
-    "__version__",
+    "get_include", "__version__",
 ]
 
 ISAS = ("avx512", "avx2", "generic")
@@ -109,6 +110,37 @@ def supported_isas() -> list[str]:
     'generic'
     """
     return [name for name in ISAS if _core.isa_supported(name)]
+
+
+def get_include() -> str:
+    """The directory of fastln's C headers, for building extensions that call
+    its kernels from Cython or C.
+
+    It holds ``fastln.h`` (the normalization kernels, threads and
+    instruction-set paths) and ``fastln_rnn.h`` (the recurrent engine). A
+    Cython extension that does ``cimport fastln.kernels`` compiles with this
+    directory among its include directories, as one that cimports numpy does
+    with :func:`numpy.get_include`. It links no library of fastln's: the
+    functions it calls are those of the loaded fastln, so both share one
+    thread count, instruction-set path and cache of large outputs.
+
+    Returns
+    -------
+    str
+        An absolute path: the ``include`` folder of the fastln package.
+
+    Examples
+    --------
+    >>> import os
+    >>> import fastln
+    >>> sorted(f for f in os.listdir(fastln.get_include()) if f.endswith(".h"))
+    ['fastln.h', 'fastln_rnn.h']
+
+    In a ``setup.py``::
+
+        Extension("mymodule", ["mymodule.pyx"], include_dirs=[fastln.get_include()])
+    """
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "include")
 
 
 # The names are case-insensitive and white space around them is ignored, as

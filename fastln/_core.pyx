@@ -18,109 +18,11 @@ from cpython.pycapsule cimport PyCapsule_New
 cimport numpy as cnp
 import numpy as np
 
+from fastln._ndarray cimport _arr, _check, _fast, _float_type, _ptr
+
 cnp.import_array()
 
 from fastln import _api
-
-cdef extern from "fastln.h" nogil:
-    int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
-                              const float *weight, const float *bias, int64_t N, int64_t H,
-                              double eps)
-    int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
-                              const double *weight, const double *bias, int64_t N, int64_t H,
-                              double eps)
-    int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias,
-                                       const float *dy, const float *x, const float *mean,
-                                       const float *rstd, const float *weight,
-                                       int64_t N, int64_t H)
-    int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
-                                       const double *dy, const double *x, const double *mean,
-                                       const double *rstd, const double *weight,
-                                       int64_t N, int64_t H)
-    int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd,
-                                  const float *x, const float *residual,
-                                  const float *weight, const float *bias,
-                                  int64_t N, int64_t H, double eps)
-    int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
-                                  const double *x, const double *residual,
-                                  const double *weight, const double *bias,
-                                  int64_t N, int64_t H, double eps)
-    int fastln_add_norm_f32(int rms, float *y, float *s, float *mean, float *rstd,
-                            const float *x, const float *residual, int64_t R,
-                            const float *input_bias, const float *weight, const float *bias,
-                            int64_t N, int64_t H, double eps)
-    int fastln_add_norm_f64(int rms, double *y, double *s, double *mean, double *rstd,
-                            const double *x, const double *residual, int64_t R,
-                            const double *input_bias, const double *weight, const double *bias,
-                            int64_t N, int64_t H, double eps)
-    int fastln_add_norm_backward_f32(int rms, float *dsum, float *dweight, float *dbias,
-                                     float *dinput_bias, const float *dy, const float *s,
-                                     const float *ds, const float *mean, const float *rstd,
-                                     const float *weight, int64_t N, int64_t H)
-    int fastln_add_norm_backward_f64(int rms, double *dsum, double *dweight, double *dbias,
-                                     double *dinput_bias, const double *dy, const double *s,
-                                     const double *ds, const double *mean, const double *rstd,
-                                     const double *weight, int64_t N, int64_t H)
-    int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight,
-                            int64_t N, int64_t H, double eps)
-    int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
-                            int64_t N, int64_t H, double eps)
-    int fastln_layer_norm_channels_f32(float *y, float *mean, float *rstd, const float *x,
-                                       const float *weight, const float *bias, int64_t N,
-                                       int64_t C, int64_t S, double eps)
-    int fastln_layer_norm_channels_f64(double *y, double *mean, double *rstd, const double *x,
-                                       const double *weight, const double *bias, int64_t N,
-                                       int64_t C, int64_t S, double eps)
-    int fastln_layer_norm_channels_backward_f32(float *dx, float *dweight, float *dbias,
-                                                const float *dy, const float *x,
-                                                const float *mean, const float *rstd,
-                                                const float *weight, int64_t N, int64_t C,
-                                                int64_t S)
-    int fastln_layer_norm_channels_backward_f64(double *dx, double *dweight, double *dbias,
-                                                const double *dy, const double *x,
-                                                const double *mean, const double *rstd,
-                                                const double *weight, int64_t N, int64_t C,
-                                                int64_t S)
-    int fastln_rms_norm_channels_f32(float *y, float *rstd, const float *x, const float *weight,
-                                     int64_t N, int64_t C, int64_t S, double eps)
-    int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
-                                     const double *weight, int64_t N, int64_t C, int64_t S,
-                                     double eps)
-    int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy,
-                                     const float *x, const float *rstd, const float *weight,
-                                     int64_t N, int64_t H)
-    int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
-                                     const double *x, const double *rstd,
-                                     const double *weight, int64_t N, int64_t H)
-    void fastln_set_num_threads(int n)
-    int fastln_get_requested_threads()
-    int fastln_get_num_threads()
-    int fastln_has_openmp()
-    const char *fastln_get_isa()
-    int fastln_set_isa(const char *name)
-    int fastln_isa_supported(const char *name)
-
-    int FASTLN_F16, FASTLN_BF16
-    int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd,
-                               const uint16_t *x, const float *weight, const float *bias,
-                               int64_t N, int64_t H, double eps)
-    int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,
-                                        const uint16_t *dy, const uint16_t *x, const float *mean,
-                                        const float *rstd, const float *weight, int64_t N,
-                                        int64_t H)
-    int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean,
-                                   float *rstd, const uint16_t *x, const uint16_t *residual,
-                                   const float *weight, const float *bias, int64_t N, int64_t H,
-                                   double eps)
-    int fastln_add_norm_half(int kind, int rms, uint16_t *y, uint16_t *s, float *mean,
-                             float *rstd, const uint16_t *x, const uint16_t *residual, int64_t R,
-                             const float *input_bias, const float *weight, const float *bias,
-                             int64_t N, int64_t H, double eps)
-    int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
-                             const float *weight, int64_t N, int64_t H, double eps)
-    int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight,
-                                      const uint16_t *dy, const uint16_t *x, const float *rstd,
-                                      const float *weight, int64_t N, int64_t H)
 
 cdef extern from "internal.h" nogil:
     void fastln_parallel_copy(void *dst, const void *src, int64_t nbytes, int nt_stores)
@@ -1496,6 +1398,189 @@ def _half_convert(src, dst):
     cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>src)
     with nogil:
         fastln_half_convert(kind, widen, d, s, n)
+
+
+# ---- fastln.h's functions, exported to other modules' Cython (fastln/_core.pxd) ----
+# Each forwards to the C function of the same name; fastln/kernels.pxd
+# re-exports them, and the code above calls them too.
+
+cdef int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
+                               const float *weight, const float *bias, int64_t N, int64_t H,
+                               double eps) noexcept nogil:
+    return _c_layer_norm_f32(y, mean, rstd, x, weight, bias, N, H, eps)
+
+cdef int fastln_layer_norm_f64(double *y, double *mean, double *rstd, const double *x,
+                               const double *weight, const double *bias, int64_t N, int64_t H,
+                               double eps) noexcept nogil:
+    return _c_layer_norm_f64(y, mean, rstd, x, weight, bias, N, H, eps)
+
+cdef int fastln_layer_norm_backward_f32(float *dx, float *dweight, float *dbias, const float *dy,
+                                        const float *x, const float *mean, const float *rstd,
+                                        const float *weight, int64_t N, int64_t H) noexcept nogil:
+    return _c_layer_norm_backward_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H)
+
+cdef int fastln_layer_norm_backward_f64(double *dx, double *dweight, double *dbias,
+                                        const double *dy, const double *x, const double *mean,
+                                        const double *rstd, const double *weight, int64_t N,
+                                        int64_t H) noexcept nogil:
+    return _c_layer_norm_backward_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, H)
+
+cdef int fastln_add_layer_norm_f32(float *y, float *s, float *mean, float *rstd, const float *x,
+                                   const float *residual, const float *weight, const float *bias,
+                                   int64_t N, int64_t H, double eps) noexcept nogil:
+    return _c_add_layer_norm_f32(y, s, mean, rstd, x, residual, weight, bias, N, H, eps)
+
+cdef int fastln_add_layer_norm_f64(double *y, double *s, double *mean, double *rstd,
+                                   const double *x, const double *residual, const double *weight,
+                                   const double *bias, int64_t N, int64_t H,
+                                   double eps) noexcept nogil:
+    return _c_add_layer_norm_f64(y, s, mean, rstd, x, residual, weight, bias, N, H, eps)
+
+cdef int fastln_add_norm_f32(int rms, float *y, float *s, float *mean, float *rstd, const float *x,
+                             const float *residual, int64_t R, const float *input_bias,
+                             const float *weight, const float *bias, int64_t N, int64_t H,
+                             double eps) noexcept nogil:
+    return _c_add_norm_f32(rms, y, s, mean, rstd, x, residual, R, input_bias, weight, bias, N, H,
+                           eps)
+
+cdef int fastln_add_norm_f64(int rms, double *y, double *s, double *mean, double *rstd,
+                             const double *x, const double *residual, int64_t R,
+                             const double *input_bias, const double *weight, const double *bias,
+                             int64_t N, int64_t H, double eps) noexcept nogil:
+    return _c_add_norm_f64(rms, y, s, mean, rstd, x, residual, R, input_bias, weight, bias, N, H,
+                           eps)
+
+cdef int fastln_add_norm_backward_f32(int rms, float *dsum, float *dweight, float *dbias,
+                                      float *dinput_bias, const float *dy, const float *s,
+                                      const float *ds, const float *mean, const float *rstd,
+                                      const float *weight, int64_t N, int64_t H) noexcept nogil:
+    return _c_add_norm_backward_f32(rms, dsum, dweight, dbias, dinput_bias, dy, s, ds, mean, rstd,
+                                    weight, N, H)
+
+cdef int fastln_add_norm_backward_f64(int rms, double *dsum, double *dweight, double *dbias,
+                                      double *dinput_bias, const double *dy, const double *s,
+                                      const double *ds, const double *mean, const double *rstd,
+                                      const double *weight, int64_t N, int64_t H) noexcept nogil:
+    return _c_add_norm_backward_f64(rms, dsum, dweight, dbias, dinput_bias, dy, s, ds, mean, rstd,
+                                    weight, N, H)
+
+cdef int fastln_rms_norm_f32(float *y, float *rstd, const float *x, const float *weight, int64_t N,
+                             int64_t H, double eps) noexcept nogil:
+    return _c_rms_norm_f32(y, rstd, x, weight, N, H, eps)
+
+cdef int fastln_rms_norm_f64(double *y, double *rstd, const double *x, const double *weight,
+                             int64_t N, int64_t H, double eps) noexcept nogil:
+    return _c_rms_norm_f64(y, rstd, x, weight, N, H, eps)
+
+cdef int fastln_layer_norm_channels_f32(float *y, float *mean, float *rstd, const float *x,
+                                        const float *weight, const float *bias, int64_t N,
+                                        int64_t C, int64_t S, double eps) noexcept nogil:
+    return _c_layer_norm_channels_f32(y, mean, rstd, x, weight, bias, N, C, S, eps)
+
+cdef int fastln_layer_norm_channels_f64(double *y, double *mean, double *rstd, const double *x,
+                                        const double *weight, const double *bias, int64_t N,
+                                        int64_t C, int64_t S, double eps) noexcept nogil:
+    return _c_layer_norm_channels_f64(y, mean, rstd, x, weight, bias, N, C, S, eps)
+
+cdef int fastln_layer_norm_channels_backward_f32(float *dx, float *dweight, float *dbias,
+                                                 const float *dy, const float *x, const float *mean,
+                                                 const float *rstd, const float *weight, int64_t N,
+                                                 int64_t C, int64_t S) noexcept nogil:
+    return _c_layer_norm_channels_backward_f32(dx, dweight, dbias, dy, x, mean, rstd, weight, N, C,
+                                               S)
+
+cdef int fastln_layer_norm_channels_backward_f64(double *dx, double *dweight, double *dbias,
+                                                 const double *dy, const double *x,
+                                                 const double *mean, const double *rstd,
+                                                 const double *weight, int64_t N, int64_t C,
+                                                 int64_t S) noexcept nogil:
+    return _c_layer_norm_channels_backward_f64(dx, dweight, dbias, dy, x, mean, rstd, weight, N, C,
+                                               S)
+
+cdef int fastln_rms_norm_channels_f32(float *y, float *rstd, const float *x, const float *weight,
+                                      int64_t N, int64_t C, int64_t S, double eps) noexcept nogil:
+    return _c_rms_norm_channels_f32(y, rstd, x, weight, N, C, S, eps)
+
+cdef int fastln_rms_norm_channels_f64(double *y, double *rstd, const double *x,
+                                      const double *weight, int64_t N, int64_t C, int64_t S,
+                                      double eps) noexcept nogil:
+    return _c_rms_norm_channels_f64(y, rstd, x, weight, N, C, S, eps)
+
+cdef int fastln_rms_norm_channels_backward_f32(float *dx, float *dweight, const float *dy,
+                                               const float *x, const float *rstd,
+                                               const float *weight, int64_t N, int64_t C,
+                                               int64_t S) noexcept nogil:
+    return _c_rms_norm_channels_backward_f32(dx, dweight, dy, x, rstd, weight, N, C, S)
+
+cdef int fastln_rms_norm_channels_backward_f64(double *dx, double *dweight, const double *dy,
+                                               const double *x, const double *rstd,
+                                               const double *weight, int64_t N, int64_t C,
+                                               int64_t S) noexcept nogil:
+    return _c_rms_norm_channels_backward_f64(dx, dweight, dy, x, rstd, weight, N, C, S)
+
+cdef int fastln_rms_norm_backward_f32(float *dx, float *dweight, const float *dy, const float *x,
+                                      const float *rstd, const float *weight, int64_t N,
+                                      int64_t H) noexcept nogil:
+    return _c_rms_norm_backward_f32(dx, dweight, dy, x, rstd, weight, N, H)
+
+cdef int fastln_rms_norm_backward_f64(double *dx, double *dweight, const double *dy,
+                                      const double *x, const double *rstd, const double *weight,
+                                      int64_t N, int64_t H) noexcept nogil:
+    return _c_rms_norm_backward_f64(dx, dweight, dy, x, rstd, weight, N, H)
+
+cdef void fastln_set_num_threads(int n) noexcept nogil:
+    _c_set_num_threads(n)
+
+cdef int fastln_get_requested_threads() noexcept nogil:
+    return _c_get_requested_threads()
+
+cdef int fastln_get_num_threads() noexcept nogil:
+    return _c_get_num_threads()
+
+cdef int fastln_has_openmp() noexcept nogil:
+    return _c_has_openmp()
+
+cdef const char *fastln_get_isa() noexcept nogil:
+    return _c_get_isa()
+
+cdef int fastln_set_isa(const char *name) noexcept nogil:
+    return _c_set_isa(name)
+
+cdef int fastln_isa_supported(const char *name) noexcept nogil:
+    return _c_isa_supported(name)
+
+cdef int fastln_layer_norm_half(int kind, uint16_t *y, float *mean, float *rstd, const uint16_t *x,
+                                const float *weight, const float *bias, int64_t N, int64_t H,
+                                double eps) noexcept nogil:
+    return _c_layer_norm_half(kind, y, mean, rstd, x, weight, bias, N, H, eps)
+
+cdef int fastln_layer_norm_backward_half(int kind, uint16_t *dx, float *dweight, float *dbias,
+                                         const uint16_t *dy, const uint16_t *x, const float *mean,
+                                         const float *rstd, const float *weight, int64_t N,
+                                         int64_t H) noexcept nogil:
+    return _c_layer_norm_backward_half(kind, dx, dweight, dbias, dy, x, mean, rstd, weight, N, H)
+
+cdef int fastln_add_layer_norm_half(int kind, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                                    const uint16_t *x, const uint16_t *residual,
+                                    const float *weight, const float *bias, int64_t N, int64_t H,
+                                    double eps) noexcept nogil:
+    return _c_add_layer_norm_half(kind, y, s, mean, rstd, x, residual, weight, bias, N, H, eps)
+
+cdef int fastln_add_norm_half(int kind, int rms, uint16_t *y, uint16_t *s, float *mean, float *rstd,
+                              const uint16_t *x, const uint16_t *residual, int64_t R,
+                              const float *input_bias, const float *weight, const float *bias,
+                              int64_t N, int64_t H, double eps) noexcept nogil:
+    return _c_add_norm_half(kind, rms, y, s, mean, rstd, x, residual, R, input_bias, weight, bias,
+                            N, H, eps)
+
+cdef int fastln_rms_norm_half(int kind, uint16_t *y, float *rstd, const uint16_t *x,
+                              const float *weight, int64_t N, int64_t H, double eps) noexcept nogil:
+    return _c_rms_norm_half(kind, y, rstd, x, weight, N, H, eps)
+
+cdef int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, const uint16_t *dy,
+                                       const uint16_t *x, const float *rstd, const float *weight,
+                                       int64_t N, int64_t H) noexcept nogil:
+    return _c_rms_norm_backward_half(kind, dx, dweight, dy, x, rstd, weight, N, H)
 
 
 # ---- the recurrent engine's entry points (fastln/_core.pxd) ----------------

@@ -1,97 +1,307 @@
-"""fastln's C core without Python, built here from src_c/ with the system C
-compiler:
+"""fastln's C library (CMakeLists.txt) without Python, built with CMake as a
+C or C++ project builds it, in three configurations:
 
-* under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer:
-  tests/c/sanitize.c drives the whole C API (every normalization kernel and
-  the LN-RNN engine; every ISA path and dtype; odd sizes, empties, in place,
-  the streaming sizes, 1 and 3 threads) and the cache of large outputs
-  (src_c/pool.c, from 3 threads at once). Any invalid access, undefined
-  behaviour or leak fails the run;
-* examples/c/normalize.c, the C API example of the README, builds with
-  warnings as errors and checks its own result.
+* default: the build, then ctest (tests/c/check_kernels.c checks every
+  function against plain double loops; examples/c/normalize.c, the C example
+  of docs/guide/c-library.md, builds with warnings as errors and checks its
+  own result);
+  libfastln.so exports exactly the functions the public headers declare;
+  `cmake --install` into a prefix, then the consumer project examples/c
+  configured out of the tree with find_package(fastln) and built against
+  it (normalize.c on the shared library, consumer.cpp, C++, on the static
+  one), and normalize.c compiled with `pkg-config --cflags --libs fastln`,
+  on the shared library and then, with --static, on the static one;
+* FASTLN_SANITIZE=ON: ctest runs tests/c/sanitize.c (the whole C API and the
+  cache of large outputs, src_c/pool.c, from 3 threads at once) and the two
+  programs above under AddressSanitizer, UndefinedBehaviorSanitizer and
+  LeakSanitizer: any invalid access, undefined behaviour or leak fails;
+* FASTLN_OPENMP=OFF: the serial library (at -O1, which compiles in a third
+  of -O3's time), and normalize.c on it.
+
+cmake comes from the [test] extra (PyPI's cmake). Each configuration is a
+chain of commands in a folder of its own, run in the background: the chains
+start once the tests are collected (tests/conftest.py calls start_builds),
+each compiling one file at a time, and the tests wait for them. Without
+cmake, a C++ compiler (the consumer) or pkg-config, the tests that need it
+skip, unless the environment variable CI is set (then they fail).
 """
 import glob
 import os
+import re
 import shutil
+import signal
 import subprocess
+import sysconfig
+import tempfile
+import threading
 
 import pytest
 
-from _util import kill_builds, start_build, wait_build
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# every C source of the core (kernels, dispatch, RNN helpers, the cache of large outputs)
-C_CORE = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "src_c", "*.c")))
+EXAMPLES = os.path.join(ROOT, "examples", "c")
+HEADERS = [os.path.join(ROOT, "src_c", name) for name in ("fastln.h", "fastln_rnn.h")]
+STRICT = "-Wall -Wextra -Werror"
 
-pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "src_c", "rnn.c")),
+pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "CMakeLists.txt")),
                                 reason="the C sources are not next to tests/")
 
 
-# UBSan without its pointer-overflow check: that check (pointer arithmetic that
-# wraps around the address space) makes up a large share of the build's time,
-# and any access such a pointer makes is ASan's to catch. -g1: line tables
-# only, which is all the sanitizers' stack traces show (file:line); full -g
-# (local variables too) makes the build far slower.
-SANITIZE_FLAGS = ["-O1", "-g1", "-Wall", "-Wextra", "-fsanitize=address,undefined",
-                  "-fno-sanitize=pointer-overflow", "-fno-omit-frame-pointer",
-                  "-fno-sanitize-recover=undefined", "-fopenmp", "-fopenmp-simd"]
-EXAMPLE_FLAGS = ["-O2", "-std=c99", "-Wall", "-Wextra", "-Werror"]
-# name: (main, flags)
-BUILDS = {
-    "sanitize": ("tests/c/sanitize.c", SANITIZE_FLAGS),
-    "normalize-openmp": ("examples/c/normalize.c", EXAMPLE_FLAGS + ["-fopenmp"]),
-    "normalize-serial": ("examples/c/normalize.c", EXAMPLE_FLAGS + ["-Wno-unknown-pragmas"]),
+def _which(name):
+    """name's path: first in this Python's scripts folder (where pip puts
+    PyPI's cmake), then on PATH; or None."""
+    path = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
+    return shutil.which(name, path=path)
+
+
+def _tools():
+    cmake = _which("cmake")
+    ctest = cmake and (shutil.which("ctest", path=os.path.dirname(cmake)) or _which("ctest"))
+    return {"cmake": cmake, "ctest": ctest, "cc": shutil.which("gcc") or shutil.which("cc"),
+            "c++": shutil.which("g++") or shutil.which("c++"),
+            "pkg-config": shutil.which("pkg-config"), "nm": shutil.which("nm")}
+
+
+def _require(tool):
+    """Skips without tool, or fails where the environment variable CI is set."""
+    if _tools()[tool] is None:
+        message = f"{tool} is not installed"
+        if os.environ.get("CI"):
+            pytest.fail("CI: " + message)
+        pytest.skip(message)
+
+
+# ---- the chains of commands -----------------------------------------------------------
+
+class Chain(threading.Thread):
+    """Runs the steps of one configuration one after another in a thread of
+    this process: each step an argv list (or a function of no arguments that
+    returns the argv and its environment), run from the repository root.
+    self.results: {step: (returncode, output)}; the chain stops at the first
+    step that fails."""
+
+    def __init__(self, name, steps):
+        super().__init__(name=f"fastln-c-{name}", daemon=True)
+        self.steps, self.results = steps, {}
+        self._proc, self._stopped = None, False
+
+    def run(self):
+        for step, command in self.steps:
+            if self._stopped:
+                return
+            try:
+                argv, env = command() if callable(command) else (command, None)
+            except (OSError, IndexError, subprocess.CalledProcessError) as e:
+                self.results[step] = (1, f"{type(e).__name__}: {e} {getattr(e, 'stderr', '')}")
+                return
+            with tempfile.TemporaryFile() as log:
+                # a session of its own: stop() kills the compilers cmake started too
+                self._proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True)
+                rc = self._proc.wait()
+                log.seek(0)
+                self.results[step] = (rc, log.read().decode(errors="replace"))
+            if rc != 0:
+                return
+
+    def stop(self):
+        self._stopped = True
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+    def result(self, step, timeout=900):
+        """(returncode, output) of step, once the chain has finished."""
+        self.join(timeout)
+        if self.is_alive():
+            self.stop()
+            pytest.fail(f"the {self.name} build ran past {timeout} s")
+        if step not in self.results:
+            failed = [(s, r) for s, r in self.results.items() if r[0] != 0]
+            pytest.fail(f"{step} did not run: " + (
+                f"{failed[0][0]} failed:\n{failed[0][1][-4000:]}" if failed else "skipped"))
+        return self.results[step]
+
+    def passed(self, step):
+        rc, out = self.result(step)
+        assert rc == 0, f"{step} failed:\n{out[-6000:]}"
+        return out
+
+
+def _configure_and_build(t, build, *options, target=None):
+    """The steps that configure the repository's CMake project into build
+    and build it (target, or everything), one compiler at a time."""
+    return [("configure", [t["cmake"], "-S", ROOT, "-B", build, *options]),
+            ("build", [t["cmake"], "--build", build, "-j1",
+                       *(["--target", target] if target else [])])]
+
+
+def _pkg_config(t, prefix, exe, static):
+    """A step: normalize.c compiled with pkg-config's flags for the fastln
+    installed in prefix (the static library with static, where the shared one
+    is not there)."""
+    def command():
+        env = dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(
+            glob.glob(os.path.join(prefix, "**", "fastln.pc"), recursive=True)[0]))
+        if static:
+            for path in glob.glob(os.path.join(prefix, "**", "libfastln.so*"), recursive=True):
+                os.remove(path)
+        flags = subprocess.run([t["pkg-config"], "--cflags", "--libs", "fastln",
+                                *(["--static"] if static else [])],
+                               env=env, capture_output=True, text=True, check=True).stdout
+        return [t["cc"], "-std=c99", *STRICT.split(), os.path.join(EXAMPLES, "normalize.c"),
+                *flags.split(), "-lm", "-o", exe], None
+    return command
+
+
+def _default_steps(t, d):
+    build, prefix, consumer = (os.path.join(d, n) for n in ("build", "prefix", "consumer"))
+    steps = _configure_and_build(t, build)
+    steps += [("ctest", [t["ctest"], "--test-dir", build, "--output-on-failure"]),
+              ("install", [t["cmake"], "--install", build, "--prefix", prefix])]
+    if t["c++"]:
+        steps += [("consumer configure", [t["cmake"], "-S", EXAMPLES, "-B", consumer,
+                                          "-DCMAKE_PREFIX_PATH=" + prefix,
+                                          "-DCMAKE_C_FLAGS=" + STRICT,
+                                          "-DCMAKE_CXX_FLAGS=" + STRICT]),
+                  ("consumer build", [t["cmake"], "--build", consumer, "-j1"]),
+                  ("consumer normalize", [os.path.join(consumer, "normalize")]),
+                  ("consumer consumer", [os.path.join(consumer, "consumer")])]
+    if t["pkg-config"]:
+        shared, static = os.path.join(d, "normalize-pc"), os.path.join(d, "normalize-pc-static")
+        steps += [("pkg-config build", _pkg_config(t, prefix, shared, static=False)),
+                  ("pkg-config run", lambda: ([shared], dict(
+                      os.environ, LD_LIBRARY_PATH=os.path.dirname(glob.glob(os.path.join(
+                          prefix, "**", "libfastln.so"), recursive=True)[0])))),
+                  # last: it removes the shared library from the prefix
+                  ("pkg-config static build", _pkg_config(t, prefix, static, static=True)),
+                  ("pkg-config static run", [static])]
+    return steps
+
+
+def _steps(name, t, d):
+    if name == "default":
+        return _default_steps(t, d)
+    build = os.path.join(d, "build")
+    if name == "sanitize":
+        return _configure_and_build(t, build, "-DFASTLN_SANITIZE=ON") + [
+            ("ctest", [t["ctest"], "--test-dir", build, "--output-on-failure"])]
+    # -O1: a third of -O3's compile time; the default configuration builds the real flags
+    return _configure_and_build(t, build, "-DFASTLN_OPENMP=OFF", "-DFASTLN_BUILD_STATIC=OFF",
+                                "-DCMAKE_C_FLAGS_RELEASE=-O1", target="fastln_normalize") + [
+        ("ctest", [t["ctest"], "--test-dir", build, "-R", "^normalize$", "--verbose"])]
+
+
+# the configuration each test needs
+CONFIG_OF_TEST = {
+    "test_cmake_build_passes_ctest": "default",
+    "test_shared_library_exports_only_the_public_api": "default",
+    "test_find_package_consumer_builds_and_runs": "default",
+    "test_pkg_config_consumer_builds_and_runs": "default",
+    "test_c_core_is_clean_under_sanitizers": "sanitize",
+    "test_serial_build_without_openmp": "serial",
 }
-_started = {}   # name: (process, exe, log path)
+_started = {}   # configuration: (Chain, folder)
 
 
 def start_builds(outdir, tests=None):
-    """Starts every build of BUILDS in the background, into outdir.
-
-    The C core takes minutes to compile (kernels_avx512.c most of all, and
-    several times longer under UBSan), so tests/conftest.py calls this once
-    the tests are collected, when any test of this file is selected: the
-    compilers then run beside the other tests, and build() only waits."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
+    """Starts the chains of the configurations that the tests named in tests
+    (None: all) need, each in a folder of outdir. tests/conftest.py calls this
+    once the tests are collected, so that the compilers run beside the other
+    tests; the tests only wait."""
+    t = _tools()
+    if t["cmake"] is None or t["ctest"] is None or t["cc"] is None:
         return
-    for name, (main, flags) in BUILDS.items():
-        if name not in _started:
-            _started[name] = start_build([cc, *flags, "-Isrc_c", main, *C_CORE], outdir, name)
+    wanted = set(CONFIG_OF_TEST.values()) if tests is None else \
+        {CONFIG_OF_TEST[re.sub(r"\[.*", "", n)] for n in tests
+         if re.sub(r"\[.*", "", n) in CONFIG_OF_TEST}
+    for name in sorted(wanted - set(_started)):
+        folder = os.path.join(outdir, name)
+        os.makedirs(folder, exist_ok=True)
+        chain = Chain(name, _steps(name, t, folder))
+        chain.start()
+        _started[name] = (chain, folder)
 
 
 def stop_builds():
-    """Kills the builds still running (the test run ended early)."""
-    kill_builds(_started)
+    """Kills the chains still running (the test run ended early)."""
+    for chain, _ in _started.values():
+        chain.stop()
+        chain.join(30)
 
 
-def build(name, tmp_path):
-    """Waits for build `name` (started here when start_builds() was not
-    called); returns (returncode, compiler output, exe). Skips without a C
-    compiler."""
-    if shutil.which("gcc") is None and shutil.which("cc") is None:
-        pytest.skip("no C compiler")
-    if name not in _started:
-        start_builds(str(tmp_path))
-    return wait_build(_started[name], timeout=900)
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory):
+    """{configuration: (Chain, folder)}, started here where conftest did not."""
+    _require("cmake")
+    _require("cc")
+    if not _started:
+        start_builds(str(tmp_path_factory.mktemp("fastln_c")))
+    return _started
 
 
-def test_c_core_is_clean_under_sanitizers(tmp_path):
-    rc, out, exe = build("sanitize", tmp_path)
-    if rc != 0 and "sanitize" in out:
+# ---- the tests ------------------------------------------------------------------------
+
+def test_cmake_build_passes_ctest(chains):
+    out = chains["default"][0].passed("ctest")
+    assert "100% tests passed" in out and "check_kernels" in out and "normalize" in out, out
+
+
+def _declared():
+    """The functions the public headers declare."""
+    names = set()
+    for header in HEADERS:
+        with open(header, encoding="utf-8") as f:
+            names |= set(re.findall(r"^[a-z].*?[ *](fastln_\w+)\(", f.read(), re.MULTILINE))
+    return names
+
+
+def test_shared_library_exports_only_the_public_api(chains):
+    chain, folder = chains["default"]
+    chain.passed("build")
+    _require("nm")
+    so = os.path.join(folder, "build", "libfastln.so")
+    run = subprocess.run([_tools()["nm"], "-D", "--defined-only", so], capture_output=True,
+                         text=True, check=True)
+    exported = set(re.findall(r" [TDBRVW] (\w+)$", run.stdout, re.MULTILINE))
+    declared = _declared()
+    assert len(declared) >= 50 and "fastln_pool_alloc" not in declared
+    assert {n for n in exported if n.startswith("fastln")} == declared
+
+
+def test_find_package_consumer_builds_and_runs(chains):
+    _require("c++")
+    chain = chains["default"][0]
+    out = chain.passed("consumer configure")
+    assert "fastln" in out
+    chain.passed("consumer build")
+    assert chain.passed("consumer normalize").rstrip().endswith("ok")
+    out = chain.passed("consumer consumer")
+    assert out.rstrip().endswith("-> ok") and "fastln_add_layer_norm_f32" in out, out
+
+
+def test_pkg_config_consumer_builds_and_runs(chains):
+    _require("pkg-config")
+    chain = chains["default"][0]
+    chain.passed("pkg-config build")
+    assert chain.passed("pkg-config run").rstrip().endswith("ok")
+    chain.passed("pkg-config static build")
+    assert chain.passed("pkg-config static run").rstrip().endswith("ok")
+
+
+def test_c_core_is_clean_under_sanitizers(chains):
+    chain = chains["sanitize"][0]
+    rc, out = chain.result("build")
+    if rc != 0 and re.search(r"fsanitize|lib[a-z]*san\b", out):
         pytest.skip("this compiler cannot build with sanitizers: " + out[-300:])
-    assert rc == 0, out[-3000:]
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", OMP_NUM_THREADS="3")
-    env.pop("LD_PRELOAD", None)
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    assert "runs, rc 0" in run.stdout
+    out = chain.passed("ctest")
+    assert "100% tests passed" in out and "sanitize" in out, out
 
 
-@pytest.mark.parametrize("openmp", [True, False], ids=["openmp", "serial"])
-def test_c_example_builds_and_passes(tmp_path, openmp):
-    rc, out, exe = build("normalize-openmp" if openmp else "normalize-serial", tmp_path)
-    assert rc == 0, out[-3000:]
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and run.stdout.rstrip().endswith("ok"), run.stdout + run.stderr
+def test_serial_build_without_openmp(chains):
+    chain, folder = chains["serial"]
+    out = chain.passed("ctest")
+    assert re.search(r"100% tests passed.* out of 1\n", out), out
+    assert re.search(r"1 thread\(s\): .* -> ok", out), out
+    with open(os.path.join(folder, "build", "libfastln.so"), "rb") as f:
+        data = f.read()
+    assert b"libgomp" not in data and b"libomp" not in data   # no OpenMP runtime needed

@@ -1,5 +1,5 @@
-"""The command lines of the served-model example, the benchmarks, ``python -m
-fastln`` and the C example's Makefile, as a new user meets them:
+"""The command lines of the served-model example, the benchmarks and ``python -m
+fastln``, as a new user meets them:
 
 1. loadtest.py --quick runs every mode and writes no tracked file (a full run
    still writes them).
@@ -14,8 +14,7 @@ fastln`` and the C example's Makefile, as a new user meets them:
    errors, the latter before anything runs.
 5. bench/rnn.py prints no targets; bench/run.py reports the whole run's wall
    time and prints a progress line per section to stderr.
-6. examples/c/Makefile rebuilds when CC, CFLAGS or OPENMP change.
-7. setup.py's docstring says why each build artifact is in the checkout.
+6. setup.py's docstring says why each build artifact is in the checkout.
 """
 import ast
 import importlib
@@ -23,7 +22,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -417,47 +415,7 @@ def test_run_reports_the_whole_wall_time(tmp_path, monkeypatch, capsys):
     assert "-- LayerNorm cases" in err and "-- writing the results" in err
 
 
-# ---------------------------------------------------------------- 6. the C example's Makefile
-
-@pytest.mark.skipif(shutil.which("make") is None or shutil.which("cmp") is None,
-                    reason="no make or cmp")
-def test_c_makefile_rebuilds_when_its_configuration_changes(tmp_path):
-    shutil.copytree(os.path.join(ROOT, "src_c"), tmp_path / "src_c")
-    cdir = tmp_path / "examples" / "c"
-    cdir.mkdir(parents=True)
-    for name in ("Makefile", "normalize.c"):
-        shutil.copy(os.path.join(ROOT, "examples", "c", name), cdir / name)
-
-    def make(*args):
-        return subprocess.run(["make", "-n", *args], cwd=cdir, capture_output=True,
-                              text=True, check=True).stdout
-
-    targets = sorted(set(re.findall(r"-o (build/\S+)", make("-B"))))
-    assert "build/normalize" in targets and len(targets) > 3
-    # a finished default build: sources, then the stamp, then the outputs, oldest first
-    now = time.time()
-    for path in list((tmp_path / "src_c").iterdir()) + [cdir / "normalize.c",
-                                                        cdir / "Makefile"]:
-        os.utime(path, (now - 100, now - 100))
-    os.utime(cdir / "build" / "config.stamp", (now - 50, now - 50))
-    for target in targets:
-        (cdir / target).touch()
-        os.utime(cdir / target, (now - 10, now - 10))
-    assert "-o build/" not in make()
-    stamp = (cdir / "build" / "config.stamp").read_text()
-    for change in (["OPENMP="], ["CFLAGS=-O2 -DNAME='a b'"], ["CC=gcc-other"]):
-        compiles = make(*change)
-        assert sorted(set(re.findall(r"-o (build/\S+)", compiles))) == targets, change
-        assert change[0].split("=", 1)[1] in (cdir / "build" / "config.stamp").read_text()
-    assert "-fopenmp -I" not in make("OPENMP=")
-    (cdir / "build" / "config.stamp").write_text(stamp)
-    os.utime(cdir / "build" / "config.stamp", (now - 50, now - 50))
-    assert "-o build/" not in make()   # the same configuration again: nothing to do
-    shutil.rmtree(cdir / "build")        # make clean all: the stamp is written again
-    assert "> build/config.stamp" in make("clean", "all")
-
-
-# ---------------------------------------------------------------- 7. setup.py's docstring
+# ---------------------------------------------------------------- 6. setup.py's docstring
 
 def test_setup_docstring_explains_each_build_artifact():
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:

@@ -1,18 +1,15 @@
 """fastln's C core checked without Python by tests/c/check_kernels.c: every
 function of src_c/fastln.h and src_c/fastln_rnn.h against plain double loops,
-for odd sizes, on every ISA path, 1 and 3 threads.
+for odd sizes, on every ISA path, 1 and 3 threads, built for aarch64 with
+aarch64-linux-gnu-gcc and run under qemu-aarch64, so a core that only builds
+or only computes right on x86 fails here. (Natively, ctest runs the same
+program: tests/test_c.py.) Skipped when the cross tools are missing, unless
+the environment variable CI is set (then a failure): .ci/run installs
+gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, libgomp1-arm64-cross and
+qemu-user.
 
-* native: built with the host's gcc, run here (the x86 paths, where this is x86;
-  marked slow, as the Python tests and tests/c/sanitize.c cover those paths too);
-* aarch64: built with aarch64-linux-gnu-gcc and run under qemu-aarch64, so a
-  core that only builds or only computes right on x86 fails here. Skipped when
-  the cross tools are missing, unless the environment variable CI is set (then
-  a failure): .ci/run installs gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
-  libgomp1-arm64-cross and qemu-user.
-
-Both builds compile every src_c/*.c and start together in the background once
-the tests are collected (tests/conftest.py), or when the first of these tests
-asks for its build.
+The build compiles every src_c/*.c and starts in the background once the
+tests are collected (tests/conftest.py), or when the test asks for it.
 """
 import glob
 import os
@@ -39,21 +36,16 @@ def _sources():
 
 def _compilers():
     """{build name: compiler path or None}."""
-    return {"native": shutil.which("gcc") or shutil.which("cc"),
-            "aarch64": shutil.which(CROSS_CC)}
+    return {"aarch64": shutil.which(CROSS_CC)}
 
 
-def _flags(name):
-    # -O1 natively: the AVX-512 kernels take most of the compile time, and the
-    # checks do not need -O2's code
-    return ["-O2" if name == "aarch64" else "-O1", "-fopenmp", "-std=gnu99", "-Wall", "-Wextra",
-            "-I" + os.path.join(ROOT, "src_c")]
+FLAGS = ["-O2", "-fopenmp", "-std=gnu99", "-Wall", "-Wextra", "-I" + os.path.join(ROOT, "src_c")]
 
 
 _started = {}   # name: (process, exe, log path)
 
 
-BUILD_OF_TEST = {"test_native": "native", "test_aarch64_under_qemu": "aarch64"}
+BUILD_OF_TEST = {"test_aarch64_under_qemu": "aarch64"}
 
 
 def start_builds(outdir, tests=None):
@@ -66,7 +58,7 @@ def start_builds(outdir, tests=None):
     for name, cc in _compilers().items():
         if cc is None or name in _started or name not in wanted:
             continue
-        _started[name] = start_build([cc, *_flags(name), *_sources()], outdir, name)
+        _started[name] = start_build([cc, *FLAGS, *_sources()], outdir, name)
 
 
 def stop_builds():
@@ -94,14 +86,6 @@ def _check(cmd, env=None):
     assert run.returncode == 0, out[-6000:]
     assert " checks, 0 failed" in out, out[-2000:]
     return out
-
-
-@pytest.mark.slow   # the x86 paths, which the Python tests and tests/c/sanitize.c check too
-def test_native(builds):
-    if "native" not in builds:
-        pytest.skip("no C compiler")
-    out = _check([_built(builds, "native")])
-    assert "generic, 3 thread(s): ok" in out
 
 
 def test_aarch64_under_qemu(builds):

@@ -15,7 +15,8 @@ a missing extra is tested on every run, whatever this environment holds.
 3. Every import of a package outside the standard library, in fastln/,
    bench/, examples/ and tests/, is of numpy, scipy, a first-party module, or
    a package that pyproject.toml declares in an extra, and ``[test]`` holds
-   every extra's packages. fastln/_optional.py names only declared extras.
+   every extra's packages but ``[docs]``'s (the site's build tools).
+   fastln/_optional.py names only declared extras.
 """
 import ast
 import glob
@@ -38,7 +39,7 @@ DISTRIBUTIONS = {
     "matplotlib": "matplotlib", "sklearn": "scikit-learn", "tqdm": "tqdm",
     "starlette": "starlette", "uvicorn": "uvicorn", "httpx": "httpx",
     "picows": "picows", "uvloop": "uvloop",
-    "pytest": "pytest", "hypothesis": "hypothesis", "mypy": "mypy",
+    "pytest": "pytest", "hypothesis": "hypothesis", "mypy": "mypy", "Cython": "Cython",
     "sniffio": "httpx",   # httpx's own optional dependency, probed by the load test
 }
 # peers that fastln compares itself with or reads objects of, and never
@@ -47,7 +48,7 @@ DISTRIBUTIONS = {
 # FASTLN_REQUIRE_TORCH=1); jax is an optional row of the benchmarks
 PEERS = {"torch", "jax"}
 REQUIRED = {"numpy", "scipy"}
-OPTIONAL = sorted(set(DISTRIBUTIONS) - {"pytest", "hypothesis", "mypy"} | PEERS)
+OPTIONAL = sorted(set(DISTRIBUTIONS) - {"pytest", "hypothesis", "mypy", "Cython"} | PEERS)
 
 
 def run_blocked(blocked, *args, timeout=300):
@@ -257,7 +258,8 @@ def test_every_optional_import_maps_to_a_declared_extra():
     project = _pyproject()["project"]
     extras = {name: {_distribution(r) for r in reqs}
               for name, reqs in project["optional-dependencies"].items()}
-    declared = set().union(*(v for k, v in extras.items() if k != "test"))
+    # [docs] holds the site's build tools, which no test or example imports
+    declared = set().union(*(v for k, v in extras.items() if k not in ("test", "docs")))
     first_party = _first_party()
     stdlib = set(sys.stdlib_module_names)
     unknown, undeclared = {}, {}

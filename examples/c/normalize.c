@@ -2,10 +2,12 @@
  * fastln from C, without Python: normalize a buffer of rows with
  * fastln_layer_norm_f32 and check the result against a plain double loop.
  *
- * Build and run (from the repository root; the Makefile compiles every C
- * file of src_c/ into examples/c/build/, one to two minutes on two cores):
- *   make -C examples/c -j2 && examples/c/build/normalize
- * Any C99 compiler builds the core; OpenMP is optional (make OPENMP=).
+ * Build and run against an installed fastln (CMakeLists.txt here; the
+ * library's build and install: docs/guide/c-library.md):
+ *   cmake -S examples/c -B examples/c/build -DCMAKE_PREFIX_PATH=$PREFIX
+ *   cmake --build examples/c/build && examples/c/build/normalize
+ * or with pkg-config:
+ *   cc normalize.c $(pkg-config --cflags --libs fastln) -lm -o normalize
  * Exits 0 and prints "ok" when every value is within 1e-5 of the reference.
  */
 #include <math.h>

@@ -16,12 +16,13 @@ cimport numpy as cnp
 import numpy as np
 
 from fastln._core cimport (
-    FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T, _arr, _check, _fast,
-    _float_type, _ptr, fastln_dgemm_fn, fastln_rnn_args, fastln_rnn_step_args, fastln_sgemm_fn,
+    FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T,
+    fastln_dgemm_fn, fastln_rnn_args, fastln_rnn_step_args, fastln_sgemm_fn,
     rnn_backward2_f32, rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products,
     rnn_cache_size, rnn_forward2_f32, rnn_forward2_f64, rnn_forward_f32, rnn_forward_f64,
     rnn_pack, rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size,
     to_bf16)
+from fastln._ndarray cimport _arr, _check, _fast, _float_type, _ptr
 
 cnp.import_array()
 

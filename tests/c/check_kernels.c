@@ -1,6 +1,6 @@
 /* Checks the results of every function of fastln's C API against plain
- * double-precision loops written here (tests/test_cross.py builds it natively
- * and for aarch64, which it runs under qemu-user):
+ * double-precision loops written here (ctest runs it natively: CMakeLists.txt;
+ * tests/test_cross.py builds it for aarch64 and runs it under qemu-user):
  *  - fastln.h: LayerNorm, RMSNorm and add + LayerNorm, forward and backward,
  *    on float, double, float16 and bfloat16 storage, with and without weight
  *    and bias, in place and not; H = 1, 7, 16, 33, 300, 1024 and N = 1, 5, 67;

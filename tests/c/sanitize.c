@@ -1,6 +1,7 @@
-/* A driver of fastln's C API for AddressSanitizer/UBSan builds
- * (tests/test_c.py). Values are arbitrary: the Python tests check the
- * results, this checks memory and undefined behaviour.
+/* A driver of fastln's C API for AddressSanitizer/UBSan builds (ctest runs
+ * it in CMakeLists.txt's FASTLN_SANITIZE=ON build; tests/test_c.py). Values
+ * are arbitrary: the Python tests check the results, this checks memory and
+ * undefined behaviour.
  *  - the normalization kernels (fastln.h): every function, dtype (float16
  *    and bfloat16 storage too) and ISA path; rows of 1 to 4099 elements, 0 to 3100 rows (the largest past the
  *    streaming-store threshold), in place and not, 1 and 3 threads;
