@@ -1,0 +1,336 @@
+"""The documentation site (docs/) stays true to the code.
+
+1. The API reference names every public name and nothing else. Its pages,
+   docs/reference/*.rst, list names in ``autosummary`` tables under a
+   ``currentmodule`` or ``automodule``; read from those sources (no Sphinx
+   needed), they are exactly the ``__all__`` of fastln, fastln.rnn,
+   fastln.dask, fastln.reference and fastln.rnn_reference (fastln.layers'
+   classes appear as fastln's, the same objects), and each exists. A class
+   page lists its public methods (inherited ones and ``__call__`` included)
+   through the autosummary templates.
+2. The C reference pages are generated from the public headers
+   (src_c/fastln*.h) at build time by docs/_ext/c_reference.py. Each header
+   has its page, and the header reader docs/_ext/cheader.py finds every
+   function, macro, enumerator, struct (with every member) and type that a
+   plain scan of the header finds, and attaches the comments as the
+   headers' conventions say.
+3. Every ```python block of README.md and docs/**/*.md runs as written, in a
+   namespace of its own, from the repository root. A block with an
+   ``if __name__ == "__main__":`` guard (a dask cluster) runs as a script in
+   a subprocess, as a user would run it. A block that needs a package that
+   is not installed is skipped (torch through the ``torch`` fixture, so
+   FASTLN_REQUIRE_TORCH=1 fails; the others fail under CI=1, which installs
+   them). Code not meant to run is marked ```{code-block} python
+   (highlighted, not run), ```pycon, ```console or ```text; the fences
+   ```py, ```python3 and ```ipython are refused, so that no Python escapes
+   the runner.
+"""
+import glob
+import importlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import fastln
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+REFERENCE = os.path.join(DOCS, "reference")
+TEMPLATES = os.path.join(DOCS, "_templates", "autosummary")
+PUBLIC_MODULES = ["fastln", "fastln.rnn", "fastln.dask", "fastln.reference",
+                  "fastln.rnn_reference"]
+HEADERS = sorted(glob.glob(os.path.join(ROOT, "src_c", "fastln*.h")))
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(REFERENCE),
+                                reason="docs/ is not next to tests/")
+
+
+def _module(name):
+    """The module; a package it needs that is missing skips, or fails under CI."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name.split(".")[0] == "fastln" or os.environ.get("CI"):
+            raise
+        pytest.skip(f"{name} needs {e.name}, which is not installed")
+
+
+# ---- 1. the API reference -------------------------------------------------------------
+
+def _reference_entries():
+    """{full name: page} of every autosummary entry of docs/reference/*.rst, and the
+    modules the pages document with automodule."""
+    entries, modules = {}, set()
+    for path in sorted(glob.glob(os.path.join(REFERENCE, "*.rst"))):
+        page = os.path.relpath(path, ROOT)
+        current, in_table = None, False
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                m = re.match(r"\.\. (currentmodule|automodule):: (\S+)", line)
+                if m:
+                    current, in_table = m.group(2), False
+                    if m.group(1) == "automodule":
+                        modules.add(current)
+                elif line.startswith(".. autosummary::"):
+                    in_table = True
+                elif in_table and line.strip() and not line[0].isspace():
+                    in_table = False
+                elif in_table and line.strip() and not line.strip().startswith(":"):
+                    name = f"{current}.{line.strip()}"
+                    assert name not in entries, f"{name} in {page} and {entries[name]}"
+                    entries[name] = page
+    return entries, modules
+
+
+def test_the_reader_sees_the_reference():
+    entries, modules = _reference_entries()
+    for name in ["fastln.layer_norm", "fastln.LayerNorm", "fastln.rnn.LNLSTM",
+                 "fastln.rnn_reference.param_shapes", "fastln.dask.rnn_forward"]:
+        assert name in entries
+    assert "fastln.rnn" in modules
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_reference_lists_exactly_the_public_names(module_name):
+    module = _module(module_name)
+    entries, modules = _reference_entries()
+    documented = {name.rpartition(".")[2] for name in entries
+                  if name.rpartition(".")[0] == module_name}
+    assert documented == set(module.__all__), (
+        f"missing: {sorted(set(module.__all__) - documented)}, "
+        f"not public: {sorted(documented - set(module.__all__))}")
+    assert module_name in modules, f"no page shows {module_name}'s docstring (automodule)"
+
+
+def test_reference_entries_exist():
+    entries, modules = _reference_entries()
+    for name, page in entries.items():
+        module_name, _, attr = name.rpartition(".")
+        assert module_name in PUBLIC_MODULES, f"{name} ({page}): not a public module"
+        assert hasattr(_module(module_name), attr), f"{name} ({page}) does not exist"
+    assert modules <= set(PUBLIC_MODULES), modules
+
+
+def test_layers_classes_are_documented_as_fastlns():
+    import fastln.layers
+
+    entries, _ = _reference_entries()
+    for name in fastln.layers.__all__:
+        assert f"fastln.{name}" in entries
+        assert getattr(fastln, name) is getattr(fastln.layers, name)
+
+
+def test_class_pages_list_the_public_methods():
+    with open(os.path.join(TEMPLATES, "class.rst"), encoding="utf-8") as f:
+        template = f.read()
+    for option in (":members:", ":inherited-members:", ":special-members: __call__"):
+        assert re.search(r"^\s+" + re.escape(option) + r"\s*$", template, re.M), option
+
+
+# ---- 2. the C reference ---------------------------------------------------------------
+
+def _cheader():
+    spec = importlib.util.spec_from_file_location(
+        "cheader", os.path.join(DOCS, "_ext", "cheader.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _scan(text):
+    """{name: kind} of a header's declarations, found by plain patterns, and
+    {struct: member names}."""
+    code = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    guard = re.search(r"#ifndef (\w+)", code).group(1)
+    names = {n: "macro" for n in re.findall(r"^#define\s+(\w+)\s+\S", code, re.M)}
+    names.pop(guard, None)
+    names.update({n: "function" for n in re.findall(r"\b(fastln_\w+)\s*\(", code)})
+    names.update({n: "type" for n in re.findall(r"\(\s*\*\s*(fastln_\w+)\s*\)\s*\(", code)})
+    for body in re.findall(r"\benum\s*\{(.*?)\}", code, re.S):
+        names.update({n: "enumerator" for n in re.findall(r"(\w+)\s*=", body)})
+    members = {}
+    for body, name in re.findall(r"typedef struct\s*\{(.*?)\}\s*(\w+)\s*;", code, re.S):
+        names[name] = "struct"
+        body = re.sub(r"\)\s*\([^()]*\)", ")", body)        # int (*f)(void *) -> int (*f)
+        members[name] = re.findall(r"(\w+)\s*\)?\s*(?:\[\w+\])?\s*[;,]", body)
+    return names, members
+
+
+def _member_name(declaration):
+    """The name a member declaration declares: ``(*f)(...)``, ``w[4]``, ``*p``."""
+    m = re.search(r"\(\s*\*\s*(\w+)\s*\)", declaration) or re.search(r"(\w+)\s*(?:\[\w+\])?$",
+                                                                   declaration)
+    return m.group(1)
+
+
+@pytest.mark.parametrize("header", HEADERS, ids=os.path.basename)
+def test_c_reader_finds_every_declaration(header):
+    with open(header, encoding="utf-8") as f:
+        text = f.read()
+    parsed = _cheader().parse(text)
+    names, members = _scan(text)
+    assert {d.name: d.kind for d in parsed.decls()} == names
+    assert len(parsed.decls()) == len(names)            # each once
+    for decl in parsed.decls():
+        if decl.kind == "struct":
+            assert [_member_name(m) for m, _ in decl.members] == members[decl.name]
+    assert parsed.text, "the header's leading comment"
+
+
+@pytest.mark.parametrize("header", HEADERS, ids=os.path.basename)
+def test_every_public_header_has_a_reference_page(header):
+    pages = []
+    for path in glob.glob(os.path.join(REFERENCE, "*.*")):
+        with open(path, encoding="utf-8") as f:
+            for target in re.findall(r"^(?:\.\. c-header::|```\{c-header\}) (\S+)", f.read(),
+                                     re.M):
+                if os.path.normpath(os.path.join(REFERENCE, target)) == header:
+                    pages.append(path)
+    assert len(pages) == 1, pages
+
+
+def test_c_reader_follows_the_comment_conventions():
+    header = _cheader().parse("""/*
+ * The header.
+ *
+ * Legend
+ *   x  input
+ */
+#ifndef T_H
+#define T_H
+#define T_OK 0
+#define T_ERR 1   /* went wrong */
+
+/* ---- Norms: y = f(x) ---- */
+/* A pair. */
+int t_f32(float *y, const float *x);
+int t_f64(double *y, const double *x);
+
+int t_alone(void);
+
+enum { T_A = 0, T_B = 1 };
+/* Args. */
+typedef struct {
+    int a, *b;        /* two */
+    int (*cb)(void *ctx);  /* a callback */
+    double w[4];
+} t_args;
+/* A BLAS. */
+typedef void (*t_fn)(char *, int *);
+void t_set(t_fn f);
+#endif
+""")
+    assert header.text == "The header.\n\nLegend\n  x  input"
+    first, norms = header.sections
+    assert first.title == "" and [d.name for d in first.groups[0].decls] == ["T_OK", "T_ERR"]
+    assert [d.value for d in first.groups[0].decls] == ["0", "1"]
+    assert first.groups[0].decls[1].comment == "went wrong"
+    assert (norms.title, norms.text) == ("Norms", "y = f(x)")
+    groups = [(g.comment, [d.name for d in g.decls]) for g in norms.groups]
+    assert groups == [("A pair.", ["t_f32", "t_f64"]), ("", ["t_alone"]),
+                      ("", ["T_A", "T_B"]), ("Args.", ["t_args"]),
+                      ("A BLAS.", ["t_fn", "t_set"])]
+    args = norms.groups[3].decls[0]
+    assert args.members == [("int a", "two"), ("int *b", "two"),
+                            ("int (*cb)(void *ctx)", "a callback"), ("double w[4]", "")]
+    assert norms.groups[4].decls[0].signature == "void (*t_fn)(char *, int *)"
+    assert norms.groups[0].decls[0].signature == "int t_f32(float *y, const float *x)"
+
+
+# ---- 3. the code blocks ---------------------------------------------------------------
+
+def _pages():
+    pages = [os.path.join(ROOT, "README.md")]
+    pages += sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+    return [p for p in pages if os.path.exists(p)
+            and not os.path.relpath(p, DOCS).startswith("_build")]
+
+
+def _fences(path):
+    """(line number, info string, code) of every fenced block of a Markdown page."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    blocks, i = [], 0
+    while i < len(lines):
+        m = re.match(r"(\s*)(`{3,}|~{3,})\s*([^`\s]*)(.*)$", lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, info = m.group(1), m.group(2), m.group(3)
+        start, i = i + 1, i + 1
+        while i < len(lines) and not re.match(r"\s*" + fence + r"\s*$", lines[i]):
+            i += 1
+        code = "\n".join(line[len(indent):] for line in lines[start:i]) + "\n"
+        blocks.append((start, info, code))
+        i += 1
+    return blocks
+
+
+def _python_blocks():
+    return [pytest.param(path, code, id=f"{os.path.relpath(path, ROOT)}:{line}")
+            for path in _pages() for line, info, code in _fences(path) if info == "python"]
+
+
+def _imports(block):
+    """The top-level packages a block imports."""
+    names = set()
+    for line in block.splitlines():
+        m = re.match(r"\s*import\s+(.+)", line)
+        if m:
+            names.update(part.split()[0].split(".")[0] for part in m.group(1).split(","))
+        m = re.match(r"\s*from\s+(\S+)\s+import\b", line)
+        if m:
+            names.add(m.group(1).split(".")[0])
+            if m.group(1) == "dask.distributed":   # a module of dask that needs distributed
+                names.add("distributed")
+    return names
+
+
+def _require(block, request):
+    for name in sorted(_imports(block)):
+        if name == "torch":
+            if importlib.util.find_spec("torch") is None:
+                # a skip, or a failure under FASTLN_REQUIRE_TORCH=1
+                request.getfixturevalue("torch")
+        elif importlib.util.find_spec(name) is None:
+            if os.environ.get("CI"):
+                pytest.fail(f"the block needs {name}, which CI installs")
+            pytest.skip(f"the block needs {name}, which is not installed")
+
+
+def test_pages_have_python_blocks():
+    assert len(_python_blocks()) >= 5
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_python_is_fenced_as_python(page):
+    for line, info, _ in _fences(page):
+        assert info.lower() not in ("py", "python3", "ipython", "ipython3"), (
+            f"{os.path.relpath(page, ROOT)}:{line}: ```{info} is not run by the tests: "
+            "write ```python, or ```{code-block} python for code that must not run")
+
+
+@pytest.mark.parametrize("path, block", _python_blocks())
+def test_python_block_runs(path, block, request, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(ROOT)        # for `from examples.serve.client import ...`
+    _require(block, request)
+    if re.search(r"^if __name__ == .__main__.:", block, re.MULTILINE):
+        script = tmp_path / "block.py"
+        script.write_text(block, encoding="utf-8")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        run = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600, check=False)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+        return
+    monkeypatch.chdir(ROOT)
+    limit = fastln.cache_info().limit
+    try:
+        with fastln.threads(None):      # a block's thread count ends with it
+            exec(compile(block, path, "exec"), {"__name__": "__doc_block__"})  # noqa: S102
+    finally:
+        fastln.set_cache_limit(limit)
