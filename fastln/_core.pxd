@@ -161,27 +161,6 @@ cdef extern from "fastln_rnn.h" nogil:
     int FASTLN_RNN_W_IH_T
     int FASTLN_RNN_W_HH_T
 
-# the engine's entry points (src_c/fastln_rnn.h), as the header names them less "fastln_"
-cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden) noexcept nogil
-cdef int rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input, int64_t hidden,
-                  const void *w_ih, const void *w_hh) noexcept nogil
-cdef int64_t rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H) noexcept nogil
-cdef int64_t rnn_work_size(int cell, int64_t T, int64_t B, int64_t H) noexcept nogil
-cdef int rnn_forward_f32(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_forward_f64(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_backward_f32(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_backward_f64(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_forward2_f32(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_forward2_f64(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_backward2_f32(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_backward2_f64(const fastln_rnn_args *a) noexcept nogil
-cdef int rnn_step_f32(const fastln_rnn_step_args *s) noexcept nogil
-cdef int rnn_step_f64(const fastln_rnn_step_args *s) noexcept nogil
-cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept nogil
-cdef const char *rnn_bf16_products() noexcept nogil
-# dst (n bfloat16 bits) = src (n float32), rounded to nearest even
-cdef void to_bf16(void *dst, const void *src, int64_t n) noexcept nogil
-
 # fastln.h's functions under their C names, with the same arguments and
 # results: each calls the C function of the same name (src_c/fastln.h
 # documents them)
