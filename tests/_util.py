@@ -289,3 +289,13 @@ def assert_every_option_shows_its_default(parser):
         nxt = re.search(r"\n  -", block)
         block = block[:nxt.start()] if nxt else block
         assert "(default:" in block, (action.option_strings, block)
+
+
+def declared_functions(*headers):
+    """The names of the functions that the C headers declare (src_c/fastln.h's
+    style: one declaration a line start, the return type first)."""
+    names = set()
+    for header in headers:
+        with open(header, encoding="utf-8") as f:
+            names |= set(re.findall(r"^[a-z].*?[ *](fastln_\w+)\(", f.read(), re.MULTILINE))
+    return names

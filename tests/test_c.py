@@ -37,6 +37,8 @@ import threading
 
 import pytest
 
+from _util import declared_functions
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "c")
 HEADERS = [os.path.join(ROOT, "src_c", name) for name in ("fastln.h", "fastln_rnn.h")]
@@ -246,15 +248,6 @@ def test_cmake_build_passes_ctest(chains):
     assert "100% tests passed" in out and "check_kernels" in out and "normalize" in out, out
 
 
-def _declared():
-    """The functions the public headers declare."""
-    names = set()
-    for header in HEADERS:
-        with open(header, encoding="utf-8") as f:
-            names |= set(re.findall(r"^[a-z].*?[ *](fastln_\w+)\(", f.read(), re.MULTILINE))
-    return names
-
-
 def test_shared_library_exports_only_the_public_api(chains):
     chain, folder = chains["default"]
     chain.passed("build")
@@ -263,7 +256,7 @@ def test_shared_library_exports_only_the_public_api(chains):
     run = subprocess.run([_tools()["nm"], "-D", "--defined-only", so], capture_output=True,
                          text=True, check=True)
     exported = set(re.findall(r" [TDBRVW] (\w+)$", run.stdout, re.MULTILINE))
-    declared = _declared()
+    declared = declared_functions(*HEADERS)
     assert len(declared) >= 50 and "fastln_pool_alloc" not in declared
     assert {n for n in exported if n.startswith("fastln")} == declared
 

@@ -32,7 +32,7 @@ import pytest
 
 import fastln
 
-from _util import package_parent
+from _util import declared_functions, package_parent
 
 EXTENSION = r'''
 # cython: language_level=3, boundscheck=False, wraparound=False
@@ -356,8 +356,7 @@ def test_the_installed_package_ships_the_declarations_and_headers():
 
 def test_kernels_pxd_declares_every_function_of_fastln_h():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "src_c", "fastln.h"), encoding="utf-8") as f:
-        header = set(re.findall(r"^[a-z][\w ]*?\*?\s*(fastln_\w+)\(", f.read(), re.M))
+    header = declared_functions(os.path.join(root, "src_c", "fastln.h"))
     with open(os.path.join(root, "fastln", "kernels.pxd"), encoding="utf-8") as f:
         declared = set(re.findall(r"\b(fastln_\w+)\b", f.read().split("cimport (", 1)[1]))
     assert len(header) > 30
