@@ -10,6 +10,7 @@ orders and counts only.
 import asyncio
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -24,6 +25,15 @@ from fastln.rnn import (
 )
 
 I, H = 5, 7
+
+
+@pytest.fixture(autouse=True, params=[0.0, 0.002], ids=["no_delay", "delay"])
+def default_delay(request, monkeypatch):
+    """Every test runs twice: with the batcher's default max_delay of 0, and
+    with a 2 ms delay wherever a test does not set max_delay itself (a delay
+    changes when batches form, never what they compute)."""
+    monkeypatch.setitem(StreamBatcher.__init__.__kwdefaults__, "max_delay", request.param)
+    return request.param
 
 
 class RecordingTable(StreamTable):
@@ -662,3 +672,146 @@ def test_submit_with_callbacks():
     assert len(got[ids[1]]) == 4                     # ran in the held batch
     assert [type(c["exception"]) for c in reported] == [ZeroDivisionError]
     assert reported[0]["message"] == "a StreamBatcher.submit callback raised"
+
+
+# ---- a batching delay, a busy event loop -----------------------------------
+
+def _loops():
+    """The event loops a server runs on: asyncio's, and uvloop's where installed."""
+    loops = [("asyncio", asyncio.new_event_loop)]
+    try:
+        import uvloop
+    except ImportError:
+        pass
+    else:
+        loops.append(("uvloop", uvloop.new_event_loop))
+    return loops
+
+
+@pytest.mark.parametrize("loop_name,new_loop", _loops(), ids=[n for n, _ in _loops()])
+@pytest.mark.parametrize("yields", range(6))
+def test_a_step_submitted_as_the_delay_runs_out(loop_name, new_loop, yields):
+    """The loop is blocked past the oldest step's deadline, then runs a few
+    callbacks (the batcher's timer among them), then a step arrives: it is
+    queued once and answered, whichever callbacks ran before it."""
+    model = LNLSTM(I, H, seed=21)
+    table = RecordingTable(model, 4)
+    a, b_ = table.open(), table.open()
+    xs = inputs(2, 1, seed=21)
+
+    async def main():
+        async with StreamBatcher(table, max_delay=0.01, max_batch=2) as b:
+            fa = b.submit(a, xs[0, 0])
+            for _ in range(4):
+                await asyncio.sleep(0)          # the worker sleeps on the deadline
+            time.sleep(0.02)                    # the loop is busy past it
+            for _ in range(yields):
+                await asyncio.sleep(0)
+            fb = b.submit(b_, xs[1, 0])         # must not raise
+            return await fa, await fb, b.metrics()
+    loop = new_loop()
+    try:
+        ya, yb, m = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert ya.tobytes() == alone(model, xs[0])[0].tobytes()
+    assert yb.tobytes() == alone(model, xs[1])[0].tobytes()
+    assert m["steps"] == 2 and m["failed"] == 0 and m["pending"] == 0
+    assert sorted(map(len, table.calls)) in ([2], [1, 1])
+
+
+@pytest.mark.parametrize("loop_name,new_loop", _loops(), ids=[n for n, _ in _loops()])
+@pytest.mark.parametrize("max_delay", [1e-4, 1e-3, 5e-3])
+def test_random_load_on_a_busy_loop_with_a_delay(loop_name, new_loop, max_delay):
+    """Steps of 16 streams submitted at random moments, in callbacks and as
+    futures, while the event loop is blocked now and then for about the
+    delay: no submit raises, every step is answered once, in order, bitwise
+    as the stream alone."""
+    model = LNLSTM(I, H, seed=22)
+    n, T = 16, 25
+    xs = inputs(n, T, seed=22)
+    table = RecordingTable(model, n)
+    ids = [table.open() for _ in range(n)]
+    rng = random.Random(22)
+
+    async def main():
+        got = {sid: [] for sid in ids}
+        async with StreamBatcher(table, max_delay=max_delay, max_batch=4,
+                                 max_queue_per_stream=T, max_pending=n * T) as b:
+            futs = []
+            order = [k for k in range(n) for _ in range(T)]
+            rng.shuffle(order)
+            sent = [0] * n
+            for k in order:
+                sid, t = ids[k], sent[k]
+                sent[k] += 1
+                if rng.random() < 0.5:
+                    b.submit(sid, xs[k, t], lambda y, e, sid=sid: got[sid].append(
+                        y.copy() if e is None else e))
+                else:
+                    futs.append((sid, t, b.submit(sid, xs[k, t])))
+                r = rng.random()
+                if r < 0.1:
+                    time.sleep(max_delay * rng.uniform(0.5, 2))
+                elif r < 0.4:
+                    await asyncio.sleep(0)
+                elif r < 0.5:
+                    await asyncio.sleep(max_delay * rng.random())
+            for sid, t, f in futs:
+                got[sid].append((t, (await f).copy()))
+            while sum(map(len, got.values())) < n * T:
+                await asyncio.sleep(0.001)
+            return got, b.metrics()
+    loop = new_loop()
+    try:
+        got, m = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert m["steps"] == n * T and m["failed"] == 0 and m["pending"] == 0
+    check_calls(table.calls, 4)
+    for k, sid in enumerate(ids):
+        # futures' results carry their index; callbacks arrive in order
+        by_future = dict(g for g in got[sid] if isinstance(g, tuple))
+        in_order = iter(g for g in got[sid] if not isinstance(g, tuple))
+        want = alone(model, xs[k])
+        for t in range(T):
+            y = by_future[t] if t in by_future else next(in_order)
+            assert isinstance(y, np.ndarray), y
+            assert y.tobytes() == want[t].tobytes(), (k, t)
+
+
+def test_cancelled_submit_futures_leave_the_queues():
+    """Futures of submit() cancelled while they wait neither count against
+    max_queue_per_stream or max_pending nor show in the metrics."""
+    model = LNLSTM(I, H, seed=23)
+    table = RecordingTable(model, 8)
+    a, c, d = table.open(), table.open(), table.open()
+    xs = inputs(3, 4, seed=23)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table, max_queue_per_stream=2, max_pending=3) as b:
+            first = b.submit(d, xs[2, 0])              # runs, held at the gate
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            gone = [b.submit(a, xs[0, 0]), b.submit(a, xs[0, 1])]
+            for f in gone:
+                f.cancel()
+            m = b.metrics()
+            kept = [b.submit(a, xs[0, 0]), b.submit(a, xs[0, 1])]   # the per-stream limit
+            late = b.submit(c, xs[1, 0])
+            late.cancel()
+            kept.append(b.submit(c, xs[1, 0]))                      # the limit over all
+            with pytest.raises(OverloadedError, match="max_pending"):
+                b.submit(c, xs[1, 1])
+            table.gate.set()
+            ys = [await f for f in kept]
+            await first
+            return m, ys, b.metrics()
+    m, ys, done = asyncio.run(main())
+    assert m["pending"] == 0 and m["cancelled"] == 2
+    want_a = alone(model, xs[0])
+    assert [y.tobytes() for y in ys[:2]] == [w.tobytes() for w in want_a[:2]]
+    assert ys[2].tobytes() == alone(model, xs[1])[0].tobytes()
+    assert done["cancelled"] == 3 and done["pending"] == 0 and done["steps"] == 4
+    assert done["rejected"] == 1

@@ -311,22 +311,19 @@ class StreamBatcher:
         if q is None:
             q = self._new_queue(stream_id)
         waiting = self._waiting
-        if q:
+        if self._pending >= self.max_pending or len(q) >= self.max_queue_per_stream:
+            self._purge()              # steps cancelled while they waited make room
             if self._pending >= self.max_pending or len(q) >= self.max_queue_per_stream:
                 raise self._overloaded(q, stream_id)
-        elif self._pending >= self.max_pending:
-            raise self._overloaded(q, stream_id)
-        else:
+        if not q:
             waiting[stream_id] = q     # its first waiting step: it queues last
         fut = loop.create_future() if sink is None else sink
         q.append((fut, x, _now()))
         self._pending += 1
-        w = self._wake
-        if w is not None and (self.max_delay == 0 or len(waiting) == 1
-                              or len(waiting) >= self.max_batch
-                              or (self.run_when_all_waiting and len(waiting) >= len(self.table))):
-            self._wake = None
-            w.set_result(None)
+        if self._wake is not None and (
+                self.max_delay == 0 or len(waiting) == 1 or len(waiting) >= self.max_batch
+                or (self.run_when_all_waiting and len(waiting) >= len(self.table))):
+            self._rouse()
         return fut
 
     def metrics(self) -> Dict[str, Any]:
@@ -354,6 +351,7 @@ class StreamBatcher:
         >>> m["batches"], m["queue_delay_p50"], m["active_streams"]
         (0, None, 0)
         """
+        self._purge()
         p50 = p99 = None
         if self._delays:
             p50, p99 = (float(v) for v in np.percentile(self._delays, [50, 99]))
@@ -386,10 +384,7 @@ class StreamBatcher:
         >>> asyncio.run(batcher.aclose())
         """
         self._closed = True
-        w = self._wake
-        if w is not None:
-            self._wake = None
-            w.set_result(None)
+        self._rouse()
         if self._worker is not None and not self._worker.done():
             await asyncio.wait({self._worker})    # its own error, if any, stays with it
         err = RuntimeError("batcher closed")
@@ -450,6 +445,34 @@ class StreamBatcher:
             raise ValueError(f"x must have shape {self._xshape} (input_size,), got {x.shape}")
         return x
 
+    def _purge(self) -> None:
+        """Removes the waiting steps whose futures were cancelled (submit()'s
+        callers cancel them without telling the batcher)."""
+        for sid, q in list(self._waiting.items()):
+            if not any(map(_done, (item[0] for item in q))):
+                continue
+            head = q[0]
+            kept = [item for item in q if not item[0].done()]
+            self._cancelled += len(q) - len(kept)
+            self._pending -= len(q) - len(kept)
+            q.clear()
+            q.extend(kept)
+            if not q:
+                del self._waiting[sid]
+            elif q[0] is not head:
+                self._unsorted = True
+
+    def _rouse(self) -> None:
+        """Wakes the worker from _sleep: called by a step that lets a batch
+        run, by the sleep's timer, and by aclose, whichever comes first (the
+        wake future is cleared, so it is set once; it is done already when
+        the worker was cancelled)."""
+        w = self._wake
+        if w is not None:
+            self._wake = None
+            if not w.done():
+                w.set_result(None)
+
     def _withdraw(self, stream_id: Hashable, fut: asyncio.Future[_Array]) -> None:
         """Removes a cancelled step that has not been taken into a batch."""
         q = self._queues.get(stream_id)
@@ -472,7 +495,7 @@ class StreamBatcher:
         loop = self._loop
         assert loop is not None
         w = self._wake = loop.create_future()
-        timer = None if deadline is None else loop.call_later(deadline - _now(), self._fire, w)
+        timer = None if deadline is None else loop.call_later(deadline - _now(), self._rouse)
         try:
             await w
         finally:
@@ -480,10 +503,6 @@ class StreamBatcher:
                 timer.cancel()
             if self._wake is w:
                 self._wake = None
-
-    def _fire(self, w: asyncio.Future[None]) -> None:
-        if not w.done():
-            w.set_result(None)
 
     def _ready(self) -> Optional[float]:
         """None when a batch may run now, else the time at which it may."""
