@@ -143,16 +143,18 @@ def saved(tmp_path, model, name="m.npz"):
     return path
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+@pytest.fixture(scope="module", params=[("float32", 20), ("bfloat16", 20), ("float32", 0)],
+                ids=["float32-delay", "bfloat16-delay", "float32-no_delay"])
 def served(request, tmp_path_factory):
     """(server, in-process model): a 2-layer LN-LSTM; batches wait 20 ms for
-    more streams, so that several streams share them."""
+    more streams, so that several streams share them, or form at once."""
+    dtype, delay_ms = request.param
     model = LNLSTM(I, H, LAYERS, seed=7)
-    if request.param == "bfloat16":
+    if dtype == "bfloat16":
         model = bf16(model)
     path = saved(tmp_path_factory.mktemp("serve"), model)
     with run_server("--model", path, "--threads", 1, "--capacity", 40,
-                    "--max-delay-ms", 20, "--max-queue-per-stream", 8,
+                    "--max-delay-ms", delay_ms, "--max-queue-per-stream", 8,
                     "--max-frame", 4096) as server:
         yield server, model
 
@@ -396,12 +398,20 @@ def test_a_client_that_vanishes_mid_step(served):
 
 # ---------------------------------------------------------------- restarts and moves
 
-def test_restart_loses_nothing(tmp_path):
+@pytest.mark.parametrize("n,batching", [
+    (6, ()),
+    (16, ("--max-delay-ms", 0.5, "--max-batch", 4)),
+    (16, ("--max-delay-ms", 5, "--max-batch", 16)),
+], ids=["no_delay", "delay_0.5ms", "delay_5ms"])
+def test_restart_loses_nothing(tmp_path, n, batching):
+    """A SIGTERM while every stream has frames in flight: each step the
+    server took is answered before the 1012 close and saved, and the streams
+    resume after a restart at the step their clients last received, with
+    batches formed at once or after a delay."""
     model = LNLSTM(I, H, LAYERS, seed=10)
     path = saved(tmp_path, model)
     state = tmp_path / "streams.npz"
-    n = 6
-    xs = inputs(n, 40, seed=10)
+    xs = inputs(n, 60, seed=10)
     wants = [serve_model.reference_run(model, x) for x in xs]
     got = [[] for _ in range(n)]
 
@@ -409,13 +419,15 @@ def test_restart_loses_nothing(tmp_path):
         clients = [await StreamClient.connect(url, f"r{k}", new=True) for k in range(n)]
 
         async def drive(k, c):
+            pace = np.random.default_rng(k)   # frames at random moments, not in lockstep
             try:
                 for x in xs[k]:
                     if c.closed is not None:      # the replies that came are still read
                         break
                     c.send(x)
-                    if c.pending >= 3:
+                    if c.pending >= 1 + k % 3:
                         got[k].append((await c.recv()).copy())
+                    await asyncio.sleep(pace.random() * 0.002)
                 while c.pending:
                     got[k].append((await c.recv()).copy())
             except Closed as e:
@@ -432,10 +444,10 @@ def test_restart_loses_nothing(tmp_path):
                     got[k].append((await c.step(x)).copy())
         return ts
 
-    with run_server("--model", path, "--state-file", state) as server:
+    with run_server("--model", path, "--state-file", state, *batching) as server:
         async def stop_midway():
             task = asyncio.ensure_future(first(server.ws))
-            while sum(map(len, got)) < n * 10:
+            while sum(map(len, got)) < n * 20:
                 await asyncio.sleep(0.002)
             stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
             return await task, await stopping
@@ -444,8 +456,8 @@ def test_restart_loses_nothing(tmp_path):
         assert f"saved {n} streams" in server.output()
     assert all(c.code == 1012 for c in closes), closes
     received = [len(g) for g in got]
-    assert all(0 < r < 40 for r in received), received
-    with run_server("--model", path, "--state-file", state) as server:
+    assert all(0 < r < 60 for r in received), received
+    with run_server("--model", path, "--state-file", state, *batching) as server:
         assert f"loaded {n} streams" in server.output()
         ts = run(second(server.ws))
     assert ts == received                      # every step the server ran reached its client
