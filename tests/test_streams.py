@@ -226,6 +226,64 @@ def test_idle_eviction_tells_the_callback_and_keeps_the_state():
     assert set(told) == {"a", "b"} and table.ids() == ["c"]
 
 
+@pytest.mark.parametrize("sweep_from", ["evict_idle", "open", "step"])
+def test_an_on_evict_that_raises_still_hands_over_every_state(sweep_from):
+    """on_evict raises for the first of three idle streams (and for the
+    third): it is still called for each of them, with its state, and the
+    first error propagates from whichever call swept."""
+    m = LNGRU(3, 8, seed=4)
+    clock, told = Clock(), {}
+
+    def on_evict(sid, st):
+        told[sid] = st
+        if sid in ("a", "c"):
+            raise RuntimeError(f"cannot keep {sid}")
+    table = StreamTable(m, 5, idle_timeout=10, on_evict=on_evict, clock=clock)
+    x = np.random.default_rng(4).standard_normal((4, 3)).astype(np.float32)
+    table.step([table.open(k) for k in "abcd"], x)
+    want = {k: table.export_state(k) for k in "abc"}
+    clock.now = 5
+    table.step(["d"], x[:1])
+    clock.now = 12        # a, b and c idle for 12 s, d for 7 s
+    with pytest.raises(RuntimeError, match="cannot keep a") as err:
+        if sweep_from == "evict_idle":
+            table.evict_idle()
+        elif sweep_from == "open":
+            table.open("e")
+        else:
+            table.step(["d"], x[:1])
+    assert sorted(told) == ["a", "b", "c"]
+    for k in "abc":
+        assert told[k].tobytes() == want[k].tobytes()
+    assert "d" in table and not any(k in table for k in "abc") and table.evicted == 3
+    if hasattr(err.value, "__notes__"):
+        assert any("cannot keep c" in n for n in err.value.__notes__)
+
+
+@pytest.mark.parametrize("since_sweep", [0.0, 0.11, 0.9])
+def test_a_full_table_evicts_idle_streams_before_it_refuses(since_sweep):
+    """open() and import_state() on a full table evict the streams idle past
+    idle_timeout, however recent the last sweep, and refuse only when none
+    is."""
+    m = LNLSTM(3, 4, seed=1)
+    clock, told = Clock(), []
+    table = StreamTable(m, 2, idle_timeout=1.0, on_evict=lambda sid, st: told.append(sid),
+                        clock=clock)
+    table.open("a")
+    clock.now = 0.5
+    table.open("b")
+    clock.now = 1.01 - since_sweep
+    table.evict_idle()                       # the last sweep: nothing idle yet
+    clock.now = 1.01                         # a idle for 1.01 s, b for 0.51 s
+    assert table.open("c") == "c"
+    assert told == ["a"] and table.ids() == ["b", "c"]
+    with pytest.raises(TableFullError):
+        table.import_state(table.export_state("b"), "d")   # b and c are not idle
+    clock.now = 1.6
+    assert table.import_state(table.export_state("c"), "d") == "d"   # b is
+    assert told == ["a", "b"] and table.ids() == ["c", "d"]
+
+
 def test_a_slot_freed_during_a_step_waits_for_it():
     """close() of a stream while a step that names it runs frees its slot
     after that step: a stream opened meanwhile gets another slot, and the

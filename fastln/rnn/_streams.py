@@ -64,7 +64,10 @@ class StreamTable:
         Called as ``on_evict(stream_id, state)`` for each evicted stream,
         with its state as :meth:`export_state` gives it, so that a server
         can tell the client or keep the state. It runs on the thread that
-        evicts, outside the table's lock; its exceptions propagate.
+        evicts, outside the table's lock. When it raises, it is still
+        called for the other streams of the same sweep, and then the first
+        error propagates (from :meth:`open`, :meth:`step` or
+        :meth:`evict_idle`, whichever swept).
     clock : callable, optional
         The time source of the idle timeout, in seconds (default
         ``time.monotonic``).
@@ -278,8 +281,7 @@ class StreamTable:
                 self._drop(sids[i])
             self.evicted += len(gone)
         if self.on_evict is not None:
-            for sid, st in gone:
-                self.on_evict(sid, st)
+            _call_each(self.on_evict, gone)
         return [sid for sid, _ in gone]
 
     # ---- stepping --------------------------------------------------------
@@ -367,6 +369,8 @@ class StreamTable:
 
     def _admit(self, stream_id: Optional[Hashable], parts: Optional[List[_Array]]) -> Hashable:
         self._sweep_if_due()
+        if self.idle_timeout is not None and not self._free:
+            self.evict_idle()   # a full table evicts its idle streams before it refuses
         with self._lock:
             if stream_id is None:
                 stream_id = next(self._ids)
@@ -394,6 +398,24 @@ class StreamTable:
             self._slot[stream_id] = slot
             self._last[slot] = self._clock()
         return stream_id
+
+
+def _call_each(on_evict: Callable[[Hashable, StreamState], Any],
+               gone: List[Tuple[Hashable, StreamState]]) -> None:
+    """on_evict(stream_id, state) for every evicted stream, even when some
+    calls raise (each state is handed over once, and only there); then the
+    first error propagates, the later ones noted on it."""
+    first: Optional[BaseException] = None
+    for sid, st in gone:
+        try:
+            on_evict(sid, st)
+        except Exception as e:
+            if first is None:
+                first = e
+            elif hasattr(first, "add_note"):   # Python 3.11+
+                first.add_note(f"on_evict also raised for stream {sid!r}: {e!r}")
+    if first is not None:
+        raise first
 
 
 def _unknown(stream_id: Hashable) -> str:
