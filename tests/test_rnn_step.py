@@ -90,12 +90,45 @@ def test_assigned_arrays_and_views_are_never_stale(cls):
     assert not np.array_equal(y2, y3)
 
 
-def test_immutable_weights_are_packed_once_and_reused():
-    m = LNLSTM(8, 32, seed=4)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cls", [LNLSTM, GRU])
+@pytest.mark.parametrize("route", ["a view made before", "the owner made writable again"])
+def test_read_only_weights_are_never_stale(cls, dtype, route):
+    """A read-only C-ordered weight matrix can still change: through a
+    writable view made before it became read-only, or after its owner's
+    flag is set again and back. The next step and forward see the change:
+    they equal a fresh model's with the same weights."""
+    rng = np.random.default_rng(6)
+    m, fresh = cls(5, 16, seed=3, dtype=dtype), cls(5, 16, seed=3, dtype=dtype)
+    x = rng.standard_normal((2, 5)).astype(dtype)
     for key in ("weight_ih_l0", "weight_hh_l0"):
         a = np.ascontiguousarray(m.params[key])
+        sibling = a.view()
         a.flags.writeable = False
         m.params[key] = a
+    _, st = m.step(x)
+    m.forward(x[None], cache=False)
+    w = m.params["weight_hh_l0"]
+    if route == "a view made before":
+        sibling[::2] *= -1
+    else:
+        w.flags.writeable = True
+        w[1::2] *= 0.5
+        w.flags.writeable = False
+    fresh.params["weight_hh_l0"][...] = w
+    fresh.params["weight_ih_l0"][...] = m.params["weight_ih_l0"]
+    assert np.array_equal(m.step(x, st)[0], fresh.step(x, st)[0])
+    assert np.array_equal(m.forward(x[None], cache=False)[0],
+                          fresh.forward(x[None], cache=False)[0])
+
+
+def test_immutable_weights_are_packed_once_and_reused():
+    """Weight matrices whose memory is a bytes object cannot change: their
+    packing is kept."""
+    m = LNLSTM(8, 32, seed=4)
+    for key in ("weight_ih_l0", "weight_hh_l0"):
+        a = m.params[key]
+        m.params[key] = np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
     x = np.ones((1, 8), np.float32)
     y, st = _same_step(m, x, None)
     packs = dict(m._packs)
@@ -116,6 +149,11 @@ def test_bfloat16_weights_are_locked_and_replaced_not_changed():
         m.params["weight_hh_l0"] -= 1
     with pytest.raises(ValueError):
         w.flags.writeable = True   # a view of a read-only array
+    owner = w
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    with pytest.raises(ValueError):
+        owner.flags.writeable = True   # its memory is a bytes object
     x = np.ones((2, 8), np.float32)
     _, st = _same_step(m, x, None)
     new = m.state_dict()

@@ -55,16 +55,13 @@ def _same_data(a: _Array, owner: Any) -> bool:
                           and a.nbytes == owner.nbytes)
 
 
-def _locked(a: _Array) -> _Array:
-    """A read-only view of a, made read-only too, with every array it views:
-    the view's writeable flag cannot be set again (NumPy refuses while the
-    memory's owner is read-only), so the packed copy a model keeps of it
-    stays valid."""
-    base: Any = a
-    while isinstance(base, np.ndarray):
-        base.flags.writeable = False
-        base = base.base
-    return a.view()
+def _frozen(a: _Array) -> _Array:
+    """A read-only copy of a, in C order, whose memory is a bytes object.
+    Nothing can write to it: no view of it predates it, and NumPy refuses to
+    make a view of immutable memory writable. So the packed copy a model
+    keeps of it stays valid (see _engine.immutable)."""
+    a = np.asarray(a)
+    return np.frombuffer(a.tobytes(order="C"), a.dtype).reshape(a.shape)
 
 
 # a model's state: h for LNRNN, LNGRU and RNN; (h, c) for LNLSTM and LSTM
@@ -190,9 +187,9 @@ class _LNRecurrent(Generic[_State]):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        for key, value in self.params.items():   # bfloat16 weights stay locked
+        for key, value in self.params.items():   # bfloat16 weights stay frozen
             if isinstance(value, np.ndarray) and _is_bf16(value.dtype):
-                self.params[key] = _locked(value)
+                self.params[key] = _frozen(value)
 
     @property
     def num_directions(self) -> int:
@@ -229,20 +226,21 @@ class _LNRecurrent(Generic[_State]):
         for r in range(0, shape[0], rows):
             block = a[r:r + rows]
             block[...] = rng.uniform(-bound, bound, block.shape)
-        return _locked(a) if _is_bf16(dt) else a
+        return _frozen(a) if _is_bf16(dt) else a
 
     def _param_array(self, key: str, value: Any) -> _Array:
         """value as params[key]: a new array of the parameter's dtype, in the
         order of _param_order, a weight matrix aligned to 64 bytes (a
-        bfloat16 model's weight matrices are
-        read-only views of a read-only array: the model keeps their packed
-        form, see _packed)."""
+        bfloat16 model's weight matrices are frozen, see _frozen: the model
+        keeps their packed form, see _packed)."""
         dt = self._param_dtype(key)
         if key in self._matrices:
             a = np.asarray(value)
+            if _is_bf16(dt):
+                return _frozen(a.astype(dt, copy=False))
             new = _aligned_empty(a.shape, dt, self._param_order(key))
             new[...] = a
-            return _locked(new) if _is_bf16(dt) else new
+            return new
         return np.array(value, dtype=dt)
 
     def _layer_params(self, k: int, d: int = 0) -> List[_Array]:
@@ -280,10 +278,12 @@ class _LNRecurrent(Generic[_State]):
     def _packed(self, k: int, d: int, params: List[_Array]) -> Optional[_Array]:
         """Layer k, direction d's weight matrices packed for the engine's
         product kernels (params: _layer_params(k, d)), kept while params
-        holds the same immutable W_ih and W_hh (read-only, and so is every
-        array they view); None for others: Fortran-ordered float32 ones the
-        engine reads in place, and writable or C-ordered ones that it packs
-        on every call, since they may change in place."""
+        holds the same immutable W_ih and W_hh (see _engine.immutable: their
+        memory is a bytes object, as a bfloat16 model's are); None for
+        others: Fortran-ordered float32 ones the engine reads in place, and
+        any other that it packs on every call, since it may change (a
+        read-only array may still be written through a writable view made
+        before, or after its owner is made writable again)."""
         w_ih, w_hh = (self.params.get(key) for key in self._layer_keys(k, d)[:2])
         if not (_same_data(params[0], w_ih) and _same_data(params[1], w_hh)) or \
                 not (_engine.immutable(w_ih) and _engine.immutable(w_hh)) or \

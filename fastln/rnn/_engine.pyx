@@ -306,12 +306,14 @@ def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
 
 cpdef bint immutable(object a):
     """Whether no write can reach a's data: a and every array it views are
-    read-only, down to an owner that is an array or bytes."""
+    read-only, down to memory owned by a bytes object. A read-only array
+    that owns its memory is not: a writable view made before it became
+    read-only still writes to it, and its writeable flag can be set again."""
     while isinstance(a, cnp.ndarray):
         if cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a):
             return False
         a = a.base
-    return a is None or type(a) is bytes
+    return type(a) is bytes
 
 
 @cython.auto_pickle(False)   # a Step holds pointers: a model rebuilds its own
