@@ -268,6 +268,115 @@ def test_step_output_errors_name_the_argument():
         LNLSTM(4, 8, bidirectional=True).step(x)
 
 
+def _parts(state):
+    return state if isinstance(state, tuple) else (state,)
+
+
+_BAD_OUTS = [
+    ("shape", lambda m, B: np.empty((B + 1, m.hidden_size), m.dtype), ValueError),
+    ("dtype", lambda m, B: np.empty((B, m.hidden_size), np.float16), TypeError),
+    ("layout", lambda m, B: np.empty((m.hidden_size, B), m.dtype).T, ValueError),
+    ("read-only", lambda m, B: np.frombuffer(bytes(B * m.hidden_size * m.dtype.itemsize),
+                                             m.dtype).reshape(B, m.hidden_size), ValueError),
+    ("type", lambda m, B: [[0.0] * m.hidden_size] * B, TypeError),
+]
+
+
+@pytest.mark.parametrize("bad", _BAD_OUTS, ids=[b[0] for b in _BAD_OUTS])
+@pytest.mark.parametrize("given_state", [False, True], ids=["state None", "state given"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("cls", [LNLSTM, GRU])
+def test_a_refused_out_writes_no_state(cls, dtype, given_state, bad):
+    """A step whose out= is refused raises before it writes state_out, on
+    the compiled path and the general one, in place or not."""
+    m = cls(4, 8, 2, seed=0)
+    if dtype == "bfloat16":
+        m = m.to(pytest.importorskip("ml_dtypes").bfloat16)
+    elif dtype == "float64":
+        m = m.to(np.float64)
+    sdt = np.float64 if dtype == "float64" else np.float32
+    B = 3
+    for x in (np.ones((B, 4), sdt), np.ones((B, 4), sdt).T.copy().T):   # compiled, general
+        shape = (2, B, 8)
+        state = tuple(np.full(shape, 0.25, sdt) for _ in range(1 + (cls is LNLSTM)))
+        state_out = tuple(np.full(shape, 7, sdt) for _ in state)
+        if cls is not LNLSTM:
+            state, state_out = state[0], state_out[0]
+        name, make, err = bad
+        for target in (state_out, state):   # another array, and in place
+            before = [a.copy() for a in _parts(target)]
+            with pytest.raises(err, match="out"):
+                m.step(x, state if given_state else None, out=make(m, B), state_out=target)
+            for a, b in zip(_parts(target), before):
+                assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("B", [1, 37])
+def test_a_loop_with_out_and_state_out_allocates_nothing(dtype, B):
+    """step(x, state, out=y, state_out=state) in a loop allocates no array
+    after its first calls, in float32 and in bfloat16 (whose y is rounded
+    from float32 values the step keeps), and its results are those of
+    plain steps."""
+    import tracemalloc
+    m = LNLSTM(16, 64, 2, seed=1)
+    if dtype == "bfloat16":
+        m = m.to(pytest.importorskip("ml_dtypes").bfloat16)
+    xs = np.random.default_rng(1).standard_normal((40, B, 16)).astype(np.float32)
+    want, st = [], None
+    for x in xs:
+        y, st = m.step(x, st)
+        want.append(y)
+    y = np.empty((B, 64), m.dtype)
+    state = tuple(np.zeros((2, B, 64), np.float32) for _ in range(2))
+    for x in xs[:3]:
+        m.step(x, state, out=y, state_out=state)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        for x in xs[3:]:
+            m.step(x, state, out=y, state_out=state)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024, peak      # Python's own objects of a call, no array of B x H
+    assert np.array_equal(_bits(y), _bits(want[-1]))
+
+
+def test_bfloat16_steps_from_many_threads_at_once():
+    """Threads stepping one bfloat16 model at once, each its own stream and
+    batch size, each get the results of the stream stepped alone."""
+    import threading
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    m = LNGRU(8, 32, 2, seed=4).to(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((30, 1 + k % 5, 8)).astype(np.float32) for k in range(8)]
+    want = []
+    for x in xs:
+        st, ys = None, []
+        for x_t in x:
+            y, st = m.step(x_t, st)
+            ys.append(_bits(y).copy())
+        want.append(ys)
+    got = [None] * len(xs)
+
+    def run(k):
+        st, ys = None, []
+        out = np.empty((xs[k].shape[1], 32), m.dtype)
+        for x_t in xs[k]:
+            _, st = m.step(x_t, st, out=out)
+            ys.append(_bits(out).copy())
+        got[k] = ys
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for g, w in zip(got, want):
+        assert all(np.array_equal(a, b) for a, b in zip(g, w))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_step_matches_forward_and_threads(threads):
     rng = np.random.default_rng(11)

@@ -802,10 +802,11 @@ class _LNRecurrent(Generic[_State]):
         where they are, so a change to them in place (``m.params[k] -=
         ...``) applies from the next step: a float32 model keeps its weight
         matrices in Fortran order, the layout of the product kernels. A
-        weight matrix that is immutable (read-only, and so is every array
-        it views; a bfloat16 model's always are) is packed for the kernels
-        once and kept; a writable C-ordered one, as from ``m.params[k] =
-        a``, is packed on every call.
+        weight matrix whose memory nothing can write (a bytes object's, as
+        a bfloat16 model's are) is packed for the kernels once and kept;
+        any other C-ordered one, as from ``m.params[k] = a``, read-only or
+        not, is packed on every call. A step refused for its arguments
+        (TypeError, ValueError) writes neither `out` nor `state_out`.
 
         Examples
         --------
@@ -831,6 +832,7 @@ class _LNRecurrent(Generic[_State]):
             raise ValueError(f"x_t must have shape (B, {self.input_size}), got {shape}")
         B = shape[0]
         full = (self.num_layers, B, self.hidden_size)
+        given = self._outputs(out, (B, self.hidden_size), "out")   # before state_out is written
         cell = self._has_cell
         parts = state if cell and type(state) is tuple else (state,)
         if len(parts) == 1 + cell and all(type(p) is np.ndarray and p.dtype is dt
@@ -846,7 +848,6 @@ class _LNRecurrent(Generic[_State]):
             for o, st in zip(outs, start):
                 o[...] = st
             outs = outs or start
-        given = self._outputs(out, (B, self.hidden_size), "out")
         y = given[0] if given and dt is self.dtype else np.empty((B, self.hidden_size), dt)
         if B:
             run.run(B, xs, ins[0], ins[-1] if cell else None, y, outs[0],

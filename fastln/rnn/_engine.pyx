@@ -335,6 +335,7 @@ cdef class Step:
     cdef int tn
     cdef bint lstm
     cdef object keys, owners, keep, locked, bf16
+    cdef list spare
 
     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,
                   bf16, list keys, list owners):
@@ -360,6 +361,7 @@ cdef class Step:
                 a.wtype = FASTLN_RNN_W_BF16
             _set_packed(a, packs[k])
         self.keys, self.owners, self.bf16 = keys, owners, bf16
+        self.spare = []
         self.keep = (layers, packs)
         per = len(owners) // nl   # each layer's keys, W_ih and W_hh first
         self.locked = [owners[k * per + m] for k in range(nl) if packs[k] is not None
@@ -389,6 +391,15 @@ cdef class Step:
         cdef cnp.npy_intp dims[3]
         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
             self.hidden_size
+        if out is not None and not (
+                type(out) is cnp.ndarray and cnp.PyArray_ISCARRAY(<cnp.ndarray>out)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)
+                and cnp.PyArray_NDIM(<cnp.ndarray>out) == 2
+                and cnp.PyArray_DIM(<cnp.ndarray>out, 0) == dims[1]
+                and cnp.PyArray_DIM(<cnp.ndarray>out, 1) == dims[2]
+                and (out.dtype == self.bf16 if self.bf16 is not None
+                     else cnp.PyArray_TYPE(<cnp.ndarray>out) == self.tn)):
+            return None        # checked before state_out is written: a refusal writes nothing
         h_in = c_in = h = c = None
         if state is not None:
             if not self._parts(state, dims, False):
@@ -408,20 +419,11 @@ cdef class Step:
             if self.lstm:
                 c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
                     cnp.PyArray_ZEROS(3, dims, self.tn, 0)
-        y = out
-        if out is not None:
-            if not (type(out) is cnp.ndarray and cnp.PyArray_ISCARRAY(<cnp.ndarray>out)
-                    and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)
-                    and cnp.PyArray_NDIM(<cnp.ndarray>out) == 2
-                    and cnp.PyArray_DIM(<cnp.ndarray>out, 0) == dims[1]
-                    and cnp.PyArray_DIM(<cnp.ndarray>out, 1) == dims[2]
-                    and (out.dtype == self.bf16 if self.bf16 is not None
-                         else cnp.PyArray_TYPE(<cnp.ndarray>out) == self.tn)):
-                return None
-            if self.bf16 is not None:
-                y = None
-        if y is None:
-            y = cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
+        cdef int64_t n = dims[1] * dims[2]
+        if self.bf16 is not None:   # float32 y from the spare arrays, rounded into out
+            y = self._spare_y(n)
+        else:
+            y = out if out is not None else cnp.PyArray_EMPTY(2, &dims[1], self.tn, 0)
         # every array is checked above (or made here): straight to the engine
         cdef fastln_rnn_step_args st
         memset(&st, 0, sizeof(st))
@@ -429,10 +431,29 @@ cdef class Step:
             dims[1], dims[1]
         st.x, st.y, st.h, st.c = _ptr(x), _ptr(y), _ptr(h), _ptr(c)
         st.h_in, st.c_in = _ptr(h_in), _ptr(c_in)
-        self._call(&st)
-        if self.bf16 is not None:
-            y = self._to_bf16(y, out)
-        return y, ((h, c) if self.lstm else h)
+        if self.bf16 is None:
+            self._call(&st)
+            return y, ((h, c) if self.lstm else h)
+        try:
+            self._call(&st)
+            if out is None:
+                out = np.empty((dims[1], dims[2]), self.bf16)
+            self._round(out, y, n)
+        finally:
+            self.spare.append(y)
+        return out, ((h, c) if self.lstm else h)
+
+    cdef object _spare_y(self, int64_t n):
+        """A float32 array of at least n values for a bfloat16 model's y,
+        taken from the spare ones (the caller puts it back): a loop of steps
+        allocates none after its first, and each of several threads stepping
+        at once holds its own."""
+        cdef cnp.npy_intp size = n
+        while self.spare:
+            a = self.spare.pop()
+            if cnp.PyArray_SIZE(<cnp.ndarray>a) >= n:
+                return a
+        return cnp.PyArray_EMPTY(1, &size, cnp.NPY_FLOAT, 0)
 
     cdef bint _parts(self, state, cnp.npy_intp *dims, bint writable):
         """Whether state is h, or (h, c) for an LSTM, of arrays the fast path
@@ -451,16 +472,12 @@ cdef class Step:
                 and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == dims[1]
                 and cnp.PyArray_DIM(<cnp.ndarray>a, 2) == dims[2])
 
-    cdef object _to_bf16(self, y, out):
-        """y (float32) rounded to bfloat16, into out (None: a new array)."""
-        if out is None:
-            out = np.empty((<object>y).shape, self.bf16)
+    cdef void _round(self, out, y, int64_t n):
+        """The first n float32 values of y rounded to bfloat16 into out."""
         cdef void *d = cnp.PyArray_DATA(<cnp.ndarray>out)
         cdef const void *s = cnp.PyArray_DATA(<cnp.ndarray>y)
-        cdef int64_t n = cnp.PyArray_SIZE(<cnp.ndarray>y)
         with nogil:
             to_bf16(d, s, n)
-        return out
 
     cdef bint _valid(self, params):
         """valid(): a params that is not a dict is never taken as the same
