@@ -162,3 +162,40 @@ def test_flags_take_bools(cls):
     y, _ = cls(3, 4, batch_first=np.bool_(True)).forward(np.ones((1, 2, 3), F32),
                                                          cache=np.bool_(False))
     assert y.shape == (1, 2, 4)
+
+
+class _Tagged(np.ndarray):
+    """An ndarray subclass, as a user's own may be."""
+
+
+@pytest.mark.parametrize("kind", ["memmap r", "memmap r+", "subclass"])
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("cls", [LNLSTM, GRU], ids=["LNLSTM", "GRU"])
+def test_params_may_be_memmaps_and_ndarray_subclasses(tmp_path, cls, dtype, kind):
+    """Every parameter may be an np.memmap or another ndarray subclass: the
+    forward, its backward and step() give what plain arrays give, and a
+    change to the mapped memory applies from the next call."""
+    m = cls(4, 8, num_layers=2, dtype=dtype, seed=0)
+    plain = cls(4, 8, num_layers=2, dtype=dtype, seed=0)
+    for key in m.params:
+        a = np.asarray(m.params[key])
+        if kind == "subclass":
+            m.params[key] = a.copy().view(_Tagged)
+        else:
+            path = tmp_path / f"{key}.npy"
+            np.save(path, a)
+            m.params[key] = np.load(path, mmap_mode=kind.split()[1])
+    x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(dtype)
+    dy = np.ones((3, 2, 8), dtype)
+    assert np.array_equal(m.forward(x)[0], plain.forward(x)[0])
+    dx, _ = m.backward(dy)
+    want_dx, _ = plain.backward(dy)
+    assert np.array_equal(dx, want_dx)
+    for key in m.grads:
+        assert np.array_equal(m.grads[key], plain.grads[key]), key
+    assert np.array_equal(m.step(x[0])[0], plain.step(x[0])[0])
+    if kind != "memmap r":
+        m.params["weight_hh_l0"][0] += 0.5
+        plain.params["weight_hh_l0"][0] += 0.5
+        assert np.array_equal(m.step(x[0])[0], plain.step(x[0])[0])
+        assert np.array_equal(m.forward(x, cache=False)[0], plain.forward(x, cache=False)[0])

@@ -258,6 +258,8 @@ class _LNRecurrent(Generic[_State]):
             p = self.params.get(key)
             if p is None:
                 raise ValueError(f"params[{key!r}] is missing")
+            if isinstance(p, np.ndarray) and type(p) is not np.ndarray:
+                p = p.view(np.ndarray)   # a subclass (np.memmap, say): its memory, read in place
             if _is_bf16(self._param_dtype(key)):
                 p = np.require(_api._asarray(p, f"params[{key!r}]"), _BF16, ["C", "A"])
             elif key in self._matrices:   # C or Fortran order: the engine reads both
