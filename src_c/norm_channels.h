@@ -255,11 +255,15 @@ static void SFX(cf_bwd_tile)(T *dx, T *pw, T *pb, const T *dy, const T *x, const
 /* The backward of an (N, C, S) array: LayerNorm, or RMSNorm where mean is
  * NULL (db unused). Tiles as the forward's, each with partial sums of its
  * own; dw, db are their sums in tile order, in double: the same on any
- * thread count. */
+ * thread count. With one channel the array is N * S rows of one element,
+ * which take the row backward (its bwd_rows1: a LayerNorm dx of exactly 0). */
 static int SFX(norm_channels_bwd)(T *dx, T *dw, T *db, const T *dy, const T *x, const T *mean,
                                   const T *rstd, const T *w, int64_t N, int64_t C, int64_t S,
                                   int nt, int stream)
 {
+    if (C == 1)
+        return SFX(backward)(dx, dw, mean ? db : NULL, dy, x, mean, rstd, w, N * S, 1, nt,
+                             stream, NULL, NULL);
     (void)nt;   /* unused in a serial build */
     const int np = mean ? 2 : 1;   /* partial vectors a tile */
     const int64_t len = SFX(cf_tile_len)(C);

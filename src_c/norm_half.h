@@ -28,7 +28,6 @@ static int64_t SFX(half_scratch)(int64_t H)
 
 /* dst = src (n values) rounded to elem; with stream through stage and
  * non-temporal stores (the caller fences). */
-#if !AVX512_F32   /* AVX-512 converts in registers */
 static void SFX(half_put)(int elem, uint16_t *dst, const float *src, int64_t n, uint16_t *stage,
                         int stream)
 {
@@ -39,23 +38,27 @@ static void SFX(half_put)(int elem, uint16_t *dst, const float *src, int64_t n, 
     narrow_half(elem, stage, src, n);
     stream_copy(dst, stage, (size_t)n * sizeof(uint16_t));
 }
-#endif
 
 /* Backward rows [r0, r1) in half storage (prefetching up to row re, as
- * bwd_range): converted in registers on AVX-512 (avx512.h),
- * else bwd_range on widened blocks. */
+ * bwd_range): converted in registers on AVX-512 (avx512.h); elsewhere, and
+ * rows of one element everywhere (bwd_range's bwd_rows1), bwd_range on
+ * widened blocks. */
 static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb, const float *mean,
                              const float *rstd, const float *w, int64_t r0, int64_t r1,
                              int64_t re, int64_t H, float *buf)
 {
 #if AVX512_F32
-    if (H > BWD16_MAX_H)
+    if (H > BWD16_MAX_H) {
         fastln_avx512_long_bwd(a->elem, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, H, buf,
                                a->stream);
-    else
+        return;
+    }
+    if (H > 1) {
         fastln_avx512_bwd_rows16(a->elem, a->dx, pw, pb, a->dy, a->x, mean, rstd, w, r0, r1, re, H,
                                  a->stream);
-#else
+        return;
+    }
+#endif
     (void)re;
     const int64_t m = SFX(cache_block)(H);
     float *xb = buf, *gb = buf + m * H;
@@ -69,7 +72,6 @@ static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb
         SFX(half_put)(a->elem, a->dx + r * H, gb, e, stage, a->stream);
     }
     if (a->stream) stream_fence();
-#endif
 }
 
 /* Forward in half storage: op FASTLN_OP_LN (y = LN(x)), FASTLN_OP_RMS, or

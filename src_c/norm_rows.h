@@ -254,6 +254,34 @@ static void SFX(bwd_rows)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T 
 }
 
 
+/* Backward over rows of one element, [r0, r1) (pb == NULL: RMSNorm): the
+ * scalars of a row (its sums begun at +0, as ln_bwd_scalars/rms_bwd_scalars
+ * begin them), and dx = r * ((g - xhat * c2) - c1) with g = dy * w rounded
+ * by itself, as its sum is. A LayerNorm row of one element has xhat = 0 and
+ * c1 = g, so its dx is exactly 0 (y = bias whatever x is). bwd_sweep2 and the
+ * AVX-512 kernels form g * w - c1 in one rounding on FMA targets (contracted,
+ * or FMSUB), which would leave g's rounding error times r; on rows of more
+ * elements that form is as accurate, and stays. */
+static void SFX(bwd_rows1)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
+                           const T *rstd, const T *w, int64_t r0, int64_t r1)
+{
+    const T wi = w ? w[0] : (T)1;
+    T sw = pw[0], sb = pb ? pb[0] : (T)0;
+    for (int64_t n = r0; n < r1; n++) {
+        const T m = pb ? mean[n] : (T)0, d = x[n] - m, g = dy[n] * wi;
+        SFX(bwd_scalars) sc =
+            pb ? SFX(ln_bwd_finish)(x + n, dy + n, w, m, rstd[n], 1, 0.0 + d, 0.0 + g, 0.0 + g * d)
+               : SFX(rms_bwd_finish)(x + n, dy + n, w, rstd[n], 1, 0.0 + g * x[n]);
+        const T xh = (d - sc.dm) * sc.r;
+        sw = FMA(dy[n], xh, sw);
+        sb += dy[n];
+        dx[n] = sc.r * (FMA(-xh, sc.c2, g) - sc.c1);   /* g, an addend: never contracted */
+    }
+    pw[0] = sw;
+    if (pb) pb[0] = sb;
+}
+
+
 /* ---- the row ranges of a path ----------------------------------------------
  * AVX-512 in float: the forwards go sixteen rows at a time up to rows of
  * FWD16_MAX_H (avx512_rows16_fwd.c), longer rows through the long-row
@@ -314,11 +342,16 @@ static void SFX(add_ln_range)(T *y, T *s, T *mean, T *rstd, const T *x, const T 
  * through the long-row backward (avx512_long_bwd.c) where the data comes
  * from memory, and hot ones through bwd_rows (its groups of rows update the
  * partials less often, which wins when no load waits on memory), and so do
- * LayerNorm's streamed rows of up to ROWS4_H. Elsewhere bwd_rows. */
+ * LayerNorm's streamed rows of up to ROWS4_H. Elsewhere bwd_rows. Rows of one
+ * element, on every path, go through bwd_rows1. */
 static void SFX(bwd_range)(T *dx, T *pw, T *pb, const T *dy, const T *x, const T *mean,
                            const T *rstd, const T *w, int64_t r0, int64_t r1, int64_t re,
                            int64_t H, T *buf, int hot)
 {
+    if (H == 1) {
+        SFX(bwd_rows1)(dx, pw, pb, dy, x, mean, rstd, w, r0, r1);
+        return;
+    }
 #if AVX512_F32
     if (H <= BWD16_MAX_H) {
         fastln_avx512_bwd_rows16(ELEM_F32, dx, pw, pb, dy, x, mean, rstd, w, r0, r1, re, H,

@@ -17,6 +17,7 @@ from _util import (
     out_like,
     randn,
     relayout,
+    require,
     result_dtype,
 )
 
@@ -196,6 +197,48 @@ def test_float16(isa, H, rng):
     assert dx.dtype == F16
     dx, dw = rms_check(dy, x, w)
     assert dx.dtype == F16
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        return np.dtype(require("ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
+@pytest.mark.parametrize("form", ["rows", "add", "channels"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_one_element_rows_give_dx_exactly_zero(isa, dtype, form, rng):
+    """LayerNorm over an axis of length 1 gives y = bias whatever x is, so dx
+    is exactly 0 on every path, thread count and row count, with any weight
+    and dy: a fused dy * weight - mean(dy * weight) would leave dy * weight's
+    rounding error times rstd (~1e-5 in float32). dweight and dbias are the
+    float64 reference's. rows: the row backward; add: the fused add's;
+    channels: (N, 1, S) over axis 1, the channels-first entry."""
+    dt = _dtype(dtype)
+    pdt = F64 if dt == np.dtype(F64) else F32
+    red = pdt if dt == np.dtype(F64) else F32   # reductions are float32 or better
+    w = np.array([-1.7], pdt)
+    for nt in (1, 2, 3):
+        for N in (1, 3, 17, 64, 1000):
+            shape = (N, 1, 5) if form == "channels" else (N, 1)
+            axis = 1 if form == "channels" else -1
+            x = randn(rng, shape, dt, loc=0.5, scale=3.0)
+            dy = randn(rng, shape, dt, scale=2.5)
+            with fastln.threads(nt):
+                if form == "add":
+                    _, s, mean, rstd = fastln.add_layer_norm(x, x, w, return_stats=True)
+                    dx, dw, db = fastln.add_layer_norm_backward(dy, s, mean, rstd, w)
+                    x = s
+                else:
+                    _, mean, rstd = fastln.layer_norm(x, w, axis=axis, return_stats=True)
+                    dx, dw, db = fastln.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+            where = f"{form} {dtype} N={N} on {nt} threads"
+            assert dx.dtype == dt and dx.shape == shape
+            assert np.count_nonzero(dx) == 0, f"{where}: dx {dx.ravel()[:4]}"
+            _, rdw, rdb = ref.layer_norm_backward(dy.astype(F64), x.astype(F64), mean, rstd,
+                                                  w.astype(F64), axis=axis)
+            assert_close(dw, rdw, red, err_msg=f"{where}: dweight")
+            assert_close(db, rdb, red, err_msg=f"{where}: dbias")
 
 
 @pytest.mark.parametrize("kind", ["C", "F", "sliced", "dy", "x"])
