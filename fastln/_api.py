@@ -20,6 +20,8 @@ the NumPy array that shares its memory, and that array is returned.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
 import operator
 from typing import (
@@ -28,10 +30,13 @@ from typing import (
     Callable,
     Iterable,
     Iterator,
+    NoReturn,
     Optional,
     Sequence,
     Tuple,
+    TypeVar,
     Union,
+    cast,
 )
 
 import numpy as np
@@ -167,6 +172,60 @@ def _check_eps(eps: Any) -> float:
     if not np.isfinite(e) or e < 0:
         raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
     return e
+
+
+# ---- RMSNorm has no bias: a bias passed positionally is a TypeError that names
+# the LayerNorm function, which takes one
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# each RMSNorm function's counterpart with a bias, in the same module
+_WITH_BIAS = {"rms_norm": "layer_norm(x, weight, bias)",
+              "add_rms_norm": "add_layer_norm(x, residual, weight, bias)"}
+
+
+def _positional(func: Callable[..., Any]) -> list[str]:
+    """The names of func's parameters that a call may pass by position."""
+    return [p.name for p in inspect.signature(func).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def no_bias(func: Callable[..., Any], extra: Sequence[Any]) -> NoReturn:
+    """Raise the TypeError of a call of func, an RMSNorm function, that passed
+    ``extra`` positional arguments past func's own (a bias, as a LayerNorm call
+    passes it)."""
+    names = _positional(func)
+    module = "fastln" if func.__module__ == "fastln._core" else func.__module__
+    raise TypeError(
+        f"{func.__name__}() takes at most {len(names)} positional arguments "
+        f"({', '.join(names)}) but {len(names) + len(extra)} were given: RMSNorm has no "
+        f"bias; {module}.{_WITH_BIAS[func.__name__]} is the norm with one")
+
+
+def hide_bias(func: _F) -> _F:
+    """func, a function of fastln._core whose ``*bias`` parameter takes a
+    positional bias only to raise :func:`no_bias`'s error, with the signature
+    of the arguments it accepts: ``*`` in place of ``*bias``, in
+    ``inspect.signature`` and in the signature line Cython embeds in the
+    docstring."""
+    sig = inspect.signature(func)
+    func.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]
+        p for p in sig.parameters.values() if p.kind is not p.VAR_POSITIONAL])
+    func.__doc__ = (func.__doc__ or "").replace(", *bias, ", ", *, ", 1)
+    return func
+
+
+def takes_no_bias(func: _F) -> _F:
+    """func, a Python RMSNorm function, wrapped to raise :func:`no_bias`'s
+    error where a call passes more positional arguments than func takes."""
+    n = len(_positional(func))
+
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > n:
+            no_bias(func, args[n:])
+        return func(*args, **kwargs)
+    return cast(_F, checked)
 
 
 def _normalize_axes(axis: Any, ndim: int) -> Tuple[int, ...]:

@@ -691,7 +691,8 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, out=None):
     return _api.layer_norm_backward(dy, x, mean, rstd, weight, axis, out)
 
 
-def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False):
+@_api.hide_bias
+def rms_norm(x, weight=None, *bias, axis=-1, eps=1e-6, out=None, return_stats=False):
     """RMS normalization over ``axis``: ``y = x / sqrt(mean(x**2) + eps) * weight``.
 
     Parameters
@@ -729,6 +730,9 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
     ------
     TypeError, ValueError
         As :func:`layer_norm` (weight in place of weight and bias).
+    TypeError
+        A third positional argument: RMSNorm has no bias, and the message
+        names :func:`layer_norm`, which takes one.
 
     Examples
     --------
@@ -740,6 +744,8 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, out=None, return_stats=False)
     >>> rstd.shape
     (1,)
     """
+    if bias:
+        _api.no_bias(rms_norm, bias)
     _check_flag(return_stats, "return_stats")
     cdef int tn, vt
     cdef int code = _kernel_code(x, &tn, &vt)
@@ -960,7 +966,8 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, input_bias=None, axis
                          return_stats)
 
 
-def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6, out=None,
+@_api.hide_bias
+def add_rms_norm(x, residual, weight=None, *bias, input_bias=None, axis=-1, eps=1e-6, out=None,
                  return_stats=False):
     """Fused residual add and RMS norm: ``s = x + residual (+ input_bias)``, ``y = rms_norm(s)``.
 
@@ -1005,6 +1012,9 @@ def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6
     ------
     TypeError, ValueError
         As :func:`add_layer_norm`.
+    TypeError
+        A fourth positional argument: RMSNorm has no bias, and the message
+        names :func:`add_layer_norm`, which takes one.
 
     See Also
     --------
@@ -1021,6 +1031,8 @@ def add_rms_norm(x, residual, weight=None, *, input_bias=None, axis=-1, eps=1e-6
     >>> np.array_equal(y, fastln.rms_norm(s))
     True
     """
+    if bias:
+        _api.no_bias(add_rms_norm, bias)
     _check_flag(return_stats, "return_stats")
     r = _add_fast(True, x, residual, input_bias, weight, None, axis, eps, out, return_stats)
     if r is not None:

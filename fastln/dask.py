@@ -63,9 +63,10 @@ def _param(p: Any, name: str) -> Optional[npt.NDArray[Any]]:
     return _api._asarray(p.compute() if isinstance(p, da.Array) else p, name)
 
 
-def _prepare(func: Callable[..., Any], x: Any, params: Dict[str, Any], axis: Any, eps: float
-             ) -> Tuple[da.Array, Dict[str, Any], Tuple[int, ...], Any]:
-    """Checks the arguments eagerly; returns (x with whole normalized axes, params, axes, meta)."""
+def _prepare(func: Callable[..., Any], x: Any, params: Dict[str, Any], axis: Any, eps: float,
+             stacklevel: int = 4) -> Tuple[da.Array, Dict[str, Any], Tuple[int, ...], Any]:
+    """Checks the arguments eagerly; returns (x with whole normalized axes, params, axes, meta).
+    A RechunkWarning points stacklevel frames up: at the caller of the public function."""
     if not isinstance(x, da.Array):
         raise TypeError(f"x must be a dask array, got {type(x).__module__}.{type(x).__name__}; "
                         f"use fastln.{func.__name__} for NumPy arrays")
@@ -86,7 +87,7 @@ def _prepare(func: Callable[..., Any], x: Any, params: Dict[str, Any], axis: Any
     # and no rows; its (empty) result is the output's meta.
     probe = np.zeros(tuple(n if i in axes else 0 for i, n in enumerate(x.shape)), x.dtype)
     meta = func(probe, **params, axis=axes, eps=eps)
-    x = _whole(x, axes, "the normalized axis", "rows", stacklevel=4)
+    x = _whole(x, axes, "the normalized axis", "rows", stacklevel=stacklevel)
     return x, params, axes, meta
 
 
@@ -171,6 +172,7 @@ def layer_norm(x: da.Array, weight: _Param = None, bias: _Param = None, *,
     return _map_blocks(x, fastln.layer_norm, p, axes, eps, meta)
 
 
+@_api.takes_no_bias
 def rms_norm(x: da.Array, weight: _Param = None, *, axis: _Axis = -1,
              eps: float = 1e-6) -> da.Array:
     """RMSNorm of a dask array, block by block with :func:`fastln.rms_norm`.
@@ -206,7 +208,9 @@ def rms_norm(x: da.Array, weight: _Param = None, *, axis: _Axis = -1,
     >>> np.allclose(y.compute(), 1.0, atol=1e-5)
     True
     """
-    x, p, axes, meta = _prepare(fastln.rms_norm, x, {"weight": weight}, axis, eps)
+    # one frame more than layer_norm's: that of the wrapper of _api.takes_no_bias
+    x, p, axes, meta = _prepare(fastln.rms_norm, x, {"weight": weight}, axis, eps,
+                                stacklevel=5)
     return _map_blocks(x, fastln.rms_norm, p, axes, eps, meta)
 
 

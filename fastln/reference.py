@@ -34,6 +34,8 @@ from typing import (
 
 import numpy as np
 
+from fastln import _api
+
 if TYPE_CHECKING:
     import numpy.typing as npt
     from typing_extensions import TypeAlias
@@ -206,6 +208,7 @@ def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: 
 @overload
 def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
              return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array]]: ...
+@_api.takes_no_bias
 def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
              return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array]]:
     """y = x / sqrt(mean(x**2) + eps) * weight over ``axis``.
@@ -417,6 +420,7 @@ def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = Non
                  input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
                  return_stats: bool = False
                  ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array]]: ...
+@_api.takes_no_bias
 def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None, *,
                  input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
                  return_stats: bool = False

@@ -6,6 +6,9 @@
   that requires grad is a TypeError naming the argument.
 * A shape mismatch between x and a weight, bias or statistic shows x's shape,
   the argument's shape and the normalized shape.
+* RMSNorm has no bias: a bias passed positionally to an RMSNorm function
+  (fastln's, fastln.reference's, fastln.dask's) is a TypeError that names the
+  LayerNorm function with one; the signatures show only what is accepted.
 * One backward per forward, for every layer and recurrent model: a backward
   consumes its forward's cache, and a second one raises a RuntimeError that
   says to call forward again.
@@ -76,6 +79,61 @@ def test_fastln_dask_reachable_as_an_attribute():
         print("OK")
     """)
     assert r.returncode == 0 and r.stdout.strip() == "OK", r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- RMSNorm has no bias
+
+def _rms_calls():
+    """(call, the function with a bias the error names) for each RMSNorm function
+    given a bias positionally, as its LayerNorm counterpart takes it."""
+    import fastln.reference as ref
+    x, w = np.ones((2, 4), F32), np.ones(4, F32)
+    calls = [
+        (lambda: fastln.rms_norm(x, w, w), "fastln.layer_norm(x, weight, bias)"),
+        (lambda: fastln.rms_norm(x, w, None), "fastln.layer_norm(x, weight, bias)"),
+        (lambda: fastln.rms_norm(x.astype(np.float16), w, w), "fastln.layer_norm("),
+        (lambda: fastln.add_rms_norm(x, x, w, w),
+         "fastln.add_layer_norm(x, residual, weight, bias)"),
+        (lambda: ref.rms_norm(x, w, w), "fastln.reference.layer_norm(x, weight, bias)"),
+        (lambda: ref.add_rms_norm(x, x, w, w), "fastln.reference.add_layer_norm("),
+    ]
+    try:
+        import dask.array as da
+    except ImportError:
+        return calls
+    import fastln.dask
+    return calls + [(lambda: fastln.dask.rms_norm(da.ones((2, 4)), w, w),
+                     "fastln.dask.layer_norm(x, weight, bias)")]
+
+
+@pytest.mark.parametrize("i", range(len(_rms_calls())))
+def test_rms_norm_with_a_bias_names_the_layer_norm_function(i):
+    call, with_bias = _rms_calls()[i]
+    with pytest.raises(TypeError) as info:
+        call()
+    msg = str(info.value)
+    assert "RMSNorm has no bias" in msg and with_bias in msg, msg
+    assert re.search(r"takes at most \d positional arguments \(x, (residual, )?weight\) "
+                     r"but \d were given", msg), msg
+
+
+def test_rms_norm_signatures_show_what_they_accept():
+    import inspect
+
+    import fastln.reference as ref
+    for f in (fastln.rms_norm, fastln.add_rms_norm, ref.rms_norm, ref.add_rms_norm):
+        params = inspect.signature(f).parameters.values()
+        assert not any(p.kind is p.VAR_POSITIONAL for p in params), f
+        assert [p.name for p in params if p.kind is p.KEYWORD_ONLY][-1] == "return_stats", f
+    for f in (fastln.rms_norm, fastln.add_rms_norm):   # Cython's signature line in the doc
+        line = f.__doc__.splitlines()[0]
+        assert line.startswith(f"{f.__name__}(x, ") and ", *, " in line and "*bias" not in line
+    # the keyword-only arguments stay keyword-only; weight by name works
+    x = np.arange(8, dtype=F32).reshape(2, 4)
+    with pytest.raises(TypeError, match="RMSNorm has no bias"):
+        fastln.rms_norm(x, None, -1)
+    np.testing.assert_array_equal(fastln.rms_norm(x, weight=np.ones(4, F32), axis=-1),
+                                  fastln.rms_norm(x))
 
 
 # ---------------------------------------------------------------- torch tensors
