@@ -7,7 +7,11 @@
    fastln.dask, fastln.reference and fastln.rnn_reference (fastln.layers'
    classes appear as fastln's, the same objects), and each exists. A class
    page lists its public methods (inherited ones and ``__call__`` included)
-   through the autosummary templates.
+   through the autosummary templates. The summary an autosummary table shows
+   for each entry and each public method -- the first sentence of the
+   docstring, cut at the first period followed by white space -- reads
+   whole: it does not end in an abbreviation (``eq.``, ``e.g.``, ``cf.``) nor
+   with a parenthesis or a literal left open.
 2. The C reference pages are generated from the public headers
    (src_c/fastln*.h) at build time by docs/_ext/c_reference.py. Each header
    has its page, and the header reader docs/_ext/cheader.py finds every
@@ -28,6 +32,7 @@
 import glob
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
@@ -129,6 +134,80 @@ def test_class_pages_list_the_public_methods():
         template = f.read()
     for option in (":members:", ":inherited-members:", ":special-members: __call__"):
         assert re.search(r"^\s+" + re.escape(option) + r"\s*$", template, re.M), option
+
+
+# sphinx.ext.autosummary's extract_summary: the first paragraph is cut at each period that
+# white space follows (periods_re) until the part does not end in a well-known abbreviation
+_PERIODS = re.compile(r"\.(?:\s+)")
+_WELL_KNOWN_ABBREVIATIONS = ("et al.", "e.g.", "i.e.", "vs.")
+# words that end in a period without ending a sentence: a summary cut after one is cut short
+_ABBREVIATIONS = {"eq.", "eqs.", "e.g.", "i.e.", "cf.", "vs.", "fig.", "figs.", "al.", "sec.",
+                  "ch.", "no.", "approx.", "resp.", "ref.", "refs.", "p.", "pp.", "vol.", "ed.",
+                  "eds.", "incl.", "max.", "min.", "std."}
+
+
+def _summary(obj):
+    """The summary autosummary shows for obj: the first sentence of its docstring's
+    first paragraph (after the signature line Cython embeds, which autodoc reads as
+    the signature)."""
+    lines = inspect.cleandoc(obj.__doc__ or "").splitlines()
+    name = getattr(obj, "__name__", "")
+    if lines and name and re.match(re.escape(name) + r"\(.*\)( ->.*)?$", lines[0]):
+        lines = lines[1:]
+    stanza = []
+    for line in lines:
+        if not line.strip():
+            if stanza:
+                break
+            continue
+        stanza.append(line)
+    sentences = _PERIODS.split(" ".join(stanza))
+    if len(sentences) == 1:
+        return sentences[0].strip()
+    for i in range(len(sentences)):
+        summary = ". ".join(sentences[:i + 1]).rstrip(".") + "."
+        if not summary.endswith(_WELL_KNOWN_ABBREVIATIONS):
+            break
+    return summary
+
+
+def _summarized():
+    """(name, object) of every autosummary entry that has a docstring of its own, and
+    of the public methods of the classes among them."""
+    entries, _ = _reference_entries()
+    items = []
+    for name in sorted(entries):
+        module_name, _, attr = name.rpartition(".")
+        obj = getattr(_module(module_name), attr)
+        if not callable(obj):
+            continue   # __version__: its summary is the #: comment
+        items.append((name, obj))
+        if inspect.isclass(obj):
+            items += [(f"{name}.{m}", getattr(obj, m)) for m in dir(obj)
+                      if (not m.startswith("_") or m == "__call__")
+                      and any(m in vars(c) for c in obj.__mro__ if c.__module__ != "builtins")
+                      and callable(getattr(obj, m))]
+    return items
+
+
+def test_summary_reader_cuts_as_autosummary():
+    def doc(text):
+        return type("T", (), {"__doc__": text})
+    assert _summary(doc("RNN (Ba et al. 2016, eq. 4).\n\nMore.")) == "RNN (Ba et al. 2016, eq."
+    assert _summary(doc("Norm, e.g. this one. More.")) == "Norm, e.g. this one."
+    assert _summary(doc("One line\nand the next.\n\nOther.")) == "One line and the next."
+    assert _summary(fastln.rms_norm).startswith("RMS normalization over ``axis``")
+
+
+def test_summaries_read_whole():
+    short = []
+    for name, obj in _summarized():
+        summary = _summary(obj)
+        last = summary.split()[-1].lstrip("(").lower() if summary.split() else ""
+        if (not summary or last in _ABBREVIATIONS or summary.count("(") != summary.count(")")
+                or summary.count("``") % 2 or summary.count("[") != summary.count("]")):
+            short.append(f"{name}: {summary!r}")
+    assert not short, "summaries cut short:\n" + "\n".join(short)
 
 
 # ---- 2. the C reference ---------------------------------------------------------------

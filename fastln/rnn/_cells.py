@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
-    """Layer-normalized LSTM (Ba et al. 2016, supplementary eqs. 20-22).
+    """Layer-normalized LSTM (Ba, Kiros & Hinton 2016, supplementary equations 20-22).
 
     ``gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias`` (each LN over all
     4H gates, order i, f, g, o), ``c' = f*c + i*g``, ``h' = o*tanh(LN(c'; ln_c))``.
@@ -168,7 +168,7 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
 
 
 class LNGRU(_LNRecurrent[_Array]):
-    """Layer-normalized GRU (Ba et al. 2016, supplementary eqs. 23-28).
+    """Layer-normalized GRU (Ba, Kiros & Hinton 2016, supplementary equations 23-28).
 
     ``[z; r] = LN(x W_ih[z,r]^T; ln_ih) + LN(h W_hh[z,r]^T; ln_hh)`` (each LN over
     2H), ``n = tanh(LN(x W_ih[n]^T; ln_in) + sigmoid(r) * LN(h W_hh[n]^T; ln_hn))``,
@@ -229,7 +229,8 @@ class LNGRU(_LNRecurrent[_Array]):
 
 
 class LNRNN(_LNRecurrent[_Array]):
-    """Layer-normalized Elman RNN (Ba et al. 2016, eq. 4):
+    """Layer-normalized Elman RNN (Ba, Kiros & Hinton 2016, equation 4).
+
     ``h' = f(LN(x W_ih^T + h W_hh^T; ln))``, f = tanh or relu.
 
     Parameters
