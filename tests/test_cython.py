@@ -6,8 +6,9 @@ here (Cython and the system C compiler) against the fastln under test, with
 the kernels of fastln/kernels.pxd inside ``with nogil:`` blocks (Cython
 refuses to compile a call that needs the GIL there), and:
 
-* it, and the example module of docs/guide/cython.md, match fastln's
-  Python API bitwise: LayerNorm and RMSNorm in
+* it, and the example module of docs/guide/cython.md (built with the
+  guide's setup.py and the guide's command), match fastln's Python API
+  bitwise: LayerNorm and RMSNorm in
   float32 and float64, LayerNorm's backward, the fused residual add,
   channels first, and float16 storage;
 * it shares fastln's state instead of holding a copy: a thread count or an
@@ -139,20 +140,37 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 setup(ext_modules=cythonize(
-    [Extension(name, [name + ".pyx"], include_dirs=[fastln.get_include()])
-     for name in ("fastln_user", "rows")],
+    [Extension("fastln_user", ["fastln_user.pyx"], include_dirs=[fastln.get_include()])],
     quiet=True))
 '''
 GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                      "docs", "guide", "cython.md")
 
 
+def _guide_blocks(fence):
+    """The blocks of docs/guide/cython.md fenced with ```fence."""
+    with open(GUIDE, encoding="utf-8") as f:
+        return re.findall(r"^```" + re.escape(fence) + r"\n(.*?)^```", f.read(),
+                          re.DOTALL | re.MULTILINE)
+
+
 def _guide_module():
     """The ```cython block of docs/guide/cython.md: the module rows.pyx."""
-    with open(GUIDE, encoding="utf-8") as f:
-        blocks = re.findall(r"```cython\n(.*?)```", f.read(), re.DOTALL)
+    blocks = _guide_blocks("cython")
     assert len(blocks) == 1, "docs/guide/cython.md shows one Cython module"
     return blocks[0]
+
+
+def _guide_build():
+    """The guide's setup.py (its code block that calls cythonize) and the command
+    of its console block that builds it, as an argv run by this Python."""
+    setups = [b for b in _guide_blocks("{code-block} python") if "cythonize(" in b]
+    assert len(setups) == 1, "docs/guide/cython.md shows one setup.py"
+    commands = [line[2:].split() for b in _guide_blocks("console") for line in b.splitlines()
+                if line.startswith("$ ") and "setup.py" in line]
+    assert len(commands) == 1, "docs/guide/cython.md shows one command that builds it"
+    assert commands[0][0] == "python", commands[0]
+    return setups[0], [sys.executable] + commands[0][1:]
 
 
 def _ci_or_skip(reason):
@@ -164,19 +182,25 @@ def _ci_or_skip(reason):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The folder holding the two extension modules, built once per run: the
-    test's own (fastln_user) and the guide's example (rows)."""
+    guide's example (rows), by the guide's setup.py and command, and the test's
+    own (fastln_user), the same way."""
     if importlib.util.find_spec("Cython") is None:
         _ci_or_skip("Cython is not installed (the [test] extra installs it)")
     if shutil.which("gcc") is None and shutil.which("cc") is None:
         _ci_or_skip("no C compiler")
     folder = tmp_path_factory.mktemp("cython_user")
-    (folder / "fastln_user.pyx").write_text(EXTENSION)
+    setup, command = _guide_build()
     (folder / "rows.pyx").write_text(_guide_module())
-    (folder / "setup.py").write_text(SETUP)
+    (folder / "setup.py").write_text(setup)
+    (folder / "fastln_user.pyx").write_text(EXTENSION)
+    (folder / "setup_user.py").write_text(SETUP)
     env = dict(os.environ, PYTHONPATH=package_parent())
-    run = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=folder,
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    for argv in (command, [arg.replace("setup.py", "setup_user.py") for arg in command]):
+        run = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert list(folder.glob("rows.*.so")) or list(folder.glob("rows.*.pyd")), \
+        sorted(os.listdir(folder))
     return folder
 
 
