@@ -9,8 +9,10 @@ C or C++ project builds it, in three configurations:
   `cmake --install` into a prefix, then the consumer project examples/c
   configured out of the tree with find_package(fastln) and built against
   it (normalize.c on the shared library, consumer.cpp, C++, on the static
-  one), and normalize.c compiled with `pkg-config --cflags --libs fastln`,
-  on the shared library and then, with --static, on the static one;
+  one), and normalize.c compiled with the two pkg-config commands of
+  docs/guide/c-library.md as written there, with both libraries installed:
+  the first on the shared library, the second on the static one (the
+  program it links needs no libfastln.so and defines the kernels itself);
 * FASTLN_SANITIZE=ON: ctest runs tests/c/sanitize.c (the whole C API and the
   cache of large outputs, src_c/pool.c, from 3 threads at once) and the two
   programs above under AddressSanitizer, UndefinedBehaviorSanitizer and
@@ -28,6 +30,7 @@ skip, unless the environment variable CI is set (then they fail).
 import glob
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -137,21 +140,34 @@ def _configure_and_build(t, build, *options, target=None):
                        *(["--target", target] if target else [])])]
 
 
-def _pkg_config(t, prefix, exe, static):
-    """A step: normalize.c compiled with pkg-config's flags for the fastln
-    installed in prefix (the static library with static, where the shared one
-    is not there)."""
+GUIDE = os.path.join(ROOT, "docs", "guide", "c-library.md")
+
+
+def _guide_pkg_config_commands():
+    """The two compile commands of the guide's section "Using it from
+    pkg-config" (the first on the shared library, the second on the static
+    one), as written there."""
+    with open(GUIDE, encoding="utf-8") as f:
+        section = f.read().split("## Using it from pkg-config", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```console\n(.*?)```", section, re.DOTALL).group(1)
+    commands = [line[2:] for line in block.replace("\\\n", " ").splitlines()
+                if line.startswith("$ cc ")]
+    assert len(commands) == 2 and "libfastln.a" in commands[1], commands
+    return commands
+
+
+def _pkg_config(t, prefix, folder, static):
+    """A step: the guide's pkg-config command (the second with static) run by
+    the shell in folder, on a copy of normalize.c, for the fastln installed in
+    prefix; the compiler is t["cc"], with -std=c99 and STRICT."""
     def command():
         env = dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(
             glob.glob(os.path.join(prefix, "**", "fastln.pc"), recursive=True)[0]))
-        if static:
-            for path in glob.glob(os.path.join(prefix, "**", "libfastln.so*"), recursive=True):
-                os.remove(path)
-        flags = subprocess.run([t["pkg-config"], "--cflags", "--libs", "fastln",
-                                *(["--static"] if static else [])],
-                               env=env, capture_output=True, text=True, check=True).stdout
-        return [t["cc"], "-std=c99", *STRICT.split(), os.path.join(EXAMPLES, "normalize.c"),
-                *flags.split(), "-lm", "-o", exe], None
+        os.makedirs(folder, exist_ok=True)
+        shutil.copyfile(os.path.join(EXAMPLES, "normalize.c"), os.path.join(folder, "normalize.c"))
+        line = _guide_pkg_config_commands()[1 if static else 0]
+        line = f"{shlex.quote(t['cc'])} -std=c99 {STRICT} " + line[len("cc "):]
+        return ["sh", "-c", f"cd {shlex.quote(folder)} && {line}"], env
     return command
 
 
@@ -169,14 +185,14 @@ def _default_steps(t, d):
                   ("consumer normalize", [os.path.join(consumer, "normalize")]),
                   ("consumer consumer", [os.path.join(consumer, "consumer")])]
     if t["pkg-config"]:
-        shared, static = os.path.join(d, "normalize-pc"), os.path.join(d, "normalize-pc-static")
+        shared, static = os.path.join(d, "pc-shared"), os.path.join(d, "pc-static")
         steps += [("pkg-config build", _pkg_config(t, prefix, shared, static=False)),
-                  ("pkg-config run", lambda: ([shared], dict(
+                  ("pkg-config run", lambda: ([os.path.join(shared, "normalize")], dict(
                       os.environ, LD_LIBRARY_PATH=os.path.dirname(glob.glob(os.path.join(
                           prefix, "**", "libfastln.so"), recursive=True)[0])))),
-                  # last: it removes the shared library from the prefix
+                  # the shared library stays installed beside the archive, as by default
                   ("pkg-config static build", _pkg_config(t, prefix, static, static=True)),
-                  ("pkg-config static run", [static])]
+                  ("pkg-config static run", [os.path.join(static, "normalize")])]
     return steps
 
 
@@ -274,11 +290,23 @@ def test_find_package_consumer_builds_and_runs(chains):
 
 def test_pkg_config_consumer_builds_and_runs(chains):
     _require("pkg-config")
-    chain = chains["default"][0]
+    chain, folder = chains["default"]
     chain.passed("pkg-config build")
     assert chain.passed("pkg-config run").rstrip().endswith("ok")
+    with open(os.path.join(folder, "pc-shared", "normalize"), "rb") as f:
+        assert b"libfastln.so" in f.read()        # needs the shared library
     chain.passed("pkg-config static build")
     assert chain.passed("pkg-config static run").rstrip().endswith("ok")
+    # the guide's static command links libfastln.a, with libfastln.so installed beside it
+    prefix = os.path.join(folder, "prefix")
+    assert glob.glob(os.path.join(prefix, "**", "libfastln.so"), recursive=True)
+    exe = os.path.join(folder, "pc-static", "normalize")
+    with open(exe, "rb") as f:
+        assert b"libfastln.so" not in f.read()    # no libfastln.so among its needed libraries
+    _require("nm")
+    run = subprocess.run([_tools()["nm"], "--defined-only", exe], capture_output=True,
+                         text=True, check=True)
+    assert re.search(r" T fastln_layer_norm_f32$", run.stdout, re.MULTILINE), run.stdout[-2000:]
 
 
 def test_c_core_is_clean_under_sanitizers(chains):
