@@ -28,7 +28,15 @@
    (highlighted, not run), ```pycon, ```console or ```text; the fences
    ```py, ```python3 and ```ipython are refused, so that no Python escapes
    the runner.
+4. A ```python block that needs an optional package -- one it imports
+   beside the standard library, NumPy, SciPy and fastln, ``dask`` for
+   ``fastln.dask``, or one that a module of the repository it imports
+   (``examples.serve.client``) imports at its top -- follows a note: the
+   paragraph right before it starts with "Needs", names each such package in
+   backticks, and gives a ``pip install`` command that installs them (the
+   package itself, or a fastln extra that holds it).
 """
+import ast
 import glob
 import importlib
 import importlib.util
@@ -37,6 +45,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -369,8 +378,52 @@ def _imports(block):
     return names
 
 
+_FIRST_PARTY = {"fastln", "examples", "bench"}
+_REQUIRED = {"numpy", "scipy"}
+
+
+def _stdlib(name):
+    """Whether the top-level module name is the standard library's."""
+    if hasattr(sys, "stdlib_module_names"):    # Python 3.10+
+        return name in sys.stdlib_module_names
+    spec = importlib.util.find_spec(name)
+    return spec is not None and (spec.origin in ("built-in", "frozen") or str(
+        spec.origin).startswith(sysconfig.get_paths()["stdlib"]))
+
+
+def _modules(code, top_only=False):
+    """The dotted modules code imports (``from a import b`` gives a and a.b), in
+    any statement, or only in the statements at its top with top_only."""
+    tree = ast.parse(code)
+    nodes = tree.body if top_only else list(ast.walk(tree))
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _needs(block):
+    """The optional packages a block needs (see 4. above)."""
+    modules = _modules(block)
+    for name in list(modules):
+        path = os.path.join(ROOT, *name.split(".")) + ".py"
+        if name.split(".")[0] in _FIRST_PARTY - {"fastln"} and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                modules |= _modules(f.read(), top_only=True)
+    if "fastln.dask" in modules:
+        modules.add("dask")
+    if "dask.distributed" in modules:
+        modules.add("distributed")
+    return {m.split(".")[0] for m in modules
+            if m.split(".")[0] not in _FIRST_PARTY | _REQUIRED and not _stdlib(m.split(".")[0])}
+
+
 def _require(block, request):
-    for name in sorted(_imports(block)):
+    for name in sorted(_needs(block)):
         if name == "torch":
             if importlib.util.find_spec("torch") is None:
                 # a skip, or a failure under FASTLN_REQUIRE_TORCH=1
@@ -383,6 +436,84 @@ def _require(block, request):
 
 def test_pages_have_python_blocks():
     assert len(_python_blocks()) >= 5
+
+
+def test_needs_reader():
+    assert _needs("import numpy as np\nimport torch\nimport os") == {"torch"}
+    assert _needs("import fastln.dask\nfrom dask.distributed import Client") == {
+        "dask", "distributed"}
+    assert _needs("from fastln import dask") == {"dask"}
+    assert _needs("import json\nfrom examples.serve.client import move_stream") == {"picows"}
+    assert _needs("import numpy as np\nfrom fastln.rnn import LSTM") == set()
+
+
+# the distribution of each package whose import name differs from it
+_DISTRIBUTION = {"sklearn": "scikit-learn"}
+
+
+def _extras():
+    """{extra: the distributions it installs} from pyproject.toml's optional-dependencies."""
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    return {name: {_normalized(re.match(r"[A-Za-z0-9_.-]+", r).group(0)) for r in reqs}
+            for name, reqs in extras.items()}
+
+
+def _normalized(distribution):
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _note_before(path, line):
+    """The paragraph right before the block whose code starts at line (its
+    fence is the line before), joined into one line."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    i = line - 2                      # the last line before the fence
+    while i >= 0 and not lines[i].strip():
+        i -= 1
+    paragraph = []
+    while i >= 0 and lines[i].strip():
+        paragraph.insert(0, lines[i].strip())
+        i -= 1
+    return " ".join(paragraph)
+
+
+def _optional_blocks():
+    return [pytest.param(path, line, code, id=f"{os.path.relpath(path, ROOT)}:{line}")
+            for path in _pages() for line, info, code in _fences(path)
+            if info == "python" and _needs(code)]
+
+
+def test_blocks_that_need_optional_packages_exist():
+    assert len(_optional_blocks()) >= 8
+
+
+@pytest.mark.parametrize("path, line, block", _optional_blocks())
+def test_block_with_optional_packages_follows_a_needs_note(path, line, block):
+    where = f"{os.path.relpath(path, ROOT)}:{line}"
+    note = _note_before(path, line)
+    needs = sorted(_needs(block))
+    assert note.startswith("Needs "), (
+        f"{where} needs {needs}: write a paragraph right before it such as "
+        f"'Needs `{needs[0]}`: `pip install ...`.', not {note[:80]!r}")
+    for name in needs:
+        assert f"`{name}`" in note, f"{where}: the note does not name `{name}`: {note!r}"
+    commands = re.findall(r"`pip install ([^`]+)`", note)
+    assert commands, f"{where}: the note gives no `pip install ...` command: {note!r}"
+    extras = _extras()
+    installed = set()
+    for word in " ".join(commands).replace('"', " ").replace("'", " ").split():
+        m = re.fullmatch(r"(?:fastln|\.)\[([\w,-]+)\]", word)
+        if m:
+            for extra in m.group(1).split(","):
+                assert extra in extras, f"{where}: no extra {extra!r} in pyproject.toml"
+                installed |= extras[extra]
+        elif not word.startswith("-"):
+            installed.add(_normalized(word))
+    for name in needs:
+        assert _normalized(_DISTRIBUTION.get(name, name)) in installed, (
+            f"{where}: the note's command does not install {name}: {note!r}")
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: os.path.relpath(p, ROOT))
