@@ -723,16 +723,20 @@ def run(threads=(1, 2), quick=False, float32=True, bf16=True):
     results = []
     bf = None
     t0 = _RUN_START[0] = time.perf_counter()
-    with _selfcheck.OtherLoad() as load:
-        for n in (threads if float32 else ()):
-            harness.set_peer_threads(n)      # first: torch may share fastln's libgomp
-            with fastln.threads(n):
-                results.append(_bench_threads(n, kw))
-        if bf16:
-            n = max(threads)
-            harness.set_peer_threads(n)
-            with fastln.threads(n):
-                bf = bench_bf16(n, kw)
+    saved = harness.peer_threads()   # restored after: the limit outlives the run otherwise
+    try:
+        with _selfcheck.OtherLoad() as load:
+            for n in (threads if float32 else ()):
+                harness.set_peer_threads(n)      # first: torch may share fastln's libgomp
+                with fastln.threads(n):
+                    results.append(_bench_threads(n, kw))
+            if bf16:
+                n = max(threads)
+                harness.set_peer_threads(n)
+                with fastln.threads(n):
+                    bf = bench_bf16(n, kw)
+    finally:
+        harness.restore_peer_threads(saved)
     info["cpu_other_load"] = load.fraction
     return {"info": info, "quick": quick, "elapsed_s": time.perf_counter() - t0,
             "fastln_rnn": RNN_IMPORT_ERROR, "cases": {"lstm": LSTM_CASE, "stream": STREAM_CASE},

@@ -399,21 +399,25 @@ def main(argv=None):
     t0 = time.perf_counter()
     rows = []
     total = len(todo) * len(nthreads)
-    with _selfcheck.OtherLoad() as load:
-        for n in nthreads:
-            # peers first: torch may share fastln's libgomp, and its
-            # set_num_threads sets the OpenMP limit that fastln honours
-            harness.set_peer_threads(n)
-            with fastln.threads(n):
-                print(f"{fastln.get_num_threads()} thread(s):", flush=True)
-                for N, H, op, dtype in todo:
-                    row = harness.bench_shape(
-                        N, H, op=op, dtype=dtype, peers=present,
-                        backward=(op, dtype) == ("layer_norm", "float32"),
-                        **timing_kw(args.quick, N, H))
-                    rows.append(row)
-                    print(f"[{len(rows)}/{total} {time.perf_counter() - t0:.0f} s]"
-                          + harness.progress_line(row), flush=True)
+    saved = harness.peer_threads()   # restored after: the limit outlives the run otherwise
+    try:
+        with _selfcheck.OtherLoad() as load:
+            for n in nthreads:
+                # peers first: torch may share fastln's libgomp, and its
+                # set_num_threads sets the OpenMP limit that fastln honours
+                harness.set_peer_threads(n)
+                with fastln.threads(n):
+                    print(f"{fastln.get_num_threads()} thread(s):", flush=True)
+                    for N, H, op, dtype in todo:
+                        row = harness.bench_shape(
+                            N, H, op=op, dtype=dtype, peers=present,
+                            backward=(op, dtype) == ("layer_norm", "float32"),
+                            **timing_kw(args.quick, N, H))
+                        rows.append(row)
+                        print(f"[{len(rows)}/{total} {time.perf_counter() - t0:.0f} s]"
+                              + harness.progress_line(row), flush=True)
+    finally:
+        harness.restore_peer_threads(saved)
     ln_elapsed = time.perf_counter() - t0
     info["cpu_other_load"] = load.fraction
     rnn_result = None if args.no_rnn else _run_rnn(nthreads, args.quick)

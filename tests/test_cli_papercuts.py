@@ -403,9 +403,12 @@ def test_run_reports_the_whole_wall_time(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(run, "_run_rnn", slow_rnn)
     monkeypatch.setattr(run, "timing_kw", lambda quick, N, H: dict(
         repeats=2, min_sample=1e-4, budget=0.005, min_repeats=1))
+    peers_before = run.harness.peer_threads()
     assert run.main(["--quick", "--shapes", "3x16", "--ops", "ln", "--threads", "1",
                      "--peers", "numpy", "--no-fused", "--no-plots",
                      "--outdir", str(tmp_path)]) == 0
+    # the peers' thread counts come back (torch's would cap fastln's OpenMP limit)
+    assert run.harness.peer_threads() == peers_before
     out, err = capsys.readouterr()
     total = int(re.search(r"\((\d+) s in all\)", out).group(1))
     assert total >= 500
