@@ -6,6 +6,7 @@ where missing, except under CI (the environment variable CI set), where that is
 a failure."""
 import importlib
 import importlib.util
+import json
 import os
 import sys
 
@@ -347,3 +348,26 @@ def test_run_has_a_fused_section(fused_result, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         run.main(["--no-fused", "--threads", "0"])
     assert "--threads must be" in capsys.readouterr().err
+
+
+# ---- bench/rnn_grid.py: recurrent forwards against torch and ONNX Runtime ------
+
+def test_rnn_grid_points_and_table(torch):
+    """Each point times fastln, torch and ONNX Runtime on the same weights,
+    every peer's y agrees with fastln's, and the table has a row a point."""
+    grid = _load("fastln_bench_rnn_grid_test", "rnn_grid.py")
+    if grid._ort is None or grid._onnx is None:
+        if os.environ.get("CI"):
+            raise AssertionError("onnx and onnxruntime are in the [test] extra")
+        pytest.skip("needs onnx and onnxruntime")
+    result = grid.run(threads=1, cells=("lstm", "gru"), hidden=(32, 40), batch=(1, 3),
+                      steps=5, quick=True)
+    assert [(r["cell"], r["H"], r["B"]) for r in result["rows"]] == [
+        (c, H, B) for c in ("lstm", "gru") for H in (32, 40) for B in (1, 3)]
+    for r in result["rows"]:
+        assert r["mismatch"] == [], r
+        assert all(r[p] > 0 for p in grid.PEERS), r
+    table = grid.format_table(result)
+    assert table.count("\n| LSTM |") == 4 and table.count("\n| GRU |") == 4
+    assert "MISMATCH" not in grid.progress_line(result["rows"][0])
+    json.loads(json.dumps(result))
