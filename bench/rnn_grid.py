@@ -14,7 +14,8 @@ At each point (cell, H, B), T steps of I = 128 inputs, one layer, forward only:
 
 Before timing, each peer's y is checked against fastln's over the first 10 steps
 (rtol = atol = 1e-4: float32 recurrences part slowly). Timing follows
-bench/harness.py: the peers in turns in one process, medians per call,
+bench/harness.py: the peers in turns in one process, 0.1 s apart (ONNX
+Runtime's workers spin for long after a run), medians per call,
 ratios of medians (fastln / peer: below 1, fastln is faster). A peer that is
 not installed gives no column. The default grid (H in 128..2048, B in 1..256)
 takes about half an hour on 2 cores; ``--quick`` times fewer samples.
@@ -43,6 +44,9 @@ CELLS = ("lstm", "gru")
 CHECK_STEPS = 10
 TOL = 1e-4
 PEERS = ("fastln", "torch", "onnxruntime")
+# seconds between peers: ONNX Runtime's workers spin for longer than libgomp's
+# after a run (a 12 ms gap left fastln's next call twice as slow on 2 cores)
+ORT_SPIN_GAP = 0.1
 # the ONNX node's gate blocks, as rows of torch's weight matrices: LSTM torch
 # [i f g o] -> ONNX [i o f c]; GRU torch [r z n] -> ONNX [z r h]
 ONNX_GATES = {"lstm": (0, 3, 1, 2), "gru": (1, 0, 2)}
@@ -109,7 +113,7 @@ def bench_point(cell, H, B, T, nthreads, quick=False, seed=0):
     mismatch = [p for p, y in checks.items() if not np.allclose(y(), want, rtol=TOL, atol=TOL)]
     G = 4 if cell == "lstm" else 3
     kw = dict(timing_kw(quick, T * B * G * H * (INPUT + H)),
-              gap=_selfcheck.SPIN_GAP if nthreads > 1 else 0.0,
+              gap=ORT_SPIN_GAP if nthreads > 1 else 0.0,
               spinning=_selfcheck.SPINNING | {"onnxruntime"})
     times = _selfcheck.time_peers(fns, **kw)
     return dict({"cell": cell, "H": H, "B": B, "T": T, "threads": nthreads,

@@ -149,7 +149,7 @@ void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
     }
 }
 
-void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N)
+void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
 {
     int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
 #pragma omp for schedule(static)
@@ -157,7 +157,7 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N)
         float *panel = P + p * K * FASTLN_NR;
         int64_t n0 = p * FASTLN_NR, w = N - n0 < FASTLN_NR ? N - n0 : FASTLN_NR;
         for (int64_t k = 0; k < K; k++) {   /* a slice of row k of W */
-            memcpy(panel + k * FASTLN_NR, W + k * N + n0, (size_t)w * sizeof(float));
+            memcpy(panel + k * FASTLN_NR, W + k * ldw + n0, (size_t)w * sizeof(float));
             for (int64_t j = w; j < FASTLN_NR; j++) panel[k * FASTLN_NR + j] = 0.0f;
         }
     }

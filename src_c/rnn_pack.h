@@ -8,6 +8,11 @@
  */
 
 #if IS_F32
+/* A forward packs transposed weights over at least this many steps, and
+ * this many rows of products (steps x batch): see packs_transposed. */
+#define RNN_PACK_MIN_STEPS 32
+#define RNN_PACK_MIN_ROWS 256
+
 /* The format of a forward's packed weights on this path for weights stored
  * as wtype: bfloat16 pair panels where the CPU has VDPBF16PS, float panels
  * on the other x86 paths, none on the generic path (BLAS). */
@@ -69,6 +74,31 @@ static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, i
     fastln_pack_nt((float *)(blob + off[2]), (const float *)w_ih, G, I);
 }
 
+/* The parts of a packed layer, float panels, from W_ih^T (I, G) and W_hh^T
+ * (H, G) row-major (Fortran-ordered W_ih and W_hh): each panel row is a
+ * slice of a row of W^T, so the panels are those pack_parts makes from
+ * W_ih and W_hh. Shared by the enclosing team. */
+static void SFX(pack_parts_t)(char *blob, const int64_t off[3], int rf, int64_t G, int64_t H,
+                              int64_t I, const float *wt_ih, const float *wt_hh)
+{
+    fastln_pack_nn((float *)(blob + off[0]), wt_hh, H, rf ? 2 * H : G, G);
+    if (rf) fastln_pack_nn((float *)(blob + off[1]), wt_hh + 2 * H, H, H, G);
+    fastln_pack_nn((float *)(blob + off[2]), wt_ih, I, G, G);
+}
+
+/* Whether a forward packs transposed weights instead of reading them in
+ * place. A panel read in place has its rows 4 G bytes apart, each on
+ * another page from G = 1024 on, where a packed panel is contiguous: unless
+ * the weights sit on huge pages, the products stall on the TLB and the
+ * prefetchers do not follow the rows. Packing costs about two passes over
+ * the weights, which a long call over a batch repays many times; a step, a
+ * short call, or a single sequence (whose products are bound by reading
+ * the weights either way) reads them where they are. */
+static int SFX(packs_transposed)(const fastln_rnn_args *a)
+{
+    return a->steps * a->batch >= RNN_PACK_MIN_ROWS && a->steps >= RNN_PACK_MIN_STEPS;
+}
+
 /* w (n) = the bfloat16 values of src as float, in a new array (NULL: no memory). */
 static float *SFX(widened)(const void *src, int64_t n)
 {
@@ -127,10 +157,11 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
  * has them, for every B (so that a row's results do not depend on the batch
  * it is in), with a->packed when it was packed for this path, cell and
  * sizes, else packed here, or, with a->transposed, W_ih^T and W_hh^T read
- * where they are (the packed kernels' panels are row-major (K, N) blocks of
- * 32 columns, so reading the whole rows of W^T does the same operations in
- * the same order; rnn.c passes transposed weights only where G, and H for
- * RESET_FIRST, are multiples of 32); w_ih, w_hh are float, or bfloat16 for
+ * where they are or packed from that layout (packs_transposed decides; the
+ * packed kernels' panels are row-major (K, N) blocks of 32 columns, so
+ * reading the whole rows of W^T does the same operations in the same order;
+ * rnn.c passes transposed weights only where G, and H for RESET_FIRST, are
+ * multiples of 32); w_ih, w_hh are float, or bfloat16 for
  * the bfloat16 format. abuf gets room for Tc steps of input in bfloat16, hbuf
  * for h (RESET_FIRST, whose products round h and r h themselves, takes
  * them in abuf). Elsewhere the dot kernels at B == 1 and BLAS. */
@@ -160,9 +191,10 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     }
 #endif
     int fresh = !SFX(prepacked)(a, fmt);
-    if (fresh && a->transposed) {
-        if (fmt != FASTLN_PACK_F32 || L.G % FASTLN_NR || (L.reset_first && H % FASTLN_NR))
-            return FASTLN_EINVAL;
+    if (fresh && a->transposed &&
+        (fmt != FASTLN_PACK_F32 || L.G % FASTLN_NR || (L.reset_first && H % FASTLN_NR)))
+        return FASTLN_EINVAL;
+    if (fresh && a->transposed && !SFX(packs_transposed)(a)) {
         rc->method = 1;
         rc->packed = w_hh;
         rc->packed_n = L.reset_first ? (const float *)w_hh + 2 * H : NULL;
@@ -178,7 +210,11 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     rc->hbuf = nhb ? rc->abuf + nab : NULL;
     /* AMX reads whole blocks of 16 rows */
     if (nab) memset(rc->abuf, 0, (size_t)(nab + nhb) * sizeof(uint16_t));
-    if (fresh) {
+    if (fresh && a->transposed) {
+        ON_TEAM(nt, SFX(pack_parts_t)(buf, off, L.reset_first, L.G, H, I, (const float *)w_ih,
+                                      (const float *)w_hh););
+        blob = buf;
+    } else if (fresh) {
         ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
         blob = buf;
     }

@@ -202,8 +202,8 @@ static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int64_t B, int64_t G, 
     rc->ldp = FASTLN_NR;
     rc->method = 1;
     ON_TEAM(nt,
-        fastln_pack_nn(buf, w_hh, Gh, H);
-        if (rf) fastln_pack_nn(buf + nh, w_hh + 2 * H * H, H, H););
+        fastln_pack_nn(buf, w_hh, Gh, H, H);
+        if (rf) fastln_pack_nn(buf + nh, w_hh + 2 * H * H, H, H, H););
 #else
     (void)w_hh; (void)G; (void)H; (void)rf; (void)nt;
 #endif

@@ -183,10 +183,12 @@ def test_weight_matrices_layout(dtype):
 @pytest.mark.parametrize("cls,H", [(LNLSTM, 8), (LNLSTM, 5), (LNGRU, 32), (LNGRU, 12),
                                    (LNRNN, 32), (LNRNN, 9), (GRU, 32), (GRU, 20), (LSTM, 6),
                                    (RNN, 64)])
-def test_transposed_weights_match_plain_ones_on_every_path(cls, H, isa):
-    """F-ordered weights (read in place where G, and H for ONNX's GRU, are
-    multiples of 32 on the x86 float paths; copied elsewhere) give bitwise
-    the results of C-ordered ones, forward, backward and step."""
+@pytest.mark.parametrize("T,B", [(6, 3), (1, 4), (3, 1), (40, 8)])
+def test_transposed_weights_match_plain_ones_on_every_path(cls, H, T, B, isa):
+    """F-ordered weights (on the x86 float paths, where G, and H for ONNX's
+    GRU, are multiples of 32: read in place by a call of few rows, packed
+    from their transposed layout by a longer one; copied elsewhere) give
+    bitwise the results of C-ordered ones, forward, backward and step."""
     kw = {"linear_before_reset": False} if cls is GRU else {}
     rng = np.random.default_rng(H)
     f = cls(5, H, 2, seed=7, **kw)
@@ -195,7 +197,7 @@ def test_transposed_weights_match_plain_ones_on_every_path(cls, H, isa):
         if key.startswith("weight"):
             c.params[key] = np.ascontiguousarray(c.params[key])
     assert f.params["weight_hh_l0"].flags.f_contiguous
-    x = rng.standard_normal((6, 3, 5)).astype(np.float32)
+    x = rng.standard_normal((T, B, 5)).astype(np.float32)
     yf, sf = f.forward(x)
     yc, sc = c.forward(x)
     assert np.array_equal(_bits(yf), _bits(yc))
@@ -206,6 +208,31 @@ def test_transposed_weights_match_plain_ones_on_every_path(cls, H, isa):
     for key in f.grads:
         assert np.array_equal(_bits(f.grads[key]), _bits(c.grads[key])), key
     assert np.array_equal(_bits(f.step(x[0])[0]), _bits(c.step(x[0])[0]))
+
+
+@pytest.mark.parametrize("cls", [LSTM, GRU, LNLSTM])
+def test_a_long_batch_packs_and_its_rows_are_each_row_alone(cls, isa):
+    """A forward of many steps over a batch packs the F-ordered weights; a
+    single sequence, or the steps one at a time, read them in place: each
+    row's outputs are bitwise the same, on any thread count (on the generic
+    path, whose products are BLAS's, the same to rounding)."""
+    def same(a, b):
+        if isa == "generic":
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)   # 40 steps of rounding
+        else:
+            assert np.array_equal(_bits(a), _bits(b))
+    m = cls(16, 64, seed=2)
+    x = np.random.default_rng(2).standard_normal((40, 8, 16)).astype(np.float32)
+    with fastln.threads(2):
+        y, _ = m.forward(x, cache=False)
+    for b in (0, 5):
+        with fastln.threads(1):
+            alone, _ = m.forward(x[:, b:b + 1], cache=False)
+        same(alone[:, 0], y[:, b])
+    st = None
+    for t in range(40):
+        h, st = m.step(x[t], st)
+    same(h, y[-1])
 
 
 def test_bidirectional_float32_with_transposed_weights():
