@@ -508,11 +508,12 @@ def bf16_path():
 
 
 def _readonly(m):
-    """A float32 copy of model m with every params array read-only: the engine
-    packs its weight matrices once and keeps them."""
+    """A float32 copy of model m whose params arrays nothing can write
+    (C-ordered, over bytes objects): the engine packs its weight matrices
+    once and keeps them."""
     r = m.to(np.float32)
-    for a in r.params.values():
-        a.flags.writeable = False
+    for key, a in r.params.items():
+        r.params[key] = np.frombuffer(a.tobytes(order="C"), a.dtype).reshape(a.shape)
     return r
 
 
