@@ -169,13 +169,7 @@ def ort_skip_session(op, H, nthreads):
             [info("Y", ["N", H]), info("S", ["N", H])])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                         helper.make_opsetid("com.microsoft", 1)])
-        model.ir_version = min(model.ir_version, 9)
-        so = _ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = nthreads, 1
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        _ORT_CACHE[key] = _ort.InferenceSession(model.SerializeToString(), so,
-                                                providers=["CPUExecutionProvider"])
+        _ORT_CACHE[key] = _selfcheck.ort_session_of(model, nthreads)
     return _ORT_CACHE[key]
 
 

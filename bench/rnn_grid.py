@@ -79,12 +79,7 @@ def _onnx_session(cell, module, nthreads):
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", 1, "B", H])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    model.ir_version = min(model.ir_version, 9)
-    so = _ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = nthreads, 1
-    so.log_severity_level = 3
-    return _ort.InferenceSession(model.SerializeToString(), so,
-                                 providers=["CPUExecutionProvider"])
+    return _selfcheck.ort_session_of(model, nthreads, spin=True)
 
 
 def bench_point(cell, H, B, T, nthreads, quick=False, seed=0):

@@ -78,11 +78,7 @@ def ort_case(I, H, threads):
         [numpy_helper.from_array(W, "W"), numpy_helper.from_array(R, "R"),
          numpy_helper.from_array(B, "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    model.ir_version = min(model.ir_version, 9)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = _selfcheck.ort_session_of(model, threads, spin=True)
     x = rng.standard_normal((1, 1, I)).astype(np.float32)
     state = {"h0": np.zeros((1, 1, H), np.float32), "c0": np.zeros((1, 1, H), np.float32)}
 

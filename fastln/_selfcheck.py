@@ -217,14 +217,23 @@ def ort_session(H, nthreads):
                            helper.make_tensor_value_info("B", TensorProto.FLOAT, [H])],
             [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", H])])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = min(model.ir_version, 9)
-        so = _ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = nthreads, 1
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        _ORT_CACHE[(H, nthreads)] = _ort.InferenceSession(
-            model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        _ORT_CACHE[(H, nthreads)] = ort_session_of(model, nthreads)
     return _ORT_CACHE[(H, nthreads)]
+
+
+def ort_session_of(model, nthreads, spin=False):
+    """An ONNX Runtime session of an onnx model on the CPU, nthreads intra-op
+    threads, warnings off; its workers spin between runs only with ``spin``
+    (spinning, they starve the peer timed next). The model's IR version is
+    capped at 9, which every supported ONNX Runtime reads."""
+    model.ir_version = min(model.ir_version, 9)
+    so = _ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = nthreads, 1
+    so.log_severity_level = 3
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return _ort.InferenceSession(model.SerializeToString(), so,
+                                 providers=["CPUExecutionProvider"])
 
 
 def close(a, b, reduction=False, rtol=RTOL, atol=ATOL):
