@@ -678,19 +678,22 @@ def test_submit_with_callbacks():
 
 def _loops():
     """The event loops a server runs on: asyncio's, and uvloop's where installed."""
-    loops = [("asyncio", asyncio.new_event_loop)]
+    loops = [pytest.param(asyncio.new_event_loop, id="asyncio")]
     try:
         import uvloop
     except ImportError:
         pass
     else:
-        loops.append(("uvloop", uvloop.new_event_loop))
+        loops.append(pytest.param(uvloop.new_event_loop, id="uvloop"))
     return loops
 
 
-@pytest.mark.parametrize("loop_name,new_loop", _loops(), ids=[n for n, _ in _loops()])
+LOOPS = _loops()
+
+
+@pytest.mark.parametrize("new_loop", LOOPS)
 @pytest.mark.parametrize("yields", range(6))
-def test_a_step_submitted_as_the_delay_runs_out(loop_name, new_loop, yields):
+def test_a_step_submitted_as_the_delay_runs_out(new_loop, yields):
     """The loop is blocked past the oldest step's deadline, then runs a few
     callbacks (the batcher's timer among them), then a step arrives: it is
     queued once and answered, whichever callbacks ran before it."""
@@ -720,9 +723,9 @@ def test_a_step_submitted_as_the_delay_runs_out(loop_name, new_loop, yields):
     assert sorted(map(len, table.calls)) in ([2], [1, 1])
 
 
-@pytest.mark.parametrize("loop_name,new_loop", _loops(), ids=[n for n, _ in _loops()])
+@pytest.mark.parametrize("new_loop", LOOPS)
 @pytest.mark.parametrize("max_delay", [1e-4, 1e-3, 5e-3])
-def test_random_load_on_a_busy_loop_with_a_delay(loop_name, new_loop, max_delay):
+def test_random_load_on_a_busy_loop_with_a_delay(new_loop, max_delay):
     """Steps of 16 streams submitted at random moments, in callbacks and as
     futures, while the event loop is blocked now and then for about the
     delay: no submit raises, every step is answered once, in order, bitwise

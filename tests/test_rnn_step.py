@@ -8,6 +8,9 @@
   sizes the kernels read in place and sizes they do not, forward and backward;
 - out= and state_out=, in place included, and their errors.
 """
+import threading
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -345,7 +348,6 @@ def test_a_loop_with_out_and_state_out_allocates_nothing(dtype, B):
     after its first calls, in float32 and in bfloat16 (whose y is rounded
     from float32 values the step keeps), and its results are those of
     plain steps."""
-    import tracemalloc
     m = LNLSTM(16, 64, 2, seed=1)
     if dtype == "bfloat16":
         m = m.to(pytest.importorskip("ml_dtypes").bfloat16)
@@ -374,7 +376,6 @@ def test_a_loop_with_out_and_state_out_allocates_nothing(dtype, B):
 def test_bfloat16_steps_from_many_threads_at_once():
     """Threads stepping one bfloat16 model at once, each its own stream and
     batch size, each get the results of the stream stepped alone."""
-    import threading
     ml_dtypes = pytest.importorskip("ml_dtypes")
     m = LNGRU(8, 32, 2, seed=4).to(ml_dtypes.bfloat16)
     rng = np.random.default_rng(4)
@@ -459,7 +460,6 @@ def test_one_model_steps_from_many_threads():
     """Eight threads step their own streams of one model at once (the first
     call of each compiles the step, concurrently); each stream is bitwise its
     serial run."""
-    import threading
     m = LNLSTM(5, 32, 2, seed=6)
     rng = np.random.default_rng(6)
     xs = rng.standard_normal((8, 20, 2, 5)).astype(np.float32)
