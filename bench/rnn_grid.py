@@ -1,24 +1,32 @@
-"""Recurrent forwards over a grid of sizes: fastln against PyTorch and ONNX Runtime, float32.
+"""Recurrent forwards over a grid of sizes: fastln against PyTorch, ONNX Runtime and OpenVINO.
 
-    python bench/rnn_grid.py [--quick] [--threads 2] [--cells lstm,gru] [--hidden 256,1024]
-                             [--batch 1,8,32,256] [--steps 100] [--json PATH]
+    python bench/rnn_grid.py [--quick] [--threads 2] [--cells lstm,gru,rnn]
+                             [--hidden 256,1024] [--batch 1,8,32,256] [--steps 100]
+                             [--bf16 | --no-bf16] [--json PATH]
 
 At each point (cell, H, B), T steps of I = 128 inputs, one layer, forward only:
 
-- fastln: ``fastln.rnn.LSTM`` / ``GRU`` loaded from the torch module
-  (``LSTM.from_torch``), ``forward(x, cache=False)``;
-- torch: ``torch.nn.LSTM`` / ``GRU`` under ``torch.inference_mode()``;
-- onnxruntime: one ONNX ``LSTM`` / ``GRU`` node (opset 14, ``linear_before_reset=1``
-  for the GRU, as torch's) built with ``onnx.helper`` from the same weights, in a
-  session of ``intra_op_num_threads = n``.
+- fastln: ``fastln.rnn.LSTM`` / ``GRU`` / ``RNN`` loaded from the torch module
+  (``from_torch``), ``forward(x, cache=False)``;
+- torch: ``torch.nn.LSTM`` / ``GRU`` / ``RNN`` under ``torch.inference_mode()``;
+- onnxruntime: one ONNX ``LSTM`` / ``GRU`` / ``RNN`` node (opset 14,
+  ``linear_before_reset=1`` for the GRU, as torch's) built with ``onnx.helper``
+  from the same weights, in a session of ``intra_op_num_threads = n``;
+- openvino: the same ONNX model compiled for OpenVINO's CPU plugin with
+  ``INFERENCE_NUM_THREADS = n`` and ``INFERENCE_PRECISION_HINT = f32``.
+
+With ``--bf16`` (the default where the CPU has AVX512-BF16 or AMX-BF16), two
+more columns: fastln's bfloat16 model (``model.to(ml_dtypes.bfloat16)``) and
+OpenVINO with its ``bf16`` precision hint; each is compared with the other.
 
 Before timing, each peer's y is checked against fastln's over the first 10 steps
-(rtol = atol = 1e-4: float32 recurrences part slowly). Timing follows
-bench/harness.py: the peers in turns in one process, 0.1 s apart (ONNX
-Runtime's workers spin for long after a run), medians per call,
-ratios of medians (fastln / peer: below 1, fastln is faster). A peer that is
-not installed gives no column. The default grid (H in 128..2048, B in 1..256)
-takes about half an hour on 2 cores; ``--quick`` times fewer samples.
+(float32: rtol = atol = 1e-4, as float32 recurrences part slowly; bfloat16:
+atol = 0.05 against fastln's float32). Timing follows bench/harness.py: the
+peers in turns in one process, 0.1 s apart (ONNX Runtime's workers spin for
+long after a run), medians per call, ratios of medians (fastln / peer: below 1,
+fastln is faster). A peer that is not installed gives no column. The default
+grid (3 cells, H in 128..2048, B in 1..256) takes about an hour and a half on 2
+cores; ``--quick`` times fewer samples.
 """
 import argparse
 import json
@@ -36,20 +44,37 @@ from bench import harness  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
 from fastln._selfcheck import _onnx, _ort, _torch  # noqa: E402
 
+_ov = _selfcheck._import("openvino")
+_ml_dtypes = _selfcheck._import("ml_dtypes")
+
 INPUT = 128
 HIDDEN = (128, 256, 512, 1024, 2048)
 BATCH = (1, 8, 32, 256)
 STEPS = 100
-CELLS = ("lstm", "gru")
+CELLS = ("lstm", "gru", "rnn")
+GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 CHECK_STEPS = 10
 TOL = 1e-4
-PEERS = ("fastln", "torch", "onnxruntime")
+BF16_TOL = 0.05
+PEERS = ("fastln", "torch", "onnxruntime", "openvino")
+BF16_PEERS = ("fastln_bf16", "openvino_bf16")
 # seconds between peers: ONNX Runtime's workers spin for longer than libgomp's
 # after a run (a 12 ms gap left fastln's next call twice as slow on 2 cores)
 ORT_SPIN_GAP = 0.1
 # the ONNX node's gate blocks, as rows of torch's weight matrices: LSTM torch
-# [i f g o] -> ONNX [i o f c]; GRU torch [r z n] -> ONNX [z r h]
-ONNX_GATES = {"lstm": (0, 3, 1, 2), "gru": (1, 0, 2)}
+# [i f g o] -> ONNX [i o f c]; GRU torch [r z n] -> ONNX [z r h]; RNN one block
+ONNX_GATES = {"lstm": (0, 3, 1, 2), "gru": (1, 0, 2), "rnn": (0,)}
+
+
+def native_bf16():
+    """Whether the CPU has bfloat16 dot products (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def timing_kw(quick, work):
@@ -60,8 +85,8 @@ def timing_kw(quick, work):
     return dict(repeats=3 if big else 9, min_sample=2e-3, budget=3.0, min_repeats=3)
 
 
-def _onnx_session(cell, module, nthreads):
-    """An ONNX Runtime session of one LSTM or GRU node with module's weights."""
+def _onnx_model(cell, module):
+    """An ONNX model of one LSTM, GRU or RNN node with module's weights."""
     from onnx import TensorProto, helper, numpy_helper
 
     H = module.hidden_size
@@ -78,50 +103,81 @@ def _onnx_session(cell, module, nthreads):
         [node], cell, [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", INPUT])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", 1, "B", H])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    return _selfcheck.ort_session_of(model, nthreads, spin=True)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
-def bench_point(cell, H, B, T, nthreads, quick=False, seed=0):
+def _openvino_run(model, nthreads, precision):
+    """A function x -> y of the ONNX model compiled by OpenVINO for the CPU, at
+    nthreads threads and the given inference precision ("f32" or "bf16")."""
+    core = _ov.Core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
+                                  {"INFERENCE_NUM_THREADS": nthreads,
+                                   "INFERENCE_PRECISION_HINT": precision,
+                                   "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    return lambda x: request.infer({0: x}, share_inputs=True)[0]
+
+
+def bench_point(cell, H, B, T, nthreads, quick=False, seed=0, bf16=False):
     """One grid point: {'cell', 'H', 'B', 'T', 'threads', peer: seconds or None,
-    'mismatch': [peers whose y disagreed]}."""
+    'mismatch': [peers whose y disagreed]}; the bfloat16 peers with ``bf16``."""
     from fastln import rnn
 
     torch = _torch
     torch.manual_seed(seed)
-    module = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(INPUT, H).eval()
-    model = (rnn.LSTM if cell == "lstm" else rnn.GRU).from_torch(module)
+    module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell](
+        INPUT, H).eval()
+    model = {"lstm": rnn.LSTM, "gru": rnn.GRU, "rnn": rnn.RNN}[cell].from_torch(module)
     x = np.random.default_rng(seed).standard_normal((T, B, INPUT)).astype(np.float32)
     xt = torch.from_numpy(x)
+    k = min(T, CHECK_STEPS)
 
     def torch_y(xt):
         with torch.inference_mode():
             return module(xt)[0]
     fns = {"fastln": lambda: model.forward(x, cache=False), "torch": lambda: torch_y(xt)}
-    k = min(T, CHECK_STEPS)
-    checks = {"torch": lambda: torch_y(xt[:k]).numpy()}
-    if _onnx is not None and _ort is not None:
-        sess = _onnx_session(cell, module, nthreads)
+    checks = {"torch": (lambda: torch_y(xt[:k]).numpy(), TOL)}
+    onnx_model = _onnx_model(cell, module) if _onnx is not None else None
+    if onnx_model is not None and _ort is not None:
+        sess = _selfcheck.ort_session_of(onnx_model, nthreads, spin=True)
         fns["onnxruntime"] = lambda: sess.run(None, {"X": x})
-        checks["onnxruntime"] = lambda: sess.run(None, {"X": x[:k]})[0][:, 0]
+        checks["onnxruntime"] = (lambda: sess.run(None, {"X": x[:k]})[0][:, 0], TOL)
+    if onnx_model is not None and _ov is not None:
+        ov32 = _openvino_run(onnx_model, nthreads, "f32")
+        fns["openvino"] = lambda: ov32(x)
+        checks["openvino"] = (lambda: ov32(x[:k])[:, 0], TOL)
+    if bf16:
+        model16 = model.to(_ml_dtypes.bfloat16)
+        fns["fastln_bf16"] = lambda: model16.forward(x, cache=False)
+        checks["fastln_bf16"] = (lambda: model16.forward(x[:k], cache=False)[0], BF16_TOL)
+        if onnx_model is not None and _ov is not None:
+            ov16 = _openvino_run(onnx_model, nthreads, "bf16")
+            fns["openvino_bf16"] = lambda: ov16(x)
+            checks["openvino_bf16"] = (lambda: ov16(x[:k])[:, 0], BF16_TOL)
     want = model.forward(x[:k], cache=False)[0]
-    mismatch = [p for p, y in checks.items() if not np.allclose(y(), want, rtol=TOL, atol=TOL)]
-    G = 4 if cell == "lstm" else 3
-    kw = dict(timing_kw(quick, T * B * G * H * (INPUT + H)),
+    mismatch = [p for p, (y, tol) in checks.items()
+                if not np.allclose(y(), want, rtol=tol, atol=tol)]
+    kw = dict(timing_kw(quick, T * B * GATES[cell] * H * (INPUT + H)),
               gap=ORT_SPIN_GAP if nthreads > 1 else 0.0,
-              spinning=_selfcheck.SPINNING | {"onnxruntime"})
+              spinning=_selfcheck.SPINNING | {"onnxruntime", "openvino", "openvino_bf16"})
     times = _selfcheck.time_peers(fns, **kw)
     return dict({"cell": cell, "H": H, "B": B, "T": T, "threads": nthreads,
-                 "mismatch": mismatch}, **{p: times.get(p) for p in PEERS})
+                 "mismatch": mismatch}, **{p: times.get(p) for p in PEERS + BF16_PEERS})
 
 
 def run(threads=2, cells=CELLS, hidden=HIDDEN, batch=BATCH, steps=STEPS, quick=False,
-        progress=None):
-    """The grid, as a JSON-friendly dict: {'info', 'threads', 'steps', 'rows'}."""
+        progress=None, bf16=None):
+    """The grid, as a JSON-friendly dict: {'info', 'threads', 'steps', 'bf16', 'rows'};
+    ``bf16`` None: the bfloat16 columns where the CPU has bfloat16 dot products."""
     if _torch is None:
         raise RuntimeError("bench/rnn_grid.py needs PyTorch (pip install torch): the "
                            "models are built from torch modules")
+    if bf16 is None:
+        bf16 = native_bf16() and _ml_dtypes is not None
+    elif bf16 and _ml_dtypes is None:
+        raise RuntimeError("the bfloat16 columns need ml_dtypes (pip install ml_dtypes)")
     info = harness.machine_info()
+    info["openvino"] = _ov.get_version() if _ov is not None else None
     rows = []
     saved = harness.peer_threads()
     t0 = time.perf_counter()
@@ -131,12 +187,12 @@ def run(threads=2, cells=CELLS, hidden=HIDDEN, batch=BATCH, steps=STEPS, quick=F
             for cell in cells:
                 for H in hidden:
                     for B in batch:
-                        rows.append(bench_point(cell, H, B, steps, threads, quick))
+                        rows.append(bench_point(cell, H, B, steps, threads, quick, bf16=bf16))
                         if progress is not None:
                             progress(rows[-1])
     finally:
         harness.restore_peer_threads(saved)
-    return {"info": info, "threads": threads, "steps": steps, "input": INPUT,
+    return {"info": info, "threads": threads, "steps": steps, "input": INPUT, "bf16": bf16,
             "elapsed_s": time.perf_counter() - t0, "rows": rows}
 
 
@@ -148,26 +204,38 @@ def _ratio(a, b):
     return "-" if a is None or b is None else f"{a / b:.2f}"
 
 
+NAMES = {"torch": "torch", "onnxruntime": "ONNX Runtime", "openvino": "OpenVINO",
+         "fastln_bf16": "fastln bf16", "openvino_bf16": "OpenVINO bf16"}
+
+
 def progress_line(r):
-    return (f"  {r['cell']:4s} H={r['H']:<5d} B={r['B']:<4d} fastln {_ms(r['fastln'])} ms, "
-            f"torch {_ms(r['torch'])} ms ({_ratio(r['fastln'], r['torch'])}x), "
-            f"onnxruntime {_ms(r['onnxruntime'])} ms "
-            f"({_ratio(r['fastln'], r['onnxruntime'])}x)"
+    peers = [p for p in PEERS[1:] + BF16_PEERS[1:] if r.get(p) is not None]
+    own = {p: "fastln_bf16" if p in BF16_PEERS else "fastln" for p in peers}
+    return (f"  {r['cell']:4s} H={r['H']:<5d} B={r['B']:<4d} fastln {_ms(r['fastln'])} ms"
+            + "".join(f", {NAMES[p]} {_ms(r[p])} ms ({_ratio(r[own[p]], r[p])}x)"
+                      for p in peers)
+            + (f", fastln bf16 {_ms(r['fastln_bf16'])} ms" if r.get("fastln_bf16") else "")
             + (f"  MISMATCH: {', '.join(r['mismatch'])}" if r["mismatch"] else ""))
 
 
 def format_table(result):
-    """A markdown table: ms per forward and fastln's time over each peer's."""
+    """A markdown table: ms per forward and fastln's time over each peer's
+    (the bfloat16 columns: fastln's bfloat16 time over OpenVINO's)."""
+    cols = [p for p in PEERS + (BF16_PEERS if result.get("bf16") else ())]
+    vs = [p for p in cols if p not in ("fastln", "fastln_bf16")]
     lines = [f"T = {result['steps']}, I = {result['input']}, {result['threads']} thread(s), "
-             f"float32, ms per forward; ratios are fastln's time over the peer's.", "",
-             "| cell | H | B | fastln | torch | ONNX Runtime | / torch | / ONNX Runtime |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"ms per forward; ratios are fastln's time over the peer's (float32 over "
+             f"float32, bfloat16 over bfloat16).", "",
+             "| cell | H | B | " + " | ".join(NAMES.get(p, p) for p in cols) + " | "
+             + " | ".join(f"/ {NAMES[p]}" for p in vs) + " |",
+             "|---|---|---|" + "---|" * (len(cols) + len(vs))]
     for r in result["rows"]:
-        lines.append(f"| {r['cell'].upper()} | {r['H']} | {r['B']} | {_ms(r['fastln'])} | "
-                     f"{_ms(r['torch'])} | {_ms(r['onnxruntime'])} | "
-                     f"{_ratio(r['fastln'], r['torch'])} | "
-                     f"{_ratio(r['fastln'], r['onnxruntime'])} |"
-                     + (f" mismatch: {', '.join(r['mismatch'])}" if r["mismatch"] else ""))
+        lines.append(
+            f"| {r['cell'].upper()} | {r['H']} | {r['B']} | "
+            + " | ".join(_ms(r.get(p)) for p in cols) + " | "
+            + " | ".join(_ratio(r.get("fastln_bf16" if p in BF16_PEERS else "fastln"),
+                                r.get(p)) for p in vs) + " |"
+            + (f" mismatch: {', '.join(r['mismatch'])}" if r["mismatch"] else ""))
     return "\n".join(lines)
 
 
@@ -179,10 +247,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer samples per point")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--cells", default=",".join(CELLS), help="lstm,gru")
+    p.add_argument("--cells", default=",".join(CELLS), help="lstm,gru,rnn")
     p.add_argument("--hidden", type=_ints, default=HIDDEN, help="H values, comma-separated")
     p.add_argument("--batch", type=_ints, default=BATCH, help="B values, comma-separated")
     p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="the bfloat16 columns (default: where the CPU has bfloat16 "
+                        "dot products)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     cells = tuple(args.cells.split(","))
@@ -192,7 +263,7 @@ def main(argv=None):
     print(f"{_selfcheck.cpu_model()}, fastln {fastln.get_isa()}, {args.threads} thread(s)",
           flush=True)
     result = run(args.threads, cells, args.hidden, args.batch, args.steps, args.quick,
-                 progress=lambda r: print(progress_line(r), flush=True))
+                 progress=lambda r: print(progress_line(r), flush=True), bf16=args.bf16)
     print()
     print(format_table(result))
     if args.json:

@@ -350,24 +350,30 @@ def test_run_has_a_fused_section(fused_result, monkeypatch, capsys):
     assert "--threads must be" in capsys.readouterr().err
 
 
-# ---- bench/rnn_grid.py: recurrent forwards against torch and ONNX Runtime ------
+# ---- bench/rnn_grid.py: recurrent forwards against torch, ONNX Runtime, OpenVINO --
 
 def test_rnn_grid_points_and_table(torch):
-    """Each point times fastln, torch and ONNX Runtime on the same weights,
-    every peer's y agrees with fastln's, and the table has a row a point."""
+    """Each point times fastln, torch, ONNX Runtime and OpenVINO on the same
+    weights (and fastln's and OpenVINO's bfloat16), every peer's y agrees with
+    fastln's, and the table has a row a point."""
     grid = _load("fastln_bench_rnn_grid_test", "rnn_grid.py")
-    if grid._ort is None or grid._onnx is None:
+    missing = [name for name, mod in (("onnx", grid._onnx), ("onnxruntime", grid._ort),
+                                      ("openvino", grid._ov), ("ml_dtypes", grid._ml_dtypes))
+               if mod is None]
+    if missing:
         if os.environ.get("CI"):
-            raise AssertionError("onnx and onnxruntime are in the [test] extra")
-        pytest.skip("needs onnx and onnxruntime")
-    result = grid.run(threads=1, cells=("lstm", "gru"), hidden=(32, 40), batch=(1, 3),
-                      steps=5, quick=True)
+            raise AssertionError(f"{', '.join(missing)} are in the [test] extra")
+        pytest.skip(f"needs {', '.join(missing)}")
+    result = grid.run(threads=1, cells=("lstm", "gru", "rnn"), hidden=(32, 40), batch=(1, 3),
+                      steps=5, quick=True, bf16=True)
     assert [(r["cell"], r["H"], r["B"]) for r in result["rows"]] == [
-        (c, H, B) for c in ("lstm", "gru") for H in (32, 40) for B in (1, 3)]
+        (c, H, B) for c in ("lstm", "gru", "rnn") for H in (32, 40) for B in (1, 3)]
     for r in result["rows"]:
         assert r["mismatch"] == [], r
-        assert all(r[p] > 0 for p in grid.PEERS), r
+        assert all(r[p] > 0 for p in grid.PEERS + grid.BF16_PEERS), r
     table = grid.format_table(result)
-    assert table.count("\n| LSTM |") == 4 and table.count("\n| GRU |") == 4
+    for cell in ("LSTM", "GRU", "RNN"):
+        assert table.count(f"\n| {cell} |") == 4
+    assert "| OpenVINO bf16 |" in table and "| / OpenVINO bf16 |" in table
     assert "MISMATCH" not in grid.progress_line(result["rows"][0])
     json.loads(json.dumps(result))
