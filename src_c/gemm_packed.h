@@ -252,7 +252,7 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
     float *Ap = ta == 'T' ? P + np : NULL, *Ct = swap ? P + np + na : C;
     int64_t ars = ta == 'N' ? K : 0;
     ON_TEAM(nt,
-        if (tb == 'T') fastln_pack_nt(P, B, N, K);
+        if (tb == 'T') fastln_pack_nt(P, B, N, K, K);
         else if (!in_place) fastln_pack_nn(P, B, K, N, N);
         if (Ap) SFX(pack_at)(Ap, A, M, K);   /* ends with a barrier */
         SFX(packed_gemm)(Ct, N, Ap ? Ap : A, ars, 1, in_place ? B : P,

@@ -174,11 +174,11 @@ void fastln_gemm_f64(char ta, char tb, int64_t M, int64_t N, int64_t K, double a
 
 /* Packed weights for the recurrent kernels: panels of FASTLN_NR columns of
  * the product, each (K, FASTLN_NR) row-major, zero-padded past N.
- * pack_nt: W is (N, K), for C = A W^T;  pack_nn: W is (K, N) with rows ldw
- * apart, for C = A W. */
+ * pack_nt: W is (N, K), for C = A W^T;  pack_nn: W is (K, N), for C = A W;
+ * W's rows ldw apart. */
 #define FASTLN_NR 32
 int64_t fastln_packed_size(int64_t N, int64_t K);
-void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K);
+void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K, int64_t ldw);
 void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw);
 
 /* The header of fastln_rnn_pack's output: what it packed, and how (the

@@ -1,9 +1,11 @@
-/* A cache of large output buffers, for the Python layer's NumPy allocator
- * (fastln/_core.pyx): a block freed here is kept and handed to the next
- * allocation of about its size, so that a loop of allocating calls does not
- * pay the page faults of fresh memory each call (docs/performance.md,
- * "Output memory", has the cost). The kernels
- * never call it; plain C99 plus the __atomic builtins of GCC and clang.
+/* A cache of large buffers, for the Python layer's NumPy allocator
+ * (fastln/_core.pyx) and the recurrent engine's packed weights
+ * (rnn_pack.h, rnn_products.h): a block freed here is kept and handed to
+ * the next allocation of about its size, so that a loop of allocating calls
+ * does not pay the page faults of fresh memory each call
+ * (docs/performance.md, "Output memory", has the cost), and blocks of
+ * FASTLN_POOL_MIN_BYTES or more ask for transparent huge pages. Plain C99
+ * plus the __atomic builtins of GCC and clang.
  * Thread-safe: the cache is taken with a try-lock, and a call that finds it
  * busy allocates or frees without it. */
 #ifndef FASTLN_POOL_H

@@ -120,7 +120,7 @@ int64_t fastln_packed_size(int64_t N, int64_t K)
  * time through a 4 x 4 transpose in SSE registers (the baseline of every
  * x86-64 build), which makes packing a small matrix, as a single step with
  * writable weights needs, cost a fraction of the scalar copy. */
-void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
+void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K, int64_t ldw)
 {
     int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
 #pragma omp for schedule(static)
@@ -131,9 +131,9 @@ void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
 #if defined(FASTLN_X86)
             if (n + 4 <= N)
                 for (; k + 4 <= K; k += 4) {
-                    const float *w = W + n * K + k;
-                    __m128 r0 = _mm_loadu_ps(w), r1 = _mm_loadu_ps(w + K);
-                    __m128 r2 = _mm_loadu_ps(w + 2 * K), r3 = _mm_loadu_ps(w + 3 * K);
+                    const float *w = W + n * ldw + k;
+                    __m128 r0 = _mm_loadu_ps(w), r1 = _mm_loadu_ps(w + ldw);
+                    __m128 r2 = _mm_loadu_ps(w + 2 * ldw), r3 = _mm_loadu_ps(w + 3 * ldw);
                     _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
                     float *d = panel + k * FASTLN_NR + j;
                     _mm_storeu_ps(d, r0);
@@ -144,7 +144,7 @@ void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K)
 #endif
             for (; k < K; k++)
                 for (int i = 0; i < 4; i++)
-                    panel[k * FASTLN_NR + j + i] = n + i < N ? W[(n + i) * K + k] : 0.0f;
+                    panel[k * FASTLN_NR + j + i] = n + i < N ? W[(n + i) * ldw + k] : 0.0f;
         }
     }
 }
@@ -189,18 +189,23 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
     return FASTLN_OK;
 }
 
-/* Whether this call reads transposed weights in place (rnn_pack.h): a float
- * forward on a path with packed float kernels, both matrices transposed, and
- * every block of columns the product reads a multiple of the panels' width. */
+/* Whether this call reads transposed weights where they are, on a path with
+ * packed float kernels, both matrices transposed: a float forward where
+ * every block of columns the product reads is a multiple of the panels'
+ * width (rnn_pack.h reads or packs them); a float backward over a batch,
+ * which packs W_hh from W_hh^T and takes dx = dA W_ih from W_ih^T
+ * (rnn_products.h, rnn_engine.h: the same panels, so the same results). A
+ * backward of one sequence takes dot products over rows of W_hh, and a copy. */
 static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
 {
     fastln_rnn_layout L;
-    if (backward || !f32 || a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
-        fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden))
+    if (!f32 || a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
+        fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden) ||
+        fastln_kernels()->rnn_pack(NULL, 0, a->cell, FASTLN_RNN_W_SAME, a->input, a->hidden,
+                                   NULL, NULL, 1) <= 0)
         return 0;
-    return L.G % FASTLN_NR == 0 && !(L.reset_first && a->hidden % FASTLN_NR) &&
-           fastln_kernels()->rnn_pack(NULL, 0, a->cell, FASTLN_RNN_W_SAME, a->input, a->hidden,
-                                      NULL, NULL, 1) > 0;
+    if (backward) return a->batch > 1;
+    return L.G % FASTLN_NR == 0 && !(L.reset_first && a->hidden % FASTLN_NR);
 }
 
 /* dst (N, K) = src^T, src (K, N) row-major, float (f32) or double, in

@@ -323,6 +323,7 @@ typedef struct {
     SFX(layer) ly;
     SFX(rec) rc;
     const T *w_hh, *dy;
+    int wt;     /* the weight matrices are W^T, row-major (F-ordered W): see rnn.c */
     T *dai, *dah, *dg, *dh, *dc;
     T *dai_s;   /* (B, G) scratch for a step's dA_ih rows, or NULL (RNN: dA_ih is dA_hh) */
     T *act_s;   /* (B, G) scratch for the LSTM's recomputed gates */
@@ -476,7 +477,8 @@ static int SFX(bwd_products)(SFX(bwd_ctx) *k, const T *x, T *dx, T **grads, int6
         rc = SFX(gemm_layer)('T', 'N', G, H, TB, k->dah, hseq, grads[1], nt);
     }
     T *dxs = ly->reverse ? xs : dx;
-    if (!rc && dx) rc = SFX(gemm_layer)('N', 'N', TB, I, G, k->dai, ly->p[0], dxs, nt);
+    if (!rc && dx)   /* W_ih (G, I), or W_ih^T (I, G) */
+        rc = SFX(gemm_layer)('N', k->wt ? 'T' : 'N', TB, I, G, k->dai, ly->p[0], dxs, nt);
     if (!rc && dx && ly->reverse) ON_TEAM(nt, SFX(gather_steps)(ly, xs, dx, 0, ly->steps, I, 1););
     free(xs);
     return rc;
@@ -495,6 +497,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     ly->cache = (T *)a->cache;
     int lstm = ly->cell == FASTLN_CELL_LSTM, gru = ly->cell == FASTLN_CELL_GRU;
     k.w_hh = p[1];
+    k.wt = a->transposed != 0;
     k.dy = (const T *)a->dy;
     k.dh = (T *)a->dh;
     k.dc = lstm ? (T *)a->dc : NULL;
@@ -533,7 +536,7 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     T *own = a->work ? NULL : (T *)malloc((size_t)(n_da + B * (ly->gw + 2 * G)) * sizeof(T));
     T *buf = a->work ? (T *)a->work : own;
     k.acc = (double *)calloc((size_t)nacc, sizeof(double));
-    int rc = buf && k.acc ? SFX(rec_init_bwd)(&k.rc, k.w_hh, B, G, H, L->reset_first, nt)
+    int rc = buf && k.acc ? SFX(rec_init_bwd)(&k.rc, k.w_hh, k.wt, B, G, H, L->reset_first, nt)
                           : FASTLN_ENOMEM;
     if (rc) {
         free(own);

@@ -8,10 +8,20 @@
  */
 
 #if IS_F32
-/* A forward packs transposed weights over at least this many steps, and
- * this many rows of products (steps x batch): see packs_transposed. */
-#define RNN_PACK_MIN_STEPS 32
-#define RNN_PACK_MIN_ROWS 256
+/* When a forward packs transposed weights (see packs_transposed), by the
+ * number of elements of W_hh (G x H): no call of fewer than
+ * RNN_PACK_MIN_STEPS steps; from RNN_PACK_HUGE elements (32 MiB of float)
+ * every other call; from RNN_PACK_LARGE a call over a batch, and from
+ * RNN_PACK_BIG a single sequence over RNN_PACK_SEQ_STEPS steps or more;
+ * smaller weights a call of RNN_PACK_SMALL_STEPS steps and RNN_PACK_ROWS
+ * rows (steps x batch). */
+#define RNN_PACK_MIN_STEPS 16
+#define RNN_PACK_HUGE (1 << 23)
+#define RNN_PACK_BIG (1 << 21)
+#define RNN_PACK_LARGE (1 << 19)
+#define RNN_PACK_SEQ_STEPS 48
+#define RNN_PACK_SMALL_STEPS 32
+#define RNN_PACK_ROWS 256
 
 /* The format of a forward's packed weights on this path for weights stored
  * as wtype: bfloat16 pair panels where the CPU has VDPBF16PS, float panels
@@ -69,9 +79,9 @@ static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, i
 #endif
     (void)fmt;
     const float *wh = (const float *)w_hh;
-    fastln_pack_nt((float *)(blob + off[0]), wh, Gh, H);
-    if (rf) fastln_pack_nt((float *)(blob + off[1]), wh + 2 * H * H, H, H);
-    fastln_pack_nt((float *)(blob + off[2]), (const float *)w_ih, G, I);
+    fastln_pack_nt((float *)(blob + off[0]), wh, Gh, H, H);
+    if (rf) fastln_pack_nt((float *)(blob + off[1]), wh + 2 * H * H, H, H, H);
+    fastln_pack_nt((float *)(blob + off[2]), (const float *)w_ih, G, I, I);
 }
 
 /* The parts of a packed layer, float panels, from W_ih^T (I, G) and W_hh^T
@@ -91,12 +101,23 @@ static void SFX(pack_parts_t)(char *blob, const int64_t off[3], int rf, int64_t 
  * another page from G = 1024 on, where a packed panel is contiguous: unless
  * the weights sit on huge pages, the products stall on the TLB and the
  * prefetchers do not follow the rows. Packing costs about two passes over
- * the weights, which a long call over a batch repays many times; a step, a
- * short call, or a single sequence (whose products are bound by reading
- * the weights either way) reads them where they are. */
+ * the weights, once a call. Weights that fit the L2 caches (up to 2 MiB of
+ * W_hh) are read in place by all but long calls over a batch. Larger ones
+ * are streamed from L3 or memory at every step; a batch reads each row of
+ * W^T in slices of 128 or 256 bytes and pays a page walk for each, so
+ * the in-place read loses on each step what a pack costs once. A single
+ * sequence reads 512-byte slices and gains less, which repays the pack
+ * only over more steps, except for weights past L3. A step or a short call
+ * reads the weights where they are. */
 static int SFX(packs_transposed)(const fastln_rnn_args *a)
 {
-    return a->steps * a->batch >= RNN_PACK_MIN_ROWS && a->steps >= RNN_PACK_MIN_STEPS;
+    fastln_rnn_layout L;
+    fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
+    const int64_t w = L.G * a->hidden, steps = a->steps;
+    if (steps < RNN_PACK_MIN_STEPS) return 0;
+    if (w >= RNN_PACK_HUGE || (w >= RNN_PACK_LARGE && a->batch > 1)) return 1;
+    if (w >= RNN_PACK_BIG && steps >= RNN_PACK_SEQ_STEPS) return 1;
+    return steps >= RNN_PACK_SMALL_STEPS && steps * a->batch >= RNN_PACK_ROWS;
 }
 
 /* w (n) = the bfloat16 values of src as float, in a new array (NULL: no memory). */
@@ -202,10 +223,11 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         rc->ldp = rc->ldp_ih = L.G;
         return FASTLN_OK;
     }
-    char *raw = (char *)malloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + 64));
-    if (!raw) return FASTLN_ENOMEM;
-    rc->own = raw;
-    char *buf = (char *)fastln_align64(raw);
+    /* from the cache of large buffers (pool.h): 64-byte aligned, without
+     * the page faults of fresh memory each call */
+    char *buf = (char *)fastln_pool_alloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb)));
+    if (!buf) return FASTLN_ENOMEM;
+    rc->own = buf;
     rc->abuf = nab ? (uint16_t *)(buf + (fresh ? total : 0)) : NULL;
     rc->hbuf = nhb ? rc->abuf + nab : NULL;
     /* AMX reads whole blocks of 16 rows */

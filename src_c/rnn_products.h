@@ -8,6 +8,7 @@
  * for double and on the generic path, between parallel regions.
  */
 #include "simd.h"
+#include "pool.h"
 
 /* Runs the statements on a team of nt threads, or directly when nt == 1: an
  * OpenMP region costs time to set up even for one thread, which matters to
@@ -125,7 +126,7 @@ typedef struct {
     uint16_t *hbuf;         /* method 3, not RESET_FIRST: h (B, H) rounded to bfloat16,
                                written by each step's rows for the next step's product */
     int amx;                /* method 3: on AMX tiles */
-    void *own;              /* what rec_free frees */
+    void *own;              /* what rec_free gives back to pool.h's cache */
 } SFX(rec);
 
 /* A recurrent product by rc's method: C (B, N) (+)= A (B, K) W^T, W (N, K)
@@ -183,10 +184,12 @@ static int SFX(gemm_layer)(char ta, char tb, int64_t M, int64_t N, int64_t K, co
 #endif
 }
 
-/* Backward: packs W_hh^T for the recurrent kernel when B > 1 (in two parts
- * for a plain GRU with rf, RESET_FIRST); B == 1 takes the dot kernels. */
-static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int64_t B, int64_t G, int64_t H,
-                             int rf, int nt)
+/* Backward: packs W_hh for the recurrent kernel's dA W_hh when B > 1 (in
+ * two parts for a plain GRU with rf, RESET_FIRST), from W_hh (G, H), or with
+ * wt from W_hh^T (H, G) row-major (F-ordered W_hh: the same panels); B == 1
+ * takes the dot kernels over W_hh. */
+static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int wt, int64_t B, int64_t G,
+                             int64_t H, int rf, int nt)
 {
     memset(rc, 0, sizeof *rc);
     rc->method = B == 1 ? 2 : 0;
@@ -194,23 +197,28 @@ static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int64_t B, int64_t G, 
     if (B == 1) return FASTLN_OK;
     int64_t Gh = rf ? 2 * H : G;   /* the gates of the product with h */
     int64_t nh = fastln_packed_size(H, Gh), nn = rf ? fastln_packed_size(H, H) : 0;
-    float *buf = (float *)malloc((size_t)(nh + nn) * sizeof(float));
+    float *buf = (float *)fastln_pool_alloc((size_t)(nh + nn) * sizeof(float));
     if (!buf) return FASTLN_ENOMEM;
     rc->own = buf;
     rc->packed = buf;
     rc->packed_n = rf ? buf + nh : NULL;
     rc->ldp = FASTLN_NR;
     rc->method = 1;
-    ON_TEAM(nt,
-        fastln_pack_nn(buf, w_hh, Gh, H, H);
-        if (rf) fastln_pack_nn(buf + nh, w_hh + 2 * H * H, H, H, H););
+    if (wt)
+        ON_TEAM(nt,
+            fastln_pack_nt(buf, w_hh, H, Gh, G);
+            if (rf) fastln_pack_nt(buf + nh, w_hh + 2 * H, H, H, G););
+    else
+        ON_TEAM(nt,
+            fastln_pack_nn(buf, w_hh, Gh, H, H);
+            if (rf) fastln_pack_nn(buf + nh, w_hh + 2 * H * H, H, H, H););
 #else
-    (void)w_hh; (void)G; (void)H; (void)rf; (void)nt;
+    (void)w_hh; (void)wt; (void)G; (void)H; (void)rf; (void)nt;
 #endif
     return FASTLN_OK;
 }
 
-static void SFX(rec_free)(SFX(rec) *rc) { free(rc->own); }
+static void SFX(rec_free)(SFX(rec) *rc) { fastln_pool_free(rc->own); }
 
 /* Whether the per-step product runs inside the step's parallel region. */
 static inline int SFX(rec_in_region)(const SFX(rec) *rc) { return rc->method != 0; }

@@ -213,6 +213,34 @@ def test_transposed_weights_match_plain_ones_on_every_path(cls, H, T, B, isa):
     assert np.array_equal(_bits(f.step(x[0])[0]), _bits(c.step(x[0])[0]))
 
 
+# (H, T) on either side of the thresholds of src_c/rnn_pack.h's packs_transposed:
+# W_hh of G x H = 0.2, 1.98, 2.17 and 8.7 million elements, against 2**19, 2**21
+# and 2**23, and the steps against 16 and 48
+@pytest.mark.parametrize("H,T", [(224, 32), (704, 15), (704, 16), (736, 47), (736, 48),
+                                 (1472, 16)])
+def test_large_weights_pack_by_size_batch_and_steps(H, T, isa):
+    """F-ordered weights are packed or read in place by their size, the
+    batch and the steps; either way a forward's outputs are bitwise those of
+    C-ordered weights, and each row's those of the row alone (on the generic
+    path, BLAS's products, the same to rounding)."""
+    f = LSTM(8, H, seed=3)
+    c = LSTM(8, H, seed=3)
+    for key in c.params:
+        c.params[key] = np.ascontiguousarray(c.params[key])
+    x = np.random.default_rng(H + T).standard_normal((T, 2, 8)).astype(np.float32)
+    for B in (1, 2):
+        with fastln.threads(2):
+            yf, _ = f.forward(x[:, :B], cache=False)
+            yc, _ = c.forward(x[:, :B], cache=False)
+        assert np.array_equal(_bits(yf), _bits(yc)), B
+    with fastln.threads(1):
+        alone, _ = f.forward(x[:, 1:], cache=False)
+    if isa == "generic":   # BLAS's products: the same to rounding
+        np.testing.assert_allclose(alone[:, 0], yf[:, 1], rtol=1e-5, atol=1e-5)
+    else:
+        assert np.array_equal(_bits(alone[:, 0]), _bits(yf[:, 1]))
+
+
 @pytest.mark.parametrize("cls", [LSTM, GRU, LNLSTM])
 def test_a_long_batch_packs_and_its_rows_are_each_row_alone(cls, isa):
     """A forward of many steps over a batch packs the F-ordered weights; a
