@@ -25,7 +25,7 @@ atol = 0.05 against fastln's float32). Timing follows bench/harness.py: the
 peers in turns in one process, 0.1 s apart (ONNX Runtime's workers spin for
 long after a run), medians per call, ratios of medians (fastln / peer: below 1,
 fastln is faster). A peer that is not installed gives no column. The default
-grid (3 cells, H in 128..2048, B in 1..256) takes about an hour and a half on 2
+grid (3 cells, H in 128..2048, B in 1..256) takes about half an hour on 2
 cores; ``--quick`` times fewer samples.
 """
 import argparse

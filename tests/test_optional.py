@@ -38,7 +38,7 @@ DISTRIBUTIONS = {
     "dask": "dask", "distributed": "distributed", "threadpoolctl": "threadpoolctl",
     "matplotlib": "matplotlib", "sklearn": "scikit-learn", "tqdm": "tqdm",
     "starlette": "starlette", "uvicorn": "uvicorn", "httpx": "httpx",
-    "picows": "picows", "uvloop": "uvloop",
+    "picows": "picows", "uvloop": "uvloop", "openvino": "openvino",
     "pytest": "pytest", "hypothesis": "hypothesis", "mypy": "mypy", "Cython": "Cython",
     "sniffio": "httpx",   # httpx's own optional dependency, probed by the load test
 }
