@@ -11,7 +11,7 @@
 /* When a forward packs transposed weights (see packs_transposed), by the
  * number of elements of W_hh (G x H): no call of fewer than
  * RNN_PACK_MIN_STEPS steps; from RNN_PACK_HUGE elements (32 MiB of float)
- * every other call; from RNN_PACK_LARGE a call over a batch, and from
+ * any longer call; from RNN_PACK_LARGE a call over a batch, and from
  * RNN_PACK_BIG a single sequence over RNN_PACK_SEQ_STEPS steps or more;
  * smaller weights a call of RNN_PACK_SMALL_STEPS steps and RNN_PACK_ROWS
  * rows (steps x batch). */
