@@ -420,6 +420,98 @@ def test_node_selection():
     np.testing.assert_allclose(y, want[:, 0], rtol=RTOL, atol=ATOL)
 
 
+def _nested(weights_from_input=False):
+    """A graph like an exported streaming model's (Silero VAD's, say): an If
+    whose branches hold an LSTM each, named alike, their W, R and B computed
+    from 2-D constants of the outer graph by Unsqueeze, and a Loop whose body
+    holds an RNN."""
+    rng = np.random.default_rng(11)
+
+    def lstm_weights(prefix):
+        return {f"{prefix}W": rng.normal(0, 0.3, (4 * H, I)).astype(np.float32),
+                f"{prefix}R": rng.normal(0, 0.3, (4 * H, H)).astype(np.float32),
+                f"{prefix}B": rng.normal(0, 0.3, (8 * H,)).astype(np.float32)}
+    arrays = dict(lstm_weights("a_"), **lstm_weights("b_"))
+    arrays["zero"] = np.array([0], np.int64)
+
+    def branch(prefix):
+        unsq = [helper.make_node("Unsqueeze", [f"{prefix}{w}", "zero"], [f"{prefix}{w}3"],
+                                 name=f"unsqueeze_{w}") for w in "WRB"]
+        lstm = helper.make_node("LSTM", ["X", f"{prefix}W3", f"{prefix}R3", f"{prefix}B3"],
+                                [f"{prefix}Y"], name="lstm", hidden_size=H)
+        return helper.make_graph(unsq + [lstm], f"branch_{prefix}", [],
+                                 [helper.make_tensor_value_info(f"{prefix}Y", TensorProto.FLOAT,
+                                                                None)])
+    cond = helper.make_node("If", ["cond"], ["Y"], name="if",
+                            then_branch=branch("a_"), else_branch=branch("b_"))
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, None),
+              helper.make_tensor_value_info("cond", TensorProto.BOOL, [])]
+    if weights_from_input:   # a_W is fed at run time: not a constant
+        inputs.append(helper.make_tensor_value_info("a_W", TensorProto.FLOAT, None))
+    inits = [numpy_helper.from_array(v, k) for k, v in arrays.items()
+             if not (weights_from_input and k == "a_W")]
+    graph = helper.make_graph([cond], "nested", inputs,
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), arrays
+
+
+def test_nodes_inside_if_branches():
+    """The LSTMs of an If's branches are found by their paths, their weights
+    folded from constants through Unsqueeze, and each matches ONNX Runtime on
+    the branch it runs."""
+    model, _ = _nested()
+    with pytest.raises(ValueError, match="2 LSTM, GRU and RNN nodes: 'if/else_branch/lstm' "
+                                         "\\(LSTM\\), 'if/then_branch/lstm' \\(LSTM\\)"):
+        from_onnx(model)
+    with pytest.raises(ValueError, match="several nodes are named 'lstm'"):
+        from_onnx(model, node="lstm")
+    x = np.random.default_rng(12).standard_normal((T, B, I)).astype(np.float32)
+    for path, flag in (("if/then_branch/lstm", True), ("if/else_branch/lstm", False)):
+        m = from_onnx(model, node=path)
+        assert isinstance(m, LSTM) and (m.input_size, m.hidden_size) == (I, H)
+        want = ort_run(model, {"X": x, "cond": np.array(flag)})["Y"]
+        y, _ = m.forward(x)
+        np.testing.assert_allclose(y, want[:, 0], rtol=RTOL, atol=ATOL)
+    with pytest.raises(ValueError, match="'if/then_branch/unsqueeze_W' is a Unsqueeze node"):
+        from_onnx(model, node="if/then_branch/unsqueeze_W")
+
+
+def test_weights_from_a_graph_input_are_refused():
+    model, _ = _nested(weights_from_input=True)
+    with pytest.raises(ValueError, match="input W \\('a_W3'\\) must come from initializers "
+                                         "and Constant nodes alone: 'a_W' \\(through 'a_W3'\\) "
+                                         "is a graph input"):
+        from_onnx(model, node="if/then_branch/lstm")
+    assert isinstance(from_onnx(model, node="if/else_branch/lstm"), LSTM)
+
+
+def test_node_inside_a_loop_body():
+    """A Loop body's RNN, the model's only recurrent node, is found without
+    node=; its weights come from the outer graph's initializers."""
+    rnn, arrays = random_case("RNN", {}, "forward", False, False)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep"), rnn],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info(rnn.output[0], TensorProto.FLOAT, None)])
+    loop = helper.make_node("Loop", ["trips", "", ], [rnn.output[0] + "_scan"], name="loop",
+                            body=body)
+    graph = helper.make_graph(
+        [loop], "looped", [helper.make_tensor_value_info("X", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("trips", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info(rnn.output[0] + "_scan", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(arrays[k], k) for k in ("W", "R", "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    m = from_onnx(model)
+    x = np.random.default_rng(13).standard_normal((T, B, I)).astype(np.float32)
+    want = ort_run(model, {"X": x, "trips": np.array(1, np.int64)})[rnn.output[0] + "_scan"]
+    y, _ = m.forward(x)
+    np.testing.assert_allclose(y, want[0][:, 0], rtol=RTOL, atol=ATOL)
+
+
 # ---- 4. errors -----------------------------------------------------------------
 
 def _load(node, arrays):

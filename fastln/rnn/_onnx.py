@@ -42,53 +42,126 @@ def _import_onnx() -> Any:
     return onnx
 
 
-def _describe(node: Any, index: int) -> str:
-    name = repr(node.name) if node.name else f"<unnamed, node {index}>"
-    return f"{name} ({node.op_type})"
+# a node found by _walk: its path, the node, and the graphs whose names it
+# sees, its own first, then the graphs around it
+_Found = Tuple[str, Any, Tuple[Any, ...]]
 
 
-def _find_node(graph: Any, name: Optional[str]) -> Any:
-    """The graph's LSTM, GRU or RNN node: the only one, or the one named name."""
-    nodes = list(graph.node)
-    recurrent = [(i, n) for i, n in enumerate(nodes)
-                 if n.op_type in _OPS and n.domain in ("", "ai.onnx")]
+def _label(node: Any, index: int) -> str:
+    return node.name if node.name else f"<unnamed, node {index}>"
+
+
+def _walk(onnx: Any, graph: Any, prefix: str = "", outer: Tuple[Any, ...] = ()) -> List[_Found]:
+    """Every node of graph and of the graphs inside its nodes (If's branches,
+    Loop's and Scan's bodies, any graph attribute), in order. A nested node's
+    path is its parent's, the attribute's name and its own name, joined by
+    "/": "if_node/then_branch/lstm"."""
+    scopes = (graph,) + outer
+    found: List[_Found] = []
+    for i, n in enumerate(graph.node):
+        path = prefix + _label(n, i)
+        found.append((path, n, scopes))
+        for attr in n.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                found += _walk(onnx, attr.g, f"{path}/{attr.name}/", scopes)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for k, g in enumerate(attr.graphs):
+                    found += _walk(onnx, g, f"{path}/{attr.name}[{k}]/", scopes)
+    return found
+
+
+def _recurrent(n: Any) -> bool:
+    return bool(n.op_type in _OPS and n.domain in ("", "ai.onnx"))
+
+
+def _find_node(onnx: Any, graph: Any, name: Optional[str]) -> _Found:
+    """The LSTM, GRU or RNN node of the graph or of any graph inside it: the
+    only one, or the one whose path or name is name."""
+    found = _walk(onnx, graph)
+    recurrent = [f for f in found if _recurrent(f[1])]
+
+    def listed(fs: List[_Found]) -> str:
+        return ", ".join(f"{path!r} ({n.op_type})" for path, n, _ in fs) or "none"
     if name is not None:
-        for n in nodes:
-            if n.name == name:
-                if n.op_type not in _OPS or n.domain not in ("", "ai.onnx"):
-                    raise ValueError(f"node {name!r} is a {n.domain + '.' if n.domain else ''}"
-                                     f"{n.op_type} node, not an LSTM, GRU or RNN node")
-                return n
-        listed = ", ".join(_describe(n, i) for i, n in recurrent) or "none"
-        raise ValueError(f"node {name!r} is not in the graph; its LSTM, GRU and RNN nodes: "
-                         f"{listed}")
+        hits = [f for f in found if f[0] == name] or [f for f in found if f[1].name == name]
+        if len(hits) > 1:
+            raise ValueError(f"several nodes are named {name!r}: {listed(hits)}; pass node= "
+                             f"one of these paths")
+        if not hits:
+            raise ValueError(f"node {name!r} is not in the graph; its LSTM, GRU and RNN "
+                             f"nodes: {listed(recurrent)}")
+        n = hits[0][1]
+        if not _recurrent(n):
+            raise ValueError(f"node {name!r} is a {n.domain + '.' if n.domain else ''}"
+                             f"{n.op_type} node, not an LSTM, GRU or RNN node")
+        return hits[0]
     if len(recurrent) == 1:
-        return recurrent[0][1]
+        return recurrent[0]
     if not recurrent:
-        listed = ", ".join(_describe(n, i) for i, n in enumerate(nodes)) or "none"
-        raise ValueError(f"model has no LSTM, GRU or RNN node (its nodes: {listed})")
-    listed = ", ".join(_describe(n, i) for i, n in recurrent)
-    raise ValueError(f"model has {len(recurrent)} LSTM, GRU and RNN nodes: {listed}; "
-                     f"pass node= one of their names")
+        raise ValueError(f"model has no LSTM, GRU or RNN node, in its graph or the graphs "
+                         f"inside it (its nodes: {listed(found)})")
+    raise ValueError(f"model has {len(recurrent)} LSTM, GRU and RNN nodes: "
+                     f"{listed(recurrent)}; pass node= one of their paths")
 
 
-def _constant(onnx: Any, graph: Any, name: str, what: str) -> _Array:
-    """The value of the tensor called name: a graph initializer or the output
-    of a Constant node."""
-    for t in graph.initializer:
-        if t.name == name:
-            return np.asarray(onnx.numpy_helper.to_array(t))
-    for n in graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and name in n.output:
-            for a in n.attribute:
-                if a.name == "value":
-                    return np.asarray(onnx.numpy_helper.to_array(a.t))
-                if a.name in ("value_float", "value_floats"):
-                    return np.asarray(onnx.helper.get_attribute_value(a), np.float32)
-            raise ValueError(f"input {what} ({name!r}) is a Constant node without a dense "
-                             f"tensor value")
-    raise ValueError(f"input {what} ({name!r}) must be a graph initializer or a Constant "
-                     f"node: fastln reads the weights when it builds the model")
+def _constant(onnx: Any, model: Any, scopes: Tuple[Any, ...], name: str, what: str) -> _Array:
+    """The value of the tensor called name as the node's graph sees it
+    (scopes: that graph, then the graphs around it): an initializer, or the
+    output of nodes whose inputs are all, in the end, initializers and
+    Constant nodes (Unsqueeze of a constant, say), which ONNX's reference
+    evaluator computes."""
+    def producer(tensor: str) -> Tuple[Any, Any]:
+        """(initializer, None), (None, node), or (None, None) for a graph
+        input or an unknown name: the innermost graph that names it wins."""
+        for g in scopes:
+            for t in g.initializer:
+                if t.name == tensor:
+                    return t, None
+            for n in g.node:
+                if tensor in n.output:
+                    return None, n
+            if any(v.name == tensor for v in g.input):
+                break
+        return None, None
+
+    subgraph = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    needed: List[Any] = []      # the producer nodes, each once, inputs before users
+    made: set[str] = set()      # their outputs
+    tensors: Dict[str, Any] = {}   # the initializers they read
+
+    def visit(tensor: str, trail: Tuple[str, ...]) -> None:
+        if not tensor or tensor in tensors or tensor in made:
+            return
+        init, n = producer(tensor)
+        if init is not None:
+            tensors[tensor] = init
+            return
+        if n is None or any(a.type in subgraph for a in n.attribute):
+            via = f" (through {', '.join(repr(t) for t in trail)})" if trail else ""
+            raise ValueError(f"input {what} ({name!r}) must come from initializers and "
+                             f"Constant nodes alone: {tensor!r}{via} is a graph input or the "
+                             f"output of an If, Loop or Scan node; fastln reads the weights "
+                             f"when it builds the model")
+        for inp in n.input:
+            visit(inp, trail + (tensor,))
+        needed.append(n)
+        made.update(n.output)
+
+    visit(name, ())
+    if not needed:
+        return np.asarray(onnx.numpy_helper.to_array(tensors[name]))
+    from onnx.reference import ReferenceEvaluator
+    graph = onnx.helper.make_graph(
+        needed, "fold", [], [onnx.helper.make_tensor_value_info(name, 0, None)],
+        list(tensors.values()))
+    folded = onnx.helper.make_model(graph, opset_imports=list(model.opset_import),
+                                    ir_version=model.ir_version)
+    try:
+        (value,) = ReferenceEvaluator(folded).run(None, {})
+    except Exception as e:
+        raise ValueError(f"input {what} ({name!r}) is computed from constants by nodes that "
+                         f"ONNX's reference evaluator cannot run: {e}") from e
+    return np.asarray(value)
 
 
 def _attributes(onnx: Any, node: Any) -> Dict[str, Any]:
@@ -130,9 +203,14 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         The model, or the path of a ``.onnx`` file (read with ``onnx.load``,
         external data included).
     node : str, optional
-        The name of the LSTM, GRU or RNN node to load; it may be left out
-        when the graph has exactly one such node. Only the top-level graph is
-        searched, not the bodies of If, Loop or Scan nodes.
+        The LSTM, GRU or RNN node to load, by its name or its path; it may
+        be left out when the model has exactly one such node. The bodies of
+        If, Loop and Scan nodes (any graph attribute, at any depth) are
+        searched too; a nested node's path joins its parent's path, the
+        attribute's name and its own name with "/", as in
+        ``"if/then_branch/lstm"`` (an unnamed node is
+        ``"<unnamed, node K>"``, K its index in its graph). A name that two
+        nodes share must be given as a path.
 
     Returns
     -------
@@ -156,9 +234,11 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         weights are not float32 or float64 (float16: convert the model
         first), or not all of one dtype.
     ValueError
-        The graph has no LSTM, GRU or RNN node, several and no ``node``, or
-        none named ``node``; W, R, B or P is not an initializer or Constant,
-        or has the wrong shape; the node uses what fastln's cells do not
+        The model has no LSTM, GRU or RNN node, several and no ``node``, or
+        none named ``node``, or several of that name; W, R, B or P is not
+        computed from initializers and Constant nodes alone (a graph input,
+        or the output of an If, Loop or Scan node, on the way), or has the
+        wrong shape; the node uses what fastln's cells do not
         have: peepholes (an input P that is not all zeros), ``clip``,
         ``input_forget=1``, activations other than the defaults (LSTM:
         Sigmoid, Tanh, Tanh; GRU: Sigmoid, Tanh; RNN: Tanh, or Relu for
@@ -168,6 +248,12 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
 
     Notes
     -----
+    W, R, B and P may be initializers of the node's graph or of a graph
+    around it, Constant nodes, or outputs of nodes whose inputs come from
+    those alone (an ``Unsqueeze`` of a 2-D constant, as exported streaming
+    models have): ONNX's reference evaluator (``onnx.reference``) computes
+    them once, when the model is built.
+
     The weights map onto fastln's parameters (suffix ``_reverse`` for the
     second direction of a bidirectional node): W[d] becomes ``weight_ih_l0``,
     R[d] ``weight_hh_l0``, with the gate blocks reordered from ONNX's
@@ -250,8 +336,7 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
                         f"got {type(model).__name__}")
     if node is not None and not isinstance(node, str):
         raise TypeError(f"node must be a node's name (str) or None, got {type(node).__name__}")
-    graph = model.graph
-    n = _find_node(graph, node)
+    path, n, scopes = _find_node(onnx, model.graph, node)
     op = n.op_type
     G, default_acts, _ = _OPS[op]
     attrs = _attributes(onnx, n)
@@ -297,10 +382,10 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
 
     names = list(n.input) + [""] * (len(_INPUTS) - len(n.input))
     if len(n.input) > len(_INPUTS) or len(n.input) < 3 or not names[1] or not names[2]:
-        raise ValueError(f"node {n.name!r} must have the inputs X, W, R (and optionally "
+        raise ValueError(f"node {path!r} must have the inputs X, W, R (and optionally "
                          f"{', '.join(_INPUTS[3:])}), got {list(n.input)}")
     given = dict(zip(_INPUTS, names))
-    W = _constant(onnx, graph, given["W"], "W")
+    W = _constant(onnx, model, scopes, given["W"], "W")
     dtype = _check_dtype("W", W, None)
     if W.ndim != 3 or W.shape[0] != D or W.shape[1] % G or W.shape[1] == 0 or W.shape[2] == 0:
         raise ValueError(f"input W must have shape (num_directions, {G}*hidden_size, "
@@ -310,11 +395,11 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     if "hidden_size" in attrs and attrs["hidden_size"] != H:
         raise ValueError(f"attribute hidden_size={attrs['hidden_size']} does not match W, "
                          f"whose shape {W.shape} gives {H}")
-    R = _constant(onnx, graph, given["R"], "R")
+    R = _constant(onnx, model, scopes, given["R"], "R")
     _check_dtype("R", R, dtype)
     _check_shape("R", R, (D, G * H, H), "(num_directions, G*H, H)")
     if given["B"]:
-        bias = _constant(onnx, graph, given["B"], "B")
+        bias = _constant(onnx, model, scopes, given["B"], "B")
         _check_dtype("B", bias, dtype)
         _check_shape("B", bias, (D, 2 * G * H), "(num_directions, 2*G*H)")
     else:
@@ -322,7 +407,7 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     if given["P"]:
         if op != "LSTM":
             raise ValueError(f"input P is an LSTM's; {op} has no such input")
-        P = _constant(onnx, graph, given["P"], "P")
+        P = _constant(onnx, model, scopes, given["P"], "P")
         _check_dtype("P", P, dtype)
         _check_shape("P", P, (D, 3 * H), "(num_directions, 3*H)")
         if np.any(P != 0):
