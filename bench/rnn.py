@@ -47,6 +47,9 @@ Cases:
   The products' path (AMX, AVX512-BF16 or float32 kernels on widened
   weights; FASTLN_NO_AMX=1 in the environment turns AMX off) is printed.
 
+The plain cells against ONNX Runtime and OpenVINO (float32 and bfloat16) over
+a grid of H and B are bench/rnn_grid.py's.
+
 Timing follows bench/harness.py: medians per call, the
 peers timed in turns in one process on the same thread count, ratios of
 medians. torch.set_num_threads(n) is called before fastln's thread count is
