@@ -80,6 +80,7 @@ import fastln  # noqa: E402
 from bench import harness  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
 from fastln.rnn import _engine as fastln_engine  # noqa: E402
+from fastln.rnn._base import _frozen  # noqa: E402
 
 torch = harness._torch           # None when torch is not installed
 
@@ -516,7 +517,7 @@ def _readonly(m):
     once and keeps them."""
     r = m.to(np.float32)
     for key, a in r.params.items():
-        r.params[key] = np.frombuffer(a.tobytes(order="C"), a.dtype).reshape(a.shape)
+        r.params[key] = _frozen(a)
     return r
 
 

@@ -15,9 +15,10 @@ At each point (cell, H, B), T steps of I = 128 inputs, one layer, forward only:
 - openvino: the same ONNX model compiled for OpenVINO's CPU plugin with
   ``INFERENCE_NUM_THREADS = n`` and ``INFERENCE_PRECISION_HINT = f32``.
 
-With ``--bf16`` (the default where the CPU has AVX512-BF16 or AMX-BF16), two
-more columns: fastln's bfloat16 model (``model.to(ml_dtypes.bfloat16)``) and
-OpenVINO with its ``bf16`` precision hint; each is compared with the other.
+With ``--bf16`` (the default where fastln's bfloat16 products run on AVX512-BF16
+or AMX, as ``fastln.rnn._engine.bf16_products()`` says), two more columns:
+fastln's bfloat16 model (``model.to(ml_dtypes.bfloat16)``) and OpenVINO with its
+``bf16`` precision hint; each is compared with the other.
 
 Before timing, each peer's y is checked against fastln's over the first 10 steps
 (float32: rtol = atol = 1e-4, as float32 recurrences part slowly; bfloat16:
@@ -43,9 +44,10 @@ import fastln  # noqa: E402
 from bench import harness  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
 from fastln._selfcheck import _onnx, _ort, _torch  # noqa: E402
+from fastln.rnn import _engine as fastln_engine  # noqa: E402
 
 _ov = _selfcheck._import("openvino")
-_ml_dtypes = _selfcheck._import("ml_dtypes")
+_ml_dtypes = harness._ml_dtypes
 
 INPUT = 128
 HIDDEN = (128, 256, 512, 1024, 2048)
@@ -64,17 +66,6 @@ ORT_SPIN_GAP = 0.1
 # the ONNX node's gate blocks, as rows of torch's weight matrices: LSTM torch
 # [i f g o] -> ONNX [i o f c]; GRU torch [r z n] -> ONNX [z r h]; RNN one block
 ONNX_GATES = {"lstm": (0, 3, 1, 2), "gru": (1, 0, 2), "rnn": (0,)}
-
-
-def native_bf16():
-    """Whether the CPU has bfloat16 dot products (AVX512-BF16 or AMX-BF16)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f
-                          if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def timing_kw(quick, work):
@@ -168,12 +159,13 @@ def bench_point(cell, H, B, T, nthreads, quick=False, seed=0, bf16=False):
 def run(threads=2, cells=CELLS, hidden=HIDDEN, batch=BATCH, steps=STEPS, quick=False,
         progress=None, bf16=None):
     """The grid, as a JSON-friendly dict: {'info', 'threads', 'steps', 'bf16', 'rows'};
-    ``bf16`` None: the bfloat16 columns where the CPU has bfloat16 dot products."""
+    ``bf16`` None: the bfloat16 columns where fastln's bfloat16 products run on
+    bfloat16 dot products."""
     if _torch is None:
         raise RuntimeError("bench/rnn_grid.py needs PyTorch (pip install torch): the "
                            "models are built from torch modules")
     if bf16 is None:
-        bf16 = native_bf16() and _ml_dtypes is not None
+        bf16 = fastln_engine.bf16_products() != "float32" and _ml_dtypes is not None
     elif bf16 and _ml_dtypes is None:
         raise RuntimeError("the bfloat16 columns need ml_dtypes (pip install ml_dtypes)")
     info = harness.machine_info()
@@ -252,8 +244,8 @@ def main(argv=None):
     p.add_argument("--batch", type=_ints, default=BATCH, help="B values, comma-separated")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="the bfloat16 columns (default: where the CPU has bfloat16 "
-                        "dot products)")
+                   help="the bfloat16 columns (default: where fastln's bfloat16 "
+                        "products run on bfloat16 dot products)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     cells = tuple(args.cells.split(","))

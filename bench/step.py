@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fastln  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
 from fastln.rnn import LNLSTM  # noqa: E402
+from fastln.rnn._base import _frozen  # noqa: E402
 
 try:
     import torch
@@ -44,7 +45,7 @@ def fastln_cases(I, H):
     default = LNLSTM(I, H, seed=0)
     readonly = LNLSTM(I, H, seed=0)
     for key, a in readonly.params.items():   # immutable (over bytes): packed once and kept
-        readonly.params[key] = np.frombuffer(a.tobytes(order="C"), a.dtype).reshape(a.shape)
+        readonly.params[key] = _frozen(a)
     models = {"fastln step()": default, "fastln step(), read-only weights": readonly}
     try:
         import ml_dtypes
