@@ -108,12 +108,11 @@ static void SFX(pack_parts_t)(char *blob, const int64_t off[3], int rf, int64_t 
  * the in-place read loses on each step what a pack costs once. A single
  * sequence reads 512-byte slices and gains less, which repays the pack
  * only over more steps, except for weights past L3. A step or a short call
- * reads the weights where they are. */
-static int SFX(packs_transposed)(const fastln_rnn_args *a)
+ * reads the weights where they are. G: the layer's gate rows (4H for an
+ * LSTM). */
+static int SFX(packs_transposed)(const fastln_rnn_args *a, int64_t G)
 {
-    fastln_rnn_layout L;
-    fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
-    const int64_t w = L.G * a->hidden, steps = a->steps;
+    const int64_t w = G * a->hidden, steps = a->steps;
     if (steps < RNN_PACK_MIN_STEPS) return 0;
     if (w >= RNN_PACK_HUGE || (w >= RNN_PACK_LARGE && a->batch > 1)) return 1;
     if (w >= RNN_PACK_BIG && steps >= RNN_PACK_SEQ_STEPS) return 1;
@@ -215,7 +214,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     if (fresh && a->transposed &&
         (fmt != FASTLN_PACK_F32 || L.G % FASTLN_NR || (L.reset_first && H % FASTLN_NR)))
         return FASTLN_EINVAL;
-    if (fresh && a->transposed && !SFX(packs_transposed)(a)) {
+    if (fresh && a->transposed && !SFX(packs_transposed)(a, L.G)) {
         rc->method = 1;
         rc->packed = w_hh;
         rc->packed_n = L.reset_first ? (const float *)w_hh + 2 * H : NULL;
@@ -232,12 +231,12 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     rc->hbuf = nhb ? rc->abuf + nab : NULL;
     /* AMX reads whole blocks of 16 rows */
     if (nab) memset(rc->abuf, 0, (size_t)(nab + nhb) * sizeof(uint16_t));
-    if (fresh && a->transposed) {
-        ON_TEAM(nt, SFX(pack_parts_t)(buf, off, L.reset_first, L.G, H, I, (const float *)w_ih,
-                                      (const float *)w_hh););
-        blob = buf;
-    } else if (fresh) {
-        ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
+    if (fresh) {
+        if (a->transposed)
+            ON_TEAM(nt, SFX(pack_parts_t)(buf, off, L.reset_first, L.G, H, I,
+                                          (const float *)w_ih, (const float *)w_hh););
+        else
+            ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
         blob = buf;
     }
     rc->method = fmt == FASTLN_PACK_BF16 ? 3 : 1;
