@@ -146,6 +146,7 @@ cdef extern from "fastln_rnn.h" nogil:
         int wtype
         const void *packed
         int transposed
+        const float *scales[2]
     ctypedef struct fastln_rnn_step_args:
         const fastln_rnn_args *layers
         int64_t num_layers, batch, table_rows
@@ -158,6 +159,7 @@ cdef extern from "fastln_rnn.h" nogil:
         void *y
     int FASTLN_EINTR
     int FASTLN_RNN_W_BF16
+    int FASTLN_RNN_W_INT8
     int FASTLN_RNN_W_IH_T
     int FASTLN_RNN_W_HH_T
 
@@ -284,5 +286,6 @@ cdef int rnn_step_f32(const fastln_rnn_step_args *s) noexcept nogil
 cdef int rnn_step_f64(const fastln_rnn_step_args *s) noexcept nogil
 cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept nogil
 cdef const char *rnn_bf16_products() noexcept nogil
+cdef const char *rnn_int8_products() noexcept nogil
 # dst (n bfloat16 bits) = src (n float32), rounded to nearest even
 cdef void to_bf16(void *dst, const void *src, int64_t n) noexcept nogil

@@ -1616,6 +1616,7 @@ cdef extern from "fastln_rnn.h" nogil:
     int fastln_rnn_step_f64(const fastln_rnn_step_args *s)
     void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
     const char *fastln_rnn_bf16_products()
+    const char *fastln_rnn_int8_products()
 
 cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden) noexcept nogil:
     return fastln_rnn_packed_size(cell, wtype, input, hidden)
@@ -1665,6 +1666,9 @@ cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept no
 
 cdef const char *rnn_bf16_products() noexcept nogil:
     return fastln_rnn_bf16_products()
+
+cdef const char *rnn_int8_products() noexcept nogil:
+    return fastln_rnn_int8_products()
 
 cdef void to_bf16(void *dst, const void *src, int64_t n) noexcept nogil:
     fastln_half_convert(FASTLN_BF16, 0, dst, src, n)

@@ -38,6 +38,13 @@ direction's output followed by the reverse one's on the last axis (2H
 features, which layer k+1 reads), and the states are (2 * num_layers, B, H)
 with direction d of layer k at index 2k + d, as in PyTorch.
 
+int8 models (``fastln.rnn.quantize``).  Where ``params`` holds a scale per
+row of a weight matrix (``weight_ih_scale_l0`` beside ``weight_ih_l0``), each
+product with that matrix is :func:`int8_product`, the int8 scheme of the
+engine computed in NumPy: every function above then gives the int8 model's
+forward, its products bitwise those of the engine (for the same float32
+input rows) and everything else in float64.
+
 Examples
 --------
 >>> import numpy as np
@@ -66,7 +73,7 @@ if TYPE_CHECKING:
     _Step: TypeAlias = Callable[[_Params, _Array, Tuple[_Array, ...]], Tuple[_Array, ...]]
 
 __all__ = ["param_shapes", "layer_norm", "lnrnn_forward", "lnlstm_forward", "lngru_forward",
-           "lstm_forward", "rnn_forward", "gru_forward"]
+           "lstm_forward", "rnn_forward", "gru_forward", "int8_product"]
 
 
 def param_shapes(cell: str, input_size: int, hidden_size: int, num_layers: int,
@@ -183,12 +190,69 @@ def _sigmoid(a: _Array) -> _Array:
     return 1.0 / (1.0 + np.exp(-a))
 
 
+def int8_product(a: npt.ArrayLike, q: npt.ArrayLike, scale: npt.ArrayLike) -> _Array:
+    """a (M, K) W^T for an int8 W = scale[n] * q[n] (q (N, K) int8, scale (N,)
+    float32), as fastln's int8 kernels compute it (src_c/gemm_int8.h): each
+    row of a, in float32, is quantized to rint(a * (127 / max|a|)) (float32
+    operations, ties to even) with the scale max|a| / 127, the int8 products
+    are summed exactly, and each sum is converted to float32 and multiplied
+    by (its row's scale times scale[n]) in float32. A row with NaN or
+    infinity gives NaN, a row of zeros 0. Returns float64 (M, N) holding
+    float32 values."""
+    a = np.asarray(a, np.float32)
+    q = np.asarray(q, np.int64)
+    scale = np.asarray(scale, np.float32)
+    amax = np.abs(a).max(axis=1) if a.shape[1] else np.zeros(a.shape[0], np.float32)
+    bad = ~np.isfinite(a).all(axis=1)
+    ok = ~bad & (amax > 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.float32(127) / np.where(ok, amax, np.float32(1))
+        r = np.clip(np.rint(a * inv[:, None]), -127, 127)
+        sa = np.where(bad, np.float32(np.nan), np.where(ok, amax / np.float32(127),
+                                                        np.float32(0)))
+    qa = np.where(ok[:, None], r, 0).astype(np.int64)
+    acc = (qa @ q.T).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        out = acc * (sa.astype(np.float32)[:, None] * scale[None, :])
+    return out.astype(np.float64)
+
+
+class _Int8Matrix:
+    """An int8 weight matrix with its row scales, standing for W in the
+    steps above: W[rows] keeps the rows' scales, and ``a @ W.T`` is
+    int8_product (NumPy defers the product to this class)."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, q: Any, scale: Any, transposed: bool = False) -> None:
+        self.q, self.scale, self.transposed = q, scale, transposed
+
+    def __getitem__(self, rows: Any) -> "_Int8Matrix":
+        return _Int8Matrix(self.q[rows], self.scale[rows])
+
+    @property
+    def T(self) -> "_Int8Matrix":
+        return _Int8Matrix(self.q, self.scale, True)
+
+    def __rmatmul__(self, a: Any) -> _Array:
+        if not self.transposed:
+            raise TypeError("an int8 weight matrix is used as W^T in products")
+        return int8_product(np.asarray(a).reshape(-1, self.q.shape[1]), self.q,
+                            self.scale).reshape(np.shape(a)[:-1] + (self.q.shape[0],))
+
+
 def _layer_params(params: Mapping[str, npt.ArrayLike], k: int, suffix: str = "") -> _Params:
     """Layer k's parameters of one direction (``suffix`` "" or "_reverse") as float64,
-    without the "_l{k}{suffix}" suffix."""
+    without the "_l{k}{suffix}" suffix; an int8 weight matrix (with a
+    ``..._scale`` entry) as an _Int8Matrix."""
     end = "_l%d%s" % (k, suffix)
-    return {name[:-len(end)]: np.asarray(p, np.float64)
-            for name, p in params.items() if name.endswith(end)}
+    p: Dict[str, Any] = {name[:-len(end)]: np.asarray(v, np.float64)
+                         for name, v in params.items() if name.endswith(end)}
+    for name in ("weight_ih", "weight_hh"):
+        scale = p.pop(name + "_scale", None)
+        if scale is not None:
+            p[name] = _Int8Matrix(p[name], scale.astype(np.float32))
+    return p
 
 
 def _reversed_in_time(a: _Array, lengths: _Array) -> _Array:

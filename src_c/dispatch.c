@@ -110,6 +110,22 @@ int fastln_cpu_has_amx_bf16(void)
     return h;
 }
 
+int fastln_cpu_has_avx512vnni(void)
+{
+#if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
+    static int has = -1;
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h;
+#else
+    return 0;
+#endif
+}
+
 int fastln_cpu_has_avx512bf16(void)
 {
 #if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))

@@ -98,6 +98,7 @@ typedef struct {
     int wtype;                    /* FASTLN_RNN_W_SAME, or FASTLN_RNN_W_BF16 (forward, float) */
     const void *packed;           /* forward: NULL, or this layer's weights from fastln_rnn_pack */
     int transposed;               /* FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T, or 0 */
+    const float *scales[2];       /* FASTLN_RNN_W_INT8: the scales of W_ih's and W_hh's rows (G) */
 } fastln_rnn_args;
 
 /* The storage of W_ih and W_hh (params[0], params[1]). FASTLN_RNN_W_BF16:
@@ -110,6 +111,17 @@ typedef struct {
  * state, the LN statistics, the gates) is float. */
 #define FASTLN_RNN_W_SAME 0
 #define FASTLN_RNN_W_BF16 1
+
+/* FASTLN_RNN_W_INT8: int8 weights (int8_t), row j of W standing for
+ * scales[i][j] times its values, for inference as W_BF16 is (a float
+ * forward without a cache). The products quantize each row of A (the input,
+ * or h) at run time to int8 with a scale of its own (max |a| / 127), sum
+ * the int8 products exactly in int32, and scale each sum by the two scales;
+ * so a row's products depend on nothing but that row and the weights, on
+ * every path (VPDPBUSD where the CPU has AVX512-VNNI, VPMADDWD on the other
+ * x86 paths, C on the generic one), for every thread count. Everything else
+ * is float, as for W_BF16. */
+#define FASTLN_RNN_W_INT8 2
 
 /* The layout of W_ih and W_hh (fastln_rnn_args.transposed, wtype
  * FASTLN_RNN_W_SAME only): with FASTLN_RNN_W_IH_T, params[0] holds W_ih^T,

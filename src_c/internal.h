@@ -123,12 +123,14 @@ extern const fastln_kernel_table fastln_kernels_avx512;
  * tiles (dispatch.c). */
 int fastln_cpu_has_avx512bf16(void);
 int fastln_cpu_has_amx_bf16(void);
+int fastln_cpu_has_avx512vnni(void);
 
 /* Where a bfloat16 layer's products run on the path in use, as the engine
  * chooses (rnn_pack.h: pair panels on the AVX-512 path of a CPU with
  * AVX512-BF16, on AMX tiles where they are usable): "AMX", "AVX512-BF16",
  * or "float32" (weights widened into the float kernels' panels) (rnn.c). */
 const char *fastln_rnn_bf16_products(void);
+const char *fastln_rnn_int8_products(void);
 
 /* The default thread count where none is set and OpenMP's is unchanged
  * since load; 0: OpenMP's (dispatch.c). */
@@ -187,6 +189,7 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
 #define FASTLN_PACK_MAGIC 0x504e4c46u   /* "FLNP" */
 #define FASTLN_PACK_F32 1               /* float panels (fastln_pack_nt) */
 #define FASTLN_PACK_BF16 2              /* bfloat16 pair panels (gemm_bf16.h) */
+#define FASTLN_PACK_I8 3                /* int8 quad panels (gemm_int8.h) */
 typedef struct {
     uint32_t magic;
     int32_t format, cell, reserved;

@@ -165,8 +165,11 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
 
 /* ---- entry points ---- */
 
-/* Sizes every product (and its BLAS int arguments) can take; bfloat16
- * weights only for a float forward without a cache. */
+/* The largest K of an int8 product (gemm_int8.h: its int32 sums stay exact). */
+#define RNN_I8_MAX_K 65535
+
+/* Sizes every product (and its BLAS int arguments) can take; bfloat16 and
+ * int8 weights only for a float forward without a cache. */
 static int check_args(const fastln_rnn_args *a, int backward, int f32)
 {
     fastln_rnn_layout L;
@@ -181,7 +184,12 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
     if (L.cell == FASTLN_CELL_LSTM && !(backward ? a->dc : a->c)) return FASTLN_EINVAL;
     if (a->ldy < 0 || (a->ldy > 0 && a->ldy < a->hidden)) return FASTLN_EINVAL;
     if (a->wtype != FASTLN_RNN_W_SAME &&
-        (a->wtype != FASTLN_RNN_W_BF16 || backward || !f32 || a->cache))
+        ((a->wtype != FASTLN_RNN_W_BF16 && a->wtype != FASTLN_RNN_W_INT8) || backward || !f32 ||
+         a->cache))
+        return FASTLN_EINVAL;
+    /* int8: the scales, and K < 2^16 so that no int32 sum can overflow */
+    if (a->wtype == FASTLN_RNN_W_INT8 &&
+        (!a->scales[0] || !a->scales[1] || a->input > RNN_I8_MAX_K || a->hidden > RNN_I8_MAX_K))
         return FASTLN_EINVAL;
     if (a->transposed & ~(FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
         (a->transposed && a->wtype != FASTLN_RNN_W_SAME))
@@ -284,13 +292,23 @@ static int pack_args_ok(int cell, int wtype, int64_t I, int64_t H)
 {
     fastln_rnn_layout L;
     return I >= 1 && H >= 1 && I <= INT_MAX && !fastln_rnn_layout_for(&L, cell, 1, 1, H) &&
-           L.G <= INT_MAX && (wtype == FASTLN_RNN_W_SAME || wtype == FASTLN_RNN_W_BF16);
+           L.G <= INT_MAX &&
+           (wtype == FASTLN_RNN_W_SAME || wtype == FASTLN_RNN_W_BF16 ||
+            (wtype == FASTLN_RNN_W_INT8 && I <= RNN_I8_MAX_K && H <= RNN_I8_MAX_K));
 }
 
 const char *fastln_rnn_bf16_products(void)
 {
     if (strcmp(fastln_get_isa(), "avx512") != 0 || !fastln_cpu_has_avx512bf16()) return "float32";
     return fastln_cpu_has_amx_bf16() ? "AMX" : "AVX512-BF16";
+}
+
+const char *fastln_rnn_int8_products(void)
+{
+    const char *isa = fastln_get_isa();
+    if (strcmp(isa, "avx512") == 0)
+        return fastln_cpu_has_avx512vnni() ? "AVX512-VNNI" : "AVX-512 (VPMADDWD)";
+    return strcmp(isa, "avx2") == 0 ? "AVX2 (VPMADDWD)" : "C";
 }
 
 int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t I, int64_t H)

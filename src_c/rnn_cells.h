@@ -63,26 +63,60 @@ static inline void SFX(tanh_n)(T *v, int64_t n)
 
 /* ---- LayerNorm pieces over one vector ---------------------------------- */
 
-/* xhat = (a - mean(a)) * rstd, in place allowed; *rstd = 1/sqrt(var + eps).
- * The same shifted two-pass statistics as layer_norm (norm_stats.h). */
-static inline void SFX(ln_vec)(T *xhat, T *rstd, const T *a, int64_t n, double eps)
+/* The sums of ln_vec and ln_prep in one order on every path, for layers
+ * whose results agree bitwise across paths (int8 weights): sum over i of
+ * d_i or d_i^2, d_i = (a[i] - shift) - dm, in 16 lanes of double (lane l
+ * adds elements l, l + 16, ... in turn), then a fixed tree. Each term is
+ * exact in double (a float, or the square of one), so a fused and a
+ * separate multiply-add round alike, and the vector width does not show. */
+static inline double SFX(sum_fixed)(const T *a, int64_t n, T shift, T dm, int sq)
 {
-    T shift = a[0];
-    double s1 = SFX(sum_shifted)(a, n, shift);
-    T dm = (T)(s1 / (double)n);
-    double var = SFX(sumsq_centered)(a, n, shift, dm) / (double)n;
+    double acc[16] = {0}, s[8];
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+#pragma omp simd
+        for (int l = 0; l < 16; l++) {
+            T d = (a[i + l] - shift) - dm;
+            acc[l] += sq ? (double)d * (double)d : (double)d;
+        }
+    for (int l = 0; i + l < n; l++) {
+        T d = (a[i + l] - shift) - dm;
+        acc[l] += sq ? (double)d * (double)d : (double)d;
+    }
+    for (int l = 0; l < 8; l++) s[l] = acc[l] + acc[l + 8];
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* The shifted two-pass statistics of layer_norm (norm_stats.h), or with
+ * fixed those of sum_fixed: *s1 = the sum of a - shift, *var. */
+static inline void SFX(ln_sums)(double *s1, T *dm, double *var, const T *a, int64_t n, T shift,
+                                int fixed)
+{
+    *s1 = fixed ? SFX(sum_fixed)(a, n, shift, 0, 0) : SFX(sum_shifted)(a, n, shift);
+    *dm = (T)(*s1 / (double)n);
+    *var = (fixed ? SFX(sum_fixed)(a, n, shift, *dm, 1) : SFX(sumsq_centered)(a, n, shift, *dm)) /
+           (double)n;
+}
+
+/* xhat = (a - mean(a)) * rstd, in place allowed; *rstd = 1/sqrt(var + eps)
+ * (the statistics of ln_sums). */
+static inline void SFX(ln_vec)(T *xhat, T *rstd, const T *a, int64_t n, double eps, int fixed)
+{
+    T shift = a[0], dm;
+    double s1, var;
+    SFX(ln_sums)(&s1, &dm, &var, a, n, shift, fixed);
     SFX(ln_finish_row)(xhat, NULL, rstd, a, NULL, NULL, n, eps, shift, s1, dm, var);
 }
 
 /* The statistics of ln_vec without its sweep: xhat = ((a - *sh) - *dm) * *r.
  * A row whose float statistics are suspect is normalized in place in double
  * (ln_finish_row's fallback), and then *sh = *dm = 0, *r = 1. */
-static inline void SFX(ln_prep)(T *a, T *sh, T *dm, T *r, T *rstd, int64_t n, double eps)
+static inline void SFX(ln_prep)(T *a, T *sh, T *dm, T *r, T *rstd, int64_t n, double eps,
+                                int fixed)
 {
     *sh = a[0];
-    double s1 = SFX(sum_shifted)(a, n, *sh);
-    *dm = (T)(s1 / (double)n);
-    double var = SFX(sumsq_centered)(a, n, *sh, *dm) / (double)n;
+    double s1, var;
+    SFX(ln_sums)(&s1, dm, &var, a, n, *sh, fixed);
     if (SFX(stats_suspect)(var, a, n, *sh) || !isfinite(s1)) {
         SFX(ln_row_double)(a, NULL, rstd, a, NULL, NULL, n, eps);
         *sh = *dm = 0;
@@ -170,6 +204,7 @@ typedef struct {
     int64_t ldy;           /* row stride of y and dy */
     double eps;
     const T *const *p;     /* parameters, fastln_rnn.h order */
+    int fixed;             /* LN sums in one order on every path (sum_fixed): int8 weights */
     const int64_t *len;
     fastln_rnn_layout L;
     T *cache;              /* NULL: inference */
@@ -239,8 +274,8 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
     } else if (ly->cell == FASTLN_CELL_LSTM) {
         /* p: 0 W_ih, 1 W_hh, 2 bias, 3-4 ln_ih, 5-6 ln_hh, 7-8 ln_c */
         T si, di, ri, sh, dh, rh;
-        SFX(ln_prep)(ai, &si, &di, &ri, &rs[0], G, ly->eps);
-        SFX(ln_prep)(ah, &sh, &dh, &rh, &rs[1], G, ly->eps);
+        SFX(ln_prep)(ai, &si, &di, &ri, &rs[0], G, ly->eps, ly->fixed);
+        SFX(ln_prep)(ah, &sh, &dh, &rh, &rs[1], G, ly->eps, ly->fixed);
         if (ly->cache) {   /* i, f: sigmoid; g: tanh; o: sigmoid */
             SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 0, 2 * H, 0, 1);
             SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 2 * H, 3 * H, 1, 1);
@@ -252,7 +287,7 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
         }
 #pragma omp simd
         for (int64_t j = 0; j < H; j++) cn[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
-        SFX(ln_vec)(xc, &rs[2], cn, H, ly->eps);
+        SFX(ln_vec)(xc, &rs[2], cn, H, ly->eps, ly->fixed);
 #pragma omp simd
         for (int64_t j = 0; j < H; j++) hn[j] = FMA(xc[j], p[7][j], p[8][j]);
         SFX(tanh_n)(hn, H);
@@ -260,10 +295,10 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
         for (int64_t j = 0; j < H; j++) hn[j] *= act[3 * H + j];
     } else if (ly->cell == FASTLN_CELL_GRU) {
         /* p: 0 W_ih, 1 W_hh, 2-3 ln_ih, 4-5 ln_hh (2H), 6-7 ln_in, 8-9 ln_hn (H) */
-        SFX(ln_vec)(ai, &rs[0], ai, 2 * H, ly->eps);
-        SFX(ln_vec)(ai + 2 * H, &rs[1], ai + 2 * H, H, ly->eps);
-        SFX(ln_vec)(ah, &rs[2], ah, 2 * H, ly->eps);
-        SFX(ln_vec)(ah + 2 * H, &rs[3], ah + 2 * H, H, ly->eps);
+        SFX(ln_vec)(ai, &rs[0], ai, 2 * H, ly->eps, ly->fixed);
+        SFX(ln_vec)(ai + 2 * H, &rs[1], ai + 2 * H, H, ly->eps, ly->fixed);
+        SFX(ln_vec)(ah, &rs[2], ah, 2 * H, ly->eps, ly->fixed);
+        SFX(ln_vec)(ah + 2 * H, &rs[3], ah + 2 * H, H, ly->eps, ly->fixed);
 #pragma omp simd
         for (int64_t j = 0; j < 2 * H; j++)
             act[j] = FMA(ai[j], p[2][j], p[3][j]) + FMA(ah[j], p[4][j], p[5][j]);
@@ -280,7 +315,7 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
         /* p: 0 W_ih, 1 W_hh, 2-3 ln */
 #pragma omp simd
         for (int64_t j = 0; j < H; j++) ai[j] += ah[j];
-        SFX(ln_vec)(ai, &rs[0], ai, H, ly->eps);
+        SFX(ln_vec)(ai, &rs[0], ai, H, ly->eps, ly->fixed);
 #pragma omp simd
         for (int64_t j = 0; j < H; j++) hn[j] = FMA(ai[j], p[2][j], p[3][j]);
         if (ly->cell == FASTLN_CELL_RNN_TANH) {

@@ -42,6 +42,7 @@ static int SFX(layer_init)(SFX(layer) *ly, const fastln_rnn_args *a)
     ly->ldy = a->ldy > 0 ? a->ldy : a->hidden;
     ly->eps = a->eps;
     ly->p = (const T *const *)a->params;
+    ly->fixed = a->wtype == FASTLN_RNN_W_INT8;
     ly->len = a->lengths;
     ly->G = ly->L.G;
     ly->gw = ly->L.gw;
@@ -148,11 +149,17 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
 }
 
 /* f->aih (M, G) = x (M, I) W_ih^T on the packed kernels (bfloat16: x
- * rounded to bfloat16 first) or, without them, the dot kernel (on one
+ * rounded to bfloat16 first; int8: x quantized per row) or, without them, the dot kernel (on one
  * thread of the team). */
 static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t M, int64_t I)
 {
     const int64_t G = f->ly.G;
+#if HAVE_I8
+    if (f->rc.method == 4) {
+        SFX(rec_part)(&f->rc, f->rc.packed_ih, f->aih, G, x, I, w_ih, M, G, I, 0, 0);
+        return;
+    }
+#endif
 #if HAVE_BF16DOT
     if (f->rc.method == 3) {
         SFX(rows_to_bf16)(f->rc.abuf, x, I, M, I);
@@ -265,6 +272,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     /* bfloat16 weights go into pair panels as they are, else widen to float
      * first (unless packed weights are given and hold them already) */
     int fmt = SFX(pack_format)(a->wtype), bf = fmt == FASTLN_PACK_BF16;
+    int raw_w = bf || fmt == FASTLN_PACK_I8;   /* packed as stored */
     float *wi = NULL, *wh = NULL;
     int widen = a->wtype == FASTLN_RNN_W_BF16 && !bf && !SFX(prepacked)(a, fmt);
     if (widen) {
@@ -275,8 +283,8 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     }
     int rc = widen && (!wi || !wh)
                  ? FASTLN_ENOMEM
-                 : SFX(rec_init_fwd)(&f.rc, a, fmt, bf ? a->params[0] : (const void *)w_ih,
-                                     bf ? a->params[1] : (const void *)f.w_hh, Tc, nt);
+                 : SFX(rec_init_fwd)(&f.rc, a, fmt, raw_w ? a->params[0] : (const void *)w_ih,
+                                     raw_w ? a->params[1] : (const void *)f.w_hh, Tc, nt);
     if (rc) {
         free(wi);
         free(wh);
@@ -588,4 +596,5 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
 
 #undef HAVE_PACKED
 #undef HAVE_BF16DOT
+#undef HAVE_I8
 #undef COLBLK

@@ -24,10 +24,12 @@
 #define RNN_PACK_ROWS 256
 
 /* The format of a forward's packed weights on this path for weights stored
- * as wtype: bfloat16 pair panels where the CPU has VDPBF16PS, float panels
- * on the other x86 paths, none on the generic path (BLAS). */
+ * as wtype: int8 quad panels for int8 weights (every path), bfloat16 pair
+ * panels where the CPU has VDPBF16PS, float panels on the other x86 paths,
+ * none on the generic path (BLAS). */
 static int SFX(pack_format)(int wtype)
 {
+    if (wtype == FASTLN_RNN_W_INT8) return FASTLN_PACK_I8;
 #if HAVE_BF16DOT
     if (wtype == FASTLN_RNN_W_BF16 && fastln_cpu_has_avx512bf16()) return FASTLN_PACK_BF16;
 #endif
@@ -41,6 +43,11 @@ static int SFX(pack_format)(int wtype)
 static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int64_t H, int64_t I)
 {
     int64_t Gh = rf ? 2 * H : G, n[3], at = (int64_t)sizeof(fastln_rnn_pack_header);
+    if (fmt == FASTLN_PACK_I8) {
+        n[0] = i8_part_size(Gh, H);
+        n[1] = rf ? i8_part_size(H, H) : 0;
+        n[2] = i8_part_size(G, I);
+    } else
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {
         n[0] = 2 * SFX(packed_size_bf16)(Gh, H);
@@ -62,12 +69,19 @@ static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int6
 }
 
 /* The parts of a packed layer (blob + off[i]) from W_ih (G, I) and W_hh
- * (G, H), bfloat16 for FASTLN_PACK_BF16, else float: shared by the
- * enclosing team. */
+ * (G, H), int8 for FASTLN_PACK_I8, bfloat16 for FASTLN_PACK_BF16, else
+ * float: shared by the enclosing team. */
 static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, int64_t G,
                             int64_t H, int64_t I, const void *w_ih, const void *w_hh)
 {
     int64_t Gh = rf ? 2 * H : G;
+    if (fmt == FASTLN_PACK_I8) {
+        const int8_t *wh = (const int8_t *)w_hh;
+        SFX(pack_nt_i8)(blob + off[0], wh, Gh, H);
+        if (rf) SFX(pack_nt_i8)(blob + off[1], wh + 2 * H * H, H, H);
+        SFX(pack_nt_i8)(blob + off[2], (const int8_t *)w_ih, G, I);
+        return;
+    }
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {
         const uint16_t *wh = (const uint16_t *)w_hh;
@@ -210,6 +224,13 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         rc->amx = fastln_cpu_has_amx_bf16();
     }
 #endif
+    /* int8: bytes of quantized rows (Tc steps of input, or h), then their scales */
+    int64_t nq = 0, nqr = 0;
+    if (fmt == FASTLN_PACK_I8) {
+        nqr = Tc * B * i8_kp(I) > B * i8_kp(H) ? Tc * B * i8_kp(I) : B * i8_kp(H);
+        nqr = (nqr + 63) / 64 * 64;
+        nq = nqr + Tc * B * (int64_t)sizeof(float);
+    }
     int fresh = !SFX(prepacked)(a, fmt);
     if (fresh && a->transposed &&
         (fmt != FASTLN_PACK_F32 || L.G % FASTLN_NR || (L.reset_first && H % FASTLN_NR)))
@@ -224,7 +245,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     }
     /* from the cache of large buffers (pool.h): 64-byte aligned, without
      * the page faults of fresh memory each call */
-    char *buf = (char *)fastln_pool_alloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb)));
+    char *buf = (char *)fastln_pool_alloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + nq));
     if (!buf) return FASTLN_ENOMEM;
     rc->own = buf;
     rc->abuf = nab ? (uint16_t *)(buf + (fresh ? total : 0)) : NULL;
@@ -238,6 +259,19 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         else
             ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
         blob = buf;
+    }
+    if (fmt == FASTLN_PACK_I8) {   /* the parts with their scales; A's rows after the pack */
+        const float *s_ih = a->scales[0], *s_hh = a->scales[1];
+        rc->i8[0] = SFX(i8_part)(blob + off[0], s_hh, L.reset_first ? 2 * H : L.G, H);
+        rc->i8[1] = SFX(i8_part)(blob + off[1], s_hh + 2 * H, H, H);
+        rc->i8[2] = SFX(i8_part)(blob + off[2], s_ih, L.G, I);
+        rc->qa = (uint8_t *)(buf + (fresh ? total : 0));
+        rc->qs = (float *)(rc->qa + nqr);
+        rc->method = 4;
+        rc->packed = &rc->i8[0];
+        rc->packed_n = L.reset_first ? &rc->i8[1] : NULL;
+        rc->packed_ih = &rc->i8[2];
+        return FASTLN_OK;
     }
     rc->method = fmt == FASTLN_PACK_BF16 ? 3 : 1;
     rc->packed = blob + off[0];

@@ -111,10 +111,12 @@ static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
 }
 
 #include "gemm_packed.h"
+#include "gemm_int8.h"
 
 /* How a layer does its recurrent products. */
 typedef struct {
-    int method;      /* 0: BLAS, 1: packed float, 2: small (B == 1), 3: packed bfloat16 */
+    int method;      /* 0: BLAS, 1: packed float, 2: small (B == 1), 3: packed bfloat16,
+                        4: packed int8 */
     const void *packed;     /* methods 1, 3: the packed W_hh (forward) or W_hh^T (backward);
                                RESET_FIRST: only its [r, z] blocks */
     const void *packed_n;   /* methods 1, 3, RESET_FIRST: the n block W_hn, likewise */
@@ -126,6 +128,12 @@ typedef struct {
     uint16_t *hbuf;         /* method 3, not RESET_FIRST: h (B, H) rounded to bfloat16,
                                written by each step's rows for the next step's product */
     int amx;                /* method 3: on AMX tiles */
+#if HAVE_I8
+    SFX(i8w) i8[3];         /* method 4: W_hh (or its [r, z] blocks), W_hn, W_ih; packed,
+                               packed_n and packed_ih point to these */
+    uint8_t *qa;            /* method 4: the product's A quantized (rows_to_i8) */
+    float *qs;              /* and its rows' scales */
+#endif
     void *own;              /* what rec_free gives back to pool.h's cache */
 } SFX(rec);
 
@@ -139,6 +147,13 @@ static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, 
                           int backward, int acc)
 {
     int method = rc->method;
+#if HAVE_I8
+    if (method == 4) {   /* forward only: C = A W^T, acc 0 */
+        SFX(rows_to_i8)(rc->qa, rc->qs, A, lda, B, K);
+        SFX(gemm_i8)(C, ldc, rc->qa, rc->qs, (const SFX(i8w) *)P, B, N, K);
+        return;
+    }
+#endif
 #if HAVE_BF16DOT
     if (method == 3) {
         SFX(rows_to_bf16)(rc->abuf, A, lda, B, K);

@@ -55,6 +55,20 @@ def _same_data(a: _Array, owner: Any) -> bool:
                           and a.nbytes == owner.nbytes)
 
 
+def _int8_values(a: _Array, key: str) -> _Array:
+    """a (an int8 model's weight matrix) as int8: integers in [-128, 127],
+    else a TypeError or ValueError naming params[key]."""
+    if a.dtype != np.int8:
+        if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"params[{key!r}] of an int8 model must hold int8 values, "
+                            f"got dtype {a.dtype}")
+        if a.size and (a.min() < -128 or a.max() > 127):
+            raise ValueError(f"params[{key!r}] of an int8 model must lie in [-128, 127], "
+                             f"got values from {a.min()} to {a.max()}")
+        a = a.astype(np.int8)
+    return a
+
+
 def _frozen(a: _Array) -> _Array:
     """A read-only copy of a, in C order, whose memory is a bytes object.
     Nothing can write to it: no view of it predates it, and NumPy refuses to
@@ -115,6 +129,7 @@ class _LNRecurrent(Generic[_State]):
 
     _kind = ""         # a key of _LAYOUTS
     _has_cell = False  # the state is (h, c)
+    _int8 = False      # int8 weight matrices with row scales (fastln.rnn.quantize)
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, eps: float = 1e-5,
@@ -187,8 +202,9 @@ class _LNRecurrent(Generic[_State]):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        for key, value in self.params.items():   # bfloat16 weights stay frozen
-            if isinstance(value, np.ndarray) and _is_bf16(value.dtype):
+        for key, value in self.params.items():   # bfloat16 and int8 weights stay frozen
+            if isinstance(value, np.ndarray) and key in self._matrices and \
+                    (_is_bf16(value.dtype) or self._int8):
                 self.params[key] = _frozen(value)
 
     @property
@@ -202,7 +218,15 @@ class _LNRecurrent(Generic[_State]):
         return self._keys[k][d]
 
     def _param_dtype(self, key: str) -> np.dtype[Any]:
-        return self.dtype if key in self._matrices else self._dt
+        if key in self._matrices:
+            return np.dtype(np.int8) if self._int8 else self.dtype
+        return self._dt
+
+    @property
+    def _wtype(self) -> int:
+        """The storage of the weight matrices, as the engine names it."""
+        return _engine.W_INT8 if self._int8 else \
+            _engine.W_BF16 if self._dt is not self.dtype else _engine.W_SAME
 
     def _param_order(self, key: str) -> str:
         """The memory order of params[key] as the model makes it: a float32
@@ -210,7 +234,8 @@ class _LNRecurrent(Generic[_State]):
         layout the product kernels read in place (so that a change to them,
         by any route, is seen by the next call, and nothing is repacked);
         every other parameter is C-ordered."""
-        return "F" if key in self._matrices and self.dtype == np.float32 else "C"
+        return "F" if key in self._matrices and self.dtype == np.float32 and not self._int8 \
+            else "C"
 
     def _initial(self, key: str, init: str, rng: np.random.Generator, bound: float) -> _Array:
         """params[key]'s initial value, made in the parameter's dtype: a weight
@@ -236,6 +261,8 @@ class _LNRecurrent(Generic[_State]):
         dt = self._param_dtype(key)
         if key in self._matrices:
             a = np.asarray(value)
+            if self._int8:
+                return _frozen(_int8_values(a, key))
             if _is_bf16(dt):
                 return _frozen(a.astype(dt, copy=False))
             new = _aligned_empty(a.shape, dt, self._param_order(key))
@@ -260,7 +287,10 @@ class _LNRecurrent(Generic[_State]):
                 raise ValueError(f"params[{key!r}] is missing")
             if isinstance(p, np.ndarray) and type(p) is not np.ndarray:
                 p = p.view(np.ndarray)   # a subclass (np.memmap, say): its memory, read in place
-            if _is_bf16(self._param_dtype(key)):
+            if self._int8 and key in self._matrices:
+                p = np.require(_int8_values(_api._asarray(p, f"params[{key!r}]"), key),
+                               None, ["C", "A"])
+            elif _is_bf16(self._param_dtype(key)):
                 p = np.require(_api._asarray(p, f"params[{key!r}]"), _BF16, ["C", "A"])
             elif key in self._matrices:   # C or Fortran order: the engine reads both
                 p = np.require(self._array(p, f"params[{key!r}]", layout=False), self._dt, ["A"])
@@ -296,7 +326,7 @@ class _LNRecurrent(Generic[_State]):
         if hit is not None and hit[0] is w_ih and hit[1] is w_hh:
             return hit[2]
         I = self.input_size if k == 0 else self.num_directions * self.hidden_size
-        packed = _engine.pack(self._cell_name(), self._dt is not self.dtype, I, self.hidden_size,
+        packed = _engine.pack(self._cell_name(), self._wtype, I, self.hidden_size,
                                  params[0], params[1])
         self._packs[(k, d)] = (cast(_Array, w_ih), cast(_Array, w_hh), packed)
         return packed
@@ -600,6 +630,10 @@ class _LNRecurrent(Generic[_State]):
             raise TypeError("a bfloat16 model runs inference only: call forward(x, "
                             "cache=False) or step(); train in float32 (the model's "
                             ".to(np.float32)) and convert with .to(ml_dtypes.bfloat16)")
+        if cache and self._int8:
+            raise TypeError("an int8 model runs inference only: call forward(x, "
+                            "cache=False) or step(); train the float model and quantize "
+                            "it again with fastln.rnn.quantize")
         xs = self._input(x, "x", self.input_size)
         T, B = xs.shape[:2]
         states = self._states(state, B, "state")
@@ -617,6 +651,7 @@ class _LNRecurrent(Generic[_State]):
         caches: List[_Array] = []
         size = _engine.cache_size(cell, T, B, H)
         bf = self._dt is not self.dtype   # a bfloat16 model
+        wtype = self._wtype
         for k in range(self.num_layers):
             I = xs.shape[2]
             y = np.empty((T, B, D * H), self._dt)
@@ -628,11 +663,11 @@ class _LNRecurrent(Generic[_State]):
             if D == 1:
                 _engine.forward(cell, T, B, I, H, self.eps, xs, ps[0], lens,
                                    None if store is None else store[0], y, h[0],
-                                   None if c is None else c[0], bool(self.reverse), bf,
+                                   None if c is None else c[0], bool(self.reverse), wtype,
                                    packed[0])
             else:
                 _engine.forward2(cell, T, B, I, H, self.eps, xs, ps, lens, store, y, h, c,
-                                    bf, packed)
+                                    wtype, packed)
             if store is not None:
                 inputs.append(xs)
                 caches.extend(store)
@@ -705,6 +740,9 @@ class _LNRecurrent(Generic[_State]):
         if _is_bf16(self.dtype):
             raise TypeError("a bfloat16 model runs inference only and has no backward: "
                             "train in float32 (the model's .to(np.float32))")
+        if self._int8:
+            raise TypeError("an int8 model runs inference only and has no backward: "
+                            "train the float model and quantize it again")
         if self._cache is None:
             raise RuntimeError("backward needs the cache of a forward: call forward(x) "
                                "again first, with cache=True (the default); each forward's "
@@ -905,7 +943,7 @@ class _LNRecurrent(Generic[_State]):
         packs = [self._packed(k, 0, ps) for k, ps in enumerate(layers)]
         keys = [key for k in range(self.num_layers) for key in self._layer_keys(k)]
         self._step = _engine.Step(self._cell_name(), self.input_size, self.hidden_size,
-                                  self.eps, layers, packs,
+                                  self.eps, layers, packs, self._wtype,
                                   self.dtype if self._dt is not self.dtype else None, keys,
                                   [self.params[key] for key in keys])
         return self._step
@@ -968,6 +1006,9 @@ class _LNRecurrent(Generic[_State]):
         (dtype(bfloat16), dtype('float32'))
         """
         dt = _model_dtype(dtype, "dtype")
+        if self._int8:
+            raise TypeError("an int8 model keeps its weights in int8 and cannot change "
+                            "dtype: quantize the float model instead")
         new = copy.copy(self)
         new.dtype = dt
         new._dt = np.dtype(np.float32) if _is_bf16(dt) else dt
@@ -983,7 +1024,7 @@ class _LNRecurrent(Generic[_State]):
     def __repr__(self) -> str:
         eps = "" if self._kind.endswith("_plain") else f"eps={self.eps}, "
         extra = "".join(f", {name}=True" for name in ("bidirectional", "reverse")
-                        if getattr(self, name))
+                        if getattr(self, name)) + (", weights=int8" if self._int8 else "")
         return (f"{type(self).__name__}(input_size={self.input_size}, "
                 f"hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
                 f"batch_first={self.batch_first}, {eps}dtype={self.dtype}{extra})")

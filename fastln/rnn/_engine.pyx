@@ -16,9 +16,9 @@ cimport numpy as cnp
 import numpy as np
 
 from fastln._core cimport (
-    FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T,
+    FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T, FASTLN_RNN_W_INT8,
     fastln_dgemm_fn, fastln_rnn_args, fastln_rnn_step_args, fastln_sgemm_fn,
-    rnn_backward2_f32, rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products,
+    rnn_backward2_f32, rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products, rnn_int8_products,
     rnn_cache_size, rnn_forward2_f32, rnn_forward2_f64, rnn_forward_f32, rnn_forward_f64,
     rnn_pack, rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size,
     to_bf16)
@@ -32,6 +32,16 @@ def bf16_products():
     "AVX512-BF16" (VDPBF16PS) or "float32" (weights widened into the float
     kernels' panels)."""
     return rnn_bf16_products().decode()
+
+
+def int8_products():
+    """The kernel an int8 model's products run on, on the path in use:
+    "AVX512-VNNI" (VPDPBUSD), "AVX-512 (VPMADDWD)", "AVX2 (VPMADDWD)" or
+    "C"; every one gives bitwise the same results."""
+    return rnn_int8_products().decode()
+
+# the storage of a model's weight matrices (fastln_rnn_args.wtype)
+W_SAME, W_BF16, W_INT8 = 0, FASTLN_RNN_W_BF16, FASTLN_RNN_W_INT8
 
 
 cdef extern from "Python.h":
@@ -105,22 +115,31 @@ cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) e
         dst[k] = cnp.PyArray_DATA(<cnp.ndarray>arrays[k])
     return 0
 
-cdef int _params(fastln_rnn_args *a, params, int tn, sizes, bint wbf16) except -1:
+cdef int _params(fastln_rnn_args *a, params, int tn, sizes, int wtype) except -1:
     """a.params[k] = the data of params[k], each checked against sizes[k];
-    W_ih and W_hh (the first two) are bfloat16 bits (uint16) with wbf16, else
-    they may be Fortran-ordered: then they go as transposed (a.transposed)."""
-    if len(params) != len(sizes):
+    a.wtype = wtype. W_ih and W_hh (the first two) are bfloat16 bits (uint16)
+    for W_BF16, int8 for W_INT8 (then params ends with the two matrices' row
+    scales, float32, G each, for a.scales), else they may be
+    Fortran-ordered: then they go as transposed (a.transposed)."""
+    cdef int k, n = len(sizes)
+    cdef int64_t G = sizes[1] // a.hidden
+    if len(params) != n + (2 if wtype == W_INT8 else 0):
         raise ValueError("internal: wrong number of params")
-    cdef int k
-    for k in range(len(sizes)):
+    a.wtype = wtype
+    cdef int wtn = cnp.NPY_UINT16 if wtype == W_BF16 else cnp.NPY_INT8 if wtype == W_INT8 else tn
+    for k in range(n):
         p = params[k]
-        if k < 2 and not wbf16 and _fortran(p, tn) and not _fast(p, tn):
+        if k < 2 and wtype == W_SAME and _fortran(p, tn) and not _fast(p, tn):
             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
                 raise ValueError("internal: bad array for params")
             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
         else:
-            _arr(p, cnp.NPY_UINT16 if k < 2 and wbf16 else tn, sizes[k], False, "params")
+            _arr(p, wtn if k < 2 else tn, sizes[k], False, "params")
         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)
+    if wtype == W_INT8:
+        for k in range(2):
+            _arr(params[n + k], cnp.NPY_FLOAT, G, False, "scales")
+            a.scales[k] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>params[n + k])
     return 0
 
 cdef inline bint _fortran(object a, int tn) noexcept:
@@ -132,16 +151,15 @@ cdef inline bint _fortran(object a, int tn) noexcept:
 
 cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
-                    bint wbf16=False) except -1:
+                    int wtype=W_SAME) except -1:
     """Fills the sizes, parameters, x, lengths and cache of a; returns the type number.
-    wbf16: W_ih and W_hh are bfloat16 bits (uint16 arrays)."""
+    wtype: the storage of W_ih and W_hh (see _params)."""
     cdef int tn = _float_type(x)
     if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
         raise ValueError("internal: bad x or sizes")
     _arr(x, tn, T * B * I, False, "x")
-    _params(a, params, tn, param_sizes(cell, I, H), wbf16)
-    if wbf16:
-        a.wtype = FASTLN_RNN_W_BF16
+    a.hidden = H
+    _params(a, params, tn, param_sizes(cell, I, H), wtype)
     if lengths is not None:
         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
     cdef int code = CELLS[cell]
@@ -171,13 +189,13 @@ cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
 
 cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
-                           int d, int nd, bint wbf16=False, packed=None) except -1:
+                           int d, int nd, int wtype=W_SAME, packed=None) except -1:
     """a = direction d of nd (d = 1: reverse) of one layer forward: y (T, B, nd*H)
     takes its H columns at offset d*H; h, c (B, H) are updated in place.
-    wbf16: bfloat16 weight matrices; packed: None or _rnn_pack's array."""
+    wtype: the weights' storage (see _params); packed: None or pack's array."""
     memset(a, 0, sizeof(a[0]))
     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
-                             wbf16)
+                             wtype)
     _set_packed(a, packed)
     _arr(y, tn, T * B * H * nd, True, "y")
     _arr(h, tn, B * H, True, "h")
@@ -188,11 +206,13 @@ cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, i
     a.reverse, a.ldy = d, H * nd
     return tn
 
-def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):
-    """One layer's weights packed for the forward on the path in use
-    (fastln_rnn_pack), a uint8 array; None where the path packs nothing."""
-    cdef int code = CELLS[cell], wt = FASTLN_RNN_W_BF16 if wbf16 else 0
-    cdef int tn = cnp.NPY_UINT16 if wbf16 else _float_type(w_ih)
+def pack(str cell, int wtype, int64_t I, int64_t H, w_ih, w_hh):
+    """One layer's weights (stored as wtype) packed for the forward on the
+    path in use (fastln_rnn_pack), a uint8 array; None where the path packs
+    nothing."""
+    cdef int code = CELLS[cell], wt = wtype
+    cdef int tn = cnp.NPY_UINT16 if wtype == W_BF16 else cnp.NPY_INT8 if wtype == W_INT8 \
+        else _float_type(w_ih)
     if tn < 0 or I < 1 or H < 1:
         raise ValueError("internal: bad weights for _rnn_pack")
     sizes = param_sizes(cell, I, H)
@@ -214,15 +234,15 @@ def pack(str cell, bint wbf16, int64_t I, int64_t H, w_ih, w_hh):
     return out
 
 def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                 x, params, lengths, cache, y, h, c, bint reverse=False, bint wbf16=False,
+                 x, params, lengths, cache, y, h, c, bint reverse=False, int wtype=W_SAME,
                  packed=None):
     """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
     with reverse, each sequence runs from its last valid step back to its first.
-    wbf16: W_ih and W_hh are bfloat16 bits (uint16); packed: None or _rnn_pack's."""
+    wtype: the weights' storage (see _params); packed: None or pack's."""
     cdef fastln_rnn_args a
     _init_blas()
     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
-                                    y, h, c, 0, 1, wbf16, packed)
+                                    y, h, c, 0, 1, wtype, packed)
     a.reverse = reverse
     cdef int rc
     with nogil:
@@ -230,7 +250,7 @@ def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
     return _rnn_status(rc)
 
 def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                  x, params2, lengths, caches2, y, h2, c2, bint wbf16=False, packed2=None):
+                  x, params2, lengths, caches2, y, h2, c2, int wtype=W_SAME, packed2=None):
     """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
     params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
     and packed2 may be None."""
@@ -240,7 +260,7 @@ def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
     for d in range(2):
         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
                                None if caches2 is None else caches2[d], y, h2[d],
-                               None if c2 is None else c2[d], d, 2, wbf16,
+                               None if c2 is None else c2[d], d, 2, wtype,
                                None if packed2 is None else packed2[d])
     cdef int rc
     with nogil:
@@ -321,10 +341,10 @@ cdef class Step:
     """A model's step, compiled: every layer's arguments checked and filled
     once, then one call into the engine (fastln_rnn_step_*) per step.
 
-    Step(cell, I, H, eps, layers, packs, bf16, keys, owners): layers[k] is
-    layer k's list of parameter arrays (as forward takes them), packs[k]
-    None or its pack() array; bf16 None, or the bfloat16 dtype of a
-    bfloat16 model (its weights are bfloat16 bits, its y is bfloat16); keys
+    Step(cell, I, H, eps, layers, packs, wtype, bf16, keys, owners): layers[k]
+    is layer k's list of parameter arrays (as forward takes them), packs[k]
+    None or its pack() array; wtype the weights' storage (see _params); bf16
+    None, or the bfloat16 dtype of a bfloat16 model (its y is bfloat16); keys
     the model's params keys the step reads and owners the arrays they held
     when it was built (kept, and compared by valid()). The weights of a
     layer that reads a packed copy are "locked": the copy is valid while
@@ -338,8 +358,7 @@ cdef class Step:
     cdef list spare
 
     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,
-                  bf16, list keys, list owners):
-        cdef bint wbf16 = bf16 is not None
+                  int wtype, bf16, list keys, list owners):
         cdef int64_t nl = len(layers), k
         if nl < 1 or len(packs) != nl or I < 1 or H < 1:
             raise ValueError("internal: bad layers for Step")
@@ -347,7 +366,7 @@ cdef class Step:
         if self.layers == NULL:
             raise MemoryError()
         self.num_layers, self.input_size, self.hidden_size = nl, I, H
-        self.tn = cnp.NPY_FLOAT if wbf16 else _float_type(layers[0][2])
+        self.tn = cnp.NPY_FLOAT if wtype != W_SAME else _float_type(layers[0][2])
         if self.tn < 0:
             raise ValueError("internal: bad parameters for Step")
         self.lstm = cell.startswith("lstm")
@@ -356,9 +375,7 @@ cdef class Step:
             memset(a, 0, sizeof(a[0]))
             a.cell = CELLS[cell]
             a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
-            _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wbf16)
-            if wbf16:
-                a.wtype = FASTLN_RNN_W_BF16
+            _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wtype)
             _set_packed(a, packs[k])
         self.keys, self.owners, self.bf16 = keys, owners, bf16
         self.spare = []

@@ -1,0 +1,140 @@
+/*
+ * The x86 tiles of the int8 products and their driver (see gemm_int8.h),
+ * included twice by it: with I8_VNNI 1 (VPDPBUSD, AVX512-VNNI; functions
+ * suffixed _t1) and 0 (VPMADDWD; _t0). Both compute every int32 sum
+ * exactly, so the two agree bitwise with each other and with the C kernel.
+ */
+#if I8_VNNI
+#define I8F(name) SFX(name##_t1)
+#define I8_ATTR __attribute__((target("avx512vnni")))
+#define I8MR 8
+#else
+#define I8F(name) SFX(name##_t0)
+#define I8_ATTR
+#define I8MR (VEC_BYTES == 64 ? 4 : 2)
+#endif
+/* Panels a tile of mr rows runs side by side: at least 8 independent sums */
+#define I8_NPN(mr) (8 / ((mr) * I8NV) >= I8_NPN_MAX ? I8_NPN_MAX \
+                    : 8 / ((mr) * I8NV) > 1 ? 8 / ((mr) * I8NV) : 1)
+
+/* One tile: rows [0, mr) of the quantized A (q rows kp bytes apart, s their
+ * scales) against npn panels (pst bytes apart) from column n0 of W; the
+ * last panel has ncols columns. Quad by quad, each row's four bytes are
+ * broadcast against the panels' vectors; every sum runs over all of K from
+ * zero in int32, then is scaled into C. */
+static inline __attribute__((always_inline)) I8_ATTR void I8F(i8_tile)(
+    float *C, int64_t ldc, const uint8_t *q, int64_t kp, const float *s, const int8_t *P,
+    int64_t pst, const SFX(i8w) *W, int64_t n0, int mr, int npn, int ncols)
+{
+    SFX(i8v) c[I8MR][I8_NPN_MAX * I8NV];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < npn * I8NV; v++) c[r][v] = I8_ZERO();
+    for (int64_t k = 0; k < kp; k += 4) {
+        SFX(i8v) a[I8MR];
+        for (int r = 0; r < mr; r++) {
+            int32_t quad;
+            memcpy(&quad, q + r * kp + k, 4);
+            a[r] = I8_SET1(quad);
+        }
+#if I8_VNNI
+        for (int v = 0; v < npn * I8NV; v++) {
+            SFX(i8v) w = I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL);
+            for (int r = 0; r < mr; r++) c[r][v] = _mm512_dpbusd_epi32(c[r][v], a[r], w);
+        }
+#else
+        /* u0 w0 + u2 w2 and u1 w1 + u3 w3 in each lane, from the even and
+         * odd bytes widened to 16 bits (u zero-extended, w sign-extended) */
+        SFX(i8v) ae[I8MR], ao[I8MR];
+        for (int r = 0; r < mr; r++) {
+            ae[r] = I8_LOW16(a[r]);
+            ao[r] = I8_SRLI16(a[r]);
+        }
+        for (int v = 0; v < npn * I8NV; v++) {
+            SFX(i8v) w = I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL);
+            SFX(i8v) we = I8_SRAI16(I8_SLLI16(w)), wo = I8_SRAI16(w);
+            for (int r = 0; r < mr; r++)
+                c[r][v] = I8_ADD(c[r][v], I8_ADD(I8_MADD(ae[r], we), I8_MADD(ao[r], wo)));
+        }
+#endif
+    }
+    for (int g = 0; g < npn; g++) {
+        int64_t n = n0 + g * FASTLN_NR;
+        int nc = g == npn - 1 ? ncols : FASTLN_NR;
+        float sw[FASTLN_NR];
+        const float *scale = W->scale + n;
+        if (nc < FASTLN_NR) {   /* the last, partial panel: scales zero-padded */
+            for (int j = 0; j < FASTLN_NR; j++) sw[j] = j < nc ? scale[j] : 0.0f;
+            scale = sw;
+        }
+        for (int r = 0; r < mr; r++) {
+            float out[FASTLN_NR];
+            float *dst = nc == FASTLN_NR ? C + r * ldc + n : out;
+            for (int v = 0; v < I8NV; v++) {
+                SFX(i8v) sum = I8_ADD(c[r][g * I8NV + v], I8_LOAD(W->corr + n + v * I8VL));
+                F_STORE(dst + v * I8VL, F_MUL(I8_TOF(sum),
+                                              F_MUL(F_SET1(s[r]), F_LOAD(scale + v * I8VL))));
+            }
+            if (nc < FASTLN_NR) memcpy(C + r * ldc + n, out, (size_t)nc * sizeof(float));
+        }
+    }
+}
+
+/* C (M, N) = A W^T (see gemm_i8 in gemm_int8.h): the (panels, block of
+ * rows) tiles shared by the enclosing team in a static schedule, as the
+ * float kernel shares them (so a thread keeps the same panels from step to
+ * step); fewer than I8MR rows take several panels a tile. */
+static I8_ATTR void I8F(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const float *s,
+                                 const SFX(i8w) *W, int64_t M, int64_t N, int64_t K)
+{
+    const int64_t kp = i8_kp(K), pst = FASTLN_NR * kp, mb = (64 / I8MR) * I8MR;
+    const int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + mb - 1) / mb;
+    const int gp = M < I8MR ? I8_NPN(M) : 1;
+    const int64_t ng = (np + gp - 1) / gp;
+#define I8_TILE(mm, r, cnt) \
+    I8F(i8_tile)(C + (mm) * ldc, ldc, q + (mm) * kp, kp, s + (mm), W->w + p * pst, pst, W, \
+                 p * FASTLN_NR, r, cnt, ncols)
+#pragma omp for schedule(static) nowait
+    for (int64_t it = 0; it < ng * nmb; it++) {
+        int64_t p0 = it % ng * gp, m = it / ng * mb, m1 = m + mb < M ? m + mb : M;
+        int cnt = np - p0 < gp ? (int)(np - p0) : gp;
+        if (gp > 1) {   /* M < I8MR rows against cnt panels at once */
+            int64_t p = p0, last = p0 + cnt - 1;
+            int ncols = N - last * FASTLN_NR < FASTLN_NR ? (int)(N - last * FASTLN_NR) : FASTLN_NR;
+#define I8_SMALL(r)                                 \
+    switch (cnt) {                                  \
+        case 4: I8_TILE(m, r, 4); break;            \
+        case 3: I8_TILE(m, r, 3); break;            \
+        case 2: I8_TILE(m, r, 2); break;            \
+        default: I8_TILE(m, r, 1); break;           \
+    }
+            if (M == 1) I8_SMALL(1) else I8_SMALL(2)
+#undef I8_SMALL
+            continue;
+        }
+        for (int64_t p = p0; p < p0 + cnt; p++) {
+            int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
+            int64_t mm = m;
+            for (; mm + I8MR <= m1; mm += I8MR) I8_TILE(mm, I8MR, 1);
+            switch (m1 - mm) {
+#define I8_TAIL(r) case r: I8_TILE(mm, r, 1); break;
+                I8_TAIL(1)
+#if I8MR > 2
+                I8_TAIL(2) I8_TAIL(3)
+#endif
+#if I8MR > 4
+                I8_TAIL(4) I8_TAIL(5) I8_TAIL(6) I8_TAIL(7)
+#endif
+#undef I8_TAIL
+                default: break;
+            }
+        }
+    }
+#undef I8_TILE
+#pragma omp barrier
+}
+
+#undef I8F
+#undef I8_ATTR
+#undef I8MR
+#undef I8_NPN
+#undef I8_VNNI
