@@ -1,5 +1,6 @@
 """Loading the recurrent node of an ONNX graph (LSTM, GRU or RNN) into the
-matching plain model of :mod:`fastln.rnn`: :func:`from_onnx`.
+matching plain model of :mod:`fastln.rnn`, and ONNX Runtime's quantized LSTM
+(DynamicQuantizeLSTM) into an int8 LSTM: :func:`from_onnx`.
 
 onnx is an optional dependency (``pip install "fastln[onnx]"``): it is imported
 on the first call, never by ``import fastln``.
@@ -16,16 +17,22 @@ from .. import _optional
 
 _Array = npt.NDArray[Any]
 
+# ONNX Runtime's LSTM with int8 weights (domain com.microsoft), which
+# onnxruntime.quantization.quantize_dynamic writes
+_QLSTM = "DynamicQuantizeLSTM"
+
 # per operator: the gate blocks G, the default activations of one direction,
-# and the attributes it may carry
+# and the attributes it may carry besides the common ones
 _OPS: Dict[str, Tuple[int, Tuple[str, ...], Tuple[str, ...]]] = {
-    "LSTM": (4, ("sigmoid", "tanh", "tanh"), ("input_forget",)),
-    "GRU": (3, ("sigmoid", "tanh"), ("linear_before_reset",)),
-    "RNN": (1, ("tanh",), ()),
+    "LSTM": (4, ("sigmoid", "tanh", "tanh"), ("input_forget", "layout")),
+    "GRU": (3, ("sigmoid", "tanh"), ("linear_before_reset", "layout")),
+    "RNN": (1, ("tanh",), ("layout",)),
+    _QLSTM: (4, ("sigmoid", "tanh", "tanh"), ("input_forget",)),
 }
 _COMMON_ATTRIBUTES = ("activation_alpha", "activation_beta", "activations", "clip",
-                      "direction", "hidden_size", "layout")
+                      "direction", "hidden_size")
 _INPUTS = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
+_QUANT_INPUTS = ("W_scale", "W_zero_point", "R_scale", "R_zero_point")   # DynamicQuantizeLSTM's
 
 # fastln's gate blocks, as indices of ONNX's: the LSTM's [i, o, f, c] become
 # [i, f, g, o] (g is ONNX's c), the GRU's [z, r, h] become [r, z, n]
@@ -71,6 +78,8 @@ def _walk(onnx: Any, graph: Any, prefix: str = "", outer: Tuple[Any, ...] = ()) 
 
 
 def _recurrent(n: Any) -> bool:
+    if n.op_type == _QLSTM:
+        return bool(n.domain == "com.microsoft")
     return bool(n.op_type in _OPS and n.domain in ("", "ai.onnx"))
 
 
@@ -194,8 +203,49 @@ def _check_shape(name: str, a: _Array, shape: Tuple[int, ...], form: str) -> Non
         raise ValueError(f"input {name} must have shape {form} = {shape}, got {a.shape}")
 
 
+def _int8_weights(onnx: Any, model: Any, scopes: Tuple[Any, ...], given: Dict[str, str],
+                  name: str, D: int, path: str) -> Tuple[_Array, _Array]:
+    """A DynamicQuantizeLSTM's W or R, stored (D, K, N) as int8 or uint8
+    values q with a scale and a zero point z per direction (D,) or per
+    column (D, N): its int8 values q - z in that layout, and its float32
+    scales, one per column (D, N)."""
+    q = _constant(onnx, model, scopes, given[name], name)
+    scale = _constant(onnx, model, scopes, given[f"{name}_scale"], f"{name}_scale")
+    zero = _constant(onnx, model, scopes, given[f"{name}_zero_point"], f"{name}_zero_point")
+    if q.dtype not in (np.int8, np.uint8):
+        raise TypeError(f"input {name} of node {path!r} has dtype {q.dtype}; a "
+                        f"{_QLSTM}'s weights are int8 or uint8")
+    if q.ndim != 3 or q.shape[0] != D or q.shape[2] % 4 or 0 in q.shape:
+        size = "input_size" if name == "W" else "hidden_size"
+        raise ValueError(f"input {name} must have shape (num_directions, {size}, "
+                         f"4*hidden_size) with num_directions = {D}, got {q.shape}")
+    N = q.shape[2]
+    for what, a, dtype in ((f"{name}_scale", scale, np.float32),
+                           (f"{name}_zero_point", zero, q.dtype)):
+        if a.dtype != dtype:
+            raise TypeError(f"input {what} has dtype {a.dtype}, expected {np.dtype(dtype)}")
+        if a.shape not in ((D,), (D, N)):
+            raise ValueError(f"input {what} must have shape (num_directions,) = {(D,)} or "
+                             f"(num_directions, 4*hidden_size) = {(D, N)}, got {a.shape}")
+    z = zero.reshape(D, 1, -1).astype(np.int32)
+    if q.dtype == np.int8 and np.any(z != 0):
+        raise ValueError(f"node {path!r}: input {name}_zero_point must be 0 for int8 "
+                         f"weights, got values from {z.min()} to {z.max()}")
+    values = q.astype(np.int32) - z
+    if values.min() < -128 or values.max() > 127:
+        raise ValueError(f"node {path!r}: {name} - {name}_zero_point takes values from "
+                         f"{values.min()} to {values.max()}, outside int8's [-128, 127]")
+    return values.astype(np.int8), np.broadcast_to(scale.reshape(D, -1), (D, N))
+
+
 def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     """A fastln LSTM, GRU or RNN equivalent to an ONNX graph's recurrent node.
+
+    The node is an ONNX LSTM, GRU or RNN, or ONNX Runtime's quantized LSTM
+    (``DynamicQuantizeLSTM`` of the ``com.microsoft`` domain, as
+    ``onnxruntime.quantization.quantize_dynamic`` writes it), which loads as
+    an int8 LSTM (see :func:`fastln.rnn.quantize`) holding the node's own
+    int8 weights and scales.
 
     Parameters
     ----------
@@ -203,11 +253,11 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         The model, or the path of a ``.onnx`` file (read with ``onnx.load``,
         external data included).
     node : str, optional
-        The LSTM, GRU or RNN node to load, by its name or its path; it may
-        be left out when the model has exactly one such node. The bodies of
-        If, Loop and Scan nodes (any graph attribute, at any depth) are
-        searched too; a nested node's path joins its parent's path, the
-        attribute's name and its own name with "/", as in
+        The LSTM, GRU, RNN or DynamicQuantizeLSTM node to load, by its name
+        or its path; it may be left out when the model has exactly one such
+        node. The bodies of If, Loop and Scan nodes (any graph attribute, at
+        any depth) are searched too; a nested node's path joins its parent's
+        path, the attribute's name and its own name with "/", as in
         ``"if/then_branch/lstm"`` (an unnamed node is
         ``"<unnamed, node K>"``, K its index in its graph). A name that two
         nodes share must be given as a path.
@@ -224,6 +274,9 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         ``direction="reverse"`` it is a unidirectional model with
         ``reverse = True``: its one direction runs from each sequence's last
         step back to its first, and its parameters keep the unsuffixed names.
+        A DynamicQuantizeLSTM gives an int8 LSTM (``m._int8``, float32
+        inputs, outputs and state), which runs ``forward(x, state, lengths,
+        cache=False)`` and :meth:`step`.
 
     Raises
     ------
@@ -232,7 +285,9 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     TypeError
         model is neither a ModelProto nor a path; node is not a str; the
         weights are not float32 or float64 (float16: convert the model
-        first), or not all of one dtype.
+        first), or not all of one dtype; a DynamicQuantizeLSTM's W or R is
+        not int8 or uint8, its zero points not of W's or R's dtype, or its
+        scales not float32.
     ValueError
         The model has no LSTM, GRU or RNN node, several and no ``node``, or
         none named ``node``, or several of that name; W, R, B or P is not
@@ -243,8 +298,11 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         ``input_forget=1``, activations other than the defaults (LSTM:
         Sigmoid, Tanh, Tanh; GRU: Sigmoid, Tanh; RNN: Tanh, or Relu for
         every direction), ``activation_alpha`` or ``activation_beta``, or a
-        ``layout`` other than 0 and 1. The message names the input or
-        attribute.
+        ``layout`` other than 0 and 1. A DynamicQuantizeLSTM lacks a scale
+        or zero point, or has one of the wrong shape, or a zero point that
+        fastln's int8 weights cannot hold (nonzero for int8 weights; for
+        uint8 weights, one that puts W - zero point or R - zero point outside
+        [-128, 127]). The message names the input or attribute.
 
     Notes
     -----
@@ -262,6 +320,19 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     ``bias_l0 = Wb + Rb``; the GRU gets ``bias_l0 = [Wb_r + Rb_r,
     Wb_z + Rb_z, Wb_h]`` and ``bias_hn_l0 = Rb_h`` (sums in float64, rounded
     once).
+
+    A DynamicQuantizeLSTM stores W (D, I, 4H) and R (D, H, 4H) transposed,
+    as int8 or uint8 values q with a float32 scale s and a zero point z per
+    direction, ``W_scale`` (D,), or per column, (D, 4H): its weight is
+    s * (q - z). Column j of W[d] becomes a row of ``weight_ih_l0``, holding
+    q - z as int8, and its scale the same row of ``weight_ih_scale_l0`` (the
+    gate blocks reordered as above; a per-direction scale is every row's);
+    R[d] likewise ``weight_hh_l0`` and ``weight_hh_scale_l0``. The values
+    are the file's, not quantized again. fastln quantizes the activations of each
+    batch row with a scale of its own, ONNX Runtime those of the whole batch
+    with one, so the two differ by about as much as ONNX Runtime's results
+    for a row alone and in a batch do (2e-2 to 4e-2 for H = 32 on N(0, 1)
+    data).
 
     The node's other inputs are arguments of ``forward(x, state, lengths)``:
 
@@ -328,6 +399,7 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     """
     onnx = _import_onnx()
     from ._cells import GRU, LSTM, RNN  # not at the top: it imports the cells lazily too
+    from ._int8 import quantize
 
     if isinstance(model, (str, os.PathLike)):
         model = onnx.load(os.fspath(model))
@@ -337,7 +409,8 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     if node is not None and not isinstance(node, str):
         raise TypeError(f"node must be a node's name (str) or None, got {type(node).__name__}")
     path, n, scopes = _find_node(onnx, model.graph, node)
-    op = n.op_type
+    quantized = n.op_type == _QLSTM
+    op = "LSTM" if quantized else n.op_type
     G, default_acts, _ = _OPS[op]
     attrs = _attributes(onnx, n)
 
@@ -380,12 +453,24 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         if op == "RNN" and per[0] == ("relu",):
             nonlinearity = "relu"
 
-    names = list(n.input) + [""] * (len(_INPUTS) - len(n.input))
-    if len(n.input) > len(_INPUTS) or len(n.input) < 3 or not names[1] or not names[2]:
-        raise ValueError(f"node {path!r} must have the inputs X, W, R (and optionally "
-                         f"{', '.join(_INPUTS[3:])}), got {list(n.input)}")
-    given = dict(zip(_INPUTS, names))
-    W = _constant(onnx, model, scopes, given["W"], "W")
+    slots = _INPUTS + (_QUANT_INPUTS if quantized else ())
+    given = dict(zip(slots, list(n.input) + [""] * (len(slots) - len(n.input))))
+    required = ("W", "R") + (_QUANT_INPUTS if quantized else ())
+    if len(n.input) > len(slots) or not all(given[name] for name in required):
+        raise ValueError(f"node {path!r} must have the inputs X, {', '.join(required)} (and "
+                         f"optionally {', '.join(_INPUTS[3:])}), got {list(n.input)}")
+    if quantized:
+        # the file's columns are fastln's rows: W (D, I, 4H) and R (D, H, 4H)
+        # become (D, 4H, I) and (D, 4H, H); W and R are their float values
+        W8, w_scale = _int8_weights(onnx, model, scopes, given, "W", D, path)
+        R8, r_scale = _int8_weights(onnx, model, scopes, given, "R", D, path)
+        N = W8.shape[2]
+        _check_shape("R", R8, (D, N // 4, N), "(num_directions, hidden_size, 4*hidden_size)")
+        W8, R8 = W8.transpose(0, 2, 1), R8.transpose(0, 2, 1)
+        W, R = W8 * w_scale[:, :, None], R8 * r_scale[:, :, None]
+    else:
+        W = _constant(onnx, model, scopes, given["W"], "W")
+        R = _constant(onnx, model, scopes, given["R"], "R")
     dtype = _check_dtype("W", W, None)
     if W.ndim != 3 or W.shape[0] != D or W.shape[1] % G or W.shape[1] == 0 or W.shape[2] == 0:
         raise ValueError(f"input W must have shape (num_directions, {G}*hidden_size, "
@@ -395,7 +480,6 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     if "hidden_size" in attrs and attrs["hidden_size"] != H:
         raise ValueError(f"attribute hidden_size={attrs['hidden_size']} does not match W, "
                          f"whose shape {W.shape} gives {H}")
-    R = _constant(onnx, model, scopes, given["R"], "R")
     _check_dtype("R", R, dtype)
     _check_shape("R", R, (D, G * H, H), "(num_directions, G*H, H)")
     if given["B"]:
@@ -444,6 +528,18 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         for name, value in params:
             state[f"{name}_l0{suffix}"] = value
     m.load_state_dict(state)
+    if quantized:
+        # the int8 structure of quantize(), holding the file's own int8 values
+        # and scales (not a quantization of their float values)
+        m = quantize(m)
+        state = m.state_dict()
+        for d in range(D):
+            suffix = "_reverse" if d == 1 else ""
+            for name, q, scale in (("weight_ih", W8[d], w_scale[d]),
+                                   ("weight_hh", R8[d], r_scale[d])):
+                state[f"{name}_l0{suffix}"] = _blocks(q, _LSTM_ORDER)
+                state[f"{name}_scale_l0{suffix}"] = _blocks(scale, _LSTM_ORDER)
+        m.load_state_dict(state)
     if direction == "reverse":
         m.reverse = True
     return m
