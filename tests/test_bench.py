@@ -355,25 +355,51 @@ def test_run_has_a_fused_section(fused_result, monkeypatch, capsys):
 def test_rnn_grid_points_and_table(torch):
     """Each point times fastln, torch, ONNX Runtime and OpenVINO on the same
     weights (and fastln's and OpenVINO's bfloat16), every peer's y agrees with
-    fastln's, and the table has a row a point."""
+    fastln's, and the table has a row a point; the LSTM points also time
+    fastln's, ONNX Runtime's and torch's int8 models and record their errors."""
     grid = _load("fastln_bench_rnn_grid_test", "rnn_grid.py")
     missing = [name for name, mod in (("onnx", grid._onnx), ("onnxruntime", grid._ort),
+                                      ("onnxruntime.quantization", grid._ort_quant),
                                       ("openvino", grid._ov), ("ml_dtypes", grid._ml_dtypes))
                if mod is None]
     if missing:
         if os.environ.get("CI"):
             raise AssertionError(f"{', '.join(missing)} are in the [test] extra")
         pytest.skip(f"needs {', '.join(missing)}")
+    # torch's dynamic int8 needs a quantized engine, which the x86 and arm64 wheels have
+    torch_int8 = any(e != "none" for e in torch.backends.quantized.supported_engines)
+    if not torch_int8 and os.environ.get("CI"):
+        raise AssertionError("torch has no quantized engine: the torch int8 column is empty")
     result = grid.run(threads=1, cells=("lstm", "gru", "rnn"), hidden=(32, 40), batch=(1, 3),
-                      steps=5, quick=True, bf16=True)
+                      steps=5, quick=True, bf16=True, int8=True)
+    assert result["int8"] is True
+    assert result["info"]["int8_products"] == fastln.rnn.int8_products()
     assert [(r["cell"], r["H"], r["B"]) for r in result["rows"]] == [
         (c, H, B) for c in ("lstm", "gru", "rnn") for H in (32, 40) for B in (1, 3)]
     for r in result["rows"]:
         assert r["mismatch"] == [], r
         assert all(r[p] > 0 for p in grid.PEERS + grid.BF16_PEERS), r
+        errors = r["int8_max_abs_error"]
+        assert set(errors) == set(grid.INT8_PEERS)
+        # int8 for the LSTM only; torch's where it has a quantized engine
+        want = {"fastln_int8": r["cell"] == "lstm", "onnxruntime_int8": r["cell"] == "lstm",
+                "torch_int8": r["cell"] == "lstm" and torch_int8}
+        for p, present in want.items():
+            assert (r[p] is not None) == present and (errors[p] is not None) == present, (p, r)
+            if present:
+                assert r[p] > 0 and 0 < errors[p] < grid.INT8_TOL, (p, r)
     table = grid.format_table(result)
     for cell in ("LSTM", "GRU", "RNN"):
         assert table.count(f"\n| {cell} |") == 4
     assert "| OpenVINO bf16 |" in table and "| / OpenVINO bf16 |" in table
-    assert "MISMATCH" not in grid.progress_line(result["rows"][0])
+    for heading in ("fastln int8 ms", "ORT int8 ms", "torch int8 ms", "fastln int8 / ORT int8",
+                    "fastln int8 / fastln f32"):
+        assert f"| {heading} |" in table
+    gru = next(line for line in table.splitlines() if line.startswith("| GRU |"))
+    assert gru.endswith("| - | - | - | - | - |")
+    line = grid.progress_line(result["rows"][0])
+    assert "MISMATCH" not in line and "fastln int8 " in line and "ORT int8 " in line
     json.loads(json.dumps(result))
+    # without the int8 columns the table is as before
+    plain = dict(result, int8=False)
+    assert "int8" not in grid.format_table(plain)
