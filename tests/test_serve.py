@@ -2,11 +2,14 @@
 through client.py's StreamClient over WebSocket and through HTTP JSON.
 
 1. Model files: save_model / load_model keep each forward fastln.rnn class, its
-   configuration and its parameters bit for bit, with read-only weights.
-2. Streams: 16 concurrent streams with several frames in flight each, float32
-   and bfloat16 models (bfloat16 x frames too) and a 2-layer model: every
-   reply equals, bit for bit, the stream run alone (B=1 steps in this
-   process), and batches of several streams formed. A stream stepped over
+   configuration and its parameters bit for bit, with read-only weights; an
+   int8 model (fastln.rnn.quantize) is stored as its int8 arrays and scales,
+   and loads bit for bit from save_model's file, from a bare state_dict and
+   from model.py --dtype int8.
+2. Streams: 16 concurrent streams with several frames in flight each, float32,
+   bfloat16 (bfloat16 x frames too) and int8 models, 2 layers: every reply
+   equals, bit for bit, the stream run alone (B=1 steps in this process), and
+   batches of several streams formed. A stream stepped over
    HTTP JSON continues over WebSocket, and the reverse. An ONNX model serves.
 3. Bad frames: wrong length, a bfloat16-sized frame on a float32 connection,
    non-finite x, a text frame, a frame over the size limit, an unknown
@@ -36,7 +39,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN, from_onnx
+from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN, from_onnx, quantize
 
 from _util import require
 
@@ -107,8 +110,10 @@ async def refused(url, stream_id, **kw):
     lambda: bf16(LSTM(I, H, seed=4)),
     lambda: GRU(I, H, linear_before_reset=False, seed=5),
     lambda: RNN(I, H, 3, nonlinearity="relu", seed=6),
+    lambda: quantize(LNLSTM(I, H, LAYERS, seed=1)),
+    lambda: quantize(GRU(I, H, linear_before_reset=False, seed=5)),
 ], ids=["lnlstm", "lnlstm_bf16", "lngru_f64", "lnrnn_relu", "lstm_bf16", "gru_onnx_form",
-        "rnn_relu"])
+        "rnn_relu", "lnlstm_int8", "gru_int8"])
 def test_model_file_round_trip(tmp_path, make):
     model = make()
     path = tmp_path / "m.npz"
@@ -127,6 +132,50 @@ def test_model_file_round_trip(tmp_path, make):
     assert same(serve_model.reference_run(loaded, xs), want)
 
 
+def test_int8_model_file(tmp_path):
+    """An int8 model's file records dtype int8 and holds the int8 matrices and the
+    float32 row scales as they are; save_model's file, a bare state_dict and
+    model.py --dtype int8 load as the same model, bit for bit."""
+    model = quantize(LNLSTM(I, H, LAYERS, seed=16))
+    path = saved(tmp_path, model)
+    with np.load(path) as f:
+        cfg = json.loads(str(f["config"]))
+        stored = {key: f[key] for key in f.files if key != "config"}
+    assert cfg["dtype"] == "int8" and cfg["class"] == "LNLSTM"
+    want = model.state_dict()
+    assert sorted(stored) == sorted(want)
+    for key, value in want.items():
+        assert stored[key].dtype == value.dtype, key
+        assert np.array_equal(stored[key], value), key
+    assert stored["weight_hh_l1"].dtype == np.int8
+    assert stored["weight_hh_scale_l1"].dtype == np.float32
+
+    np.savez(tmp_path / "bare.npz", **want)
+    xs = serve_model.stream_inputs(1, 0, 6, I)
+    ys = serve_model.reference_run(model, xs)
+    assert ys.dtype == np.float32
+    for loaded in (serve_model.load_model(path), serve_model.load_model(tmp_path / "bare.npz")):
+        assert loaded._int8 and serve_model.dtype_name(loaded) == "int8"
+        assert serve_model.config_of(loaded) == cfg
+        for key, value in model.params.items():
+            assert loaded.params[key].dtype == value.dtype, key
+            assert np.array_equal(loaded.params[key], value), key
+        assert serve_model.input_dtype(loaded) == np.float32
+        assert same(serve_model.reference_run(loaded, xs), ys)
+
+    serve_model.main([str(tmp_path / "cli.npz"), "--input", str(I), "--hidden", str(H),
+                      "--layers", "2", "--dtype", "int8", "--seed", "16"])
+    cli = serve_model.load_model(tmp_path / "cli.npz")
+    assert all(np.array_equal(cli.params[k], v) for k, v in model.params.items())
+    assert same(serve_model.reference_run(cli, xs), ys)
+
+    del want["weight_ih_scale_l0"], want["weight_hh_scale_l0"]
+    del want["weight_ih_scale_l1"], want["weight_hh_scale_l1"]
+    np.savez(tmp_path / "no_scales.npz", **want)
+    with pytest.raises(ValueError, match="row scales .* are missing"):
+        serve_model.load_model(tmp_path / "no_scales.npz")
+
+
 def test_model_file_refusals(tmp_path):
     with pytest.raises(ValueError, match="bidirectional"):
         serve_model.save_model(tmp_path / "m.npz", LNLSTM(I, H, bidirectional=True))
@@ -143,15 +192,19 @@ def saved(tmp_path, model, name="m.npz"):
     return path
 
 
-@pytest.fixture(scope="module", params=[("float32", 20), ("bfloat16", 20), ("float32", 0)],
-                ids=["float32-delay", "bfloat16-delay", "float32-no_delay"])
+@pytest.fixture(scope="module", params=[("float32", 20), ("bfloat16", 20), ("int8", 20),
+                                        ("float32", 0)],
+                ids=["float32-delay", "bfloat16-delay", "int8-delay", "float32-no_delay"])
 def served(request, tmp_path_factory):
-    """(server, in-process model): a 2-layer LN-LSTM; batches wait 20 ms for
-    more streams, so that several streams share them, or form at once."""
+    """(server, in-process model): a 2-layer LN-LSTM (int8: through quantize);
+    batches wait 20 ms for more streams, so that several streams share them,
+    or form at once."""
     dtype, delay_ms = request.param
     model = LNLSTM(I, H, LAYERS, seed=7)
     if dtype == "bfloat16":
         model = bf16(model)
+    elif dtype == "int8":
+        model = quantize(model)
     path = saved(tmp_path_factory.mktemp("serve"), model)
     with run_server("--model", path, "--threads", 1, "--capacity", 40,
                     "--max-delay-ms", delay_ms, "--max-queue-per-stream", 8,
@@ -190,6 +243,7 @@ def test_streams_match_each_stream_alone(served):
     for x, ys in zip(xs, got):
         assert same(np.stack(ys), serve_model.reference_run(model, x))
     health = server.health()
+    assert health["model"]["dtype"] == serve_model.dtype_name(model)
     assert health["batcher"]["batch_max"] > 1, health      # batches of several streams formed
     assert health["batcher"]["batches"] - before < STREAMS * STEPS
     assert health["streams"] == 0                           # each closed with 1000
@@ -207,6 +261,8 @@ def test_http_and_websocket_share_a_stream(served):
     async def middle():
         c = await StreamClient.connect(server.ws, "both")
         assert c.hello["t"] == 3
+        # y in the model's dtype: float32 for an int8 model, as is x
+        assert (c.hello["x_dtype"], c.hello["y_dtype"]) == ("float32", np.dtype(model.dtype).name)
         ys = [await c.step(x) for x in xs[3:6]]
         await c.close(1001)                                  # keeps the stream
         return ys

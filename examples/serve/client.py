@@ -2,7 +2,7 @@
 connection, x and y as NumPy rows.
 
     async with await StreamClient.connect("ws://127.0.0.1:8001", "mic-7", new=True) as s:
-        y = await s.step(x)                  # x: (I,) float32; y: (H,) in the model's dtype
+        y = await s.step(x)                  # x: (I,) float32; y: (H,) of the hello's y_dtype
         s.send(x1); s.send(x2)               # several steps in flight ...
         y1, y2 = await s.recv(), await s.recv()   # ... answered in order
 

@@ -1,13 +1,16 @@
 """Load test of the served-model example: server.py in a subprocess on 127.0.0.1,
 driven over its WebSocket protocol (a connection per stream, binary frames) by
-this process, for a float32 and a bfloat16 LN-LSTM (I=128, H=256, default
-initialization, seed 0).
+this process, for an LN-LSTM (I=128, H=256, default initialization, seed 0)
+in each of --dtypes: float32, bfloat16 and int8 (the float32 model through
+fastln.rnn.quantize: int8 weights with float32 row scales; its x and y frames
+are float32), all three by default.
 
-    python examples/serve/loadtest.py                   # every run below
+    python examples/serve/loadtest.py                   # every run below, every dtype
     python examples/serve/loadtest.py --quick           # a few streams, every run once
     python examples/serve/loadtest.py --dtypes float32 --streams 64 --no-write
+    python examples/serve/loadtest.py --dtypes float32,int8 --runs closed --no-write
 
-The runs, per dtype:
+The runs, per dtype (--runs picks some of them; all by default):
 
 - echo: --streams closed-loop streams (below) against ``server.py --echo``
   (the same frames, no model): the transport's own ceiling.
@@ -31,9 +34,11 @@ from the replies it got. The exit code is 1 if any run has one.
 
 The client is one asyncio process (uvloop when importable, picows listeners)
 on the machine of the server: the two share its cores. Prints a markdown table
-and writes it to examples/serve/RESULTS.md, and the latency plot to
-examples/figures/serve_latency.png (--no-write: neither). A --quick run only
-prints: its numbers are a smoke test, and the files keep the full run's.
+and the closed loop's ratios (each dtype's steps/s over echo's, and over the
+float32 model's), and writes them to examples/serve/RESULTS.md, and the
+latency plot to examples/figures/serve_latency.png (--no-write: neither). A
+--quick run, or one of only some --runs, only prints: its numbers are a smoke
+test or a part, and the files keep the full run's.
 """
 import argparse
 import asyncio
@@ -53,7 +58,7 @@ from picows import WSError, WSListener, WSMsgType, ws_connect
 
 import fastln
 from fastln import _selfcheck
-from fastln.rnn import LNLSTM
+from fastln.rnn import LNLSTM, quantize
 
 try:
     import uvloop
@@ -73,6 +78,8 @@ FIGURE = os.path.join(os.path.dirname(HERE), "figures", "serve_latency.png")
 BINARY, TEXT, CLOSE = WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CLOSE
 RESTART_CODE = 1012
 CONNECT_BATCH = 64   # connections opened concurrently
+DTYPES = ("float32", "bfloat16", "int8")
+RUNS = ("echo", "closed", "open", "sweep", "restart")
 
 
 # ---------------------------------------------------------------- the clients
@@ -403,19 +410,35 @@ def summary(run, dtype, out, hz=None):
     return row
 
 
-def run_dtype(args, dtype, workdir):
-    """Every run of one model dtype; returns the table's rows and the sweep's answer."""
+def make_model(args, dtype):
+    """The load test's LN-LSTM in dtype: float32, bfloat16 (model.to), or int8
+    (fastln.rnn.quantize of the float32 model)."""
     model = LNLSTM(args.input, args.hidden, seed=args.seed)
     if dtype == "bfloat16":
         model = model.to(bfloat16())
+    elif dtype == "int8":
+        model = quantize(model)
+    return model
+
+
+def run_dtype(args, dtype, workdir):
+    """The --runs of one model dtype; returns the table's rows and the sweep's
+    answer (None when no count passed, or no sweep ran)."""
+    runs = set(args.runs)
     path = os.path.join(workdir, f"lnlstm_{dtype}.npz")
-    save_model(path, model)
+    save_model(path, make_model(args, dtype))
+    # the references come from the file the server loads, as the server's model does
     refs = References(load_model(path), args.seed)
     open_steps = max(1, round(args.hz * args.seconds))
     sweep_steps = max(1, round(args.sweep_hz * args.sweep_seconds))
     started = time.monotonic()
-    for i in range(max(args.streams, args.restart_streams)):
-        refs.get(i, max(args.steps, open_steps, args.restart_steps if i < args.restart_streams
+    # each stream's steps in the runs asked for, computed before they start (the
+    # sweep's as it goes)
+    need = [args.steps] if runs & {"echo", "closed"} else []
+    need += [open_steps] if "open" in runs else []
+    steps, restart = max(need, default=0), "restart" in runs
+    for i in range(max(args.streams if need else 0, args.restart_streams if restart else 0)):
+        refs.get(i, max(steps, args.restart_steps if restart and i < args.restart_streams
                         else 0))
     print(f"{dtype}: single-stream references in {time.monotonic() - started:.1f} s",
           flush=True)
@@ -424,18 +447,24 @@ def run_dtype(args, dtype, workdir):
     rows, largest = [], None
     kw = dict(seed=args.seed, time_limit=args.time_limit, timeout=args.timeout)
     # echo first, closed next: the two whose ratio the results give, close in time
-    with run_server("--model", path, "--echo", "--capacity", capacity, *common) as server:
-        rows.append(summary("echo", dtype, run(drive(
-            server, refs, "echo", args.streams, args.steps, "closed",
-            inflight=args.inflight, echo=True, **kw))))
-    with run_server("--model", path, "--capacity", capacity, *common) as server:
-        rows.append(summary("closed", dtype, run(drive(
-            server, refs, "closed", args.streams, args.steps, "closed",
-            inflight=args.inflight, **kw))))
-        rows.append(summary("open", dtype, run(drive(
-            server, refs, "open", args.streams, open_steps, "open", hz=args.hz, **kw)),
-            hz=args.hz))
-        for n in args.sweep_streams:
+    if "echo" in runs:
+        with run_server("--model", path, "--echo", "--capacity", capacity, *common) as server:
+            rows.append(summary("echo", dtype, run(drive(
+                server, refs, "echo", args.streams, args.steps, "closed",
+                inflight=args.inflight, echo=True, **kw))))
+    with contextlib.ExitStack() as stack:
+        if runs & {"closed", "open", "sweep"}:
+            server = stack.enter_context(run_server("--model", path, "--capacity", capacity,
+                                                    *common))
+        if "closed" in runs:
+            rows.append(summary("closed", dtype, run(drive(
+                server, refs, "closed", args.streams, args.steps, "closed",
+                inflight=args.inflight, **kw))))
+        if "open" in runs:
+            rows.append(summary("open", dtype, run(drive(
+                server, refs, "open", args.streams, open_steps, "open", hz=args.hz, **kw)),
+                hz=args.hz))
+        for n in args.sweep_streams if "sweep" in runs else ():
             started = time.monotonic()
             for i in range(n):
                 refs.get(i, sweep_steps)
@@ -449,15 +478,17 @@ def run_dtype(args, dtype, workdir):
             if row["p99_ms"] >= args.p99_ms or row["errors"] or not row["steps"]:
                 break
             largest = n
-    rows.append(summary("restart", dtype, run(drive_restart(
-        path, ["--capacity", capacity, *common], refs, args.restart_streams, args.restart_steps,
-        args.inflight, os.path.join(workdir, f"{dtype}.state"),
-        time_limit=args.time_limit, timeout=args.timeout))))
+    if "restart" in runs:
+        rows.append(summary("restart", dtype, run(drive_restart(
+            path, ["--capacity", capacity, *common], refs, args.restart_streams,
+            args.restart_steps, args.inflight, os.path.join(workdir, f"{dtype}.state"),
+            time_limit=args.time_limit, timeout=args.timeout))))
     return rows, largest
 
 
 def run_all(args, workdir):
-    """Every run of every dtype; returns the table's rows and {dtype: the sweep's answer}."""
+    """The --runs of every dtype of --dtypes; returns the table's rows and
+    {dtype: the sweep's answer}."""
     rows, largest = [], {}
     for dtype in args.dtypes:
         got, largest[dtype] = run_dtype(args, dtype, workdir)
@@ -485,13 +516,21 @@ def table(rows, header=True):
 
 
 def ratios(rows):
-    """Lines of closed-loop steps/s, model over echo, per dtype."""
-    lines = []
+    """Lines of closed-loop steps/s per dtype: the model's over echo's, and
+    over the float32 model's."""
+    lines, closed = [], {}
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         got = {r["run"]: r["steps_per_s"] for r in rows if r["dtype"] == dtype}
+        if got.get("closed"):
+            closed[dtype] = got["closed"]
         if got.get("closed") and got.get("echo"):
             lines.append(f"closed loop, {dtype} model / echo: {got['closed']:.0f} / "
                          f"{got['echo']:.0f} steps/s = {got['closed'] / got['echo']:.2f}")
+    base = closed.get("float32")
+    for dtype, value in closed.items():
+        if base and dtype != "float32":
+            lines.append(f"closed loop, {dtype} model / float32 model: {value:.0f} / "
+                         f"{base:.0f} steps/s = {value / base:.2f}")
     return lines
 
 
@@ -523,7 +562,8 @@ def write_results(rows, largest, args, command):
         f"for the model runs, for echo (`--echo`) and for each side of the restart "
         f"(`--state-file`).", "",
         f"Model: LN-LSTM, I={args.input}, H={args.hidden}, one layer, seed {args.seed}, "
-        f"default initialization; x frames float32, y frames in the model's dtype.", "",
+        f"default initialization; int8: that model through `fastln.rnn.quantize`; x "
+        f"frames float32, y frames in the model's dtype (float32 for int8).", "",
         f"closed: each stream sends its next frame when a reply comes ({args.inflight} "
         f"in flight); open and sweep: each stream sends at Hz on a fixed schedule with a "
         f"random phase, and latency counts from the scheduled send time; restart: SIGTERM "
@@ -548,7 +588,7 @@ def plot(rows, path):
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = {"float32": "tab:blue", "bfloat16": "tab:orange"}
+    colors = {"float32": "tab:blue", "bfloat16": "tab:orange", "int8": "tab:green"}
     ax, sweep = axes[0], [r for r in rows if r["run"] == "sweep"]
     for dtype, color in colors.items():
         sel = [r for r in sweep if r["dtype"] == dtype]
@@ -589,14 +629,31 @@ def plot(rows, path):
     plt.close(fig)
 
 
+def names_of(what, choices):
+    """argparse's type of a comma-separated list of some of choices."""
+    def parse(text):
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"expected {what}s of {', '.join(choices)}, got {text!r}")
+        return names
+    return parse
+
+
 def make_parser():
     """The command line's parser; every option shows its default in --help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="4 streams, 20 steps, every run once; prints only, writes no file")
-    p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],
-                   default=["float32", "bfloat16"], help="the model's dtypes")
+    p.add_argument("--dtypes", nargs="+", type=names_of("dtype", DTYPES), default=list(DTYPES),
+                   metavar="DTYPE", help=f"the model's dtypes, of {', '.join(DTYPES)} "
+                   f"(int8: the float32 model through fastln.rnn.quantize), separated by "
+                   f"spaces or commas")
+    p.add_argument("--runs", nargs="+", type=names_of("run", RUNS), default=list(RUNS),
+                   metavar="RUN", help=f"the runs, of {', '.join(RUNS)}, separated by spaces "
+                   f"or commas; only some of them: prints only, writes no file")
     p.add_argument("--streams", type=int, default=256, help="streams of closed, echo and open")
     p.add_argument("--steps", type=int, default=400, help="steps per stream of closed and echo")
     p.add_argument("--inflight", type=int, default=1,
@@ -633,6 +690,11 @@ def make_parser():
 def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
+    # a value given of --dtypes or --runs is a list (of its commas); each name once, in order
+    for name in ("dtypes", "runs"):
+        values = getattr(args, name)
+        setattr(args, name, list(dict.fromkeys(
+            v for vs in values for v in (vs if isinstance(vs, list) else [vs]))))
     if args.quick:
         args.streams, args.steps, args.restart_streams, args.restart_steps = 4, 20, 4, 200
         args.seconds, args.sweep_seconds, args.sweep_streams = 0.5, 0.4, [4, 8]
@@ -671,10 +733,12 @@ def main(argv=None):
     print(table(rows))
     for line in ratios(rows):
         print(line)
-    print(largest_line(largest, args))
-    if args.quick:
-        print(f"\n--quick: nothing written ({os.path.relpath(RESULTS)} and "
-              f"{os.path.relpath(FIGURE)} hold a full run's results)")
+    if "sweep" in args.runs:
+        print(largest_line(largest, args))
+    if args.quick or set(args.runs) != set(RUNS):
+        print(f"\n{'--quick' if args.quick else '--runs ' + ' '.join(args.runs)}: nothing "
+              f"written ({os.path.relpath(RESULTS)} and {os.path.relpath(FIGURE)} hold a "
+              f"full run's results)")
     elif not args.no_write:
         write_results(rows, largest, args, command.strip())
         plot(rows, FIGURE)

@@ -10,17 +10,27 @@ A model file is an ``.npz`` holding a fastln.rnn model's ``state_dict()`` and
 them). A bfloat16 model's arrays are stored as float32, which holds bfloat16
 values exactly; :func:`load_model` converts them back with ``model.to``.
 
+dtype "int8" is a model of ``fastln.rnn.quantize``: int8 weight matrices with
+a float32 scale per row (``weight_ih_scale_l{k}``, ``weight_hh_scale_l{k}``),
+the other parameters float32; its x, y and state are float32. The file stores
+the int8 arrays and the scales as they are; :func:`load_model` builds the
+float32 model of the config, quantizes it for the int8 structure, and loads
+the saved arrays into it, so the loaded model equals the saved one bit for bit.
+
 :func:`load_model` also reads an ``.npz`` of a bare state_dict
 (``np.savez(path, **model.state_dict())``): the parameter names and shapes
-give the class, the sizes, the layers and the dtype; eps is the class's
-default, which the state_dict does not hold. An RNN, LNRNN or GRU needs the
-config entry, as its nonlinearity or linear_before_reset changes the
-outputs and leaves the parameters alike.
+give the class, the sizes, the layers and the dtype (int8 when weight_ih_l0
+is int8 and the row scales are there); eps is the class's default, which the
+state_dict does not hold. An RNN, LNRNN or GRU needs the config entry, as its
+nonlinearity or linear_before_reset changes the outputs and leaves the
+parameters alike.
 
 Write a new LN-LSTM (default initialization) to a file, for server.py::
 
     python examples/serve/model.py model.npz [--input 128 --hidden 256 --layers 1
-        --dtype float32|bfloat16 --seed 0]
+        --dtype float32|bfloat16|int8 --seed 0]
+
+(int8: the float32 model of that seed, quantized with ``fastln.rnn.quantize``.)
 """
 import argparse
 import json
@@ -33,7 +43,9 @@ from fastln import rnn
 from fastln.rnn._base import _LAYOUTS
 
 CLASSES = {name: getattr(rnn, name) for name in ("LNLSTM", "LNGRU", "LNRNN", "LSTM", "GRU", "RNN")}
-DTYPES = ("float32", "float64", "bfloat16")
+# a model file's dtype: the model's dtype, or "int8" for a quantized model (whose
+# model.dtype is float32)
+DTYPES = ("float32", "float64", "bfloat16", "int8")
 # the settings that change a model's outputs but not its parameters' names and shapes
 HIDDEN_SETTINGS = {"RNN": "nonlinearity ('tanh' or 'relu')",
                    "LNRNN": "nonlinearity ('tanh' or 'relu')",
@@ -52,14 +64,16 @@ def bfloat16():
 
 
 def dtype_name(model):
-    """The model's dtype as one of DTYPES."""
-    return np.dtype(model.dtype).name
+    """The model's dtype as one of DTYPES: "int8" for a model of
+    fastln.rnn.quantize, else model.dtype's name."""
+    return "int8" if getattr(model, "_int8", False) else np.dtype(model.dtype).name
 
 
 def input_dtype(model):
-    """The dtype x is given in: the model's, or float32 for a bfloat16 model."""
+    """The dtype x is given in: the model's, or float32 for a bfloat16 or an
+    int8 model."""
     name = dtype_name(model)
-    return np.dtype(np.float32 if name == "bfloat16" else name)
+    return np.dtype(np.float32 if name in ("bfloat16", "int8") else name)
 
 
 def check_streamable(model):
@@ -132,7 +146,8 @@ def infer_config(arrays, path="the file"):
     parameter name to array, as np.savez(path, **model.state_dict()) writes it):
     the class from the parameter names (and, for LSTM and RNN, which share them,
     the rows of weight_hh), the sizes from the shapes, num_layers from the
-    names, the dtype from weight_ih_l0's; eps is the class default. ValueError
+    names, the dtype from weight_ih_l0's (int8 when the arrays hold the row
+    scales of fastln.rnn.quantize); eps is the class default. ValueError
     when the arrays do not fit one class, or fit one whose outputs depend on a
     setting the parameters do not show (HIDDEN_SETTINGS)."""
     how = ("write it with save_model (examples/serve/model.py: "
@@ -149,6 +164,10 @@ def infer_config(arrays, path="the file"):
                              f"served one step at a time, forward only")
         names.add(m.group(1))
         layers.add(int(m.group(2)))
+    # an int8 model's row scales (fastln.rnn.quantize) sit beside the layout's names
+    scales = {"weight_ih_scale", "weight_hh_scale"}
+    int8 = bool(names & scales)
+    names -= scales
     if "weight_ih_l0" not in arrays or "weight_hh_l0" not in arrays:
         raise ValueError(f"{path} has no config entry, nor weight_ih_l0 and weight_hh_l0 "
                          f"of a fastln.rnn state_dict; {how}")
@@ -173,8 +192,18 @@ def infer_config(arrays, path="the file"):
                          f"whose {HIDDEN_SETTINGS[name]} the parameters do not show; {how}")
     if w_ih.dtype.kind == "V" and w_ih.dtype.itemsize == 2:   # bfloat16, as np.savez keeps it
         dtype = "bfloat16"
+    elif int8:
+        if w_ih.dtype != np.int8 or w_hh.dtype != np.int8:
+            raise ValueError(f"{path}: an int8 model's state_dict (it has row scales) holds "
+                             f"int8 weight matrices, got weight_ih_l0 {w_ih.dtype} and "
+                             f"weight_hh_l0 {w_hh.dtype}")
+        dtype = "int8"
     else:
         dtype = np.dtype(w_ih.dtype).name
+        if dtype == "int8":
+            raise ValueError(f"{path}: weight_ih_l0 is int8 and the row scales of an int8 "
+                             f"model (weight_ih_scale_l0, weight_hh_scale_l0, ...) are "
+                             f"missing")
     if dtype not in DTYPES:
         raise ValueError(f"{path}: weight_ih_l0 has dtype {dtype}, expected one of {DTYPES}")
     return {"class": name, "input_size": int(w_ih.shape[1]), "hidden_size": int(hidden),
@@ -183,7 +212,10 @@ def infer_config(arrays, path="the file"):
 
 def load_model(path):
     """The model saved in ``path`` by save_model, or by np.savez of a forward
-    LNLSTM, LNGRU or LSTM's state_dict (see infer_config), with read-only weights.
+    LNLSTM, LNGRU or LSTM's state_dict, float or int8 (see infer_config), with
+    read-only weights. An int8 model is the float32 model of the config passed
+    through fastln.rnn.quantize (which gives the int8 structure: the matrices'
+    dtype and the scale parameters), then loaded with the saved arrays.
     FileNotFoundError for a missing file, ValueError for one that is neither."""
     arrays = _read_npz(path)
     if "config" in arrays:
@@ -200,7 +232,10 @@ def load_model(path):
         arrays = {key: a.view(bfloat16()).astype(np.float32)
                   if a.dtype.kind == "V" and a.dtype.itemsize == 2 else a
                   for key, a in arrays.items()}
-    model = CLASSES[name](dtype=np.float32 if dtype == "bfloat16" else dtype, **kwargs)
+    model = CLASSES[name](dtype=np.float32 if dtype in ("bfloat16", "int8") else dtype,
+                          **kwargs)
+    if dtype == "int8":   # the default weights are replaced by the saved ones just below
+        model = rnn.quantize(model)
     try:
         model.load_state_dict(arrays)
     except (TypeError, ValueError) as e:
@@ -236,8 +271,10 @@ def make_parser():
     p.add_argument("--input", type=int, default=128, help="input_size I")
     p.add_argument("--hidden", type=int, default=256, help="hidden_size H")
     p.add_argument("--layers", type=int, default=1, help="num_layers")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="the model's dtype")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8"], default="float32",
+                   help="the model's dtype; int8: the float32 model quantized by "
+                        "fastln.rnn.quantize (int8 weights with float32 row scales; x, y "
+                        "and state float32)")
     p.add_argument("--seed", type=int, default=0, help="seeds the initial weights")
     return p
 
@@ -251,6 +288,8 @@ def main(argv=None):
         p.error(f"--input, --hidden and --layers: {e}")
     if args.dtype == "bfloat16":
         model = model.to(bfloat16())
+    elif args.dtype == "int8":
+        model = rnn.quantize(model)
     try:
         save_model(args.path, model)
     except OSError as e:

@@ -8,8 +8,9 @@ Run (with fastln importable: installed, or PYTHONPATH=. in a checkout built in p
     python examples/serve/server.py --model model.npz [--port 8000] [--ws-port 8001]
         [--state-file streams.npz] [--capacity 1024] [--threads 1]
 
---model takes a file of model.py's save_model, an .npz of a forward LNLSTM,
-LNGRU or LSTM's bare state_dict, or an .onnx file with one LSTM, GRU or RNN node.
+--model takes a file of model.py's save_model (float32, float64, bfloat16 or
+int8), an .npz of a forward LNLSTM, LNGRU or LSTM's bare state_dict (float or
+int8), or an .onnx file with one LSTM, GRU or RNN node.
 
 WebSocket, on --ws-port: ``ws://HOST:WS_PORT/ws/STREAM_ID[?new=1][&dtype=bfloat16]``.
 STREAM_ID is 1 to 64 characters of letters, digits, '_', '.' and '-', chosen by
@@ -21,13 +22,15 @@ a move). The server's first frame is a text frame of JSON::
      "x_dtype": "float32", "y_dtype": "float32"}
 
 Then each binary frame of the client holds one step's x: I little-endian
-values of x_dtype (``dtype=``: float32, the default, or bfloat16). The server
-answers each with one binary frame of y: H values of the model's dtype
-(bfloat16 as its 16-bit patterns), in the order the frames came. A client may
-send several frames before their replies come, up to --max-queue-per-stream
-waiting. A close from the client with code 1000 ends the stream; any other end
-of the connection keeps it for a reconnect, until --idle-timeout. A peer that
-answers no ping for 2 x --ping seconds is disconnected.
+values of x_dtype (``dtype=``: float32, the default, or bfloat16 for a bfloat16
+model; float64 for a float64 model). The server answers each with one binary
+frame of y: H values of y_dtype, the model's dtype (bfloat16 as its 16-bit
+patterns; float32 for an int8 model of fastln.rnn.quantize, whose x, y and
+state are float32), in the order the frames came. A client may send several
+frames before their replies come, up to --max-queue-per-stream waiting. A
+close from the client with code 1000 ends the stream; any other end of the
+connection keeps it for a reconnect, until --idle-timeout. A peer that answers
+no ping for 2 x --ping seconds is disconnected.
 
 The server closes a connection with a code and a message that says why:
 
@@ -154,7 +157,7 @@ class Service:
         self.draining = False
         self.inflight = 0                # steps taken and not yet answered, all streams
         self.x_dtypes = {"float32": np.dtype(np.float32)}
-        y_dtype = np.dtype(model.dtype)
+        y_dtype = np.dtype(model.dtype)   # float32 for an int8 model, as are its x and state
         if y_dtype.name == "bfloat16":
             self.x_dtypes["bfloat16"] = y_dtype
         elif y_dtype.name == "float64":
