@@ -191,14 +191,28 @@ def _sigmoid(a: _Array) -> _Array:
 
 
 def int8_product(a: npt.ArrayLike, q: npt.ArrayLike, scale: npt.ArrayLike) -> _Array:
-    """a (M, K) W^T for an int8 W = scale[n] * q[n] (q (N, K) int8, scale (N,)
-    float32), as fastln's int8 kernels compute it (src_c/gemm_int8.h): each
-    row of a, in float32, is quantized to rint(a * (127 / max|a|)) (float32
-    operations, ties to even) with the scale max|a| / 127, the int8 products
-    are summed exactly, and each sum is converted to float32 and multiplied
-    by (its row's scale times scale[n]) in float32. A row with NaN or
-    infinity gives NaN, a row of zeros 0. Returns float64 (M, N) holding
-    float32 values."""
+    """a W^T for an int8 W, as fastln's int8 kernels compute it.
+
+    Each row of a, in float32, is quantized to rint(a * (127 / max|a|))
+    (float32 operations, ties to even) with the scale max|a| / 127; the
+    int8 products are summed exactly; each sum is converted to float32 and
+    multiplied by (its row's scale times scale[n]) in float32.
+
+    Parameters
+    ----------
+    a : array_like, shape (M, K)
+        The product's input rows (x, or h), read as float32.
+    q : array_like, shape (N, K)
+        W's int8 values.
+    scale : array_like, shape (N,)
+        The scale of each row of W (float32): W[n] = scale[n] * q[n].
+
+    Returns
+    -------
+    ndarray of float64, shape (M, N)
+        The products, each a float32 value. A row of a with NaN or
+        infinity gives NaN, a row of zeros 0.
+    """
     a = np.asarray(a, np.float32)
     q = np.asarray(q, np.int64)
     scale = np.asarray(scale, np.float32)

@@ -12,6 +12,12 @@ _Array: TypeAlias = npt.NDArray[Any]
 __test__: dict[str, str]
 
 def bf16_products() -> str: ...
+def int8_products() -> str: ...
+
+# the storage of a model's weight matrices (fastln_rnn_args.wtype)
+W_SAME: int
+W_BF16: int
+W_INT8: int
 
 # cell name -> the engine's cell code
 CELLS: dict[str, int]
@@ -36,10 +42,10 @@ def forward(
     h: _Array,
     c: _Array | None,
     reverse: bool = False,
-    wbf16: bool = False,
+    wtype: int = 0,
     packed: _Array | None = None,
 ) -> int: ...
-def pack(cell: str, wbf16: bool, I: int, H: int, w_ih: _Array, w_hh: _Array
+def pack(cell: str, wtype: int, I: int, H: int, w_ih: _Array, w_hh: _Array
               ) -> _Array | None: ...
 def forward2(
     cell: str,
@@ -55,7 +61,7 @@ def forward2(
     y: _Array,
     h2: Sequence[_Array] | _Array,
     c2: Sequence[_Array] | _Array | None,
-    wbf16: bool = False,
+    wtype: int = 0,
     packed2: Sequence[_Array | None] | None = None,
 ) -> int: ...
 def backward(
@@ -113,6 +119,7 @@ class Step:
         eps: float,
         layers: list[list[_Array]],
         packs: list[_Array | None],
+        wtype: int,
         bf16: Any,
         keys: list[str],
         owners: list[Any],

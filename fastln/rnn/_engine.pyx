@@ -35,9 +35,22 @@ def bf16_products():
 
 
 def int8_products():
-    """The kernel an int8 model's products run on, on the path in use:
-    "AVX512-VNNI" (VPDPBUSD), "AVX-512 (VPMADDWD)", "AVX2 (VPMADDWD)" or
-    "C"; every one gives bitwise the same results."""
+    """The kernel an int8 model's products run on (fastln.rnn.quantize).
+
+    Returns
+    -------
+    str
+        On the instruction-set path in use: "AVX512-VNNI" (VPDPBUSD),
+        "AVX-512 (VPMADDWD)", "AVX2 (VPMADDWD)" or "C" (the generic path).
+        Every one sums the int8 products exactly, so all give bitwise the
+        same results.
+
+    Examples
+    --------
+    >>> from fastln.rnn import int8_products
+    >>> int8_products() in ("AVX512-VNNI", "AVX-512 (VPMADDWD)", "AVX2 (VPMADDWD)", "C")
+    True
+    """
     return rnn_int8_products().decode()
 
 # the storage of a model's weight matrices (fastln_rnn_args.wtype)
