@@ -5,9 +5,20 @@
  * exactly, so the two agree bitwise with each other and with the C kernel.
  */
 #if I8_VNNI
+/* acc += the products of the four u8 x s8 pairs of each lane of a and w.
+ * In asm, with acc copied in and out of a local: GCC allocates the
+ * intrinsic's accumulator apart from the loop's and copies it twice each
+ * time through the loop; an asm on the array element itself would keep the
+ * array in memory. */
+#define I8_DPBUSD(acc, a, w)                                                       \
+    do {                                                                           \
+        SFX(i8v) t_ = (acc);                                                       \
+        __asm__("vpdpbusd %2, %1, %0" : "+v"(t_) : "v"(a), "v"(w));               \
+        (acc) = t_;                                                                \
+    } while (0)
+#define I8MR 8
 #define I8F(name) SFX(name##_t1)
 #define I8_ATTR __attribute__((target("avx512vnni")))
-#define I8MR 8
 #else
 #define I8F(name) SFX(name##_t0)
 #define I8_ATTR
@@ -30,18 +41,32 @@ static inline __attribute__((always_inline)) I8_ATTR void I8F(i8_tile)(
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < npn * I8NV; v++) c[r][v] = I8_ZERO();
     for (int64_t k = 0; k < kp; k += 4) {
+#if I8_VNNI
+        if (mr == 1) {   /* one row against npn panels: each vector of W once */
+            int32_t quad;
+            memcpy(&quad, q + k, 4);
+            SFX(i8v) a = I8_SET1(quad);
+            for (int v = 0; v < npn * I8NV; v++)
+                I8_DPBUSD(c[0][v], a,
+                          I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL));
+            continue;
+        }
+        SFX(i8v) w[I8_NPN_MAX * I8NV];
+        for (int v = 0; v < npn * I8NV; v++)
+            w[v] = I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL);
+        for (int r = 0; r < mr; r++) {
+            int32_t quad;
+            memcpy(&quad, q + r * kp + k, 4);
+            SFX(i8v) a = I8_SET1(quad);
+            for (int v = 0; v < npn * I8NV; v++) I8_DPBUSD(c[r][v], a, w[v]);
+        }
+#else
         SFX(i8v) a[I8MR];
         for (int r = 0; r < mr; r++) {
             int32_t quad;
             memcpy(&quad, q + r * kp + k, 4);
             a[r] = I8_SET1(quad);
         }
-#if I8_VNNI
-        for (int v = 0; v < npn * I8NV; v++) {
-            SFX(i8v) w = I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL);
-            for (int r = 0; r < mr; r++) c[r][v] = _mm512_dpbusd_epi32(c[r][v], a[r], w);
-        }
-#else
         /* u0 w0 + u2 w2 and u1 w1 + u3 w3 in each lane, from the even and
          * odd bytes widened to 16 bits (u zero-extended, w sign-extended) */
         SFX(i8v) ae[I8MR], ao[I8MR];
@@ -134,6 +159,7 @@ static I8_ATTR void I8F(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const 
 }
 
 #undef I8F
+#undef I8_DPBUSD
 #undef I8_ATTR
 #undef I8MR
 #undef I8_NPN

@@ -77,6 +77,12 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
                               B, G, H, 0);
     } else
 #endif
+#if HAVE_I8
+    if (mode == 1 && f->rc.hq) {   /* h quantized by the last step's rows */
+        if (t == 0) SFX(rows_to_i8)(f->rc.hq, f->rc.hqs, hp, H, B, H);
+        SFX(gemm_i8)(f->ahh_s, G, f->rc.hq, f->rc.hqs, (const SFX(i8w) *)f->rc.packed, B, G, H);
+    } else
+#endif
     if (mode != 0) SFX(rec_product)(&f->rc, f->ahh_s, hp, f->w_hh, B, G, H, 0);
     if (mode == 2) return;
     T *aih = f->aih + (t - f->c0) * B * G;
@@ -94,6 +100,10 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
                      f->y + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy);
 #if HAVE_BF16DOT
         if (f->rc.hbuf) SFX(row_to_bf16)(f->rc.hbuf + b * bf16_kp(H), hn + b * H, H);
+#endif
+#if HAVE_I8
+        if (f->rc.hq && t + 1 < ly->steps)   /* for the next step, if any */
+            SFX(row_to_i8)(f->rc.hq + b * i8_kp(H), f->rc.hqs + b, hn + b * H, H);
 #endif
         if (cache && on) {
             /* The row was computed in scratch that stays in L1/L2; the cache

@@ -225,11 +225,14 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     }
 #endif
     /* int8: bytes of quantized rows (Tc steps of input, or h), then their scales */
-    int64_t nq = 0, nqr = 0;
+    int64_t nq = 0, nqr = 0, nhq = 0;
     if (fmt == FASTLN_PACK_I8) {
         nqr = Tc * B * i8_kp(I) > B * i8_kp(H) ? Tc * B * i8_kp(I) : B * i8_kp(H);
         nqr = (nqr + 63) / 64 * 64;
-        nq = nqr + Tc * B * (int64_t)sizeof(float);
+        nq = nqr + (Tc * B * (int64_t)sizeof(float) + 63) / 64 * 64;
+        /* h quantized by the rows, and its scales (not RESET_FIRST, whose
+         * products quantize h and r h themselves) */
+        nhq = L.reset_first ? 0 : (B * i8_kp(H) + 63) / 64 * 64 + B * (int64_t)sizeof(float);
     }
     int fresh = !SFX(prepacked)(a, fmt);
     if (fresh && a->transposed &&
@@ -245,7 +248,8 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     }
     /* from the cache of large buffers (pool.h): 64-byte aligned, without
      * the page faults of fresh memory each call */
-    char *buf = (char *)fastln_pool_alloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + nq));
+    char *buf =
+        (char *)fastln_pool_alloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + nq + nhq));
     if (!buf) return FASTLN_ENOMEM;
     rc->own = buf;
     rc->abuf = nab ? (uint16_t *)(buf + (fresh ? total : 0)) : NULL;
@@ -267,6 +271,10 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         rc->i8[2] = SFX(i8_part)(blob + off[2], s_ih, L.G, I);
         rc->qa = (uint8_t *)(buf + (fresh ? total : 0));
         rc->qs = (float *)(rc->qa + nqr);
+        if (nhq) {
+            rc->hq = rc->qa + nq;
+            rc->hqs = (float *)(rc->hq + (B * i8_kp(H) + 63) / 64 * 64);
+        }
         rc->method = 4;
         rc->packed = &rc->i8[0];
         rc->packed_n = L.reset_first ? &rc->i8[1] : NULL;

@@ -133,6 +133,9 @@ typedef struct {
                                packed_n and packed_ih point to these */
     uint8_t *qa;            /* method 4: the product's A quantized (rows_to_i8) */
     float *qs;              /* and its rows' scales */
+    uint8_t *hq;            /* method 4, not RESET_FIRST: h (B, H) quantized, written by
+                               each step's rows for the next step's product */
+    float *hqs;             /* and its rows' scales */
 #endif
     void *own;              /* what rec_free gives back to pool.h's cache */
 } SFX(rec);
