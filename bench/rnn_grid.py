@@ -53,12 +53,9 @@ installed gives no column. The default grid (3 cells, H in 128..2048, B in
 add three peers to each LSTM point; ``--quick`` times fewer samples.
 """
 import argparse
-import contextlib
 import json
-import logging
 import os
 import sys
-import tempfile
 import time
 import warnings
 
@@ -74,7 +71,6 @@ from fastln._selfcheck import _onnx, _ort, _torch  # noqa: E402
 from fastln.rnn import _engine as fastln_engine  # noqa: E402
 
 _ov = _selfcheck._import("openvino")
-_ort_quant = _selfcheck._import("onnxruntime.quantization") if _onnx is not None else None
 _ml_dtypes = harness._ml_dtypes
 
 INPUT = 128
@@ -140,38 +136,6 @@ def _openvino_run(model, nthreads, precision):
                                    "PERFORMANCE_HINT": "LATENCY"})
     request = compiled.create_infer_request()
     return lambda x: request.infer({0: x}, share_inputs=True)[0]
-
-
-@contextlib.contextmanager
-def _quiet_root_logger():
-    """Silence the root logger for a block: ONNX Runtime's quantizer warns
-    through ``logging.warning``, which also installs a root handler where
-    there is none (a NullHandler here keeps it from doing so)."""
-    root = logging.getLogger()
-    null = logging.NullHandler()
-    root.addHandler(null)
-    was = root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(was)
-        root.removeHandler(null)
-
-
-def _ort_int8_model(model):
-    """The ONNX LSTM model with its node quantized by ONNX Runtime's dynamic
-    quantization (a DynamicQuantizeLSTM node); the quantizer reads and writes
-    files, so the models pass through a temporary directory."""
-    import onnx
-
-    with tempfile.TemporaryDirectory() as tmp, _quiet_root_logger(), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        src, dst = os.path.join(tmp, "f32.onnx"), os.path.join(tmp, "int8.onnx")
-        onnx.save(model, src)
-        _ort_quant.quantize_dynamic(src, dst, op_types_to_quantize=["LSTM"])
-        return onnx.load(dst)
 
 
 def _torch_int8(module):
@@ -256,8 +220,9 @@ def bench_point(cell, H, B, T, nthreads, quick=False, seed=0, bf16=False, int8=F
         q = rnn.quantize(model)
         fns["fastln_int8"] = lambda: q.forward(x, cache=False)
         int8_ys["fastln_int8"] = lambda: q.forward(x, cache=False)[0]
-        if onnx_model is not None and _ort_quant is not None:
-            sess8 = _selfcheck.ort_session_of(_ort_int8_model(onnx_model), nthreads, spin=True)
+        if onnx_model is not None and _selfcheck._ort_quant is not None:
+            sess8 = _selfcheck.ort_session_of(_selfcheck.ort_int8_model(onnx_model), nthreads,
+                                              spin=True)
             fns["onnxruntime_int8"] = lambda: sess8.run(None, {"X": x})
             int8_ys["onnxruntime_int8"] = lambda: sess8.run(None, {"X": x})[0][:, 0]
         torch8 = _torch_int8(module)

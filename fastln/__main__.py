@@ -1,6 +1,8 @@
 """``python -m fastln``: configuration, a self-check against fastln.reference (and
-of the LN-RNN forward against fastln.rnn_reference), and a short float32
-LayerNorm benchmark against the peers installed (NumPy, PyTorch, ONNX Runtime).
+of the LN-RNN forward against fastln.rnn_reference, and of the int8 LSTM against
+its float32 model), a short float32 LayerNorm benchmark against the peers
+installed (NumPy, PyTorch, ONNX Runtime), and a row of the int8 LSTM against its
+float32 model and ONNX Runtime's int8 LSTM.
 
 Exits with status 1 when the self-check fails. Takes under 30 s on two cores
 (``--quick``: about 10 s). The wider benchmark is bench/run.py.
@@ -20,6 +22,8 @@ SHAPES = [(1, 768), (32, 768), (4096, 1024), (16384, 1024), (262144, 64)]
 # normwise error bound: max|got - ref| <= TOL * max(1, max|ref|), per output
 TOL = {np.float32: 2e-5, np.float64: 1e-11}
 CHECK_SHAPES = [(1, 768), (33, 1000), (4, 9, 64), (300, 4096)]
+# the int8 LSTM of the self-check and of the benchmark's int8 row
+INT8_CASE = dict(T=16, B=8, I=64, H=128)
 
 
 def _err(got, want):
@@ -89,6 +93,7 @@ def self_check():
             results.append({"function": fn, "dtype": np.dtype(dtype).name, "tol": tol,
                             "errors": dict(outs), "pass": passed})
     ok &= _rnn_check(rng, results)
+    ok &= _int8_check(results)
     print(f"self-check: {'PASS' if ok else 'FAIL'}", flush=True)
     return ok, results
 
@@ -118,6 +123,23 @@ def _rnn_check(rng, results):
     return ok
 
 
+def _int8_check(results):
+    """The int8 LSTM (fastln.rnn.quantize) of INT8_CASE against its float32 model:
+    max |int8 y - float32 y| <= _selfcheck.INT8_TOL (an LSTM's |y| < 1, so that
+    :func:`_err` is the max abs error); the line names the kernel."""
+    from fastln import rnn
+    model, q, x = _selfcheck.int8_lstm(**INT8_CASE)
+    err = _err(q.forward(x, cache=False)[0], model.forward(x, cache=False)[0])
+    tol, kernel = _selfcheck.INT8_TOL, rnn.int8_products()
+    passed = err <= tol
+    print(f"  {'LSTM forward':<20} {'int8':<8} "
+          f"{f'y {err:.1e} vs float32, {kernel}':<46} tol {tol:.0e}  "
+          f"{'PASS' if passed else 'FAIL'}", flush=True)
+    results.append({"function": "LSTM forward", "dtype": "int8", "tol": tol,
+                    "errors": {"y": err}, "pass": passed, "kernel": kernel})
+    return passed
+
+
 def table(rows, part):
     """Text table of :func:`fastln._selfcheck.layer_norm_row` rows for ``part`` ("fwd" or
     "bwd"): microseconds per call, fastln's speedup over each peer, and its out= throughput
@@ -135,6 +157,28 @@ def table(rows, part):
     return "\n".join("  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
                                for i, (v, wd) in enumerate(zip(line, widths)))
                      for line in [heads] + cells)
+
+
+def int8_table(row):
+    """Text table of a :func:`fastln._selfcheck.int8_lstm_row` row: microseconds per
+    forward of the int8 LSTM, its float32 model and ONNX Runtime's int8 LSTM (where
+    installed), the int8 model's speedup over each, and each int8 y's max |error|
+    against the float32 y."""
+    peers = [p for p in ("fastln", "onnxruntime_int8") if p in row]
+    names = {"fastln": "float32", "onnxruntime_int8": "onnxruntime int8"}
+    errs = [p for p in ("fastln_int8", "onnxruntime_int8") if p in row["error"]]
+    enames = {"fastln_int8": "int8", "onnxruntime_int8": "onnxruntime int8"}
+    heads = (["(T, B, I, H)", "int8 us"] + [f"{names[p]} us" for p in peers]
+             + [f"vs {names[p]}" for p in peers] + [f"{enames[p]} err" for p in errs])
+    us = lambda t: f"{t * 1e6:.1f}" if t < 1e-3 else f"{t * 1e6:.0f}"   # noqa: E731
+    cells = ([f"({row['T']}, {row['B']}, {row['I']}, {row['H']})", us(row["fastln_int8"])]
+             + [us(row[p]) for p in peers]
+             + [f"{row[p] / row['fastln_int8']:.2f}x" for p in peers]
+             + [f"{row['error'][p]:.1e}" for p in errs])
+    widths = [max(len(h), len(c)) for h, c in zip(heads, cells)]
+    return "\n".join("  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
+                               for i, (v, wd) in enumerate(zip(line, widths)))
+                     for line in (heads, cells))
 
 
 def main(argv=None):
@@ -171,7 +215,8 @@ def main(argv=None):
 
     busy = _selfcheck.cpu_busy()
     info["cpu_busy_before"] = busy
-    print(f"benchmark: float32 LayerNorm, {fastln.get_num_threads()} thread(s), medians of "
+    print(f"benchmark: float32 LayerNorm and the int8 LSTM, {fastln.get_num_threads()} "
+          f"thread(s), medians of "
           f"samples taken in turns{' (quick)' if args.quick else ''}", flush=True)
     if busy is not None and busy > 0.2:
         print(f"  warning: other processes keep {100 * busy:.0f}% of the CPUs busy; "
@@ -183,6 +228,8 @@ def main(argv=None):
         for N, H in SHAPES:
             rows.append(_selfcheck.layer_norm_row(N, H, **kw))
             print(f"  ({N}, {H}) done", flush=True)
+        int8_row = _selfcheck.int8_lstm_row(**INT8_CASE, **kw)
+        print("  int8 LSTM done", flush=True)
     info["cpu_other_load"] = load.fraction
     print()
     print("median us per call. fastln allocates its result like the peers; out= writes into a "
@@ -192,7 +239,15 @@ def main(argv=None):
     for part, title in (("fwd", "forward"), ("bwd", "backward")):
         print(f"\n{title}:")
         print(table(rows, part), flush=True)
+    print(f"\nint8 LSTM forward: fastln.rnn.quantize of the float32 model (products on "
+          f"{int8_row['kernel']});")
+    if "onnxruntime_int8" in int8_row:
+        print("onnxruntime int8 = ONNX Runtime's quantize_dynamic of the same float32 model;")
+    print("vs P = the int8 model's speedup over P (t_P / t_int8); "
+          "err = max|y - the float32 model's y|:")
+    print(int8_table(int8_row), flush=True)
     bad = [f"({r['N']}, {r['H']}) {m}" for r in rows for m in r["mismatch"]]
+    bad += [f"int8 LSTM {m}" for m in int8_row["mismatch"]]
     if bad:
         print("\n!! MISMATCH: these peers' outputs disagree with fastln's: " + "; ".join(bad))
     if load.fraction is not None:
@@ -203,8 +258,8 @@ def main(argv=None):
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"info": info, "selfcheck": check, "rows": rows, "elapsed_s": elapsed},
-                      f, indent=1)
+            json.dump({"info": info, "selfcheck": check, "rows": rows, "int8_lstm": int8_row,
+                       "elapsed_s": elapsed}, f, indent=1)
     return 0 if ok else 1
 
 

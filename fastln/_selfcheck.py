@@ -1,6 +1,8 @@
 """Timing for ``python -m fastln``: medians of samples taken in turns, the
-machine's description and load, and a short table of float32 LayerNorm
-(forward and backward) against NumPy, PyTorch and ONNX Runtime where installed.
+machine's description and load, a short table of float32 LayerNorm
+(forward and backward) against NumPy, PyTorch and ONNX Runtime where installed,
+and a row of the int8 LSTM (:func:`fastln.rnn.quantize`) against its float32
+model and ONNX Runtime's dynamically quantized LSTM where installed.
 
 The wider benchmark (more cases, JAX, RESULTS.md) is bench/run.py; its
 machinery, bench/harness.py, builds on the timing, the machine description
@@ -9,10 +11,13 @@ process (each round times every peer once), and results are quoted as ratios
 of medians. The bandwidth ceiling is fastln's own parallel copy of the same
 bytes on the same threads.
 """
+import contextlib
 import importlib
+import logging
 import os
 import platform
 import statistics
+import tempfile
 import time
 import warnings
 
@@ -25,6 +30,14 @@ EPS = 1e-5
 SPIN_GAP = 12e-3            # see time_peers: longer than libgomp's default spin
 SPINNING = {"fastln", "torch", "jax"}   # peers whose worker threads busy-wait after a call
 RTOL = ATOL = 1e-4          # float32 agreement between peers
+# int8 LSTM y against the float32 model's y: about 5e-3 at the self-check's
+# size; input products 10% off (their scales) give 0.05, recurrent products
+# twice too large or lost 0.2, a gate block's input products negated 0.9
+INT8_TOL = 0.05
+# fastln's int8 y against ONNX Runtime's int8 y on the same weights (a scale
+# per matrix there, per row here): each is within INT8_TOL of the float32 y,
+# so the two are within twice that of each other
+INT8_PEER_TOL = 2 * INT8_TOL
 # A single call slower than min_sample but faster than this is timed again while
 # calibrating (its first call may be a cold one: a thread pool woken from sleep),
 # and is preceded by an untimed call after each pause between peers.
@@ -109,6 +122,7 @@ def _import(name):
 _torch = _import("torch")
 _ort = _import("onnxruntime")
 _onnx = _import("onnx") if _ort is not None else None
+_ort_quant = _import("onnxruntime.quantization") if _onnx is not None else None
 
 
 def versions():
@@ -301,6 +315,103 @@ def layer_norm_row(N, H, seed=0, **kw):
     finally:   # torch may share fastln's OpenMP runtime: its count goes back as it was
         if torch_threads is not None:
             _torch.set_num_threads(torch_threads)
+
+
+# ---- the int8 LSTM ------------------------------------------------------------
+
+def int8_lstm(T, B, I, H, seed=0):
+    """(float32 fastln.rnn.LSTM (I, H), its int8 copy from fastln.rnn.quantize,
+    x (T, B, I) float32): seeded weights, and a bias in [-0.5, 0.5) (the
+    default is 0) so that the bias's place in the gates is checked too."""
+    from fastln import rnn
+    rng = np.random.default_rng(seed)
+    model = rnn.LSTM(I, H, seed=seed)
+    model.params["bias_l0"][...] = rng.uniform(-0.5, 0.5, 4 * H)
+    x = rng.standard_normal((T, B, I), dtype=np.float32)
+    return model, rnn.quantize(model), x
+
+
+def onnx_lstm(model):
+    """An ONNX model (opset 14) of one LSTM node with the weights of a one-layer
+    float32 fastln.rnn.LSTM: X (T, B, I) -> Y (T, 1, B, H). The gate blocks go
+    from fastln's order (i, f, g, o) to ONNX's (i, o, f, c); the bias is Wb,
+    and Rb is 0."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def gates(a):   # gate blocks (rows) in ONNX's order, with a direction axis
+        parts = np.split(np.asarray(a, np.float32), 4)
+        return np.concatenate([parts[k] for k in (0, 3, 1, 2)])[None]
+    I, H = model.input_size, model.hidden_size
+    bias = gates(model.params["bias_l0"])
+    w = {"W": gates(model.params["weight_ih_l0"]), "R": gates(model.params["weight_hh_l0"]),
+         "B": np.concatenate([bias, np.zeros_like(bias)], axis=1)}
+    node = helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], hidden_size=H)
+    graph = helper.make_graph(
+        [node], "lstm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", I])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", 1, "B", H])],
+        [numpy_helper.from_array(v, k) for k, v in w.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Warnings and log records below ERROR off for a block: ONNX Runtime's
+    quantizer warns through ``logging.warning``, which would also install a
+    root handler where there is none (a NullHandler keeps it from doing so)."""
+    root = logging.getLogger()
+    null = logging.NullHandler()
+    root.addHandler(null)
+    was = root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(was)
+        root.removeHandler(null)
+
+
+def ort_int8_model(model):
+    """An ONNX LSTM model quantized by ONNX Runtime's dynamic quantization
+    (``quantize_dynamic(..., op_types_to_quantize=["LSTM"])``: a
+    DynamicQuantizeLSTM node). The quantizer reads and writes files: the
+    models pass through a temporary directory."""
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        src, dst = os.path.join(tmp, "f32.onnx"), os.path.join(tmp, "int8.onnx")
+        _onnx.save(model, src)
+        _ort_quant.quantize_dynamic(src, dst, op_types_to_quantize=["LSTM"])
+        return _onnx.load(dst)
+
+
+def int8_lstm_row(T, B, I, H, seed=0, **kw):
+    """Median seconds per forward (``cache=False``) of the int8 LSTM of
+    :func:`int8_lstm` (``fastln_int8``), of its float32 model (``fastln``) and,
+    where installed, of ONNX Runtime's int8 LSTM of the same float32 weights
+    (``onnxruntime_int8``); ``kernel``: fastln.rnn.int8_products(); ``error``:
+    {peer: max |int8 y - float32 y|}; ``mismatch`` lists "onnxruntime int8" when
+    its y and fastln's int8 y differ by more than INT8_PEER_TOL. ``kw`` goes to
+    :func:`time_peers`."""
+    from fastln import rnn
+    model, q, x = int8_lstm(T, B, I, H, seed)
+    y32, y8 = model.forward(x, cache=False)[0], q.forward(x, cache=False)[0]
+    nthreads = fastln.get_num_threads()
+    fns = {"fastln_int8": lambda: q.forward(x, cache=False),
+           "fastln": lambda: model.forward(x, cache=False)}
+    error = {"fastln_int8": float(np.abs(y8 - y32).max())}
+    mismatch = []
+    if _ort_quant is not None:
+        sess = ort_session_of(ort_int8_model(onnx_lstm(model)), nthreads)
+        fns["onnxruntime_int8"] = lambda: sess.run(None, {"X": x})
+        yo = sess.run(None, {"X": x})[0][:, 0]
+        error["onnxruntime_int8"] = float(np.abs(yo - y32).max())
+        if not np.abs(yo - y8).max() <= INT8_PEER_TOL:   # NaN included
+            mismatch.append("onnxruntime int8")
+    kw = dict(dict(gap=SPIN_GAP if nthreads > 1 else 0.0, spinning=SPINNING,
+                   groups={"fastln_int8": "fastln"}), **kw)
+    return dict({"T": T, "B": B, "I": I, "H": H, "threads": nthreads,
+                 "kernel": rnn.int8_products(), "error": error, "mismatch": mismatch},
+                **time_peers(fns, **kw))
 
 
 def check_output_path(ap, flag, path):

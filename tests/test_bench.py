@@ -191,7 +191,12 @@ def test_self_check_passes(capsys):
     ok, results = main_mod.self_check()
     assert ok and all(r["pass"] for r in results)
     assert {r["function"] for r in results} >= {"layer_norm", "rms_norm_backward", "LNGRU forward"}
-    assert "self-check: PASS" in capsys.readouterr().out
+    (int8,) = [r for r in results if r["dtype"] == "int8"]
+    assert int8["function"] == "LSTM forward" and int8["kernel"] == fastln.rnn.int8_products()
+    assert 0 < int8["errors"]["y"] <= int8["tol"] == _selfcheck.INT8_TOL
+    out = capsys.readouterr().out
+    assert "self-check: PASS" in out
+    assert f"vs float32, {fastln.rnn.int8_products()}" in out
 
 
 def test_self_check_catches_a_wrong_kernel(monkeypatch, capsys):
@@ -200,6 +205,23 @@ def test_self_check_catches_a_wrong_kernel(monkeypatch, capsys):
     ok, results = main_mod.self_check()
     assert not ok
     assert {r["function"] for r in results if not r["pass"]} == {"rms_norm"}
+
+
+def test_self_check_catches_a_wrong_int8_kernel(monkeypatch, capsys):
+    """int8 recurrent products twice too large (their scales doubled) fail the
+    int8 line, and only it."""
+    quantize = fastln.rnn.quantize
+
+    def wrong(model):
+        q = quantize(model)
+        q.params["weight_hh_scale_l0"] *= 2
+        return q
+    monkeypatch.setattr(fastln.rnn, "quantize", wrong)
+    ok, results = main_mod.self_check()
+    assert not ok
+    assert [(r["function"], r["dtype"]) for r in results if not r["pass"]] == [
+        ("LSTM forward", "int8")]
+    assert "FAIL" in capsys.readouterr().out
 
 
 def test_short_table():
@@ -219,6 +241,57 @@ def test_short_table_reports_a_wrong_peer(monkeypatch):
     with fastln.threads(1):
         row = _selfcheck.layer_norm_row(4, 32, **TINY)
     assert row["mismatch"] == ["numpy fwd"]
+
+
+INT8_TINY = dict(T=5, B=3, I=16, H=32)
+
+
+def test_int8_row():
+    with fastln.threads(1):
+        row = _selfcheck.int8_lstm_row(**INT8_TINY, **TINY)
+    assert row["mismatch"] == [], row
+    assert row["kernel"] == fastln.rnn.int8_products()
+    assert row["fastln_int8"] > 0 and row["fastln"] > 0
+    assert ("onnxruntime_int8" in row) == (_selfcheck._ort_quant is not None)
+    assert set(row["error"]) == {"fastln_int8"} | ({"onnxruntime_int8"} & set(row))
+    assert all(0 < e <= _selfcheck.INT8_TOL for e in row["error"].values()), row["error"]
+    text = main_mod.int8_table(row)
+    assert "(5, 3, 16, 32)" in text and "vs float32" in text and "int8 err" in text
+    assert ("vs onnxruntime int8" in text) == ("onnxruntime_int8" in row)
+    assert len(text.splitlines()) == 2
+
+
+def test_int8_row_without_onnxruntime(monkeypatch):
+    """ONNX Runtime missing: its columns go, as the LayerNorm table's do."""
+    monkeypatch.setattr(_selfcheck, "_ort_quant", None)
+    with fastln.threads(1):
+        row = _selfcheck.int8_lstm_row(**INT8_TINY, **TINY)
+    assert "onnxruntime_int8" not in row and set(row["error"]) == {"fastln_int8"}
+    assert row["mismatch"] == []
+    text = main_mod.int8_table(row)
+    assert "onnxruntime" not in text and "vs float32" in text
+
+
+def test_int8_row_reports_a_wrong_peer(monkeypatch):
+    """ONNX Runtime's int8 LSTM given the gate blocks in fastln's order (i, f, g,
+    o, not ONNX's i, o, f, c) is reported as a mismatch."""
+    if _selfcheck._ort_quant is None:
+        pytest.skip("needs onnxruntime and onnx")
+    onnx_lstm = _selfcheck.onnx_lstm
+
+    def unordered(model):
+        m = onnx_lstm(model)
+        for t in m.graph.initializer:
+            if t.name in ("W", "R"):
+                a = _selfcheck._onnx.numpy_helper.to_array(t)
+                parts = np.split(a[0], 4)
+                a = np.concatenate([parts[k] for k in (0, 2, 3, 1)])[None]
+                t.CopyFrom(_selfcheck._onnx.numpy_helper.from_array(a, t.name))
+        return m
+    monkeypatch.setattr(_selfcheck, "onnx_lstm", unordered)
+    with fastln.threads(1):
+        row = _selfcheck.int8_lstm_row(**INT8_TINY, **TINY)
+    assert row["mismatch"] == ["onnxruntime int8"], row
 
 
 def test_package_does_not_import_bench():
@@ -359,7 +432,7 @@ def test_rnn_grid_points_and_table(torch):
     fastln's, ONNX Runtime's and torch's int8 models and record their errors."""
     grid = _load("fastln_bench_rnn_grid_test", "rnn_grid.py")
     missing = [name for name, mod in (("onnx", grid._onnx), ("onnxruntime", grid._ort),
-                                      ("onnxruntime.quantization", grid._ort_quant),
+                                      ("onnxruntime.quantization", _selfcheck._ort_quant),
                                       ("openvino", grid._ov), ("ml_dtypes", grid._ml_dtypes))
                if mod is None]
     if missing:

@@ -13,9 +13,7 @@
   and inputs; the LN-LSTM's first steps; weights' bytes.
 - Refusals: backward, cache=True, .to(), a second quantize, bad weights.
 """
-import os
 import pickle
-import tempfile
 
 import numpy as np
 import pytest
@@ -289,28 +287,22 @@ def test_lnlstm_first_steps_close_to_float():
     assert err < 0.1, err
 
 
-def test_lstm_error_within_onnxruntime_int8():
+def test_lstm_error_within_onnxruntime_int8(torch):
     """A torch.nn.LSTM's weights, 100 steps of N(0, 1) input: fastln's int8
     error against float32 is no larger than ONNX Runtime's int8
     (quantize_dynamic) on the same weights and input."""
-    torch = pytest.importorskip("torch")
-    ort = pytest.importorskip("onnxruntime")
-    from onnxruntime.quantization import quantize_dynamic
-    onnx = pytest.importorskip("onnx")
+    import onnxruntime as ort
     from bench.rnn_grid import INPUT, _onnx_model
+    from fastln._selfcheck import ort_int8_model
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(INPUT, 64)
     m = LSTM.from_torch(lstm)
     x = np.random.default_rng(0).standard_normal((100, 4, INPUT)).astype(np.float32)
     y32 = m.forward(x, cache=False)[0]
     fast = np.abs(quantize(m).forward(x, cache=False)[0] - y32).max()
-    with tempfile.TemporaryDirectory() as d:
-        src, dst = os.path.join(d, "f.onnx"), os.path.join(d, "q.onnx")
-        onnx.save(_onnx_model("lstm", lstm), src)
-        quantize_dynamic(src, dst, op_types_to_quantize=["LSTM"])
-        sess = ort.InferenceSession(dst, providers=["CPUExecutionProvider"])
-        name = sess.get_inputs()[0].name
-        yq = sess.run(None, {name: x})[0]
+    model = ort_int8_model(_onnx_model("lstm", lstm))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    yq = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     yq = yq.reshape(100, 4, 64) if yq.ndim == 3 else yq[:, 0]
     peer = np.abs(yq - y32).max()
     assert fast <= peer, (fast, peer)
