@@ -63,27 +63,27 @@ static inline void SFX(tanh_n)(T *v, int64_t n)
 
 /* ---- LayerNorm pieces over one vector ---------------------------------- */
 
-/* The sums of ln_vec and ln_prep in one order on every path, for layers
- * whose results agree bitwise across paths (int8 weights): sum over i of
- * d_i or d_i^2, d_i = (a[i] - shift) - dm, in 16 lanes of double (lane l
- * adds elements l, l + 16, ... in turn), then a fixed tree. Each term is
- * exact in double (a float, or the square of one), so a fused and a
- * separate multiply-add round alike, and the vector width does not show. */
+/* The sums of ln_vec and ln_prep in one order whatever the vector width,
+ * for layers whose results agree bitwise across the x86 paths (int8
+ * weights): sum over i of d_i or d_i^2, d_i = (a[i] - shift) - dm, in 16
+ * lanes (lane l adds elements l, l + 16, ... in turn; squares by FMA), then
+ * a fixed tree in double. */
 static inline double SFX(sum_fixed)(const T *a, int64_t n, T shift, T dm, int sq)
 {
-    double acc[16] = {0}, s[8];
+    T acc[16] = {0};
+    double s[8];
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
 #pragma omp simd
         for (int l = 0; l < 16; l++) {
             T d = (a[i + l] - shift) - dm;
-            acc[l] += sq ? (double)d * (double)d : (double)d;
+            acc[l] = sq ? FMA(d, d, acc[l]) : acc[l] + d;
         }
     for (int l = 0; i + l < n; l++) {
         T d = (a[i + l] - shift) - dm;
-        acc[l] += sq ? (double)d * (double)d : (double)d;
+        acc[l] = sq ? FMA(d, d, acc[l]) : acc[l] + d;
     }
-    for (int l = 0; l < 8; l++) s[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 8; l++) s[l] = (double)acc[l] + (double)acc[l + 8];
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
