@@ -110,37 +110,27 @@ int fastln_cpu_has_amx_bf16(void)
     return h;
 }
 
-int fastln_cpu_has_avx512vnni(void)
-{
+/* Whether the CPU has an instruction-set feature (a literal of
+ * __builtin_cpu_supports), asked once and kept in a static. */
 #if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
-    static int has = -1;
-    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
-    if (h < 0) {
-        __builtin_cpu_init();
-        h = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
-    }
-    return h;
+#define CPU_FEATURE(feature)                                          \
+    do {                                                              \
+        static int has = -1;                                          \
+        int h = __atomic_load_n(&has, __ATOMIC_RELAXED);              \
+        if (h < 0) {                                                  \
+            __builtin_cpu_init();                                     \
+            h = __builtin_cpu_supports(feature) ? 1 : 0;              \
+            __atomic_store_n(&has, h, __ATOMIC_RELAXED);              \
+        }                                                             \
+        return h;                                                     \
+    } while (0)
 #else
-    return 0;
+#define CPU_FEATURE(feature) return 0
 #endif
-}
 
-int fastln_cpu_has_avx512bf16(void)
-{
-#if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
-    static int has = -1;
-    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
-    if (h < 0) {
-        __builtin_cpu_init();
-        h = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
-        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
-    }
-    return h;
-#else
-    return 0;
-#endif
-}
+int fastln_cpu_has_avx512vnni(void) { CPU_FEATURE("avx512vnni"); }
+
+int fastln_cpu_has_avx512bf16(void) { CPU_FEATURE("avx512bf16"); }
 
 static const fastln_kernel_table *g_table = NULL;
 
