@@ -17,6 +17,14 @@
 
 /* ---- instruction-set dispatch ---- */
 
+/* Whether the environment variable name (NULL: none) turns a feature off:
+ * set, and neither empty nor "0". */
+static inline int env_off(const char *name)
+{
+    const char *v = name ? getenv(name) : NULL;
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 /* name in lower case without surrounding white space, into buf of n bytes
  * ("" where it does not fit or is NULL): instruction-set names are
  * case-insensitive ("AVX2" is "avx2") */
@@ -83,8 +91,7 @@ int fastln_isa_supported(const char *raw)
 #include <unistd.h>
 static int amx_usable(void)
 {
-    const char *off = getenv("FASTLN_NO_AMX");
-    if (off && *off && strcmp(off, "0") != 0) return 0;
+    if (env_off("FASTLN_NO_AMX")) return 0;
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     if (!(d & (1u << 24)) || !(d & (1u << 22))) return 0;   /* AMX-TILE, AMX-BF16 */
@@ -111,26 +118,29 @@ int fastln_cpu_has_amx_bf16(void)
 }
 
 /* Whether the CPU has an instruction-set feature (a literal of
- * __builtin_cpu_supports), asked once and kept in a static. */
+ * __builtin_cpu_supports) and env_off(off) is not set: decided once and kept
+ * in a static. */
 #if defined(FASTLN_X86) && (defined(__GNUC__) || defined(__clang__))
-#define CPU_FEATURE(feature)                                          \
-    do {                                                              \
-        static int has = -1;                                          \
-        int h = __atomic_load_n(&has, __ATOMIC_RELAXED);              \
-        if (h < 0) {                                                  \
-            __builtin_cpu_init();                                     \
-            h = __builtin_cpu_supports(feature) ? 1 : 0;              \
-            __atomic_store_n(&has, h, __ATOMIC_RELAXED);              \
-        }                                                             \
-        return h;                                                     \
+#define CPU_FEATURE(feature, off)                                                  \
+    do {                                                                           \
+        static int has = -1;                                                       \
+        int h = __atomic_load_n(&has, __ATOMIC_RELAXED);                           \
+        if (h < 0) {                                                               \
+            __builtin_cpu_init();                                                  \
+            h = __builtin_cpu_supports(feature) && !env_off(off);                  \
+            __atomic_store_n(&has, h, __ATOMIC_RELAXED);                           \
+        }                                                                          \
+        return h;                                                                  \
     } while (0)
 #else
-#define CPU_FEATURE(feature) return 0
+#define CPU_FEATURE(feature, off) return 0
 #endif
 
-int fastln_cpu_has_avx512vnni(void) { CPU_FEATURE("avx512vnni"); }
+/* AVX512-VNNI, for the int8 products; FASTLN_NO_VNNI=1 turns it off (the
+ * VPMADDWD kernel then runs, with the same results). */
+int fastln_cpu_has_avx512vnni(void) { CPU_FEATURE("avx512vnni", "FASTLN_NO_VNNI"); }
 
-int fastln_cpu_has_avx512bf16(void) { CPU_FEATURE("avx512bf16"); }
+int fastln_cpu_has_avx512bf16(void) { CPU_FEATURE("avx512bf16", NULL); }
 
 static const fastln_kernel_table *g_table = NULL;
 

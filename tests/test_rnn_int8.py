@@ -22,6 +22,8 @@ import fastln
 from fastln import rnn_reference
 from fastln.rnn import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN, StreamTable, int8_products, quantize
 
+from _util import run_python
+
 X86 = ("avx2", "avx512")
 
 MODELS = [
@@ -164,6 +166,30 @@ def test_paths_agree(make):
         assert np.array_equal(_bits(y), _bits(x86[0]))
     if x86:
         np.testing.assert_allclose(out["generic"], x86[0], atol=1e-5)
+
+
+def test_vpmaddwd_kernel_agrees_with_vpdpbusd():
+    """On AVX-512, FASTLN_NO_VNNI=1 runs the VPMADDWD kernel instead of
+    VPDPBUSD: the same outputs, bit for bit (and the same as the AVX2 path's
+    where the CPU has no VNNI at all)."""
+    code = """
+import numpy as np, fastln
+from fastln.rnn import LNLSTM, GRU, quantize, int8_products
+out = []
+for make in (lambda: LNLSTM(9, 48, seed=1), lambda: GRU(9, 48, seed=2)):
+    q = quantize(make())
+    x = np.random.default_rng(3).standard_normal((5, 11, 9)).astype(np.float32)
+    out.append(q.forward(x, cache=False)[0].tobytes().hex())
+print(int8_products(), *out, sep="|")
+"""
+    import os
+    runs = [run_python(code, env=dict(os.environ, FASTLN_NO_VNNI=flag)) for flag in ("0", "1")]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    (k0, *y0), (k1, *y1) = (r.stdout.strip().split("|") for r in runs)
+    assert y0 == y1
+    if fastln.get_isa() == "avx512":
+        assert k1 == "AVX-512 (VPMADDWD)", k1
 
 
 def test_kernel_names(isa):
