@@ -190,34 +190,45 @@ typedef __m256i SFX(i8v);
 #undef I8_NPN_MAX
 #endif
 
-/* C (M, N) = A W^T, A quantized rows (q, s from rows_to_i8), W packed
- * (pack_nt_i8): tiles shared by the enclosing team (orphaned omp for; a
- * barrier at the end). */
-static void SFX(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const float *s,
-                         const SFX(i8w) *W, int64_t M, int64_t N, int64_t K)
+#if !(defined(FASTLN_X86) && VEC_BYTES >= 32)
+/* Panel p of the C kernel: C's columns of that panel for rows [0, M). */
+static void SFX(gemm_i8_panel)(float *C, int64_t ldc, const uint8_t *q, const float *s,
+                               const SFX(i8w) *W, int64_t M, int64_t N, int64_t kp, int64_t p)
 {
-#if defined(FASTLN_X86) && VEC_BYTES == 64
-    if (fastln_cpu_has_avx512vnni()) SFX(gemm_i8_t1)(C, ldc, q, s, W, M, N, K);
-    else SFX(gemm_i8_t0)(C, ldc, q, s, W, M, N, K);
-#elif defined(FASTLN_X86) && VEC_BYTES >= 32
-    SFX(gemm_i8_t0)(C, ldc, q, s, W, M, N, K);
-#else
-    const int64_t kp = i8_kp(K), np = (N + FASTLN_NR - 1) / FASTLN_NR;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; p++) {
-        const int8_t *panel = W->w + p * FASTLN_NR * kp;
-        int64_t n1 = N - p * FASTLN_NR < FASTLN_NR ? N - p * FASTLN_NR : FASTLN_NR;
-        for (int64_t m = 0; m < M; m++) {
-            const uint8_t *u = q + m * kp;
-            for (int64_t j = 0; j < n1; j++) {
-                int64_t n = p * FASTLN_NR + j;
-                int32_t acc = 0;
-                for (int64_t k = 0; k < kp; k++)
-                    acc += (int32_t)u[k] * panel[k / 4 * 4 * FASTLN_NR + 4 * j + k % 4];
-                C[m * ldc + n] = i8_dequant(acc, W->corr[n], s[m], W->scale[n]);
-            }
+    const int8_t *panel = W->w + p * FASTLN_NR * kp;
+    int64_t n1 = N - p * FASTLN_NR < FASTLN_NR ? N - p * FASTLN_NR : FASTLN_NR;
+    for (int64_t m = 0; m < M; m++) {
+        const uint8_t *u = q + m * kp;
+        for (int64_t j = 0; j < n1; j++) {
+            int64_t n = p * FASTLN_NR + j;
+            int32_t acc = 0;
+            for (int64_t k = 0; k < kp; k++)
+                acc += (int32_t)u[k] * panel[k / 4 * 4 * FASTLN_NR + 4 * j + k % 4];
+            C[m * ldc + n] = i8_dequant(acc, W->corr[n], s[m], W->scale[n]);
         }
     }
+}
+#endif
+
+/* C (M, N) = A W^T, A quantized rows (q, s from rows_to_i8), W packed
+ * (pack_nt_i8): tiles shared by the enclosing team (orphaned omp for; a
+ * barrier at the end), or with alone all on this thread. */
+static void SFX(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const float *s,
+                         const SFX(i8w) *W, int64_t M, int64_t N, int64_t K, int alone)
+{
+#if defined(FASTLN_X86) && VEC_BYTES == 64
+    if (fastln_cpu_has_avx512vnni()) SFX(gemm_i8_t1)(C, ldc, q, s, W, M, N, K, alone);
+    else SFX(gemm_i8_t0)(C, ldc, q, s, W, M, N, K, alone);
+#elif defined(FASTLN_X86) && VEC_BYTES >= 32
+    SFX(gemm_i8_t0)(C, ldc, q, s, W, M, N, K, alone);
+#else
+    const int64_t kp = i8_kp(K), np = (N + FASTLN_NR - 1) / FASTLN_NR;
+    if (alone) {
+        for (int64_t p = 0; p < np; p++) SFX(gemm_i8_panel)(C, ldc, q, s, W, M, N, kp, p);
+        return;
+    }
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; p++) SFX(gemm_i8_panel)(C, ldc, q, s, W, M, N, kp, p);
 #endif
 }
 #else

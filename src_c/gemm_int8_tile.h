@@ -104,22 +104,18 @@ static inline __attribute__((always_inline)) I8_ATTR void I8F(i8_tile)(
     }
 }
 
-/* C (M, N) = A W^T (see gemm_i8 in gemm_int8.h): the (panels, block of
- * rows) tiles shared by the enclosing team in a static schedule, as the
- * float kernel shares them (so a thread keeps the same panels from step to
- * step); fewer than I8MR rows take several panels a tile. */
-static I8_ATTR void I8F(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const float *s,
-                                 const SFX(i8w) *W, int64_t M, int64_t N, int64_t K)
+/* Work item it of gemm_i8: a group of gp panels against a block of up to
+ * mb rows. */
+static inline __attribute__((always_inline)) I8_ATTR void I8F(gemm_i8_item)(
+    float *C, int64_t ldc, const uint8_t *q, const float *s, const SFX(i8w) *W, int64_t M,
+    int64_t N, int64_t kp, int64_t it, int64_t ng, int gp)
 {
-    const int64_t kp = i8_kp(K), pst = FASTLN_NR * kp, mb = (64 / I8MR) * I8MR;
-    const int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + mb - 1) / mb;
-    const int gp = M < I8MR ? I8_NPN(M) : 1;
-    const int64_t ng = (np + gp - 1) / gp;
+    const int64_t pst = FASTLN_NR * kp, mb = (64 / I8MR) * I8MR;
+    const int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
 #define I8_TILE(mm, r, cnt) \
     I8F(i8_tile)(C + (mm) * ldc, ldc, q + (mm) * kp, kp, s + (mm), W->w + p * pst, pst, W, \
                  p * FASTLN_NR, r, cnt, ncols)
-#pragma omp for schedule(static) nowait
-    for (int64_t it = 0; it < ng * nmb; it++) {
+    do {
         int64_t p0 = it % ng * gp, m = it / ng * mb, m1 = m + mb < M ? m + mb : M;
         int cnt = np - p0 < gp ? (int)(np - p0) : gp;
         if (gp > 1) {   /* M < I8MR rows against cnt panels at once */
@@ -134,7 +130,7 @@ static I8_ATTR void I8F(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const 
     }
             if (M == 1) I8_SMALL(1) else I8_SMALL(2)
 #undef I8_SMALL
-            continue;
+            break;
         }
         for (int64_t p = p0; p < p0 + cnt; p++) {
             int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
@@ -153,8 +149,30 @@ static I8_ATTR void I8F(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const 
                 default: break;
             }
         }
-    }
+    } while (0);
 #undef I8_TILE
+}
+
+/* C (M, N) = A W^T (see gemm_i8 in gemm_int8.h): the (panels, block of
+ * rows) work items shared by the enclosing team in a static schedule, as
+ * the float kernel shares them (so a thread keeps the same panels from step
+ * to step), with a barrier at the end; or, with alone, all of them on this
+ * thread. Fewer than I8MR rows take several panels a tile. */
+static I8_ATTR void I8F(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const float *s,
+                                 const SFX(i8w) *W, int64_t M, int64_t N, int64_t K, int alone)
+{
+    const int64_t kp = i8_kp(K), mb = (64 / I8MR) * I8MR;
+    const int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + mb - 1) / mb;
+    const int gp = M < I8MR ? I8_NPN(M) : 1;
+    const int64_t ng = (np + gp - 1) / gp;
+    if (alone) {
+        for (int64_t it = 0; it < ng * nmb; it++)
+            I8F(gemm_i8_item)(C, ldc, q, s, W, M, N, kp, it, ng, gp);
+        return;
+    }
+#pragma omp for schedule(static) nowait
+    for (int64_t it = 0; it < ng * nmb; it++)
+        I8F(gemm_i8_item)(C, ldc, q, s, W, M, N, kp, it, ng, gp);
 #pragma omp barrier
 }
 

@@ -61,13 +61,55 @@ typedef struct {
     T *y;
 } SFX(fwd_ctx);
 
+/* Row b of step t, after the step's products: the cell (fwd_row), then h
+ * rounded or quantized for the next step's product where the products read
+ * it so, and the row's cache. */
+static inline void SFX(fwd_step_row)(SFX(fwd_ctx) *f, int64_t t, int64_t b)
+{
+    const SFX(layer) *ly = &f->ly;
+    const fastln_rnn_layout *L = &ly->L;
+    const int64_t B = ly->B, H = ly->H, G = ly->G, R = L->nrstd;
+    T *cache = ly->cache;
+    const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
+    T *aih = f->aih + (t - f->c0) * B * G;
+    T *rs = cache ? cache + L->rstd + t * B * R : f->rs_s;
+    T *hn = cache ? cache + L->hseq + (t + 1) * B * H : f->h;
+    const T *cp = !f->c ? NULL : cache ? cache + L->cseq + t * B * H : f->c;
+    T *cn = !f->c ? NULL : cache ? cache + L->cseq + (t + 1) * B * H : f->c;
+    int on = SFX(active)(ly, t, b);
+    T *ai = aih + b * G, *ah = f->ahh_s + b * G;
+    T *act = f->act_s ? f->act_s + b * G : NULL, *xc = f->xc_s ? f->xc_s + b * H : NULL;
+    SFX(fwd_row)(ly, on, ai, ah, act, xc, R ? rs + b * R : NULL, hp + b * H, cp ? cp + b * H : NULL,
+                 hn + b * H, cn ? cn + b * H : NULL,
+                 f->y + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy);
+#if HAVE_BF16DOT
+    if (f->rc.hbuf) SFX(row_to_bf16)(f->rc.hbuf + b * bf16_kp(H), hn + b * H, H);
+#endif
+#if HAVE_I8
+    if (f->rc.hq && t + 1 < ly->steps)   /* for the next step, if any */
+        SFX(row_to_i8)(f->rc.hq + b * i8_kp(H), f->rc.hqs + b, hn + b * H, H);
+#endif
+    if (cache && on) {
+        /* The row was computed in scratch that stays in L1/L2; the cache
+         * (about 11 H values a row) goes out with non-temporal stores, so
+         * that writing it costs no read-for-ownership traffic: backward
+         * reads it long after it has left the caches anyway. */
+        size_t row = (size_t)G * sizeof(T);
+        int64_t at = (t * B + b) * G;
+        if (L->xih >= 0) stream_copy(cache + L->xih + at, ai, row);
+        if (L->xhh >= 0) stream_copy(cache + L->xhh + at, ah, row);
+        if (L->act >= 0) stream_copy(cache + L->act + at, act, row);
+        if (L->xc >= 0) stream_copy(cache + L->xc + (t * B + b) * H, xc, (size_t)H * sizeof(T));
+    }
+}
+
 /* Step t. mode 1: product and rows; 0: rows only; 2: product only (BLAS,
  * outside any parallel region). Rows are shared by the enclosing team. */
 static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
 {
     const SFX(layer) *ly = &f->ly;
     const fastln_rnn_layout *L = &ly->L;
-    const int64_t B = ly->B, H = ly->H, G = ly->G, R = L->nrstd;
+    const int64_t B = ly->B, H = ly->H, G = ly->G;
     T *cache = ly->cache;
     const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
 #if HAVE_BF16DOT
@@ -80,44 +122,13 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
 #if HAVE_I8
     if (mode == 1 && f->rc.hq) {   /* h quantized by the last step's rows */
         if (t == 0) SFX(rows_to_i8)(f->rc.hq, f->rc.hqs, hp, H, B, H);
-        SFX(gemm_i8)(f->ahh_s, G, f->rc.hq, f->rc.hqs, (const SFX(i8w) *)f->rc.packed, B, G, H);
+        SFX(gemm_i8)(f->ahh_s, G, f->rc.hq, f->rc.hqs, (const SFX(i8w) *)f->rc.packed, B, G, H, 0);
     } else
 #endif
     if (mode != 0) SFX(rec_product)(&f->rc, f->ahh_s, hp, f->w_hh, B, G, H, 0);
     if (mode == 2) return;
-    T *aih = f->aih + (t - f->c0) * B * G;
-    T *rs = cache ? cache + L->rstd + t * B * R : f->rs_s;
-    T *hn = cache ? cache + L->hseq + (t + 1) * B * H : f->h;
-    const T *cp = !f->c ? NULL : cache ? cache + L->cseq + t * B * H : f->c;
-    T *cn = !f->c ? NULL : cache ? cache + L->cseq + (t + 1) * B * H : f->c;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < B; b++) {
-        int on = SFX(active)(ly, t, b);
-        T *ai = aih + b * G, *ah = f->ahh_s + b * G;
-        T *act = f->act_s ? f->act_s + b * G : NULL, *xc = f->xc_s ? f->xc_s + b * H : NULL;
-        SFX(fwd_row)(ly, on, ai, ah, act, xc, R ? rs + b * R : NULL, hp + b * H, cp ? cp + b * H : NULL,
-                     hn + b * H, cn ? cn + b * H : NULL,
-                     f->y + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy);
-#if HAVE_BF16DOT
-        if (f->rc.hbuf) SFX(row_to_bf16)(f->rc.hbuf + b * bf16_kp(H), hn + b * H, H);
-#endif
-#if HAVE_I8
-        if (f->rc.hq && t + 1 < ly->steps)   /* for the next step, if any */
-            SFX(row_to_i8)(f->rc.hq + b * i8_kp(H), f->rc.hqs + b, hn + b * H, H);
-#endif
-        if (cache && on) {
-            /* The row was computed in scratch that stays in L1/L2; the cache
-             * (about 11 H values a row) goes out with non-temporal stores, so
-             * that writing it costs no read-for-ownership traffic: backward
-             * reads it long after it has left the caches anyway. */
-            size_t row = (size_t)G * sizeof(T);
-            int64_t at = (t * B + b) * G;
-            if (L->xih >= 0) stream_copy(cache + L->xih + at, ai, row);
-            if (L->xhh >= 0) stream_copy(cache + L->xhh + at, ah, row);
-            if (L->act >= 0) stream_copy(cache + L->act + at, act, row);
-            if (L->xc >= 0) stream_copy(cache + L->xc + (t * B + b) * H, xc, (size_t)H * sizeof(T));
-        }
-    }
+    for (int64_t b = 0; b < B; b++) SFX(fwd_step_row)(f, t, b);
     if (cache) stream_fence();
 }
 
@@ -206,6 +217,50 @@ static void SFX(gather_steps)(const SFX(layer) *ly, T *xs, T *x, int64_t s0, int
     }
 }
 
+#if HAVE_I8
+/* Whether an int8 forward gives each thread rows of its own (fwd_chunk_own):
+ * 2 to 32 rows a thread, W_hh within 1 MiB (each thread then reads all of
+ * it every step, from its own L2), h quantized by the rows, no cache. A
+ * small batch's steps are short, and their two barriers a large and, on a
+ * loaded machine, erratic part of them; a large batch's products share the
+ * weights' panels better between the threads. */
+static inline int SFX(own_rows)(const SFX(fwd_ctx) *f, int nt)
+{
+    const SFX(layer) *ly = &f->ly;
+    return f->rc.method == 4 && f->rc.hq && nt > 1 && ly->B >= 2 * nt && ly->B <= 32 * nt &&
+           ly->G * ly->H <= (1 << 20) && !ly->cache;
+}
+
+/* Steps [c0, c1) of an int8 forward on thread tid of nt, which owns the
+ * rows [B tid / nt, B (tid + 1) / nt): their input products, then per step
+ * their recurrent product (against all of W), their cells and their
+ * quantized h. A row's steps read nothing but its own state, so the steps
+ * need no barrier; the results are those of the shared products, whose
+ * every int32 sum is exact. xc: the chunk's input rows, step c0 first. */
+static void SFX(fwd_chunk_own)(SFX(fwd_ctx) *f, const T *xc, int64_t I, int64_t c0,
+                               int64_t c1, int tid, int nt)
+{
+    const int64_t B = f->ly.B, G = f->ly.G, H = f->ly.H, kpi = i8_kp(I), kph = i8_kp(H);
+    const int64_t b0 = B * tid / nt, b1 = B * (tid + 1) / nt, n = b1 - b0;
+    const SFX(rec) *rc = &f->rc;
+    for (int64_t t = c0; t < c1; t++) {
+        int64_t r = (t - c0) * B + b0;   /* the thread's rows of step t */
+        for (int64_t b = 0; b < n; b++)
+            SFX(row_to_i8)(rc->qa + (r + b) * kpi, rc->qs + r + b, xc + (r + b) * I, I);
+        SFX(gemm_i8)(f->aih + r * G, G, rc->qa + r * kpi, rc->qs + r,
+                     (const SFX(i8w) *)rc->packed_ih, n, G, I, 1);
+    }
+    for (int64_t t = c0; t < c1; t++) {
+        if (t == 0)
+            for (int64_t b = b0; b < b1; b++)
+                SFX(row_to_i8)(rc->hq + b * kph, rc->hqs + b, f->h + b * H, H);
+        SFX(gemm_i8)(f->ahh_s + b0 * G, G, rc->hq + b0 * kph, rc->hqs + b0,
+                     (const SFX(i8w) *)rc->packed, n, G, H, 1);
+        for (int64_t b = b0; b < b1; b++) SFX(fwd_step_row)(f, t, b);
+    }
+}
+#endif
+
 /* The input projections of steps [c0, c1) into f->aih, then those steps:
  * one parallel region when the products can run inside it (the packed and
  * small kernels), else BLAS between regions. */
@@ -215,6 +270,14 @@ static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I,
     const int64_t B = f->ly.B, G = f->ly.G, M = (c1 - c0) * B;
     const T *xc = f->xg ? f->xg : x + c0 * B * I;
     f->c0 = c0;
+#if HAVE_I8
+    if (SFX(own_rows)(f, nt)) {
+        ON_TEAM(nt,
+            if (f->xg) SFX(gather_steps)(&f->ly, f->xg, (T *)x, c0, c1, I, 0);
+            SFX(fwd_chunk_own)(f, xc, I, c0, c1, omp_get_thread_num(), omp_get_num_threads()););
+        return FASTLN_OK;
+    }
+#endif
     if (SFX(rec_in_region)(&f->rc)) {
         ON_TEAM(nt,
             if (f->xg) SFX(gather_steps)(&f->ly, f->xg, (T *)x, c0, c1, I, 0);

@@ -145,6 +145,22 @@ def test_batch_and_threads_bitwise(make, threads):
         assert np.array_equal(_bits(y[:, 255:]), _bits(alone[3])), nt
 
 
+@pytest.mark.parametrize("make", MODELS[:2])
+def test_bidirectional_rows_bitwise(make, threads):
+    """Both directions, lengths, batches whose rows the threads split among
+    them (2 to 32 rows a thread) or share: each row as alone."""
+    m = quantize(make(5, 32, bidirectional=True))
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((7, 40, 5)).astype(np.float32)
+    lengths = rng.integers(1, 8, 40)
+    threads(2)
+    for B in (4, 9, 40):
+        y = m.forward(x[:, :B], cache=False, lengths=lengths[:B])[0]
+        for b in (0, B - 1):
+            alone = m.forward(x[:, b:b + 1], cache=False, lengths=lengths[b:b + 1])[0]
+            assert np.array_equal(_bits(y[:, b:b + 1]), _bits(alone)), (B, b)
+
+
 @pytest.mark.parametrize("make", MODELS)
 def test_paths_agree(make):
     """The x86 paths give bitwise the same outputs (their int8 kernels,
@@ -318,6 +334,7 @@ def test_lstm_error_within_onnxruntime_int8(torch):
     error against float32 is no larger than ONNX Runtime's int8
     (quantize_dynamic) on the same weights and input."""
     import onnxruntime as ort
+
     from bench.rnn_grid import INPUT, _onnx_model
     from fastln._selfcheck import ort_int8_model
     torch.manual_seed(0)
