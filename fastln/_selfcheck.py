@@ -30,9 +30,9 @@ EPS = 1e-5
 SPIN_GAP = 12e-3            # see time_peers: longer than libgomp's default spin
 SPINNING = {"fastln", "torch", "jax"}   # peers whose worker threads busy-wait after a call
 RTOL = ATOL = 1e-4          # float32 agreement between peers
-# int8 LSTM y against the float32 model's y: about 5e-3 at the self-check's
-# size; input products 10% off (their scales) give 0.05, recurrent products
-# twice too large or lost 0.2, a gate block's input products negated 0.9
+# int8 LSTM y against the float32 model's y: above a correct int8 model's
+# error, below that of wrong scales or products (docs/performance.md has the
+# evidence)
 INT8_TOL = 0.05
 # fastln's int8 y against ONNX Runtime's int8 y on the same weights (a scale
 # per matrix there, per row here): each is within INT8_TOL of the float32 y,
