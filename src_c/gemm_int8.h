@@ -107,11 +107,16 @@ static inline void SFX(row_to_i8)(uint8_t *q, float *s, const float *a, int64_t 
 }
 
 /* q (M, i8_kp(K)), s (M) = the rows of A (M, K, rows lda apart) quantized:
- * rows shared by the enclosing team (orphaned omp for, with its barrier). */
+ * rows shared by the enclosing team (orphaned omp for, with its barrier),
+ * or with alone all on this thread. */
 static void SFX(rows_to_i8)(uint8_t *q, float *s, const float *A, int64_t lda, int64_t M,
-                            int64_t K)
+                            int64_t K, int alone)
 {
     int64_t kp = i8_kp(K);
+    if (alone) {
+        for (int64_t m = 0; m < M; m++) SFX(row_to_i8)(q + m * kp, s + m, A + m * lda, K);
+        return;
+    }
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++) SFX(row_to_i8)(q + m * kp, s + m, A + m * lda, K);
 }
@@ -230,6 +235,17 @@ static void SFX(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const float *s
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < np; p++) SFX(gemm_i8_panel)(C, ldc, q, s, W, M, N, kp, p);
 #endif
+}
+
+/* C (M, N) = A W^T for float rows of A (M, K, lda apart): quantized into q,
+ * s (rows_to_i8), then gemm_i8; shared by the team, or with alone all on
+ * this thread. */
+static void SFX(product_i8)(float *C, int64_t ldc, uint8_t *q, float *s, const float *A,
+                            int64_t lda, const SFX(i8w) *W, int64_t M, int64_t N, int64_t K,
+                            int alone)
+{
+    SFX(rows_to_i8)(q, s, A, lda, M, K, alone);
+    SFX(gemm_i8)(C, ldc, q, s, W, M, N, K, alone);
 }
 #else
 #define HAVE_I8 0

@@ -121,7 +121,7 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
 #endif
 #if HAVE_I8
     if (mode == 1 && f->rc.hq) {   /* h quantized by the last step's rows */
-        if (t == 0) SFX(rows_to_i8)(f->rc.hq, f->rc.hqs, hp, H, B, H);
+        if (t == 0) SFX(rows_to_i8)(f->rc.hq, f->rc.hqs, hp, H, B, H, 0);
         SFX(gemm_i8)(f->ahh_s, G, f->rc.hq, f->rc.hqs, (const SFX(i8w) *)f->rc.packed, B, G, H, 0);
     } else
 #endif
@@ -245,15 +245,12 @@ static void SFX(fwd_chunk_own)(SFX(fwd_ctx) *f, const T *xc, int64_t I, int64_t 
     const SFX(rec) *rc = &f->rc;
     for (int64_t t = c0; t < c1; t++) {
         int64_t r = (t - c0) * B + b0;   /* the thread's rows of step t */
-        for (int64_t b = 0; b < n; b++)
-            SFX(row_to_i8)(rc->qa + (r + b) * kpi, rc->qs + r + b, xc + (r + b) * I, I);
-        SFX(gemm_i8)(f->aih + r * G, G, rc->qa + r * kpi, rc->qs + r,
-                     (const SFX(i8w) *)rc->packed_ih, n, G, I, 1);
+        SFX(product_i8)(f->aih + r * G, G, rc->qa + r * kpi, rc->qs + r, xc + r * I, I,
+                        (const SFX(i8w) *)rc->packed_ih, n, G, I, 1);
     }
     for (int64_t t = c0; t < c1; t++) {
         if (t == 0)
-            for (int64_t b = b0; b < b1; b++)
-                SFX(row_to_i8)(rc->hq + b * kph, rc->hqs + b, f->h + b * H, H);
+            SFX(rows_to_i8)(rc->hq + b0 * kph, rc->hqs + b0, f->h + b0 * H, H, n, H, 1);
         SFX(gemm_i8)(f->ahh_s + b0 * G, G, rc->hq + b0 * kph, rc->hqs + b0,
                      (const SFX(i8w) *)rc->packed, n, G, H, 1);
         for (int64_t b = b0; b < b1; b++) SFX(fwd_step_row)(f, t, b);

@@ -152,8 +152,7 @@ static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, 
     int method = rc->method;
 #if HAVE_I8
     if (method == 4) {   /* forward only: C = A W^T, acc 0 */
-        SFX(rows_to_i8)(rc->qa, rc->qs, A, lda, B, K);
-        SFX(gemm_i8)(C, ldc, rc->qa, rc->qs, (const SFX(i8w) *)P, B, N, K, 0);
+        SFX(product_i8)(C, ldc, rc->qa, rc->qs, A, lda, (const SFX(i8w) *)P, B, N, K, 0);
         return;
     }
 #endif
