@@ -140,6 +140,20 @@ def _int8_check(results):
     return passed
 
 
+def _us(t):
+    """Seconds t as microseconds, one decimal below a millisecond."""
+    return f"{t * 1e6:.1f}" if t < 1e-3 else f"{t * 1e6:.0f}"
+
+
+def _columns(heads, cells):
+    """Lines of heads and the rows of cells in aligned columns: the first to the
+    left, the others to the right."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    return "\n".join("  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
+                               for i, (v, wd) in enumerate(zip(line, widths)))
+                     for line in [heads] + cells)
+
+
 def table(rows, part):
     """Text table of :func:`fastln._selfcheck.layer_norm_row` rows for ``part`` ("fwd" or
     "bwd"): microseconds per call, fastln's speedup over each peer, and its out= throughput
@@ -147,16 +161,12 @@ def table(rows, part):
     peers = [p for p in ("numpy", "torch", "onnxruntime") if f"{part}_{p}" in rows[0]]
     heads = (["shape", "fastln us", "out= us", "copy us"] + [f"{p} us" for p in peers]
              + [f"vs {p}" for p in peers] + [f"{part}/copy"])
-    us = lambda t: f"{t * 1e6:.1f}" if t < 1e-3 else f"{t * 1e6:.0f}"   # noqa: E731
-    cells = [[f"({r['N']}, {r['H']})"] + [us(r[k]) for k in (
+    cells = [[f"({r['N']}, {r['H']})"] + [_us(r[k]) for k in (
         f"{part}_fastln", f"{part}_fastln_out", "copy", *(f"{part}_{p}" for p in peers))]
         + [f"{r[f'{part}_{p}'] / r[f'{part}_fastln']:.2f}x" for p in peers]
         + [f"{100 * (1.5 if part == 'bwd' else 1) * r['copy'] / r[f'{part}_fastln_out']:.0f}%"]
         for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-    return "\n".join("  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
-                               for i, (v, wd) in enumerate(zip(line, widths)))
-                     for line in [heads] + cells)
+    return _columns(heads, cells)
 
 
 def int8_table(row):
@@ -170,15 +180,11 @@ def int8_table(row):
     enames = {"fastln_int8": "int8", "onnxruntime_int8": "onnxruntime int8"}
     heads = (["(T, B, I, H)", "int8 us"] + [f"{names[p]} us" for p in peers]
              + [f"vs {names[p]}" for p in peers] + [f"{enames[p]} err" for p in errs])
-    us = lambda t: f"{t * 1e6:.1f}" if t < 1e-3 else f"{t * 1e6:.0f}"   # noqa: E731
-    cells = ([f"({row['T']}, {row['B']}, {row['I']}, {row['H']})", us(row["fastln_int8"])]
-             + [us(row[p]) for p in peers]
+    cells = ([f"({row['T']}, {row['B']}, {row['I']}, {row['H']})", _us(row["fastln_int8"])]
+             + [_us(row[p]) for p in peers]
              + [f"{row[p] / row['fastln_int8']:.2f}x" for p in peers]
              + [f"{row['error'][p]:.1e}" for p in errs])
-    widths = [max(len(h), len(c)) for h, c in zip(heads, cells)]
-    return "\n".join("  ".join(v.ljust(wd) if i == 0 else v.rjust(wd)
-                               for i, (v, wd) in enumerate(zip(line, widths)))
-                     for line in (heads, cells))
+    return _columns(heads, [cells])
 
 
 def main(argv=None):

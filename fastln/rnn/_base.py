@@ -192,13 +192,25 @@ class _LNRecurrent(Generic[_State]):
         self._packs: Dict[Tuple[int, int], Tuple[_Array, _Array, Optional[_Array]]] = {}
         self._step: Any = None   # the compiled step: see _compile_step
 
+    @staticmethod
+    def _call_state() -> Dict[str, Any]:
+        """What calls keep in a model, empty: the cache, scratch, checked and
+        packed arrays and the compiled step (a model rebuilds them)."""
+        return dict(_checked={}, _packs={}, _cache=None, _spare=[], _work=[], _step=None)
+
     def __getstate__(self) -> Dict[str, Any]:
         """Pickles the configuration and parameters, not what a call keeps
-        (the cache, scratch, checked and packed arrays), which an unpickled
-        model rebuilds."""
+        (see _call_state), which an unpickled model rebuilds."""
         state = self.__dict__.copy()
-        state.update(_checked={}, _packs={}, _cache=None, _spare=[], _work=[], _step=None)
+        state.update(self._call_state())
         return state
+
+    def _bare_copy(self) -> Self:
+        """A shallow copy of the model without what its calls keep: the
+        start of a copy in another dtype or storage."""
+        new = copy.copy(self)
+        new.__dict__.update(self._call_state())
+        return new
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -1009,11 +1021,9 @@ class _LNRecurrent(Generic[_State]):
         if self._int8:
             raise TypeError("an int8 model keeps its weights in int8 and cannot change "
                             "dtype: quantize the float model instead")
-        new = copy.copy(self)
+        new = self._bare_copy()
         new.dtype = dt
         new._dt = np.dtype(np.float32) if _is_bf16(dt) else dt
-        new._checked, new._packs = {}, {}
-        new._cache, new._spare, new._work = None, [], []
         new.params = {key: new._param_array(key, value) for key, value in self.params.items()}
         new.grads = {key: np.zeros(shape, new._dt) for key, shape in self._shapes.items()}
         return new

@@ -2,7 +2,6 @@
 weight matrix (int8 values with a float32 scale per row)."""
 from __future__ import annotations
 
-import copy
 from typing import Any, Tuple, TypeVar
 
 import numpy as np
@@ -93,11 +92,9 @@ def quantize(model: _Model) -> _Model:
         raise TypeError(f"model must be a fastln.rnn model, got {type(model).__name__}")
     if model._int8:
         raise ValueError("model is int8 already")
-    new = copy.copy(model)
+    new = model._bare_copy()
     new.dtype = new._dt = np.dtype(np.float32)
     new._int8 = True
-    new._checked, new._packs = {}, {}
-    new._cache, new._spare, new._work, new._step = None, [], [], None
     new._shapes = dict(model._shapes)
     new._keys = [[list(keys) for keys in layer] for layer in model._keys]
     params = {}
