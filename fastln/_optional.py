@@ -13,6 +13,9 @@ EXTRAS = {
     "onnx": "onnx",
     "dask": "dask",
     "distributed": "dask",
+    "picows": "serve",
+    "starlette": "serve",
+    "uvicorn": "serve",
 }
 
 

@@ -1,13 +1,13 @@
-"""The command lines of the served-model example, the benchmarks and ``python -m
-fastln``, as a new user meets them:
+"""The command lines of the served model (fastln.serve), the benchmarks and
+``python -m fastln``, as a new user meets them:
 
-1. loadtest.py --quick runs every mode and writes no tracked file (a full run
-   still writes them).
-2. server.py --model takes an .npz of a bare state_dict (the class and sizes
+1. python -m fastln.serve.loadtest --quick runs every mode and writes nothing
+   (a full run writes its results to --outdir).
+2. fastln-serve --model takes an .npz of a bare state_dict (the class and sizes
    inferred from the parameters, a clear error where they cannot be) and an
    .onnx file; a missing file, a file of another kind, a port out of range
    and a bad setting are one-line argparse errors.
-3. Every option of server.py, model.py and loadtest.py shows its default in
+3. Every option of fastln-serve, fastln.serve.model and .loadtest shows its default in
    --help; gradient_flow.py's --threads help says what its default does.
 4. bench/harness.py says it is a library module; bench/plots.py's missing
    --json and ``python -m fastln --json`` into a missing folder are argparse
@@ -40,10 +40,10 @@ if ROOT not in sys.path:
 
 
 def serve(name):
-    """examples.serve.<name>; its packages missing: a skip, or a failure under CI."""
+    """fastln.serve.<name>; its packages missing: a skip, or a failure under CI."""
     for dep in ("picows", "starlette", "uvicorn", "ml_dtypes"):
         require(dep)
-    return importlib.import_module(f"examples.serve.{name}")
+    return importlib.import_module(f"fastln.serve.{name}")
 
 
 def bench(name):
@@ -69,21 +69,21 @@ FAKE_ROW = {"run": "closed", "dtype": "float32", "hz": None, "streams": 1, "step
 
 @pytest.fixture
 def fake_loadtest(monkeypatch, tmp_path):
-    """loadtest with run_all answering at once and its output paths in tmp_path."""
+    """loadtest with run_all answering at once; main(args) writes to tmp_path."""
     import fastln
     lt = serve("loadtest")
     threads = fastln.get_num_threads()   # main sets --threads for the whole process
     monkeypatch.setattr(lt, "run_all", lambda args, workdir: ([dict(FAKE_ROW)],
                                                                {"float32": 256}))
-    monkeypatch.setattr(lt, "RESULTS", str(tmp_path / "RESULTS.md"))
-    monkeypatch.setattr(lt, "FIGURE", str(tmp_path / "figures" / "serve_latency.png"))
+    main = lt.main
+    monkeypatch.setattr(lt, "main", lambda argv: main([*argv, "--outdir", str(tmp_path / "out")]))
     yield lt
     fastln.set_num_threads(threads)
 
 
 def test_quick_loadtest_writes_nothing(fake_loadtest, tmp_path, capsys):
     assert fake_loadtest.main(["--quick"]) == 0
-    assert os.listdir(tmp_path) == []
+    assert not os.path.exists(tmp_path / "out")
     assert "nothing written" in capsys.readouterr().out
 
 
@@ -91,10 +91,10 @@ def test_full_loadtest_writes_its_results(fake_loadtest, tmp_path, monkeypatch):
     drawn = []
     monkeypatch.setattr(fake_loadtest, "plot", lambda rows, path: drawn.append(path))
     assert fake_loadtest.main(["--streams", "1", "--steps", "3"]) == 0
-    text = (tmp_path / "RESULTS.md").read_text()
+    text = (tmp_path / "out" / "RESULTS.md").read_text()
     assert "| closed | float32 | 1 | - | 20 |" in text
     assert "largest stream count at 50 Hz with p99 < 20 ms: 256 (float32)" in text
-    assert drawn == [fake_loadtest.FIGURE]
+    assert drawn == [str(tmp_path / "out" / "serve_latency.png")]
 
 
 def test_quick_loadtest_runs_every_mode(capsys):
@@ -111,7 +111,7 @@ def test_quick_loadtest_runs_every_mode(capsys):
         assert f"| {run} | float32 |" in out, out
 
 
-# ---------------------------------------------------------------- 2. server.py --model
+# ---------------------------------------------------------------- 2. fastln-serve --model
 
 def bare(path, model):
     np.savez(path, **model.state_dict())
@@ -142,8 +142,8 @@ def test_bare_state_dict_loads_as_its_model(make, tmp_path):
 
 @pytest.fixture
 def no_serving(monkeypatch):
-    """server.serve records its arguments and the service instead of serving."""
-    server = serve("server")
+    """fastln.serve.cli.serve records its arguments and the service instead of serving."""
+    server = serve("cli")
     served = []
 
     async def record(args, service):
@@ -153,7 +153,7 @@ def no_serving(monkeypatch):
 
 
 def test_server_serves_a_bare_lnlstm_state_dict(tmp_path, no_serving):
-    server = serve("server")
+    server = serve("cli")
     path = bare(tmp_path / "lnlstm.npz", rnn.LNLSTM(6, 10, seed=0))
     server.main(["--model", path, "--port", "8123"])
     ((args, service),) = no_serving
@@ -180,7 +180,7 @@ def test_bare_state_dict_served_over_websocket(tmp_path):
 def test_server_takes_an_onnx_file_as_model(tmp_path, no_serving):
     require("onnx")
     from tests.test_serve import onnx_lstm
-    server = serve("server")
+    server = serve("cli")
     path = tmp_path / "lstm.onnx"
     onnx_lstm(path, 5, 9)
     server.main(["--model", str(path)])
@@ -190,8 +190,8 @@ def test_server_takes_an_onnx_file_as_model(tmp_path, no_serving):
 
 
 def server_error(argv, capsys):
-    """server.main(argv)'s argparse error: (its last line, all of stderr)."""
-    server = serve("server")
+    """fastln.serve.cli.main(argv)'s argparse error: (its last line, all of stderr)."""
+    server = serve("cli")
     exits(2, server.main, argv)
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -250,7 +250,7 @@ def test_port_out_of_range_is_an_argparse_error(port, capsys):
 
 # ---------------------------------------------------------------- 3. defaults in --help
 
-@pytest.mark.parametrize("name", ["server", "model", "loadtest"])
+@pytest.mark.parametrize("name", ["cli", "model", "loadtest"])
 def test_serve_options_show_their_defaults(name):
     assert_every_option_shows_its_default(serve(name).make_parser())
 

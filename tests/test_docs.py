@@ -31,7 +31,7 @@
 4. A ```python block that needs an optional package -- one it imports
    beside the standard library, NumPy, SciPy and fastln, ``dask`` for
    ``fastln.dask``, or one that a module of the repository it imports
-   (``examples.serve.client``) imports at its top -- follows a note: the
+   (``fastln.serve.client``) imports at its top -- follows a note: the
    paragraph right before it starts with "Needs", names each such package in
    backticks, and gives a ``pip install`` command that installs them (the
    package itself, or a fastln extra that holds it).
@@ -411,7 +411,7 @@ def _needs(block):
     modules = _modules(block)
     for name in list(modules):
         path = os.path.join(ROOT, *name.split(".")) + ".py"
-        if name.split(".")[0] in _FIRST_PARTY - {"fastln"} and os.path.isfile(path):
+        if name.split(".")[0] in _FIRST_PARTY and os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 modules |= _modules(f.read(), top_only=True)
     if "fastln.dask" in modules:
@@ -443,7 +443,7 @@ def test_needs_reader():
     assert _needs("import fastln.dask\nfrom dask.distributed import Client") == {
         "dask", "distributed"}
     assert _needs("from fastln import dask") == {"dask"}
-    assert _needs("import json\nfrom examples.serve.client import move_stream") == {"picows"}
+    assert _needs("import json\nfrom fastln.serve.client import move_stream") == {"picows"}
     assert _needs("import numpy as np\nfrom fastln.rnn import LSTM") == set()
 
 
@@ -526,7 +526,7 @@ def test_python_is_fenced_as_python(page):
 
 @pytest.mark.parametrize("path, block", _python_blocks())
 def test_python_block_runs(path, block, request, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(ROOT)        # for `from examples.serve.client import ...`
+    monkeypatch.syspath_prepend(ROOT)        # for the repository's modules (bench, examples)
     _require(block, request)
     if re.search(r"^if __name__ == .__main__.:", block, re.MULTILINE):
         script = tmp_path / "block.py"

@@ -162,6 +162,7 @@ _NEEDS = {
     "onnx": [("onnx", "import fastln.rnn; fastln.rnn.from_onnx(b'')")],
     "dask": [("dask", "import fastln.dask"),
              ("dask", "import fastln; fastln.dask.layer_norm")],
+    "picows": [("serve", "import fastln.serve; fastln.serve.StreamClient")],
 }
 
 _RAISES = r"""
@@ -187,6 +188,14 @@ def test_each_optional_package_missing_in_turn(package):
         assert r.returncode == 0 and "RAISES" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
+@pytest.mark.parametrize("package", ["picows", "starlette", "uvicorn"])
+def test_fastln_serve_without_the_serve_extra_names_it(package):
+    r = run_blocked([package], "-m", "fastln.serve", "--help")
+    assert r.returncode == 1 and package in r.stderr and 'fastln[serve]' in r.stderr, (
+        r.stdout + r.stderr)[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
 def test_dask_works_without_distributed():
     pytest.importorskip("dask.array")
     r = run_blocked(["distributed"], "-c", "import dask.array as da, numpy as np, fastln.dask\n"
@@ -197,7 +206,7 @@ def test_dask_works_without_distributed():
 
 def test_import_fastln_raises_no_import_error_with_everything_blocked():
     r = run_blocked(OPTIONAL, "-c", "import fastln, fastln.rnn, fastln.layers, "
-                    "fastln.reference, fastln.rnn_reference; print('OK')")
+                    "fastln.reference, fastln.rnn_reference, fastln.serve; print('OK')")
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
 
 
@@ -217,7 +226,7 @@ def _first_party():
     """Module names that live in the repository: fastln, bench, and every
     .py file or package directory of the scanned folders."""
     names = {"fastln", "bench", "examples", "tests"}
-    for folder in ("bench", "examples", "examples/serve", "tests", "examples/c"):
+    for folder in ("bench", "examples", "tests", "examples/c"):
         for path in glob.glob(os.path.join(ROOT, folder, "*")):
             names.add(os.path.splitext(os.path.basename(path))[0])
     return names

@@ -1,11 +1,11 @@
-"""The served-model example (examples/serve): server.py in a subprocess, driven
-through client.py's StreamClient over WebSocket and through HTTP JSON.
+"""The served model (fastln.serve): fastln-serve in a subprocess, driven
+through fastln.serve.client's StreamClient over WebSocket and through HTTP JSON.
 
 1. Model files: save_model / load_model keep each forward fastln.rnn class, its
    configuration and its parameters bit for bit, with read-only weights; an
    int8 model (fastln.rnn.quantize) is stored as its int8 arrays and scales,
    and loads bit for bit from save_model's file, from a bare state_dict and
-   from model.py --dtype int8.
+   from python -m fastln.serve.model --dtype int8.
 2. Streams: 16 concurrent streams with several frames in flight each, float32,
    bfloat16 (bfloat16 x frames too) and int8 models, 2 layers: every reply
    equals, bit for bit, the stream run alone (B=1 steps in this process), and
@@ -30,9 +30,7 @@ through client.py's StreamClient over WebSocket and through HTTP JSON.
 """
 import asyncio
 import json
-import os
 import re
-import sys
 import time
 import urllib.request
 
@@ -48,11 +46,8 @@ for _name in ("picows", "starlette", "uvicorn", "ml_dtypes"):
 
 import ml_dtypes  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.append(ROOT)
-from examples.serve import model as serve_model  # noqa: E402
-from examples.serve.client import (  # noqa: E402
+from fastln.serve import model as serve_model  # noqa: E402
+from fastln.serve.client import (  # noqa: E402
     Closed,
     StreamClient,
     move_stream,
@@ -135,7 +130,7 @@ def test_model_file_round_trip(tmp_path, make):
 def test_int8_model_file(tmp_path):
     """An int8 model's file records dtype int8 and holds the int8 matrices and the
     float32 row scales as they are; save_model's file, a bare state_dict and
-    model.py --dtype int8 load as the same model, bit for bit."""
+    fastln.serve.model --dtype int8 load as the same model, bit for bit."""
     model = quantize(LNLSTM(I, H, LAYERS, seed=16))
     path = saved(tmp_path, model)
     with np.load(path) as f:

@@ -1,4 +1,4 @@
-"""Model files and the single-stream reference run of the served-model example.
+"""Model files and the single-stream reference run of the served model.
 
 A model file is an ``.npz`` holding a fastln.rnn model's ``state_dict()`` and
 ``config``, a JSON string such as::
@@ -25,9 +25,9 @@ state_dict does not hold. An RNN, LNRNN or GRU needs the config entry, as its
 nonlinearity or linear_before_reset changes the outputs and leaves the
 parameters alike.
 
-Write a new LN-LSTM (default initialization) to a file, for server.py::
+Write a new LN-LSTM (default initialization) to a file, for fastln-serve::
 
-    python examples/serve/model.py model.npz [--input 128 --hidden 256 --layers 1
+    python -m fastln.serve.model model.npz [--input 128 --hidden 256 --layers 1
         --dtype float32|bfloat16|int8 --seed 0]
 
 (int8: the float32 model of that seed, quantized with ``fastln.rnn.quantize``.)
@@ -150,7 +150,7 @@ def infer_config(arrays, path="the file"):
     scales of fastln.rnn.quantize); eps is the class default. ValueError
     when the arrays do not fit one class, or fit one whose outputs depend on a
     setting the parameters do not show (HIDDEN_SETTINGS)."""
-    how = ("write it with save_model (examples/serve/model.py: "
+    how = ("write it with save_model (fastln.serve.model: "
            "save_model(path, model)), which stores the model's config next to its "
            "state_dict")
     names, layers = set(), set()
@@ -265,7 +265,8 @@ def reference_run(model, xs):
 
 def make_parser():
     """The command line's parser; every option shows its default in --help."""
-    p = argparse.ArgumentParser(description="Writes a new LN-LSTM to a model file.",
+    p = argparse.ArgumentParser(prog="python -m fastln.serve.model",
+                                description="Writes a new LN-LSTM to a model file.",
                                 formatter_class=HelpFormatter)
     p.add_argument("path", help="the .npz file to write")
     p.add_argument("--input", type=int, default=128, help="input_size I")

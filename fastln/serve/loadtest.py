@@ -1,18 +1,18 @@
-"""Load test of the served-model example: server.py in a subprocess on 127.0.0.1,
+"""Load test of the served model: fastln-serve in a subprocess on 127.0.0.1,
 driven over its WebSocket protocol (a connection per stream, binary frames) by
 this process, for an LN-LSTM (I=128, H=256, default initialization, seed 0)
 in each of --dtypes: float32, bfloat16 and int8 (the float32 model through
 fastln.rnn.quantize: int8 weights with float32 row scales; its x and y frames
 are float32), all three by default.
 
-    python examples/serve/loadtest.py                   # every run below, every dtype
-    python examples/serve/loadtest.py --quick           # a few streams, every run once
-    python examples/serve/loadtest.py --dtypes float32 --streams 64 --no-write
-    python examples/serve/loadtest.py --dtypes float32,int8 --runs closed --no-write
+    python -m fastln.serve.loadtest                     # every run below, every dtype
+    python -m fastln.serve.loadtest --quick             # a few streams, every run once
+    python -m fastln.serve.loadtest --dtypes float32 --streams 64 --no-write
+    python -m fastln.serve.loadtest --dtypes float32,int8 --runs closed --no-write
 
 The runs, per dtype (--runs picks some of them; all by default):
 
-- echo: --streams closed-loop streams (below) against ``server.py --echo``
+- echo: --streams closed-loop streams (below) against ``fastln-serve --echo``
   (the same frames, no model): the transport's own ceiling.
 - closed: --streams streams of --steps steps; each sends its next frame as soon
   as a reply comes (--inflight frames outstanding per stream).
@@ -26,7 +26,7 @@ The runs, per dtype (--runs picks some of them; all by default):
   reconnect without new=1 and continue from the hello's t.
 
 Every reply is compared bit for bit with the same stream run alone in this
-process (model.py's reference_run: B=1 steps over stream_inputs), echo's with
+process (fastln.serve.model's reference_run: B=1 steps over stream_inputs), echo's with
 zero bytes. A "mismatch" is a reply that differs; an "error" an unexpected
 close, a failed connection or a stream unfinished at the time limit; "lost" a
 stream that could not resume after the restart, or whose hello's t differs
@@ -35,8 +35,8 @@ from the replies it got. The exit code is 1 if any run has one.
 The client is one asyncio process (uvloop when importable, picows listeners)
 on the machine of the server: the two share its cores. Prints a markdown table
 and the closed loop's ratios (each dtype's steps/s over echo's, and over the
-float32 model's), and writes them to examples/serve/RESULTS.md, and the
-latency plot to examples/figures/serve_latency.png (--no-write: neither). A
+float32 model's), and writes them to RESULTS.md, and the latency plot to
+serve_latency.png, in --outdir (--no-write: neither). A
 --quick run, or one of only some --runs, only prints: its numbers are a smoke
 test or a part, and the files keep the full run's.
 """
@@ -65,16 +65,10 @@ try:
 except ImportError:   # plain asyncio
     uvloop = None
 
-if __package__:
-    from .client import run, run_server
-    from .model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
-else:   # run as a script: this directory is sys.path[0]
-    from client import run, run_server
-    from model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
+from .client import run, run_server
+from .model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "RESULTS.md")
-FIGURE = os.path.join(os.path.dirname(HERE), "figures", "serve_latency.png")
+RESULTS, FIGURE = "RESULTS.md", "serve_latency.png"   # written to --outdir
 BINARY, TEXT, CLOSE = WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CLOSE
 RESTART_CODE = 1012
 CONNECT_BATCH = 64   # connections opened concurrently
@@ -549,15 +543,15 @@ def machine():
             f"{getattr(picows, '__version__', '?')}")
 
 
-def write_results(rows, largest, args, command):
+def write_results(path, rows, largest, args, command):
     text = [
         "# Served-model load test", "",
-        "Written by `examples/serve/loadtest.py`; rerun it to update.", "",
+        "Written by `python -m fastln.serve.loadtest`; rerun it to update.", "",
         f"Command: `{command}`", "",
         f"Machine: {machine()}. The client (one asyncio process, "
         f"{'uvloop' if uvloop else 'asyncio'}) and the server share these "
         f"cores.", "",
-        f"Server: `server.py --threads {args.threads} --max-queue-per-stream "
+        f"Server: `fastln-serve --threads {args.threads} --max-queue-per-stream "
         f"{args.max_queue_per_stream}`, other settings at their defaults; a fresh server "
         f"for the model runs, for echo (`--echo`) and for each side of the restart "
         f"(`--state-file`).", "",
@@ -575,7 +569,7 @@ def write_results(rows, largest, args, command):
         f"in the client; lost: streams whose resumed t differs from the replies they got.",
         "", table(rows), "", *(line + "  " for line in ratios(rows)),
         largest_line(largest, args), ""]
-    with open(RESULTS, "w") as f:
+    with open(path, "w") as f:
         f.write("\n".join(text))
 
 
@@ -643,7 +637,8 @@ def names_of(what, choices):
 
 def make_parser():
     """The command line's parser; every option shows its default in --help."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m fastln.serve.loadtest",
+                                description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="4 streams, 20 steps, every run once; prints only, writes no file")
@@ -683,7 +678,9 @@ def make_parser():
                    help="seconds per run at most (after an open loop's schedule)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds per connection and hello at most")
-    p.add_argument("--no-write", action="store_true", help="write neither RESULTS.md nor the PNG")
+    p.add_argument("--outdir", default=".",
+                   help=f"the folder a full run writes {RESULTS} and {FIGURE} to")
+    p.add_argument("--no-write", action="store_true", help=f"write neither {RESULTS} nor {FIGURE}")
     return p
 
 
@@ -720,7 +717,7 @@ def main(argv=None):
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (
                 need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
-    command = "python examples/serve/loadtest.py " + " ".join(
+    command = "python -m fastln.serve.loadtest " + " ".join(
         sys.argv[1:] if argv is None else argv)
     print(table([], header=True), flush=True)
     with tempfile.TemporaryDirectory() as workdir:
@@ -735,14 +732,15 @@ def main(argv=None):
         print(line)
     if "sweep" in args.runs:
         print(largest_line(largest, args))
+    results, figure = (os.path.join(args.outdir, name) for name in (RESULTS, FIGURE))
     if args.quick or set(args.runs) != set(RUNS):
         print(f"\n{'--quick' if args.quick else '--runs ' + ' '.join(args.runs)}: nothing "
-              f"written ({os.path.relpath(RESULTS)} and {os.path.relpath(FIGURE)} hold a "
-              f"full run's results)")
+              f"written ({RESULTS} and {FIGURE} hold a full run's results)")
     elif not args.no_write:
-        write_results(rows, largest, args, command.strip())
-        plot(rows, FIGURE)
-        print(f"\nwrote {RESULTS} and {FIGURE}")
+        os.makedirs(args.outdir, exist_ok=True)
+        write_results(results, rows, largest, args, command.strip())
+        plot(rows, figure)
+        print(f"\nwrote {results} and {figure}")
     return 1 if any(r["errors"] or r["mismatches"] or r["lost"] for r in rows) else 0
 
 

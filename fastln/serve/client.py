@@ -1,5 +1,5 @@
-"""A small asyncio client of server.py's WebSocket protocol: one stream per
-connection, x and y as NumPy rows.
+"""A small asyncio client of the served model's WebSocket protocol
+(fastln.serve.protocol): one stream per connection, x and y as NumPy rows.
 
     async with await StreamClient.connect("ws://127.0.0.1:8001", "mic-7", new=True) as s:
         y = await s.step(x)                  # x: (I,) float32; y: (H,) of the hello's y_dtype
@@ -61,7 +61,7 @@ class _Listener(WSListener):
 
 
 class StreamClient:
-    """One stream of a server.py model server; build it with :meth:`connect`."""
+    """One stream of a fastln-serve server; build it with :meth:`connect`."""
 
     def __init__(self):
         self.hello = None
@@ -201,7 +201,7 @@ def move_stream(stream_id, source, target):
 
 
 class Server:
-    """A server.py process that :func:`run_server` started: its URLs and process."""
+    """A fastln-serve process that :func:`run_server` started: its URLs and process."""
 
     def __init__(self, proc, log, http, ws):
         self.proc, self.log, self.http, self.ws = proc, log, http, ws
@@ -230,7 +230,7 @@ class Server:
 
 @contextlib.contextmanager
 def run_server(*args, timeout=60.0):
-    """Runs ``server.py *args`` (free ports unless args name them) until the
+    """Runs ``python -m fastln.serve *args`` (free ports unless args name them) until the
     block ends, then stops it; yields a :class:`Server` once it serves. The
     server imports the fastln that this process imported. A server that
     exits or does not serve within timeout raises RuntimeError with the end
@@ -245,9 +245,8 @@ def run_server(*args, timeout=60.0):
     for flag in ("--port", "--ws-port"):
         if flag not in args:
             args += [flag, "0"]
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([sys.executable, script, *args], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "fastln.serve", *args], stdout=log,
                                 stderr=subprocess.STDOUT, env=env)
         server = Server(proc, log, None, None)
         try:
@@ -258,7 +257,7 @@ def run_server(*args, timeout=60.0):
                     server.http, server.ws = m.groups()
                     break
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"server.py {' '.join(args)} did not start:\n"
+                    raise RuntimeError(f"fastln-serve {' '.join(args)} did not start:\n"
                                        f"{server.output()[-3000:]}")
                 time.sleep(0.05)
             yield server

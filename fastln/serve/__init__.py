@@ -1,0 +1,69 @@
+"""A served fastln.rnn model: many client streams over WebSocket, each a
+stream of a StreamTable, stepped in batches by a StreamBatcher; JSON over
+HTTP for health, listing and moving streams between servers.
+
+Start a server with ``fastln-serve --model model.npz`` (or ``python -m
+fastln.serve``); ``python -m fastln.serve.model model.npz`` writes a new
+LN-LSTM to serve, and ``python -m fastln.serve.loadtest`` measures one. It
+needs the ``serve`` extra: ``pip install "fastln[serve]"``.
+
+The modules, one concept each:
+
+- :mod:`fastln.serve.errors`: stream ids, close codes and HTTP statuses;
+- :mod:`fastln.serve.service`: the streams, their table and batcher;
+- :mod:`fastln.serve.protocol`: the WebSocket protocol (a connection per stream);
+- :mod:`fastln.serve.admin`: the HTTP endpoints;
+- :mod:`fastln.serve.client`: :class:`StreamClient`, and helpers to start a
+  server and move a stream;
+- :mod:`fastln.serve.model`: model files and the single-stream reference run;
+- :mod:`fastln.serve.loadtest`: the load generator;
+- :mod:`fastln.serve.cli`: the command line.
+
+The names below import their module on first use, so that ``import
+fastln.serve`` loads none of the extra's packages; without them, using one
+raises an ImportError that names the package and the extra.
+"""
+import importlib
+import sys
+
+from .._optional import EXTRAS, missing
+
+_EXPORTS = {"StreamClient": "client", "Closed": "client", "move_stream": "client",
+            "run_server": "client", "Service": "service", "save_model": "model",
+            "load_model": "model"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def _load(module):
+    """fastln.serve.<module>, or the ImportError of fastln._optional.missing
+    when a package of the serve extra is not installed."""
+    try:
+        return importlib.import_module(f"{__name__}.{module}")
+    except ImportError as e:
+        if EXTRAS.get(e.name) == "serve":
+            raise missing(e.name, "fastln.serve") from e
+        raise
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastln.serve' has no attribute {name!r}")
+    return getattr(_load(module), name)
+
+
+def main(argv=None):
+    """The command line of fastln-serve (fastln.serve.cli.main); without the
+    serve extra's packages, exits with the message that names them."""
+    try:
+        cli = _load("cli")
+    except ImportError as e:
+        if EXTRAS.get(e.name) == "serve":
+            sys.exit(f"fastln-serve: {e}")
+        raise
+    return cli.main(argv)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,191 @@
+"""Serves one fastln.rnn model to many streams: binary WebSocket frames, one
+connection per stream, over a StreamTable and a StreamBatcher; JSON over HTTP
+for curl, health checks and moving streams between servers.
+
+Run::
+
+    python -m fastln.serve.model model.npz          # a new LN-LSTM, I=128, H=256
+    fastln-serve --model model.npz [--port 8000] [--ws-port 8001]
+        [--state-file streams.npz] [--capacity 1024] [--threads 1]
+
+(``python -m fastln.serve`` is the same as ``fastln-serve``.) --model takes a
+file of fastln.serve.model's save_model (float32, float64, bfloat16 or int8),
+an .npz of a forward LNLSTM, LNGRU or LSTM's bare state_dict (float or int8),
+or an .onnx file with one LSTM, GRU or RNN node. The WebSocket protocol is
+fastln.serve.protocol's, the HTTP endpoints fastln.serve.admin's.
+
+Restarts lose nothing: on SIGTERM or SIGINT the server stops taking frames,
+lets every step it took finish and answers it, closes every WebSocket with
+1012, writes every stream's state and step count to --state-file (a new file,
+then renamed over the old one) and exits; on start it loads that file, so a
+client that reconnects continues bit for bit where it stopped.
+
+Every step runs through one StreamBatcher: the frames that one pass of the
+event loop reads are queued with ``submit`` and answered in its callbacks
+(no future or task per frame), and each batch is one ``StreamTable.step`` in
+a worker thread.
+--echo answers each frame at once with zero bytes of y's size and runs no
+model: the transport's own cost, for comparison.
+"""
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+
+import uvicorn
+from picows import ws_create_server
+
+import fastln
+
+from .admin import create_app
+from .client import run
+from .model import HelpFormatter, freeze, load_model
+from .protocol import ws_factory
+from .service import Service
+
+
+def port_number(text):
+    """A TCP port, 0 (any free one) to 65535, or argparse's error."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {port}")
+    return port
+
+
+def make_parser():
+    """The command line's parser; every option shows its default in --help."""
+    p = argparse.ArgumentParser(prog="fastln-serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a model file: an .npz of fastln.serve.model's "
+                        "save_model or of a model's state_dict, or an .onnx file")
+    source.add_argument("--onnx", help="an .onnx file with one LSTM, GRU or RNN node")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    p.add_argument("--advertise",
+                   help="the address GET /owner/ID names; None names --host")
+    p.add_argument("--port", type=port_number, default=8000,
+                   help="the HTTP (JSON) port; 0 picks a free one")
+    p.add_argument("--ws-port", type=port_number, default=8001,
+                   help="the WebSocket port; 0 picks a free one")
+    p.add_argument("--capacity", type=int, default=1024, help="streams held at most")
+    p.add_argument("--max-batch", type=int, default=256, help="steps per batch at most")
+    p.add_argument("--max-delay-ms", type=float, default=0.0,
+                   help="how long the oldest waiting step waits for others to join its batch")
+    p.add_argument("--max-queue-per-stream", type=int, default=64,
+                   help="frames of one stream waiting at most")
+    p.add_argument("--max-frame", type=int, default=1 << 16,
+                   help="bytes of one WebSocket frame at most")
+    p.add_argument("--max-body", type=int, default=1 << 16, help="HTTP request body bytes at most")
+    p.add_argument("--idle-timeout", type=float, default=600.0,
+                   help="seconds a stream with no connection is kept")
+    p.add_argument("--ping", type=float, default=20.0,
+                   help="seconds of silence before a ping, and for its answer; a peer that "
+                        "does not answer is disconnected and its stream kept")
+    p.add_argument("--state-file",
+                   help="where SIGTERM writes the streams, and where a start reads them")
+    p.add_argument("--threads", type=int, default=1,
+                   help="fastln's threads (the event loop and the batch thread need a core too)")
+    p.add_argument("--echo", action="store_true",
+                   help="answer each frame with zero bytes at once, running no model")
+    return p
+
+
+def open_model(p, args):
+    """The model of --model or --onnx, or argparse's error naming the option."""
+    flag, path = ("--model", args.model) if args.model else ("--onnx", args.onnx)
+    if not os.path.isfile(path):
+        p.error(f"{flag} {path}: no such file")
+    if flag == "--onnx" or path.lower().endswith(".onnx"):
+        try:
+            return freeze(fastln.rnn.from_onnx(path))
+        except ImportError as e:
+            p.error(f"{flag} {path}: reading ONNX needs the onnx package ({e})")
+        except Exception as e:   # onnx's parser raises protobuf's DecodeError, among others
+            p.error(f"{flag} {path}: not an ONNX model fastln.rnn.from_onnx reads "
+                    f"({type(e).__name__}: {e})")
+    try:
+        return load_model(path)
+    except (OSError, TypeError, ValueError) as e:
+        p.error(f"{flag} {e}")
+
+
+class HTTPServer(uvicorn.Server):
+    """uvicorn's server, leaving SIGTERM and SIGINT to the service."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+async def serve(args, service):
+    loop = asyncio.get_running_loop()
+    ports = [args.ws_port, args.port]
+    # pings find a peer that vanished without closing, so that its stream can be resumed
+    ws = await ws_create_server(ws_factory(service, ports, args.advertise or args.host),
+                                args.host, args.ws_port, max_frame_size=args.max_frame,
+                                enable_auto_ping=True, auto_ping_idle_timeout=args.ping,
+                                auto_ping_reply_timeout=args.ping)
+    ports[0] = ws.sockets[0].getsockname()[1]
+    http = HTTPServer(uvicorn.Config(create_app(service, ports, args.max_body), host=args.host,
+                                     port=args.port, log_level="warning", lifespan="off"))
+    http_task = loop.create_task(http.serve())
+    while not http.started:
+        if http_task.done():
+            http_task.result()
+            raise SystemExit(f"the HTTP server on port {args.port} did not start")
+        await asyncio.sleep(0.01)
+    ports[1] = http.servers[0].sockets[0].getsockname()[1]
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"serving {json.dumps(service.config)}{' (echo)' if service.echo else ''} on "
+          f"http://{args.host}:{ports[1]} and ws://{args.host}:{ports[0]}/ws/", flush=True)
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), min(args.idle_timeout / 4, 5.0))
+        service.sweep(args.idle_timeout)
+    await service.drain()
+    ws.close()
+    if args.state_file:
+        n = service.save(args.state_file)
+        print(f"saved {n} streams to {args.state_file}", flush=True)
+    http.should_exit = True
+    await http_task
+    await service.batcher.aclose()
+
+
+def main(argv=None):
+    p = make_parser()
+    args = p.parse_args(argv)
+    for name in ("capacity", "max_batch", "max_queue_per_stream", "max_frame", "max_body",
+                 "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not (args.max_delay_ms >= 0 and math.isfinite(args.max_delay_ms)):
+        p.error(f"--max-delay-ms must be finite and at least 0, got {args.max_delay_ms}")
+    for name in ("idle_timeout", "ping"):
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            p.error(f"--{name.replace('_', '-')} must be finite and above 0, "
+                    f"got {getattr(args, name)}")
+    fastln.set_num_threads(args.threads)
+    model = open_model(p, args)
+    service = Service(model, args.capacity, args.max_batch, args.max_delay_ms / 1000,
+                      args.max_queue_per_stream, args.echo)
+    if args.state_file and os.path.exists(args.state_file):
+        try:
+            n = service.load(args.state_file)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--state-file {args.state_file}: {e}")
+        print(f"loaded {n} streams from {args.state_file}", flush=True)
+    run(serve(args, service))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

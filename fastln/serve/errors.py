@@ -1,0 +1,20 @@
+"""The refusals of the served model: the stream ids it takes, the WebSocket
+close codes (RFC 6455 section 7.4, and 4000-4999 for this application) and
+their HTTP statuses, and :class:`Refused`, which carries both."""
+import re
+
+STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+# WebSocket close codes (RFC 6455 section 7.4, and 4000-4999 for this application)
+UNSUPPORTED, INVALID, POLICY = 1003, 1007, 1008   # 1009: picows, past --max-frame
+INTERNAL, RESTART, TRY_LATER = 1011, 1012, 1013
+NOT_FOUND, CONFLICT, GONE = 4404, 4409, 4410
+CLOSE_WAIT = 5.0   # seconds a client has to answer the server's close frame
+
+
+class Refused(Exception):
+    """A request the server refuses: a WebSocket close code (or HTTP status) and why."""
+
+    def __init__(self, code, status, message):
+        super().__init__(message)
+        self.code, self.status, self.message = code, status, message

@@ -1,0 +1,227 @@
+"""The WebSocket protocol of the served model: one connection per stream.
+
+On --ws-port: ``ws://HOST:WS_PORT/ws/STREAM_ID[?new=1][&dtype=bfloat16]``.
+STREAM_ID is 1 to 64 characters of letters, digits, '_', '.' and '-', chosen by
+the client (so that a proxy can route by it). ``new=1`` opens the stream with a
+zero state; without it the stream must exist (a reconnect, after a restart or
+a move). The server's first frame is a text frame of JSON::
+
+    {"stream": id, "t": steps run, "input_size": I, "hidden_size": H,
+     "x_dtype": "float32", "y_dtype": "float32"}
+
+Then each binary frame of the client holds one step's x: I little-endian
+values of x_dtype (``dtype=``: float32, the default, or bfloat16 for a bfloat16
+model; float64 for a float64 model). The server answers each with one binary
+frame of y: H values of y_dtype, the model's dtype (bfloat16 as its 16-bit
+patterns; float32 for an int8 model of fastln.rnn.quantize, whose x, y and
+state are float32), in the order the frames came. A client may send several
+frames before their replies come, up to --max-queue-per-stream waiting. A
+close from the client with code 1000 ends the stream; any other end of the
+connection keeps it for a reconnect, until --idle-timeout. A peer that answers
+no ping for 2 x --ping seconds is disconnected.
+
+The server closes a connection with a code and a message that says why:
+
+    1003  a text frame after the hello       1012  the server restarts: reconnect
+    1007  x of the wrong length, or not finite      without new=1 and resume at t
+    1008  a bad stream id or query           1013  the table is full, or too many
+    1009  a frame over --max-frame bytes           frames of the stream wait
+    4404  no such stream                     4409  the stream exists (new=1), or
+    4410  the stream was exported                  another connection holds it
+
+GET /health on the WebSocket port answers as the HTTP one does, and GET
+/owner/STREAM_ID with this server's addresses (``--advertise``): asked
+through a proxy that routes by the stream id, it names the stream's owner.
+"""
+import asyncio
+import json
+import math
+import time
+from urllib.parse import parse_qs
+
+import numpy as np
+from picows import (
+    WSCloseCode,
+    WSListener,
+    WSMsgType,
+    WSUpgradeResponse,
+    WSUpgradeResponseWithListener,
+)
+
+from .errors import (
+    CLOSE_WAIT,
+    CONFLICT,
+    INTERNAL,
+    INVALID,
+    POLICY,
+    STREAM_ID,
+    UNSUPPORTED,
+    Refused,
+)
+
+
+class Connection(WSListener):
+    """One WebSocket connection and the stream it holds (see the module's docstring)."""
+
+    def __init__(self, service, stream_id, new=False, x_dtype=np.float32, refusal=None):
+        super().__init__()
+        self.service, self.stream_id, self.new = service, stream_id, new
+        self.x_dtype = np.dtype(x_dtype)
+        self.x_bytes = service.model.input_size * self.x_dtype.itemsize
+        self.dot_checks = self.x_dtype.name in ("float32", "float64")
+        self.refusal = refusal     # a bad query, told once the connection is up
+        self.transport = self.stream = None
+        self.closed = False
+        self.hello_due = False
+        self.answer = self._answer
+
+    def on_ws_connected(self, transport):
+        self.transport = transport
+        svc = self.service
+        try:
+            if self.refusal is not None:
+                raise self.refusal
+            stream = svc.add(self.stream_id) if self.new else svc.get(self.stream_id)
+            if stream.conn is not None:
+                raise Refused(CONFLICT, 409, f"another connection holds stream {stream.id!r}")
+        except Refused as e:
+            self.close(e.code, e.message)
+            return
+        stream.conn, self.stream = self, stream
+        if stream.inflight:        # steps of an earlier connection still run: t is not final
+            self.hello_due = True
+        else:
+            self.hello()
+
+    def hello(self):
+        svc = self.service
+        self.hello_due = False
+        self.transport.send(WSMsgType.TEXT, json.dumps({
+            "stream": self.stream.id, "t": self.stream.t,
+            "input_size": svc.model.input_size, "hidden_size": svc.model.hidden_size,
+            "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name}).encode())
+
+    def on_ws_frame(self, transport, frame):
+        kind = frame.msg_type
+        if kind != WSMsgType.BINARY or not frame.fin:
+            if kind == WSMsgType.CLOSE:
+                if self.closed:            # the client's answer to the server's close
+                    transport.disconnect()
+                else:
+                    self.client_closed(frame.get_close_code())
+            elif kind == WSMsgType.TEXT:
+                self.close(UNSUPPORTED, "frames after the hello must be binary (x)")
+            elif kind in (WSMsgType.BINARY, WSMsgType.CONTINUATION):
+                self.close(UNSUPPORTED, "x must come in one frame, not fragments")
+            return
+        stream = self.stream
+        if stream is None or self.closed or stream.leaving:
+            return
+        payload = frame.get_payload_as_bytes()
+        if len(payload) != self.x_bytes:
+            n, size = len(payload), self.service.model.input_size
+            other = {2 * size: "bfloat16", 4 * size: "float32"}.get(n)
+            hint = (f": the size of {other} x, which needs ?dtype={other}"
+                    if other in self.service.x_dtypes else "")
+            self.close(INVALID, f"x must be {self.x_bytes} bytes ({self.service.model.input_size} "
+                                f"{self.x_dtype.name} values), got {n}{hint}")
+            return
+        svc = self.service
+        if svc.echo:
+            svc.steps += 1
+            transport.send(WSMsgType.BINARY, svc.zeros)
+            return
+        x = np.frombuffer(payload, self.x_dtype)
+        # x.x is finite when every value is (and none is huge): one dot product,
+        # cheaper than isfinite's array; the exact check decides otherwise
+        if not (self.dot_checks and math.isfinite(x.dot(x))) and not np.isfinite(x).all():
+            self.close(INVALID, f"x[{int(np.argmin(np.isfinite(x)))}] is not finite")
+            return
+        try:
+            svc.submit(stream, x, self.answer)
+        except Refused as e:
+            self.close(e.code, e.message)
+
+    def _answer(self, y, error):
+        svc, stream = self.service, self.stream
+        svc.finish(stream, error)
+        if not self.closed:
+            if error is None:
+                self.transport.send(WSMsgType.BINARY, y.view(svc.y_view))
+            else:
+                self.close(INTERNAL, f"the step failed: {error}")
+        if not stream.inflight:
+            if stream.conn is not None and stream.conn.hello_due:
+                stream.conn.hello()
+            elif stream.ends and stream.id in svc.streams:
+                svc.remove(stream)         # ended by its client while steps ran
+
+    def client_closed(self, code):
+        """The client's close: code 1000 ends the stream (once its steps are answered)."""
+        stream = self.stream
+        if code == WSCloseCode.OK and stream is not None and stream.conn is self:
+            stream.leaving = stream.ends = True
+            if not stream.inflight:
+                self.service.remove(stream)
+        self.closed = True
+        self.transport.send_close(WSCloseCode.OK)
+        self.transport.disconnect()
+
+    def close(self, code, message):
+        if self.closed:
+            return
+        self.closed = True
+        # a close frame holds at most 123 bytes of reason
+        reason = message.encode()[:123].decode("utf-8", "ignore").encode()
+        self.transport.send_close(code, reason)
+        # the TCP connection closes when the client answers (RFC 6455, 7.1.1):
+        # closing it now would reset it if the client is still sending, and the
+        # reset can discard the close frame before the client reads it
+        asyncio.get_running_loop().call_later(CLOSE_WAIT, self.transport.disconnect)
+        self.detach()              # a reconnect need not wait for that answer
+
+    def on_ws_disconnected(self, transport):
+        self.closed = True
+        self.detach()
+
+    def detach(self):
+        """Lets go of the stream, which waits for its next connection."""
+        stream = self.stream
+        if stream is not None and stream.conn is self:
+            stream.conn = None
+            stream.seen = time.monotonic()
+
+
+def ws_factory(service, ports, address):
+    """picows's listener factory: routes /ws/ID to a Connection, and answers
+    GET /health and GET /owner/ID (this server's addresses: through a proxy
+    that routes by the stream id, those of the server that owns ID)."""
+    def factory(request):
+        path, _, query = request.path.decode("latin-1").partition("?")
+        if path == "/health":
+            body = json.dumps(service.health(*ports)).encode()
+            return WSUpgradeResponseWithListener(WSUpgradeResponse.create_ok_response(
+                body, {"Content-Type": "application/json"}), None)
+        if path.startswith("/owner/"):
+            body = json.dumps({"http": f"http://{address}:{ports[1]}",
+                               "ws": f"ws://{address}:{ports[0]}"}).encode()
+            return WSUpgradeResponseWithListener(WSUpgradeResponse.create_ok_response(
+                body, {"Content-Type": "application/json"}), None)
+        if not path.startswith("/ws/"):
+            return None            # 404
+        stream_id, q = path[4:], parse_qs(query)
+        refusal = None
+        if not STREAM_ID.fullmatch(stream_id):
+            got = f"{len(stream_id)} characters" if len(stream_id) > 20 else repr(stream_id)
+            refusal = Refused(POLICY, 400, f"a stream id is 1 to 64 letters, digits, '_', '.' "
+                                           f"or '-', got {got}")
+        dtype = q.get("dtype", [next(iter(service.x_dtypes))])[-1]
+        if dtype not in service.x_dtypes:
+            refusal = Refused(POLICY, 400, f"dtype must be one of {', '.join(service.x_dtypes)}, "
+                                           f"got {dtype[:20]!r}")
+        new = q.get("new", ["0"])[-1]
+        if new not in ("0", "1"):
+            refusal = Refused(POLICY, 400, f"new must be 0 or 1, got {new[:20]!r}")
+        return Connection(service, stream_id, new == "1",
+                          service.x_dtypes.get(dtype, np.float32), refusal)
+    return factory

@@ -1,0 +1,240 @@
+"""The service: the streams a server holds, their table and batcher, and
+what the WebSocket and the HTTP listeners share (adding, stepping,
+exporting and importing streams; draining and saving on a restart)."""
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import time
+
+import numpy as np
+
+import fastln
+from fastln.rnn import OverloadedError, StreamBatcher, StreamTable, UnknownStreamError
+
+from .errors import CONFLICT, GONE, INVALID, NOT_FOUND, RESTART, TRY_LATER, Refused
+from .model import check_streamable, config_of, input_dtype
+
+
+class Stream:
+    """What the server keeps of one stream besides its state in the table:
+    the steps answered, the steps taken and not yet answered, the
+    connection that holds it, and when it was last used."""
+
+    __slots__ = ("id", "t", "inflight", "conn", "seen", "leaving", "ends")
+
+    def __init__(self, stream_id, t=0):
+        self.id, self.t, self.inflight = stream_id, t, 0
+        self.conn = None        # the Connection attached, if any
+        self.seen = time.monotonic()
+        self.leaving = False    # being exported or ended: it takes no more steps
+        self.ends = False       # ended by its client: removed once its steps are answered
+
+
+class Service:
+    """The streams, the table, the batcher, and what the two listeners share."""
+
+    def __init__(self, model, capacity=1024, max_batch=256, max_delay=0.0,
+                 max_queue_per_stream=64, echo=False):
+        check_streamable(model)
+        self.model, self.echo = model, echo
+        self.config = config_of(model)
+        self.table = StreamTable(model, capacity)
+        self.batcher = StreamBatcher(self.table, max_batch=max_batch, max_delay=max_delay,
+                                     max_queue_per_stream=max_queue_per_stream,
+                                     max_pending=capacity * max_queue_per_stream)
+        self.streams = {}
+        self.steps = 0
+        self.draining = False
+        self.inflight = 0                # steps taken and not yet answered, all streams
+        self.x_dtypes = {"float32": np.dtype(np.float32)}
+        y_dtype = np.dtype(model.dtype)   # float32 for an int8 model, as are its x and state
+        if y_dtype.name == "bfloat16":
+            self.x_dtypes["bfloat16"] = y_dtype
+        elif y_dtype.name == "float64":
+            self.x_dtypes = {"float64": y_dtype}
+        # y as bytes: bfloat16 goes out as its 16-bit patterns
+        self.y_view = np.uint16 if y_dtype.name == "bfloat16" else y_dtype
+        self.y_dtype_name = y_dtype.name
+        self.y_bytes = model.hidden_size * y_dtype.itemsize
+        self.zeros = bytes(self.y_bytes)       # --echo's reply
+        probe = self.table.open()
+        self.state_dtypes = [a.dtype for a in self._parts(self.table.export_state(probe))]
+        # one step now: the engine packs its weights before a client's first step waits on it
+        self.table.step([probe], np.zeros((1, model.input_size), input_dtype(model)))
+        self.table.close(probe)
+        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode())
+        for key in sorted(model.params):
+            digest.update(np.ascontiguousarray(model.params[key]).view(np.uint8).data)
+        self.fingerprint = digest.hexdigest()
+
+    @staticmethod
+    def _parts(state):
+        return state if isinstance(state, tuple) else (state,)
+
+    # ---- streams ------------------------------------------------------------
+
+    def add(self, stream_id=None, state=None, t=0):
+        """A new stream: a zero state, or the given one (a list of the table's
+        state arrays) after t steps; a random id of 16 hex digits when None."""
+        generated = False
+        while stream_id is None or (generated and stream_id in self.streams):
+            stream_id, generated = secrets.token_hex(8), True
+        if stream_id in self.streams:
+            raise Refused(CONFLICT, 409, f"stream {stream_id!r} exists")
+        if self.draining:
+            raise Refused(RESTART, 503, "the server restarts")
+        if len(self.table) >= self.table.capacity:
+            raise Refused(TRY_LATER, 429, f"the server holds {self.table.capacity} streams, "
+                                          f"its --capacity")
+        if state is None:
+            sid = self.table.open(stream_id)
+        else:
+            sid = self.table.import_state(state[0] if len(state) == 1 else tuple(state),
+                                          stream_id)
+        stream = self.streams[sid] = Stream(sid, t)
+        return stream
+
+    def get(self, stream_id):
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.leaving:
+            raise Refused(NOT_FOUND, 404, f"no stream {stream_id!r} here")
+        return stream
+
+    def submit(self, stream, x, callback):
+        """Queues one step of stream; the batcher calls callback(y, error) once
+        it is answered (see StreamBatcher.submit), and the callback calls
+        finish(). False while the server drains: the step is not taken."""
+        if self.draining:
+            return False
+        try:
+            self.batcher.submit(stream.id, x, callback)
+        except OverloadedError as e:
+            raise Refused(TRY_LATER, 503, str(e)) from None
+        except UnknownStreamError:
+            raise Refused(NOT_FOUND, 404, f"no stream {stream.id!r} here") from None
+        stream.inflight += 1
+        self.inflight += 1
+        return True
+
+    def finish(self, stream, error):
+        """Counts an answered step (a failed one when error is not None);
+        returns the step's index."""
+        stream.inflight -= 1
+        self.inflight -= 1
+        stream.seen = time.monotonic()
+        if error is not None:
+            return stream.t
+        stream.t += 1
+        self.steps += 1
+        return stream.t - 1
+
+    def remove(self, stream):
+        self.streams.pop(stream.id, None)
+        if stream.id in self.table:
+            self.table.close(stream.id)
+
+    @staticmethod
+    async def quiet(stream):
+        """Waits until none of stream's (or, given the service, any stream's)
+        steps is in flight: a batch takes milliseconds, so a poll serves."""
+        while stream.inflight:
+            await asyncio.sleep(0.001)
+
+    async def export(self, stream_id):
+        """The stream's state and step count as JSON-ready values; the stream
+        leaves this server."""
+        stream = self.get(stream_id)
+        stream.leaving = True               # its frames from now on are not taken
+        await self.quiet(stream)            # the steps it took are answered first
+        if stream.conn is not None:
+            stream.conn.close(GONE, "the stream was exported to another server")
+        state = self.table.export_state(stream.id)
+        self.remove(stream)
+        return {"stream": stream.id, "t": stream.t, "dtype": self.y_dtype_name,
+                "fingerprint": self.fingerprint,
+                "state": [a.astype(np.float64).tolist() for a in self._parts(state)]}
+
+    def import_(self, stream_id, payload):
+        """Adds the stream that export() gave as payload."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("state"), list) or (
+                type(payload.get("t")) is not int or payload["t"] < 0):
+            raise Refused(INVALID, 422, 'the body must be export\'s JSON: {"t": steps, '
+                                        '"state": [arrays], ...}')
+        if payload.get("fingerprint", self.fingerprint) != self.fingerprint:
+            raise Refused(INVALID, 422, "the state comes from another model (the "
+                                        "fingerprints differ)")
+        parts = payload["state"]
+        shape = (self.model.num_layers, 1, self.model.hidden_size)
+        if len(parts) != len(self.state_dtypes):
+            raise Refused(INVALID, 422, f"state must hold {len(self.state_dtypes)} arrays, "
+                                        f"got {len(parts)}")
+        try:
+            arrays = [np.array(p, np.float64) for p in parts]
+        except (TypeError, ValueError):
+            raise Refused(INVALID, 422, "state must hold arrays of numbers") from None
+        if any(a.shape != shape for a in arrays):
+            raise Refused(INVALID, 422, f"each state array must have shape {shape}, got "
+                                        f"{[a.shape for a in arrays]}")
+        state = [a.astype(d) for a, d in zip(arrays, self.state_dtypes)]
+        if any(not np.array_equal(s.astype(np.float64), a) for s, a in zip(state, arrays)):
+            raise Refused(INVALID, 422, f"the state's values are not exact {self.y_dtype_name} "
+                                        f"values")
+        return self.add(stream_id, state, payload["t"])
+
+    # ---- restarts -----------------------------------------------------------
+
+    async def drain(self):
+        """Stops taking steps, waits for those taken, and closes every connection."""
+        self.draining = True
+        await self.quiet(self)
+        for stream in self.streams.values():
+            if stream.conn is not None:
+                stream.conn.close(RESTART, "the server restarts: reconnect and resume")
+
+    def save(self, path):
+        """Writes every stream's state and step count to path (a new file,
+        renamed over the old one)."""
+        ids = list(self.streams)
+        arrays = {"fingerprint": np.array(self.fingerprint), "ids": np.array(json.dumps(ids)),
+                  "t": np.array([self.streams[s].t for s in ids], np.int64)}
+        states = [self._parts(self.table.export_state(s)) for s in ids]
+        for k, dtype in enumerate(self.state_dtypes):
+            shape = (self.model.num_layers, 0, self.model.hidden_size)
+            a = np.concatenate([st[k] for st in states], axis=1) if ids else np.empty(shape, dtype)
+            arrays[f"state{k}"] = a.view(np.uint16) if dtype.name == "bfloat16" else a
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return len(ids)
+
+    def load(self, path):
+        """Adds the streams that save() wrote to path; ValueError for a file of another model."""
+        with np.load(path, allow_pickle=False) as f:
+            if str(f["fingerprint"]) != self.fingerprint:
+                raise ValueError(f"{path} holds the streams of another model (the "
+                                 f"fingerprints differ)")
+            ids, ts = json.loads(str(f["ids"])), f["t"]
+            parts = [f[f"state{k}"] for k in range(len(self.state_dtypes))]
+        parts = [p.view(d) for p, d in zip(parts, self.state_dtypes)]
+        for i, (sid, t) in enumerate(zip(ids, ts.tolist())):
+            self.add(sid, [p[:, i:i + 1] for p in parts], t)
+        return len(ids)
+
+    def sweep(self, idle_timeout):
+        """Ends the streams that no connection has held for idle_timeout seconds."""
+        now = time.monotonic()
+        for stream in [s for s in self.streams.values()
+                       if s.conn is None and not s.inflight and now - s.seen > idle_timeout]:
+            self.remove(stream)
+
+    def health(self, ws_port, port):
+        return {"status": "draining" if self.draining else "ok", "model": self.config,
+                "echo": self.echo, "streams": len(self.streams),
+                "capacity": self.table.capacity, "port": port, "ws_port": ws_port,
+                "threads": fastln.get_num_threads(), "steps": self.steps,
+                "cpu_seconds": time.process_time(), "batcher": self.batcher.metrics()}
