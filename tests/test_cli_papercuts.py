@@ -146,7 +146,7 @@ def no_serving(monkeypatch):
     server = serve("cli")
     served = []
 
-    async def record(args, service):
+    async def record(args, service, token=None):
         served.append((args, service))
     monkeypatch.setattr(server, "serve", record)
     return served

@@ -248,13 +248,17 @@ def test_http_and_websocket_share_a_stream(served):
     server, model = served
     xs = inputs(1, 9, seed=3)[0]
     want = serve_model.reference_run(model, xs)
-    assert http(server, "POST", "/streams", {"stream": "both"}) == (201, {"stream": "both"})
+    status, reply = http(server, "POST", "/streams", {"stream": "both"})
+    assert status == 201 and reply["stream"] == "both", reply
+    token = reply["token"]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{32}", token), token        # 192 random bits
     for t in range(3):
-        status, reply = http(server, "POST", "/streams/both/step", {"x": xs[t].tolist()})
+        status, reply = http(server, "POST", "/streams/both/step",
+                             {"x": xs[t].tolist(), "token": token})
         assert status == 200 and reply["t"] == t and same(reply["y"], want[t])
 
     async def middle():
-        c = await StreamClient.connect(server.ws, "both")
+        c = await StreamClient.connect(server.ws, "both", token=token)
         assert c.hello["t"] == 3
         # y in the model's dtype: float32 for an int8 model, as is x
         assert (c.hello["x_dtype"], c.hello["y_dtype"]) == ("float32", np.dtype(model.dtype).name)
@@ -263,17 +267,18 @@ def test_http_and_websocket_share_a_stream(served):
         return ys
     assert same(np.stack(run(middle())), want[3:6])
     for t in range(6, 9):
-        status, reply = http(server, "POST", "/streams/both/step", {"x": xs[t].tolist()})
+        status, reply = http(server, "POST", "/streams/both/step",
+                             {"x": xs[t].tolist(), "token": token})
         assert status == 200 and reply["t"] == t and same(reply["y"], want[t])
     assert http(server, "DELETE", "/streams/both") == (200, {"stream": "both", "steps": 9})
 
     status, reply = http(server, "POST", "/streams")          # the server names it
     assert status == 201 and re.fullmatch("[0-9a-f]{16}", reply["stream"]), reply
 
-    async def by_name(sid):
-        async with await StreamClient.connect(server.ws, sid) as c:
+    async def by_name(sid, token):
+        async with await StreamClient.connect(server.ws, sid, token=token) as c:
             return c.hello["t"], await c.step(xs[0])
-    t, y = run(by_name(reply["stream"]))
+    t, y = run(by_name(reply["stream"], reply["token"]))
     assert t == 0 and same(y, want[0])
 
 
@@ -335,12 +340,13 @@ def test_bad_frames_get_close_codes_and_the_server_goes_on(served):
     async def main():
         url = server.ws
         c = await StreamClient.connect(url, "victim", new=True)
+        token = c.token
         y0 = await c.step(xs[0])
         await c.close(1001)
         codes = {}
 
         async def bad(name, frames=(), text=False):
-            c = await StreamClient.connect(url, "victim")
+            c = await StreamClient.connect(url, "victim", token=token)
             codes[name] = await close_of(c, frames, text)
 
         await bad("short", [b"\0" * (4 * I - 4)])
@@ -351,15 +357,20 @@ def test_bad_frames_get_close_codes_and_the_server_goes_on(served):
         await bad("inf", [np.full(I, np.inf, np.float32).tobytes()])
         await bad("text", [b"{}"], text=True)
         await bad("oversized", [b"\0" * 5000])
-        codes["unknown"] = await refused(url, "nobody")
+        codes["unknown"] = await refused(url, "nobody", token=token)
         codes["new twice"] = await refused(url, "victim", new=True)
-        holder = await StreamClient.connect(url, "victim")
-        codes["second connection"] = await refused(url, "victim")
+        codes["no token"] = await refused(url, "victim")
+        codes["wrong token"] = await refused(url, "victim", token=token[::-1])
+        other = await StreamClient.connect(url, "other", new=True)
+        codes["another stream's token"] = await refused(url, "victim", token=other.token)
+        await other.close()
+        holder = await StreamClient.connect(url, "victim", token=token)
+        codes["second connection"] = await refused(url, "victim", token=token)
         await holder.close(1001)
         codes["bad id"] = await refused(url, "x" * 65, new=True)
         codes["bad dtype"] = await refused(url, "fine", new=True, dtype="int8")
         # none of them ran a step: the stream goes on from t = 1
-        c = await StreamClient.connect(url, "victim")
+        c = await StreamClient.connect(url, "victim", token=token)
         t = c.hello["t"]
         y1 = await c.step(xs[1])
         await c.close()
@@ -373,6 +384,9 @@ def test_bad_frames_get_close_codes_and_the_server_goes_on(served):
               "text": (1003, "must be binary"), "oversized": (1009, ""),
               "unknown": (4404, "no stream 'nobody' here"),
               "new twice": (4409, "stream 'victim' exists"),
+              "no token": (4401, "stream 'victim' needs its resume token"),
+              "wrong token": (4403, "not stream 'victim''s resume token"),
+              "another stream's token": (4403, "not stream 'victim''s resume token"),
               "second connection": (4409, "another connection holds stream 'victim'"),
               "bad id": (1008, "a stream id is 1 to 64"),
               "bad dtype": (1008, "dtype must be one of float32")}
@@ -404,7 +418,7 @@ def test_a_full_table_and_a_flood(tmp_path):
         for c in held[1:]:
             await c.close()
         await asyncio.sleep(0.2)
-        c = await StreamClient.connect(url, "s0")   # the steps it took ran
+        c = await StreamClient.connect(url, "s0", token=flooder.token)   # its steps ran
         t = c.hello["t"]
         rest = [await c.step(x) for x in xs[t:t + 3]]
         await c.close()
@@ -427,13 +441,14 @@ def test_a_client_that_vanishes_mid_step(served):
 
     async def main():
         c = await StreamClient.connect(server.ws, "ghost", new=True)
+        token = c.token
         for x in xs[:6]:
             c.send(x)
         c.abort()
         deadline = time.monotonic() + 10
         while True:                                  # until the server sees it gone
             try:
-                c = await StreamClient.connect(server.ws, "ghost")
+                c = await StreamClient.connect(server.ws, "ghost", token=token)
                 break
             except Closed as e:
                 assert e.code == 4409 and time.monotonic() < deadline, e
@@ -464,10 +479,11 @@ def test_restart_loses_nothing(tmp_path, n, batching):
     state = tmp_path / "streams.npz"
     xs = inputs(n, 60, seed=10)
     wants = [serve_model.reference_run(model, x) for x in xs]
-    got = [[] for _ in range(n)]
+    got, tokens = [[] for _ in range(n)], []
 
     async def first(url):
         clients = [await StreamClient.connect(url, f"r{k}", new=True) for k in range(n)]
+        tokens.extend(c.token for c in clients)
 
         async def drive(k, c):
             pace = np.random.default_rng(k)   # frames at random moments, not in lockstep
@@ -489,7 +505,8 @@ def test_restart_loses_nothing(tmp_path, n, batching):
     async def second(url):
         ts = []
         for k in range(n):
-            async with await StreamClient.connect(url, f"r{k}") as c:
+            async with await StreamClient.connect(url, f"r{k}", token=tokens[k]) as c:
+                assert c.token == tokens[k]          # the state file kept it
                 ts.append(c.hello["t"])
                 for x in xs[k][c.t:]:
                     got[k].append((await c.step(x)).copy())
@@ -539,8 +556,8 @@ def test_a_stream_moves_between_two_servers(tmp_path):
                 gone = e
             else:
                 gone = await close_of(c)
-            lost = await refused(a.ws, "mover")
-            c = await StreamClient.connect(b.ws, "mover")
+            lost = await refused(a.ws, "mover", token=c.token)
+            c = await StreamClient.connect(b.ws, "mover", token=c.token)   # the export kept it
             assert c.hello["t"] == len(ys) == t
             ys += [await c.step(x) for x in xs[len(ys):]]
             await c.close()
@@ -575,14 +592,16 @@ def test_close_codes_end_or_keep_a_stream_and_idle_ones_go(tmp_path):
     path = saved(tmp_path, LNLSTM(I, H, seed=14))
 
     async def main(url):
+        tokens = {}
         for sid, code in (("ended", 1000), ("kept", 1001), ("idle", 1001)):
             c = await StreamClient.connect(url, sid, new=True)
+            tokens[sid] = c.token
             await c.step(np.zeros(I, np.float32))
             await c.close(code)
-        ended = await refused(url, "ended")
-        c = await StreamClient.connect(url, "kept")
+        ended = await refused(url, "ended", token=tokens["ended"])
+        c = await StreamClient.connect(url, "kept", token=tokens["kept"])
         await asyncio.sleep(2.0)                      # "idle" is left alone meanwhile
-        gone = await refused(url, "idle")
+        gone = await refused(url, "idle", token=tokens["idle"])
         t = c.hello["t"]
         await c.close()
         return ended, t, gone
@@ -600,10 +619,18 @@ def test_a_peer_that_answers_no_ping_lets_its_stream_go(tmp_path):
     path = saved(tmp_path, LNLSTM(I, H, seed=15))
 
     async def main(url):
-        silent, _ = await ws_connect(WSListener, f"{url}/ws/quiet?new=1", enable_auto_pong=False)
-        held = await refused(url, "quiet")            # the silent connection holds it
+        hello = asyncio.get_running_loop().create_future()
+
+        class Silent(WSListener):
+            def on_ws_frame(self, transport, frame):
+                if not hello.done():
+                    hello.set_result(json.loads(frame.get_payload_as_utf8_text()))
+
+        silent, _ = await ws_connect(Silent, f"{url}/ws/quiet?new=1", enable_auto_pong=False)
+        token = (await hello)["token"]
+        held = await refused(url, "quiet", token=token)   # the silent connection holds it
         await asyncio.wait_for(silent.wait_disconnected(), 10)
-        c = await StreamClient.connect(url, "quiet")
+        c = await StreamClient.connect(url, "quiet", token=token)
         t = c.hello["t"]
         await c.close()
         return held, t
@@ -618,13 +645,19 @@ def test_a_peer_that_answers_no_ping_lets_its_stream_go(tmp_path):
 def test_http_errors(served):
     server, model = served
     x = serve_model.stream_inputs(2, 0, 1, I)
-    assert http(server, "POST", "/streams", {"stream": "j"}) == (201, {"stream": "j"})
+    status, reply = http(server, "POST", "/streams", {"stream": "j"})
+    assert status == 201 and reply["stream"] == "j"
+    token = reply["token"]
 
     def check(reply, status, message):
         assert reply[0] == status, reply
         assert message in reply[1]["error"], reply
 
     step = "/streams/j/step"
+    check(http(server, "POST", step, {"x": [0.0] * I}), 401, "needs its resume token")
+    check(http(server, "POST", step, {"x": [0.0] * I, "token": token[::-1]}), 403,
+          "not stream 'j''s resume token")
+    check(http(server, "POST", step, {"x": [0.0] * I, "token": 7}), 422, "token must be a string")
     check(http(server, "POST", step, b'{"x": [1,'), 400, "not valid JSON")
     check(http(server, "POST", step, b'{"x": [NaN]}'), 400, "NaN is not a JSON number")
     check(http(server, "POST", step, [1, 2]), 422, 'a JSON object {"x"')
@@ -642,10 +675,11 @@ def test_http_errors(served):
     check(http(server, "POST", "/streams", {"stream": "j"}), 409, "stream 'j' exists")
     check(http(server, "POST", "/streams", {"stream": "a b"}), 422, "an id of 1 to 64")
     check(http(server, "PUT", "/streams/k/state", {"t": 1}), 422, "export's JSON")
-    check(http(server, "PUT", "/streams/k/state", {"t": 0, "state": [[[[0.5]]]] * 2}), 422,
+    check(http(server, "PUT", "/streams/k/state", {"t": 0, "state": [[[[0.5]]]] * 2,
+                                                   "token": "k" * 32}), 422,
           "each state array must have shape")
     # none of the above ran a step: the stream starts at t = 0
-    status, reply = http(server, "POST", step, {"x": x[0].tolist()})
+    status, reply = http(server, "POST", step, {"x": x[0].tolist(), "token": token})
     assert status == 200 and reply["t"] == 0
     assert same(reply["y"], serve_model.reference_run(model, x)[0])
     assert http(server, "DELETE", "/streams/j") == (200, {"stream": "j", "steps": 1})

@@ -3,15 +3,23 @@
 On --port (JSON bodies)::
 
     GET    /health                 the model, the settings, counters, cpu_seconds
+    POST   /streams                {"stream": id} optional -> 201 {"stream": id, "token": T}
+    POST   /streams/{id}/step      {"x": [I numbers], "token": T}
+                                   -> {"y": [H numbers], "t": step index}
+  admin (``Authorization: Bearer ADMIN_TOKEN`` when the server has one):
     GET    /streams                -> {"streams": {id: steps run}}
-    POST   /streams                {"stream": id} optional -> 201 {"stream": id}
-    POST   /streams/{id}/step      {"x": [I numbers]} -> {"y": [H numbers], "t": step index}
     DELETE /streams/{id}           -> {"stream": id, "steps": t}
-    POST   /streams/{id}/export    -> {"stream", "t", "dtype", "state"}; the stream
-                                   leaves this server (its WebSocket closes with 4410)
+    POST   /streams/{id}/export    -> {"stream", "t", "token", "dtype", "state"}; the
+                                   stream leaves this server (its WebSocket closes with 4410)
     PUT    /streams/{id}/state     export's JSON -> 201: the stream continues here
+
+T is the stream's resume token (fastln.serve.protocol): a step without it
+gets 401, with another stream's 403. An admin request without the bearer
+token gets 401 (with ``WWW-Authenticate: Bearer``), with a wrong one 403;
+the token is compared in constant time.
 """
 import asyncio
+import hmac
 import json
 
 import numpy as np
@@ -68,9 +76,35 @@ def parse_x(payload, size, dtype):
     return a
 
 
-def create_app(service, ports, max_body=1 << 16):
-    """The Starlette app of the JSON endpoints (see the module's docstring)."""
+def bearer_check(admin_token):
+    """A check of a request's ``Authorization: Bearer`` header against
+    admin_token (None: every request passes), raising HTTPException 401 or 403."""
+    expected = None if admin_token is None else f"Bearer {admin_token}".encode()
+
+    def check(request):
+        if expected is None:
+            return
+        got = request.headers.get("authorization")
+        if got is None:
+            raise HTTPException(401, "this endpoint needs the admin token: "
+                                     "Authorization: Bearer TOKEN",
+                                headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(got.encode("latin-1", "replace"), expected):
+            raise HTTPException(403, "the admin token is wrong")
+    return check
+
+
+def create_app(service, ports, max_body=1 << 16, admin_token=None):
+    """The Starlette app of the JSON endpoints (see the module's docstring);
+    the admin endpoints need admin_token when it is not None."""
     x_dtype = input_dtype(service.model)
+    check_admin = bearer_check(admin_token)
+
+    def admin(endpoint):
+        async def checked(request):
+            check_admin(request)
+            return await endpoint(request)
+        return checked
 
     def refused(e):
         return JSONResponse({"error": e.message}, status_code=e.status)
@@ -94,12 +128,16 @@ def create_app(service, ports, max_body=1 << 16):
             stream = service.add(stream_id)
         except Refused as e:
             return refused(e)
-        return JSONResponse({"stream": stream.id}, status_code=201)
+        return JSONResponse({"stream": stream.id, "token": stream.token}, status_code=201)
 
     async def step(request):
-        x = parse_x(await read_json(request, max_body), service.model.input_size, x_dtype)
+        payload = await read_json(request, max_body)
+        x = parse_x(payload, service.model.input_size, x_dtype)
+        token = payload.get("token")
+        if token is not None and not isinstance(token, str):
+            raise HTTPException(422, "token must be a string, the stream's resume token")
         try:
-            stream = service.get(request.path_params["stream_id"])
+            stream = service.claim(request.path_params["stream_id"], token)
             if service.echo:
                 raise Refused(UNSUPPORTED, 409, "an --echo server runs no model")
             answered = asyncio.get_running_loop().create_future()
@@ -149,10 +187,10 @@ def create_app(service, ports, max_body=1 << 16):
                             headers=exc.headers)
 
     routes = [Route("/health", health, methods=["GET"]),
-              Route("/streams", listing, methods=["GET"]),
+              Route("/streams", admin(listing), methods=["GET"]),
               Route("/streams", create, methods=["POST"]),
               Route("/streams/{stream_id}/step", step, methods=["POST"]),
-              Route("/streams/{stream_id}", delete, methods=["DELETE"]),
-              Route("/streams/{stream_id}/export", export, methods=["POST"]),
-              Route("/streams/{stream_id}/state", put_state, methods=["PUT"])]
+              Route("/streams/{stream_id}", admin(delete), methods=["DELETE"]),
+              Route("/streams/{stream_id}/export", admin(export), methods=["POST"]),
+              Route("/streams/{stream_id}/state", admin(put_state), methods=["PUT"])]
     return Starlette(routes=routes, exception_handlers={HTTPException: error})

@@ -30,6 +30,7 @@ model: the transport's own cost, for comparison.
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import math
 import os
@@ -46,6 +47,8 @@ from .client import run
 from .model import HelpFormatter, freeze, load_model
 from .protocol import ws_factory
 from .service import Service
+
+ADMIN_TOKEN_ENV = "FASTLN_SERVE_ADMIN_TOKEN"
 
 
 def port_number(text):
@@ -92,9 +95,54 @@ def make_parser():
                    help="where SIGTERM writes the streams, and where a start reads them")
     p.add_argument("--threads", type=int, default=1,
                    help="fastln's threads (the event loop and the batch thread need a core too)")
+    p.add_argument("--max-connections", type=int, default=4096,
+                   help="WebSocket connections open at once at most; one more is closed "
+                        "with 1013")
+    p.add_argument("--admin-token-file",
+                   help="a file whose first line is the bearer token the admin endpoints "
+                        f"require; None reads ${ADMIN_TOKEN_ENV}, and without either they "
+                        "take no credential")
+    p.add_argument("--allow-open-admin", action="store_true",
+                   help="listen on a non-loopback --host with no admin token (anyone who "
+                        "reaches --port can list, delete, export and import streams)")
     p.add_argument("--echo", action="store_true",
                    help="answer each frame with zero bytes at once, running no model")
     return p
+
+
+def is_loopback(host):
+    """Whether host is a loopback address (127.0.0.0/8, ::1) or localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:   # a host name: it may resolve to any address
+        return False
+
+
+def admin_token(p, args):
+    """The admin token of --admin-token-file or $FASTLN_SERVE_ADMIN_TOKEN, or
+    None; argparse's error for an unreadable or empty file, a token under 16
+    characters, or a non-loopback --host without one (and no --allow-open-admin)."""
+    where = f"${ADMIN_TOKEN_ENV}"
+    token = os.environ.get(ADMIN_TOKEN_ENV)
+    if args.admin_token_file:
+        where = f"--admin-token-file {args.admin_token_file}"
+        try:
+            with open(args.admin_token_file, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            p.error(f"{where}: {getattr(e, 'strerror', None) or e}")
+    if token is not None:
+        token = token.strip()
+        if len(token) < 16 or not token.isprintable():
+            p.error(f"{where}: an admin token is at least 16 printable characters "
+                    f"(python -c 'import secrets; print(secrets.token_urlsafe(32))' makes one)")
+        return token
+    if not is_loopback(args.host) and not args.allow_open_admin:
+        p.error(f"--host {args.host} is not a loopback address: give the admin endpoints a "
+                f"token (--admin-token-file or ${ADMIN_TOKEN_ENV}), or pass --allow-open-admin")
+    return None
 
 
 def open_model(p, args):
@@ -124,7 +172,7 @@ class HTTPServer(uvicorn.Server):
         yield
 
 
-async def serve(args, service):
+async def serve(args, service, token=None):
     loop = asyncio.get_running_loop()
     ports = [args.ws_port, args.port]
     # pings find a peer that vanished without closing, so that its stream can be resumed
@@ -133,8 +181,9 @@ async def serve(args, service):
                                 enable_auto_ping=True, auto_ping_idle_timeout=args.ping,
                                 auto_ping_reply_timeout=args.ping)
     ports[0] = ws.sockets[0].getsockname()[1]
-    http = HTTPServer(uvicorn.Config(create_app(service, ports, args.max_body), host=args.host,
-                                     port=args.port, log_level="warning", lifespan="off"))
+    app = create_app(service, ports, args.max_body, token)
+    http = HTTPServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                     lifespan="off"))
     http_task = loop.create_task(http.serve())
     while not http.started:
         if http_task.done():
@@ -165,7 +214,7 @@ def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
     for name in ("capacity", "max_batch", "max_queue_per_stream", "max_frame", "max_body",
-                 "threads"):
+                 "threads", "max_connections"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not (args.max_delay_ms >= 0 and math.isfinite(args.max_delay_ms)):
@@ -174,17 +223,18 @@ def main(argv=None):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
             p.error(f"--{name.replace('_', '-')} must be finite and above 0, "
                     f"got {getattr(args, name)}")
+    token = admin_token(p, args)
     fastln.set_num_threads(args.threads)
     model = open_model(p, args)
     service = Service(model, args.capacity, args.max_batch, args.max_delay_ms / 1000,
-                      args.max_queue_per_stream, args.echo)
+                      args.max_queue_per_stream, args.echo, args.max_connections)
     if args.state_file and os.path.exists(args.state_file):
         try:
             n = service.load(args.state_file)
         except (OSError, ValueError, KeyError) as e:
             p.error(f"--state-file {args.state_file}: {e}")
         print(f"loaded {n} streams from {args.state_file}", flush=True)
-    run(serve(args, service))
+    run(serve(args, service, token))
 
 
 if __name__ == "__main__":

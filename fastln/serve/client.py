@@ -72,17 +72,21 @@ class StreamClient:
         self._ready = None         # the future of the hello
 
     @classmethod
-    async def connect(cls, url, stream_id, new=False, dtype="float32", timeout=10.0):
+    async def connect(cls, url, stream_id, new=False, dtype="float32", timeout=10.0,
+                      token=None):
         """Connects to ``url`` (``ws://host:port``) for stream ``stream_id`` and
-        waits for the hello; raises Closed if the server refuses."""
+        waits for the hello; raises Closed if the server refuses. A new
+        stream (``new=True``) gets its resume token in the hello
+        (:attr:`token`); a reconnect presents it as ``token``."""
         self = cls()
         self._ready = asyncio.get_running_loop().create_future()
-        query = f"?dtype={dtype}" + ("&new=1" if new else "")
+        query = f"?dtype={dtype}" + ("&new=1" if new else "") + (
+            f"&token={token}" if token is not None else "")
         self._transport, _ = await ws_connect(lambda: _Listener(self),
                                               f"{url}/ws/{stream_id}{query}")
         await asyncio.wait_for(self._ready, timeout)
         h = self.hello
-        self.t = h["t"]
+        self.t, self.token = h["t"], h["token"]
         self.x_dtype = np.dtype(np.float32) if h["x_dtype"] == "float32" else _bf16()
         self.y_dtype = _dtype(h["y_dtype"])
         return self
@@ -165,12 +169,15 @@ def run(main):
     return uvloop.run(main)
 
 
-def request(method, url, body=None, timeout=30.0):
+def request(method, url, body=None, timeout=30.0, admin_token=None):
     """(status, JSON reply) of one HTTP request; body is JSON-ready values,
-    or bytes sent as they are."""
+    or bytes sent as they are; admin_token goes in an ``Authorization:
+    Bearer`` header."""
     data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if admin_token is not None:
+        headers["Authorization"] = f"Bearer {admin_token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -182,18 +189,22 @@ def request(method, url, body=None, timeout=30.0):
             return e.code, {"error": text.decode("utf-8", "replace")}
 
 
-def move_stream(stream_id, source, target):
+def move_stream(stream_id, source, target, admin_token=None):
     """Moves a stream from the server at HTTP address source to the one at
-    target (``http://host:port`` each): export, then put. Its client's
-    WebSocket on source closes with 4410; it reconnects to target and
-    resumes. If target refuses it, the stream goes back to source and
-    RuntimeError says why. Returns the stream's step count."""
-    status, exported = request("POST", f"{source}/streams/{stream_id}/export")
+    target (``http://host:port`` each): export, then put, with the servers'
+    admin token. Its client's WebSocket on source closes with 4410; it
+    reconnects to target with the same resume token and resumes. If target
+    refuses it, the stream goes back to source and RuntimeError says why.
+    Returns the stream's step count."""
+    status, exported = request("POST", f"{source}/streams/{stream_id}/export",
+                               admin_token=admin_token)
     if status != 200:
         raise RuntimeError(f"{source} did not export {stream_id!r}: {status} {exported}")
-    status, reply = request("PUT", f"{target}/streams/{stream_id}/state", exported)
+    status, reply = request("PUT", f"{target}/streams/{stream_id}/state", exported,
+                            admin_token=admin_token)
     if status != 201:
-        back, _ = request("PUT", f"{source}/streams/{stream_id}/state", exported)
+        back, _ = request("PUT", f"{source}/streams/{stream_id}/state", exported,
+                          admin_token=admin_token)
         raise RuntimeError(f"{target} refused {stream_id!r}: {status} {reply}; "
                            f"{'returned to' if back == 201 else 'and could not return it to'} "
                            f"{source}")

@@ -8,6 +8,7 @@ STREAM_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 # WebSocket close codes (RFC 6455 section 7.4, and 4000-4999 for this application)
 UNSUPPORTED, INVALID, POLICY = 1003, 1007, 1008   # 1009: picows, past --max-frame
 INTERNAL, RESTART, TRY_LATER = 1011, 1012, 1013
+UNAUTHORIZED, FORBIDDEN = 4401, 4403   # no token where one is needed; a wrong one
 NOT_FOUND, CONFLICT, GONE = 4404, 4409, 4410
 CLOSE_WAIT = 5.0   # seconds a client has to answer the server's close frame
 

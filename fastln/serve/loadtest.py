@@ -133,16 +133,17 @@ class Stream(WSListener):
         self.sent = self.received = 0
         self.sent_at = [0.0] * steps
         self.lat = []
-        self.transport = self.hello = None
+        self.transport = self.hello = self.token = None
         self.is_done = False
         self.close_code = None
 
     async def connect(self, ws, new, timeout):
         """Opens the WebSocket to the server at ws (ws://host:port) and waits for
-        the hello; returns its JSON or None."""
+        the hello; returns its JSON or None. A reconnect presents the resume
+        token of the first hello."""
         self.hello = asyncio.get_running_loop().create_future()
         self.close_code = None
-        url = f"{ws}/ws/{self.sid}" + ("?new=1" if new else "")
+        url = f"{ws}/ws/{self.sid}" + ("?new=1" if new else f"?token={self.token}")
         try:
             await asyncio.wait_for(ws_connect(lambda: self, url,
                                               websocket_handshake_timeout=timeout), timeout)
@@ -192,7 +193,9 @@ class Stream(WSListener):
                 self.pump()
         elif kind is TEXT:
             if not self.hello.done():
-                self.hello.set_result(json.loads(frame.get_payload_as_utf8_text()))
+                hello = json.loads(frame.get_payload_as_utf8_text())
+                self.token = hello.get("token")
+                self.hello.set_result(hello)
         elif kind is CLOSE:
             code = frame.get_close_code()
             self.close_code = int(getattr(code, "value", code))

@@ -1,13 +1,18 @@
 """The WebSocket protocol of the served model: one connection per stream.
 
-On --ws-port: ``ws://HOST:WS_PORT/ws/STREAM_ID[?new=1][&dtype=bfloat16]``.
+On --ws-port: ``ws://HOST:WS_PORT/ws/STREAM_ID[?new=1][&token=T][&dtype=bfloat16]``.
 STREAM_ID is 1 to 64 characters of letters, digits, '_', '.' and '-', chosen by
 the client (so that a proxy can route by it). ``new=1`` opens the stream with a
 zero state; without it the stream must exist (a reconnect, after a restart or
-a move). The server's first frame is a text frame of JSON::
+a move) and the client must present the stream's resume token, ``token=``.
+The server's first frame is a text frame of JSON::
 
-    {"stream": id, "t": steps run, "input_size": I, "hidden_size": H,
-     "x_dtype": "float32", "y_dtype": "float32"}
+    {"stream": id, "t": steps run, "token": the resume token, "input_size": I,
+     "hidden_size": H, "x_dtype": "float32", "y_dtype": "float32"}
+
+The token is 32 URL-safe characters (192 random bits) made when the stream
+opens; it stays the stream's through restarts and moves. Keep it secret: it
+is all a reconnect needs besides the id.
 
 Then each binary frame of the client holds one step's x: I little-endian
 values of x_dtype (``dtype=``: float32, the default, or bfloat16 for a bfloat16
@@ -24,10 +29,12 @@ The server closes a connection with a code and a message that says why:
 
     1003  a text frame after the hello       1012  the server restarts: reconnect
     1007  x of the wrong length, or not finite      without new=1 and resume at t
-    1008  a bad stream id or query           1013  the table is full, or too many
-    1009  a frame over --max-frame bytes           frames of the stream wait
-    4404  no such stream                     4409  the stream exists (new=1), or
-    4410  the stream was exported                  another connection holds it
+    1008  a bad stream id or query           1013  the table is full, too many
+    1009  a frame over --max-frame bytes           frames of the stream wait, or
+    4401  a reconnect without token=               --max-connections are open
+    4403  a token that is not the stream's   4409  the stream exists (new=1), or
+    4404  no such stream                           another connection holds it
+    4410  the stream was exported
 
 GET /health on the WebSocket port answers as the HTTP one does, and GET
 /owner/STREAM_ID with this server's addresses (``--advertise``): asked
@@ -55,6 +62,7 @@ from .errors import (
     INVALID,
     POLICY,
     STREAM_ID,
+    TRY_LATER,
     UNSUPPORTED,
     Refused,
 )
@@ -63,9 +71,10 @@ from .errors import (
 class Connection(WSListener):
     """One WebSocket connection and the stream it holds (see the module's docstring)."""
 
-    def __init__(self, service, stream_id, new=False, x_dtype=np.float32, refusal=None):
+    def __init__(self, service, stream_id, new=False, x_dtype=np.float32, refusal=None,
+                 token=None):
         super().__init__()
-        self.service, self.stream_id, self.new = service, stream_id, new
+        self.service, self.stream_id, self.new, self.token = service, stream_id, new, token
         self.x_dtype = np.dtype(x_dtype)
         self.x_bytes = service.model.input_size * self.x_dtype.itemsize
         self.dot_checks = self.x_dtype.name in ("float32", "float64")
@@ -78,10 +87,17 @@ class Connection(WSListener):
     def on_ws_connected(self, transport):
         self.transport = transport
         svc = self.service
+        svc.connections += 1       # until on_ws_disconnected
         try:
             if self.refusal is not None:
                 raise self.refusal
-            stream = svc.add(self.stream_id) if self.new else svc.get(self.stream_id)
+            if svc.connections > svc.max_connections:
+                raise Refused(TRY_LATER, 503, f"the server holds {svc.max_connections} "
+                                              f"connections, its --max-connections")
+            if self.new:
+                stream = svc.add(self.stream_id)
+            else:
+                stream = svc.claim(self.stream_id, self.token)
             if stream.conn is not None:
                 raise Refused(CONFLICT, 409, f"another connection holds stream {stream.id!r}")
         except Refused as e:
@@ -97,7 +113,7 @@ class Connection(WSListener):
         svc = self.service
         self.hello_due = False
         self.transport.send(WSMsgType.TEXT, json.dumps({
-            "stream": self.stream.id, "t": self.stream.t,
+            "stream": self.stream.id, "t": self.stream.t, "token": self.stream.token,
             "input_size": svc.model.input_size, "hidden_size": svc.model.hidden_size,
             "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name}).encode())
 
@@ -182,6 +198,7 @@ class Connection(WSListener):
 
     def on_ws_disconnected(self, transport):
         self.closed = True
+        self.service.connections -= 1
         self.detach()
 
     def detach(self):
@@ -222,6 +239,7 @@ def ws_factory(service, ports, address):
         new = q.get("new", ["0"])[-1]
         if new not in ("0", "1"):
             refusal = Refused(POLICY, 400, f"new must be 0 or 1, got {new[:20]!r}")
+        token = q.get("token", [None])[-1]
         return Connection(service, stream_id, new == "1",
-                          service.x_dtypes.get(dtype, np.float32), refusal)
+                          service.x_dtypes.get(dtype, np.float32), refusal, token)
     return factory

@@ -1,8 +1,15 @@
 """The service: the streams a server holds, their table and batcher, and
 what the WebSocket and the HTTP listeners share (adding, stepping,
-exporting and importing streams; draining and saving on a restart)."""
+exporting and importing streams; draining and saving on a restart).
+
+Each stream has a resume token, 192 random bits (``secrets``) made when the
+stream opens, that its client must present to reconnect or to step it over
+HTTP; it is compared in constant time (``hmac.compare_digest``). An export
+and the state file carry it, so that a moved or restored stream keeps it.
+"""
 import asyncio
 import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -13,19 +20,31 @@ import numpy as np
 import fastln
 from fastln.rnn import OverloadedError, StreamBatcher, StreamTable, UnknownStreamError
 
-from .errors import CONFLICT, GONE, INVALID, NOT_FOUND, RESTART, TRY_LATER, Refused
+from .errors import (
+    CONFLICT,
+    FORBIDDEN,
+    GONE,
+    INVALID,
+    NOT_FOUND,
+    RESTART,
+    TRY_LATER,
+    UNAUTHORIZED,
+    Refused,
+)
 from .model import check_streamable, config_of, input_dtype
+
+TOKEN_BYTES = 24   # a resume token's random bytes: 192 bits, 32 URL-safe characters
 
 
 class Stream:
     """What the server keeps of one stream besides its state in the table:
-    the steps answered, the steps taken and not yet answered, the
-    connection that holds it, and when it was last used."""
+    the steps answered, the steps taken and not yet answered, its resume
+    token, the connection that holds it, and when it was last used."""
 
-    __slots__ = ("id", "t", "inflight", "conn", "seen", "leaving", "ends")
+    __slots__ = ("id", "t", "inflight", "token", "conn", "seen", "leaving", "ends")
 
-    def __init__(self, stream_id, t=0):
-        self.id, self.t, self.inflight = stream_id, t, 0
+    def __init__(self, stream_id, token, t=0):
+        self.id, self.token, self.t, self.inflight = stream_id, token, t, 0
         self.conn = None        # the Connection attached, if any
         self.seen = time.monotonic()
         self.leaving = False    # being exported or ended: it takes no more steps
@@ -36,7 +55,7 @@ class Service:
     """The streams, the table, the batcher, and what the two listeners share."""
 
     def __init__(self, model, capacity=1024, max_batch=256, max_delay=0.0,
-                 max_queue_per_stream=64, echo=False):
+                 max_queue_per_stream=64, echo=False, max_connections=4096):
         check_streamable(model)
         self.model, self.echo = model, echo
         self.config = config_of(model)
@@ -45,6 +64,7 @@ class Service:
                                      max_queue_per_stream=max_queue_per_stream,
                                      max_pending=capacity * max_queue_per_stream)
         self.streams = {}
+        self.max_connections, self.connections = max_connections, 0   # WebSocket connections
         self.steps = 0
         self.draining = False
         self.inflight = 0                # steps taken and not yet answered, all streams
@@ -75,9 +95,10 @@ class Service:
 
     # ---- streams ------------------------------------------------------------
 
-    def add(self, stream_id=None, state=None, t=0):
+    def add(self, stream_id=None, state=None, t=0, token=None):
         """A new stream: a zero state, or the given one (a list of the table's
-        state arrays) after t steps; a random id of 16 hex digits when None."""
+        state arrays) after t steps; a random id of 16 hex digits when None,
+        and a new resume token when token is None."""
         generated = False
         while stream_id is None or (generated and stream_id in self.streams):
             stream_id, generated = secrets.token_hex(8), True
@@ -93,13 +114,26 @@ class Service:
         else:
             sid = self.table.import_state(state[0] if len(state) == 1 else tuple(state),
                                           stream_id)
-        stream = self.streams[sid] = Stream(sid, t)
+        token = secrets.token_urlsafe(TOKEN_BYTES) if token is None else token
+        stream = self.streams[sid] = Stream(sid, token, t)
         return stream
 
     def get(self, stream_id):
         stream = self.streams.get(stream_id)
         if stream is None or stream.leaving:
             raise Refused(NOT_FOUND, 404, f"no stream {stream_id!r} here")
+        return stream
+
+    def claim(self, stream_id, token):
+        """The stream stream_id for a client that presents token: Refused
+        with 4401 (HTTP 401) when token is None, 4403 (403) when it is not
+        the stream's, 4404 when there is no such stream."""
+        stream = self.get(stream_id)
+        if token is None:
+            raise Refused(UNAUTHORIZED, 401, f"stream {stream_id!r} needs its resume token "
+                                             f"(token=, from the hello that opened it)")
+        if not hmac.compare_digest(token.encode(), stream.token.encode()):
+            raise Refused(FORBIDDEN, 403, f"that is not stream {stream_id!r}'s resume token")
         return stream
 
     def submit(self, stream, x, callback):
@@ -152,16 +186,17 @@ class Service:
             stream.conn.close(GONE, "the stream was exported to another server")
         state = self.table.export_state(stream.id)
         self.remove(stream)
-        return {"stream": stream.id, "t": stream.t, "dtype": self.y_dtype_name,
-                "fingerprint": self.fingerprint,
+        return {"stream": stream.id, "t": stream.t, "token": stream.token,
+                "dtype": self.y_dtype_name, "fingerprint": self.fingerprint,
                 "state": [a.astype(np.float64).tolist() for a in self._parts(state)]}
 
     def import_(self, stream_id, payload):
         """Adds the stream that export() gave as payload."""
         if not isinstance(payload, dict) or not isinstance(payload.get("state"), list) or (
-                type(payload.get("t")) is not int or payload["t"] < 0):
+                type(payload.get("t")) is not int or payload["t"] < 0) or not (
+                isinstance(payload.get("token"), str) and 0 < len(payload["token"]) <= 256):
             raise Refused(INVALID, 422, 'the body must be export\'s JSON: {"t": steps, '
-                                        '"state": [arrays], ...}')
+                                        '"token": the resume token, "state": [arrays], ...}')
         if payload.get("fingerprint", self.fingerprint) != self.fingerprint:
             raise Refused(INVALID, 422, "the state comes from another model (the "
                                         "fingerprints differ)")
@@ -181,7 +216,7 @@ class Service:
         if any(not np.array_equal(s.astype(np.float64), a) for s, a in zip(state, arrays)):
             raise Refused(INVALID, 422, f"the state's values are not exact {self.y_dtype_name} "
                                         f"values")
-        return self.add(stream_id, state, payload["t"])
+        return self.add(stream_id, state, payload["t"], payload["token"])
 
     # ---- restarts -----------------------------------------------------------
 
@@ -194,10 +229,11 @@ class Service:
                 stream.conn.close(RESTART, "the server restarts: reconnect and resume")
 
     def save(self, path):
-        """Writes every stream's state and step count to path (a new file,
-        renamed over the old one)."""
+        """Writes every stream's state, step count and resume token to path (a
+        new file, readable by its owner only, renamed over the old one)."""
         ids = list(self.streams)
         arrays = {"fingerprint": np.array(self.fingerprint), "ids": np.array(json.dumps(ids)),
+                  "tokens": np.array(json.dumps([self.streams[s].token for s in ids])),
                   "t": np.array([self.streams[s].t for s in ids], np.int64)}
         states = [self._parts(self.table.export_state(s)) for s in ids]
         for k, dtype in enumerate(self.state_dtypes):
@@ -205,7 +241,7 @@ class Service:
             a = np.concatenate([st[k] for st in states], axis=1) if ids else np.empty(shape, dtype)
             arrays[f"state{k}"] = a.view(np.uint16) if dtype.name == "bfloat16" else a
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
@@ -218,11 +254,11 @@ class Service:
             if str(f["fingerprint"]) != self.fingerprint:
                 raise ValueError(f"{path} holds the streams of another model (the "
                                  f"fingerprints differ)")
-            ids, ts = json.loads(str(f["ids"])), f["t"]
+            ids, ts, tokens = json.loads(str(f["ids"])), f["t"], json.loads(str(f["tokens"]))
             parts = [f[f"state{k}"] for k in range(len(self.state_dtypes))]
         parts = [p.view(d) for p, d in zip(parts, self.state_dtypes)]
-        for i, (sid, t) in enumerate(zip(ids, ts.tolist())):
-            self.add(sid, [p[:, i:i + 1] for p in parts], t)
+        for i, (sid, t, token) in enumerate(zip(ids, ts.tolist(), tokens)):
+            self.add(sid, [p[:, i:i + 1] for p in parts], t, token)
         return len(ids)
 
     def sweep(self, idle_timeout):
