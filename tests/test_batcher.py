@@ -23,6 +23,7 @@ from fastln.rnn import (
     StreamTable,
     UnknownStreamError,
 )
+from fastln.rnn._batcher import TIME_BUCKETS, _Histogram
 
 I, H = 5, 7
 
@@ -506,14 +507,30 @@ def test_metrics():
             await run_streams(b, ids, xs)
             return before, b.metrics()
     before, m = asyncio.run(main())
+    empty = {"le": list(TIME_BUCKETS), "counts": [0] * (len(TIME_BUCKETS) + 1), "sum": 0.0}
     assert before == {"batches": 0, "steps": 0, "batch_mean": 0.0, "batch_max": 0,
                       "batch_sizes": {}, "queue_delay_p50": None, "queue_delay_p99": None,
+                      "queue_delay_histogram": empty, "latency_histogram": empty,
                       "pending": 0, "rejected": 0, "failed": 0, "cancelled": 0,
                       "active_streams": 4, "evicted_streams": 0}
     assert m["steps"] == 12 and sum(m["batch_sizes"].values()) == m["batches"]
     assert sum(s * c for s, c in m["batch_sizes"].items()) == 12
     assert m["batch_mean"] == 12 / m["batches"] and m["batch_max"] == max(m["batch_sizes"])
     assert 0 <= m["queue_delay_p50"] <= m["queue_delay_p99"]
+    delay, latency = m["queue_delay_histogram"], m["latency_histogram"]
+    assert sum(delay["counts"]) == sum(latency["counts"]) == 12
+    assert 0 <= delay["sum"] <= latency["sum"]
+    # a step's latency is at least its delay: the cumulative counts never run ahead
+    assert all(a >= b for a, b in zip(np.cumsum(delay["counts"]), np.cumsum(latency["counts"])))
+
+
+def test_histogram_buckets_hold_their_upper_bound():
+    h = _Histogram()
+    h.add(np.array([0.0, TIME_BUCKETS[0], np.nextafter(TIME_BUCKETS[0], 1), TIME_BUCKETS[-1],
+                    TIME_BUCKETS[-1] * 2]))
+    counts = h.as_dict()["counts"]
+    assert counts[0] == 2 and counts[1] == 1 and counts[-2] == 1 and counts[-1] == 1
+    assert sum(counts) == 5
 
 
 def test_a_failing_batch_fails_its_steps_only():

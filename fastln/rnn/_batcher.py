@@ -42,6 +42,29 @@ _now = time.monotonic
 
 # how many recent queue delays the metrics' percentiles are taken over
 _RING = 4096
+# the upper bounds (seconds) of the metrics' delay and latency histograms;
+# a last bucket holds what is above them
+TIME_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25,
+                0.5, 1.0, 2.5)
+_BOUNDS = np.array(TIME_BUCKETS)
+
+
+class _Histogram:
+    """Counts of values by the buckets of TIME_BUCKETS (a value v counts in
+    the first bucket whose bound is >= v), with their sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(len(_BOUNDS) + 1, np.int64)
+        self.sum = 0.0
+
+    def add(self, values: _Array) -> None:
+        self.counts += np.bincount(np.searchsorted(_BOUNDS, values), minlength=len(self.counts))
+        self.sum += float(values.sum())
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"le": list(TIME_BUCKETS), "counts": self.counts.tolist(), "sum": self.sum}
 
 
 class OverloadedError(RuntimeError):
@@ -168,6 +191,7 @@ class StreamBatcher:
         self._cancelled = 0
         self._sizes = [0] * (self.max_batch + 1)
         self._delays: Deque[float] = deque(maxlen=_RING)
+        self._delay_hist, self._latency_hist = _Histogram(), _Histogram()
 
     # ---- the public interface ---------------------------------------------
 
@@ -337,7 +361,12 @@ class StreamBatcher:
             ``batch_max``: their sizes; ``batch_sizes``: {size: count};
             ``queue_delay_p50`` and ``queue_delay_p99``: seconds from a
             step's arrival to the start of its batch, over the last 4096
-            steps (None before any); ``pending``: steps waiting now;
+            steps (None before any); ``queue_delay_histogram`` and
+            ``latency_histogram``: every step's queue delay, and its
+            latency (from its arrival to the end of its batch's step), as
+            ``{"le": bucket bounds in seconds, "counts": steps per bucket
+            (one more, for those above the last bound), "sum": seconds}``;
+            ``pending``: steps waiting now;
             ``rejected``: OverloadedError raised; ``failed``: steps that
             got an error (unknown stream, a failed batch, the batcher
             closed); ``cancelled``: steps cancelled while waiting;
@@ -363,6 +392,8 @@ class StreamBatcher:
             "batch_sizes": {s: c for s, c in enumerate(self._sizes) if c},
             "queue_delay_p50": p50,
             "queue_delay_p99": p99,
+            "queue_delay_histogram": self._delay_hist.as_dict(),
+            "latency_histogram": self._latency_hist.as_dict(),
             "pending": self._pending,
             "rejected": self._rejected,
             "failed": self._failed,
@@ -632,7 +663,7 @@ class StreamBatcher:
                         self._failed += 1
                         f.set_exception(e)
                 continue
-            self._record(start, ts, len(y))
+            self._record(start, _now(), ts, len(y))
             done = (ids, futs, y, keep)
         if done is not None:
             self._answer(*done)
@@ -653,11 +684,15 @@ class StreamBatcher:
             except asyncio.InvalidStateError:
                 pass               # cancelled while its batch ran: the result is dropped
 
-    def _record(self, start: float, ts: List[float], n: int) -> None:
+    def _record(self, start: float, end: float, ts: List[float], n: int) -> None:
         self._batches += 1
         self._steps += n
         self._sizes[n] += 1
-        self._delays.extend([start - t for t in ts])
+        arrived = np.fromiter(ts, np.float64, len(ts))
+        delays = start - arrived
+        self._delays.extend(delays.tolist())
+        self._delay_hist.add(delays)
+        self._latency_hist.add(end - arrived)
 
 
 _done = operator.methodcaller("done")

@@ -3,6 +3,9 @@
 On --port (JSON bodies)::
 
     GET    /health                 the model, the settings, counters, cpu_seconds
+    GET    /health/live            200 {"live": true} while the event loop answers
+    GET    /health/ready           200 {"ready": true}, or 503 {"ready": false, "why": [...]}
+                                   while the server drains or its table is full
     POST   /streams                {"stream": id} optional -> 201 {"stream": id, "token": T}
     POST   /streams/{id}/step      {"x": [I numbers], "token": T}
                                    -> {"y": [H numbers], "t": step index}
@@ -30,6 +33,7 @@ from starlette.routing import Route
 
 from .errors import GONE, RESTART, STREAM_ID, UNSUPPORTED, Refused
 from .model import input_dtype
+from .protocol import PROBES
 
 
 async def read_json(request, limit):
@@ -109,8 +113,11 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
     def refused(e):
         return JSONResponse({"error": e.message}, status_code=e.status)
 
-    async def health(request):
-        return JSONResponse(service.health(*ports))
+    def probe(check):
+        async def endpoint(request):
+            status, reply = check(service, ports)
+            return JSONResponse(reply, status_code=status)
+        return endpoint
 
     async def listing(request):
         return JSONResponse({"streams": {sid: s.t for sid, s in service.streams.items()
@@ -186,7 +193,7 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code,
                             headers=exc.headers)
 
-    routes = [Route("/health", health, methods=["GET"]),
+    routes = [*(Route(path, probe(check), methods=["GET"]) for path, check in PROBES.items()),
               Route("/streams", admin(listing), methods=["GET"]),
               Route("/streams", create, methods=["POST"]),
               Route("/streams/{stream_id}/step", step, methods=["POST"]),

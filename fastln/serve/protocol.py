@@ -36,7 +36,8 @@ The server closes a connection with a code and a message that says why:
     4404  no such stream                           another connection holds it
     4410  the stream was exported
 
-GET /health on the WebSocket port answers as the HTTP one does, and GET
+GET /health, /health/live and /health/ready on the WebSocket port answer as
+the HTTP ones do (fastln.serve.admin), and GET
 /owner/STREAM_ID with this server's addresses (``--advertise``): asked
 through a proxy that routes by the stream id, it names the stream's owner.
 """
@@ -209,16 +210,39 @@ class Connection(WSListener):
             stream.seen = time.monotonic()
 
 
+def health(service, ports):
+    return 200, service.health(*ports)
+
+
+def live(service, ports):
+    """Liveness: the event loop answers."""
+    return 200, {"live": True}
+
+
+def ready(service, ports):
+    """Readiness (Service.readiness): 503 while the server drains or its table is full."""
+    ok, why = service.readiness()
+    return (200, {"ready": True}) if ok else (503, {"ready": False, "why": why})
+
+
+# the health paths, on both ports: (status, JSON reply) of (service, ports)
+PROBES = {"/health": health, "/health/live": live, "/health/ready": ready}
+
+
 def ws_factory(service, ports, address):
     """picows's listener factory: routes /ws/ID to a Connection, and answers
-    GET /health and GET /owner/ID (this server's addresses: through a proxy
+    the health probes (PROBES) and GET /owner/ID (this server's addresses: through a proxy
     that routes by the stream id, those of the server that owns ID)."""
     def factory(request):
         path, _, query = request.path.decode("latin-1").partition("?")
-        if path == "/health":
-            body = json.dumps(service.health(*ports)).encode()
-            return WSUpgradeResponseWithListener(WSUpgradeResponse.create_ok_response(
-                body, {"Content-Type": "application/json"}), None)
+        if path in PROBES:
+            status, reply = PROBES[path](service, ports)
+            body, headers = json.dumps(reply).encode(), {"Content-Type": "application/json"}
+            if status == 200:
+                response = WSUpgradeResponse.create_ok_response(body, headers)
+            else:
+                response = WSUpgradeResponse.create_error_response(status, body, headers)
+            return WSUpgradeResponseWithListener(response, None)
         if path.startswith("/owner/"):
             body = json.dumps({"http": f"http://{address}:{ports[1]}",
                                "ws": f"ws://{address}:{ports[0]}"}).encode()

@@ -268,6 +268,17 @@ class Service:
                        if s.conn is None and not s.inflight and now - s.seen > idle_timeout]:
             self.remove(stream)
 
+    def readiness(self):
+        """(ready, why not): ready to take new streams when the model is
+        loaded (it is, once the service exists), the server is not draining,
+        and the table has room."""
+        why = []
+        if self.draining:
+            why.append("draining")
+        if len(self.table) >= self.table.capacity:
+            why.append(f"full: {len(self.table)} streams, --capacity {self.table.capacity}")
+        return not why, why
+
     def health(self, ws_port, port):
         return {"status": "draining" if self.draining else "ok", "model": self.config,
                 "echo": self.echo, "streams": len(self.streams),
