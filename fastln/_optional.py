@@ -16,6 +16,7 @@ EXTRAS = {
     "picows": "serve",
     "starlette": "serve",
     "uvicorn": "serve",
+    "prometheus_client": "serve",
 }
 
 

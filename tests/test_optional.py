@@ -39,6 +39,7 @@ DISTRIBUTIONS = {
     "matplotlib": "matplotlib", "sklearn": "scikit-learn", "tqdm": "tqdm",
     "starlette": "starlette", "uvicorn": "uvicorn", "httpx": "httpx",
     "picows": "picows", "uvloop": "uvloop", "openvino": "openvino",
+    "prometheus_client": "prometheus_client",
     "pytest": "pytest", "hypothesis": "hypothesis", "mypy": "mypy", "Cython": "Cython",
     "sniffio": "httpx",   # httpx's own optional dependency, probed by the load test
 }
@@ -188,7 +189,7 @@ def test_each_optional_package_missing_in_turn(package):
         assert r.returncode == 0 and "RAISES" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
-@pytest.mark.parametrize("package", ["picows", "starlette", "uvicorn"])
+@pytest.mark.parametrize("package", ["picows", "starlette", "uvicorn", "prometheus_client"])
 def test_fastln_serve_without_the_serve_extra_names_it(package):
     r = run_blocked([package], "-m", "fastln.serve", "--help")
     assert r.returncode == 1 and package in r.stderr and 'fastln[serve]' in r.stderr, (

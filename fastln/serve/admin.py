@@ -6,6 +6,7 @@ On --port (JSON bodies)::
     GET    /health/live            200 {"live": true} while the event loop answers
     GET    /health/ready           200 {"ready": true}, or 503 {"ready": false, "why": [...]}
                                    while the server drains or its table is full
+    GET    /metrics                Prometheus's text format (fastln.serve.metrics)
     POST   /streams                {"stream": id} optional -> 201 {"stream": id, "token": T}
     POST   /streams/{id}/step      {"x": [I numbers], "token": T}
                                    -> {"y": [H numbers], "t": step index}
@@ -28,9 +29,10 @@ import json
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from . import metrics
 from .errors import GONE, RESTART, STREAM_ID, UNSUPPORTED, Refused
 from .model import input_dtype
 from .protocol import PROBES
@@ -103,6 +105,7 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
     the admin endpoints need admin_token when it is not None."""
     x_dtype = input_dtype(service.model)
     check_admin = bearer_check(admin_token)
+    registry = metrics.registry_of(service)
 
     def admin(endpoint):
         async def checked(request):
@@ -111,7 +114,11 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
         return checked
 
     def refused(e):
+        service.refused(e.reason)
         return JSONResponse({"error": e.message}, status_code=e.status)
+
+    async def scrape(request):
+        return Response(metrics.exposition(registry), media_type=metrics.CONTENT_TYPE)
 
     def probe(check):
         async def endpoint(request):
@@ -194,6 +201,7 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
                             headers=exc.headers)
 
     routes = [*(Route(path, probe(check), methods=["GET"]) for path, check in PROBES.items()),
+              Route("/metrics", scrape, methods=["GET"]),
               Route("/streams", admin(listing), methods=["GET"]),
               Route("/streams", create, methods=["POST"]),
               Route("/streams/{stream_id}/step", step, methods=["POST"]),

@@ -13,9 +13,22 @@ NOT_FOUND, CONFLICT, GONE = 4404, 4409, 4410
 CLOSE_WAIT = 5.0   # seconds a client has to answer the server's close frame
 
 
-class Refused(Exception):
-    """A request the server refuses: a WebSocket close code (or HTTP status) and why."""
+# the reason a refusal counts under in the metrics, by close code (a Refused
+# may name a finer one); the codes not here (1011, 1012, 4410) are not refusals
+REASONS = {UNSUPPORTED: "bad_frame", INVALID: "bad_frame", POLICY: "bad_request",
+           TRY_LATER: "overloaded", UNAUTHORIZED: "no_token", FORBIDDEN: "wrong_token",
+           NOT_FOUND: "not_found", CONFLICT: "conflict"}
+# every reason, so that each counter exists from the start
+REASON_NAMES = sorted({*REASONS.values(), "table_full", "queue_full", "too_many_connections",
+                       "draining", "bad_state"})
 
-    def __init__(self, code, status, message):
+
+class Refused(Exception):
+    """A request the server refuses: a WebSocket close code (or HTTP status),
+    why, and the reason it counts under in the metrics (REASON_NAMES; by
+    default that of the code)."""
+
+    def __init__(self, code, status, message, reason=None):
         super().__init__(message)
         self.code, self.status, self.message = code, status, message
+        self.reason = reason or REASONS.get(code, "bad_request")

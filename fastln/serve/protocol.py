@@ -62,6 +62,7 @@ from .errors import (
     INTERNAL,
     INVALID,
     POLICY,
+    REASONS,
     STREAM_ID,
     TRY_LATER,
     UNSUPPORTED,
@@ -94,7 +95,8 @@ class Connection(WSListener):
                 raise self.refusal
             if svc.connections > svc.max_connections:
                 raise Refused(TRY_LATER, 503, f"the server holds {svc.max_connections} "
-                                              f"connections, its --max-connections")
+                                              f"connections, its --max-connections",
+                              "too_many_connections")
             if self.new:
                 stream = svc.add(self.stream_id)
             else:
@@ -102,7 +104,7 @@ class Connection(WSListener):
             if stream.conn is not None:
                 raise Refused(CONFLICT, 409, f"another connection holds stream {stream.id!r}")
         except Refused as e:
-            self.close(e.code, e.message)
+            self.close(e.code, e.message, e.reason)
             return
         stream.conn, self.stream = self, stream
         if stream.inflight:        # steps of an earlier connection still run: t is not final
@@ -157,7 +159,7 @@ class Connection(WSListener):
         try:
             svc.submit(stream, x, self.answer)
         except Refused as e:
-            self.close(e.code, e.message)
+            self.close(e.code, e.message, e.reason)
 
     def _answer(self, y, error):
         svc, stream = self.service, self.stream
@@ -184,10 +186,14 @@ class Connection(WSListener):
         self.transport.send_close(WSCloseCode.OK)
         self.transport.disconnect()
 
-    def close(self, code, message):
+    def close(self, code, message, reason=None):
+        """Closes with code and message; a refusal (a code of errors.REASONS,
+        or a reason given) counts in the service's rejections."""
         if self.closed:
             return
         self.closed = True
+        if reason is not None or code in REASONS:
+            self.service.refused(reason or REASONS[code])
         # a close frame holds at most 123 bytes of reason
         reason = message.encode()[:123].decode("utf-8", "ignore").encode()
         self.transport.send_close(code, reason)

@@ -26,6 +26,7 @@ from .errors import (
     GONE,
     INVALID,
     NOT_FOUND,
+    REASON_NAMES,
     RESTART,
     TRY_LATER,
     UNAUTHORIZED,
@@ -34,6 +35,11 @@ from .errors import (
 from .model import check_streamable, config_of, input_dtype
 
 TOKEN_BYTES = 24   # a resume token's random bytes: 192 bits, 32 URL-safe characters
+
+
+def _bad_state(message):
+    """The refusal of an import whose body is not a state export() wrote."""
+    return Refused(INVALID, 422, message, "bad_state")
 
 
 class Stream:
@@ -65,6 +71,9 @@ class Service:
                                      max_pending=capacity * max_queue_per_stream)
         self.streams = {}
         self.max_connections, self.connections = max_connections, 0   # WebSocket connections
+        # refusals by reason (errors.REASON_NAMES) and streams the server ended by reason
+        self.rejections = dict.fromkeys(REASON_NAMES, 0)
+        self.evictions = {"idle_timeout": 0}
         self.steps = 0
         self.draining = False
         self.inflight = 0                # steps taken and not yet answered, all streams
@@ -105,10 +114,10 @@ class Service:
         if stream_id in self.streams:
             raise Refused(CONFLICT, 409, f"stream {stream_id!r} exists")
         if self.draining:
-            raise Refused(RESTART, 503, "the server restarts")
+            raise Refused(RESTART, 503, "the server restarts", "draining")
         if len(self.table) >= self.table.capacity:
             raise Refused(TRY_LATER, 429, f"the server holds {self.table.capacity} streams, "
-                                          f"its --capacity")
+                                          f"its --capacity", "table_full")
         if state is None:
             sid = self.table.open(stream_id)
         else:
@@ -145,7 +154,7 @@ class Service:
         try:
             self.batcher.submit(stream.id, x, callback)
         except OverloadedError as e:
-            raise Refused(TRY_LATER, 503, str(e)) from None
+            raise Refused(TRY_LATER, 503, str(e), "queue_full") from None
         except UnknownStreamError:
             raise Refused(NOT_FOUND, 404, f"no stream {stream.id!r} here") from None
         stream.inflight += 1
@@ -195,27 +204,25 @@ class Service:
         if not isinstance(payload, dict) or not isinstance(payload.get("state"), list) or (
                 type(payload.get("t")) is not int or payload["t"] < 0) or not (
                 isinstance(payload.get("token"), str) and 0 < len(payload["token"]) <= 256):
-            raise Refused(INVALID, 422, 'the body must be export\'s JSON: {"t": steps, '
-                                        '"token": the resume token, "state": [arrays], ...}')
+            raise _bad_state('the body must be export\'s JSON: {"t": steps, "token": the '
+                             'resume token, "state": [arrays], ...}')
         if payload.get("fingerprint", self.fingerprint) != self.fingerprint:
-            raise Refused(INVALID, 422, "the state comes from another model (the "
-                                        "fingerprints differ)")
+            raise _bad_state("the state comes from another model (the fingerprints differ)")
         parts = payload["state"]
         shape = (self.model.num_layers, 1, self.model.hidden_size)
         if len(parts) != len(self.state_dtypes):
-            raise Refused(INVALID, 422, f"state must hold {len(self.state_dtypes)} arrays, "
-                                        f"got {len(parts)}")
+            raise _bad_state(f"state must hold {len(self.state_dtypes)} arrays, "
+                             f"got {len(parts)}")
         try:
             arrays = [np.array(p, np.float64) for p in parts]
         except (TypeError, ValueError):
-            raise Refused(INVALID, 422, "state must hold arrays of numbers") from None
+            raise _bad_state("state must hold arrays of numbers") from None
         if any(a.shape != shape for a in arrays):
-            raise Refused(INVALID, 422, f"each state array must have shape {shape}, got "
-                                        f"{[a.shape for a in arrays]}")
+            raise _bad_state(f"each state array must have shape {shape}, got "
+                             f"{[a.shape for a in arrays]}")
         state = [a.astype(d) for a, d in zip(arrays, self.state_dtypes)]
         if any(not np.array_equal(s.astype(np.float64), a) for s, a in zip(state, arrays)):
-            raise Refused(INVALID, 422, f"the state's values are not exact {self.y_dtype_name} "
-                                        f"values")
+            raise _bad_state(f"the state's values are not exact {self.y_dtype_name} values")
         return self.add(stream_id, state, payload["t"], payload["token"])
 
     # ---- restarts -----------------------------------------------------------
@@ -267,6 +274,11 @@ class Service:
         for stream in [s for s in self.streams.values()
                        if s.conn is None and not s.inflight and now - s.seen > idle_timeout]:
             self.remove(stream)
+            self.evictions["idle_timeout"] += 1
+
+    def refused(self, reason):
+        """Counts a refusal under reason (errors.REASON_NAMES)."""
+        self.rejections[reason] += 1
 
     def readiness(self):
         """(ready, why not): ready to take new streams when the model is
