@@ -14,6 +14,12 @@ an .npz of a forward LNLSTM, LNGRU or LSTM's bare state_dict (float or int8),
 or an .onnx file with one LSTM, GRU or RNN node. The WebSocket protocol is
 fastln.serve.protocol's, the HTTP endpoints fastln.serve.admin's.
 
+Access: each stream has a resume token that its reconnects and HTTP steps
+present; the admin endpoints (list, delete, export, import) take the bearer
+token of --admin-token-file or $FASTLN_SERVE_ADMIN_TOKEN, and without one the
+server listens on a loopback --host only, unless --allow-open-admin. GET
+/metrics (Prometheus), /health/live and /health/ready watch it.
+
 Restarts lose nothing: on SIGTERM or SIGINT the server stops taking frames,
 lets every step it took finish and answers it, closes every WebSocket with
 1012, writes every stream's state and step count to --state-file (a new file,
