@@ -15,6 +15,8 @@ The modules, one concept each:
 - :mod:`fastln.serve.admin`: the HTTP endpoints;
 - :mod:`fastln.serve.client`: :class:`StreamClient`, and helpers to start a
   server and move a stream;
+- :mod:`fastln.serve.cluster`: moving streams when servers come and go behind a
+  proxy (``rebalance``, ``drain``);
 - :mod:`fastln.serve.model`: model files and the single-stream reference run;
 - :mod:`fastln.serve.loadtest`: the load generator;
 - :mod:`fastln.serve.cli`: the command line.
