@@ -54,3 +54,9 @@ def test_guide_runs_from_the_installed_package(tmp_path):
     assert health["status"] == "ok" and health["streams"] == 1
     assert "saved 1 streams to streams.npz" in out
     assert (tmp_path / "streams.npz").exists() and (tmp_path / "model.npz").exists()
+
+
+def test_the_lazy_names_are_the_exported_ones():
+    import fastln.serve
+
+    assert sorted(fastln.serve.__all__) == sorted(fastln.serve._EXPORTS)

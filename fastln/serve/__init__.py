@@ -27,14 +27,21 @@ raises an ImportError that names the package and the extra.
 """
 import importlib
 import sys
+from typing import TYPE_CHECKING
 
 from .._optional import EXTRAS, missing
+
+if TYPE_CHECKING:   # the names __getattr__ gives, for type checkers
+    from .client import Closed, StreamClient, move_stream, run_server
+    from .model import load_model, save_model
+    from .service import Service
 
 _EXPORTS = {"StreamClient": "client", "Closed": "client", "move_stream": "client",
             "run_server": "client", "Service": "service", "save_model": "model",
             "load_model": "model"}
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["Closed", "Service", "StreamClient", "load_model", "move_stream", "run_server",
+           "save_model"]
 
 
 def _load(module):
