@@ -835,3 +835,275 @@ def test_cancelled_submit_futures_leave_the_queues():
     assert ys[2].tobytes() == alone(model, xs[1])[0].tobytes()
     assert done["cancelled"] == 3 and done["pending"] == 0 and done["steps"] == 4
     assert done["rejected"] == 1
+
+
+# ---- blocks: submit_block ---------------------------------------------------
+
+class XRecordingTable(RecordingTable):
+    """A RecordingTable that keeps the x array of every step too."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.xs = []
+
+    def step(self, ids, x, out=None):
+        self.xs.append(x)
+        return super().step(ids, x, out)
+
+
+def block_of(xs, ks, t):
+    """The block of streams ks at step t: (len(ks), I), C-contiguous."""
+    return np.ascontiguousarray(xs[ks, t])
+
+
+def test_blocks_match_each_stream_alone_and_keep_order_with_single_steps():
+    """Blocks that share streams, and single steps of the same streams in
+    between, run in submission order per stream, one step per stream per
+    batch, with results bitwise those of each stream alone."""
+    model = LNLSTM(I, H, seed=30)
+    table = RecordingTable(model, 8)
+    ids = [table.open() for _ in range(5)]
+    xs = inputs(5, 6, seed=30)
+    table.gate = threading.Event()
+
+    async def main():
+        got = {sid: [] for sid in ids}
+        order = []
+
+        def answer_block(ks):
+            def answer(y, error):
+                assert error is None
+                order.append(tuple(ks))
+                for row, k in zip(y, ks):
+                    got[ids[k]].append(row.copy())
+            return answer
+
+        def answer_one(k):
+            return lambda y, error: got[ids[k]].append(y.copy())
+
+        async with StreamBatcher(table) as b:
+            b.submit(ids[4], xs[4, 0], answer_one(4))      # runs, held at the gate
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            t = [0, 0, 0, 0, 1]                            # each stream's next step
+
+            def block(ks):
+                b.submit_block([ids[k] for k in ks], block_of(xs, ks, [t[k] for k in ks]),
+                               answer_block(ks))
+                for k in ks:
+                    t[k] += 1
+
+            def one(k):
+                b.submit(ids[k], xs[k, t[k]], answer_one(k))
+                t[k] += 1
+            block([0, 1, 2])
+            one(1)
+            block([1, 3])
+            block([2, 4])
+            one(0)
+            block([0, 1, 2, 3, 4])
+            one(3)
+            table.gate.set()
+            while any(len(got[sid]) < t[k] for k, sid in enumerate(ids)):
+                await asyncio.sleep(0.001)
+            return got, order, t, b.metrics()
+    got, order, t, m = asyncio.run(main())
+    check_calls(table.calls, 8)
+    for k, sid in enumerate(ids):
+        assert [y.tobytes() for y in got[sid]] == [
+            w.tobytes() for w in alone(model, xs[k, :t[k]])], k
+    # (1, 3) waits for stream 1's single step, which waits for (0, 1, 2):
+    # (2, 4), with no older step of its streams left, runs before it
+    assert order == [(0, 1, 2), (2, 4), (1, 3), (0, 1, 2, 3, 4)]
+    assert m["steps"] == sum(t) and m["failed"] == m["cancelled"] == m["pending"] == 0
+    assert sum(m["latency_histogram"]["counts"]) == sum(t)
+
+
+def test_a_lone_block_is_the_batch_as_it_is_and_a_big_one_runs_alone():
+    """A block that is the whole batch reaches the table as the caller's own
+    array; one of more than max_batch steps runs as a batch of its own; the
+    blocks around it keep to max_batch."""
+    model = LNLSTM(I, H, seed=31)
+    table = XRecordingTable(model, 8)
+    ids = [table.open() for _ in range(6)]
+    xs = inputs(6, 3, seed=31)
+    table.gate = threading.Event()
+
+    async def main():
+        async with StreamBatcher(table, max_batch=3) as b:
+            x0 = block_of(xs, [0, 1], 0)
+            first = b.submit_block(ids[:2], x0)
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            big = b.submit_block(ids[:5], block_of(xs, [0, 1, 2, 3, 4], 1))
+            small = b.submit_block([ids[5]], block_of(xs, [5], 0))
+            table.gate.set()
+            return x0, [await first, await big, await small], b.metrics()
+    x0, ys, m = asyncio.run(main())
+    assert table.xs[0] is x0
+    assert table.calls[1] == ids[:5]
+    assert len(table.calls) == 3 and m["batch_max"] == 5
+    assert ys[2].tobytes() == alone(model, xs[5, :1])[0].tobytes()
+    for k in range(2):
+        want = alone(model, xs[k, :2])
+        assert [ys[0][k].tobytes(), ys[1][k].tobytes()] == [w.tobytes() for w in want]
+
+
+def test_a_bfloat16_model_takes_bfloat16_and_float32_blocks():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    model = LNLSTM(I, H, seed=32).to(ml_dtypes.bfloat16)
+    table = StreamTable(model, 4)
+    a, c = table.open(), table.open()
+    xs = inputs(2, 2, seed=32).astype(ml_dtypes.bfloat16)
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            f1 = b.submit_block([a, c], block_of(xs, [0, 1], 0))
+            f2 = b.submit_block([a, c], block_of(xs, [0, 1], 1).astype(np.float32))
+            return await f1, await f2
+    y1, y2 = asyncio.run(main())
+    for k in range(2):
+        want = alone(model, xs[k].astype(np.float32))
+        assert [y1[k].tobytes(), y2[k].tobytes()] == [w.tobytes() for w in want]
+
+
+def test_submit_block_errors():
+    table = StreamTable(LNLSTM(I, H, seed=0), 8)
+    a, c = table.open(), table.open()
+    x2 = np.ones((2, I), np.float32)
+
+    async def main():
+        async with StreamBatcher(table, max_pending=3) as b:
+            with pytest.raises(ValueError, match="at least one"):
+                b.submit_block([], np.ones((0, I), np.float32))
+            with pytest.raises(ValueError, match="more than once"):
+                b.submit_block([a, a], x2)
+            with pytest.raises(UnknownStreamError, match="'nope'"):
+                b.submit_block([a, "nope"], x2)
+            with pytest.raises(ValueError, match=r"\(len\(ids\), input_size\)"):
+                b.submit_block([a, c], np.ones((3, I), np.float32))
+            with pytest.raises(TypeError, match="dtype int64"):
+                b.submit_block([a, c], np.ones((2, I), np.int64))
+            ys = await b.submit_block([a, c], [[0.5] * I] * 2)      # a list converts
+            fut = b.submit_block([a, c], x2)
+            with pytest.raises(OverloadedError, match="max_pending"):
+                b.submit_block([a, c], x2)
+            await fut
+            m = b.metrics()
+        with pytest.raises(RuntimeError, match="closed"):
+            b.submit_block([a], x2[:1])
+        return ys, m
+    ys, m = asyncio.run(main())
+    assert ys.shape == (2, H) and m["rejected"] == 1 and m["steps"] == 4
+
+
+def test_blocks_closed_cancelled_or_left_waiting():
+    """A block whose stream closes while it waits fails whole (none of its
+    steps runs); a cancelled block leaves the queue; blocks waiting when the
+    batcher closes get RuntimeError; a callback that raises is reported."""
+    model = LNLSTM(I, H, seed=33)
+    table = RecordingTable(model, 8)
+    ids = [table.open() for _ in range(4)]
+    xs = inputs(4, 2, seed=33)
+    table.gate = threading.Event()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        reported = []
+        loop.set_exception_handler(lambda loop, context: reported.append(context))
+        got = []
+        async with StreamBatcher(table) as b:
+            first = b.submit_block([ids[3]], block_of(xs, [3], 0))    # runs, held
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            b.submit_block(ids[:2], block_of(xs, [0, 1], 0),
+                           lambda y, error: got.append(type(error).__name__))
+            gone = b.submit_block([ids[2]], block_of(xs, [2], 0))
+            gone.cancel()
+            b.submit_block([ids[2]], block_of(xs, [2], 0), lambda y, error: 1 / 0)
+            table.close(ids[1])
+            table.gate.set()
+            await first
+            while len(table.calls) < 2 or not reported:
+                await asyncio.sleep(0.001)
+            table.gate = threading.Event()
+            table.entered.clear()
+            held = b.submit_block([ids[0]], block_of(xs, [0], 0))
+            while not table.entered.is_set():
+                await asyncio.sleep(0.001)
+            b.submit_block([ids[0]], block_of(xs, [0], 1),
+                           lambda y, error: got.append(type(error).__name__))
+            closing = asyncio.ensure_future(b.aclose())
+            await asyncio.sleep(0.01)
+            table.gate.set()
+            await closing
+            y0 = await held
+        return got, reported, y0, b.metrics()
+    got, reported, y0, m = asyncio.run(main())
+    assert got == ["UnknownStreamError", "RuntimeError"]
+    assert table.calls[1] == [ids[2]] and len(table.calls) == 3   # ids[0] ran once, alone
+    assert y0.tobytes() == alone(model, xs[0, :1])[0].tobytes()
+    assert [type(c["exception"]) for c in reported] == [ZeroDivisionError]
+    assert reported[0]["message"] == "a StreamBatcher.submit_block callback raised"
+    assert m["cancelled"] == 1 and m["failed"] == 3 and m["pending"] == 0
+
+
+def test_a_stream_closed_while_its_block_runs_fails_the_block():
+    model = LNLSTM(I, H, seed=34)
+    table = RecordingTable(model, 8)
+    a, c, d = table.open(), table.open(), table.open()
+    xs = inputs(3, 1, seed=34)
+    table.close_at = {0: [c]}
+
+    async def main():
+        async with StreamBatcher(table) as b:
+            b.submit(d, xs[2, 0])                       # in the same batch, after the block
+            blk = b.submit_block([a, c], block_of(xs, [0, 1], 0))
+            solo = b.submit(d, xs[2, 0])
+            with pytest.raises(UnknownStreamError):
+                await blk
+            return await solo, b.metrics()
+    y, m = asyncio.run(main())
+    assert m["failed"] == 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_blocks_and_single_steps(seed):
+    """Random blocks and single steps of 12 streams from several tasks, with
+    a small max_batch: every stream's results in order and bitwise its own,
+    no batch past max_batch (no block is larger), no stream twice in one."""
+    model = LNLSTM(I, H, seed=35)
+    n, T, max_batch = 12, 10, 5
+    table = RecordingTable(model, n)
+    ids = [table.open() for _ in range(n)]
+    xs = inputs(n, T, seed=35 + seed)
+    rng = random.Random(seed)
+
+    async def main():
+        got = {k: [] for k in range(n)}
+        nxt = [0] * n
+        async with StreamBatcher(table, max_batch=max_batch, max_queue_per_stream=T,
+                                 max_pending=n * T) as b:
+            pending = []
+            while min(nxt) < T:
+                free = [k for k in range(n) if nxt[k] < T]
+                ks = rng.sample(free, min(len(free), rng.randint(1, max_batch)))
+                if len(ks) == 1 and rng.random() < 0.5:
+                    k = ks[0]
+                    pending.append(((k,), b.submit(ids[k], xs[k, nxt[k]])))
+                else:
+                    x = np.stack([xs[k, nxt[k]] for k in ks])
+                    pending.append((tuple(ks), b.submit_block([ids[k] for k in ks], x)))
+                for k in ks:
+                    nxt[k] += 1
+                if rng.random() < 0.3:
+                    await asyncio.sleep(0 if rng.random() < 0.5 else 1e-4)
+            for ks, f in pending:
+                y = await f
+                for i, k in enumerate(ks):
+                    got[k].append((y if y.ndim == 1 else y[i]).copy())
+        return got
+    got = asyncio.run(main())
+    check_calls(table.calls, max_batch)
+    for k in range(n):
+        assert [y.tobytes() for y in got[k]] == [w.tobytes() for w in alone(model, xs[k])], k

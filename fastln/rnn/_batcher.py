@@ -4,24 +4,27 @@ steps.
 
 A server (Starlette, aiohttp, grpc.aio, a raw TCP loop) awaits
 ``batcher.step(stream_id, x)`` in each request handler, or, from a
-transport's callbacks, calls ``batcher.submit(stream_id, x, callback)``. The
-batcher queues the step and a worker task forms batches of at most one step
-per stream, oldest first, and runs each in a worker thread, so that the
-event loop keeps taking requests while the model runs. The per-request work
-on the event loop is kept small (a future or a callback, a deque append, one
-row view of the batch's output): with many streams and a small model it is
-a large part of the cost of each step.
+transport's callbacks, calls ``batcher.submit(stream_id, x, callback)``. A
+transport whose messages each carry the steps of several streams hands
+each message over whole with ``batcher.submit_block(ids, x, callback)``.
+The batcher queues the steps and a worker task forms batches of at most
+one step per stream, oldest first, and runs each in a worker thread, so
+that the event loop keeps taking requests while the model runs. The
+per-request work on the event loop is kept small (a future or a callback,
+a deque append, one row view of the batch's output): with many streams
+and a small model it is a large part of the cost of each step.
 """
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import itertools
 import math
 import operator
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -29,12 +32,14 @@ import numpy.typing as npt
 from .. import _api
 from ._base import _Array, _positive_int
 from ._bf16 import _is_bf16
-from ._streams import StreamTable, UnknownStreamError, _unknown
+from ._streams import StreamTable, UnknownStreamError, _repeated, _unknown
 
 __all__ = ["StreamBatcher", "OverloadedError"]
 
 # a waiting step: (its future, its x row, its arrival time on the loop's clock)
 _Item = Tuple["asyncio.Future[_Array]", _Array, float]
+# a waiting block of submit_block: (its future, its streams, its x rows, its arrival time)
+_Block = Tuple["asyncio.Future[_Array]", List[Hashable], _Array, float]
 
 # the clock of arrival times and deadlines (the loop's own clock may be
 # another one, as uvloop's, so timers are set with call_later)
@@ -62,6 +67,11 @@ class _Histogram:
     def add(self, values: _Array) -> None:
         self.counts += np.bincount(np.searchsorted(_BOUNDS, values), minlength=len(self.counts))
         self.sum += float(values.sum())
+
+    def add_many(self, value: float, count: int) -> None:
+        """Adds value count times (the steps of one block)."""
+        self.counts[bisect.bisect_left(TIME_BUCKETS, value)] += count
+        self.sum += value * count
 
     def as_dict(self) -> Dict[str, Any]:
         return {"le": list(TIME_BUCKETS), "counts": self.counts.tolist(), "sum": self.sum}
@@ -127,6 +137,13 @@ class StreamBatcher:
     with a max_batch below the number of busy streams the event loop serves
     one group of streams while the model runs another's batch.
 
+    :meth:`submit_block` queues the steps of several streams as one block,
+    which runs whole in one batch: its rows are copied into the batch in
+    one piece (or, for a batch of that block alone, handed to the table as
+    they are), and it is answered with one array. Blocks and single steps
+    share the per-stream order: a stream's steps run in the order they were
+    submitted, whichever way, one per batch.
+
     Examples
     --------
     >>> import asyncio
@@ -182,6 +199,9 @@ class StreamBatcher:
         self._queues: Dict[Hashable, Deque[_Item]] = {}
         self._waiting: Dict[Hashable, Deque[_Item]] = {}
         self._unsorted = False     # a head step was removed: re-sort before the next batch
+        # the blocks of submit_block, in arrival order, and the steps they hold
+        self._blocks: Deque[_Block] = deque()
+        self._block_steps = 0
         self._pending = 0          # waiting steps over all streams
         self._closed = False
         self._batches = 0
@@ -321,6 +341,104 @@ class StreamBatcher:
         self._queue(stream_id, x, _Callback(callback))
         return None
 
+    def submit_block(self, ids: Sequence[Hashable], x: npt.ArrayLike,
+                     callback: Optional[Callable[[Optional[_Array], Optional[BaseException]],
+                                                 Any]] = None
+                     ) -> Optional[asyncio.Future[_Array]]:
+        """Queues one step of each of several streams as one block: for
+        transports whose messages carry many streams' steps.
+
+        The block runs whole, in one batch, with no object made per step:
+        its x rows go into the batch in one copy (none when the block is
+        the whole batch) and its answer is one array of its rows of y. Its
+        streams' steps keep their order with every other step of theirs,
+        single or in other blocks: a block waits for a batch in which none
+        of its streams has an older step waiting. A block of more than
+        max_batch steps runs as a batch of its own.
+
+        Parameters
+        ----------
+        ids : sequence of hashable
+            Open streams of the table, each at most once.
+        x : array_like, shape (len(ids), input_size)
+            Row i is stream ids[i]'s input, in the model's dtype (float32
+            too for a bfloat16 model). An array is kept, not copied, until
+            its batch forms: do not change it meanwhile.
+        callback : callable, optional
+            ``callback(y, error)``, called on the event loop once the
+            block's batch has run: y, shape (len(ids), hidden_size), the
+            block's rows (a view) of the batch's output, and None; or None
+            and the exception (UnknownStreamError for a stream closed or
+            evicted while the block waited, in which case none of its steps
+            ran, or while its batch ran, in which case the others' states
+            have advanced; RuntimeError when the batcher closes; or the
+            batch's own error).
+
+        Returns
+        -------
+        asyncio.Future or None
+            Without callback, the block's future: it resolves to y.
+            Cancelling it before its batch forms removes the block. With
+            callback, None.
+
+        Raises
+        ------
+        OverloadedError
+            When the block would take the waiting steps past max_pending
+            (max_queue_per_stream bounds single steps only: a caller of
+            submit_block bounds its own blocks in flight).
+        UnknownStreamError
+            For a stream the table does not hold now.
+        ValueError
+            For no ids, an id given twice, or x of the wrong shape.
+        TypeError
+            For x of the wrong dtype.
+        RuntimeError
+            When the batcher is closed, or there is no running event loop.
+
+        Examples
+        --------
+        >>> import asyncio
+        >>> import numpy as np
+        >>> from fastln.rnn import LNGRU, StreamBatcher, StreamTable
+        >>> table = StreamTable(LNGRU(input_size=2, hidden_size=3, seed=0), capacity=4)
+        >>> a, b, c = table.open(), table.open(), table.open()
+        >>> async def main():
+        ...     async with StreamBatcher(table) as batcher:
+        ...         first = batcher.submit_block([a, b], np.ones((2, 2), np.float32))
+        ...         second = batcher.submit_block([b, c], np.ones((2, 2), np.float32))
+        ...         y1, y2 = await first, await second
+        ...         return y1.shape, y2.shape, batcher.metrics()["batches"]
+        >>> asyncio.run(main())
+        ((2, 3), (2, 3), 2)
+        """
+        if self._closed:
+            raise RuntimeError("batcher closed")
+        ids = list(ids)
+        n = len(ids)
+        if not n:
+            raise ValueError("ids must name at least one stream")
+        if not all(map(self._has, ids)):
+            raise UnknownStreamError(_unknown(next(s for s in ids if not self._has(s))))
+        if len(set(ids)) != n:
+            raise ValueError(f"ids names a stream more than once: {_repeated(ids)!r}")
+        if x.__class__ is not np.ndarray or x.shape != (n, self._xshape[0]) or (  # type: ignore
+                x.dtype not in self._xdtypes):  # type: ignore[union-attr]
+            x = self._convert_block(x, n)
+        loop = self._loop or self._start()
+        if self._pending + n > self.max_pending:
+            self._purge()
+            if self._pending + n > self.max_pending:
+                self._rejected += 1
+                raise OverloadedError(f"{self._pending} steps are waiting and the block holds "
+                                      f"{n}: past the batcher's limit (max_pending)")
+        sink = loop.create_future() if callback is None else _Callback(callback, "submit_block")
+        self._blocks.append((sink, ids, x, _now()))  # type: ignore[arg-type]
+        self._pending += n
+        self._block_steps += n
+        self._rouse()
+        return sink if callback is None else None  # type: ignore[return-value]
+
     def _queue(self, stream_id: Hashable, x: npt.ArrayLike, sink: Any) -> Any:
         """Queues one step; sink is a _Callback, or None for a new future. Returns the sink."""
         if self._closed:
@@ -418,14 +536,7 @@ class StreamBatcher:
         self._rouse()
         if self._worker is not None and not self._worker.done():
             await asyncio.wait({self._worker})    # its own error, if any, stays with it
-        err = RuntimeError("batcher closed")
-        for q in self._waiting.values():
-            for fut, _, _ in q:
-                if not fut.done():
-                    self._failed += 1
-                    fut.set_exception(err)
-        self._waiting.clear()
-        self._pending = 0
+        self._fail_waiting(RuntimeError("batcher closed"))
         if self._own_executor and self._executor is not None:
             self._executor.shutdown(wait=False)
 
@@ -476,9 +587,29 @@ class StreamBatcher:
             raise ValueError(f"x must have shape {self._xshape} (input_size,), got {x.shape}")
         return x
 
+    def _convert_block(self, x: npt.ArrayLike, n: int) -> _Array:
+        """x as a block's rows, (n, input_size), or the model's error."""
+        if isinstance(x, np.ndarray):
+            if x.dtype not in self._xdtypes:
+                raise TypeError(f"x has dtype {x.dtype}, but the model takes "
+                                f"{' or '.join(sorted(set(map(str, self._xdtypes))))}")
+        else:
+            x = np.asarray(x, self._xdtype)
+        if x.shape != (n, self._xshape[0]):
+            raise ValueError(f"x must have shape (len(ids), input_size) = "
+                             f"{(n, self._xshape[0])}, got {x.shape}")
+        return x
+
     def _purge(self) -> None:
         """Removes the waiting steps whose futures were cancelled (submit()'s
         callers cancel them without telling the batcher)."""
+        if any(map(_done, (b[0] for b in self._blocks))):
+            blocks = [b for b in self._blocks if not b[0].done()]
+            gone = sum(len(b[1]) for b in self._blocks) - sum(len(b[1]) for b in blocks)
+            self._cancelled += gone
+            self._pending -= gone
+            self._block_steps -= gone
+            self._blocks = deque(blocks)
         for sid, q in list(self._waiting.items()):
             if not any(map(_done, (item[0] for item in q))):
                 continue
@@ -536,24 +667,37 @@ class StreamBatcher:
                 self._wake = None
 
     def _ready(self) -> Optional[float]:
-        """None when a batch may run now, else the time at which it may."""
+        """None when a batch may run now, else the time at which it may.
+        A block's steps count as that many waiting streams (they may share
+        streams with other waiting steps: a batch may then run before the
+        delay ends, never later)."""
         waiting = self._waiting
-        if (self.max_delay == 0 or len(waiting) >= self.max_batch
-                or (self.run_when_all_waiting and len(waiting) >= len(self.table))):
+        count = len(waiting) + self._block_steps
+        if (self.max_delay == 0 or count >= self.max_batch
+                or (self.run_when_all_waiting and count >= len(self.table))):
             return None
-        oldest = min(q[0][2] for q in waiting.values()) if self._unsorted else \
-            next(iter(waiting.values()))[0][2]
+        if not waiting:
+            oldest = self._blocks[0][3]
+        else:
+            oldest = min(q[0][2] for q in waiting.values()) if self._unsorted else \
+                next(iter(waiting.values()))[0][2]
+            if self._blocks:
+                oldest = min(oldest, self._blocks[0][3])
         deadline = oldest + self.max_delay
         return None if _now() >= deadline else deadline
 
     def _take(self) -> Tuple[List[Hashable], List[asyncio.Future[_Array]], List[_Array],
-                             List[float]]:
+                             List[float], List[_Block]]:
         """Takes the next batch off the queues: the head step of each of the
-        (up to max_batch) streams whose head steps are the oldest."""
+        (up to max_batch) streams whose head steps are the oldest, or, with
+        blocks waiting, what _take_with_blocks takes. Returns the single
+        steps' ids, futures, x rows and arrival times, and the blocks."""
         waiting = self._waiting
         if self._unsorted:
             self._unsorted = False
             waiting = self._waiting = dict(sorted(waiting.items(), key=_head_time))
+        if self._blocks:
+            return self._take_with_blocks()
         if len(waiting) <= self.max_batch:
             taken = list(waiting.items())
             waiting = self._waiting = {}
@@ -561,7 +705,74 @@ class StreamBatcher:
             taken = list(itertools.islice(waiting.items(), self.max_batch))
             for sid, _ in taken:
                 del waiting[sid]
+        return (*self._heads(taken), [])
+
+    def _take_with_blocks(self) -> Tuple[List[Hashable], List[asyncio.Future[_Array]],
+                                         List[_Array], List[float], List[_Block]]:
+        """The next batch when blocks wait: the waiting units (a stream's
+        head step, or a block) oldest first, each taken when none of its
+        streams is in the batch already or has an older step left waiting,
+        until max_batch steps; a block that does not fit is left (its
+        streams with it), and one alone may pass max_batch."""
+        items = list(self._waiting.items())
+        blocks, kept = self._blocks, deque()   # type: Deque[_Block], Deque[_Block]
+        claimed: set = set()       # streams in the batch
+        held: set = set()          # streams with a step left waiting before the next unit
+        taken, chosen = [], []     # type: List[Tuple[Hashable, Deque[_Item]]], List[_Block]
+        size, i, limit = 0, 0, self.max_batch
+        while blocks and size < limit:
+            head = items[i][1][0][2] if i < len(items) else math.inf
+            if head < blocks[0][3]:
+                sid, q = items[i]
+                i += 1
+                if sid not in claimed and sid not in held:
+                    claimed.add(sid)
+                    taken.append((sid, q))
+                    size += 1
+                continue
+            block = blocks.popleft()
+            sink, ids, _, _ = block
+            n = len(ids)
+            if sink.done():        # cancelled while it waited
+                self._cancelled += n
+            elif not all(map(self._has, ids)):   # a stream closed or evicted while it waited
+                self._failed += n
+                sink.set_exception(UnknownStreamError(_unknown(
+                    next(s for s in ids if not self._has(s)))))
+            elif (size and size + n > limit) or not claimed.isdisjoint(ids) or (
+                    held and not held.isdisjoint(ids)):
+                held.update(ids)
+                kept.append(block)
+                continue
+            else:
+                claimed.update(ids)
+                chosen.append(block)
+                size += n
+            self._pending -= n
+            self._block_steps -= n
+        kept.extend(blocks)
+        self._blocks = kept
+        for sid, q in items[i:]:
+            if size >= limit:
+                break
+            if sid not in claimed and sid not in held:
+                claimed.add(sid)
+                taken.append((sid, q))
+                size += 1
+        for sid, _ in taken:
+            del self._waiting[sid]
+        return (*self._heads(taken), chosen)
+
+    def _heads(self, taken: List[Tuple[Hashable, Deque[_Item]]]
+               ) -> Tuple[List[Hashable], List[asyncio.Future[_Array]], List[_Array],
+                          List[float]]:
+        """Pops the head step of each taken stream (whose queues are out of
+        _waiting), puts the streams with more steps back in arrival order,
+        and drops cancelled steps and those of streams the table no longer holds."""
+        waiting = self._waiting
         self._pending -= len(taken)
+        if not taken:
+            return [], [], [], []
         heads = [q.popleft() for _, q in taken]
         rest = [(sid, q) for sid, q in taken if q]
         if rest:
@@ -616,31 +827,41 @@ class StreamBatcher:
             # a worker that stops for any other reason than aclose leaves no
             # step waiting forever: they, and later steps, get the error
             self._closed = True
-            err = e if isinstance(e, Exception) else RuntimeError("batcher stopped")
-            for q in self._waiting.values():
-                for fut, _, _ in q:
-                    if not fut.done():
-                        self._failed += 1
-                        fut.set_exception(err)
-                q.clear()
-            self._waiting.clear()
-            self._pending = 0
+            self._fail_waiting(e if isinstance(e, Exception) else RuntimeError("batcher stopped"))
             raise
+
+    def _fail_waiting(self, err: Exception) -> None:
+        """Gives every waiting step and block the error, and empties the queues."""
+        for q in self._waiting.values():
+            for fut, _, _ in q:
+                if not fut.done():
+                    self._failed += 1
+                    fut.set_exception(err)
+            q.clear()
+        self._waiting.clear()
+        blocks, self._blocks = self._blocks, deque()
+        for sink, ids, _, _ in blocks:
+            if not sink.done():
+                self._failed += len(ids)
+                sink.set_exception(err)
+        self._pending = self._block_steps = 0
 
     async def _serve(self) -> None:
         loop = self._loop
         assert loop is not None
         done: Optional[Tuple[List[Hashable], List[asyncio.Future[_Array]], _Array,
-                             Optional[List[int]]]] = None
+                             Optional[List[int]], List[_Block]]] = None
         while not self._closed:
             # the next batch starts before the last one's steps are answered,
             # so that the event loop serves them while the model runs
             running = None
-            if self._waiting and self._ready() is None:
-                ids, futs, xs, ts = self._take()
+            if (self._waiting or self._blocks) and self._ready() is None:
+                ids, futs, xs, ts, blocks = self._take()
+                if blocks:
+                    ids = self._block_ids(blocks, ids)
                 if ids:
                     start = _now()
-                    x = np.stack(xs, out=self._xbuf[:len(ids)])
+                    x = self._gather(xs, blocks, len(ids))
                     running = loop.run_in_executor(self._executor, self._compute, ids, x)
             if done is not None:
                 self._answer(*done)
@@ -650,8 +871,8 @@ class StreamBatcher:
                     await asyncio.sleep(0)
                     continue
             if running is None:
-                deadline = self._ready() if self._waiting else None
-                if self._waiting and deadline is None:
+                deadline = self._ready() if self._waiting or self._blocks else None
+                if (self._waiting or self._blocks) and deadline is None:
                     continue           # ready now (the last take ran nothing)
                 await self._sleep(deadline)
                 continue
@@ -662,16 +883,53 @@ class StreamBatcher:
                     if not f.done():
                         self._failed += 1
                         f.set_exception(e)
+                for b in blocks:
+                    if not b[0].done():
+                        self._failed += len(b[1])
+                        b[0].set_exception(e)
                 continue
-            self._record(start, _now(), ts, len(y))
-            done = (ids, futs, y, keep)
+            self._record(start, _now(), ts, len(y), blocks)
+            done = (ids, futs, y, keep, blocks)
         if done is not None:
             self._answer(*done)
 
+    @staticmethod
+    def _block_ids(blocks: List[_Block], ids: List[Hashable]) -> List[Hashable]:
+        """The batch's stream ids: the blocks' in order, then the single steps'."""
+        if len(blocks) == 1 and not ids:
+            return blocks[0][1]
+        out: List[Hashable] = []
+        for b in blocks:
+            out += b[1]
+        return out + ids
+
+    def _gather(self, xs: List[_Array], blocks: List[_Block], n: int) -> _Array:
+        """The batch's x, n rows: the blocks' rows in order, then the single
+        steps'; a lone block's own array when the table takes it as it is."""
+        if not blocks:
+            return np.stack(xs, out=self._xbuf[:n])
+        if len(blocks) == 1 and not xs:
+            x = blocks[0][2]
+            if x.dtype == self._xdtype and x.flags.c_contiguous:
+                return x
+        if n > len(self._xbuf):    # a block past max_batch
+            self._xbuf = np.empty((n, self._xshape[0]), self._xdtype)
+        buf = self._xbuf[:n]
+        k = 0
+        for b in blocks:
+            m = len(b[1])
+            buf[k:k + m] = b[2]
+            k += m
+        if xs:
+            np.stack(xs, out=buf[k:])
+        return buf
+
     def _answer(self, ids: List[Hashable], futs: List[asyncio.Future[_Array]], y: _Array,
-                keep: Optional[List[int]]) -> None:
+                keep: Optional[List[int]], blocks: List[_Block]) -> None:
         """Gives each step of a finished batch its row of y (or, for streams
-        dropped from it, UnknownStreamError)."""
+        dropped from it, UnknownStreamError), and each block its rows."""
+        if blocks:
+            y, keep, ids = self._answer_blocks(ids, y, keep, blocks)
         if keep is not None:
             for i in set(range(len(ids))).difference(keep):
                 if not futs[i].done():
@@ -684,10 +942,54 @@ class StreamBatcher:
             except asyncio.InvalidStateError:
                 pass               # cancelled while its batch ran: the result is dropped
 
-    def _record(self, start: float, end: float, ts: List[float], n: int) -> None:
+    def _answer_blocks(self, ids: List[Hashable], y: _Array, keep: Optional[List[int]],
+                       blocks: List[_Block]
+                       ) -> Tuple[_Array, Optional[List[int]], List[Hashable]]:
+        """Answers the blocks of a finished batch (the first rows of y): each
+        gets its rows, or UnknownStreamError when one of its streams was
+        dropped from the batch. Returns y, keep and ids of the single steps
+        that follow, as _answer takes them."""
+        lost: set = set()
+        if keep is not None:
+            full = np.zeros((len(ids),) + y.shape[1:], y.dtype)
+            if keep:
+                full[keep] = y
+            lost = set(range(len(ids))).difference(keep)
+            y = full
+        k = 0
+        for sink, bids, _, _ in blocks:
+            m = len(bids)
+            gone = [r for r in range(k, k + m) if r in lost] if lost else None
+            if gone:
+                if not sink.done():
+                    self._failed += m
+                    sink.set_exception(UnknownStreamError(_unknown(ids[gone[0]])))
+            else:
+                try:
+                    sink.set_result(y[k:k + m])
+                except asyncio.InvalidStateError:
+                    pass           # cancelled while its batch ran: the result is dropped
+            k += m
+        if keep is None:
+            return y[k:], None, ids[k:]
+        rest = [r - k for r in range(k, len(ids)) if r not in lost]
+        return y[k:][rest], rest, ids[k:]
+
+    def _record(self, start: float, end: float, ts: List[float], n: int,
+                blocks: List[_Block]) -> None:
         self._batches += 1
         self._steps += n
+        if n >= len(self._sizes):  # a block past max_batch
+            self._sizes += [0] * (n + 1 - len(self._sizes))
         self._sizes[n] += 1
+        if blocks:
+            # a block's steps share one arrival time: recorded once, counted for each
+            for t, count in itertools.chain(((b[3], len(b[1])) for b in blocks),
+                                            zip(ts, itertools.repeat(1))):
+                self._delays.extend(itertools.repeat(start - t, count))
+                self._delay_hist.add_many(start - t, count)
+                self._latency_hist.add_many(end - t, count)
+            return
         arrived = np.fromiter(ts, np.float64, len(ts))
         delays = start - arrived
         self._delays.extend(delays.tolist())
@@ -702,11 +1004,13 @@ class _Callback:
     """A waiting step's callback, in the place of its future: the batcher
     answers both through done, set_result and set_exception."""
 
-    __slots__ = ("fn", "fired")
+    __slots__ = ("fn", "fired", "what")
 
-    def __init__(self, fn: Callable[[Optional[_Array], Optional[BaseException]], Any]) -> None:
+    def __init__(self, fn: Callable[[Optional[_Array], Optional[BaseException]], Any],
+                 what: str = "submit") -> None:
         self.fn = fn
         self.fired = False
+        self.what = what      # the method that took it, for the loop's report
 
     def done(self) -> bool:
         return self.fired
@@ -723,7 +1027,7 @@ class _Callback:
             self.fn(y, error)
         except Exception as e:     # the batcher goes on; the loop's handler reports it
             asyncio.get_running_loop().call_exception_handler(
-                {"message": "a StreamBatcher.submit callback raised", "exception": e})
+                {"message": f"a StreamBatcher.{self.what} callback raised", "exception": e})
 
 
 def _head_time(kv: Tuple[Hashable, Deque[_Item]]) -> float:

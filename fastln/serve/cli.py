@@ -48,6 +48,7 @@ from picows import ws_create_server
 
 import fastln
 
+from . import mux
 from .admin import create_app
 from .client import run
 from .model import HelpFormatter, freeze, load_model
@@ -104,6 +105,9 @@ def make_parser():
     p.add_argument("--max-connections", type=int, default=4096,
                    help="WebSocket connections open at once at most; one more is closed "
                         "with 1013")
+    p.add_argument("--max-streams-per-connection", type=int, default=mux.MAX_STREAMS,
+                   help="streams one multiplexed connection (/mux) holds at most; an open "
+                        "past it is refused with 1013")
     p.add_argument("--admin-token-file",
                    help="a file whose first line is the bearer token the admin endpoints "
                         f"require; None reads ${ADMIN_TOKEN_ENV}, and without either they "
@@ -220,7 +224,7 @@ def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
     for name in ("capacity", "max_batch", "max_queue_per_stream", "max_frame", "max_body",
-                 "threads", "max_connections"):
+                 "threads", "max_connections", "max_streams_per_connection"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not (args.max_delay_ms >= 0 and math.isfinite(args.max_delay_ms)):
@@ -234,6 +238,7 @@ def main(argv=None):
     model = open_model(p, args)
     service = Service(model, args.capacity, args.max_batch, args.max_delay_ms / 1000,
                       args.max_queue_per_stream, args.echo, args.max_connections)
+    mux.configure(service, args.max_streams_per_connection, args.max_frame)
     if args.state_file and os.path.exists(args.state_file):
         try:
             n = service.load(args.state_file)

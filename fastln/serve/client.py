@@ -1,15 +1,22 @@
-"""A small asyncio client of the served model's WebSocket protocol
-(fastln.serve.protocol): one stream per connection, x and y as NumPy rows.
+"""A small asyncio client of the served model's WebSocket protocols, x and
+y as NumPy arrays: :class:`StreamClient`, one stream per connection
+(fastln.serve.protocol), and :class:`MuxClient`, many streams on one
+connection (fastln.serve.mux).
 
     async with await StreamClient.connect("ws://127.0.0.1:8001", "mic-7", new=True) as s:
         y = await s.step(x)                  # x: (I,) float32; y: (H,) of the hello's y_dtype
         s.send(x1); s.send(x2)               # several steps in flight ...
         y1, y2 = await s.recv(), await s.recv()   # ... answered in order
 
+    async with await MuxClient.connect("ws://127.0.0.1:8001") as m:
+        await m.open(["mic-1", "mic-2", "mic-3"], new=True)
+        y = await m.step(["mic-1", "mic-3"], x)   # x: (2, I); y: (2, H), row i of stream i
+
 A close from the server (a bad frame, a restart, a move) fails the waiting
 and later calls with :class:`Closed`, which holds the code and the message.
-Leaving the ``async with`` block closes with 1000, which ends the stream on
-the server; :meth:`StreamClient.close` takes another code, e.g. 1001 to keep it.
+Leaving the ``async with`` block closes with 1000, which ends the stream (or
+every stream attached) on the server; ``close`` takes another code, e.g.
+1001 to keep them.
 """
 import asyncio
 import contextlib
@@ -27,6 +34,8 @@ from collections import deque
 
 import numpy as np
 from picows import WSListener, WSMsgType, ws_connect
+
+from .mux import PATH, encode, frame_bytes
 
 
 class Closed(ConnectionError):
@@ -153,6 +162,231 @@ class StreamClient:
             self.closed = closed
         while self._inflight:
             f = self._inflight.popleft()
+            if not f.done():
+                f.set_exception(self.closed)
+                f.exception()      # marked as seen: recv() raises it, if it is ever called
+        if not self._ready.done():
+            self._ready.set_exception(self.closed)
+
+
+class FrameRefused(Exception):
+    """A multiplexed frame the server refused, none of whose steps ran: a
+    stream of it left the server (``code`` 4410, ``stream`` its id), or the
+    server restarts (1012)."""
+
+    def __init__(self, code, message, stream=None):
+        super().__init__(f"refused with {code}: {message}")
+        self.code, self.message, self.stream = code, message, stream
+
+
+class MuxStream:
+    """A stream attached to a :class:`MuxClient`: its id, its index on the
+    connection, its step count t (steps answered) and its resume token."""
+
+    __slots__ = ("id", "index", "t", "token")
+
+    def __init__(self, stream_id, index, t, token):
+        self.id, self.index, self.t, self.token = stream_id, index, t, token
+
+
+class _MuxListener(_Listener):
+    def on_ws_frame(self, transport, frame):
+        if frame.msg_type == WSMsgType.TEXT:
+            self.client._text(json.loads(frame.get_payload_as_utf8_text()))
+        else:
+            super().on_ws_frame(transport, frame)
+
+
+class MuxClient:
+    """Many streams of a fastln-serve server on one WebSocket (the protocol
+    of fastln.serve.mux); build it with :meth:`connect`.
+
+    :meth:`open` attaches streams, :meth:`send` sends one step of several of
+    them in one frame (more frames when they pass the server's --max-frame)
+    and :meth:`recv` returns their y rows, in the order sent. :attr:`streams`
+    maps each attached stream's id to its :class:`MuxStream` (index, t,
+    token), and :attr:`tokens` every resume token the client has seen:
+    after a restart, reconnect and :meth:`open` the streams again (with
+    those tokens) to resume each at its t. A stream that the server gives away (an export, a
+    delete) leaves :attr:`streams` for :attr:`gone`, with the server's
+    notice, and its index is freed; the frames sent naming it after that
+    raise :class:`FrameRefused` from recv()."""
+
+    def __init__(self):
+        self.hello = None
+        self.closed = None          # the Closed that ended the connection
+        self.streams = {}           # id -> MuxStream, the streams attached
+        self.gone = {}              # id -> the server's notice, for streams it gave away
+        self.tokens = {}            # id -> resume token, of every stream opened here
+        self._transport = None
+        self._ready = None          # the future of the hello
+        self._answers = deque()     # (future, streams or None), per frame sent, oldest first
+        self._unread = deque()      # per send(): the futures of its frames
+
+    @classmethod
+    async def connect(cls, url, dtype="float32", timeout=10.0):
+        """Connects to ``url`` (``ws://host:port``) and waits for the hello;
+        raises Closed if the server refuses."""
+        self = cls()
+        self._ready = asyncio.get_running_loop().create_future()
+        self._transport, _ = await ws_connect(lambda: _MuxListener(self),
+                                              f"{url}{PATH}?dtype={dtype}")
+        await asyncio.wait_for(self._ready, timeout)
+        h = self.hello
+        self.x_dtype = np.dtype(np.float32) if h["x_dtype"] == "float32" else _dtype(
+            h["x_dtype"])
+        self.y_dtype = _dtype(h["y_dtype"])
+        self.input_size, self.hidden_size = h["input_size"], h["hidden_size"]
+        x_bytes = self.input_size * self.x_dtype.itemsize
+        # the most rows a frame of --max-frame bytes holds
+        self.rows_per_frame = next((n for n in range(h["max_frame"] // x_bytes, 0, -1)
+                                    if frame_bytes(n, x_bytes) <= h["max_frame"]), 1)
+        return self
+
+    async def open(self, stream_ids, new=False, tokens=None):
+        """Attaches streams: new ones (``new=True``), or existing ones with
+        their resume tokens (``tokens``: {id: token}; default
+        :attr:`tokens`). Returns the server's entries, one per stream:
+        ``{"stream", "index", "t", "token"}``, or ``{"stream", "code",
+        "error"}`` for one refused."""
+        known = {**self.tokens, **(tokens or {})}
+        specs = [{"stream": sid, "new": True} if new else
+                 {"stream": sid, "token": known.get(sid)} for sid in stream_ids]
+        entries = (await self._control({"open": specs}))["opened"]
+        for e in entries:
+            if "index" in e:
+                self.streams[e["stream"]] = MuxStream(e["stream"], e["index"], e["t"],
+                                                      e["token"])
+                self.tokens[e["stream"]] = e["token"]
+        return entries
+
+    async def close_streams(self, stream_ids):
+        """Ends the streams on the server; returns their final step counts {id: t}."""
+        return await self._let_go("close", stream_ids)
+
+    async def detach(self, stream_ids):
+        """Lets go of the streams, which the server keeps for another
+        connection; returns their step counts {id: t}."""
+        return await self._let_go("detach", stream_ids)
+
+    async def _let_go(self, verb, stream_ids):
+        indices = [self._stream(sid).index for sid in stream_ids]
+        for sid in stream_ids:
+            del self.streams[sid]
+        answer = await self._control({verb: indices})
+        return {e["stream"]: e["t"] for e in answer["closed" if verb == "close" else "detached"]}
+
+    def send(self, stream_ids, x):
+        """Sends one step of each stream of stream_ids (each at most once):
+        x, shape (len(stream_ids), input_size), row i stream_ids[i]'s; the
+        reply comes from recv()."""
+        if self.closed is not None:
+            raise self.closed
+        streams = [self._stream(sid) for sid in stream_ids]
+        x = np.ascontiguousarray(x, self.x_dtype)
+        if x.shape != (len(streams), self.input_size):
+            raise ValueError(f"x must have shape (len(stream_ids), input_size) = "
+                             f"{(len(streams), self.input_size)}, got {x.shape}")
+        futs, loop, r = [], asyncio.get_running_loop(), self.rows_per_frame
+        for a in range(0, len(streams), r):
+            part = streams[a:a + r]
+            self._transport.send(WSMsgType.BINARY, encode([s.index for s in part],
+                                                          x[a:a + r].view(np.uint8)))
+            futs.append(loop.create_future())
+            self._answers.append((futs[-1], part))
+        self._unread.append(futs)
+
+    @property
+    def pending(self):
+        """How many send() calls recv() has not returned yet."""
+        return len(self._unread)
+
+    async def recv(self):
+        """y of the oldest send() not yet received: (n, hidden_size), row i
+        that of its stream_ids[i]. Raises FrameRefused when the server
+        refused it (none of its steps ran; with several frames, some may
+        have)."""
+        if not self._unread:
+            raise RuntimeError("no step is waiting for its reply")
+        futs = self._unread.popleft()
+        ys = [await f for f in futs]
+        return ys[0] if len(ys) == 1 else np.concatenate(ys)
+
+    async def step(self, stream_ids, x):
+        """One step of each of the streams: sends x and returns their y."""
+        self.send(stream_ids, x)
+        return await self.recv()
+
+    def send_frame(self, payload, text=False):
+        """Sends one frame of raw bytes (or text), outside the protocol's
+        rules: for trying the server's checks. Its answer, if any, is not
+        awaited."""
+        self._transport.send(WSMsgType.TEXT if text else WSMsgType.BINARY, payload)
+
+    async def close(self, code=1000, message=""):
+        """Closes the connection; code 1000 ends every stream attached."""
+        if self.closed is None:
+            self._transport.send_close(code, message.encode())
+            await asyncio.wait_for(self._transport.wait_disconnected(), 10)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def _stream(self, stream_id):
+        s = self.streams.get(stream_id)
+        if s is None:
+            raise ValueError(f"stream {stream_id!r} is not attached to this connection")
+        return s
+
+    async def _control(self, message):
+        if self.closed is not None:
+            raise self.closed
+        fut = asyncio.get_running_loop().create_future()
+        self._answers.append((fut, None))
+        self._transport.send(WSMsgType.TEXT, json.dumps(message).encode())
+        return await fut
+
+    def _hello(self, hello):
+        self.hello = hello
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+    def _text(self, message):
+        if self.hello is None:
+            self._hello(message)
+        elif "gone" in message:
+            for e in message["gone"]:
+                if self.streams.get(e["stream"]) is not None:
+                    del self.streams[e["stream"]]
+                self.gone[e["stream"]] = e
+            # frees the indices: the server answers the close, which no one awaits
+            self._answers.append((asyncio.get_running_loop().create_future(), None))
+            self._transport.send(WSMsgType.TEXT, json.dumps(
+                {"close": [e["index"] for e in message["gone"]]}).encode())
+        elif self._answers:
+            fut, streams = self._answers.popleft()
+            if "refused" in message:
+                r = message["refused"]
+                fut.set_exception(FrameRefused(r["code"], r["error"], r.get("stream")))
+            elif not fut.done():
+                fut.set_result(message)
+
+    def _arrived(self, payload):
+        if not self._answers:
+            return
+        fut, streams = self._answers.popleft()
+        for s in streams:
+            s.t += 1
+        fut.set_result(np.frombuffer(payload, self.y_dtype).reshape(len(streams), -1))
+
+    def _end(self, closed):
+        if self.closed is None:
+            self.closed = closed
+        while self._answers:
+            f, _ = self._answers.popleft()
             if not f.done():
                 f.set_exception(self.closed)
                 f.exception()      # marked as seen: recv() raises it, if it is ever called

@@ -1,6 +1,7 @@
 """Load test of the served model: fastln-serve in a subprocess on 127.0.0.1,
-driven over its WebSocket protocol (a connection per stream, binary frames) by
-this process, for an LN-LSTM (I=128, H=256, default initialization, seed 0)
+driven over its WebSocket protocols (a connection per stream, or many streams
+on each of --connections multiplexed connections; binary frames) by this
+process, for an LN-LSTM (I=128, H=256, default initialization, seed 0)
 in each of --dtypes: float32, bfloat16 and int8 (the float32 model through
 fastln.rnn.quantize: int8 weights with float32 row scales; its x and y frames
 are float32), all three by default.
@@ -24,6 +25,16 @@ The runs, per dtype (--runs picks some of them; all by default):
 - restart: --restart-streams closed-loop streams; partway, the server gets
   SIGTERM and exits, a new one starts on the same --state-file, and the clients
   reconnect without new=1 and continue from the hello's t.
+- mux-closed: the closed loop's streams on --connections multiplexed
+  connections (fastln.serve.mux, the streams split evenly among them): each
+  frame holds one step of every stream of its connection, and the next goes
+  when a reply comes (--inflight frames outstanding per connection). Before
+  it, the engine alone in this process: ``StreamTable.step`` of 256 streams
+  (B = 256, or --streams if fewer) for about a second, the "engine" row.
+- mux-open: the open loop's streams on --connections multiplexed
+  connections, each connection sending one frame of all its streams at --hz
+  with a random phase (its streams keep one schedule, as a client that
+  gathers them does).
 
 Every reply is compared bit for bit with the same stream run alone in this
 process (fastln.serve.model's reference_run: B=1 steps over stream_inputs), echo's with
@@ -31,6 +42,9 @@ zero bytes. A "mismatch" is a reply that differs; an "error" an unexpected
 close, a failed connection or a stream unfinished at the time limit; "lost" a
 stream that could not resume after the restart, or whose hello's t differs
 from the replies it got. The exit code is 1 if any run has one.
+
+A multiplexed run's latencies count once per step (a frame's latency for each
+of its steps), its mismatches per row.
 
 The client is one asyncio process (uvloop when importable, picows listeners)
 on the machine of the server: the two share its cores. Prints a markdown table
@@ -58,22 +72,33 @@ from picows import WSError, WSListener, WSMsgType, ws_connect
 
 import fastln
 from fastln import _selfcheck
-from fastln.rnn import LNLSTM, quantize
+from fastln.rnn import LNLSTM, StreamTable, quantize
 
 try:
     import uvloop
 except ImportError:   # plain asyncio
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 from .client import run, run_server
-from .model import HelpFormatter, bfloat16, load_model, reference_run, save_model, stream_inputs
+from .model import (
+    HelpFormatter,
+    bfloat16,
+    input_dtype,
+    load_model,
+    reference_run,
+    save_model,
+    stream_inputs,
+)
+from .mux import PATH as MUX_PATH
+from .mux import frame_bytes, header_bytes
 
 RESULTS, FIGURE = "RESULTS.md", "serve_latency.png"   # written to --outdir
 BINARY, TEXT, CLOSE = WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CLOSE
 RESTART_CODE = 1012
 CONNECT_BATCH = 64   # connections opened concurrently
 DTYPES = ("float32", "bfloat16", "int8")
-RUNS = ("echo", "closed", "open", "sweep", "restart")
+RUNS = ("echo", "closed", "open", "sweep", "restart", "mux-closed", "mux-open")
+ENGINE_BATCH = 256   # the engine row's batch: streams stepped together in-process
 
 
 # ---------------------------------------------------------------- the clients
@@ -123,6 +148,7 @@ class Stream(WSListener):
     sent (closed loop) or was due (open loop); a reply's latency counts from it.
     Replies come in order, so the next reply is step ``received``."""
 
+    width = 1   # the streams a frame steps
     def __init__(self, run, sid, refs, index, steps, inflight=0, echo=False):
         super().__init__()
         self.xb, self.yb = refs.get(index, steps)
@@ -182,9 +208,9 @@ class Stream(WSListener):
                 self.end("errors", f"{self.sid}: a reply past step {self.steps}")
                 return
             ny = self.ny
-            if frame.get_payload_as_bytes() != self.yb[t * ny:(t + 1) * ny]:
-                self.run.fail("mismatches", f"{self.sid} step {t}: the reply differs from "
-                                            f"the stream run alone")
+            payload = frame.get_payload_as_bytes()
+            if payload != self.yb[t * ny:(t + 1) * ny]:
+                self.differs(t, payload)
             self.lat.append(now - self.sent_at[t])
             self.received = t = t + 1
             if t == self.steps:
@@ -205,6 +231,11 @@ class Stream(WSListener):
                 self.end("errors", f"{self.sid}: closed with {self.close_code} at step "
                                    f"{self.received}: {frame.get_close_message()[:200]!r}")
 
+    def differs(self, t, payload):
+        """Counts the mismatch of the reply of step t."""
+        self.run.fail("mismatches", f"{self.sid} step {t}: the reply differs from the stream "
+                                    f"run alone")
+
     def on_ws_disconnected(self, transport):
         if self.transport is transport:
             self.transport = None
@@ -218,6 +249,116 @@ class Stream(WSListener):
         if self.transport is not None:
             self.transport.send_close(picows.WSCloseCode.OK)
             self.transport.disconnect()
+
+
+class MuxConn(Stream):
+    """The streams first .. first + width - 1 of a run on one multiplexed
+    connection (fastln.serve.mux). Each frame holds one step of each of them,
+    so the connection runs as one stream of wide frames: xb holds every
+    frame's bytes (header and x rows), yb every reply's, and a reply counts
+    width steps."""
+
+    def __init__(self, run, tag, refs, first, width, steps, inflight=0, echo=False):
+        WSListener.__init__(self)
+        self.run, self.steps, self.inflight, self.width = run, steps, inflight, width
+        self.sids = [f"s{i}-{tag}" for i in range(first, first + width)]
+        self.sid = f"mux{first}-{tag}"
+        pairs = [refs.get(i, steps) for i in range(first, first + width)]
+        head = np.zeros(header_bytes(width) // 4, "<u4")
+        head[0], head[1:width + 1] = width, np.arange(width)
+        frames = np.empty((steps, 4 * len(head) + width * refs.x_bytes), np.uint8)
+        frames[:, :4 * len(head)] = head.view(np.uint8)
+        frames[:, 4 * len(head):] = np.stack(
+            [np.frombuffer(xb, np.uint8, steps * refs.x_bytes).reshape(steps, -1)
+             for xb, _ in pairs], axis=1).reshape(steps, -1)
+        self.xb, self.nx = frames.tobytes(), frames.shape[1]
+        self.row = refs.y_bytes
+        self.ny = width * refs.y_bytes
+        self.yb = bytes(steps * self.ny) if echo else np.stack(
+            [np.frombuffer(yb, np.uint8, steps * refs.y_bytes).reshape(steps, -1)
+             for _, yb in pairs], axis=1).tobytes()
+        self.sent = self.received = 0
+        self.sent_at = [0.0] * steps
+        self.lat = []
+        self.transport = self.hello = self.opened = None
+        self.tokens = {}
+        self.is_done = False
+        self.close_code = None
+
+    async def connect(self, ws, new, timeout):
+        """Opens the connection, waits for the hello, and opens the streams
+        (new, or with their tokens); returns {"t": their step count}, or
+        None when that failed or the streams' counts differ."""
+        loop = asyncio.get_running_loop()
+        self.hello, self.opened, self.close_code = loop.create_future(), None, None
+        try:
+            await asyncio.wait_for(ws_connect(lambda: self, f"{ws}{MUX_PATH}",
+                                              websocket_handshake_timeout=timeout), timeout)
+            if await asyncio.wait_for(self.hello, timeout) is None:
+                raise ConnectionError("no hello")
+            self.opened = loop.create_future()
+            self.transport.send(TEXT, json.dumps({"open": [
+                {"stream": sid, "new": True} if new else {"stream": sid,
+                                                          "token": self.tokens.get(sid)}
+                for sid in self.sids]}).encode())
+            entries = await asyncio.wait_for(self.opened, timeout)
+        except (OSError, WSError, ConnectionError, asyncio.TimeoutError) as e:
+            self.end("errors", f"{self.sid}: connect: {type(e).__name__} {e}")
+            return None
+        if [e.get("index") for e in entries] != list(range(self.width)):
+            refused = next((e for e in entries if "index" not in e), entries[0])
+            self.end("errors", f"{self.sid}: open: {refused}")
+            return None
+        self.tokens = {e["stream"]: e["token"] for e in entries}
+        ts = {e["t"] for e in entries}
+        return {"t": ts.pop() if len(ts) == 1 else None}
+
+    def on_ws_frame(self, transport, frame):
+        if frame.msg_type is not TEXT:
+            super().on_ws_frame(transport, frame)
+            return
+        message = json.loads(frame.get_payload_as_utf8_text())
+        if not self.hello.done():
+            self.hello.set_result(message)
+        elif self.opened is not None and not self.opened.done() and "opened" in message:
+            self.opened.set_result(message["opened"])
+        else:
+            self.end("errors", f"{self.sid}: an unexpected text frame at step "
+                               f"{self.received}: {str(message)[:200]}")
+
+    def differs(self, t, payload):
+        """Counts each row of the reply of step t that differs."""
+        row, want = self.row, self.yb[t * self.ny:(t + 1) * self.ny]
+        for i in range(self.width):
+            if payload[i * row:(i + 1) * row] != want[i * row:(i + 1) * row]:
+                self.run.fail("mismatches", f"{self.sids[i]} step {t}: the reply differs "
+                                            f"from the stream run alone")
+
+
+def split(streams, connections):
+    """(first, width) of each connection: streams split as evenly as can be."""
+    n = max(1, min(connections, streams))
+    widths = [streams // n + (k < streams % n) for k in range(n)]
+    return [(sum(widths[:k]), w) for k, w in enumerate(widths)]
+
+
+def engine_rate(model, batch, seconds):
+    """Steps per second of StreamTable.step over batch streams in this process
+    (random x; the best of a few passes of about seconds / 4 each)."""
+    table = StreamTable(model, batch)
+    ids = [table.open() for _ in range(batch)]
+    x = np.random.default_rng(0).standard_normal((batch, model.input_size), np.float32)
+    x = x.astype(input_dtype(model))
+    for _ in range(3):
+        table.step(ids, x)
+    best = 0.0
+    for _ in range(4):
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 4:
+            table.step(ids, x)
+            n += 1
+        best = max(best, n * batch / (time.perf_counter() - start))
+    return best
 
 
 async def connect_all(streams, ws, new, timeout):
@@ -289,13 +430,21 @@ def send_open_loop(streams, hz, rng, start):
 
 
 async def drive(server, refs, runtag, streams, steps, mode, hz=0.0, inflight=1, echo=False,
-                seed=0, time_limit=60.0, timeout=10.0):
+                seed=0, time_limit=60.0, timeout=10.0, connections=None):
     """One run of ``streams`` streams of ``steps`` steps against ``server``:
-    mode "closed" (``inflight`` frames outstanding) or "open" (``hz`` per stream).
+    mode "closed" (``inflight`` frames outstanding) or "open" (``hz`` per stream),
+    a connection per stream, or the streams on ``connections`` multiplexed ones.
     Returns the result's dict (see summary)."""
-    run = Run(streams)
-    clients = [Stream(run, f"s{i}-{runtag}", refs, i, steps,
-                      inflight if mode == "closed" else 0, echo) for i in range(streams)]
+    inflight = inflight if mode == "closed" else 0
+    if connections:
+        parts = split(streams, connections)
+        run = Run(len(parts))
+        clients = [MuxConn(run, runtag, refs, first, width, steps, inflight, echo)
+                   for first, width in parts]
+    else:
+        run = Run(streams)
+        clients = [Stream(run, f"s{i}-{runtag}", refs, i, steps, inflight, echo)
+                   for i in range(streams)]
     await connect_all(clients, server.ws, True, timeout)
     before = server.health()
     start, cpu = time.perf_counter(), time.process_time()
@@ -318,8 +467,10 @@ async def drive(server, refs, runtag, streams, steps, mode, hz=0.0, inflight=1, 
 
 
 def result(run, clients, seconds, before=None, after=None, lags=()):
-    lat = np.concatenate([np.asarray(s.lat) for s in clients]) * 1e3 if clients else []
-    out = {"streams": len(clients), "steps": int(sum(s.received for s in clients)),
+    lat = np.concatenate([np.repeat(s.lat, s.width) for s in clients]) * 1e3 if clients else []
+    out = {"streams": sum(s.width for s in clients),
+           "connections": len(clients) if clients and isinstance(clients[0], MuxConn) else None,
+           "steps": int(sum(s.received * s.width for s in clients)),
            "seconds": seconds, "lat_ms": np.asarray(lat, np.float64),
            "errors": run.errors, "mismatches": run.mismatches, "lost": run.lost,
            "messages": run.messages, "cpu_us": None, "mean_batch": None, "client_us": None,
@@ -396,6 +547,9 @@ def summary(run, dtype, out, hz=None):
            "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
            "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan")}
     print(table([row], header=False), flush=True)
+    if out.get("connections"):
+        print(f"    {out['streams']} streams on {out['connections']} multiplexed connections",
+              flush=True)
     if out["client_us"] is not None:
         print(f"    client CPU {out['client_us']:.1f} µs/step", end="", flush=True)
         if out["lag_ms"] is not None:
@@ -404,6 +558,18 @@ def summary(run, dtype, out, hz=None):
         print(flush=True)
     for message in out["messages"][:5]:
         print("   ", message, flush=True)
+    return row
+
+
+def engine_row(args, dtype, model):
+    """The engine alone in this process (engine_rate), as a row of the table."""
+    batch = min(ENGINE_BATCH, args.streams)
+    rate = engine_rate(model, batch, 0.25 if args.quick else 1.0)
+    row = {"run": "engine", "dtype": dtype, "hz": None, "streams": batch, "connections": None,
+           "steps": 0, "steps_per_s": rate, "p50_ms": None, "p99_ms": None, "cpu_us": None,
+           "mean_batch": float(batch), "errors": 0, "mismatches": 0, "lost": 0,
+           "lat_ms": np.zeros(0)}
+    print(table([row], header=False), flush=True)
     return row
 
 
@@ -431,15 +597,18 @@ def run_dtype(args, dtype, workdir):
     started = time.monotonic()
     # each stream's steps in the runs asked for, computed before they start (the
     # sweep's as it goes)
-    need = [args.steps] if runs & {"echo", "closed"} else []
-    need += [open_steps] if "open" in runs else []
+    need = [args.steps] if runs & {"echo", "closed", "mux-closed"} else []
+    need += [open_steps] if runs & {"open", "mux-open"} else []
     steps, restart = max(need, default=0), "restart" in runs
     for i in range(max(args.streams if need else 0, args.restart_streams if restart else 0)):
         refs.get(i, max(steps, args.restart_steps if restart and i < args.restart_streams
                         else 0))
     print(f"{dtype}: single-stream references in {time.monotonic() - started:.1f} s",
           flush=True)
-    common = ["--threads", args.threads, "--max-queue-per-stream", args.max_queue_per_stream]
+    # a multiplexed frame of the widest connection fits --max-frame
+    widest = max(w for _, w in split(args.streams, args.connections))
+    common = ["--threads", args.threads, "--max-queue-per-stream", args.max_queue_per_stream,
+              "--max-frame", max(1 << 16, frame_bytes(widest, refs.x_bytes))]
     capacity = 2 * (args.streams + max(args.sweep_streams)) + 64
     rows, largest = [], None
     kw = dict(seed=args.seed, time_limit=args.time_limit, timeout=args.timeout)
@@ -450,17 +619,26 @@ def run_dtype(args, dtype, workdir):
                 server, refs, "echo", args.streams, args.steps, "closed",
                 inflight=args.inflight, echo=True, **kw))))
     with contextlib.ExitStack() as stack:
-        if runs & {"closed", "open", "sweep"}:
+        if runs & {"closed", "open", "sweep", "mux-closed", "mux-open"}:
             server = stack.enter_context(run_server("--model", path, "--capacity", capacity,
                                                     *common))
         if "closed" in runs:
             rows.append(summary("closed", dtype, run(drive(
                 server, refs, "closed", args.streams, args.steps, "closed",
                 inflight=args.inflight, **kw))))
+        if "mux-closed" in runs:
+            rows.append(engine_row(args, dtype, refs.model))
+            rows.append(summary("mux-closed", dtype, run(drive(
+                server, refs, "mux", args.streams, args.steps, "closed",
+                inflight=args.inflight, connections=args.connections, **kw))))
         if "open" in runs:
             rows.append(summary("open", dtype, run(drive(
                 server, refs, "open", args.streams, open_steps, "open", hz=args.hz, **kw)),
                 hz=args.hz))
+        if "mux-open" in runs:
+            rows.append(summary("mux-open", dtype, run(drive(
+                server, refs, "mux-open", args.streams, open_steps, "open", hz=args.hz,
+                connections=args.connections, **kw)), hz=args.hz))
         for n in args.sweep_streams if "sweep" in runs else ():
             started = time.monotonic()
             for i in range(n):
@@ -505,8 +683,8 @@ def table(rows, header=True):
 
     for r in rows:
         lines.append(f"| {r['run']} | {r['dtype']} | {r['streams']} | {opt(r['hz'], 'g')} | "
-                     f"{r['steps']} | {r['steps_per_s']:.0f} | {r['p50_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} | {opt(r['cpu_us'], '.1f')} | "
+                     f"{r['steps']} | {r['steps_per_s']:.0f} | {opt(r['p50_ms'], '.2f')} | "
+                     f"{opt(r['p99_ms'], '.2f')} | {opt(r['cpu_us'], '.1f')} | "
                      f"{opt(r['mean_batch'], '.1f')} | {r['errors']} | {r['mismatches']} | "
                      f"{r['lost']} |")
     return "\n".join(lines)
@@ -528,6 +706,19 @@ def ratios(rows):
         if base and dtype != "float32":
             lines.append(f"closed loop, {dtype} model / float32 model: {value:.0f} / "
                          f"{base:.0f} steps/s = {value / base:.2f}")
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        got = {r["run"]: r for r in rows if r["dtype"] == dtype}
+        mux, engine = got.get("mux-closed"), got.get("engine")
+        if mux and engine and engine["steps_per_s"]:
+            lines.append(f"closed loop, {dtype}, multiplexed ({mux['connections']} connections) "
+                         f"/ the engine in-process at B = {engine['streams']}: "
+                         f"{mux['steps_per_s']:.0f} / {engine['steps_per_s']:.0f} steps/s = "
+                         f"{mux['steps_per_s'] / engine['steps_per_s']:.2f}")
+        if mux and got.get("closed") and got["closed"]["steps_per_s"]:
+            per = got["closed"]["steps_per_s"]
+            lines.append(f"closed loop, {dtype}, multiplexed / a connection per stream: "
+                         f"{mux['steps_per_s']:.0f} / {per:.0f} steps/s = "
+                         f"{mux['steps_per_s'] / per:.2f}")
     return lines
 
 
@@ -569,7 +760,11 @@ def write_results(path, rows, largest, args, command):
         f"time) to the reply; server CPU µs/step: the server process's CPU time over the "
         f"steps it ran; mean batch: steps per batch of the server's StreamBatcher; "
         f"mismatches: replies not bit for bit equal to the stream run alone (B=1 steps) "
-        f"in the client; lost: streams whose resumed t differs from the replies they got.",
+        f"in the client; lost: streams whose resumed t differs from the replies they got. "
+        f"mux-closed and mux-open: the same streams on {args.connections} multiplexed "
+        f"connections (a frame holds one step of each stream of its connection; mux-open: "
+        f"each connection sends at Hz with a random phase); engine: StreamTable.step of "
+        f"that many streams in the load generator's process, no server.",
         "", table(rows), "", *(line + "  " for line in ratios(rows)),
         largest_line(largest, args), ""]
     with open(path, "w") as f:
@@ -603,11 +798,13 @@ def plot(rows, path):
     ax.set_ylabel("ms")
     ax = axes[1]
     for r in rows:
-        if r["run"] in ("closed", "open", "echo") and r["lat_ms"].size:
+        if r["run"] in ("closed", "open", "echo", "mux-closed", "mux-open") and r["lat_ms"].size:
             lat = np.sort(r["lat_ms"])
             ax.plot(lat, np.arange(1, lat.size + 1) / lat.size,
-                    color=colors.get(r["dtype"]), ls={"closed": "-", "open": "--"}.get(
-                        r["run"], ":"), label=f"{r['run']} {r['dtype']}, {r['streams']} streams")
+                    color=colors.get(r["dtype"]), ls={"closed": "-", "open": "--",
+                                                      "mux-closed": "-.", "mux-open": (0, (1, 1))
+                                                      }.get(r["run"], ":"),
+                    label=f"{r['run']} {r['dtype']}, {r['streams']} streams")
     if ax.lines:
         ax.set_xscale("log")
         ax.legend(fontsize=8)
@@ -644,7 +841,8 @@ def make_parser():
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="4 streams, 20 steps, every run once; prints only, writes no file")
+                   help="4 streams (on 2 multiplexed connections), 20 steps, every run once; "
+                        "prints only, writes no file")
     p.add_argument("--dtypes", nargs="+", type=names_of("dtype", DTYPES), default=list(DTYPES),
                    metavar="DTYPE", help=f"the model's dtypes, of {', '.join(DTYPES)} "
                    f"(int8: the float32 model through fastln.rnn.quantize), separated by "
@@ -655,7 +853,11 @@ def make_parser():
     p.add_argument("--streams", type=int, default=256, help="streams of closed, echo and open")
     p.add_argument("--steps", type=int, default=400, help="steps per stream of closed and echo")
     p.add_argument("--inflight", type=int, default=1,
-                   help="frames outstanding per stream in the closed loops")
+                   help="frames outstanding per stream (per connection, multiplexed) in the "
+                        "closed loops")
+    p.add_argument("--connections", type=int, default=8,
+                   help="multiplexed connections of mux-closed and mux-open, the streams "
+                        "split evenly among them")
     p.add_argument("--hz", type=float, default=40.0, help="frames per second per open stream")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the open-loop run")
     p.add_argument("--sweep-hz", type=float, default=50.0, help="frames per second per "
@@ -698,13 +900,14 @@ def main(argv=None):
     if args.quick:
         args.streams, args.steps, args.restart_streams, args.restart_steps = 4, 20, 4, 200
         args.seconds, args.sweep_seconds, args.sweep_streams = 0.5, 0.4, [4, 8]
+        args.connections = 2
     counts = (args.streams, args.steps, args.inflight, args.restart_streams, args.restart_steps,
               args.threads, args.max_queue_per_stream, args.input, args.hidden,
-              *args.sweep_streams)
+              args.connections, *args.sweep_streams)
     if min(counts) < 1:
         p.error("--streams, --steps, --inflight, --restart-streams, --restart-steps, --threads, "
-                "--max-queue-per-stream, --input, --hidden and --sweep-streams must be at "
-                "least 1")
+                "--max-queue-per-stream, --input, --hidden, --connections and --sweep-streams "
+                "must be at least 1")
     if args.inflight > args.max_queue_per_stream:
         p.error(f"--inflight {args.inflight} is over --max-queue-per-stream "
                 f"{args.max_queue_per_stream}: the server would close the streams")

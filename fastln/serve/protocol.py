@@ -238,9 +238,14 @@ PROBES = {"/health": health, "/health/live": live, "/health/ready": ready}
 def ws_factory(service, ports, address):
     """picows's listener factory: routes /ws/ID to a Connection, and answers
     the health probes (PROBES) and GET /owner/ID (this server's addresses: through a proxy
-    that routes by the stream id, those of the server that owns ID)."""
+    that routes by the stream id, those of the server that owns ID), and /mux to a
+    multiplexed connection (fastln.serve.mux)."""
+    from . import mux
+
     def factory(request):
         path, _, query = request.path.decode("latin-1").partition("?")
+        if path == mux.PATH:
+            return mux.connect(service, parse_qs(query))
         if path in PROBES:
             status, reply = PROBES[path](service, ports)
             body, headers = json.dumps(reply).encode(), {"Content-Type": "application/json"}
