@@ -29,8 +29,9 @@ for _name in ("picows", "starlette", "uvicorn", "prometheus_client"):
     require(_name)
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from test_serve import refused, run  # noqa: E402
 
-from fastln.serve.client import Closed, StreamClient, request, run_server  # noqa: E402
+from fastln.serve.client import StreamClient, request, run_server  # noqa: E402
 from fastln.serve.errors import REASON_NAMES  # noqa: E402
 from fastln.serve.model import save_model  # noqa: E402
 
@@ -42,10 +43,6 @@ def model_file(tmp_path):
     path = str(tmp_path / "m.npz")
     save_model(path, LNLSTM(I, H, seed=4))
     return path
-
-
-def run(coro, timeout=60):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 def get(url):
@@ -66,15 +63,6 @@ def samples(text):
     return out
 
 
-async def refused(url, stream_id, **kw):
-    try:
-        c = await StreamClient.connect(url, stream_id, **kw)
-    except Closed as e:
-        return e.code
-    await c.close(1001)
-    raise AssertionError(f"the server took {stream_id!r}")
-
-
 def traffic(url):
     """12 steps on 3 streams, then one refusal of each kind below, and a
     stream left idle; returns the codes of the refusals."""
@@ -82,19 +70,19 @@ def traffic(url):
         clients = [await StreamClient.connect(url, f"s{k}", new=True) for k in range(3)]
         for k in range(4):
             await asyncio.gather(*(c.step(np.full(I, k, np.float32)) for c in clients))
-        codes = [await refused(url, "s0", new=True),                 # conflict
-                 await refused(url, "nobody", token="x" * 32),       # not_found
-                 await refused(url, "idle", new=True)]               # table_full (capacity 3)
+        closes = [await refused(url, "s0", new=True),                # conflict
+                  await refused(url, "nobody", token="x" * 32),      # not_found
+                  await refused(url, "idle", new=True)]              # table_full (capacity 3)
         await clients[0].close(1001)                                 # s0 waits, then idles out
-        codes += [await refused(url, "s0"),                          # no_token
-                  await refused(url, "s0", token="y" * 32)]          # wrong_token
+        closes += [await refused(url, "s0"),                         # no_token
+                   await refused(url, "s0", token="y" * 32)]         # wrong_token
         bad = await StreamClient.connect(url, "s0", token=clients[0].token)
         bad.send_frame(b"\0" * 3)                                    # bad_frame
         await asyncio.wait_for(bad._transport.wait_disconnected(), 10)
         assert bad.closed.code == 1007
         for c in clients[1:]:
             await c.close()
-        return codes
+        return [e.code for e in closes]
     return run(main())
 
 

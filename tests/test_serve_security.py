@@ -29,6 +29,8 @@ from _util import require
 for _name in ("picows", "starlette", "uvicorn"):
     require(_name)
 
+from test_serve import refused, run  # noqa: E402
+
 from fastln.serve import cli  # noqa: E402
 from fastln.serve.client import (  # noqa: E402
     Closed,
@@ -55,19 +57,6 @@ def token_file(tmp_path):
     path = tmp_path / "admin.token"
     path.write_text(ADMIN + "\n")
     return str(path)
-
-
-def run(coro, timeout=60):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def refused(url, stream_id, **kw):
-    try:
-        c = await StreamClient.connect(url, stream_id, **kw)
-    except Closed as e:
-        return e
-    await c.close(1001)
-    raise AssertionError(f"the server took {stream_id!r} {kw}")
 
 
 def test_tokens_are_random_and_a_stream_is_not_taken_without_its_own(model_file):

@@ -155,7 +155,9 @@ class StreamClient:
     def _arrived(self, payload):
         self.t += 1
         if self._inflight:
-            self._inflight.popleft().set_result(np.frombuffer(payload, self.y_dtype))
+            f = self._inflight.popleft()
+            if not f.done():       # a recv() that timed out or was cancelled drops its y
+                f.set_result(np.frombuffer(payload, self.y_dtype))
 
     def _end(self, closed):
         if self.closed is None:
@@ -380,7 +382,8 @@ class MuxClient:
         fut, streams = self._answers.popleft()
         for s in streams:
             s.t += 1
-        fut.set_result(np.frombuffer(payload, self.y_dtype).reshape(len(streams), -1))
+        if not fut.done():         # a recv() that timed out or was cancelled drops its y
+            fut.set_result(np.frombuffer(payload, self.y_dtype).reshape(len(streams), -1))
 
     def _end(self, closed):
         if self.closed is None:
@@ -423,25 +426,36 @@ def request(method, url, body=None, timeout=30.0, admin_token=None):
             return e.code, {"error": text.decode("utf-8", "replace")}
 
 
+class MoveError(RuntimeError):
+    """A move that failed: ``stage`` "export" (the source did not give the
+    stream up) or "import" (the target refused it), and the HTTP ``status``
+    of that request."""
+
+    def __init__(self, message, stage, status):
+        super().__init__(message)
+        self.stage, self.status = stage, status
+
+
 def move_stream(stream_id, source, target, admin_token=None):
     """Moves a stream from the server at HTTP address source to the one at
     target (``http://host:port`` each): export, then put, with the servers'
     admin token. Its client's WebSocket on source closes with 4410; it
     reconnects to target with the same resume token and resumes. If target
-    refuses it, the stream goes back to source and RuntimeError says why.
-    Returns the stream's step count."""
+    refuses it, the stream goes back to source and :class:`MoveError` says
+    why. Returns the stream's step count."""
     status, exported = request("POST", f"{source}/streams/{stream_id}/export",
                                admin_token=admin_token)
     if status != 200:
-        raise RuntimeError(f"{source} did not export {stream_id!r}: {status} {exported}")
+        raise MoveError(f"{source} did not export {stream_id!r}: {status} {exported}",
+                        "export", status)
     status, reply = request("PUT", f"{target}/streams/{stream_id}/state", exported,
                             admin_token=admin_token)
     if status != 201:
         back, _ = request("PUT", f"{source}/streams/{stream_id}/state", exported,
                           admin_token=admin_token)
-        raise RuntimeError(f"{target} refused {stream_id!r}: {status} {reply}; "
-                           f"{'returned to' if back == 201 else 'and could not return it to'} "
-                           f"{source}")
+        raise MoveError(f"{target} refused {stream_id!r}: {status} {reply}; "
+                        f"{'returned to' if back == 201 else 'and could not return it to'} "
+                        f"{source}", "import", status)
     return reply["t"]
 
 

@@ -22,7 +22,7 @@ proxy's answers are compared with.
 import time
 from typing import NamedTuple
 
-from .client import move_stream, request
+from .client import MoveError, move_stream, request
 
 
 class Move(NamedTuple):
@@ -59,8 +59,8 @@ def _move(stream_id, source, target, admin_token, moves, failed):
     a stream that ended since its listing (its export answers 404) is passed over."""
     try:
         t = move_stream(stream_id, source, target, admin_token)
-    except RuntimeError as e:
-        if not str(e).startswith(f"{source} did not export {stream_id!r}: 404 "):
+    except MoveError as e:
+        if (e.stage, e.status) != ("export", 404):
             failed.append((stream_id, str(e)))
         return
     moves.append(Move(stream_id, source, target, t))

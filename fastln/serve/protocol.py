@@ -172,7 +172,7 @@ class Connection(WSListener):
         if not stream.inflight:
             if stream.conn is not None and stream.conn.hello_due:
                 stream.conn.hello()
-            elif stream.ends and stream.id in svc.streams:
+            elif stream.ends and svc.streams.get(stream.id) is stream:
                 svc.remove(stream)         # ended by its client while steps ran
 
     def client_closed(self, code):
