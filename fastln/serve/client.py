@@ -69,13 +69,40 @@ class _Listener(WSListener):
         self.client._end(Closed(None, "the connection ended without a close frame"))
 
 
-class StreamClient:
-    """One stream of a fastln-serve server; build it with :meth:`connect`."""
+class _Client:
+    """What both clients' connections share: the raw frame, the close, and
+    ``async with``."""
 
     def __init__(self):
         self.hello = None
         self.closed = None         # the Closed that ended the connection
         self._transport = None
+
+    def send_frame(self, payload, text=False):
+        """Sends one frame of raw bytes (or text), outside the protocol's
+        rules: for trying the server's checks. Its answer, if any, is not
+        awaited."""
+        self._transport.send(WSMsgType.TEXT if text else WSMsgType.BINARY, payload)
+
+    async def close(self, code=1000, message=""):
+        """Closes the connection; code 1000 ends the streams it holds on the
+        server, another (1001) keeps them for a reconnect."""
+        if self.closed is None:
+            self._transport.send_close(code, message.encode())
+            await asyncio.wait_for(self._transport.wait_disconnected(), 10)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+class StreamClient(_Client):
+    """One stream of a fastln-serve server; build it with :meth:`connect`."""
+
+    def __init__(self):
+        super().__init__()
         self._inflight = deque()   # futures of the replies not yet arrived, oldest first
         self._unread = deque()     # futures of the replies recv() has not returned
         self._ready = None         # the future of the hello
@@ -115,11 +142,6 @@ class StreamClient:
         """How many steps sent have not been returned by recv() yet."""
         return len(self._unread)
 
-    def send_frame(self, payload, text=False):
-        """Sends one frame of raw bytes (or text), outside the protocol's
-        rules: for trying the server's checks."""
-        self._transport.send(WSMsgType.TEXT if text else WSMsgType.BINARY, payload)
-
     def abort(self):
         """Drops the connection without a close frame, as a client that vanishes does."""
         self._transport.underlying_transport.abort()
@@ -134,18 +156,6 @@ class StreamClient:
         """One step: sends x and returns its y."""
         self.send(x)
         return await self.recv()
-
-    async def close(self, code=1000, message=""):
-        """Closes the connection; code 1000 ends the stream on the server."""
-        if self.closed is None:
-            self._transport.send_close(code, message.encode())
-            await asyncio.wait_for(self._transport.wait_disconnected(), 10)
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.close()
 
     def _hello(self, hello):
         self.hello = hello
@@ -199,7 +209,7 @@ class _MuxListener(_Listener):
             super().on_ws_frame(transport, frame)
 
 
-class MuxClient:
+class MuxClient(_Client):
     """Many streams of a fastln-serve server on one WebSocket (the protocol
     of fastln.serve.mux); build it with :meth:`connect`.
 
@@ -215,12 +225,10 @@ class MuxClient:
     raise :class:`FrameRefused` from recv()."""
 
     def __init__(self):
-        self.hello = None
-        self.closed = None          # the Closed that ended the connection
+        super().__init__()
         self.streams = {}           # id -> MuxStream, the streams attached
         self.gone = {}              # id -> the server's notice, for streams it gave away
         self.tokens = {}            # id -> resume token, of every stream opened here
-        self._transport = None
         self._ready = None          # the future of the hello
         self._answers = deque()     # (future, streams or None), per frame sent, oldest first
         self._unread = deque()      # per send(): the futures of its frames
@@ -318,24 +326,6 @@ class MuxClient:
         """One step of each of the streams: sends x and returns their y."""
         self.send(stream_ids, x)
         return await self.recv()
-
-    def send_frame(self, payload, text=False):
-        """Sends one frame of raw bytes (or text), outside the protocol's
-        rules: for trying the server's checks. Its answer, if any, is not
-        awaited."""
-        self._transport.send(WSMsgType.TEXT if text else WSMsgType.BINARY, payload)
-
-    async def close(self, code=1000, message=""):
-        """Closes the connection; code 1000 ends every stream attached."""
-        if self.closed is None:
-            self._transport.send_close(code, message.encode())
-            await asyncio.wait_for(self._transport.wait_disconnected(), 10)
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.close()
 
     def _stream(self, stream_id):
         s = self.streams.get(stream_id)

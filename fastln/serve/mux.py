@@ -101,19 +101,18 @@ from picows import WSCloseCode, WSListener, WSMsgType
 from fastln.rnn import OverloadedError, UnknownStreamError
 
 from .errors import (
-    CLOSE_WAIT,
     CONFLICT,
     GONE,
     INTERNAL,
     INVALID,
     POLICY,
-    REASONS,
     RESTART,
     STREAM_ID,
     TRY_LATER,
     UNSUPPORTED,
     Refused,
 )
+from .protocol import send_close
 
 PATH = "/mux"                # the path of the multiplexed protocol on --ws-port
 MAX_STREAMS = 1024           # --max-streams-per-connection's default
@@ -285,12 +284,7 @@ class Connection(WSListener):
         if self.closed:
             return
         self.closed = True
-        if reason is not None or code in REASONS:
-            self.service.refused(reason or REASONS[code])
-        reason = message.encode()[:123].decode("utf-8", "ignore").encode()
-        self.transport.send_close(code, reason)
-        # the TCP connection closes when the client answers (RFC 6455, 7.1.1)
-        asyncio.get_running_loop().call_later(CLOSE_WAIT, self.transport.disconnect)
+        send_close(self.service, self.transport, code, message, reason)
         self.release()             # a reconnect need not wait for that answer
 
     def end(self, stream):

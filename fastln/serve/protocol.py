@@ -70,6 +70,19 @@ from .errors import (
 )
 
 
+def send_close(service, transport, code, message, reason=None):
+    """Sends a close frame of code and message (its first 123 bytes, all a
+    close frame holds), and counts a refusal (a code of errors.REASONS, or a
+    reason given) in the service's rejections. The TCP connection closes when
+    the client answers (RFC 6455, 7.1.1), or after CLOSE_WAIT: closing it at
+    once would reset it if the client is still sending, and the reset can
+    discard the close frame before the client reads it."""
+    if reason is not None or code in REASONS:
+        service.refused(reason or REASONS[code])
+    transport.send_close(code, message.encode()[:123].decode("utf-8", "ignore").encode())
+    asyncio.get_running_loop().call_later(CLOSE_WAIT, transport.disconnect)
+
+
 class Connection(WSListener):
     """One WebSocket connection and the stream it holds (see the module's docstring)."""
 
@@ -187,20 +200,11 @@ class Connection(WSListener):
         self.transport.disconnect()
 
     def close(self, code, message, reason=None):
-        """Closes with code and message; a refusal (a code of errors.REASONS,
-        or a reason given) counts in the service's rejections."""
+        """Closes with code and message (see send_close)."""
         if self.closed:
             return
         self.closed = True
-        if reason is not None or code in REASONS:
-            self.service.refused(reason or REASONS[code])
-        # a close frame holds at most 123 bytes of reason
-        reason = message.encode()[:123].decode("utf-8", "ignore").encode()
-        self.transport.send_close(code, reason)
-        # the TCP connection closes when the client answers (RFC 6455, 7.1.1):
-        # closing it now would reset it if the client is still sending, and the
-        # reset can discard the close frame before the client reads it
-        asyncio.get_running_loop().call_later(CLOSE_WAIT, self.transport.disconnect)
+        send_close(self.service, self.transport, code, message, reason)
         self.detach()              # a reconnect need not wait for that answer
 
     def on_ws_disconnected(self, transport):
