@@ -49,7 +49,7 @@ def test_guide_runs_from_the_installed_package(tmp_path):
                            capture_output=True, text=True, check=False)
     assert help_.returncode == 0 and help_.stdout.startswith("usage: fastln-serve"), help_.stderr
     out, (created, step, health) = run_guide(sys.executable, str(tmp_path))
-    assert created == {"stream": "demo"}
+    assert created["stream"] == "demo" and len(created["token"]) == 32
     assert step["t"] == 0 and len(step["y"]) == 256
     assert health["status"] == "ok" and health["streams"] == 1
     assert "saved 1 streams to streams.npz" in out
