@@ -107,8 +107,10 @@ def test_quick_loadtest_runs_every_mode(capsys):
     finally:
         fastln.set_num_threads(threads)
     out = capsys.readouterr().out
-    for run in ("echo", "closed", "open", "sweep", "restart"):
+    for run in ("echo", "closed", "open", "sweep", "restart", "engine", "mux-closed", "mux-open"):
         assert f"| {run} | float32 |" in out, out
+    assert "multiplexed (2 connections) / the engine in-process at B = 4" in out
+    assert "4 streams on 2 multiplexed connections" in out
 
 
 # ---------------------------------------------------------------- 2. fastln-serve --model

@@ -20,7 +20,9 @@ streams on one WebSocket, the steps of several streams in one frame.
    every taken step is answered; after a restart the streams reopen with
    their tokens at their t and continue bit for bit; a stream moved to
    another server continues there.
-6. The load generator's multiplexed runs (--quick) check every reply.
+
+The load generator's multiplexed runs check every reply in
+tests/test_cli_papercuts.py's --quick run.
 """
 import asyncio
 import json
@@ -621,21 +623,3 @@ def test_a_stream_moves_while_the_others_go_on(tmp_path):
     assert 5 <= t_moved < T
     for k, s in enumerate(ids):
         assert same(np.stack(got[s]), wants[k]), s
-
-
-# ---------------------------------------------------------------- 6. the load generator
-
-def test_quick_loadtest_runs_the_multiplexed_modes(capsys):
-    import fastln
-    from fastln.serve import loadtest as lt
-    threads = fastln.get_num_threads()
-    try:
-        assert lt.main(["--quick", "--dtypes", "float32", "--runs", "closed", "mux-closed",
-                        "mux-open"]) == 0
-    finally:
-        fastln.set_num_threads(threads)
-    out = capsys.readouterr().out
-    for name in ("engine", "mux-closed", "mux-open"):
-        assert f"| {name} | float32 | 4 |" in out, out
-    assert "multiplexed (2 connections) / the engine in-process at B = 4" in out
-    assert "4 streams on 2 multiplexed connections" in out
