@@ -206,8 +206,8 @@ class FakeTransport:
 
 async def inproc(model, capacity=16, max_streams=4, max_batch=256):
     """A Service and an in-process multiplexed Connection on a FakeTransport."""
-    svc = Service(model, capacity=capacity, max_batch=max_batch)
-    mux.configure(svc, max_streams=max_streams)
+    svc = Service(model, capacity=capacity, max_batch=max_batch,
+                  max_streams_per_connection=max_streams)
     conn = mux.Connection(svc)
     conn.on_ws_connected(FakeTransport())
     return svc, conn

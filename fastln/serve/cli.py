@@ -237,8 +237,8 @@ def main(argv=None):
     fastln.set_num_threads(args.threads)
     model = open_model(p, args)
     service = Service(model, args.capacity, args.max_batch, args.max_delay_ms / 1000,
-                      args.max_queue_per_stream, args.echo, args.max_connections)
-    mux.configure(service, args.max_streams_per_connection, args.max_frame)
+                      args.max_queue_per_stream, args.echo, args.max_connections,
+                      args.max_streams_per_connection, args.max_frame)
     if args.state_file and os.path.exists(args.state_file):
         try:
             n = service.load(args.state_file)

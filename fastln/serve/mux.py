@@ -142,23 +142,6 @@ def encode(indices, x):
     return head.tobytes() + np.ascontiguousarray(x).tobytes()
 
 
-class Options:
-    """The server's limits on multiplexed connections (set by configure)."""
-
-    def __init__(self, max_streams=MAX_STREAMS, max_frame=1 << 16):
-        self.max_streams, self.max_frame = max_streams, max_frame
-
-
-def configure(service, max_streams=MAX_STREAMS, max_frame=1 << 16):
-    """Sets the limits that service's multiplexed connections keep."""
-    service.mux_options = Options(max_streams, max_frame)
-
-
-def options(service):
-    """The limits configure() set on service, or the defaults."""
-    return getattr(service, "mux_options", None) or Options()
-
-
 class Attachment:
     """What a stream's ``conn`` holds while a multiplexed connection has it:
     the Service closes it (an export, a delete, a restart) as it closes a
@@ -211,7 +194,6 @@ class Connection(WSListener):
     def __init__(self, service, x_dtype=np.float32, refusal=None):
         super().__init__()
         self.service = service
-        self.opts = options(service)
         self.x_dtype = np.dtype(x_dtype)
         self.size = service.model.input_size
         self.x_bytes = self.size * self.x_dtype.itemsize
@@ -243,8 +225,8 @@ class Connection(WSListener):
             transport.send(TEXT, json.dumps({
                 "mux": 1, "input_size": self.size, "hidden_size": svc.model.hidden_size,
                 "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name,
-                "max_streams": self.opts.max_streams,
-                "max_frame": self.opts.max_frame}).encode())
+                "max_streams": svc.max_streams_per_connection,
+                "max_frame": svc.max_frame}).encode())
 
     def on_ws_frame(self, transport, frame):
         kind = frame.msg_type
@@ -526,7 +508,7 @@ class Connection(WSListener):
                                        f"or '-', got {got}")
         if new not in (True, False) or not (token is None or isinstance(token, str)):
             raise Refused(POLICY, 400, "new must be true or false, and token a string")
-        if self.attached >= self.opts.max_streams:
+        if self.attached >= self.service.max_streams_per_connection:
             raise Refused(TRY_LATER, 503, f"this connection holds {self.attached} streams, "
                                           f"the server's --max-streams-per-connection")
         stream = svc.add(sid) if new else svc.claim(sid, token)

@@ -61,7 +61,8 @@ class Service:
     """The streams, the table, the batcher, and what the two listeners share."""
 
     def __init__(self, model, capacity=1024, max_batch=256, max_delay=0.0,
-                 max_queue_per_stream=64, echo=False, max_connections=4096):
+                 max_queue_per_stream=64, echo=False, max_connections=4096,
+                 max_streams_per_connection=1024, max_frame=1 << 16):
         check_streamable(model)
         self.model, self.echo = model, echo
         self.config = config_of(model)
@@ -71,6 +72,8 @@ class Service:
                                      max_pending=capacity * max_queue_per_stream)
         self.streams = {}
         self.max_connections, self.connections = max_connections, 0   # WebSocket connections
+        # a multiplexed connection's limits (fastln.serve.mux): streams attached, frame bytes
+        self.max_streams_per_connection, self.max_frame = max_streams_per_connection, max_frame
         # refusals by reason (errors.REASON_NAMES) and streams the server ended by reason
         self.rejections = dict.fromkeys(REASON_NAMES, 0)
         self.evictions = {"idle_timeout": 0}
