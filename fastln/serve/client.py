@@ -97,6 +97,18 @@ class _Client:
     async def __aexit__(self, *exc):
         await self.close()
 
+    def _end(self, closed):
+        """The connection ended: the waiting futures, and the hello's if it
+        has not come, fail with closed (the first Closed, if there were several)."""
+        if self.closed is None:
+            self.closed = closed
+        for f in self._unanswered():
+            if not f.done():
+                f.set_exception(self.closed)
+                f.exception()      # marked as seen: recv() raises it, if it is ever called
+        if not self._ready.done():
+            self._ready.set_exception(self.closed)
+
 
 class StreamClient(_Client):
     """One stream of a fastln-serve server; build it with :meth:`connect`."""
@@ -169,16 +181,10 @@ class StreamClient(_Client):
             if not f.done():       # a recv() that timed out or was cancelled drops its y
                 f.set_result(np.frombuffer(payload, self.y_dtype))
 
-    def _end(self, closed):
-        if self.closed is None:
-            self.closed = closed
+    def _unanswered(self):
+        """Pops the futures of the replies not yet arrived, oldest first."""
         while self._inflight:
-            f = self._inflight.popleft()
-            if not f.done():
-                f.set_exception(self.closed)
-                f.exception()      # marked as seen: recv() raises it, if it is ever called
-        if not self._ready.done():
-            self._ready.set_exception(self.closed)
+            yield self._inflight.popleft()
 
 
 class FrameRefused(Exception):
@@ -375,16 +381,10 @@ class MuxClient(_Client):
         if not fut.done():         # a recv() that timed out or was cancelled drops its y
             fut.set_result(np.frombuffer(payload, self.y_dtype).reshape(len(streams), -1))
 
-    def _end(self, closed):
-        if self.closed is None:
-            self.closed = closed
+    def _unanswered(self):
+        """Pops the futures of the frames not yet answered, oldest first."""
         while self._answers:
-            f, _ = self._answers.popleft()
-            if not f.done():
-                f.set_exception(self.closed)
-                f.exception()      # marked as seen: recv() raises it, if it is ever called
-        if not self._ready.done():
-            self._ready.set_exception(self.closed)
+            yield self._answers.popleft()[0]
 
 
 def run(main):
