@@ -118,10 +118,6 @@ cdef extern from "fastln.h" nogil:
             const float *rstd, const float *weight, int64_t N, int64_t H)
 
 cdef extern from "fastln_rnn.h" nogil:
-    ctypedef void (*fastln_sgemm_fn)(char *, char *, int *, int *, int *, float *, float *,
-                                     int *, float *, int *, float *, float *, int *)
-    ctypedef void (*fastln_dgemm_fn)(char *, char *, int *, int *, int *, double *, double *,
-                                     int *, double *, int *, double *, double *, int *)
     ctypedef struct fastln_rnn_args:
         int cell
         int64_t steps, batch, input, hidden
@@ -284,7 +280,6 @@ cdef int rnn_backward2_f32(const fastln_rnn_args *a) noexcept nogil
 cdef int rnn_backward2_f64(const fastln_rnn_args *a) noexcept nogil
 cdef int rnn_step_f32(const fastln_rnn_step_args *s) noexcept nogil
 cdef int rnn_step_f64(const fastln_rnn_step_args *s) noexcept nogil
-cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept nogil
 cdef const char *rnn_bf16_products() noexcept nogil
 cdef const char *rnn_int8_products() noexcept nogil
 # dst (n bfloat16 bits) = src (n float32), rounded to nearest even

@@ -1614,7 +1614,6 @@ cdef extern from "fastln_rnn.h" nogil:
     int fastln_rnn_backward2_f64(const fastln_rnn_args *a)
     int fastln_rnn_step_f32(const fastln_rnn_step_args *s)
     int fastln_rnn_step_f64(const fastln_rnn_step_args *s)
-    void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
     const char *fastln_rnn_bf16_products()
     const char *fastln_rnn_int8_products()
 
@@ -1660,9 +1659,6 @@ cdef int rnn_step_f32(const fastln_rnn_step_args *s) noexcept nogil:
 
 cdef int rnn_step_f64(const fastln_rnn_step_args *s) noexcept nogil:
     return fastln_rnn_step_f64(s)
-
-cdef void rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm) noexcept nogil:
-    fastln_rnn_set_blas(sgemm, dgemm)
 
 cdef const char *rnn_bf16_products() noexcept nogil:
     return fastln_rnn_bf16_products()

@@ -1,6 +1,6 @@
 """The optional packages behind some features, and the error that names them.
 
-``import fastln`` needs only NumPy and SciPy. A feature that needs more
+``import fastln`` needs only NumPy. A feature that needs more
 imports its package when it is used, and where the package is missing it
 raises the ImportError of :func:`missing`, which names the package and the
 extra of ``pyproject.toml`` that installs it.

@@ -44,15 +44,15 @@
  * gradient of the final state in dh, dc; it writes the gradient of the
  * initial state over them, dx (may be NULL) and every grads[k].
  *
- * Large products go to BLAS when one is set (fastln_rnn_set_blas; the Python
- * package passes SciPy's), else to a plain C loop. The per-step recurrent
- * product uses packed-weight AVX-512/AVX2 kernels for float (BLAS on other
- * CPUs and for double), and a dot-product kernel when B == 1. No BLAS call is
- * made inside an OpenMP region. Results are bitwise identical for any fastln
- * thread count, given a BLAS whose results do not depend on its own.
+ * Every product is the engine's own: packed-weight kernels for float and
+ * double on each instruction-set path (AVX-512, AVX2, and a portable one),
+ * each element of a product one sum over k in a fixed order. Results are
+ * bitwise identical for any thread count, on any CPU that runs the same
+ * path, and a row's results do not depend on the other rows of its batch.
+ * No BLAS library is used.
  *
- * Returns FASTLN_OK, FASTLN_EINVAL (bad sizes or cell, sizes beyond BLAS's
- * int), FASTLN_ENOMEM, or FASTLN_EINTR when interrupt() returned nonzero
+ * Returns FASTLN_OK, FASTLN_EINVAL (bad sizes or cell; T * B, G or I past
+ * INT_MAX), FASTLN_ENOMEM, or FASTLN_EINTR when interrupt() returned nonzero
  * (checked between chunks of steps, outside any parallel region; the outputs
  * are then incomplete).
  */
@@ -165,8 +165,8 @@ int fastln_rnn_backward_f64(const fastln_rnn_args *a);
 /* Both directions of a bidirectional layer: a[0] forward, a[1] with
  * reverse = 1, the same cell, sizes and x (y, dy: the two halves of one
  * (T, B, 2H) array, ldy = 2H). They run concurrently, each on half of the
- * threads, where the recurrent products need no BLAS (float on x86), else
- * one after the other. Backward writes the sum of the two directions' input
+ * threads, where there are two threads or more and the layer is large
+ * enough, else one after the other. Backward writes the sum of the two directions' input
  * gradients to a[0].dx (a[1].dx is not used). Returns as the calls above. */
 int fastln_rnn_forward2_f32(const fastln_rnn_args a[2]);
 int fastln_rnn_forward2_f64(const fastln_rnn_args a[2]);
@@ -202,7 +202,9 @@ typedef struct {
 int fastln_rnn_step_f32(const fastln_rnn_step_args *s);
 int fastln_rnn_step_f64(const fastln_rnn_step_args *s);
 
-/* Fortran BLAS ?gemm (column-major, int arguments), or NULL for the C loop. */
+/* Accepted and ignored: the engine computes every product itself. Kept so
+ * that programs written against the earlier interface, which handed in a
+ * Fortran BLAS ?gemm, still build and link. */
 typedef void (*fastln_sgemm_fn)(char *, char *, int *, int *, int *, float *, float *, int *,
                                 float *, int *, float *, float *, int *);
 typedef void (*fastln_dgemm_fn)(char *, char *, int *, int *, int *, double *, double *,

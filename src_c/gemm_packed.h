@@ -1,37 +1,86 @@
 /*
- * The packed GEMM of the LN-RNN engine (float, AVX2 and AVX-512): register
- * tiles over weights packed in panels of FASTLN_NR columns (rnn.c packs
- * them), for the recurrent product of each step and the large products of a
- * layer. Included by rnn_products.h, which defines HAVE_PACKED from this.
+ * The packed GEMM of the LN-RNN engine, for float and double on every
+ * path: register tiles over weights packed in panels of NRT columns (128
+ * bytes a panel row: 32 floats or 16 doubles; rnn.c packs them), for the
+ * recurrent product of each step and the large products of a layer. Every
+ * element of C is one chain of multiply-adds over k in a fixed order, so the
+ * products depend on the path alone: no BLAS library, CPU model or thread
+ * count changes a bit. Included by rnn_products.h.
  */
 #include "simd.h"
-#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES >= 32
 #define HAVE_PACKED 1
-/* C (M, N) (+)= A (M, K) P, P packed by fastln_pack_nt/nn: register tiles of
- * MR rows x 32 columns (AVX-512: 8 x 2 zmm; AVX2: 3 x 4 ymm), the k loop
- * broadcasting one A value per row against the panel's 32 columns. */
-#if VEC_BYTES == 64
+/* C (M, N) (+)= A (M, K) P, P packed by PACK_NT/PACK_NN: register tiles of
+ * MR rows x NRT columns (AVX-512: 8 x 2 zmm; AVX2: 3 x 4 ymm; the generic
+ * path's vectors of VEC_BYTES: 1 x 8, 2 x 8 where there are 32 of them),
+ * the k loop broadcasting one A value per row against the panel's columns. */
+#if defined(FASTLN_X86) && VEC_BYTES == 64 && IS_F32
 typedef __m512 SFX(vf);
-#define VL 16
-#define MR 8
 #define VZERO() _mm512_setzero_ps()
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VSTORE(p, v) _mm512_storeu_ps((p), (v))
 #define VSET1(x) _mm512_set1_ps(x)
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VADD(a, b) _mm512_add_ps((a), (b))
-#else
+#elif defined(FASTLN_X86) && VEC_BYTES == 64
+typedef __m512d SFX(vf);
+#define VZERO() _mm512_setzero_pd()
+#define VLOAD(p) _mm512_loadu_pd(p)
+#define VSTORE(p, v) _mm512_storeu_pd((p), (v))
+#define VSET1(x) _mm512_set1_pd(x)
+#define VFMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
+#define VADD(a, b) _mm512_add_pd((a), (b))
+#elif defined(FASTLN_X86) && VEC_BYTES == 32 && IS_F32
 typedef __m256 SFX(vf);
-#define VL 8
-#define MR 3
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VSTORE(p, v) _mm256_storeu_ps((p), (v))
 #define VSET1(x) _mm256_set1_ps(x)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VADD(a, b) _mm256_add_ps((a), (b))
+#elif defined(FASTLN_X86) && VEC_BYTES == 32
+typedef __m256d SFX(vf);
+#define VZERO() _mm256_setzero_pd()
+#define VLOAD(p) _mm256_loadu_pd(p)
+#define VSTORE(p, v) _mm256_storeu_pd((p), (v))
+#define VSET1(x) _mm256_set1_pd(x)
+#define VFMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
+#define VADD(a, b) _mm256_add_pd((a), (b))
+#else
+/* The generic path: GCC's vector extensions, which compile to the target's
+ * vectors (SSE2, NEON) or to scalars. a * b + c is one instruction where the
+ * target fuses it, the same one for every element. */
+typedef T SFX(vf) __attribute__((vector_size(VEC_BYTES)));
+static inline SFX(vf) SFX(vload)(const T *p)
+{
+    SFX(vf) v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void SFX(vstore)(T *p, SFX(vf) v) { memcpy(p, &v, sizeof v); }
+static inline SFX(vf) SFX(vset1)(T x)
+{
+    SFX(vf) v;
+    for (int i = 0; i < (int)(VEC_BYTES / sizeof(T)); i++) v[i] = x;
+    return v;
+}
+#define VZERO() ((SFX(vf)){0})
+#define VLOAD(p) SFX(vload)(p)
+#define VSTORE(p, v) SFX(vstore)((p), (v))
+#define VSET1(x) SFX(vset1)(x)
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VADD(a, b) ((a) + (b))
 #endif
-#define NV (FASTLN_NR / VL)
+#define VL ((int)(VEC_BYTES / sizeof(T)))
+#if defined(FASTLN_X86) && VEC_BYTES == 64
+#define MR 8
+#elif defined(FASTLN_X86) && VEC_BYTES == 32
+#define MR 3
+#elif defined(__aarch64__)
+#define MR 2
+#else
+#define MR 1
+#endif
+#define NV (NRT / VL)
 
 /* Panels a single tile runs side by side when it has only mr rows: enough
  * chains of FMAs (mr * npn * NV) to cover an FMA's latency. */
@@ -39,27 +88,27 @@ typedef __m256 SFX(vf);
 #define NPN(mr) (8 / ((mr) * NV) >= NPN_MAX ? NPN_MAX : 8 / ((mr) * NV) > 1 ? 8 / ((mr) * NV) : 1)
 
 /* Columns [0, ncols) of one row of a tile's panel: c = acc ? c + v : v. */
-static inline __attribute__((always_inline)) void SFX(tile_store)(float *c, const SFX(vf) *v,
+static inline __attribute__((always_inline)) void SFX(tile_store)(T *c, const SFX(vf) *v,
                                                                  int ncols, int acc)
 {
-    if (ncols == FASTLN_NR) {
+    if (ncols == NRT) {
         for (int j = 0; j < NV; j++)
             VSTORE(c + j * VL, acc ? VADD(v[j], VLOAD(c + j * VL)) : v[j]);
     } else {   /* the last, partial panel */
-        float tmp[FASTLN_NR];
+        T tmp[NRT];
         for (int j = 0; j < NV; j++) VSTORE(tmp + j * VL, v[j]);
         for (int j = 0; j < ncols; j++) c[j] = acc ? c[j] + tmp[j] : tmp[j];
     }
 }
 
-/* One tile: rows [0, mr) of A and C against npn panels (pst floats apart),
- * the last of which has ncols (<= 32) columns. mr and npn are constants
+/* One tile: rows [0, mr) of A and C against npn panels (pst elements
+ * apart), the last of which has ncols (<= NRT) columns. mr and npn are constants
  * after inlining, so the accumulators live in registers. Every element of C
  * is one chain of FMAs over k from zero, then stored (or added to C with
  * acc), whatever mr and npn are: they set only how many chains run side by
  * side, so a row's results do not depend on the rows computed with it. */
 static inline __attribute__((always_inline)) void SFX(tile)(
-    float *C, int64_t ldc, const float *A, int64_t ars, int64_t aks, const float *P,
+    T *C, int64_t ldc, const T *A, int64_t ars, int64_t aks, const T *P,
     int64_t ldp, int64_t pst, int64_t K, int mr, int npn, int ncols, int acc)
 {
     SFX(vf) c[MR][NPN_MAX * NV];
@@ -86,16 +135,16 @@ static inline __attribute__((always_inline)) void SFX(tile)(
             /* a copy: c's address is never taken, so c stays in registers */
             SFX(vf) v[NV];
             for (int j = 0; j < NV; j++) v[j] = c[r][q * NV + j];
-            SFX(tile_store)(C + r * ldc + q * FASTLN_NR, v, q == npn - 1 ? ncols : FASTLN_NR, acc);
+            SFX(tile_store)(C + r * ldc + q * NRT, v, q == npn - 1 ? ncols : NRT, acc);
         }
 }
 
 #include "gemm_bf16.h"
 
-/* C (M, N) (+)= op(A) (M, K) P. float (bf 0): element (m, k) of op(A) at
+/* C (M, N) (+)= op(A) (M, K) P. T values (bf 0): element (m, k) of op(A) at
  * A[m*ars + k*aks], or, with ars == 0, A packed by pack_at: blocks of MR
- * rows, k-major; P packed in panels (ldp == FASTLN_NR), or read in place:
- * K rows ldp apart of N columns, N a multiple of FASTLN_NR (a row-major
+ * rows, k-major; P packed in panels (ldp == NRT), or read in place:
+ * K rows ldp apart of N columns, N a multiple of NRT (a row-major
  * (K, N) matrix, or a block of columns of a wider one).
  * bfloat16 pairs (gemm_bf16.h; bf 1: VDPBF16PS, 2: AMX): A rows of
  * bfloat16 ars apart (aks 1), K a multiple of 32, P packed by pack_nt_bf16
@@ -109,13 +158,13 @@ static inline __attribute__((always_inline)) void SFX(tile)(
  * same order whatever M, the row's place and the thread count are. */
 #define MB ((64 / MR) * MR)
 #define KC 256   /* k per pass: a panel's slice (32 KiB) and A's stay in L1/L2 */
-static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, int64_t ars,
+static void SFX(packed_gemm_any)(int bf, T *C, int64_t ldc, const void *A, int64_t ars,
                                  int64_t aks, const void *P, int64_t ldp, int64_t M, int64_t N,
                                  int64_t K, int acc)
 {
     /* panel to panel, in elements of P */
-    int64_t pst = bf ? K * FASTLN_NR : ldp == FASTLN_NR ? K * FASTLN_NR : FASTLN_NR;
-    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR, nmb = (M + MB - 1) / MB;
+    int64_t pst = bf ? K * NRT : ldp == NRT ? K * NRT : NRT;
+    int64_t np = (N + NRT - 1) / NRT, nmb = (M + MB - 1) / MB;
     int64_t rs = ars ? ars : 1, ks = ars ? aks : MR;
     /* panels per work item: few rows take several at once */
     int gp = bf == 2 ? (M <= 16 ? 2 : 1) : M < MR ? NPN(M) : 1;
@@ -124,20 +173,20 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
 #endif
     int64_t ng = (np + gp - 1) / gp;
     /* Tile (rows from mm, r rows, n panels from p; ncols: the last panel's) */
-#define A_AT(mm) ((ars ? (const float *)A + (mm) * ars : (const float *)A + (mm) / MR * K * MR) \
+#define A_AT(mm) ((ars ? (const T *)A + (mm) * ars : (const T *)A + (mm) / MR * K * MR) \
                   + k0 * ks)
 #if HAVE_BF16DOT
 #define TILE(mm, r, n)                                                                        \
-    (bf ? SFX(tile_bf16)(C + (mm) * ldc + p * FASTLN_NR, ldc,                                 \
+    (bf ? SFX(tile_bf16)(C + (mm) * ldc + p * NRT, ldc,                                 \
                          (const uint16_t *)A + (mm) * ars + k0, ars,                          \
-                         (const uint16_t *)P + p * pst + k0 * FASTLN_NR, pst, kn / 2, r, n,   \
+                         (const uint16_t *)P + p * pst + k0 * NRT, pst, kn / 2, r, n,   \
                          ncols, ac)                                                           \
-        : SFX(tile)(C + (mm) * ldc + p * FASTLN_NR, ldc, A_AT(mm), rs, ks,                    \
-                    (const float *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac))
+        : SFX(tile)(C + (mm) * ldc + p * NRT, ldc, A_AT(mm), rs, ks,                    \
+                    (const T *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac))
 #else
 #define TILE(mm, r, n)                                                                        \
-    SFX(tile)(C + (mm) * ldc + p * FASTLN_NR, ldc, A_AT(mm), rs, ks,                          \
-              (const float *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac)
+    SFX(tile)(C + (mm) * ldc + p * NRT, ldc, A_AT(mm), rs, ks,                          \
+              (const T *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac)
 #endif
     /* The same static schedule in every pass: a thread owns its C tiles, so
      * the passes need no barrier, and the k order never depends on threads. */
@@ -151,19 +200,20 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
 #if HAVE_BF16DOT
             if (bf == 2) {   /* AMX: 32 rows at a time, or 16 against two panels */
                 int64_t p = p0, pl = p0 + cnt - 1;
-                int ncols = N - pl * FASTLN_NR < FASTLN_NR ? (int)(N - pl * FASTLN_NR) : FASTLN_NR;
+                int ncols = N - pl * NRT < NRT ? (int)(N - pl * NRT) : NRT;
                 for (int64_t mm = m; mm < m1; mm += 32)
-                    SFX(tile_amx)(C + mm * ldc + p * FASTLN_NR, ldc,
+                    SFX(tile_amx)(C + mm * ldc + p * NRT, ldc,
                                   (const uint16_t *)A + mm * ars + k0, ars,
-                                  (const uint16_t *)P + p * pst + k0 * FASTLN_NR, pst, cnt == 2,
+                                  (const uint16_t *)P + p * pst + k0 * NRT, pst, cnt == 2,
                                   kn, m1 - mm < 32 ? (int)(m1 - mm) : 32, ncols, ac);
                 continue;
             }
 #endif
+#if MR > 1
             if (gp > 1) {   /* M < MR rows against cnt panels at once */
                 int64_t p = p0;
-                int ncols = N - (p + cnt - 1) * FASTLN_NR < FASTLN_NR
-                                ? (int)(N - (p + cnt - 1) * FASTLN_NR) : FASTLN_NR;
+                int ncols = N - (p + cnt - 1) * NRT < NRT
+                                ? (int)(N - (p + cnt - 1) * NRT) : NRT;
 #define SMALL(r)                                   \
     switch (cnt) {                                 \
         case 4: TILE(m, r, 4); break;              \
@@ -171,17 +221,27 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
         case 2: TILE(m, r, 2); break;              \
         default: TILE(m, r, 1); break;             \
     }
+#if MR > 2
                 if (M == 1) SMALL(1) else SMALL(2)
+#else
+                SMALL(1)
+#endif
 #undef SMALL
                 continue;
             }
+#endif
             for (int64_t p = p0; p < p0 + cnt; p++) {
-                int ncols = N - p * FASTLN_NR < FASTLN_NR ? (int)(N - p * FASTLN_NR) : FASTLN_NR;
+                int ncols = N - p * NRT < NRT ? (int)(N - p * NRT) : NRT;
                 int64_t mm = m;
                 for (; mm + MR <= m1; mm += MR) TILE(mm, MR, 1);
                 switch (m1 - mm) {
 #define TAIL(r) case r: TILE(mm, r, 1); break;
-                    TAIL(1) TAIL(2)
+#if MR > 1
+                    TAIL(1)
+#endif
+#if MR > 2
+                    TAIL(2)
+#endif
 #if MR > 3
                     TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
 #endif
@@ -196,9 +256,9 @@ static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, i
 #pragma omp barrier
 }
 
-/* The float product: see packed_gemm_any. */
-static inline void SFX(packed_gemm)(float *C, int64_t ldc, const float *A, int64_t ars,
-                                    int64_t aks, const float *P, int64_t ldp, int64_t M,
+/* The product of T values: see packed_gemm_any. */
+static inline void SFX(packed_gemm)(T *C, int64_t ldc, const T *A, int64_t ars,
+                                    int64_t aks, const T *P, int64_t ldp, int64_t M,
                                     int64_t N, int64_t K, int acc)
 {
     SFX(packed_gemm_any)(0, C, ldc, A, ars, aks, P, ldp, M, N, K, acc);
@@ -209,16 +269,16 @@ static inline void SFX(packed_gemm)(float *C, int64_t ldc, const float *A, int64
 /* Ap = A^T (M, K) of A (K, M) in blocks of MR rows, k-major, zero-padded:
  * the tiles then read op(A) sequentially instead of one row of A per k.
  * Rows of A are read whole; the team shares them (orphaned omp for). */
-static void SFX(pack_at)(float *Ap, const float *A, int64_t M, int64_t K)
+static void SFX(pack_at)(T *Ap, const T *A, int64_t M, int64_t K)
 {
     int64_t nb = (M + MR - 1) / MR;
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < K; k++) {
-        const float *src = A + k * M;
+        const T *src = A + k * M;
         for (int64_t b = 0; b < nb; b++) {
-            float *dst = Ap + (b * K + k) * MR;
+            T *dst = Ap + (b * K + k) * MR;
             int64_t n = M - b * MR < MR ? M - b * MR : MR;
-            for (int r = 0; r < MR; r++) dst[r] = r < n ? src[b * MR + r] : 0.0f;
+            for (int r = 0; r < MR; r++) dst[r] = r < n ? src[b * MR + r] : (T)0;
         }
     }
 }
@@ -226,37 +286,37 @@ static void SFX(pack_at)(float *Ap, const float *A, int64_t M, int64_t K)
 /* Row-major C (M, N) = op(A) op(B) on the packed kernel with nt threads, for
  * the large products of a layer (contiguous operands: lda, ldb are the row
  * lengths). Returns FASTLN_ENOMEM when the packed copy cannot be allocated. */
-static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A,
-                         const float *B, float *C, int nt)
+static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, const T *A,
+                         const T *B, T *C, int nt)
 {
     /* C = A^T B (the weight gradients, K = T*B large): transposing A costs
      * M*K, so with M > N compute C^T = B^T A instead (transposing B, N*K)
      * and transpose the small result. */
     int swap = ta == 'T' && tb == 'N' && M > N;
     if (swap) {
-        const float *t = A;
+        const T *t = A;
         A = B;
         B = t;
         int64_t n = M;
         M = N;
         N = n;
     }
-    /* B (K, N) row-major with whole panels and rows of up to 256 is read in place;
-     * with long rows a pass of KC rows would touch KC pages (TLB misses),
-     * and a packed copy is faster */
-    int in_place = tb == 'N' && N % FASTLN_NR == 0 && N <= 256;
-    int64_t np = in_place ? 0 : fastln_packed_size(N, K);
+    /* B (K, N) row-major with whole panels and rows of up to 1 KiB is read in
+     * place; with long rows a pass of KC rows would touch KC pages (TLB
+     * misses), and a packed copy is faster */
+    int in_place = tb == 'N' && N % NRT == 0 && N * (int64_t)sizeof(T) <= 1024;
+    int64_t np = in_place ? 0 : PACKED_SIZE(N, K);
     int64_t na = ta == 'T' ? (M + MR - 1) / MR * MR * K : 0;
-    float *P = (float *)malloc((size_t)(np + na + (swap ? M * N : 0) + 1) * sizeof(float));
+    T *P = (T *)malloc((size_t)(np + na + (swap ? M * N : 0) + 1) * sizeof(T));
     if (!P) return FASTLN_ENOMEM;
-    float *Ap = ta == 'T' ? P + np : NULL, *Ct = swap ? P + np + na : C;
+    T *Ap = ta == 'T' ? P + np : NULL, *Ct = swap ? P + np + na : C;
     int64_t ars = ta == 'N' ? K : 0;
     ON_TEAM(nt,
-        if (tb == 'T') fastln_pack_nt(P, B, N, K, K);
-        else if (!in_place) fastln_pack_nn(P, B, K, N, N);
+        if (tb == 'T') PACK_NT(P, B, N, K, K);
+        else if (!in_place) PACK_NN(P, B, K, N, N);
         if (Ap) SFX(pack_at)(Ap, A, M, K);   /* ends with a barrier */
         SFX(packed_gemm)(Ct, N, Ap ? Ap : A, ars, 1, in_place ? B : P,
-                         in_place ? N : FASTLN_NR, M, N, K, 0);
+                         in_place ? N : NRT, M, N, K, 0);
         if (swap) {
             _Pragma("omp for schedule(static)")
             for (int64_t j = 0; j < N; j++)   /* C (N, M) = Ct^T */
@@ -276,7 +336,3 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
 #undef NV
 #undef NPN
 #undef NPN_MAX
-#else
-#define HAVE_PACKED 0
-#define HAVE_BF16DOT 0
-#endif

@@ -165,23 +165,19 @@ typedef struct {
 } fastln_rnn_layout;
 int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
 
-/* Row-major C (M, N) = alpha * op(A) op(B) + beta * C through BLAS, or a C
- * loop when none is set. ta, tb: 'N' or 'T'. Sizes must fit in int. */
-void fastln_gemm_f32(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
-                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                     float *C, int64_t ldc);
-void fastln_gemm_f64(char ta, char tb, int64_t M, int64_t N, int64_t K, double alpha,
-                     const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
-                     double *C, int64_t ldc);
-
-/* Packed weights for the recurrent kernels: panels of FASTLN_NR columns of
- * the product, each (K, FASTLN_NR) row-major, zero-padded past N.
- * pack_nt: W is (N, K), for C = A W^T;  pack_nn: W is (K, N), for C = A W;
- * W's rows ldw apart. */
+/* Packed weights for the recurrent engine's products (gemm_packed.h):
+ * panels of NR columns of the product, each (K, NR) row-major, zero-padded
+ * past N; a panel row is 128 bytes, FASTLN_NR floats or FASTLN_NR_F64
+ * doubles. pack_nt: W is (N, K), for C = A W^T;  pack_nn: W is (K, N), for
+ * C = A W; W's rows ldw apart. */
 #define FASTLN_NR 32
+#define FASTLN_NR_F64 16
 int64_t fastln_packed_size(int64_t N, int64_t K);
 void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K, int64_t ldw);
 void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw);
+int64_t fastln_packed_size_f64(int64_t N, int64_t K);
+void fastln_pack_nt_f64(double *P, const double *W, int64_t N, int64_t K, int64_t ldw);
+void fastln_pack_nn_f64(double *P, const double *W, int64_t K, int64_t N, int64_t ldw);
 
 /* The header of fastln_rnn_pack's output: what it packed, and how (the
  * format of one path's kernels). The engine uses packed weights only when
@@ -190,6 +186,7 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
 #define FASTLN_PACK_F32 1               /* float panels (fastln_pack_nt) */
 #define FASTLN_PACK_BF16 2              /* bfloat16 pair panels (gemm_bf16.h) */
 #define FASTLN_PACK_I8 3                /* int8 quad panels (gemm_int8.h) */
+#define FASTLN_PACK_F64 4               /* double panels (fastln_pack_nt_f64) */
 typedef struct {
     uint32_t magic;
     int32_t format, cell, reserved;

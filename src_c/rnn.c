@@ -1,7 +1,7 @@
 /*
  * LN-RNN engine, the parts every instruction-set path shares: argument
- * checks and dispatch, the cache layout, BLAS (or a C loop) for the large
- * products, and weight packing for the recurrent kernels. The per-step work
+ * checks and dispatch, the cache layout, and weight packing for the product
+ * kernels. The per-step work
  * is in rnn_engine.h, its products in rnn_products.h and rnn_pack.h.
  */
 #include <limits.h>
@@ -63,48 +63,15 @@ int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
     return (L.split ? 2 : 1) * T * B * L.G + B * (L.gw + 2 * L.G);
 }
 
-/* ---- BLAS, or a C loop ---- */
+/* ---- BLAS: none ---- */
 
-static fastln_sgemm_fn g_sgemm = NULL;
-static fastln_dgemm_fn g_dgemm = NULL;
-
+/* The engine computes every product itself, in a fixed order (gemm_packed.h),
+ * so that its results do not depend on a BLAS library or its kernels. The
+ * hook stays for programs built against the earlier interface. */
 void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
 {
-    g_sgemm = sgemm;
-    g_dgemm = dgemm;
-}
-
-/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the same
- * call with the operands (and M, N) swapped. */
-#define GEMM_BODY(T, blas)                                                                  \
-    if (M == 0 || N == 0) return;                                                           \
-    if (blas) {                                                                             \
-        int m = (int)M, n = (int)N, k = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc; \
-        blas(&tb, &ta, &n, &m, &k, &alpha, (T *)B, &lb, (T *)A, &la, &beta, C, &lc);         \
-        return;                                                                             \
-    }                                                                                       \
-    for (int64_t i = 0; i < M; i++)                                                         \
-        for (int64_t j = 0; j < N; j++) {                                                   \
-            double s = 0;                                                                   \
-            for (int64_t p = 0; p < K; p++)                                                 \
-                s += (double)(ta == 'N' ? A[i * lda + p] : A[p * lda + i]) *                \
-                     (double)(tb == 'N' ? B[p * ldb + j] : B[j * ldb + p]);                 \
-            T *c = C + i * ldc + j;                                                         \
-            *c = (T)(alpha * s + (beta == 0 ? 0.0 : (double)beta * (double)*c));            \
-        }
-
-void fastln_gemm_f32(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha,
-                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                     float *C, int64_t ldc)
-{
-    GEMM_BODY(float, g_sgemm)
-}
-
-void fastln_gemm_f64(char ta, char tb, int64_t M, int64_t N, int64_t K, double alpha,
-                     const double *A, int64_t lda, const double *B, int64_t ldb, double beta,
-                     double *C, int64_t ldc)
-{
-    GEMM_BODY(double, g_dgemm)
+    (void)sgemm;
+    (void)dgemm;
 }
 
 /* ---- packing ---- */
@@ -163,12 +130,47 @@ void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
     }
 }
 
+int64_t fastln_packed_size_f64(int64_t N, int64_t K)
+{
+    return (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64 * K * FASTLN_NR_F64;
+}
+
+/* The double panels, as fastln_pack_nt and _nn make the float ones: a
+ * panel's row k holds W[n][k] for its FASTLN_NR_F64 rows n (nt), or a slice
+ * of row k of W (nn), zero past N. */
+void fastln_pack_nt_f64(double *P, const double *W, int64_t N, int64_t K, int64_t ldw)
+{
+    int64_t np = (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; p++) {
+        double *panel = P + p * K * FASTLN_NR_F64;
+        int64_t n0 = p * FASTLN_NR_F64, w = N - n0 < FASTLN_NR_F64 ? N - n0 : FASTLN_NR_F64;
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t j = 0; j < FASTLN_NR_F64; j++)
+                panel[k * FASTLN_NR_F64 + j] = j < w ? W[(n0 + j) * ldw + k] : 0.0;
+    }
+}
+
+void fastln_pack_nn_f64(double *P, const double *W, int64_t K, int64_t N, int64_t ldw)
+{
+    int64_t np = (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; p++) {
+        double *panel = P + p * K * FASTLN_NR_F64;
+        int64_t n0 = p * FASTLN_NR_F64, w = N - n0 < FASTLN_NR_F64 ? N - n0 : FASTLN_NR_F64;
+        for (int64_t k = 0; k < K; k++) {
+            memcpy(panel + k * FASTLN_NR_F64, W + k * ldw + n0, (size_t)w * sizeof(double));
+            for (int64_t j = w; j < FASTLN_NR_F64; j++) panel[k * FASTLN_NR_F64 + j] = 0.0;
+        }
+    }
+}
+
 /* ---- entry points ---- */
 
 /* The largest K of an int8 product (gemm_int8.h: its int32 sums stay exact). */
 #define RNN_I8_MAX_K 65535
 
-/* Sizes every product (and its BLAS int arguments) can take; bfloat16 and
+/* Sizes the engine takes (T * B, G and I within int); bfloat16 and
  * int8 weights only for a float forward without a cache. */
 static int check_args(const fastln_rnn_args *a, int backward, int f32)
 {
@@ -349,28 +351,27 @@ static void *run_direction(void *p)
 }
 
 /* Whether to run the two directions side by side: when there are threads
- * for both, the products run on fastln's own kernels (BLAS, with threads of
- * its own, is not called from two threads at once), and the layer is large
- * enough to pay for starting a thread. Each direction then avoids half of the
- * per-step barriers and keeps its own weights in its own cores' caches. */
+ * for both and the layer is large enough to pay for starting a thread. Each
+ * direction then avoids half of the per-step barriers and keeps its own
+ * weights in its own cores' caches. */
 #if HAVE_PTHREADS
-static int concurrent(const fastln_rnn_args *a, int f32, int nt)
+static int concurrent(const fastln_rnn_args *a, int nt)
 {
     fastln_rnn_layout L;
     fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
     int64_t work = a->steps * a->batch * L.G * (a->input + a->hidden);
-    return nt >= 2 && f32 && fastln_kernels() != &fastln_kernels_generic && work >= (1 << 21);
+    return nt >= 2 && work >= (1 << 21);
 }
 #endif
 
 /* Runs fn on a[0] and a[1] (dx1: a[1]'s dx), side by side or in turn. */
-static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int f32)
+static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1)
 {
     direction_job j = {fn, a[1], 1, FASTLN_OK, 0};
     j.args.dx = dx1;
 #if HAVE_PTHREADS
     int nt = fastln_get_num_threads();
-    if (concurrent(a, f32, nt)) {
+    if (concurrent(a, nt)) {
         int n0 = rnn_threads(a) > 1 ? nt / 2 : 1;
         j.nt = rnn_threads(&a[1]) > 1 ? nt - nt / 2 : 1;
         j.args.interrupt = stop_requested;
@@ -385,8 +386,6 @@ static int run_pair(layer_fn fn, const fastln_rnn_args a[2], void *dx1, int f32)
         j.args.interrupt = a[1].interrupt;   /* no thread: in turn */
         j.args.interrupt_ctx = a[1].interrupt_ctx;
     }
-#else
-    (void)f32;
 #endif
     int rc = fn(a, rnn_threads(a));
     if (rc) return rc;
@@ -432,7 +431,7 @@ static int run_pair_plain(layer_fn fn, const fastln_rnn_args a[2], void *dx1, in
     void *own[2] = {NULL, NULL};
     int rc = plain_weights(&b[0], &a[0], backward, f32, &own[0]);
     if (!rc) rc = plain_weights(&b[1], &a[1], backward, f32, &own[1]);
-    if (!rc) rc = run_pair(fn, b, dx1, f32);
+    if (!rc) rc = run_pair(fn, b, dx1);
     free(own[0]);
     free(own[1]);
     return rc;

@@ -1,6 +1,6 @@
 /*
  * The LN-RNN engine: the time loop and the layer drivers, written once per
- * (element type, ISA) (type_begin.h: IS_F32, GEMM), after the cells' row
+ * (element type, ISA) (type_begin.h: IS_F32, NRT), after the cells' row
  * kernels (rnn_cells.h), the recurrent products (rnn_products.h) and the
  * forward's packed weights (rnn_pack.h).
  *
@@ -15,10 +15,9 @@
  *     outputs, reduced over rows into the LN gains and biases
  *
  * A chunk runs in one parallel region: its input product, then per step the
- * recurrent product (packed-weight kernel, or a dot kernel at B == 1; BLAS,
- * between regions, for double and on the generic path), then one fused row
- * kernel per row (all LN statistics, gates, state update, output), rows
- * shared by the team. Backward adds a column-parallel reduction of the LN
+ * recurrent product (packed-weight kernel), then one fused row kernel per
+ * row (all LN statistics, gates, state update, output), rows shared by the
+ * team. Backward adds a column-parallel reduction of the LN
  * parameter gradients in double, rows in order, so that they do not depend
  * on the thread count, and ends with the products for dW_ih, dW_hh, dx.
  */
@@ -103,9 +102,8 @@ static inline void SFX(fwd_step_row)(SFX(fwd_ctx) *f, int64_t t, int64_t b)
     }
 }
 
-/* Step t. mode 1: product and rows; 0: rows only; 2: product only (BLAS,
- * outside any parallel region). Rows are shared by the enclosing team. */
-static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
+/* Step t: its product, then its rows, shared by the enclosing team. */
+static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t)
 {
     const SFX(layer) *ly = &f->ly;
     const fastln_rnn_layout *L = &ly->L;
@@ -113,20 +111,19 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
     T *cache = ly->cache;
     const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
 #if HAVE_BF16DOT
-    if (mode == 1 && f->rc.hbuf) {   /* h in bfloat16 from the last step's rows */
+    if (f->rc.hbuf) {   /* h in bfloat16 from the last step's rows */
         if (t == 0) SFX(rows_to_bf16)(f->rc.hbuf, hp, H, B, H);
         SFX(packed_gemm_bf16)(f->rc.amx, f->ahh_s, G, f->rc.hbuf, (const uint16_t *)f->rc.packed,
                               B, G, H, 0);
     } else
 #endif
 #if HAVE_I8
-    if (mode == 1 && f->rc.hq) {   /* h quantized by the last step's rows */
+    if (f->rc.hq) {   /* h quantized by the last step's rows */
         if (t == 0) SFX(rows_to_i8)(f->rc.hq, f->rc.hqs, hp, H, B, H, 0);
         SFX(gemm_i8)(f->ahh_s, G, f->rc.hq, f->rc.hqs, (const SFX(i8w) *)f->rc.packed, B, G, H, 0);
     } else
 #endif
-    if (mode != 0) SFX(rec_product)(&f->rc, f->ahh_s, hp, f->w_hh, B, G, H, 0);
-    if (mode == 2) return;
+        SFX(rec_product)(&f->rc, f->ahh_s, hp, f->w_hh, B, G, H, 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++) SFX(fwd_step_row)(f, t, b);
     if (cache) stream_fence();
@@ -134,8 +131,7 @@ static void SFX(fwd_step)(SFX(fwd_ctx) *f, int64_t t, int mode)
 
 /* Step t of a plain GRU with RESET_FIRST: the product with h for the r and
  * z gates, the gates and r h, the product with r h for n, then the rest of
- * the rows. Rows are shared by the enclosing team (if any: with BLAS, the
- * step runs on this thread). */
+ * the rows. Rows are shared by the enclosing team. */
 static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
 {
     const SFX(layer) *ly = &f->ly;
@@ -145,7 +141,7 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
     const T *hp = cache ? cache + L->hseq + t * B * H : f->h;
     T *hn = cache ? cache + L->hseq + (t + 1) * B * H : f->h;
     T *aih = f->aih + (t - f->c0) * B * G, *ahh = f->ahh_s, *rh = f->xc_s;
-    SFX(rec_part)(&f->rc, f->rc.packed, ahh, G, hp, H, f->w_hh, B, 2 * H, H, 0, 0);
+    SFX(rec_part)(&f->rc, f->rc.packed, ahh, G, hp, H, f->w_hh, B, 2 * H, H, 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++) {
         if (SFX(active)(ly, t, b))
@@ -154,7 +150,7 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
             memset(rh + b * H, 0, (size_t)H * sizeof(T));
     }
     SFX(rec_part)(&f->rc, f->rc.packed_n, ahh + 2 * H, G, rh, H, f->w_hh + 2 * H * H, B, H,
-                  H, 0, 0);
+                  H, 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++) {
         int on = SFX(active)(ly, t, b);
@@ -170,14 +166,13 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
 }
 
 /* f->aih (M, G) = x (M, I) W_ih^T on the packed kernels (bfloat16: x
- * rounded to bfloat16 first; int8: x quantized per row) or, without them, the dot kernel (on one
- * thread of the team). */
-static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t M, int64_t I)
+ * rounded to bfloat16 first; int8: x quantized per row). */
+static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, int64_t M, int64_t I)
 {
     const int64_t G = f->ly.G;
 #if HAVE_I8
     if (f->rc.method == 4) {
-        SFX(rec_part)(&f->rc, f->rc.packed_ih, f->aih, G, x, I, w_ih, M, G, I, 0, 0);
+        SFX(rec_part)(&f->rc, f->rc.packed_ih, f->aih, G, x, I, NULL, M, G, I, 0);
         return;
     }
 #endif
@@ -189,15 +184,7 @@ static void SFX(input_proj)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t 
         return;
     }
 #endif
-#if HAVE_PACKED
-    if (f->rc.packed_ih) {
-        SFX(packed_gemm)(f->aih, G, x, I, 1, (const float *)f->rc.packed_ih, f->rc.ldp_ih, M, G, I,
-                         0);
-        return;
-    }
-#endif
-#pragma omp single
-    SFX(small_nt)(f->aih, x, w_ih, M, G, I, 0, 0, G);
+    SFX(packed_gemm)(f->aih, G, x, I, 1, (const T *)f->rc.packed_ih, f->rc.ldp_ih, M, G, I, 0);
 }
 
 /* xs (steps [s0, s1), B, I) = the rows of x (T, B, I) that those steps read,
@@ -258,13 +245,11 @@ static void SFX(fwd_chunk_own)(SFX(fwd_ctx) *f, const T *xc, int64_t I, int64_t 
 }
 #endif
 
-/* The input projections of steps [c0, c1) into f->aih, then those steps:
- * one parallel region when the products can run inside it (the packed and
- * small kernels), else BLAS between regions. */
-static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I, int64_t c0,
-                          int64_t c1, int nt)
+/* The input projections of steps [c0, c1) into f->aih, then those steps, in
+ * one parallel region. */
+static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, int64_t I, int64_t c0, int64_t c1, int nt)
 {
-    const int64_t B = f->ly.B, G = f->ly.G, M = (c1 - c0) * B;
+    const int64_t B = f->ly.B, M = (c1 - c0) * B;
     const T *xc = f->xg ? f->xg : x + c0 * B * I;
     f->c0 = c0;
 #if HAVE_I8
@@ -275,30 +260,13 @@ static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, const T *w_ih, int64_t I,
         return FASTLN_OK;
     }
 #endif
-    if (SFX(rec_in_region)(&f->rc)) {
-        ON_TEAM(nt,
-            if (f->xg) SFX(gather_steps)(&f->ly, f->xg, (T *)x, c0, c1, I, 0);
-            SFX(input_proj)(f, xc, w_ih, M, I);
-            for (int64_t t = c0; t < c1; t++) {
-                if (f->ly.L.reset_first) SFX(fwd_step_rf)(f, t);
-                else SFX(fwd_step)(f, t, 1);
-            });
-        return FASTLN_OK;
-    }
-    if (f->xg) SFX(gather_steps)(&f->ly, f->xg, (T *)x, c0, c1, I, 0);
-    if (M <= 4) SFX(small_nt)(f->aih, xc, w_ih, M, G, I, 0, 0, G);
-    else GEMM('N', 'T', M, G, I, 1, xc, I, w_ih, I, 0, f->aih, G);
-    /* BLAS's own threads spin for a while after each call: an OpenMP team
-     * between the calls would fight them for the cores (many times slower),
-     * so the rows run on this thread. */
-    for (int64_t t = c0; t < c1; t++) {
-        if (f->ly.L.reset_first) {
-            SFX(fwd_step_rf)(f, t);
-            continue;
-        }
-        SFX(fwd_step)(f, t, 2);
-        SFX(fwd_step)(f, t, 0);
-    }
+    ON_TEAM(nt,
+        if (f->xg) SFX(gather_steps)(&f->ly, f->xg, (T *)x, c0, c1, I, 0);
+        SFX(input_proj)(f, xc, M, I);
+        for (int64_t t = c0; t < c1; t++) {
+            if (f->ly.L.reset_first) SFX(fwd_step_rf)(f, t);
+            else SFX(fwd_step)(f, t);
+        });
     return FASTLN_OK;
 }
 
@@ -338,12 +306,12 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     f.rs_s = n_rs ? next : NULL;
     next += n_rs;
     f.xg = n_xg ? next : NULL;
-#if IS_F32
     /* bfloat16 weights go into pair panels as they are, else widen to float
      * first (unless packed weights are given and hold them already) */
     int fmt = SFX(pack_format)(a->wtype), bf = fmt == FASTLN_PACK_BF16;
     int raw_w = bf || fmt == FASTLN_PACK_I8;   /* packed as stored */
-    float *wi = NULL, *wh = NULL;
+    T *wi = NULL, *wh = NULL;
+#if IS_F32
     int widen = a->wtype == FASTLN_RNN_W_BF16 && !bf && !SFX(prepacked)(a, fmt);
     if (widen) {
         wi = SFX(widened)(a->params[0], G * I);
@@ -351,6 +319,9 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
         w_ih = wi;
         f.w_hh = wh;
     }
+#else
+    const int widen = 0;
+#endif
     int rc = widen && (!wi || !wh)
                  ? FASTLN_ENOMEM
                  : SFX(rec_init_fwd)(&f.rc, a, fmt, raw_w ? a->params[0] : (const void *)w_ih,
@@ -361,11 +332,6 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
         free(raw);
         return rc;
     }
-#else
-    memset(&f.rc, 0, sizeof f.rc);
-    f.rc.method = B == 1 ? 2 : 0;
-    int rc = FASTLN_OK;
-#endif
     if (cache) {
         memcpy(cache + L->hseq, f.h, (size_t)(B * H) * sizeof(T));
         if (lstm) memcpy(cache + L->cseq, f.c, (size_t)(B * H) * sizeof(T));
@@ -373,7 +339,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     for (int64_t c0 = 0; c0 < Ts && rc == FASTLN_OK; c0 += Tc) {
         int64_t c1 = c0 + Tc < Ts ? c0 + Tc : Ts;
         f.aih = aih_s;
-        rc = SFX(fwd_chunk)(&f, x, w_ih, I, c0, c1, nt);
+        rc = SFX(fwd_chunk)(&f, x, I, c0, c1, nt);
         if (!rc && a->interrupt && c1 < Ts && a->interrupt(a->interrupt_ctx)) rc = FASTLN_EINTR;
     }
     if (cache && rc == FASTLN_OK) {   /* the final state */
@@ -381,10 +347,8 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
         if (lstm) memcpy(f.c, cache + L->cseq + Ts * B * H, (size_t)(B * H) * sizeof(T));
     }
     SFX(rec_free)(&f.rc);
-#if IS_F32
     free(wi);
     free(wh);
-#endif
     free(raw);
     return rc;
 }
@@ -438,17 +402,15 @@ static void SFX(bwd_sums)(SFX(bwd_ctx) *k, int64_t t, const T *xi, const T *xh, 
     }
 }
 
-static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
+/* Step t of the backward: its rows, shared by the enclosing team, the
+ * parameter sums, then the product that carries dA_hh to h_{t-1}. */
+static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t)
 {
     const SFX(layer) *ly = &k->ly;
     const fastln_rnn_layout *L = &ly->L;
     const int64_t B = ly->B, H = ly->H, G = ly->G, R = L->nrstd, gw = ly->gw;
     const T *cache = ly->cache;
     T *dah = k->dah + t * B * G;
-    if (mode == 2) {
-        SFX(rec_product)(&k->rc, k->dh, dah, k->w_hh, B, G, H, 1);
-        return;
-    }
     T *dai = k->dai + t * B * G;
     const T *xi = L->xih >= 0 ? cache + L->xih + t * B * G : NULL;
     const T *xh = L->xhh >= 0 ? cache + L->xhh + t * B * G : NULL;
@@ -473,7 +435,7 @@ static void SFX(bwd_step)(SFX(bwd_ctx) *k, int64_t t, int mode)
     }
     if (k->dai_s) stream_fence();
     SFX(bwd_sums)(k, t, xi, xh, xc);
-    if (mode == 1) SFX(rec_product)(&k->rc, k->dh, dah, k->w_hh, B, G, H, 1);
+    SFX(rec_product)(&k->rc, k->dh, dah, k->w_hh, B, G, H, 1);
 }
 
 /* Step t of a plain GRU with RESET_FIRST, backward: the first half of the
@@ -499,34 +461,22 @@ static void SFX(bwd_step_rf)(SFX(bwd_ctx) *k, int64_t t)
                          k->dh + b * H, k->dy + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy,
                          act + b * G, hp + b * H);
     }
-    SFX(rec_part)(&k->rc, k->rc.packed_n, k->drh, H, dahn, H, k->w_hh + 2 * H * H, B, H, H,
-                  1, 0);
+    SFX(rec_part)(&k->rc, k->rc.packed_n, k->drh, H, dahn, H, k->w_hh + 2 * H * H, B, H, H, 0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++)
         if (SFX(active)(ly, t, b))
             SFX(gru_rf_bwd2)(ly, dai + b * G, dahrz + b * 2 * H, k->dg + b * gw, k->dh + b * H,
                              k->drh + b * H, act + b * G, hp + b * H);
     SFX(bwd_sums)(k, t, NULL, NULL, NULL);
-    SFX(rec_part)(&k->rc, k->rc.packed, k->dh, H, dahrz, 2 * H, k->w_hh, B, H, 2 * H, 1, 1);
+    SFX(rec_part)(&k->rc, k->rc.packed, k->dh, H, dahrz, 2 * H, k->w_hh, B, H, 2 * H, 1);
 }
 
 static void SFX(bwd_steps)(SFX(bwd_ctx) *k, int64_t t1, int64_t t0, int nt)
 {   /* steps t1-1 down to t0 */
-    if (k->ly.L.reset_first) {
-        if (SFX(rec_in_region)(&k->rc))
-            ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step_rf)(k, t););
-        else   /* on this thread: see fwd_chunk */
-            for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step_rf)(k, t);
-        return;
-    }
-    if (SFX(rec_in_region)(&k->rc)) {
-        ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t, 1););
-        return;
-    }
-    for (int64_t t = t1 - 1; t >= t0; t--) {   /* on this thread: see fwd_chunk */
-        SFX(bwd_step)(k, t, 0);
-        SFX(bwd_step)(k, t, 2);
-    }
+    if (k->ly.L.reset_first)
+        ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step_rf)(k, t););
+    else
+        ON_TEAM(nt, for (int64_t t = t1 - 1; t >= t0; t--) SFX(bwd_step)(k, t););
 }
 
 /* The products that end a backward: dW_ih = dA_ih^T x, dW_hh = dA_hh^T h_{t-1}
@@ -546,17 +496,17 @@ static int SFX(bwd_products)(SFX(bwd_ctx) *k, const T *x, T *dx, T **grads, int6
         if (!xs) return FASTLN_ENOMEM;
         ON_TEAM(nt, SFX(gather_steps)(ly, xs, (T *)x, 0, ly->steps, I, 0););
     }
-    int rc = SFX(gemm_layer)('T', 'N', G, I, TB, k->dai, xs ? xs : x, grads[0], nt);
+    int rc = SFX(gemm_big)('T', 'N', G, I, TB, k->dai, xs ? xs : x, grads[0], nt);
     if (!rc && ly->L.reset_first) {   /* [r, z] from h_{t-1}, n from r h_{t-1} */
-        rc = SFX(gemm_layer)('T', 'N', 2 * H, H, TB, k->dah, hseq, grads[1], nt);
-        if (!rc) rc = SFX(gemm_layer)('T', 'N', H, H, TB, k->dah + TB * 2 * H,
+        rc = SFX(gemm_big)('T', 'N', 2 * H, H, TB, k->dah, hseq, grads[1], nt);
+        if (!rc) rc = SFX(gemm_big)('T', 'N', H, H, TB, k->dah + TB * 2 * H,
                                       ly->cache + ly->L.xc, grads[1] + 2 * H * H, nt);
     } else if (!rc) {
-        rc = SFX(gemm_layer)('T', 'N', G, H, TB, k->dah, hseq, grads[1], nt);
+        rc = SFX(gemm_big)('T', 'N', G, H, TB, k->dah, hseq, grads[1], nt);
     }
     T *dxs = ly->reverse ? xs : dx;
     if (!rc && dx)   /* W_ih (G, I), or W_ih^T (I, G) */
-        rc = SFX(gemm_layer)('N', k->wt ? 'T' : 'N', TB, I, G, k->dai, ly->p[0], dxs, nt);
+        rc = SFX(gemm_big)('N', k->wt ? 'T' : 'N', TB, I, G, k->dai, ly->p[0], dxs, nt);
     if (!rc && dx && ly->reverse) ON_TEAM(nt, SFX(gather_steps)(ly, xs, dx, 0, ly->steps, I, 1););
     free(xs);
     return rc;

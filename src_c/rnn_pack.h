@@ -1,13 +1,12 @@
 /*
  * The packed weights of the LN-RNN forward, written once per (element type,
- * ISA) after the recurrent products (rnn_products.h), for float only: the
- * format and layout of the packed blob (pack_format, pack_layout,
- * pack_parts), fastln_rnn_pack on this path (rnn_pack), and the forward's
- * recurrent products set up from caller-packed or freshly packed weights
- * (prepacked, rec_init_fwd).
+ * ISA) after the recurrent products (rnn_products.h): the format and layout
+ * of the packed blob (pack_format, pack_layout, pack_parts), fastln_rnn_pack
+ * on this path (rnn_pack, float only), and the forward's recurrent products
+ * set up from caller-packed or freshly packed weights (prepacked,
+ * rec_init_fwd).
  */
 
-#if IS_F32
 /* When a forward packs transposed weights (see packs_transposed), by the
  * number of elements of W_hh (G x H): no call of fewer than
  * RNN_PACK_MIN_STEPS steps; from RNN_PACK_HUGE elements (32 MiB of float)
@@ -24,17 +23,19 @@
 #define RNN_PACK_ROWS 256
 
 /* The format of a forward's packed weights on this path for weights stored
- * as wtype: int8 quad panels for int8 weights (every path), bfloat16 pair
- * panels where the CPU has VDPBF16PS, float panels on the other x86 paths,
- * none on the generic path (BLAS). */
+ * as wtype: int8 quad panels for int8 weights, bfloat16 pair panels where
+ * the CPU has VDPBF16PS, else panels of T (bfloat16 weights widened to
+ * float first). */
 static int SFX(pack_format)(int wtype)
 {
+#if HAVE_I8
     if (wtype == FASTLN_RNN_W_INT8) return FASTLN_PACK_I8;
+#endif
 #if HAVE_BF16DOT
     if (wtype == FASTLN_RNN_W_BF16 && fastln_cpu_has_avx512bf16()) return FASTLN_PACK_BF16;
 #endif
     (void)wtype;
-    return HAVE_PACKED ? FASTLN_PACK_F32 : 0;
+    return IS_F32 ? FASTLN_PACK_F32 : FASTLN_PACK_F64;
 }
 
 /* Byte offsets of a packed layer's parts after its header (W_hh, or its
@@ -43,11 +44,13 @@ static int SFX(pack_format)(int wtype)
 static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int64_t H, int64_t I)
 {
     int64_t Gh = rf ? 2 * H : G, n[3], at = (int64_t)sizeof(fastln_rnn_pack_header);
+#if HAVE_I8
     if (fmt == FASTLN_PACK_I8) {
         n[0] = i8_part_size(Gh, H);
         n[1] = rf ? i8_part_size(H, H) : 0;
         n[2] = i8_part_size(G, I);
     } else
+#endif
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {
         n[0] = 2 * SFX(packed_size_bf16)(Gh, H);
@@ -57,9 +60,10 @@ static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int6
 #endif
     {
         (void)fmt;
-        n[0] = 4 * fastln_packed_size(Gh, H);
-        n[1] = rf ? 4 * fastln_packed_size(H, H) : 0;
-        n[2] = 4 * fastln_packed_size(G, I);
+        const int64_t es = (int64_t)sizeof(T);
+        n[0] = es * PACKED_SIZE(Gh, H);
+        n[1] = rf ? es * PACKED_SIZE(H, H) : 0;
+        n[2] = es * PACKED_SIZE(G, I);
     }
     for (int i = 0; i < 3; i++) {
         off[i] = at;
@@ -70,11 +74,12 @@ static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int6
 
 /* The parts of a packed layer (blob + off[i]) from W_ih (G, I) and W_hh
  * (G, H), int8 for FASTLN_PACK_I8, bfloat16 for FASTLN_PACK_BF16, else
- * float: shared by the enclosing team. */
+ * T: shared by the enclosing team. */
 static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, int64_t G,
                             int64_t H, int64_t I, const void *w_ih, const void *w_hh)
 {
     int64_t Gh = rf ? 2 * H : G;
+#if HAVE_I8
     if (fmt == FASTLN_PACK_I8) {
         const int8_t *wh = (const int8_t *)w_hh;
         SFX(pack_nt_i8)(blob + off[0], wh, Gh, H);
@@ -82,6 +87,7 @@ static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, i
         SFX(pack_nt_i8)(blob + off[2], (const int8_t *)w_ih, G, I);
         return;
     }
+#endif
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {
         const uint16_t *wh = (const uint16_t *)w_hh;
@@ -92,22 +98,22 @@ static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, i
     }
 #endif
     (void)fmt;
-    const float *wh = (const float *)w_hh;
-    fastln_pack_nt((float *)(blob + off[0]), wh, Gh, H, H);
-    if (rf) fastln_pack_nt((float *)(blob + off[1]), wh + 2 * H * H, H, H, H);
-    fastln_pack_nt((float *)(blob + off[2]), (const float *)w_ih, G, I, I);
+    const T *wh = (const T *)w_hh;
+    PACK_NT((T *)(blob + off[0]), wh, Gh, H, H);
+    if (rf) PACK_NT((T *)(blob + off[1]), wh + 2 * H * H, H, H, H);
+    PACK_NT((T *)(blob + off[2]), (const T *)w_ih, G, I, I);
 }
 
-/* The parts of a packed layer, float panels, from W_ih^T (I, G) and W_hh^T
+/* The parts of a packed layer, panels of T, from W_ih^T (I, G) and W_hh^T
  * (H, G) row-major (Fortran-ordered W_ih and W_hh): each panel row is a
  * slice of a row of W^T, so the panels are those pack_parts makes from
  * W_ih and W_hh. Shared by the enclosing team. */
 static void SFX(pack_parts_t)(char *blob, const int64_t off[3], int rf, int64_t G, int64_t H,
-                              int64_t I, const float *wt_ih, const float *wt_hh)
+                              int64_t I, const T *wt_ih, const T *wt_hh)
 {
-    fastln_pack_nn((float *)(blob + off[0]), wt_hh, H, rf ? 2 * H : G, G);
-    if (rf) fastln_pack_nn((float *)(blob + off[1]), wt_hh + 2 * H, H, H, G);
-    fastln_pack_nn((float *)(blob + off[2]), wt_ih, I, G, G);
+    PACK_NN((T *)(blob + off[0]), wt_hh, H, rf ? 2 * H : G, G);
+    if (rf) PACK_NN((T *)(blob + off[1]), wt_hh + 2 * H, H, H, G);
+    PACK_NN((T *)(blob + off[2]), wt_ih, I, G, G);
 }
 
 /* Whether a forward packs transposed weights instead of reading them in
@@ -133,6 +139,7 @@ static int SFX(packs_transposed)(const fastln_rnn_args *a, int64_t G)
     return steps >= RNN_PACK_SMALL_STEPS && steps * a->batch >= RNN_PACK_ROWS;
 }
 
+#if IS_F32
 /* w (n) = the bfloat16 values of src as float, in a new array (NULL: no memory). */
 static float *SFX(widened)(const void *src, int64_t n)
 {
@@ -179,6 +186,8 @@ static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64
     return total;
 }
 
+#endif
+
 /* Whether a->packed holds this layer packed in format fmt. */
 static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
 {
@@ -187,24 +196,21 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
            hd->cell == a->cell && hd->input == a->input && hd->hidden == a->hidden;
 }
 
-/* Forward: the products of a layer on the packed kernels where this path
- * has them, for every B (so that a row's results do not depend on the batch
- * it is in), with a->packed when it was packed for this path, cell and
- * sizes, else packed here, or, with a->transposed, W_ih^T and W_hh^T read
- * where they are or packed from that layout (packs_transposed decides; the
- * packed kernels' panels are row-major (K, N) blocks of 32 columns, so
- * reading the whole rows of W^T does the same operations in the same order;
- * rnn.c passes transposed weights only where G, and H for RESET_FIRST, are
- * multiples of 32); w_ih, w_hh are float, or bfloat16 for
- * the bfloat16 format. abuf gets room for Tc steps of input in bfloat16, hbuf
- * for h (RESET_FIRST, whose products round h and r h themselves, takes
- * them in abuf). Elsewhere the dot kernels at B == 1 and BLAS. */
+/* Forward: the products of a layer on the packed kernels, for every B (so
+ * that a row's results do not depend on the batch it is in), with a->packed
+ * when it was packed for this path, cell and sizes, else packed here, or,
+ * with a->transposed, W_ih^T and W_hh^T read where they are or packed from
+ * that layout (packs_transposed decides; the packed kernels' panels are
+ * row-major (K, N) blocks of NRT columns, so reading the whole rows of W^T
+ * does the same operations in the same order; rnn.c passes transposed
+ * weights only where G, and H for RESET_FIRST, are multiples of NRT); w_ih,
+ * w_hh are T, or bfloat16 for the bfloat16 format. abuf gets room for Tc
+ * steps of input in bfloat16, hbuf for h (RESET_FIRST, whose products round
+ * h and r h themselves, takes them in abuf). */
 static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
                              const void *w_hh, int64_t Tc, int nt)
 {
     memset(rc, 0, sizeof *rc);
-    rc->method = a->batch == 1 ? 2 : 0;
-    if (!fmt) return FASTLN_OK;
     fastln_rnn_layout L;
     fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
     const int64_t B = a->batch, I = a->input, H = a->hidden;
@@ -225,7 +231,9 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     }
 #endif
     /* int8: bytes of quantized rows (Tc steps of input, or h), then their scales */
-    int64_t nq = 0, nqr = 0, nhq = 0;
+    int64_t nq = 0, nhq = 0;
+#if HAVE_I8
+    int64_t nqr = 0;
     if (fmt == FASTLN_PACK_I8) {
         nqr = Tc * B * i8_kp(I) > B * i8_kp(H) ? Tc * B * i8_kp(I) : B * i8_kp(H);
         nqr = (nqr + 63) / 64 * 64;
@@ -234,14 +242,15 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
          * products quantize h and r h themselves) */
         nhq = L.reset_first ? 0 : (B * i8_kp(H) + 63) / 64 * 64 + B * (int64_t)sizeof(float);
     }
+#endif
     int fresh = !SFX(prepacked)(a, fmt);
     if (fresh && a->transposed &&
-        (fmt != FASTLN_PACK_F32 || L.G % FASTLN_NR || (L.reset_first && H % FASTLN_NR)))
+        (fmt != SFX(pack_format)(FASTLN_RNN_W_SAME) || L.G % NRT || (L.reset_first && H % NRT)))
         return FASTLN_EINVAL;
     if (fresh && a->transposed && !SFX(packs_transposed)(a, L.G)) {
         rc->method = 1;
         rc->packed = w_hh;
-        rc->packed_n = L.reset_first ? (const float *)w_hh + 2 * H : NULL;
+        rc->packed_n = L.reset_first ? (const T *)w_hh + 2 * H : NULL;
         rc->packed_ih = w_ih;
         rc->ldp = rc->ldp_ih = L.G;
         return FASTLN_OK;
@@ -259,11 +268,12 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     if (fresh) {
         if (a->transposed)
             ON_TEAM(nt, SFX(pack_parts_t)(buf, off, L.reset_first, L.G, H, I,
-                                          (const float *)w_ih, (const float *)w_hh););
+                                          (const T *)w_ih, (const T *)w_hh););
         else
             ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
         blob = buf;
     }
+#if HAVE_I8
     if (fmt == FASTLN_PACK_I8) {   /* the parts with their scales; A's rows after the pack */
         const float *s_ih = a->scales[0], *s_hh = a->scales[1];
         rc->i8[0] = SFX(i8_part)(blob + off[0], s_hh, L.reset_first ? 2 * H : L.G, H);
@@ -281,11 +291,11 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         rc->packed_ih = &rc->i8[2];
         return FASTLN_OK;
     }
+#endif
     rc->method = fmt == FASTLN_PACK_BF16 ? 3 : 1;
     rc->packed = blob + off[0];
     rc->packed_n = L.reset_first ? blob + off[1] : NULL;
     rc->packed_ih = blob + off[2];
-    rc->ldp = rc->ldp_ih = FASTLN_NR;
+    rc->ldp = rc->ldp_ih = NRT;
     return FASTLN_OK;
 }
-#endif

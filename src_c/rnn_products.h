@@ -1,11 +1,11 @@
 /*
  * The recurrent products of the LN-RNN engine, written once per (element
- * type, ISA) (type_begin.h: IS_F32, GEMM): the dot kernels for a batch of one
- * (small_nt, small_nn; gemv16 on AVX-512 float), the packed-weight kernels
- * (gemm_packed.h), and how a layer does its products (rec: rec_part,
- * rec_product per step, gemm_layer for the large products of a layer,
- * rec_init_bwd for the backward's packed W_hh^T). BLAS takes the products
- * for double and on the generic path, between parallel regions.
+ * type, ISA) (type_begin.h: IS_F32, NRT): the axpy kernel for a backward of
+ * one sequence (small_nn), the packed-weight kernels (gemm_packed.h:
+ * packed_gemm, and gemm_big for the large products of a layer), and how a
+ * layer does its products (rec: rec_part, rec_product per step,
+ * rec_init_bwd for the backward's packed W_hh^T). Every product is the
+ * engine's own, inside the parallel region of its steps.
  */
 #include "simd.h"
 #include "pool.h"
@@ -25,67 +25,8 @@
     } while (0)
 #endif
 
-#if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
-#define HAVE_GEMV16 1
-/* c[j] (+)= dot(row j of W, a) for j < 16, K elements: one accumulator per
- * row, then a transposing reduction tree (reduce16: 16 vectors -> one vector
- * of the 16 sums) instead of 16 horizontal sums. */
-static inline void SFX(gemv16)(float *c, const float *a, const float *W, int64_t K, int acc)
-{
-    __m512 s[16];
-    for (int j = 0; j < 16; j++) s[j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
-        __m512 av = _mm512_maskz_loadu_ps(m, a + k);
-        for (int j = 0; j < 16; j++)
-            s[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, W + j * K + k), av, s[j]);
-    }
-    __m512 r = reduce16(s);   /* simd.h */
-    if (acc) r = _mm512_add_ps(r, _mm512_loadu_ps(c));
-    _mm512_storeu_ps(c, r);
-}
-#else
-#define HAVE_GEMV16 0
-#endif
-
-/* B == 1 and other tiny M, unpacked W:
- * nt:  C (M, N) (+)= A (M, K) W^T, W (N, K): four dot products at a time
- * nn:  C (M, K) (+)= A (M, N) W,   W (N, K): four axpys at a time */
-static void SFX(small_nt)(T *C, const T *A, const T *W, int64_t M, int64_t N, int64_t K,
-                          int acc, int64_t n0, int64_t n1)
-{   /* output columns [n0, n1) */
-    for (int64_t m = 0; m < M; m++) {
-        const T *a = A + m * K;
-        T *c = C + m * N;
-        int64_t n = n0;
-#if HAVE_GEMV16
-        for (; n + 16 <= n1; n += 16) SFX(gemv16)(c + n, a, W + n * K, K, acc);
-#endif
-        for (; n + 4 <= n1; n += 4) {
-            const T *w0 = W + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-            T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-            for (int64_t k = 0; k < K; k++) {
-                s0 = FMA(a[k], w0[k], s0);
-                s1 = FMA(a[k], w1[k], s1);
-                s2 = FMA(a[k], w2[k], s2);
-                s3 = FMA(a[k], w3[k], s3);
-            }
-            c[n] = acc ? c[n] + s0 : s0;
-            c[n + 1] = acc ? c[n + 1] + s1 : s1;
-            c[n + 2] = acc ? c[n + 2] + s2 : s2;
-            c[n + 3] = acc ? c[n + 3] + s3 : s3;
-        }
-        for (; n < n1; n++) {
-            const T *w0 = W + n * K;
-            T s0 = 0;
-#pragma omp simd reduction(+ : s0)
-            for (int64_t k = 0; k < K; k++) s0 = FMA(a[k], w0[k], s0);
-            c[n] = acc ? c[n] + s0 : s0;
-        }
-    }
-}
-
+/* B == 1, unpacked W (the backward of one sequence):
+ * C (M, K) (+)= A (M, N) W, W (N, K): four axpys at a time */
 static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, int64_t K,
                           int acc, int64_t k0, int64_t k1)
 {   /* output columns [k0, k1) */
@@ -115,8 +56,8 @@ static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
 
 /* How a layer does its recurrent products. */
 typedef struct {
-    int method;      /* 0: BLAS, 1: packed float, 2: small (B == 1), 3: packed bfloat16,
-                        4: packed int8 */
+    int method;      /* 1: packed T, 2: small (the backward at B == 1), 3: packed
+                        bfloat16, 4: packed int8 */
     const void *packed;     /* methods 1, 3: the packed W_hh (forward) or W_hh^T (backward);
                                RESET_FIRST: only its [r, z] blocks */
     const void *packed_n;   /* methods 1, 3, RESET_FIRST: the n block W_hn, likewise */
@@ -142,12 +83,12 @@ typedef struct {
 
 /* A recurrent product by rc's method: C (B, N) (+)= A (B, K) W^T, W (N, K)
  * (forward), or A W, W (K, N) (backward); rows ldc, lda apart; P the packed
- * panels of W (methods 1 and 3), the dot kernels at B == 1 (method 2), or
- * BLAS (method 0, outside any parallel region). rec_product is the whole
- * step's; a GRU with RESET_FIRST takes its step's in two parts. */
+ * panels of W (methods 1, 3 and 4), or the axpy kernel over W at B == 1
+ * (method 2, backward). The team of the enclosing region shares the work.
+ * rec_product is the whole step's; a GRU with RESET_FIRST takes its step's
+ * in two parts. */
 static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, const T *A,
-                          int64_t lda, const T *W, int64_t B, int64_t N, int64_t K,
-                          int backward, int acc)
+                          int64_t lda, const T *W, int64_t B, int64_t N, int64_t K, int acc)
 {
     int method = rc->method;
 #if HAVE_I8
@@ -163,91 +104,54 @@ static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, 
         return;
     }
 #endif
-#if HAVE_PACKED
-    if (method == 1) {
-        SFX(packed_gemm)(C, ldc, A, lda, 1, (const float *)P, rc->ldp, B, N, K, acc);
-        return;
-    }
-#else
-    (void)P;
-#endif
-    if (method == 2) {   /* B == 1: blocks of 64 output columns over the team */
+    if (method == 2) {   /* blocks of 64 output columns over the team */
         int64_t nb = (N + 63) / 64;
 #pragma omp for schedule(static)
-        for (int64_t j = 0; j < nb; j++) {
-            int64_t j1 = j * 64 + 64 < N ? j * 64 + 64 : N;
-            if (backward) SFX(small_nn)(C, A, W, 1, K, N, acc, j * 64, j1);
-            else SFX(small_nt)(C, A, W, 1, N, K, acc, j * 64, j1);
-        }
+        for (int64_t j = 0; j < nb; j++)
+            SFX(small_nn)(C, A, W, 1, K, N, acc, j * 64, j * 64 + 64 < N ? j * 64 + 64 : N);
         return;
     }
-    if (backward) GEMM('N', 'N', B, N, K, 1, A, lda, W, N, (T)acc, C, ldc);
-    else GEMM('N', 'T', B, N, K, 1, A, lda, W, K, (T)acc, C, ldc);
-}
-
-/* The large products of a layer: C (M, N) = op(A) op(B), contiguous
- * operands, on the packed kernel and fastln's threads where there is one
- * (BLAS's own threads would compete with fastln's for the cores between
- * steps), else through BLAS. */
-static int SFX(gemm_layer)(char ta, char tb, int64_t M, int64_t N, int64_t K, const T *A,
-                           const T *B, T *C, int nt)
-{
-#if HAVE_PACKED
-    return SFX(gemm_big)(ta, tb, M, N, K, A, B, C, nt);
-#else
-    (void)nt;
-    GEMM(ta, tb, M, N, K, 1, A, ta == 'N' ? K : M, B, tb == 'N' ? N : K, 0, C, N);
-    return FASTLN_OK;
-#endif
+    SFX(packed_gemm)(C, ldc, A, lda, 1, (const T *)P, rc->ldp, B, N, K, acc);
 }
 
 /* Backward: packs W_hh for the recurrent kernel's dA W_hh when B > 1 (in
  * two parts for a plain GRU with rf, RESET_FIRST), from W_hh (G, H), or with
  * wt from W_hh^T (H, G) row-major (F-ordered W_hh: the same panels); B == 1
- * takes the dot kernels over W_hh. */
+ * takes the axpy kernel over W_hh. */
 static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int wt, int64_t B, int64_t G,
                              int64_t H, int rf, int nt)
 {
     memset(rc, 0, sizeof *rc);
-    rc->method = B == 1 ? 2 : 0;
-#if HAVE_PACKED
+    rc->method = 2;
     if (B == 1) return FASTLN_OK;
     int64_t Gh = rf ? 2 * H : G;   /* the gates of the product with h */
-    int64_t nh = fastln_packed_size(H, Gh), nn = rf ? fastln_packed_size(H, H) : 0;
-    float *buf = (float *)fastln_pool_alloc((size_t)(nh + nn) * sizeof(float));
+    int64_t nh = PACKED_SIZE(H, Gh), nn = rf ? PACKED_SIZE(H, H) : 0;
+    T *buf = (T *)fastln_pool_alloc((size_t)(nh + nn) * sizeof(T));
     if (!buf) return FASTLN_ENOMEM;
     rc->own = buf;
     rc->packed = buf;
     rc->packed_n = rf ? buf + nh : NULL;
-    rc->ldp = FASTLN_NR;
+    rc->ldp = NRT;
     rc->method = 1;
     if (wt)
         ON_TEAM(nt,
-            fastln_pack_nt(buf, w_hh, H, Gh, G);
-            if (rf) fastln_pack_nt(buf + nh, w_hh + 2 * H, H, H, G););
+            PACK_NT(buf, w_hh, H, Gh, G);
+            if (rf) PACK_NT(buf + nh, w_hh + 2 * H, H, H, G););
     else
         ON_TEAM(nt,
-            fastln_pack_nn(buf, w_hh, Gh, H, H);
-            if (rf) fastln_pack_nn(buf + nh, w_hh + 2 * H * H, H, H, H););
-#else
-    (void)w_hh; (void)wt; (void)G; (void)H; (void)rf; (void)nt;
-#endif
+            PACK_NN(buf, w_hh, Gh, H, H);
+            if (rf) PACK_NN(buf + nh, w_hh + 2 * H * H, H, H, H););
     return FASTLN_OK;
 }
 
 static void SFX(rec_free)(SFX(rec) *rc) { fastln_pool_free(rc->own); }
 
-/* Whether the per-step product runs inside the step's parallel region. */
-static inline int SFX(rec_in_region)(const SFX(rec) *rc) { return rc->method != 0; }
-
 /* forward: C (B, G) = h (B, H) W_hh^T.  backward: C (B, H) += dA (B, G) W_hh.
- * Methods 1 and 2 share the work among the enclosing team; method 0 (BLAS) runs
- * outside any parallel region. */
+ * The enclosing team shares the work. */
 static void SFX(rec_product)(const SFX(rec) *rc, T *C, const T *A, const T *w_hh, int64_t B,
                              int64_t G, int64_t H, int backward)
 {
     int64_t N = backward ? H : G, K = backward ? G : H;
-    SFX(rec_part)(rc, rc->packed, C, N, A, K, w_hh, B, N, K, backward, backward);
+    SFX(rec_part)(rc, rc->packed, C, N, A, K, w_hh, B, N, K, backward);
 }
 
-#undef HAVE_GEMV16

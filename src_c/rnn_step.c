@@ -4,8 +4,8 @@
  * one call. The streams' states are rows of state tables; the step gathers
  * the rows it names, runs the layers and scatters the new states back only
  * when every layer succeeded, so that a failed step leaves the tables as
- * they were. The engine's rows do not depend on the other rows of the batch
- * (float on x86), so a stream's results are those of the stream alone.
+ * they were. The engine's rows do not depend on the other rows of the batch,
+ * so a stream's results are those of the stream alone.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,9 @@
  *   FMA(a,b,c) a*b + c, fused where the ISA has FMA
  *   HSUM(acc)  the horizontal sum of the NACC accumulators of the row
  *              kernels, where the ISA has one (else HSUM_BY_COMPILER)
- *   GEMM       fastln_gemm_f32 or _f64 (rnn.c: BLAS or a C loop)
+ *   NRT        the packed products' panel width in elements (FASTLN_NR or
+ *              FASTLN_NR_F64), and PACK_NT, PACK_NN, PACKED_SIZE the packers
+ *              of rnn.c for T
  *   AVX512_F32 1 for float on AVX-512: the row kernels of avx512_*.c
  * type_end.h undoes them.
  */
@@ -15,13 +17,19 @@
 #define SFX(f) CAT3(f, _f32_, ISA)
 #define FMA FMA_f32
 #define HSUM hsum_f32
-#define GEMM fastln_gemm_f32
+#define NRT FASTLN_NR
+#define PACK_NT fastln_pack_nt
+#define PACK_NN fastln_pack_nn
+#define PACKED_SIZE fastln_packed_size
 #else
 #define T double
 #define SFX(f) CAT3(f, _f64_, ISA)
 #define FMA FMA_f64
 #define HSUM hsum_f64
-#define GEMM fastln_gemm_f64
+#define NRT FASTLN_NR_F64
+#define PACK_NT fastln_pack_nt_f64
+#define PACK_NN fastln_pack_nn_f64
+#define PACKED_SIZE fastln_packed_size_f64
 #endif
 #if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
 #define AVX512_F32 1

@@ -3,10 +3,8 @@ batch, on the threaded scheduler and on a 2-process LocalCluster.
 
 The reference is the model itself, in process: ``model.forward(x, lengths,
 cache=False)[0]`` on the whole NumPy batch. A row's output does not depend on
-which other rows share its batch in float32 and bfloat16 (the engine is
-batch-invariant there), so those results must be bitwise equal; float64 runs
-BLAS, whose blocking depends on the batch size, and is compared with rtol
-1e-12.
+which other rows share its batch (the engine is batch-invariant), so the
+results must be bitwise equal, in float32, bfloat16 and float64 alike.
 
 Skipped where dask is missing -- unless the CI environment variable is set
 (CI installs dask and distributed), where a missing one is a failure.
@@ -102,12 +100,12 @@ def test_float32_bitwise_with_one_sequence_blocks(chunks, rng):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_float64_within_rtol(name, rng):
+def test_float64_bitwise_threads(name, rng):
     model = MODELS[name](F64)
     xn = _data(rng, F64)
     lens = _lengths(rng)
     for lengths in (None, lens):
-        _check(model, xn, _dask(xn), lengths, lengths, scheduler="threads", exact=False)
+        _check(model, xn, _dask(xn), lengths, lengths, scheduler="threads")
 
 
 def test_batch_first_and_plain_lstm(rng):
@@ -302,7 +300,7 @@ def test_float64_local_cluster(dask_client, rng):
     model = MODELS["lngru"](F64)
     xn = _data(rng, F64)
     lens = _lengths(rng)
-    _check(model, xn, _dask(xn), lens, lens, client=dask_client, exact=False)
+    _check(model, xn, _dask(xn), lens, lens, client=dask_client)
 
 
 def test_each_worker_unpickles_the_model_at_most_once(dask_client, rng):

@@ -379,7 +379,7 @@ def _imports(block):
 
 
 _FIRST_PARTY = {"fastln", "examples", "bench"}
-_REQUIRED = {"numpy", "scipy"}
+_REQUIRED = {"numpy"}
 
 
 def _stdlib(name):

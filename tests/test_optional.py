@@ -1,4 +1,4 @@
-"""fastln as a bare ``pip install .`` leaves it: numpy and scipy, nothing else.
+"""fastln as a bare ``pip install .`` leaves it: numpy, nothing else.
 
 Each check runs in a subprocess where optional packages cannot be imported
 (tests/_blocker.py puts a finder that refuses them first on sys.meta_path), so
@@ -13,7 +13,7 @@ a missing extra is tested on every run, whatever this environment holds.
    without distributed, ...), and every feature that needs it raises an
    ImportError naming the package and the extra that installs it.
 3. Every import of a package outside the standard library, in fastln/,
-   bench/, examples/ and tests/, is of numpy, scipy, a first-party module, or
+   bench/, examples/ and tests/, is of numpy, a first-party module, or
    a package that pyproject.toml declares in an extra, and ``[test]`` holds
    every extra's packages but ``[docs]``'s (the site's build tools).
    fastln/_optional.py names only declared extras.
@@ -48,8 +48,11 @@ DISTRIBUTIONS = {
 # brings (the tests that need it skip without it, or fail under
 # FASTLN_REQUIRE_TORCH=1); jax is an optional row of the benchmarks
 PEERS = {"torch", "jax"}
-REQUIRED = {"numpy", "scipy"}
-OPTIONAL = sorted(set(DISTRIBUTIONS) - {"pytest", "hypothesis", "mypy", "Cython"} | PEERS)
+REQUIRED = {"numpy"}
+# SciPy, which other packages bring along, is blocked with the optional packages: fastln
+# needs no BLAS library
+OPTIONAL = sorted(set(DISTRIBUTIONS) - {"pytest", "hypothesis", "mypy", "Cython"} | PEERS
+                  | {"scipy"})
 
 
 def run_blocked(blocked, *args, timeout=300):

@@ -27,9 +27,6 @@ from _util import run_python
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
-X86_PACKED = fastln.get_isa() in ("avx2", "avx512")
-needs_packed = pytest.mark.skipif(not X86_PACKED, reason="batch invariance holds on the "
-                                  "x86 float32 paths; the generic path's products are BLAS's")
 
 MODELS = [
     pytest.param(lambda I, H: LNLSTM(I, H, num_layers=2, seed=1), id="LNLSTM"),
@@ -67,7 +64,8 @@ def _state_rows(state, rows):
 def _assert_row_invariant(m, I, T=4, rng=None):
     """Row 0 alone against row 0 (and the last row) inside batches of 2, 7, 64, 256."""
     rng = rng or np.random.default_rng(0)
-    x = rng.standard_normal((T, 256, I)).astype(np.float32)
+    x = rng.standard_normal((T, 256, I)).astype(np.float64 if m.dtype == np.float64
+                                                 else np.float32)
     st0 = None
     alone_y, alone_state = m.forward(x[:, :1], cache=False)
     last_y, _ = m.forward(x[:, 255:256], cache=False)
@@ -86,19 +84,19 @@ def _assert_row_invariant(m, I, T=4, rng=None):
             assert np.array_equal(_bits(a[:, :1]), _bits(b)), B
 
 
-@needs_packed
 @pytest.mark.parametrize("make", MODELS)
-@pytest.mark.parametrize("dtype", ["float32", "float32-read-only", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float32-read-only", "bfloat16", "float64"])
 def test_batch_invariance(make, dtype):
     m = make(12, 40)
     if dtype == "bfloat16":
         m = m.to(BF16)
+    elif dtype == "float64":
+        m = m.to(np.float64)
     elif dtype.endswith("read-only"):
         m = _read_only(m)
     _assert_row_invariant(m, 12)
 
 
-@needs_packed
 def test_batch_invariance_bidirectional_and_lengths():
     m = LNLSTM(6, 33, num_layers=2, bidirectional=True, seed=3)
     rng = np.random.default_rng(1)
@@ -111,14 +109,13 @@ def test_batch_invariance_bidirectional_and_lengths():
             assert np.array_equal(_bits(y[:, b:b + 1]), _bits(yb))
 
 
-@needs_packed
-@pytest.mark.parametrize("env", [{"FASTLN_ISA": "avx2"}, {"FASTLN_NO_AMX": "1"}],
-                         ids=["avx2", "no-amx"])
+@pytest.mark.parametrize("env", [{"FASTLN_ISA": "avx2"}, {"FASTLN_ISA": "generic"},
+                                 {"FASTLN_NO_AMX": "1"}], ids=["avx2", "generic", "no-amx"])
 def test_batch_invariance_other_paths(env):
-    """The same property on the AVX2 path (float32 kernels, bfloat16 weights
-    widened) and on VDPBF16PS instead of AMX."""
-    if env.get("FASTLN_ISA") == "avx2" and "avx2" not in fastln.supported_isas():
-        pytest.fail("an x86 CPU with the packed kernels has AVX2")
+    """The same property on the AVX2 and generic paths (float and double
+    kernels, bfloat16 weights widened) and on VDPBF16PS instead of AMX."""
+    if env.get("FASTLN_ISA", "generic") not in fastln.supported_isas():
+        pytest.skip(f"this CPU does not run {env['FASTLN_ISA']}")
     code = """
 import numpy as np, ml_dtypes, fastln, fastln.rnn._engine
 import test_rnn_bf16 as t
@@ -127,6 +124,7 @@ for make in (lambda: LNLSTM(12, 40, seed=1), lambda: GRU(12, 40, seed=2)):
     m = make()
     t._assert_row_invariant(m, 12)
     t._assert_row_invariant(m.to(ml_dtypes.bfloat16), 12)
+    t._assert_row_invariant(m.to(np.float64), 12)
 print("ok", fastln.rnn._engine.bf16_products())
 """
     import os

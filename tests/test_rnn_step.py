@@ -221,8 +221,7 @@ def test_transposed_weights_match_plain_ones_on_every_path(cls, H, T, B, isa):
 def test_large_weights_pack_by_size_batch_and_steps(H, T, isa):
     """F-ordered weights are packed or read in place by their size, the
     batch and the steps; either way a forward's outputs are bitwise those of
-    C-ordered weights, and each row's those of the row alone (on the generic
-    path, BLAS's products, the same to rounding)."""
+    C-ordered weights, and each row's those of the row alone, on every path."""
     f = LSTM(8, H, seed=3)
     c = LSTM(8, H, seed=3)
     for key in c.params:
@@ -235,23 +234,16 @@ def test_large_weights_pack_by_size_batch_and_steps(H, T, isa):
         assert np.array_equal(_bits(yf), _bits(yc)), B
     with fastln.threads(1):
         alone, _ = f.forward(x[:, 1:], cache=False)
-    if isa == "generic":   # BLAS's products: the same to rounding
-        np.testing.assert_allclose(alone[:, 0], yf[:, 1], rtol=1e-5, atol=1e-5)
-    else:
-        assert np.array_equal(_bits(alone[:, 0]), _bits(yf[:, 1]))
+    assert np.array_equal(_bits(alone[:, 0]), _bits(yf[:, 1]))
 
 
 @pytest.mark.parametrize("cls", [LSTM, GRU, LNLSTM])
 def test_a_long_batch_packs_and_its_rows_are_each_row_alone(cls, isa):
     """A forward of many steps over a batch packs the F-ordered weights; a
     single sequence, or the steps one at a time, read them in place: each
-    row's outputs are bitwise the same, on any thread count (on the generic
-    path, whose products are BLAS's, the same to rounding)."""
+    row's outputs are bitwise the same, on any thread count and path."""
     def same(a, b):
-        if isa == "generic":
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)   # 40 steps of rounding
-        else:
-            assert np.array_equal(_bits(a), _bits(b))
+        assert np.array_equal(_bits(a), _bits(b))
     m = cls(16, 64, seed=2)
     x = np.random.default_rng(2).standard_normal((40, 8, 16)).astype(np.float32)
     with fastln.threads(2):
@@ -443,10 +435,7 @@ def test_step_matches_forward_and_threads(threads):
         st = None
         for t in range(7):
             h, st = m.step(x[t], st)
-    if fastln.get_isa() != "generic":
-        assert np.array_equal(_bits(h), _bits(y[-1]))
-    else:
-        np.testing.assert_allclose(h, y[-1], atol=1e-5)
+    assert np.array_equal(_bits(h), _bits(y[-1]))
 
 
 def test_out_of_a_bfloat16_model_is_bfloat16():

@@ -17,7 +17,6 @@ import threading
 import numpy as np
 import pytest
 
-import fastln
 from fastln.rnn import (
     GRU,
     LNGRU,
@@ -40,12 +39,7 @@ def _bits(a):
 
 
 def _check(got, want, model):
-    if model._dt == np.float32 and fastln.get_isa() != "generic":
-        assert np.array_equal(_bits(got), _bits(want))
-    else:
-        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
-                                   rtol=1e-12 if model._dt == np.float64 else 1e-5,
-                                   atol=1e-12 if model._dt == np.float64 else 1e-5)
+    assert np.array_equal(_bits(got), _bits(want))
 
 
 class Solo:

@@ -11,8 +11,9 @@ slow float64 reference these models are tested against.
 Each layer runs in the C engine (src_c/fastln_rnn.h): one product for the
 input projections of a chunk of time steps, then per step one recurrent product and
 one fused row kernel (LN statistics, gates, state update, LN(c), output).
-Backward runs the steps in reverse the same way and ends with BLAS products
-for the weight gradients and dx. Python here only checks arguments and moves
+Backward runs the steps in reverse the same way and ends with the products
+for the weight gradients and dx. Every product is the engine's own, in a
+fixed order: no BLAS library is involved. Python here only checks arguments and moves
 arrays between layers; nothing depends on the sequence length beyond the
 cache kept for backward, so a model runs on sequences of any length.
 

@@ -617,10 +617,9 @@ class _LNRecurrent(Generic[_State]):
 
         Notes
         -----
-        A row's results do not depend on the other rows of its batch: on the
-        float32 and bfloat16 paths of x86 CPUs (AVX2, AVX-512), row b of a
-        batch is bitwise what the same sequence gives alone, for any B (not
-        on the generic path, nor in float64, whose products are BLAS's).
+        A row's results do not depend on the other rows of its batch: row b
+        of a batch is bitwise what the same sequence gives alone, for any B,
+        in every dtype and on every instruction-set path.
 
         Examples
         --------
@@ -839,14 +838,10 @@ class _LNRecurrent(Generic[_State]):
         Notes
         -----
         Keeps no cache, and leaves the cache of an earlier forward as it is.
-        On the x86 float32 and bfloat16 paths (AVX2, AVX-512), a stream of
-        steps gives bitwise the outputs and state of one forward over the
-        same inputs, and a row's results do not depend on the other rows of
-        the batch. In float64 and on the generic path, where a forward
-        computes the input products of all its steps in one BLAS call, the
-        two agree to rounding (within 1e-13 in float64 and 1e-5 in float32,
-        relative to the outputs' largest magnitude). B = 0 gives an empty h
-        and returns the (empty) state.
+        A stream of steps gives bitwise the outputs and state of one forward
+        over the same inputs, and a row's results do not depend on the other
+        rows of the batch, in every dtype and on every instruction-set path.
+        B = 0 gives an empty h and returns the (empty) state.
 
         The step runs compiled: the model's parameters are checked once
         and kept while ``params`` holds the same arrays, and each call is
@@ -869,7 +864,7 @@ class _LNRecurrent(Generic[_State]):
         >>> for x_t in np.ones((6, 2, 3), np.float32):
         ...     h, state = m.step(x_t, state)
         >>> y, final = m.forward(np.ones((6, 2, 3), np.float32), cache=False)
-        >>> bool(np.allclose(h, y[-1], atol=1e-6))
+        >>> bool(np.array_equal(h, y[-1]))
         True
         """
         run = self._step

@@ -5,7 +5,7 @@ fastln.rnn calls these with canonical arrays (time-major, C-contiguous, the
 model's dtype); the sizes are re-checked here so that no caller can make the
 engine read or write past a buffer. The engine itself is compiled into
 fastln._core, whose entry points this module cimports (fastln/_core.pxd).
-BLAS is SciPy's, found on first use. No math lives here.
+No math lives here.
 """
 cimport cython
 from libc.stdint cimport int64_t
@@ -17,10 +17,10 @@ import numpy as np
 
 from fastln._core cimport (
     FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T, FASTLN_RNN_W_INT8,
-    fastln_dgemm_fn, fastln_rnn_args, fastln_rnn_step_args, fastln_sgemm_fn,
+    fastln_rnn_args, fastln_rnn_step_args,
     rnn_backward2_f32, rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products, rnn_int8_products,
     rnn_cache_size, rnn_forward2_f32, rnn_forward2_f64, rnn_forward_f32, rnn_forward_f64,
-    rnn_pack, rnn_packed_size, rnn_set_blas, rnn_step_f32, rnn_step_f64, rnn_work_size,
+    rnn_pack, rnn_packed_size, rnn_step_f32, rnn_step_f64, rnn_work_size,
     to_bf16)
 from fastln._ndarray cimport _arr, _check, _fast, _float_type, _ptr
 
@@ -59,23 +59,6 @@ W_SAME, W_BF16, W_INT8 = 0, FASTLN_RNN_W_BF16, FASTLN_RNN_W_INT8
 
 cdef extern from "Python.h":
     int PyErr_CheckSignals_raw "PyErr_CheckSignals" () nogil
-    void *PyCapsule_GetPointer(object capsule, const char *name) except? NULL
-    const char *PyCapsule_GetName(object capsule) except? NULL
-
-cdef bint _blas_ready = False
-
-cdef int _init_blas() except -1:
-    """Hands SciPy's BLAS (sgemm, dgemm) to the engine, once."""
-    global _blas_ready
-    if _blas_ready:
-        return 0
-    from scipy.linalg import cython_blas
-    capi = cython_blas.__pyx_capi__
-    s, d = capi["sgemm"], capi["dgemm"]
-    rnn_set_blas(<fastln_sgemm_fn>PyCapsule_GetPointer(s, PyCapsule_GetName(s)),
-                 <fastln_dgemm_fn>PyCapsule_GetPointer(d, PyCapsule_GetName(d)))
-    _blas_ready = True
-    return 0
 
 cdef int _poll_signals(void *ctx) noexcept nogil:
     """The engine's interrupt hook: nonzero (with the exception set) on Ctrl-C."""
@@ -253,7 +236,6 @@ def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
     with reverse, each sequence runs from its last valid step back to its first.
     wtype: the weights' storage (see _params); packed: None or pack's."""
     cdef fastln_rnn_args a
-    _init_blas()
     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
                                     y, h, c, 0, 1, wtype, packed)
     a.reverse = reverse
@@ -268,7 +250,6 @@ def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
     params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
     and packed2 may be None."""
     cdef fastln_rnn_args a[2]
-    _init_blas()
     cdef int tn = 0, d
     for d in range(2):
         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
@@ -308,7 +289,6 @@ def backward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
                   bint reverse=False):
     """One layer backward (see _rnn_fill_backward), of a forward run with reverse."""
     cdef fastln_rnn_args a
-    _init_blas()
     cdef int tn = _rnn_fill_backward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
                                      dy, dh, dc, dx, grads, work, 0, 1)
     a.reverse = reverse
@@ -323,7 +303,6 @@ def backward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
     dx receives the sum of the two directions' input gradients; the other
     arguments a pair each (forward, reverse), dc2 None without a cell state."""
     cdef fastln_rnn_args a[2]
-    _init_blas()
     cdef int tn = 0, d
     for d in range(2):
         tn = _rnn_fill_backward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
@@ -569,7 +548,6 @@ cdef class Step:
 
     cdef int _call(self, fastln_rnn_step_args *s) except -1:
         cdef int rc
-        _init_blas()
         with nogil:
             rc = rnn_step_f32(s) if self.tn == cnp.NPY_FLOAT else rnn_step_f64(s)
         return _check(rc)
