@@ -10,9 +10,12 @@ C or C++ project builds it, in three configurations:
   configured out of the tree with find_package(fastln) and built against
   it (normalize.c on the shared library, consumer.cpp, C++, on the static
   one), and normalize.c compiled with the two pkg-config commands of
-  docs/guide/c-library.md as written there, with both libraries installed:
-  the first on the shared library, the second on the static one (the
-  program it links needs no libfastln.so and defines the kernels itself);
+  docs/guide/c-library.md and run with the command after each, as written
+  there, with both libraries installed in a prefix outside the dynamic
+  loader's folders and without LD_LIBRARY_PATH: the first on the shared
+  library, which the program finds in the prefix, the second on the static
+  one (the program it links needs no libfastln.so and defines the kernels
+  itself);
 * FASTLN_SANITIZE=ON: ctest runs tests/c/sanitize.c (the whole C API and the
   cache of large outputs, src_c/pool.c, from 3 threads at once) and the two
   programs above under AddressSanitizer, UndefinedBehaviorSanitizer and
@@ -63,7 +66,8 @@ def _tools():
     ctest = cmake and (shutil.which("ctest", path=os.path.dirname(cmake)) or _which("ctest"))
     return {"cmake": cmake, "ctest": ctest, "cc": shutil.which("gcc") or shutil.which("cc"),
             "c++": shutil.which("g++") or shutil.which("c++"),
-            "pkg-config": shutil.which("pkg-config"), "nm": shutil.which("nm")}
+            "pkg-config": shutil.which("pkg-config"), "nm": shutil.which("nm"),
+            "ldd": shutil.which("ldd")}
 
 
 def _require(tool):
@@ -144,30 +148,45 @@ GUIDE = os.path.join(ROOT, "docs", "guide", "c-library.md")
 
 
 def _guide_pkg_config_commands():
-    """The two compile commands of the guide's section "Using it from
-    pkg-config" (the first on the shared library, the second on the static
-    one), as written there."""
+    """The section "Using it from pkg-config" of the guide, as written there:
+    [(compile, run)] for the shared library, then the static one, each
+    compile command with the commands that follow it, joined by &&."""
     with open(GUIDE, encoding="utf-8") as f:
         section = f.read().split("## Using it from pkg-config", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```console\n(.*?)```", section, re.DOTALL).group(1)
-    commands = [line[2:] for line in block.replace("\\\n", " ").splitlines()
-                if line.startswith("$ cc ")]
-    assert len(commands) == 2 and "libfastln.a" in commands[1], commands
-    return commands
+    pairs = []
+    for line in block.replace("\\\n", " ").splitlines():
+        if line.startswith("$ cc "):
+            pairs.append((line[2:], []))
+        elif line.startswith("$ ") and pairs:
+            pairs[-1][1].append(line[2:])
+    assert len(pairs) == 2 and "libfastln.a" in pairs[1][0], pairs
+    assert all(run for _, run in pairs), f"no command runs the program: {pairs}"
+    return [(compile, " && ".join(run)) for compile, run in pairs]
 
 
-def _pkg_config(t, prefix, folder, static):
+def _guide_env(prefix):
+    """The environment of the guide's commands for the fastln installed in
+    prefix: its PKG_CONFIG_PATH, and no LD_LIBRARY_PATH (the program must
+    find libfastln.so by itself)."""
+    env = dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(
+        glob.glob(os.path.join(prefix, "**", "fastln.pc"), recursive=True)[0]))
+    env.pop("LD_LIBRARY_PATH", None)
+    return env
+
+
+def _pkg_config(t, prefix, folder, static, run=False):
     """A step: the guide's pkg-config command (the second with static) run by
     the shell in folder, on a copy of normalize.c, for the fastln installed in
-    prefix; the compiler is t["cc"], with -std=c99 and STRICT."""
+    prefix; the compiler is t["cc"], with -std=c99 and STRICT. With run, the
+    guide's command that runs the program instead."""
     def command():
-        env = dict(os.environ, PKG_CONFIG_PATH=os.path.dirname(
-            glob.glob(os.path.join(prefix, "**", "fastln.pc"), recursive=True)[0]))
         os.makedirs(folder, exist_ok=True)
         shutil.copyfile(os.path.join(EXAMPLES, "normalize.c"), os.path.join(folder, "normalize.c"))
-        line = _guide_pkg_config_commands()[1 if static else 0]
+        line, run_line = _guide_pkg_config_commands()[1 if static else 0]
         line = f"{shlex.quote(t['cc'])} -std=c99 {STRICT} " + line[len("cc "):]
-        return ["sh", "-c", f"cd {shlex.quote(folder)} && {line}"], env
+        return ["sh", "-c", f"cd {shlex.quote(folder)} && {run_line if run else line}"], \
+            _guide_env(prefix)
     return command
 
 
@@ -187,12 +206,11 @@ def _default_steps(t, d):
     if t["pkg-config"]:
         shared, static = os.path.join(d, "pc-shared"), os.path.join(d, "pc-static")
         steps += [("pkg-config build", _pkg_config(t, prefix, shared, static=False)),
-                  ("pkg-config run", lambda: ([os.path.join(shared, "normalize")], dict(
-                      os.environ, LD_LIBRARY_PATH=os.path.dirname(glob.glob(os.path.join(
-                          prefix, "**", "libfastln.so"), recursive=True)[0])))),
+                  ("pkg-config run", _pkg_config(t, prefix, shared, static=False, run=True)),
                   # the shared library stays installed beside the archive, as by default
                   ("pkg-config static build", _pkg_config(t, prefix, static, static=True)),
-                  ("pkg-config static run", [os.path.join(static, "normalize")])]
+                  ("pkg-config static run", _pkg_config(t, prefix, static, static=True,
+                                                        run=True))]
     return steps
 
 
@@ -293,12 +311,13 @@ def test_pkg_config_consumer_builds_and_runs(chains):
     chain, folder = chains["default"]
     chain.passed("pkg-config build")
     assert chain.passed("pkg-config run").rstrip().endswith("ok")
-    with open(os.path.join(folder, "pc-shared", "normalize"), "rb") as f:
+    prefix = os.path.join(folder, "prefix")
+    shared = os.path.join(folder, "pc-shared", "normalize")
+    with open(shared, "rb") as f:
         assert b"libfastln.so" in f.read()        # needs the shared library
     chain.passed("pkg-config static build")
     assert chain.passed("pkg-config static run").rstrip().endswith("ok")
     # the guide's static command links libfastln.a, with libfastln.so installed beside it
-    prefix = os.path.join(folder, "prefix")
     assert glob.glob(os.path.join(prefix, "**", "libfastln.so"), recursive=True)
     exe = os.path.join(folder, "pc-static", "normalize")
     with open(exe, "rb") as f:
@@ -307,6 +326,13 @@ def test_pkg_config_consumer_builds_and_runs(chains):
     run = subprocess.run([_tools()["nm"], "--defined-only", exe], capture_output=True,
                          text=True, check=True)
     assert re.search(r" T fastln_layer_norm_f32$", run.stdout, re.MULTILINE), run.stdout[-2000:]
+    # the shared one found libfastln.so in the prefix, not in a libfastln.so the system may hold
+    _require("ldd")
+    run = subprocess.run([_tools()["ldd"], shared], capture_output=True, text=True,
+                         env=_guide_env(prefix), check=True)
+    found = re.search(r"libfastln\.so\S* => (\S+)", run.stdout)
+    assert found and os.path.realpath(found.group(1)).startswith(
+        os.path.realpath(prefix) + os.sep), run.stdout
 
 
 def test_c_core_is_clean_under_sanitizers(chains):

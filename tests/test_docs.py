@@ -35,6 +35,10 @@
    paragraph right before it starts with "Needs", names each such package in
    backticks, and gives a ``pip install`` command that installs them (the
    package itself, or a fastln extra that holds it).
+5. The install guide's table of extras has a row for each extra of
+   pyproject.toml, naming every distribution the extra installs and nothing
+   else (``test``: "the packages of every extra above but ``docs``", then the
+   rest), and a size in MB for each.
 """
 import ast
 import glob
@@ -514,6 +518,25 @@ def test_block_with_optional_packages_follows_a_needs_note(path, line, block):
     for name in needs:
         assert _normalized(_DISTRIBUTION.get(name, name)) in installed, (
             f"{where}: the note's command does not install {name}: {note!r}")
+
+
+# ---- 5. the install guide's extras ---------------------------------------------------
+
+def test_install_guide_names_what_each_extra_installs_and_its_size():
+    extras = _extras()
+    with open(os.path.join(DOCS, "guide", "install.md"), encoding="utf-8") as f:
+        rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", f.read(), re.M)
+    assert {extra for extra, _, _ in rows} == set(extras), rows
+    for extra, installs, size in rows:
+        assert re.fullmatch(r"\d+ MB", size.strip()), (extra, size)
+        named = {_normalized(n) for n in re.split(r",\s*(?:and\s+)?", installs.strip())}
+        want = set(extras[extra])
+        if extra == "test":
+            prefix = _normalized("the packages of every extra above but `docs`")
+            assert prefix in named, installs
+            named.discard(prefix)
+            named |= set().union(*(v for k, v in extras.items() if k not in ("test", "docs")))
+        assert named == want, (extra, sorted(named - want), sorted(want - named))
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: os.path.relpath(p, ROOT))

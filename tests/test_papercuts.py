@@ -3,7 +3,12 @@
 * Submodules load on first use: ``import fastln; fastln.rnn.LNLSTM`` works,
   and ``import fastln`` imports neither dask, onnx nor torch.
 * Torch tensors: accepted where arrays are (results are NumPy arrays); a tensor
-  that requires grad is a TypeError naming the argument.
+  that requires grad is a TypeError naming the argument. A tensor is held to
+  the dtype rule of an ndarray of its dtype, in every call that takes data (a
+  recurrent model's forward, step, backward, StreamTable, StreamBatcher, for
+  float32, float64, bfloat16 and int8 models; the layers): the same result,
+  or the same TypeError naming the argument (a float64 tensor into a float32
+  model is refused, never cast silently).
 * A shape mismatch between x and a weight, bias or statistic shows x's shape,
   the argument's shape and the normalized shape.
 * RMSNorm has no bias: a bias passed positionally to an RMSNorm function
@@ -18,6 +23,7 @@
 * The comments of the pure-Python modules carry no measurement logs nor
   references to issues or to files outside the repository.
 """
+import asyncio
 import glob
 import os
 import re
@@ -206,6 +212,113 @@ def test_bfloat16_tensor(torch):
     assert str(y.dtype) == "bfloat16"
     np.testing.assert_allclose(y.astype(F32), fastln.layer_norm(x.float().numpy()),
                                atol=0.02)
+
+
+# A tensor is held to the dtype rule of an ndarray of its dtype: a recurrent model refuses
+# any dtype but its own (TypeError naming the argument, never a silent cast), a layer's output
+# follows x's dtype. Every call that takes data, with every kind of model, runs on the same
+# values as an ndarray and as a tensor, and must come out the same.
+
+T_, B_, I_, H_ = 2, 3, 4, 5
+_DATA_DTYPES = ["float64", "float32", "float16", "bfloat16", "int64", "bool"]
+
+
+def _model(kind):
+    m = fastln.rnn.LNLSTM(I_, H_, seed=0, dtype=np.float64 if kind == "float64" else F32)
+    if kind == "bfloat16":
+        return m.to(pytest.importorskip("ml_dtypes").bfloat16)
+    return fastln.rnn.quantize(m) if kind == "int8" else m
+
+
+def _batcher_step(model, a):
+    async def run():
+        table = fastln.rnn.StreamTable(model, capacity=2)
+        sid = table.open()
+        async with fastln.rnn.StreamBatcher(table) as batcher:
+            return await batcher.step(sid, a)
+    return asyncio.run(run())
+
+
+def _data_calls(kind):
+    """(argument name, shape, the dtypes it takes, call(a)) for every call that takes data
+    a: the recurrent ones on a model of kind, and the layers' with a float32 model (None:
+    any real dtype, the result following it)."""
+    m = _model(kind)
+    sdt = np.dtype(np.float64 if kind == "float64" else F32)   # the state's dtype
+    x, h = np.ones((T_, B_, I_), m.dtype), np.zeros((1, B_, H_), sdt)
+    takes = {sdt.name, "bfloat16"} if kind == "bfloat16" else {sdt.name}
+
+    def trained():
+        m.forward(x)
+        return m
+
+    def table_step(a):
+        table = fastln.rnn.StreamTable(m, capacity=B_)
+        return table.step([table.open() for _ in range(B_)], a)
+
+    calls = [("x", (T_, B_, I_), takes, lambda a: m.forward(a, cache=False)),
+             ("state", (1, B_, H_), {sdt.name}, lambda a: m.forward(x, (h, a), cache=False)),
+             ("x_t", (B_, I_), takes, lambda a: m.step(a)),
+             ("state", (1, B_, H_), {sdt.name}, lambda a: m.step(x[0], (a, h))),
+             ("x", (B_, I_), takes, table_step),
+             ("x", (I_,), takes, lambda a: _batcher_step(m, a))]
+    if kind in ("float32", "float64"):
+        calls += [("dy", (T_, B_, H_), takes, lambda a: trained().backward(a)),
+                  ("dstate", (1, B_, H_), takes,
+                   lambda a: trained().backward(np.ones((T_, B_, H_), sdt), (None, a)))]
+    if kind == "float32":
+        def layer_backward(a):
+            ln = fastln.LayerNorm(I_)
+            ln(np.ones((B_, I_), F32))
+            return ln.backward(a)
+        calls += [("x", (B_, I_), None, fastln.LayerNorm(I_)),
+                  ("x", (B_, I_), None, fastln.RMSNorm(I_)),
+                  ("dy", (B_, I_), None, layer_backward)]
+    return calls
+
+
+def _outcome(call, a):
+    """What call(a) gives: the exception's type and message (the conversion it suggests
+    apart: .astype for an ndarray, .to for a tensor), or every array's type, dtype and
+    bytes."""
+    try:
+        out = call(a)
+    except (TypeError, ValueError) as e:
+        message, _, hint = str(e).partition("; convert it with ")
+        return type(e), message, hint
+    flat, todo = [], [out]
+    while todo:
+        item = todo.pop(0)
+        if isinstance(item, tuple):
+            todo[:0] = list(item)
+        else:
+            flat.append((type(item), str(item.dtype), item.tobytes()))
+    return flat
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "bfloat16", "int8"])
+def test_tensors_follow_the_dtype_rule_of_ndarrays(torch, kind):
+    rng = np.random.default_rng(0)
+    for name, shape, takes, call in _data_calls(kind):
+        base = rng.uniform(-2, 2, shape).astype(F32)
+        for dtype in _DATA_DTYPES:
+            if dtype == "bfloat16":
+                array = base.astype(pytest.importorskip("ml_dtypes").bfloat16)
+                tensor = torch.from_numpy(base).bfloat16()
+            else:
+                array = (base > 0) if dtype == "bool" else base.astype(dtype)
+                tensor = torch.from_numpy(array)
+            as_array, as_tensor = _outcome(call, array), _outcome(call, tensor)
+            if takes is None or dtype in takes:
+                assert isinstance(as_array, list), (name, dtype, as_array)
+                assert as_tensor == as_array, (name, dtype)
+                continue
+            # refused alike, naming the argument, each with its own conversion
+            assert as_array[:2] == as_tensor[:2], (name, dtype, as_array, as_tensor)
+            assert as_array[0] is TypeError and as_array[1].startswith(f"{name} has dtype "), \
+                (name, dtype, as_array)
+            assert as_array[2].startswith(f"{name}.astype(np."), as_array
+            assert as_tensor[2].startswith(f"{name}.to(torch."), as_tensor
 
 
 # ---------------------------------------------------------------- shape messages

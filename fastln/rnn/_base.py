@@ -454,13 +454,13 @@ class _LNRecurrent(Generic[_State]):
         TypeError; non-numbers raise a TypeError naming the argument. With
         data (x), a bfloat16 model also takes bfloat16. A torch tensor is
         read as an array (one that requires grad is a TypeError) and then
-        cast like a list."""
+        held to the rule of an ndarray of its dtype: a float64 tensor into a
+        float32 model is refused as a float64 ndarray is, never rounded
+        silently."""
         dt = self._dt
-        if _torch.is_tensor(a):
-            t = _api._tensor(a, name)
-            if t.dtype.kind not in "fiub" and t.dtype not in _api._LOW_PRECISION:
-                raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
-            a = t if data and t.dtype == self.dtype else t.astype(dt, copy=False)
+        tensor = _torch.is_tensor(a)
+        if tensor:
+            a = _api._tensor(a, name)
         if data and isinstance(a, np.ndarray) and _is_bf16(a.dtype) and _is_bf16(self.dtype):
             a = _from_bf16(a)
         if isinstance(a, np.ndarray):
@@ -468,12 +468,10 @@ class _LNRecurrent(Generic[_State]):
             if kind not in "fiub":
                 raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}")
             if strict and (kind != "f" or a.dtype.itemsize != dt.itemsize):
-                if dt != self.dtype:
-                    raise TypeError(f"{name} has dtype {a.dtype}, but the {self.dtype} "
-                                    f"model takes {'bfloat16 or ' if data else ''}{dt}; "
-                                    f"convert it with .astype(np.{dt})")
-                raise TypeError(f"{name} has dtype {a.dtype}, but the model is {dt}; "
-                                f"convert it with .astype(np.{dt})")
+                takes = (f"the {self.dtype} model takes {'bfloat16 or ' if data else ''}{dt}"
+                         if dt != self.dtype else f"the model is {dt}")
+                how = f"{name}.to(torch.{dt})" if tensor else f"{name}.astype(np.{dt})"
+                raise TypeError(f"{name} has dtype {a.dtype}, but {takes}; convert it with {how}")
         else:
             try:
                 a = np.asarray(a, dtype=dt)
@@ -568,17 +566,19 @@ class _LNRecurrent(Generic[_State]):
         ----------
         x : array_like, shape (T, B, input_size), or (B, T, input_size) with batch_first
             The input sequences, T >= 1 steps of B sequences (B = 0 gives
-            empty results). An ndarray
-            must have the model's float type (in either byte order; a
-            bfloat16 model takes bfloat16 or float32); lists and other
-            array-likes are converted, CPU torch tensors that do not require
-            grad too (the results are NumPy arrays: fastln has no autograd).
+            empty results). An ndarray or a CPU torch tensor (one that does
+            not require grad: fastln has no autograd, and the results are
+            NumPy arrays) must have the model's float type (an ndarray in
+            either byte order; a bfloat16 model takes bfloat16 or float32):
+            another dtype is a TypeError, never a silent cast. Lists and
+            other array-likes are converted.
         state : ndarray or tuple of ndarray, optional
             The initial state, None for zeros. LNLSTM and LSTM: a tuple
             ``(h, c)`` (either may be None); LNRNN, LNGRU, GRU and RNN:
             ``h``. Each of shape (D * num_layers, B, hidden_size), D = 2 if
             bidirectional else 1, and the model's float type (float32 for a
-            bfloat16 model, whose state stays float32). It is not modified.
+            bfloat16 model, whose state stays float32), as x: ndarrays or
+            torch tensors. It is not modified.
         lengths : array_like of int, shape (B,), optional
             The length of each sequence of a padded batch, in [1, T]. After its
             length a sequence holds its state and its output is 0; the
@@ -604,8 +604,8 @@ class _LNRecurrent(Generic[_State]):
         Raises
         ------
         TypeError
-            x or a state array of another float type than the model's (or not
-            numbers), or a torch tensor that requires grad (pass
+            x or a state array or tensor of another dtype than the model's
+            (or not numbers), or a torch tensor that requires grad (pass
             ``x.detach()``); an LNLSTM/LSTM state that is not an (h, c) tuple;
             lengths not integers; a parameter in ``params`` that is not
             numbers; cache=True on a bfloat16 model.

@@ -29,7 +29,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Sequenc
 import numpy as np
 import numpy.typing as npt
 
-from .. import _api
+from .. import _api, _torch
 from ._base import _Array, _positive_int
 from ._bf16 import _is_bf16
 from ._streams import StreamTable, UnknownStreamError, _repeated, _unknown
@@ -575,26 +575,32 @@ class StreamBatcher:
         return OverloadedError(f"{self._pending} steps are waiting, the batcher's limit "
                                f"(max_pending)")
 
-    def _convert(self, x: npt.ArrayLike) -> _Array:
-        """x as a row the batch can take, or the model's error."""
+    def _as_input(self, x: npt.ArrayLike) -> _Array:
+        """x as an array of a dtype the model takes, or a TypeError: an
+        ndarray or a torch tensor of another dtype is refused (the model's
+        rule), a list is converted."""
+        tensor = _torch.is_tensor(x)
+        if tensor:
+            x = _api._tensor(x, "x")
         if isinstance(x, np.ndarray):
             if x.dtype not in self._xdtypes:
+                how = f"x.to(torch.{self._xdtype})" if tensor else f"x.astype(np.{self._xdtype})"
                 raise TypeError(f"x has dtype {x.dtype}, but the model takes "
-                                f"{' or '.join(sorted(set(map(str, self._xdtypes))))}")
-        else:
-            x = np.asarray(x, self._xdtype)
+                                f"{' or '.join(sorted(set(map(str, self._xdtypes))))}; "
+                                f"convert it with {how}")
+            return x
+        return np.asarray(x, self._xdtype)
+
+    def _convert(self, x: npt.ArrayLike) -> _Array:
+        """x as a row the batch can take, or the model's error."""
+        x = self._as_input(x)
         if x.shape != self._xshape:
             raise ValueError(f"x must have shape {self._xshape} (input_size,), got {x.shape}")
         return x
 
     def _convert_block(self, x: npt.ArrayLike, n: int) -> _Array:
         """x as a block's rows, (n, input_size), or the model's error."""
-        if isinstance(x, np.ndarray):
-            if x.dtype not in self._xdtypes:
-                raise TypeError(f"x has dtype {x.dtype}, but the model takes "
-                                f"{' or '.join(sorted(set(map(str, self._xdtypes))))}")
-        else:
-            x = np.asarray(x, self._xdtype)
+        x = self._as_input(x)
         if x.shape != (n, self._xshape[0]):
             raise ValueError(f"x must have shape (len(ids), input_size) = "
                              f"{(n, self._xshape[0])}, got {x.shape}")
