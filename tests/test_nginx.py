@@ -529,9 +529,10 @@ def test_scale_up_and_drain_as_documented(tmp_path):
     token_file = tmp_path / "admin.token"
     token_file.write_text(ADMIN + "\n")
 
-    def serve(name):
+    def serve(name):     # a start may take long where the machine is busy
         return run_server("--model", model_file, "--admin-token-file", token_file,
-                          "--advertise", "127.0.0.1", "--state-file", tmp_path / f"{name}.npz")
+                          "--advertise", "127.0.0.1", "--state-file", tmp_path / f"{name}.npz",
+                          timeout=300)
 
     nginx = Nginx(binary, tmp_path / "nginx")
     servers = {}
