@@ -658,9 +658,11 @@ async def scenario(nginx, servers, clients, stack, serve):
 
         # drain: the oldest server leaves the list; its streams move, and no other stream
         leaving = listed[0]
-        if cycle == 0:     # the list still holds it: drain refuses at once
-            with pytest.raises(RuntimeError, match="is it out of"):
+        if cycle == 0:     # the list still holds it: drain refuses, at once with the list
+            with pytest.raises(RuntimeError, match="is it out of the list"):
                 await thread(drain, nginx.http, leaving.http, ADMIN, upstream=upstream)
+            with pytest.raises(RuntimeError, match="after 0.2 s .* out of the proxy's list"):
+                await thread(drain, nginx.http, leaving.http, ADMIN, 0.2, settle=0.05)
             assert reconnects() == sum(map(len, moved_up))
         listed.remove(leaving)
         nginx.upstream(listed)

@@ -264,16 +264,16 @@ def owners(proxy, stream_ids, *, upstream=None, timeout=30.0, settle=1.0):
                 time.sleep(0.02)
             found[sid] = reply["http"]
         return found
-    last = None
-    while True:
-        found = {sid: owner(proxy, sid) for sid in ids}
-        if found == last or not ids:
-            return found
+    found = {sid: owner(proxy, sid) for sid in ids}
+    while ids:
+        time.sleep(settle)
+        last, found = found, {sid: owner(proxy, sid) for sid in ids}
+        if found == last:
+            break
         if time.monotonic() > deadline:
             raise RuntimeError(f"{proxy}'s answers for {len(ids)} streams did not settle "
                                f"within {timeout} s")
-        last = found
-        time.sleep(settle)
+    return found
 
 
 def _move(stream_id, source, target, admin_token, moves, failed):
@@ -385,11 +385,12 @@ def drain(proxy, server, admin_token=None, timeout=30.0, *, upstream=None, settl
     Raises
     ------
     RuntimeError
-        When the list still routes ids to server (at once with upstream;
-        without, after timeout seconds: the list still holds it, or the
-        proxy has not reloaded), when the proxy does not route as upstream
-        does within timeout, or when a stream does not move (the message
-        lists each and why).
+        When upstream routes ids to server (at once, before any move); when
+        the proxy does not route as upstream does within timeout (nginx has
+        not loaded it); without upstream, when the proxy still routes ids to
+        server after timeout seconds (the list still holds it, or the proxy
+        has not reloaded); or when a stream does not move (the message lists
+        each and why).
 
     Until the proxy's new list takes effect in all its workers, it may
     still route new streams to server: drain lists the server again, moving
@@ -406,16 +407,19 @@ def drain(proxy, server, admin_token=None, timeout=30.0, *, upstream=None, settl
         targets = owners(proxy, ids, upstream=upstream, settle=settle,
                          timeout=max(deadline - time.monotonic(), 0))
         stuck = [sid for sid in ids if targets[sid] == server]
+        if stuck and upstream is not None:     # the list holds server: nothing moves
+            raise RuntimeError(f"{upstream.name} still routes {len(stuck)} streams to "
+                               f"{server} (e.g. {stuck[0]!r}): is it out of the list, and has "
+                               f"nginx reloaded?")
         for sid in ids:
             if targets[sid] != server:
                 _move(sid, server, targets[sid], admin_token, moves, failed)
-        if stuck and (upstream is not None or time.monotonic() > deadline):
-            _raise_failed(failed)
-            where = upstream.name if upstream is not None else "the proxy's list"
-            raise RuntimeError(f"{proxy} still routes {len(stuck)} streams to {server} "
-                               f"(e.g. {stuck[0]!r}): is it out of {where}, and has the proxy "
-                               f"reloaded?")
         if stuck:
+            if time.monotonic() > deadline:
+                _raise_failed(failed)
+                raise RuntimeError(f"{proxy} still routes {len(stuck)} streams to {server} "
+                                   f"after {timeout} s (e.g. {stuck[0]!r}): is it out of the "
+                                   f"proxy's list, and has the proxy reloaded?")
             time.sleep(0.05)
     _raise_failed(failed)
     return moves
