@@ -199,23 +199,22 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
     return FASTLN_OK;
 }
 
-/* Whether this call reads transposed weights where they are, on a path with
- * packed float kernels, both matrices transposed: a float forward where
- * every block of columns the product reads is a multiple of the panels'
- * width (rnn_pack.h reads or packs them); a float backward over a batch,
- * which packs W_hh from W_hh^T and takes dx = dA W_ih from W_ih^T
- * (rnn_products.h, rnn_engine.h: the same panels, so the same results). A
- * backward of one sequence takes dot products over rows of W_hh, and a copy. */
+/* Whether this call reads transposed weights where they are, both matrices
+ * transposed: a forward where every block of columns the product reads is a
+ * multiple of the panels' width (FASTLN_NR floats, FASTLN_NR_F64 doubles;
+ * rnn_pack.h reads or packs them); a backward over a batch, which packs W_hh
+ * from W_hh^T and takes dx = dA W_ih from W_ih^T (rnn_products.h,
+ * rnn_engine.h: the same panels, so the same results). A backward of one
+ * sequence takes axpys over rows of W_hh, and a copy. */
 static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
 {
     fastln_rnn_layout L;
-    if (!f32 || a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
-        fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden) ||
-        fastln_kernels()->rnn_pack(NULL, 0, a->cell, FASTLN_RNN_W_SAME, a->input, a->hidden,
-                                   NULL, NULL, 1) <= 0)
+    const int64_t nr = f32 ? FASTLN_NR : FASTLN_NR_F64;
+    if (a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
+        fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden))
         return 0;
     if (backward) return a->batch > 1;
-    return L.G % FASTLN_NR == 0 && !(L.reset_first && a->hidden % FASTLN_NR);
+    return L.G % nr == 0 && !(L.reset_first && a->hidden % nr);
 }
 
 /* dst (N, K) = src^T, src (K, N) row-major, float (f32) or double, in

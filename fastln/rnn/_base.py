@@ -242,12 +242,11 @@ class _LNRecurrent(Generic[_State]):
 
     def _param_order(self, key: str) -> str:
         """The memory order of params[key] as the model makes it: a float32
-        model keeps its weight matrices in column-major (Fortran) order, the
-        layout the product kernels read in place (so that a change to them,
-        by any route, is seen by the next call, and nothing is repacked);
-        every other parameter is C-ordered."""
-        return "F" if key in self._matrices and self.dtype == np.float32 and not self._int8 \
-            else "C"
+        or float64 model keeps its weight matrices in column-major (Fortran)
+        order, the layout the product kernels read in place (so that a change
+        to them, by any route, is seen by the next call, and a step packs
+        nothing); every other parameter is C-ordered."""
+        return "F" if key in self._matrices and self._wtype == _engine.W_SAME else "C"
 
     def _initial(self, key: str, init: str, rng: np.random.Generator, bound: float) -> _Array:
         """params[key]'s initial value, made in the parameter's dtype: a weight
