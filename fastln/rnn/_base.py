@@ -323,9 +323,9 @@ class _LNRecurrent(Generic[_State]):
         product kernels (params: _layer_params(k, d)), kept while params
         holds the same immutable W_ih and W_hh (see _engine.immutable: their
         memory is a bytes object, as a bfloat16 model's are); None for
-        others: Fortran-ordered float32 ones the engine reads in place, and
-        any other that it packs on every call, since it may change (a
-        read-only array may still be written through a writable view made
+        others: Fortran-ordered float32 and float64 ones the engine reads in
+        place, and any other that it packs on every call, since it may change
+        (a read-only array may still be written through a writable view made
         before, or after its owner is made writable again)."""
         w_ih, w_hh = (self.params.get(key) for key in self._layer_keys(k, d)[:2])
         if not (_same_data(params[0], w_ih) and _same_data(params[1], w_hh)) or \
@@ -846,8 +846,9 @@ class _LNRecurrent(Generic[_State]):
         and kept while ``params`` holds the same arrays, and each call is
         one call into the C engine, for every layer. The weights are read
         where they are, so a change to them in place (``m.params[k] -=
-        ...``) applies from the next step: a float32 model keeps its weight
-        matrices in Fortran order, the layout of the product kernels. A
+        ...``) applies from the next step: a float32 or float64 model keeps
+        its weight matrices in Fortran order, the layout of the product
+        kernels. A
         weight matrix whose memory nothing can write (a bytes object's, as
         a bfloat16 model's are) is packed for the kernels once and kept;
         any other C-ordered one, as from ``m.params[k] = a``, read-only or
