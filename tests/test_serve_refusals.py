@@ -234,8 +234,8 @@ def hello(url, target):
 
 
 def ws_close(url, target, *frames, headers=()):
-    """(code, message) of the close that ends a connection to target after
-    frames (opcode, payload[, mask]) sent after the hello, if it comes."""
+    """(code, message) of the close that ends a connection to target, after
+    frames (opcode, payload[, mask]) sent once it is upgraded."""
     ws = RawWS(url, target, headers)
     assert ws.status == 101, (target, ws.status)
     for opcode, payload, *mask in frames:
