@@ -49,6 +49,10 @@ add_module_names = False
 numpydoc_show_class_members = False   # the class template lists the methods itself
 numpydoc_xref_param_type = False
 
+# quotes and ellipses only: "--" stays two hyphens, as the command lines' options
+# in the docstrings (fastln.serve's --ws-port, --max-frame) are written
+smartquotes_action = "qe"
+
 html_theme = "pydata_sphinx_theme"
 html_title = f"fastln {release}"
 html_theme_options = {

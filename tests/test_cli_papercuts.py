@@ -1,8 +1,9 @@
 """The command lines of the served model (fastln.serve), the benchmarks and
 ``python -m fastln``, as a new user meets them:
 
-1. python -m fastln.serve.loadtest --quick runs every mode and writes nothing
-   (a full run writes its results to --outdir).
+1. python -m fastln.serve.loadtest --quick runs every mode; it writes its
+   results to an --outdir given, and without one writes nothing and says why
+   (a full run writes them to --outdir, by default the current folder).
 2. fastln-serve --model takes an .npz of a bare state_dict (the class and sizes
    inferred from the parameters, a clear error where they cannot be) and an
    .onnx file; a missing file, a file of another kind, a port out of range
@@ -69,32 +70,47 @@ FAKE_ROW = {"run": "closed", "dtype": "float32", "hz": None, "streams": 1, "step
 
 @pytest.fixture
 def fake_loadtest(monkeypatch, tmp_path):
-    """loadtest with run_all answering at once; main(args) writes to tmp_path."""
+    """loadtest with run_all answering at once and plot recording its path,
+    in tmp_path (the current folder)."""
     import fastln
     lt = serve("loadtest")
     threads = fastln.get_num_threads()   # main sets --threads for the whole process
     monkeypatch.setattr(lt, "run_all", lambda args, workdir: ([dict(FAKE_ROW)],
                                                                {"float32": 256}))
-    main = lt.main
-    monkeypatch.setattr(lt, "main", lambda argv: main([*argv, "--outdir", str(tmp_path / "out")]))
+    lt.drawn = []
+    monkeypatch.setattr(lt, "plot", lambda rows, path: lt.drawn.append(path))
+    monkeypatch.chdir(tmp_path)
     yield lt
     fastln.set_num_threads(threads)
 
 
-def test_quick_loadtest_writes_nothing(fake_loadtest, tmp_path, capsys):
-    assert fake_loadtest.main(["--quick"]) == 0
-    assert not os.path.exists(tmp_path / "out")
-    assert "nothing written" in capsys.readouterr().out
+def test_quick_loadtest_writes_nothing_and_says_why(fake_loadtest, tmp_path, capsys):
+    for argv in (["--quick"], ["--runs", "closed"]):
+        assert fake_loadtest.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "nothing written" in out and "--outdir DIR writes these to DIR" in out, out
+    assert os.listdir(tmp_path) == [] and fake_loadtest.drawn == []
 
 
-def test_full_loadtest_writes_its_results(fake_loadtest, tmp_path, monkeypatch):
-    drawn = []
-    monkeypatch.setattr(fake_loadtest, "plot", lambda rows, path: drawn.append(path))
-    assert fake_loadtest.main(["--streams", "1", "--steps", "3"]) == 0
+@pytest.mark.parametrize("argv", [["--quick"], ["--runs", "closed"]])
+def test_quick_loadtest_writes_to_an_outdir_given(fake_loadtest, tmp_path, argv):
+    assert fake_loadtest.main([*argv, "--outdir", "out"]) == 0
     text = (tmp_path / "out" / "RESULTS.md").read_text()
+    assert f"Command: `python -m fastln.serve.loadtest {' '.join(argv)} --outdir out`" in text
+    assert "| closed | float32 | 1 | - | 20 |" in text
+    assert ("largest stream count" in text) == (argv == ["--quick"])   # the sweep ran
+    assert fake_loadtest.drawn == [os.path.join("out", "serve_latency.png")]
+    exits(2, fake_loadtest.main, [*argv, "--outdir", "out", "--no-write"])
+
+
+def test_full_loadtest_writes_its_results(fake_loadtest, tmp_path):
+    assert fake_loadtest.main(["--streams", "1", "--steps", "3"]) == 0
+    text = (tmp_path / "RESULTS.md").read_text()
     assert "| closed | float32 | 1 | - | 20 |" in text
     assert "largest stream count at 50 Hz with p99 < 20 ms: 256 (float32)" in text
-    assert drawn == [str(tmp_path / "out" / "serve_latency.png")]
+    assert fake_loadtest.drawn == [os.path.join(".", "serve_latency.png")]
+    assert fake_loadtest.main(["--streams", "1", "--no-write"]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["RESULTS.md"]
 
 
 def test_quick_loadtest_runs_every_mode(capsys):

@@ -4,8 +4,10 @@
    docs/reference/*.rst, list names in ``autosummary`` tables under a
    ``currentmodule`` or ``automodule``; read from those sources (no Sphinx
    needed), they are exactly the ``__all__`` of fastln, fastln.rnn,
-   fastln.dask, fastln.reference and fastln.rnn_reference (fastln.layers'
-   classes appear as fastln's, the same objects), and each exists. A class
+   fastln.dask, fastln.reference, fastln.rnn_reference and fastln.serve
+   (fastln.layers' classes appear as fastln's, the same objects), and each
+   exists; the modules of fastln.serve's protocols, endpoints and metrics
+   show their docstrings (automodule), and no other module does. A class
    page lists its public methods (inherited ones and ``__call__`` included)
    through the autosummary templates. The summary an autosummary table shows
    for each entry and each public method -- the first sentence of the
@@ -60,7 +62,10 @@ DOCS = os.path.join(ROOT, "docs")
 REFERENCE = os.path.join(DOCS, "reference")
 TEMPLATES = os.path.join(DOCS, "_templates", "autosummary")
 PUBLIC_MODULES = ["fastln", "fastln.rnn", "fastln.dask", "fastln.reference",
-                  "fastln.rnn_reference"]
+                  "fastln.rnn_reference", "fastln.serve"]
+# modules whose reference is their docstring alone (automodule, no names listed)
+DOCSTRING_MODULES = ["fastln.serve.protocol", "fastln.serve.mux", "fastln.serve.admin",
+                     "fastln.serve.metrics"]
 HEADERS = sorted(glob.glob(os.path.join(ROOT, "src_c", "fastln*.h")))
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(REFERENCE),
@@ -68,13 +73,17 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(REFERENCE),
 
 
 def _module(name):
-    """The module; a package it needs that is missing skips, or fails under CI."""
+    """The module, its names loaded (fastln.serve loads them on first use); a
+    package it needs that is missing skips, or fails under CI."""
     try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name.split(".")[0] == "fastln" or os.environ.get("CI"):
+        module = importlib.import_module(name)
+        for attr in getattr(module, "__all__", ()):
+            getattr(module, attr)
+    except ImportError as e:
+        if (e.name or "fastln").split(".")[0] == "fastln" or os.environ.get("CI"):
             raise
         pytest.skip(f"{name} needs {e.name}, which is not installed")
+    return module
 
 
 # ---- 1. the API reference -------------------------------------------------------------
@@ -130,7 +139,13 @@ def test_reference_entries_exist():
         module_name, _, attr = name.rpartition(".")
         assert module_name in PUBLIC_MODULES, f"{name} ({page}): not a public module"
         assert hasattr(_module(module_name), attr), f"{name} ({page}) does not exist"
-    assert modules <= set(PUBLIC_MODULES), modules
+    assert modules <= set(PUBLIC_MODULES + DOCSTRING_MODULES), modules
+
+
+@pytest.mark.parametrize("module_name", DOCSTRING_MODULES)
+def test_docstring_modules_are_shown(module_name):
+    assert _module(module_name).__doc__
+    assert module_name in _reference_entries()[1]
 
 
 def test_layers_classes_are_documented_as_fastlns():
@@ -397,9 +412,14 @@ def _stdlib(name):
 
 def _modules(code, top_only=False):
     """The dotted modules code imports (``from a import b`` gives a and a.b), in
-    any statement, or only in the statements at its top with top_only."""
+    any statement, or only in the statements at its top with top_only (a
+    ``with`` block there included: fastln.serve imports its extra's packages
+    under ``with needs_extra(...)``)."""
     tree = ast.parse(code)
-    nodes = tree.body if top_only else list(ast.walk(tree))
+    nodes = list(ast.walk(tree))
+    if top_only:
+        nodes = [n for top in tree.body
+                 for n in (top.body if isinstance(top, ast.With) else [top])]
     names = set()
     for node in nodes:
         if isinstance(node, ast.Import):

@@ -385,8 +385,8 @@ def test_bad_frames_get_close_codes_and_the_server_goes_on(served):
               "unknown": (4404, "no stream 'nobody' here"),
               "new twice": (4409, "stream 'victim' exists"),
               "no token": (4401, "stream 'victim' needs its resume token"),
-              "wrong token": (4403, "not stream 'victim''s resume token"),
-              "another stream's token": (4403, "not stream 'victim''s resume token"),
+              "wrong token": (4403, "not the resume token of stream 'victim'"),
+              "another stream's token": (4403, "not the resume token of stream 'victim'"),
               "second connection": (4409, "another connection holds stream 'victim'"),
               "bad id": (1008, "a stream id is 1 to 64"),
               "bad dtype": (1008, "dtype must be one of float32")}
@@ -656,7 +656,7 @@ def test_http_errors(served):
     step = "/streams/j/step"
     check(http(server, "POST", step, {"x": [0.0] * I}), 401, "needs its resume token")
     check(http(server, "POST", step, {"x": [0.0] * I, "token": token[::-1]}), 403,
-          "not stream 'j''s resume token")
+          "the token given is not the resume token of stream 'j'")
     check(http(server, "POST", step, {"x": [0.0] * I, "token": 7}), 422, "token must be a string")
     check(http(server, "POST", step, b'{"x": [1,'), 400, "not valid JSON")
     check(http(server, "POST", step, b'{"x": [NaN]}'), 400, "NaN is not a JSON number")
@@ -673,7 +673,7 @@ def test_http_errors(served):
           "no stream 'nope' here")
     check(http(server, "DELETE", "/streams/nope"), 404, "no stream 'nope' here")
     check(http(server, "POST", "/streams", {"stream": "j"}), 409, "stream 'j' exists")
-    check(http(server, "POST", "/streams", {"stream": "a b"}), 422, "an id of 1 to 64")
+    check(http(server, "POST", "/streams", {"stream": "a b"}), 422, "a stream id is 1 to 64")
     check(http(server, "PUT", "/streams/k/state", {"t": 1}), 422, "export's JSON")
     check(http(server, "PUT", "/streams/k/state", {"t": 0, "state": [[[[0.5]]]] * 2,
                                                    "token": "k" * 32}), 422,

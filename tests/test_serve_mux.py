@@ -191,6 +191,10 @@ class FakeTransport:
     def __init__(self):
         self.sent, self.closed = [], None
 
+    @property
+    def is_close_frame_sent(self):
+        return self.closed is not None
+
     def send(self, kind, data):
         self.sent.append((kind, bytes(data)))
 
@@ -415,7 +419,7 @@ def test_refused_opens_get_the_per_stream_codes(tmp_path):
     assert [e["index"] for e in first] == [0, 1]
     got = [(e.get("code"), e.get("error", "")) for e in refusals]
     expect = [(4409, "stream 'a' exists"), (4401, "needs its resume token"),
-              (4403, "not stream 'a''s resume token"), (4404, "no stream 'nobody' here"),
+              (4403, "not the resume token of stream 'a'"), (4404, "no stream 'nobody' here"),
               (4409, "another connection holds stream 'a'"),
               (4409, "another connection holds stream 'held'"),
               (1008, "a stream id is 1 to 64"), (None, ""),

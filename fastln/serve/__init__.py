@@ -22,9 +22,11 @@ The modules, one concept each:
 - :mod:`fastln.serve.cli`: the command line.
 
 The names below import their module on first use, so that ``import
-fastln.serve`` loads none of the extra's packages; without them, using one
-raises an ImportError that names the package and the extra.
+fastln.serve`` loads none of the extra's packages; without them, using one,
+or importing a module that needs them (``from fastln.serve.client import
+StreamClient``), raises an ImportError that names the package and the extra.
 """
+import contextlib
 import importlib
 import sys
 from typing import TYPE_CHECKING
@@ -32,27 +34,51 @@ from typing import TYPE_CHECKING
 from .._optional import EXTRAS, missing
 
 if TYPE_CHECKING:   # the names __getattr__ gives, for type checkers
-    from .client import Closed, StreamClient, move_stream, run_server
+    from .client import (
+        Closed,
+        FrameRefused,
+        MoveError,
+        MuxClient,
+        MuxStream,
+        Server,
+        StreamClient,
+        move_stream,
+        run_server,
+    )
+    from .cluster import drain, rebalance
     from .model import load_model, save_model
     from .service import Service
 
-_EXPORTS = {"StreamClient": "client", "Closed": "client", "move_stream": "client",
-            "run_server": "client", "Service": "service", "save_model": "model",
-            "load_model": "model"}
+_EXPORTS = {**dict.fromkeys(["StreamClient", "MuxClient", "MuxStream", "Closed", "FrameRefused",
+                             "move_stream", "MoveError", "run_server", "Server"], "client"),
+            "rebalance": "cluster", "drain": "cluster", "Service": "service",
+            "save_model": "model", "load_model": "model"}
 
-__all__ = ["Closed", "Service", "StreamClient", "load_model", "move_stream", "run_server",
+__all__ = ["Closed", "FrameRefused", "MoveError", "MuxClient", "MuxStream", "Server", "Service",
+           "StreamClient", "drain", "load_model", "move_stream", "rebalance", "run_server",
            "save_model"]
+
+
+@contextlib.contextmanager
+def needs_extra(feature):
+    """Makes the ImportError of a package of the serve extra that is not
+    installed, imported within, the one of fastln._optional.missing, which
+    names the package and the extra; each module of fastln.serve imports
+    the extra's packages under it."""
+    try:
+        yield
+    except ImportError as e:
+        package = (e.name or "").split(".")[0]
+        if EXTRAS.get(package) == "serve":
+            raise missing(package, feature) from None
+        raise
 
 
 def _load(module):
     """fastln.serve.<module>, or the ImportError of fastln._optional.missing
     when a package of the serve extra is not installed."""
-    try:
+    with needs_extra("fastln.serve"):
         return importlib.import_module(f"{__name__}.{module}")
-    except ImportError as e:
-        if EXTRAS.get(e.name) == "serve":
-            raise missing(e.name, "fastln.serve") from e
-        raise
 
 
 def __getattr__(name):

@@ -19,85 +19,130 @@ On --port (JSON bodies)::
 
 T is the stream's resume token (fastln.serve.protocol): a step without it
 gets 401, with another stream's 403. An admin request without the bearer
-token gets 401 (with ``WWW-Authenticate: Bearer``), with a wrong one 403;
-the token is compared in constant time.
+token gets 401 (with ``WWW-Authenticate: Bearer``), as does an Authorization
+header of another form than ``Bearer TOKEN``; with a wrong token 403. The
+token is compared in constant time.
+
+Every refusal is a JSON object ``{"error": why}`` with its status, and counts
+in ``fastln_serve_rejections_total`` under its reason (the serving guide's
+table lists them); an unknown path (404) or method (405) counts as
+``bad_request``. A step the engine fails answers 500, the one status no
+request causes.
 """
 import asyncio
 import hmac
 import json
 
 import numpy as np
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from . import metrics
-from .errors import GONE, RESTART, STREAM_ID, UNSUPPORTED, Refused
+from . import needs_extra
+from .errors import GONE, RESTART, Refused
 from .model import input_dtype
-from .protocol import PROBES
+
+with needs_extra(__name__):
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from . import metrics
+    from .protocol import PROBES
+
+# the answer to an admin request without the bearer token (RFC 6750, section 3)
+CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def bad_request(message):
+    """The refusal (422) of a body that is JSON, but not of the form the endpoint takes."""
+    return Refused(None, 422, message, "bad_request")
 
 
 async def read_json(request, limit):
-    """The request's body parsed as JSON: 413 past limit bytes, 400 if it is not JSON."""
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        raise HTTPException(413, f"the body must be at most {limit} bytes, "
-                                 f"Content-Length says {length}")
+    """The request's body parsed as JSON: 413 past limit bytes, 400 if it is
+    not JSON or ends before its length (the HTTP parser answers a
+    Content-Length that is not a number itself)."""
+    length = request.headers.get("content-length", "")
+    if length.isascii() and length.isdigit() and int(length) > limit:
+        raise Refused(None, 413, f"the body must be at most {limit} bytes, "
+                                 f"Content-Length says {length}", "body_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPException(413, f"the body must be at most {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise Refused(None, 413, f"the body must be at most {limit} bytes",
+                              "body_too_large")
+    except ClientDisconnect:
+        raise Refused(None, 400, "the request ended before its body", "bad_request") from None
 
     def no_constants(name):
         raise ValueError(f"{name} is not a JSON number")
 
     try:
         return json.loads(body, parse_constant=no_constants) if body else None
-    except ValueError as e:   # json.JSONDecodeError and UnicodeDecodeError included
-        raise HTTPException(400, f"the body is not valid JSON: {e}") from None
+    # json.JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError: deep nesting
+    except (ValueError, RecursionError) as e:
+        raise Refused(None, 400, f"the body is not valid JSON: {e}", "bad_request") from None
 
 
 def parse_x(payload, size, dtype):
     """x of a step request as a (size,) array of dtype; 422 with the reason if it is not one."""
     if not isinstance(payload, dict) or "x" not in payload:
-        raise HTTPException(422, 'the body must be a JSON object {"x": [numbers]}')
+        raise bad_request('the body must be a JSON object {"x": [numbers], "token": T}')
     x = payload["x"]
     if not isinstance(x, list) or len(x) != size:
         got = f"a list of {len(x)}" if isinstance(x, list) else f"a {type(x).__name__}"
-        raise HTTPException(422, f"x must be a list of {size} numbers, got {got}")
+        raise bad_request(f"x must be a list of {size} numbers, got {got}")
     for i, v in enumerate(x):
         if type(v) not in (int, float):   # bool, str, None, lists are not numbers here
-            raise HTTPException(422, f"x[{i}] must be a number, got {json.dumps(v)}")
+            raise bad_request(f"x[{i}] must be a number, got {json.dumps(v)[:40]}")
     try:
         with np.errstate(over="ignore"):
             a = np.array(x, dtype)
     except OverflowError:   # an int past the float range
-        raise HTTPException(422, f"x must hold finite {dtype} numbers, "
-                                 f"an integer in x is too large") from None
+        raise bad_request(f"x must hold finite {dtype} numbers, "
+                          f"an integer in x is too large") from None
     if not np.isfinite(a).all():
-        raise HTTPException(422, f"x must hold finite {dtype} numbers, "
-                                 f"x[{int(np.argmin(np.isfinite(a)))}] is not")
+        raise bad_request(f"x must hold finite {dtype} numbers, "
+                          f"x[{int(np.argmin(np.isfinite(a)))}] is not")
     return a
 
 
 def bearer_check(admin_token):
     """A check of a request's ``Authorization: Bearer`` header against
-    admin_token (None: every request passes), raising HTTPException 401 or 403."""
-    expected = None if admin_token is None else f"Bearer {admin_token}".encode()
+    admin_token (None: every request passes), raising Refused: 401 without
+    the header or with another form, 403 with another token."""
+    expected = None if admin_token is None else admin_token.encode()
 
     def check(request):
         if expected is None:
             return
         got = request.headers.get("authorization")
         if got is None:
-            raise HTTPException(401, "this endpoint needs the admin token: "
-                                     "Authorization: Bearer TOKEN",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(got.encode("latin-1", "replace"), expected):
-            raise HTTPException(403, "the admin token is wrong")
+            raise Refused(None, 401, "this endpoint needs the admin token: "
+                                     "Authorization: Bearer TOKEN", "no_admin_token", CHALLENGE)
+        scheme, _, credentials = got.strip().partition(" ")
+        credentials = credentials.strip()
+        if scheme.lower() != "bearer" or not credentials:   # schemes ignore case (RFC 9110)
+            if scheme.lower() == "bearer":
+                what = "no token"
+            else:
+                what = f"the scheme {scheme[:20]!r}" if credentials else "no scheme"
+            raise Refused(None, 401, f"the Authorization header must be 'Bearer TOKEN' (the "
+                                     f"scheme Bearer, then the admin token), got {what}",
+                          "no_admin_token", CHALLENGE)
+        # the header's characters are its bytes (latin-1), the token's are UTF-8
+        if not hmac.compare_digest(credentials.encode("latin-1", "replace"), expected):
+            raise Refused(None, 403, "the admin token is wrong", "wrong_admin_token")
     return check
+
+
+def error(status, message, headers=None):
+    """The JSON answer {"error": message} of a refusal; ASCII, as json.dumps
+    escapes what is not, so that any message encodes."""
+    return Response(json.dumps({"error": message}), status, headers,
+                    media_type="application/json")
 
 
 def create_app(service, ports, max_body=1 << 16, admin_token=None):
@@ -112,10 +157,6 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
             check_admin(request)
             return await endpoint(request)
         return checked
-
-    def refused(e):
-        service.refused(e.reason)
-        return JSONResponse({"error": e.message}, status_code=e.status)
 
     async def scrape(request):
         return Response(metrics.exposition(registry), media_type=metrics.CONTENT_TYPE)
@@ -132,16 +173,9 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
 
     async def create(request):
         payload = await read_json(request, max_body)
-        stream_id = None
-        if payload is not None:
-            stream_id = payload.get("stream") if isinstance(payload, dict) else None
-            if not isinstance(stream_id, str) or not STREAM_ID.fullmatch(stream_id):
-                raise HTTPException(422, 'the body must be {"stream": id}, an id of 1 to 64 '
-                                         "letters, digits, '_', '.' or '-', or empty")
-        try:
-            stream = service.add(stream_id)
-        except Refused as e:
-            return refused(e)
+        if payload is not None and not isinstance(payload, dict):
+            raise bad_request('the body must be {"stream": id}, or empty')
+        stream = service.add((payload or {}).get("stream"))
         return JSONResponse({"stream": stream.id, "token": stream.token}, status_code=201)
 
     async def step(request):
@@ -149,31 +183,25 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
         x = parse_x(payload, service.model.input_size, x_dtype)
         token = payload.get("token")
         if token is not None and not isinstance(token, str):
-            raise HTTPException(422, "token must be a string, the stream's resume token")
-        try:
-            stream = service.claim(request.path_params["stream_id"], token)
-            if service.echo:
-                raise Refused(UNSUPPORTED, 409, "an --echo server runs no model")
-            answered = asyncio.get_running_loop().create_future()
+            raise bad_request("token must be a string, the stream's resume token")
+        stream = service.claim(request.path_params["stream_id"], token)
+        if service.echo:
+            raise Refused(None, 409, "an --echo server runs no model", "bad_request")
+        answered = asyncio.get_running_loop().create_future()
 
-            def answer(y, error):
-                t = service.finish(stream, error)
-                if not answered.done():    # its request may have been cancelled
-                    answered.set_result((y, t, error))
-            if not service.submit(stream, x, answer):
-                raise Refused(RESTART, 503, "the server restarts")
-        except Refused as e:
-            return refused(e)
-        y, t, error = await answered
-        if error is not None:
-            return JSONResponse({"error": f"the step failed: {error}"}, 500)
+        def answer(y, failure):
+            t = service.finish(stream, failure)
+            if not answered.done():    # its request may have been cancelled
+                answered.set_result((y, t, failure))
+        if not service.submit(stream, x, answer):
+            raise Refused(RESTART, 503, "the server restarts", "draining")
+        y, t, failure = await answered
+        if failure is not None:
+            return error(500, f"the step failed: {failure}")
         return JSONResponse({"y": y.astype(np.float64).tolist(), "t": t})
 
     async def delete(request):
-        try:
-            stream = service.get(request.path_params["stream_id"])
-        except Refused as e:
-            return refused(e)
+        stream = service.get(request.path_params["stream_id"])
         stream.leaving = True
         await service.quiet(stream)
         if stream.conn is not None:
@@ -182,23 +210,21 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
         return JSONResponse({"stream": stream.id, "steps": stream.t})
 
     async def export(request):
-        try:
-            return JSONResponse(await service.export(request.path_params["stream_id"]))
-        except Refused as e:
-            return refused(e)
+        return JSONResponse(await service.export(request.path_params["stream_id"]))
 
     async def put_state(request):
         payload = await read_json(request, max(max_body, 64 * service.y_bytes
                                                * service.model.num_layers + 4096))
-        try:
-            stream = service.import_(request.path_params["stream_id"], payload)
-        except Refused as e:
-            return refused(e)
+        stream = service.import_(request.path_params["stream_id"], payload)
         return JSONResponse({"stream": stream.id, "t": stream.t}, status_code=201)
 
-    async def error(request, exc):
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code,
-                            headers=exc.headers)
+    async def refused(request, e):
+        service.refused(e.reason)
+        return error(e.status, e.message, e.headers)
+
+    async def unrouted(request, e):   # Starlette's own: no such path (404) or method (405)
+        service.refused("bad_request")
+        return error(e.status_code, e.detail, e.headers)
 
     routes = [*(Route(path, probe(check), methods=["GET"]) for path, check in PROBES.items()),
               Route("/metrics", scrape, methods=["GET"]),
@@ -208,4 +234,5 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
               Route("/streams/{stream_id}", admin(delete), methods=["DELETE"]),
               Route("/streams/{stream_id}/export", admin(export), methods=["POST"]),
               Route("/streams/{stream_id}/state", admin(put_state), methods=["PUT"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: error})
+    return Starlette(routes=routes, exception_handlers={Refused: refused,
+                                                        HTTPException: unrouted})

@@ -41,19 +41,23 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
-
-import uvicorn
-from picows import ws_create_server
 
 import fastln
 
-from . import mux
-from .admin import create_app
-from .client import run
+from . import needs_extra
 from .model import HelpFormatter, freeze, load_model
-from .protocol import ws_factory
 from .service import Service
+
+with needs_extra(__name__):
+    import uvicorn
+    from picows import ws_create_server
+
+    from . import mux
+    from .admin import create_app
+    from .client import run
+    from .protocol import ws_factory
 
 ADMIN_TOKEN_ENV = "FASTLN_SERVE_ADMIN_TOKEN"
 
@@ -174,6 +178,35 @@ def open_model(p, args):
         p.error(f"{flag} {e}")
 
 
+def bind(host, port, flag):
+    """Sockets bound to port on every address of host, as asyncio's
+    create_server binds them, for a server to listen on (port 0: a free port,
+    the same on each address); SystemExit with one line that names flag
+    when one cannot be bound (the port is taken, the address is not this
+    machine's)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SystemExit(f"fastln-serve: error: --host {host}: {e.strerror}") from None
+    sockets = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        raise SystemExit(f"fastln-serve: error: {flag} {port} on {address[0]}: "
+                         f"{e.strerror or e}") from None
+    return sockets
+
+
 class HTTPServer(uvicorn.Server):
     """uvicorn's server, leaving SIGTERM and SIGINT to the service."""
 
@@ -184,23 +217,23 @@ class HTTPServer(uvicorn.Server):
 
 async def serve(args, service, token=None):
     loop = asyncio.get_running_loop()
-    ports = [args.ws_port, args.port]
+    ws_sockets = bind(args.host, args.ws_port, "--ws-port")
+    http_sockets = bind(args.host, args.port, "--port")
+    ports = [s[0].getsockname()[1] for s in (ws_sockets, http_sockets)]
+    factory = ws_factory(service, ports, args.advertise or args.host)
     # pings find a peer that vanished without closing, so that its stream can be resumed
-    ws = await ws_create_server(ws_factory(service, ports, args.advertise or args.host),
-                                args.host, args.ws_port, max_frame_size=args.max_frame,
-                                enable_auto_ping=True, auto_ping_idle_timeout=args.ping,
-                                auto_ping_reply_timeout=args.ping)
-    ports[0] = ws.sockets[0].getsockname()[1]
+    ws = [await ws_create_server(factory, sock=sock, max_frame_size=args.max_frame,
+                                 enable_auto_ping=True, auto_ping_idle_timeout=args.ping,
+                                 auto_ping_reply_timeout=args.ping) for sock in ws_sockets]
     app = create_app(service, ports, args.max_body, token)
     http = HTTPServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                      lifespan="off"))
-    http_task = loop.create_task(http.serve())
+    http_task = loop.create_task(http.serve(sockets=http_sockets))
     while not http.started:
         if http_task.done():
             http_task.result()
             raise SystemExit(f"the HTTP server on port {args.port} did not start")
         await asyncio.sleep(0.01)
-    ports[1] = http.servers[0].sockets[0].getsockname()[1]
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -211,7 +244,8 @@ async def serve(args, service, token=None):
             await asyncio.wait_for(stop.wait(), min(args.idle_timeout / 4, 5.0))
         service.sweep(args.idle_timeout)
     await service.drain()
-    ws.close()
+    for server in ws:
+        server.close()
     if args.state_file:
         n = service.save(args.state_file)
         print(f"saved {n} streams to {args.state_file}", flush=True)

@@ -33,9 +33,13 @@ import urllib.request
 from collections import deque
 
 import numpy as np
-from picows import WSListener, WSMsgType, ws_connect
 
-from .mux import PATH, encode, frame_bytes
+from . import needs_extra
+
+with needs_extra(__name__):
+    from picows import WSListener, WSMsgType, ws_connect
+
+    from .mux import PATH, encode, frame_bytes
 
 
 class Closed(ConnectionError):
@@ -90,6 +94,14 @@ class _Client:
         if self.closed is None:
             self._transport.send_close(code, message.encode())
             await asyncio.wait_for(self._transport.wait_disconnected(), 10)
+
+    def abort(self):
+        """Drops the connection without a close frame, as a client that
+        vanishes does: the server keeps the streams for a reconnect. The
+        waiting and later calls raise :class:`Closed`, and leaving the
+        ``async with`` block sends nothing."""
+        self._end(Closed(None, "aborted by the client"))
+        self._transport.underlying_transport.abort()
 
     async def __aenter__(self):
         return self
@@ -153,10 +165,6 @@ class StreamClient(_Client):
     def pending(self):
         """How many steps sent have not been returned by recv() yet."""
         return len(self._unread)
-
-    def abort(self):
-        """Drops the connection without a close frame, as a client that vanishes does."""
-        self._transport.underlying_transport.abort()
 
     async def recv(self):
         """y of the oldest step sent and not yet received."""

@@ -50,9 +50,10 @@ The client is one asyncio process (uvloop when importable, picows listeners)
 on the machine of the server: the two share its cores. Prints a markdown table
 and the closed loop's ratios (each dtype's steps/s over echo's, and over the
 float32 model's), and writes them to RESULTS.md, and the latency plot to
-serve_latency.png, in --outdir (--no-write: neither). A
---quick run, or one of only some --runs, only prints: its numbers are a smoke
-test or a part, and the files keep the full run's.
+serve_latency.png, in --outdir (the current folder by default; --no-write:
+neither). A --quick run, or one of only some --runs, writes them only to an
+--outdir given: its numbers are a smoke test or a part, and the files in the
+current folder keep a full run's.
 """
 import argparse
 import asyncio
@@ -67,19 +68,12 @@ import tempfile
 import time
 
 import numpy as np
-import picows
-from picows import WSError, WSListener, WSMsgType, ws_connect
 
 import fastln
 from fastln import _selfcheck
 from fastln.rnn import LNLSTM, StreamTable, quantize
 
-try:
-    import uvloop
-except ImportError:   # plain asyncio
-    uvloop = None  # type: ignore[assignment]
-
-from .client import run, run_server
+from . import needs_extra
 from .model import (
     HelpFormatter,
     bfloat16,
@@ -89,8 +83,19 @@ from .model import (
     save_model,
     stream_inputs,
 )
-from .mux import PATH as MUX_PATH
-from .mux import frame_bytes, header_bytes
+
+try:
+    import uvloop
+except ImportError:   # plain asyncio
+    uvloop = None  # type: ignore[assignment]
+
+with needs_extra(__name__):
+    import picows
+    from picows import WSError, WSListener, WSMsgType, ws_connect
+
+    from .client import run, run_server
+    from .mux import PATH as MUX_PATH
+    from .mux import frame_bytes, header_bytes
 
 RESULTS, FIGURE = "RESULTS.md", "serve_latency.png"   # written to --outdir
 BINARY, TEXT, CLOSE = WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CLOSE
@@ -766,7 +771,7 @@ def write_results(path, rows, largest, args, command):
         f"each connection sends at Hz with a random phase); engine: StreamTable.step of "
         f"that many streams in the load generator's process, no server.",
         "", table(rows), "", *(line + "  " for line in ratios(rows)),
-        largest_line(largest, args), ""]
+        *([largest_line(largest, args)] if "sweep" in args.runs else []), ""]
     with open(path, "w") as f:
         f.write("\n".join(text))
 
@@ -842,14 +847,15 @@ def make_parser():
                                 formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="4 streams (on 2 multiplexed connections), 20 steps, every run once; "
-                        "prints only, writes no file")
+                        "writes its files only to an --outdir given")
     p.add_argument("--dtypes", nargs="+", type=names_of("dtype", DTYPES), default=list(DTYPES),
                    metavar="DTYPE", help=f"the model's dtypes, of {', '.join(DTYPES)} "
                    f"(int8: the float32 model through fastln.rnn.quantize), separated by "
                    f"spaces or commas")
     p.add_argument("--runs", nargs="+", type=names_of("run", RUNS), default=list(RUNS),
                    metavar="RUN", help=f"the runs, of {', '.join(RUNS)}, separated by spaces "
-                   f"or commas; only some of them: prints only, writes no file")
+                   f"or commas; only some of them: writes its files only to an --outdir "
+                   f"given")
     p.add_argument("--streams", type=int, default=256, help="streams of closed, echo and open")
     p.add_argument("--steps", type=int, default=400, help="steps per stream of closed and echo")
     p.add_argument("--inflight", type=int, default=1,
@@ -883,8 +889,9 @@ def make_parser():
                    help="seconds per run at most (after an open loop's schedule)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds per connection and hello at most")
-    p.add_argument("--outdir", default=".",
-                   help=f"the folder a full run writes {RESULTS} and {FIGURE} to")
+    p.add_argument("--outdir",
+                   help=f"the folder to write {RESULTS} and {FIGURE} to; None: the current "
+                        f"folder, for a full run only")
     p.add_argument("--no-write", action="store_true", help=f"write neither {RESULTS} nor {FIGURE}")
     return p
 
@@ -908,6 +915,8 @@ def main(argv=None):
         p.error("--streams, --steps, --inflight, --restart-streams, --restart-steps, --threads, "
                 "--max-queue-per-stream, --input, --hidden, --connections and --sweep-streams "
                 "must be at least 1")
+    if args.outdir is not None and args.no_write:
+        p.error("--outdir names a folder to write to, and --no-write says to write nothing")
     if args.inflight > args.max_queue_per_stream:
         p.error(f"--inflight {args.inflight} is over --max-queue-per-stream "
                 f"{args.max_queue_per_stream}: the server would close the streams")
@@ -938,12 +947,18 @@ def main(argv=None):
         print(line)
     if "sweep" in args.runs:
         print(largest_line(largest, args))
-    results, figure = (os.path.join(args.outdir, name) for name in (RESULTS, FIGURE))
-    if args.quick or set(args.runs) != set(RUNS):
-        print(f"\n{'--quick' if args.quick else '--runs ' + ' '.join(args.runs)}: nothing "
-              f"written ({RESULTS} and {FIGURE} hold a full run's results)")
-    elif not args.no_write:
-        os.makedirs(args.outdir, exist_ok=True)
+    partial = args.quick or set(args.runs) != set(RUNS)
+    if args.no_write:
+        pass
+    elif partial and args.outdir is None:
+        print(f"\nnothing written: {'--quick' if args.quick else '--runs ' + ' '.join(args.runs)}"
+              f" is a {'smoke test' if args.quick else 'part of a run'}, and {RESULTS} and "
+              f"{FIGURE} in the current folder keep a full run's results; --outdir DIR "
+              f"writes these to DIR")
+    else:
+        outdir = args.outdir or "."
+        results, figure = (os.path.join(outdir, name) for name in (RESULTS, FIGURE))
+        os.makedirs(outdir, exist_ok=True)
         write_results(results, rows, largest, args, command.strip())
         plot(rows, figure)
         print(f"\nwrote {results} and {figure}")

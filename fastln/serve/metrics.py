@@ -25,18 +25,21 @@ name starts with ``fastln_serve_``):
 and prometheus_client's ``process_*`` families (CPU seconds, memory, open
 files) of the server's process.
 """
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    ProcessCollector,
-    generate_latest,
-)
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-)
+from . import needs_extra
+
+with needs_extra(__name__):
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        CollectorRegistry,
+        ProcessCollector,
+        generate_latest,
+    )
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        InfoMetricFamily,
+    )
 
 PREFIX = "fastln_serve_"
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -32,7 +32,7 @@ frame is a text frame of JSON::
   from then on.
 
 **Steps.** Each binary frame of the client holds one step of each of n
-streams (1 <= n), all little-endian:
+streams (1 <= n), all little-endian::
 
     n          uint32
     indices    n x uint32: the streams' indices, each at most once
@@ -71,15 +71,18 @@ stream with its token and resumes from each stream's t. A close from the
 client with code 1000 ends every stream attached; any other end of the
 connection keeps them for a reconnect, until --idle-timeout.
 
-The server closes the connection with a code and a message for a bad frame:
+The server closes the connection with a code and a message for a bad frame
+(the serving guide's table of refusals gives the reason each counts under in
+fastln_serve_rejections_total)::
 
+    1002  a frame against RFC 6455 (picows closes)
     1003  a fragmented frame
     1007  a frame shorter than its header, n of 0, a length that is not the
           header's plus n rows of x, an index twice in one frame, x not finite
     1008  an index no stream holds on this connection, a control message
           that is not JSON of the forms above, or an index in close or
           detach that is not attached
-    1009  a frame over --max-frame bytes
+    1009  a frame over --max-frame bytes (picows closes)
     1011  a step failed
     1013  --max-queue-per-stream frames wait, the batcher is full, or
           --max-connections are open
@@ -96,10 +99,10 @@ import time
 from collections import deque
 
 import numpy as np
-from picows import WSCloseCode, WSListener, WSMsgType
 
 from fastln.rnn import OverloadedError, UnknownStreamError
 
+from . import needs_extra
 from .errors import (
     CONFLICT,
     GONE,
@@ -111,8 +114,13 @@ from .errors import (
     TRY_LATER,
     UNSUPPORTED,
     Refused,
+    check_stream_id,
 )
-from .protocol import send_close
+
+with needs_extra(__name__):
+    from picows import WSCloseCode, WSListener, WSMsgType
+
+    from .protocol import count_picows_close, send_close
 
 PATH = "/mux"                # the path of the multiplexed protocol on --ws-port
 MAX_STREAMS = 1024           # --max-streams-per-connection's default
@@ -230,21 +238,30 @@ class Connection(WSListener):
 
     def on_ws_frame(self, transport, frame):
         kind = frame.msg_type
-        if kind == BINARY and frame.fin:
-            if not self.closed:
-                self.step(frame.get_payload_as_bytes())
-        elif kind == WSMsgType.CLOSE:
-            if self.closed:            # the client's answer to the server's close
+        if transport.is_close_frame_sent:   # closed: only the client's answering close matters
+            self.picows_closed()
+            if kind == WSMsgType.CLOSE:
                 transport.disconnect()
-            else:
-                self.client_closed(frame.get_close_code())
+        elif kind == BINARY and frame.fin:
+            self.step(frame.get_payload_as_bytes())
+        elif kind == WSMsgType.CLOSE:
+            self.client_closed(frame.get_close_code())
         elif kind == TEXT and frame.fin:
-            if not self.closed:
-                self.control(frame.get_payload_as_bytes())
+            self.control(frame.get_payload_as_bytes())
         elif kind in (BINARY, TEXT, WSMsgType.CONTINUATION):
             self.close(UNSUPPORTED, "a frame must come whole, not in fragments")
 
+    def picows_closed(self):
+        """After a close of picows's own (protocol.count_picows_close), the
+        first time: counts it, and the streams wait for a reconnect."""
+        if not self.closed:
+            self.closed = True
+            count_picows_close(self.service, self.transport)
+            self.release()
+
     def on_ws_disconnected(self, transport):
+        if transport.is_close_frame_sent:
+            self.picows_closed()
         self.closed = True
         self.service.connections -= 1
         self.release()
@@ -368,6 +385,7 @@ class Connection(WSListener):
                 entry = {"index": k, "stream": stream.id, "code": GONE,
                          "error": f"stream {stream.id!r} left this server"}
                 break
+        self.service.refused("gone" if entry["code"] == GONE else "draining")
         self.queue(_Text(json.dumps({"refused": entry}).encode()))
 
     def answered(self, rec, y, error):
@@ -443,7 +461,7 @@ class Connection(WSListener):
         """A text frame: open, close or detach (see the module's docstring)."""
         try:
             message = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
             self.close(POLICY, "a text frame must be JSON: {\"open\": [...]}, {\"close\": "
                                "[...]} or {\"detach\": [...]}")
             return
@@ -471,8 +489,9 @@ class Connection(WSListener):
             except Refused as e:
                 self.service.refused(e.reason)
                 sid = spec.get("stream") if isinstance(spec, dict) else None
-                entries.append({"stream": sid if isinstance(sid, str) else None,
-                                "code": e.code, "error": e.message})
+                # an id that is not one goes back as null: the answer holds clean Unicode
+                entries.append({"stream": sid if isinstance(sid, str) and STREAM_ID.fullmatch(sid)
+                                else None, "code": e.code, "error": e.message})
                 continue
             entries.append({"stream": stream.id, "index": self.attach(stream),
                             "token": stream.token})
@@ -498,19 +517,17 @@ class Connection(WSListener):
     def claim(self, spec):
         """The stream an open entry names: opened new, or claimed with its token."""
         svc = self.service
-        if not isinstance(spec, dict) or not isinstance(spec.get("stream"), str):
-            raise Refused(POLICY, 400, 'an open entry is {"stream": ID, "new": true} or '
+        if not isinstance(spec, dict) or "stream" not in spec:
+            raise Refused(POLICY, 422, 'an open entry is {"stream": ID, "new": true} or '
                                        '{"stream": ID, "token": T}')
-        sid, new, token = spec["stream"], spec.get("new", False), spec.get("token")
-        if not STREAM_ID.fullmatch(sid):
-            got = f"{len(sid)} characters" if len(sid) > 20 else repr(sid)
-            raise Refused(POLICY, 400, f"a stream id is 1 to 64 letters, digits, '_', '.' "
-                                       f"or '-', got {got}")
-        if new not in (True, False) or not (token is None or isinstance(token, str)):
-            raise Refused(POLICY, 400, "new must be true or false, and token a string")
+        sid = check_stream_id(spec["stream"])
+        new, token = spec.get("new", False), spec.get("token")
+        if type(new) is not bool or not (token is None or isinstance(token, str)):
+            raise Refused(POLICY, 422, "new must be true or false, and token a string")
         if self.attached >= self.service.max_streams_per_connection:
             raise Refused(TRY_LATER, 503, f"this connection holds {self.attached} streams, "
-                                          f"the server's --max-streams-per-connection")
+                                          f"the server's --max-streams-per-connection",
+                          "too_many_streams")
         stream = svc.add(sid) if new else svc.claim(sid, token)
         if stream.conn is not None:
             raise Refused(CONFLICT, 409, f"another connection holds stream {stream.id!r}")
@@ -592,6 +609,6 @@ def connect(service, query):
     dtype = query.get("dtype", [next(iter(service.x_dtypes))])[-1]
     refusal = None
     if dtype not in service.x_dtypes:
-        refusal = Refused(POLICY, 400, f"dtype must be one of {', '.join(service.x_dtypes)}, "
+        refusal = Refused(POLICY, 422, f"dtype must be one of {', '.join(service.x_dtypes)}, "
                                        f"got {dtype[:20]!r}")
     return Connection(service, service.x_dtypes.get(dtype, np.float32), refusal)

@@ -25,15 +25,22 @@ close from the client with code 1000 ends the stream; any other end of the
 connection keeps it for a reconnect, until --idle-timeout. A peer that answers
 no ping for 2 x --ping seconds is disconnected.
 
-The server closes a connection with a code and a message that says why:
+The server closes a connection with a code and a message that says why (the
+serving guide's table of refusals gives the reason each counts under in
+fastln_serve_rejections_total)::
 
-    1003  a text frame after the hello       1012  the server restarts: reconnect
-    1007  x of the wrong length, or not finite      without new=1 and resume at t
-    1008  a bad stream id or query           1013  the table is full, too many
-    1009  a frame over --max-frame bytes           frames of the stream wait, or
-    4401  a reconnect without token=               --max-connections are open
-    4403  a token that is not the stream's   4409  the stream exists (new=1), or
-    4404  no such stream                           another connection holds it
+    1002  a frame against RFC 6455 (picows closes)
+    1003  a text frame after the hello, or x in fragments
+    1007  x of the wrong length, or not finite
+    1008  a bad stream id or query
+    1009  a frame over --max-frame bytes (picows closes)
+    1012  the server restarts: reconnect without new=1 and resume at t
+    1013  the table is full, too many frames of the stream wait, or --max-connections
+          are open
+    4401  a reconnect without token=
+    4403  a token that is not the stream's
+    4404  no such stream
+    4409  the stream exists (new=1), or another connection holds it
     4410  the stream was exported
 
 GET /health, /health/live and /health/ready on the WebSocket port answer as
@@ -48,14 +55,8 @@ import time
 from urllib.parse import parse_qs
 
 import numpy as np
-from picows import (
-    WSCloseCode,
-    WSListener,
-    WSMsgType,
-    WSUpgradeResponse,
-    WSUpgradeResponseWithListener,
-)
 
+from . import needs_extra
 from .errors import (
     CLOSE_WAIT,
     CONFLICT,
@@ -63,11 +64,20 @@ from .errors import (
     INVALID,
     POLICY,
     REASONS,
-    STREAM_ID,
     TRY_LATER,
     UNSUPPORTED,
     Refused,
+    check_stream_id,
 )
+
+with needs_extra(__name__):
+    from picows import (
+        WSCloseCode,
+        WSListener,
+        WSMsgType,
+        WSUpgradeResponse,
+        WSUpgradeResponseWithListener,
+    )
 
 
 def send_close(service, transport, code, message, reason=None):
@@ -79,8 +89,18 @@ def send_close(service, transport, code, message, reason=None):
     discard the close frame before the client reads it."""
     if reason is not None or code in REASONS:
         service.refused(reason or REASONS[code])
-    transport.send_close(code, message.encode()[:123].decode("utf-8", "ignore").encode())
+    data = message.encode("utf-8", "backslashreplace")[:123]
+    transport.send_close(code, data.decode("utf-8", "ignore").encode())
     asyncio.get_running_loop().call_later(CLOSE_WAIT, transport.disconnect)
+
+
+def count_picows_close(service, transport):
+    """Counts the refusal of a close that picows sent itself, before any of
+    ours: a frame against RFC 6455 (1002; 1007 for a close reason that is
+    not UTF-8) or over --max-frame (1009)."""
+    reason = REASONS.get(int(transport.close_handshake.sent.code))
+    if reason is not None:
+        service.refused(reason)
 
 
 class Connection(WSListener):
@@ -135,12 +155,13 @@ class Connection(WSListener):
 
     def on_ws_frame(self, transport, frame):
         kind = frame.msg_type
-        if kind != WSMsgType.BINARY or not frame.fin:
-            if kind == WSMsgType.CLOSE:
-                if self.closed:            # the client's answer to the server's close
+        if kind != WSMsgType.BINARY or not frame.fin or transport.is_close_frame_sent:
+            if transport.is_close_frame_sent:   # closed: only the client's answering close matters
+                self.picows_closed()
+                if kind == WSMsgType.CLOSE:
                     transport.disconnect()
-                else:
-                    self.client_closed(frame.get_close_code())
+            elif kind == WSMsgType.CLOSE:
+                self.client_closed(frame.get_close_code())
             elif kind == WSMsgType.TEXT:
                 self.close(UNSUPPORTED, "frames after the hello must be binary (x)")
             elif kind in (WSMsgType.BINARY, WSMsgType.CONTINUATION):
@@ -207,7 +228,17 @@ class Connection(WSListener):
         send_close(self.service, self.transport, code, message, reason)
         self.detach()              # a reconnect need not wait for that answer
 
+    def picows_closed(self):
+        """After a close of picows's own (count_picows_close), the first
+        time: counts it, and the stream waits for a reconnect."""
+        if not self.closed:
+            self.closed = True
+            count_picows_close(self.service, self.transport)
+            self.detach()
+
     def on_ws_disconnected(self, transport):
+        if transport.is_close_frame_sent:
+            self.picows_closed()
         self.closed = True
         self.service.connections -= 1
         self.detach()
@@ -264,20 +295,22 @@ def ws_factory(service, ports, address):
             return WSUpgradeResponseWithListener(WSUpgradeResponse.create_ok_response(
                 body, {"Content-Type": "application/json"}), None)
         if not path.startswith("/ws/"):
+            service.refused("bad_request")
             return None            # 404
+        # parse_qs decodes %-escapes that are not UTF-8 as U+FFFD: every value is a clean str
         stream_id, q = path[4:], parse_qs(query)
         refusal = None
-        if not STREAM_ID.fullmatch(stream_id):
-            got = f"{len(stream_id)} characters" if len(stream_id) > 20 else repr(stream_id)
-            refusal = Refused(POLICY, 400, f"a stream id is 1 to 64 letters, digits, '_', '.' "
-                                           f"or '-', got {got}")
+        try:
+            check_stream_id(stream_id)
+        except Refused as e:
+            refusal = e
         dtype = q.get("dtype", [next(iter(service.x_dtypes))])[-1]
         if dtype not in service.x_dtypes:
-            refusal = Refused(POLICY, 400, f"dtype must be one of {', '.join(service.x_dtypes)}, "
+            refusal = Refused(POLICY, 422, f"dtype must be one of {', '.join(service.x_dtypes)}, "
                                            f"got {dtype[:20]!r}")
         new = q.get("new", ["0"])[-1]
         if new not in ("0", "1"):
-            refusal = Refused(POLICY, 400, f"new must be 0 or 1, got {new[:20]!r}")
+            refusal = Refused(POLICY, 422, f"new must be 0 or 1, got {new[:20]!r}")
         token = q.get("token", [None])[-1]
         return Connection(service, stream_id, new == "1",
                           service.x_dtypes.get(dtype, np.float32), refusal, token)

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import time
 
@@ -31,10 +32,14 @@ from .errors import (
     TRY_LATER,
     UNAUTHORIZED,
     Refused,
+    check_stream_id,
 )
 from .model import check_streamable, config_of, input_dtype
 
 TOKEN_BYTES = 24   # a resume token's random bytes: 192 bits, 32 URL-safe characters
+# a token an import takes: URL-safe characters, as a reconnect's URL carries them
+TOKEN = re.compile(r"[A-Za-z0-9_-]{1,256}")
+MAX_T = 2 ** 63 - 1   # a step count, as the state file stores it (int64)
 
 
 def _bad_state(message):
@@ -112,6 +117,8 @@ class Service:
         state arrays) after t steps; a random id of 16 hex digits when None,
         and a new resume token when token is None."""
         generated = False
+        if stream_id is not None:
+            check_stream_id(stream_id)
         while stream_id is None or (generated and stream_id in self.streams):
             stream_id, generated = secrets.token_hex(8), True
         if stream_id in self.streams:
@@ -131,6 +138,8 @@ class Service:
         return stream
 
     def get(self, stream_id):
+        """The stream stream_id; Refused with 4404 (HTTP 404) when this server
+        holds no such stream, or it is leaving."""
         stream = self.streams.get(stream_id)
         if stream is None or stream.leaving:
             raise Refused(NOT_FOUND, 404, f"no stream {stream_id!r} here")
@@ -139,13 +148,17 @@ class Service:
     def claim(self, stream_id, token):
         """The stream stream_id for a client that presents token: Refused
         with 4401 (HTTP 401) when token is None, 4403 (403) when it is not
-        the stream's, 4404 when there is no such stream."""
+        the stream's (any string: one that is not UTF-8, a lone surrogate
+        of a JSON escape, is simply not the token), 4404 when there is no
+        such stream."""
         stream = self.get(stream_id)
         if token is None:
             raise Refused(UNAUTHORIZED, 401, f"stream {stream_id!r} needs its resume token "
                                              f"(token=, from the hello that opened it)")
-        if not hmac.compare_digest(token.encode(), stream.token.encode()):
-            raise Refused(FORBIDDEN, 403, f"that is not stream {stream_id!r}'s resume token")
+        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"),
+                                   stream.token.encode()):
+            raise Refused(FORBIDDEN, 403, f"the token given is not the resume token of "
+                                          f"stream {stream_id!r}")
         return stream
 
     def submit(self, stream, x, callback):
@@ -177,6 +190,7 @@ class Service:
         return stream.t - 1
 
     def remove(self, stream):
+        """Forgets stream and closes it in the table."""
         self.streams.pop(stream.id, None)
         if stream.id in self.table:
             self.table.close(stream.id)
@@ -205,10 +219,11 @@ class Service:
     def import_(self, stream_id, payload):
         """Adds the stream that export() gave as payload."""
         if not isinstance(payload, dict) or not isinstance(payload.get("state"), list) or (
-                type(payload.get("t")) is not int or payload["t"] < 0) or not (
-                isinstance(payload.get("token"), str) and 0 < len(payload["token"]) <= 256):
-            raise _bad_state('the body must be export\'s JSON: {"t": steps, "token": the '
-                             'resume token, "state": [arrays], ...}')
+                type(payload.get("t")) is not int or not 0 <= payload["t"] <= MAX_T) or not (
+                isinstance(payload.get("token"), str) and TOKEN.fullmatch(payload["token"])):
+            raise _bad_state('the body must be export\'s JSON: {"t": steps (0 to 2**63 - 1), '
+                             '"token": the resume token (1 to 256 letters, digits, \'_\' or '
+                             '\'-\'), "state": [arrays], ...}')
         if payload.get("fingerprint", self.fingerprint) != self.fingerprint:
             raise _bad_state("the state comes from another model (the fingerprints differ)")
         parts = payload["state"]
@@ -216,13 +231,18 @@ class Service:
         if len(parts) != len(self.state_dtypes):
             raise _bad_state(f"state must hold {len(self.state_dtypes)} arrays, "
                              f"got {len(parts)}")
-        try:
-            arrays = [np.array(p, np.float64) for p in parts]
-        except (TypeError, ValueError):
-            raise _bad_state("state must hold arrays of numbers") from None
+        try:   # numbers only: NumPy would read strings of digits too
+            arrays = [np.asarray(p) for p in parts]
+        except (TypeError, ValueError, OverflowError):   # ragged
+            arrays = None
+        if arrays is None or any(a.dtype.kind not in "iuf" for a in arrays):
+            raise _bad_state("state must hold arrays of numbers")
         if any(a.shape != shape for a in arrays):
             raise _bad_state(f"each state array must have shape {shape}, got "
                              f"{[a.shape for a in arrays]}")
+        arrays = [a.astype(np.float64) for a in arrays]
+        if not all(np.isfinite(a).all() for a in arrays):
+            raise _bad_state("state must hold finite numbers")
         state = [a.astype(d) for a, d in zip(arrays, self.state_dtypes)]
         if any(not np.array_equal(s.astype(np.float64), a) for s, a in zip(state, arrays)):
             raise _bad_state(f"the state's values are not exact {self.y_dtype_name} values")
@@ -295,6 +315,7 @@ class Service:
         return not why, why
 
     def health(self, ws_port, port):
+        """The JSON of GET /health: the model, the settings and the counters."""
         return {"status": "draining" if self.draining else "ok", "model": self.config,
                 "echo": self.echo, "streams": len(self.streams),
                 "capacity": self.table.capacity, "port": port, "ws_port": ws_port,
