@@ -8,16 +8,22 @@
  */
 
 /* When a forward packs transposed weights (see packs_transposed), by the
- * number of elements of W_hh (G x H): no call of fewer than
- * RNN_PACK_MIN_STEPS steps; from RNN_PACK_HUGE elements (32 MiB of float)
- * any longer call; from RNN_PACK_LARGE a call over a batch, and from
- * RNN_PACK_BIG a single sequence over RNN_PACK_SEQ_STEPS steps or more;
- * smaller weights a call of RNN_PACK_SMALL_STEPS steps and RNN_PACK_ROWS
- * rows (steps x batch). */
+ * bytes of W_hh (G x H elements): a call of RNN_PACK_SHORT_STEPS steps or
+ * more from RNN_PACK_VAST bytes, over a batch from RNN_PACK_HUGE * 2, and
+ * over RNN_PACK_SHORT_ROWS rows from RNN_PACK_SHORT_BYTES; otherwise no call
+ * of fewer than RNN_PACK_MIN_STEPS steps; from RNN_PACK_HUGE any longer
+ * call; from RNN_PACK_LARGE a call over a batch, and from RNN_PACK_BIG a
+ * single sequence over RNN_PACK_SEQ_STEPS steps or more; smaller weights a
+ * call of RNN_PACK_SMALL_STEPS steps and RNN_PACK_ROWS rows (steps x
+ * batch). */
+#define RNN_PACK_SHORT_STEPS 4
+#define RNN_PACK_VAST ((int64_t)128 << 20)
+#define RNN_PACK_SHORT_ROWS 64
+#define RNN_PACK_SHORT_BYTES ((int64_t)16 << 20)
 #define RNN_PACK_MIN_STEPS 16
-#define RNN_PACK_HUGE (1 << 23)
-#define RNN_PACK_BIG (1 << 21)
-#define RNN_PACK_LARGE (1 << 19)
+#define RNN_PACK_HUGE ((int64_t)32 << 20)
+#define RNN_PACK_BIG ((int64_t)8 << 20)
+#define RNN_PACK_LARGE ((int64_t)2 << 20)
 #define RNN_PACK_SEQ_STEPS 48
 #define RNN_PACK_SMALL_STEPS 32
 #define RNN_PACK_ROWS 256
@@ -117,26 +123,32 @@ static void SFX(pack_parts_t)(char *blob, const int64_t off[3], int rf, int64_t 
 }
 
 /* Whether a forward packs transposed weights instead of reading them in
- * place. A panel read in place has its rows 4 G bytes apart, each on
- * another page from G = 1024 on, where a packed panel is contiguous: unless
- * the weights sit on huge pages, the products stall on the TLB and the
- * prefetchers do not follow the rows. Packing costs about two passes over
- * the weights, once a call. Weights that fit the L2 caches (up to 2 MiB of
- * W_hh) are read in place by all but long calls over a batch. Larger ones
- * are streamed from L3 or memory at every step; a batch reads each row of
- * W^T in slices of 128 or 256 bytes and pays a page walk for each, so
- * the in-place read loses on each step what a pack costs once. A single
- * sequence reads 512-byte slices and gains less, which repays the pack
- * only over more steps, except for weights past L3. A step or a short call
- * reads the weights where they are. G: the layer's gate rows (4H for an
+ * place. A panel read in place has its rows G elements apart, each on
+ * another page from 4 KiB on (G = 1024 floats, 512 doubles), where a packed
+ * panel is contiguous: unless the weights sit on huge pages, the products
+ * stall on the TLB and the prefetchers do not follow the rows. Packing
+ * costs about two passes over the weights, once a call. Weights that fit
+ * the L2 caches (up to 2 MiB of W_hh) are read in place by all but long
+ * calls over a batch. Larger ones are streamed from L3 or memory at every
+ * step; a batch reads each row of W^T in slices of 128 or 256 bytes and
+ * pays a page walk for each, so the in-place read loses on each step what a
+ * pack costs once: past 16 MiB, a batch of 64 rows repays it within 4
+ * steps, and so does any batch past 64 MiB and a single sequence past 128
+ * MiB. A single sequence reads longer slices and gains less, which repays
+ * the pack only over more steps. A step, or a short call over smaller
+ * weights, reads them where they are. G: the layer's gate rows (4H for an
  * LSTM). */
 static int SFX(packs_transposed)(const fastln_rnn_args *a, int64_t G)
 {
-    const int64_t w = G * a->hidden, steps = a->steps;
+    const int64_t w = G * a->hidden * (int64_t)sizeof(T), steps = a->steps, B = a->batch;
+    if (steps >= RNN_PACK_SHORT_STEPS &&
+        (w >= RNN_PACK_VAST || (w >= 2 * RNN_PACK_HUGE && B > 1) ||
+         (w >= RNN_PACK_SHORT_BYTES && B >= RNN_PACK_SHORT_ROWS)))
+        return 1;
     if (steps < RNN_PACK_MIN_STEPS) return 0;
-    if (w >= RNN_PACK_HUGE || (w >= RNN_PACK_LARGE && a->batch > 1)) return 1;
+    if (w >= RNN_PACK_HUGE || (w >= RNN_PACK_LARGE && B > 1)) return 1;
     if (w >= RNN_PACK_BIG && steps >= RNN_PACK_SEQ_STEPS) return 1;
-    return steps >= RNN_PACK_SMALL_STEPS && steps * a->batch >= RNN_PACK_ROWS;
+    return steps >= RNN_PACK_SMALL_STEPS && steps * B >= RNN_PACK_ROWS;
 }
 
 #if IS_F32
