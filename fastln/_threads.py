@@ -151,7 +151,7 @@ def get_wait_policy() -> str:
     sleep. Where the environment sets neither ``OMP_WAIT_POLICY`` nor the
     runtime's own variable (``GOMP_SPINCOUNT`` for GCC's libgomp,
     ``KMP_BLOCKTIME`` for LLVM's libomp) when fastln is imported, fastln gives
-    the runtime a short spin (0.015-0.25 ms, with the CPU): enough for
+    the runtime a short spin (0.01-0.15 ms, with the CPU): enough for
     calls made back to back, short enough that a process calling fastln now
     and then does not keep cores busy. This is fixed when the runtime starts:
     set the variables before starting Python (``OMP_WAIT_POLICY=passive``:
@@ -161,7 +161,7 @@ def get_wait_policy() -> str:
     Returns
     -------
     str
-        ``"short spin (GOMP_SPINCOUNT=5000, fastln's default)"``; or
+        ``"short spin (GOMP_SPINCOUNT=3000, fastln's default)"``; or
         ``"the environment's (OMP_WAIT_POLICY=passive)"`` (the variables
         set); or ``"libgomp.so.1's default (loaded before fastln)"`` where
         another library loaded the runtime first, without the variables;

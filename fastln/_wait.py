@@ -36,10 +36,10 @@ from typing import Optional
 
 # libgomp's spin between parallel regions on x86, in iterations of a load and
 # a pause instruction: 3 ns (older cores) to 50 ns (Intel cores since Skylake)
-# each, so 0.015-0.25 ms. docs/performance.md has the measurements behind it.
+# each, so 0.01-0.15 ms. docs/performance.md has the measurements behind it.
 # Elsewhere libgomp's iterations have no pause: its default of 300000 takes a
 # fraction of a millisecond already, and fastln leaves it.
-SPIN_COUNT = 5000
+SPIN_COUNT = 3000
 X86 = ("x86_64", "amd64", "i386", "i686", "x86")
 # libomp's spin in milliseconds: its smallest setting above 0 (sleep at once)
 # that every libomp version reads
@@ -121,7 +121,7 @@ def describe(state: Optional[Mapping] = None) -> str:
       for the runtime in use;
     - ``"libgomp.so.1's default (loaded before fastln)"``: the runtime was
       loaded before fastln, without the user's variables;
-    - ``"short spin (GOMP_SPINCOUNT=5000, fastln's default)"``: fastln's
+    - ``"short spin (GOMP_SPINCOUNT=3000, fastln's default)"``: fastln's
       setting, read by the runtime that fastln's import loaded;
     - ``"short spin (KMP_BLOCKTIME=1, set at import; runtime not identified)"``:
       where no runtime of RUNTIMES is found by name (macOS, another runtime);

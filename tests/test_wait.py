@@ -6,6 +6,7 @@ loaded before fastln is reported, and the runtime info shows the policy.
 Each case runs in a fresh process: the runtime reads the environment once, as
 it loads. Where the runtime is libgomp with ``omp_display_env`` (GCC 11 and
 later), the spin count it actually uses is read from its own report."""
+import importlib.util
 import json
 import os
 import platform
@@ -185,21 +186,21 @@ def test_defaults_for(environ, machine, expect):
 
 def _state(**kw):
     base = dict(openmp=True, new=["libgomp.so.1"], before=[], user={},
-                settings={"GOMP_SPINCOUNT": "5000", "KMP_BLOCKTIME": "1"})
+                settings={"GOMP_SPINCOUNT": "3000", "KMP_BLOCKTIME": "1"})
     return dict(base, **kw)
 
 
 @pytest.mark.parametrize("state, expect", [
-    (_state(), "short spin (GOMP_SPINCOUNT=5000, fastln's default)"),
+    (_state(), "short spin (GOMP_SPINCOUNT=3000, fastln's default)"),
     (_state(openmp=False), "serial build (no OpenMP threads)"),
     (_state(new=["libomp.so.5"]), "short spin (KMP_BLOCKTIME=1, fastln's default)"),
-    (_state(new=[]), "short spin (GOMP_SPINCOUNT=5000, KMP_BLOCKTIME=1, set at import; "
+    (_state(new=[]), "short spin (GOMP_SPINCOUNT=3000, KMP_BLOCKTIME=1, set at import; "
                      "runtime not identified)"),
     (_state(new=[], before=["libgomp.so.1"]), "libgomp.so.1's default (loaded before fastln)"),
     (_state(user={"OMP_WAIT_POLICY": "passive"}, settings={}),
      "the environment's (OMP_WAIT_POLICY=passive)"),
-    (_state(user={"KMP_BLOCKTIME": "0"}, settings={"GOMP_SPINCOUNT": "5000"}),
-     "short spin (GOMP_SPINCOUNT=5000, fastln's default)"),
+    (_state(user={"KMP_BLOCKTIME": "0"}, settings={"GOMP_SPINCOUNT": "3000"}),
+     "short spin (GOMP_SPINCOUNT=3000, fastln's default)"),
     (_state(new=["libomp.so.5"], user={"GOMP_SPINCOUNT": "9"}, settings={"KMP_BLOCKTIME": "1"}),
      "short spin (KMP_BLOCKTIME=1, fastln's default)"),
     (_state(settings={"KMP_BLOCKTIME": "1"}), "libgomp.so.1's default"),
@@ -240,3 +241,49 @@ def test_runtime_info_reports_the_policy():
     assert info["wait_policy"] == fastln.get_wait_policy()
     info["versions"] = {"python": "3", "numpy": "2", "torch": None, "onnxruntime": None}
     assert f"wait policy: {fastln.get_wait_policy()}" in main_mod.header(info)
+
+
+# ---- bench/idle.py ----------------------------------------------------------------
+
+def _idle_bench():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "bench", "idle.py")
+    spec = importlib.util.spec_from_file_location("fastln_bench_idle_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_idle_bench_refuses_bad_options(capsys):
+    mod = _idle_bench()
+    assert mod.policy_env("spin=250") == {"GOMP_SPINCOUNT": "250"}
+    assert mod.policy_env("fastln") == {}
+    for argv in (["--policies", "fastln,sometimes"], ["--policies", "spin=x"],
+                 ["--policies", "passive,passive"], ["--rounds", "0"], ["--seconds", "0"],
+                 ["--busy", "-1"], ["--threads", "two"]):
+        with pytest.raises(SystemExit) as info:
+            mod.main(argv)
+        assert info.value.code == 2, argv
+    assert "--policies" in capsys.readouterr().err
+
+
+@needs_openmp
+def test_idle_bench_runs_each_policy_in_its_own_environment(tmp_path, capsys):
+    """A tiny run: every figure positive, and each policy's children report the
+    waiting policy their environment gives (the variables reach them, and
+    fastln's default applies where none is set)."""
+    mod = _idle_bench()
+    path = tmp_path / "idle.json"
+    mod.main(["--policies", "fastln,spin=700", "--rounds", "1", "--seconds", "0.1",
+              "--threads", "2", "--json", str(path)])
+    out = capsys.readouterr().out
+    res = json.loads(path.read_text())
+    assert list(res["results"]) == ["fastln", "spin=700"]
+    for runs in res["results"].values():
+        assert len(runs) == 1 and runs[0]["threads"] == 2
+        assert all(runs[0][k] > 0 for k, _, _ in mod.FIGURES), runs
+    fastln_child, spin_child = res["results"]["fastln"][0], res["results"]["spin=700"][0]
+    if "libgomp.so.1" in _wait._state["new"] + _wait._state["before"]:
+        assert spin_child["wait_policy"] == "the environment's (GOMP_SPINCOUNT=700)"
+        assert fastln_child["wait_policy"] == fastlns_policy(["libgomp.so.1"])
+    assert "| fastln |" in out and "| spin=700 |" in out
