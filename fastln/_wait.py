@@ -3,7 +3,7 @@
 After a parallel region, OpenMP's worker threads wait for the next one. They
 spin on the CPU for a while, then sleep in the kernel. GCC's libgomp spins
 300000 iterations where neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` is
-set (milliseconds), LLVM's libomp (clang, macOS) 200 ms (``KMP_BLOCKTIME``). A
+set (milliseconds on x86), LLVM's libomp (clang, macOS) 200 ms (``KMP_BLOCKTIME``). A
 process that calls fastln a few dozen times a second would keep its cores busy
 spinning between the calls, and take them from other processes.
 
@@ -62,7 +62,7 @@ def defaults_for(environ: Mapping[str, str], machine: Optional[str] = None) -> d
     this one's ``platform.machine()``): ``GOMP_SPINCOUNT=SPIN_COUNT`` on x86
     and ``KMP_BLOCKTIME=BLOCKTIME_MS``, each unless the user set
     ``OMP_WAIT_POLICY`` or that variable (to anything but the empty string,
-    which the runtimes ignore)."""
+    which the runtimes treat as unset)."""
     chosen = {v for v in USER_VARS if environ.get(v)}
     machine = (platform.machine() if machine is None else machine).lower()
     settings = {}
