@@ -174,7 +174,8 @@ def results_md(results, command, plots=None, plots_note=None, md_dir=HERE):
         f"- machine: {info['cpu']}, {info['cores']} cores, L3 {l3 >> 20} MiB",
         f"- versions: {vers}" + (f" (not installed: {', '.join(missing)})" if missing else ""),
         f"- fastln ISA path: {info['isa']} (supported: {', '.join(info['supported_isas'])}), "
-        f"OpenMP {'on' if info['openmp'] else 'off'}",
+        f"OpenMP {'on' if info['openmp'] else 'off'}"
+        + (f", wait policy: {info['wait_policy']}" if info.get("wait_policy") else ""),
         f"- threads: {', '.join(map(str, threads))} (fastln, torch and ONNX Runtime on the same "
         "count in each section; JAX's count is given per section)",
         f"- run: {'quick, ' if results.get('quick') else ''}{results['elapsed_s']:.0f} s in all"

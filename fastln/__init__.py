@@ -9,7 +9,7 @@ Functions: :func:`layer_norm`, :func:`layer_norm_backward`,
 :func:`add_layer_norm`, :func:`add_rms_norm` and their backward (from
 :mod:`fastln._core`). Layers: :class:`LayerNorm` and :class:`RMSNorm` (from
 :mod:`fastln.layers`). Threads: :func:`get_num_threads`,
-:func:`set_num_threads` and :func:`threads`. Instruction sets:
+:func:`set_num_threads`, :func:`threads` and :func:`get_wait_policy`. Instruction sets:
 :func:`get_isa`, :func:`supported_isas`; :func:`has_openmp`. The cache of
 large outputs: :func:`cache_info`, :func:`set_cache_limit` and
 :func:`empty_cache` (from :mod:`fastln._memory`).
@@ -43,8 +43,14 @@ import typing as _typing
 import warnings as _warnings
 from types import ModuleType as _ModuleType
 
-from fastln import _core
-from fastln._core import (
+from fastln import _wait
+
+# fastln._core first, through _wait: importing it loads the OpenMP runtime, which
+# reads its waiting policy from the environment as it starts (see fastln._wait)
+_wait.import_core()
+
+from fastln import _core  # noqa: E402
+from fastln._core import (  # noqa: E402
     add_layer_norm,
     add_layer_norm_backward,
     add_rms_norm,
@@ -56,9 +62,14 @@ from fastln._core import (
     rms_norm,
     rms_norm_backward,
 )
-from fastln._memory import cache_info, empty_cache, set_cache_limit
-from fastln._threads import get_num_threads, set_num_threads, threads
-from fastln.layers import LayerNorm, RMSNorm
+from fastln._memory import cache_info, empty_cache, set_cache_limit  # noqa: E402
+from fastln._threads import (  # noqa: E402
+    get_num_threads,
+    get_wait_policy,
+    set_num_threads,
+    threads,
+)
+from fastln.layers import LayerNorm, RMSNorm  # noqa: E402
 
 if _typing.TYPE_CHECKING:   # for type checkers: at run time these load on first use
     from fastln import dask as dask
@@ -72,7 +83,7 @@ __version__: str = "0.1.0"
 __all__ = [
     "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "add_layer_norm",
     "add_layer_norm_backward", "add_rms_norm", "add_rms_norm_backward",
-    "LayerNorm", "RMSNorm", "get_num_threads", "set_num_threads", "threads",
+    "LayerNorm", "RMSNorm", "get_num_threads", "set_num_threads", "threads", "get_wait_policy",
     "get_isa", "supported_isas", "has_openmp", "cache_info", "set_cache_limit", "empty_cache",
     "get_include", "__version__",
 ]

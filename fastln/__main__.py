@@ -187,6 +187,23 @@ def int8_table(row):
     return _columns(heads, [cells])
 
 
+def header(info):
+    """The lines ``python -m fastln`` starts with, from
+    :func:`fastln._selfcheck.machine_info`: versions, OpenMP's threads and how
+    they wait between calls, the instruction-set path, the CPU, the peers."""
+    v = info["versions"]
+    peers = [f"{p} {v[p]}" for p in ("torch", "onnxruntime") if v[p]]
+    missing = [p for p in ("torch", "onnxruntime") if not v[p]]
+    return [f"fastln {fastln.__version__} (python {v['python']}, numpy {v['numpy']})",
+            f"OpenMP: {'on' if info['openmp'] else 'off'}, threads: {info['threads']} "
+            f"(cpus: {info['cores']})",
+            f"wait policy: {info['wait_policy']}",
+            f"ISA: {info['isa']} (supported: {', '.join(info['supported_isas'])})",
+            f"CPU: {info['cpu']}",
+            "peers: numpy " + v["numpy"] + "".join(", " + p for p in peers)
+            + (f" (not installed: {', '.join(missing)})" if missing else "")]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m fastln", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,16 +221,7 @@ def main(argv=None):
 
     t_start = time.perf_counter()
     info = _selfcheck.machine_info()
-    v = info["versions"]
-    print(f"fastln {fastln.__version__} (python {v['python']}, numpy {v['numpy']})")
-    print(f"OpenMP: {'on' if info['openmp'] else 'off'}, threads: {info['threads']} "
-          f"(cpus: {info['cores']})")
-    print(f"ISA: {info['isa']} (supported: {', '.join(info['supported_isas'])})")
-    print(f"CPU: {info['cpu']}")
-    peers = [f"{p} {v[p]}" for p in ("torch", "onnxruntime") if v[p]]
-    missing = [p for p in ("torch", "onnxruntime") if not v[p]]
-    print("peers: numpy " + v["numpy"] + "".join(", " + p for p in peers)
-          + (f" (not installed: {', '.join(missing)})" if missing else ""), flush=True)
+    print("\n".join(header(info)), flush=True)
     print()
 
     ok, check = self_check()

@@ -28,7 +28,10 @@ from fastln import _core
 
 EPS = 1e-5
 SPIN_GAP = 12e-3            # see time_peers: longer than libgomp's default spin
-SPINNING = {"fastln", "torch", "jax"}   # peers whose worker threads busy-wait after a call
+# peers whose worker threads may busy-wait after a call: JAX's pool, and fastln's
+# and torch's OpenMP workers where their runtime spins long (loaded before
+# fastln, or OMP_WAIT_POLICY=active; see fastln.get_wait_policy)
+SPINNING = {"fastln", "torch", "jax"}
 RTOL = ATOL = 1e-4          # float32 agreement between peers
 # int8 LSTM y against the float32 model's y: above a correct int8 model's
 # error, below that of wrong scales or products (docs/performance.md has the
@@ -150,7 +153,7 @@ def machine_info(peer_versions=None):
     return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "cpu": cpu_model(), "cores": os.cpu_count(), "isa": fastln.get_isa(),
             "supported_isas": fastln.supported_isas(), "openmp": fastln.has_openmp(),
-            "threads": fastln.get_num_threads(),
+            "threads": fastln.get_num_threads(), "wait_policy": fastln.get_wait_policy(),
             "versions": versions() if peer_versions is None else peer_versions}
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from fastln import _cgroup, _core
+from fastln import _cgroup, _core, _wait
 
 MAX_THREADS = 4096   # more would only ask OpenMP for an absurd thread pool
 
@@ -142,6 +142,38 @@ def threads(n: Optional[int]) -> Iterator[None]:
         yield
     finally:
         _core.set_num_threads(previous)
+
+
+def get_wait_policy() -> str:
+    """How fastln's idle OpenMP threads wait between calls, as one line of text.
+
+    OpenMP's worker threads spin on the CPU for a while after a call, then
+    sleep. Where the environment sets neither ``OMP_WAIT_POLICY`` nor the
+    runtime's own variable (``GOMP_SPINCOUNT`` for GCC's libgomp,
+    ``KMP_BLOCKTIME`` for LLVM's libomp) when fastln is imported, fastln gives
+    the runtime a short spin (0.01-0.15 ms, with the CPU): enough for
+    calls made back to back, short enough that a process calling fastln now
+    and then does not keep cores busy. This is fixed when the runtime starts:
+    set the variables before starting Python (``OMP_WAIT_POLICY=passive``:
+    sleep at once; ``GOMP_SPINCOUNT=300000``: libgomp's own default spin), or
+    import fastln before libraries that load the same runtime (torch).
+
+    Returns
+    -------
+    str
+        ``"short spin (GOMP_SPINCOUNT=3000, fastln's default)"``; or
+        ``"the environment's (OMP_WAIT_POLICY=passive)"`` (the variables
+        set); or ``"libgomp.so.1's default (loaded before fastln)"`` where
+        another library loaded the runtime first, without the variables;
+        or ``"serial build (no OpenMP threads)"``.
+
+    Examples
+    --------
+    >>> import fastln
+    >>> isinstance(fastln.get_wait_policy(), str)
+    True
+    """
+    return _wait.describe()
 
 
 _core._set_default_threads(default_threads())
