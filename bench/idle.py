@@ -124,13 +124,16 @@ def _wait_policy(fastln):
 
 
 def run_child(name, seconds, threads):
+    """The figures of a child process run under policy ``name``'s environment."""
     env = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
     env.update(policy_env(name))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
                           "--seconds", str(seconds), "--threads", str(threads or 0)],
-                         env=env, capture_output=True, text=True, check=True)
+                         env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/idle.py: the {name} process failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
