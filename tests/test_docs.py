@@ -31,7 +31,7 @@
    ```py, ```python3 and ```ipython are refused, so that no Python escapes
    the runner.
 4. A ```python block that needs an optional package -- one it imports
-   beside the standard library, NumPy, SciPy and fastln, ``dask`` for
+   beside the standard library, NumPy and fastln, ``dask`` for
    ``fastln.dask``, or one that a module of the repository it imports
    (``fastln.serve.client``) imports at its top -- follows a note: the
    paragraph right before it starts with "Needs", names each such package in
