@@ -143,9 +143,9 @@ typedef struct {
  * ignores it and packs again. The engine reads the weights only through the
  * packed copy, so it must be redone when they change.
  * fastln_rnn_packed_size: the bytes fastln_rnn_pack writes for a layer of
- * this cell (with its flags), wtype and sizes on the current path; 0 where
- * the path has no packed kernels (nothing to pack: pass packed = NULL);
- * -1 for bad arguments. fastln_rnn_pack: FASTLN_OK, FASTLN_EINVAL (bad
+ * this cell (with its flags), wtype and sizes on the current path (float
+ * weights: every path packs them; float64 layers are packed by each
+ * forward); -1 for bad arguments. fastln_rnn_pack: FASTLN_OK, FASTLN_EINVAL (bad
  * arguments, size too small), FASTLN_ENOMEM. out may have any alignment;
  * at a multiple of 64 bytes the kernels read whole cache lines. */
 int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden);

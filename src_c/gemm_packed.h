@@ -11,7 +11,8 @@
 #define HAVE_PACKED 1
 /* C (M, N) (+)= A (M, K) P, P packed by PACK_NT/PACK_NN: register tiles of
  * MR rows x NRT columns (AVX-512: 8 x 2 zmm; AVX2: 3 x 4 ymm; the generic
- * path's vectors of VEC_BYTES: 1 x 8, 2 x 8 where there are 32 of them),
+ * path: 2 x 8 vectors of VEC_BYTES, which spills on x86's 16 registers
+ * but still beats 1 x 8),
  * the k loop broadcasting one A value per row against the panel's columns. */
 #if defined(FASTLN_X86) && VEC_BYTES == 64 && IS_F32
 typedef __m512 SFX(vf);
@@ -75,10 +76,8 @@ static inline SFX(vf) SFX(vset1)(T x)
 #define MR 8
 #elif defined(FASTLN_X86) && VEC_BYTES == 32
 #define MR 3
-#elif defined(__aarch64__)
-#define MR 2
 #else
-#define MR 1
+#define MR 2
 #endif
 #define NV (NRT / VL)
 

@@ -161,7 +161,7 @@ static float *SFX(widened)(const void *src, int64_t n)
 }
 
 /* fastln_rnn_pack on this path (rnn.c checks the arguments): out NULL
- * returns the size in bytes (0: this path packs nothing). */
+ * returns the size in bytes. */
 static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t I,
                              int64_t H, const void *w_ih, const void *w_hh, int nt)
 {
@@ -169,7 +169,6 @@ static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64
     fastln_rnn_layout_for(&L, cell, 1, 1, H);
     int fmt = SFX(pack_format)(wtype);
     int64_t off[3];
-    if (!fmt) return 0;
     int64_t total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
     if (!out) return total;
     if (size < total) return -FASTLN_EINVAL;

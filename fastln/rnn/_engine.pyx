@@ -204,8 +204,8 @@ cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, i
 
 def pack(str cell, int wtype, int64_t I, int64_t H, w_ih, w_hh):
     """One layer's weights (stored as wtype) packed for the forward on the
-    path in use (fastln_rnn_pack), a uint8 array; None where the path packs
-    nothing."""
+    path in use (fastln_rnn_pack), a uint8 array; None for float64 weights,
+    which each forward packs (or reads in place) itself."""
     cdef int code = CELLS[cell], wt = wtype
     cdef int tn = cnp.NPY_UINT16 if wtype == W_BF16 else cnp.NPY_INT8 if wtype == W_INT8 \
         else _float_type(w_ih)
