@@ -15,7 +15,7 @@ The hashes are those of an x86-64 build with GCC; elsewhere (another
 architecture contracts multiplies and adds differently) the test is skipped.
 No hash depends on a BLAS library: the recurrent engine computes its products
 itself, so the same hashes hold whichever kernel OpenBLAS would pick for the
-CPU (CI runs this file under several OPENBLAS_CORETYPE values).
+CPU (CI runs the recurrent hashes under several OPENBLAS_CORETYPE values).
 """
 import hashlib
 import json
