@@ -8,7 +8,6 @@
  * count changes a bit. Included by rnn_products.h.
  */
 #include "simd.h"
-#define HAVE_PACKED 1
 /* C (M, N) (+)= A (M, K) P, P packed by PACK_NT/PACK_NN: register tiles of
  * MR rows x NRT columns (AVX-512: 8 x 2 zmm; AVX2: 3 x 4 ymm; the generic
  * path: 2 x 8 vectors of VEC_BYTES, which spills on x86's 16 registers

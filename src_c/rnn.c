@@ -116,18 +116,28 @@ void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K, int64_t ldw)
     }
 }
 
-void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
+/* Panels of nr columns from W (K, N), element size es: panel row k is a
+ * slice of row k of W, zero past N (all-zero bytes: 0.0 in float and
+ * double). Shared by the team as fastln_pack_nt. */
+static void pack_nn_any(char *P, const char *W, int64_t K, int64_t N, int64_t ldw, size_t es,
+                        int64_t nr)
 {
-    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
+    int64_t np = (N + nr - 1) / nr;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < np; p++) {
-        float *panel = P + p * K * FASTLN_NR;
-        int64_t n0 = p * FASTLN_NR, w = N - n0 < FASTLN_NR ? N - n0 : FASTLN_NR;
-        for (int64_t k = 0; k < K; k++) {   /* a slice of row k of W */
-            memcpy(panel + k * FASTLN_NR, W + k * ldw + n0, (size_t)w * sizeof(float));
-            for (int64_t j = w; j < FASTLN_NR; j++) panel[k * FASTLN_NR + j] = 0.0f;
+        char *panel = P + (size_t)(p * K * nr) * es;
+        int64_t n0 = p * nr, w = N - n0 < nr ? N - n0 : nr;
+        for (int64_t k = 0; k < K; k++) {
+            char *row = panel + (size_t)(k * nr) * es;
+            memcpy(row, W + (size_t)(k * ldw + n0) * es, (size_t)w * es);
+            memset(row + (size_t)w * es, 0, (size_t)(nr - w) * es);
         }
     }
+}
+
+void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
+{
+    pack_nn_any((char *)P, (const char *)W, K, N, ldw, sizeof(float), FASTLN_NR);
 }
 
 int64_t fastln_packed_size_f64(int64_t N, int64_t K)
@@ -135,9 +145,8 @@ int64_t fastln_packed_size_f64(int64_t N, int64_t K)
     return (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64 * K * FASTLN_NR_F64;
 }
 
-/* The double panels, as fastln_pack_nt and _nn make the float ones: a
- * panel's row k holds W[n][k] for its FASTLN_NR_F64 rows n (nt), or a slice
- * of row k of W (nn), zero past N. */
+/* The double panels, as fastln_pack_nt makes the float ones: a panel's row
+ * k holds W[n][k] for its FASTLN_NR_F64 rows n, zero past N. */
 void fastln_pack_nt_f64(double *P, const double *W, int64_t N, int64_t K, int64_t ldw)
 {
     int64_t np = (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64;
@@ -153,16 +162,7 @@ void fastln_pack_nt_f64(double *P, const double *W, int64_t N, int64_t K, int64_
 
 void fastln_pack_nn_f64(double *P, const double *W, int64_t K, int64_t N, int64_t ldw)
 {
-    int64_t np = (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; p++) {
-        double *panel = P + p * K * FASTLN_NR_F64;
-        int64_t n0 = p * FASTLN_NR_F64, w = N - n0 < FASTLN_NR_F64 ? N - n0 : FASTLN_NR_F64;
-        for (int64_t k = 0; k < K; k++) {
-            memcpy(panel + k * FASTLN_NR_F64, W + k * ldw + n0, (size_t)w * sizeof(double));
-            for (int64_t j = w; j < FASTLN_NR_F64; j++) panel[k * FASTLN_NR_F64 + j] = 0.0;
-        }
-    }
+    pack_nn_any((char *)P, (const char *)W, K, N, ldw, sizeof(double), FASTLN_NR_F64);
 }
 
 /* ---- entry points ---- */

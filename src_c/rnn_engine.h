@@ -614,7 +614,6 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
     return rc;
 }
 
-#undef HAVE_PACKED
 #undef HAVE_BF16DOT
 #undef HAVE_I8
 #undef COLBLK
