@@ -1,5 +1,4 @@
-"""A/B of two builds of fastln on the recurrent engine: two checkouts, each built in
-place, timed in turns.
+"""A/B of two builds of fastln: two checkouts, each built in place, timed in turns.
 
     python bench/ab.py OLD_CHECKOUT NEW_CHECKOUT [--rounds 3] [--cases FILE.json]
 
@@ -9,11 +8,15 @@ of its calls (at least 5, for about a second). The table gives the medians over 
 rounds and new / old: below 1, the new build is faster. Both builds run on the same
 machine in the same minutes, which is what makes their ratio meaningful on a shared one.
 
-A case is [model, dtype, H, B, T, mode]: model LNLSTM, LSTM or GRU (input size 128),
-dtype f32 or f64 on the best path of this CPU, or f32gen on the generic path; mode fwd
+A case is [model, dtype, H, B, T, mode]. A recurrent case has model LNLSTM, LSTM or GRU
+(input size 128); dtype f32 or f64 on the best path of this CPU, f32gen on the generic
+path, or bf16 / int8 (a float32 model converted with ``.to`` or ``quantize``); mode fwd
 (forward, cache=False), train (forward with its cache, then backward) or step (T calls
-of step()). The default cases cover H 128-2048 and B 1-256 in float64 and on the generic
-path, and float32 on the best path.
+of step()). A normalization case has model layer_norm, rms_norm or add_layer_norm on
+(B, H) rows, T unused, mode fwd or bwd (the function's backward). The default cases
+cover H 128-2048 and B 1-256: the engine in float64 and on the generic path, float32,
+bfloat16 and int8 on the best path, and the norms in float32 and float64. The path is
+chosen with FASTLN_ISA in each child, so any two versions of fastln compare.
 """
 import argparse
 import json
@@ -36,7 +39,51 @@ def default_cases():
         cases += [["GRU", dt, 512, 32, 30, "fwd"], ["LSTM", dt, 512, 1, 30, "step"],
                   ["LSTM", dt, 128, 1, 30, "step"]]
     cases += [["LNLSTM", "f32", H, B, 30, "fwd"] for H in (256, 1024) for B in (1, 32)]
+    cases += [["LNLSTM", dt, 256, 1, 30, "step"] for dt in ("f32", "bf16", "int8")]
+    cases += [["LNLSTM", dt, 512, 32, 30, "fwd"] for dt in ("bf16", "int8")]
+    for fn in ("layer_norm", "rms_norm", "add_layer_norm"):
+        for dt in ("f32", "f64"):
+            for H in (128, 512, 2048):
+                for B in (1, 32, 256):
+                    cases.append([fn, dt, H, B, 1, "fwd"])
+        for H in (128, 2048):
+            for B in (1, 256):
+                cases.append([fn, "f32", H, B, 1, "bwd"])
     return cases
+
+
+def _norm_call(fastln, fn, dtype, H, B, mode):
+    """A function of no arguments that runs one normalization case."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, H)).astype(dtype)
+    w, b = np.ones(H, dtype), np.zeros(H, dtype)
+    if fn == "rms_norm":
+        if mode == "fwd":
+            return lambda: fastln.rms_norm(x, w)
+        _, rstd = fastln.rms_norm(x, w, return_stats=True)
+        return lambda: fastln.rms_norm_backward(x, x, rstd, w)
+    if fn == "add_layer_norm":
+        r = rng.standard_normal((B, H)).astype(dtype)
+        if mode == "fwd":
+            return lambda: fastln.add_layer_norm(x, r, w, b)
+        _, s, mean, rstd = fastln.add_layer_norm(x, r, w, b, return_stats=True)
+        return lambda: fastln.add_layer_norm_backward(x, s, mean, rstd, w)
+    if mode == "fwd":
+        return lambda: fastln.layer_norm(x, w, b)
+    _, mean, rstd = fastln.layer_norm(x, w, b, return_stats=True)
+    return lambda: fastln.layer_norm_backward(x, x, mean, rstd, w)
+
+
+def _model(name, dt, H):
+    from fastln.rnn import GRU, LNLSTM, LSTM, quantize
+    dtype = np.float64 if dt == "f64" else np.float32
+    m = {"LNLSTM": LNLSTM, "LSTM": LSTM, "GRU": GRU}[name](128, H, seed=0, dtype=dtype)
+    if dt == "bf16":
+        import ml_dtypes
+        m = m.to(ml_dtypes.bfloat16)
+    elif dt == "int8":
+        m = quantize(m)
+    return m, dtype
 
 
 def _call(m, x, mode):
@@ -54,18 +101,21 @@ def _call(m, x, mode):
 def time_cases(cases):
     """{case name: median seconds per call} in the fastln this process imports."""
     import fastln
-    from fastln.rnn import GRU, LNLSTM, LSTM
     out = {}
     for name, dt, H, B, T, mode in cases:
-        fastln._core._set_isa("generic" if dt == "f32gen" else fastln.supported_isas()[0])
-        dtype = np.float64 if dt == "f64" else np.float32
-        m = {"LNLSTM": LNLSTM, "LSTM": LSTM, "GRU": GRU}[name](128, H, seed=0, dtype=dtype)
-        x = np.random.default_rng(0).standard_normal((T, B, 128)).astype(dtype)
-        _call(m, x, mode)
+        if name in ("layer_norm", "rms_norm", "add_layer_norm"):
+            dtype = np.float64 if dt == "f64" else np.float32
+            call = _norm_call(fastln, name, dtype, H, B, mode)
+        else:
+            m, dtype = _model(name, dt, H)
+            x = np.random.default_rng(0).standard_normal((T, B, 128)).astype(dtype)
+            def call(m=m, x=x, mode=mode):
+                _call(m, x, mode)
+        call()
         times, stop = [], time.perf_counter() + 1.0
-        while len(times) < 5 or (time.perf_counter() < stop and len(times) < 50):
+        while len(times) < 5 or (time.perf_counter() < stop and len(times) < 2000):
             t0 = time.perf_counter()
-            _call(m, x, mode)
+            call()
             times.append(time.perf_counter() - t0)
         out["/".join(map(str, (name, dt, H, B, T, mode)))] = float(np.median(times))
     return out
@@ -86,18 +136,21 @@ def main():
             cases = json.load(f)
     else:
         cases = default_cases()
-    print(f"{'case':34s} {'old ms':>9s} {'new ms':>9s} {'new/old':>8s}", flush=True)
+    print(f"{'case':40s} {'old ms':>9s} {'new ms':>9s} {'new/old':>8s}", flush=True)
     for case in cases:
         got = {a.old: [], a.new: []}
         for r in range(a.rounds):
             for root in (a.old, a.new) if r % 2 == 0 else (a.new, a.old):
+                env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
+                if case[1] == "f32gen":
+                    env["FASTLN_ISA"] = "generic"
                 child = subprocess.run(
                     [sys.executable, os.path.abspath(__file__), "--one", json.dumps([case])],
-                    env=dict(os.environ, PYTHONPATH=os.path.abspath(root)), cwd="/",
+                    env=env, cwd="/",
                     capture_output=True, text=True, check=True)
                 got[root] += json.loads(child.stdout).values()
         old, new = (sorted(got[k])[len(got[k]) // 2] * 1e3 for k in (a.old, a.new))
-        print(f"{'/'.join(map(str, case)):34s} {old:9.3f} {new:9.3f} {new / old:8.2f}",
+        print(f"{'/'.join(map(str, case)):40s} {old:9.4f} {new:9.4f} {new / old:8.2f}",
               flush=True)
 
 
