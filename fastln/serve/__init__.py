@@ -34,8 +34,8 @@ The modules, one concept each:
 
 What each may import: the server's modules (service, ws, http, metrics,
 cli) import nothing of the clients, and the clients (client, cluster)
-nothing of the server; they meet in errors and frames, the protocol. The
-load generator imports the clients, never the server, which it starts as a
+nothing of the server; what both ends write alike is in frames. The load
+generator imports the clients, never the server, which it starts as a
 command. errors, frames, model, loop and extra import no other module of
 fastln.serve; this face imports extra, and the rest only when a name of
 theirs is first asked for.

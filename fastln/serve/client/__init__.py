@@ -24,8 +24,8 @@ Besides: :func:`request` and :func:`move_stream` over HTTP, :func:`run_server`
 The modules: ``wire`` (the end of a WebSocket that both clients and the
 load generator build on, and the protocols' URLs), ``stream`` and ``mux``
 (the two clients), ``admin`` (HTTP), ``testing`` (run_server). They import
-picows, and of fastln.serve the errors, frames and loop modules: nothing of
-the server.
+picows, and of fastln.serve the frames, loop and extra modules: nothing of
+the server, which run_server starts as a command.
 """
 from ..extra import needs_extra
 from ..loop import run

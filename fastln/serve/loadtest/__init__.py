@@ -7,7 +7,8 @@ The modules: ``clients`` (the load generator's streams, on the client's
 Peer), ``drive`` (one run against a server, and the restart), ``runs`` (the
 runs of one model dtype), ``report`` (the table, RESULTS.md and the plot),
 ``cli`` (the command line). They import fastln.serve's client, model,
-frames and loop: nothing of the server but the command that starts it.
+errors, frames, loop and extra: nothing of the server, which they start as
+a command.
 """
 from .cli import main, make_parser
 

@@ -4,6 +4,6 @@ connection per stream (:mod:`fastln.serve.ws.stream`), the multiplexed one
 (``ws.connection``), and the routes (``ws.routes``, the listener factory
 that fastln.serve.cli starts picows with).
 
-Its modules import picows, and of fastln.serve the service, errors and
-frames; nothing of the HTTP side, the command line or the clients.
+Its modules import picows, and of fastln.serve the service, errors, frames
+and extra; nothing of the HTTP side, the command line or the clients.
 """
