@@ -197,8 +197,9 @@ class Service:
         the one stream's x (StreamBatcher.submit); else the rows x of a
         multiplexed frame, ids the streams' ids (submit_block). The batcher
         calls callback(y, error) once they are answered, and the callback
-        calls finish(). Refused with 1013 (HTTP 503) when the batcher is full;
-        False while the server drains: no step is taken."""
+        calls finish(). Refused with 1013 (HTTP 503) when the batcher is full,
+        4404 (404) for a stream the table no longer holds; False while the
+        server drains: no step is taken."""
         if self.draining:
             return False
         try:
@@ -262,8 +263,9 @@ class Service:
 
     def when_quiet(self, streams, then):
         """Calls then() once none of streams has a step in flight: at once
-        when none has; else from a task (quiet), as a connection that takes
-        over a stream answers once the steps of the one before are."""
+        when none has, else from a task (quiet). A connection that takes
+        streams over greets them so, once the steps their connection before
+        took are answered, so that the t it tells them is final."""
         busy = [stream for stream in streams if stream.inflight]
         if not busy:
             then()
