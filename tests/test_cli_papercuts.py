@@ -70,10 +70,10 @@ FAKE_ROW = {"run": "closed", "dtype": "float32", "hz": None, "streams": 1, "step
 
 @pytest.fixture
 def fake_loadtest(monkeypatch, tmp_path):
-    """loadtest with run_all answering at once and plot recording its path,
-    in tmp_path (the current folder)."""
+    """loadtest's command line with run_all answering at once and plot
+    recording its path, in tmp_path (the current folder)."""
     import fastln
-    lt = serve("loadtest")
+    lt = serve("loadtest.cli")
     threads = fastln.get_num_threads()   # main sets --threads for the whole process
     monkeypatch.setattr(lt, "run_all", lambda args, workdir: ([dict(FAKE_ROW)],
                                                                {"float32": 256}))

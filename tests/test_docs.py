@@ -33,7 +33,8 @@
 4. A ```python block that needs an optional package -- one it imports
    beside the standard library, NumPy and fastln, ``dask`` for
    ``fastln.dask``, or one that a module of the repository it imports
-   (``fastln.serve.client``) imports at its top -- follows a note: the
+   (``fastln.serve.client``) imports at its top, itself or through the
+   modules of the repository it imports there -- follows a note: the
    paragraph right before it starts with "Needs", names each such package in
    backticks, and gives a ``pip install`` command that installs them (the
    package itself, or a fastln extra that holds it).
@@ -64,7 +65,7 @@ TEMPLATES = os.path.join(DOCS, "_templates", "autosummary")
 PUBLIC_MODULES = ["fastln", "fastln.rnn", "fastln.dask", "fastln.reference",
                   "fastln.rnn_reference", "fastln.serve"]
 # modules whose reference is their docstring alone (automodule, no names listed)
-DOCSTRING_MODULES = ["fastln.serve.protocol", "fastln.serve.mux", "fastln.serve.admin",
+DOCSTRING_MODULES = ["fastln.serve.ws.stream", "fastln.serve.ws.mux", "fastln.serve.http",
                      "fastln.serve.metrics"]
 HEADERS = sorted(glob.glob(os.path.join(ROOT, "src_c", "fastln*.h")))
 
@@ -410,11 +411,12 @@ def _stdlib(name):
         spec.origin).startswith(sysconfig.get_paths()["stdlib"]))
 
 
-def _modules(code, top_only=False):
+def _modules(code, top_only=False, package=None):
     """The dotted modules code imports (``from a import b`` gives a and a.b), in
     any statement, or only in the statements at its top with top_only (a
     ``with`` block there included: fastln.serve imports its extra's packages
-    under ``with needs_extra(...)``)."""
+    under ``with needs_extra(...)``); a relative import is read as one of
+    package's, when package is given."""
     tree = ast.parse(code)
     nodes = list(ast.walk(tree))
     if top_only:
@@ -424,20 +426,41 @@ def _modules(code, top_only=False):
     for node in nodes:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.level == 0 or package):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(filter(None, (base, node.module)))
+            names.add(module)
+            names.update(f"{module}.{a.name}" for a in node.names)
     return names
+
+
+def _source(name):
+    """(path, package) of the first-party module name: its file and the
+    package its relative imports start from; None for another module."""
+    path = os.path.join(ROOT, *name.split("."))
+    if name.split(".")[0] not in _FIRST_PARTY:
+        return None
+    if os.path.isfile(path + ".py"):
+        return path + ".py", name.rpartition(".")[0]
+    if os.path.isfile(os.path.join(path, "__init__.py")):
+        return os.path.join(path, "__init__.py"), name
+    return None
 
 
 def _needs(block):
     """The optional packages a block needs (see 4. above)."""
     modules = _modules(block)
-    for name in list(modules):
-        path = os.path.join(ROOT, *name.split(".")) + ".py"
-        if name.split(".")[0] in _FIRST_PARTY and os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                modules |= _modules(f.read(), top_only=True)
+    todo, read = list(modules), set()
+    while todo:   # the first-party modules imported, and those they import at their top
+        name = todo.pop()
+        found = _source(name)
+        if found is None or found[0] in read:
+            continue
+        read.add(found[0])
+        with open(found[0], encoding="utf-8") as f:
+            more = _modules(f.read(), top_only=True, package=found[1])
+        todo += more - modules
+        modules |= more
     if "fastln.dask" in modules:
         modules.add("dask")
     if "dask.distributed" in modules:

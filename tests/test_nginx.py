@@ -254,9 +254,8 @@ class Client(StreamClient):
         self.closed_at = None
         self._wake = None
 
-    def _end(self, closed):
-        if self.closed is None:
-            self.closed_at = time.monotonic()
+    def _end(self, closed):      # called once, when the connection ends
+        self.closed_at = time.monotonic()
         super()._end(closed)
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)

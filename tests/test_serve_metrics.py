@@ -78,7 +78,7 @@ def traffic(url):
                    await refused(url, "s0", token="y" * 32)]         # wrong_token
         bad = await StreamClient.connect(url, "s0", token=clients[0].token)
         bad.send_frame(b"\0" * 3)                                    # bad_frame
-        await asyncio.wait_for(bad._transport.wait_disconnected(), 10)
+        await asyncio.wait_for(bad._peer.transport.wait_disconnected(), 10)
         assert bad.closed.code == 1007
         for c in clients[1:]:
             await c.close()

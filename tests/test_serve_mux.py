@@ -1,4 +1,4 @@
-"""The multiplexed protocol of the served model (fastln.serve.mux): many
+"""The multiplexed protocol of the served model (fastln.serve.ws.mux): many
 streams on one WebSocket, the steps of several streams in one frame.
 
 1. Results: streams on several multiplexed connections, frames of random
@@ -8,7 +8,9 @@ streams on one WebSocket, the steps of several streams in one frame.
    more streams than --max-frame holds goes as several frames.
 2. Order: answers come in the order of the client's frames, even when the
    batcher runs a later frame first; a stream's steps keep their order with
-   its single steps (HTTP); the hello, the frame encoding and the limits.
+   its single steps (HTTP); the hello, the frame encoding and the limits; a
+   stream taken over while the steps of its dropped connection run is
+   greeted (hello, or open's answer) once they are answered, with their t.
 3. Bad frames and refused opens: each gets its close code (or its
    per-stream refusal code) and a message, the server goes on, and the
    streams resume bit for bit at the t of the steps the server ran.
@@ -41,7 +43,6 @@ for _name in ("picows", "starlette", "uvicorn", "ml_dtypes"):
 import ml_dtypes  # noqa: E402
 
 from fastln.serve import model as serve_model  # noqa: E402
-from fastln.serve import mux  # noqa: E402
 from fastln.serve.client import (  # noqa: E402
     Closed,
     FrameRefused,
@@ -51,7 +52,9 @@ from fastln.serve.client import (  # noqa: E402
     request,
     run_server,
 )
+from fastln.serve.frames import encode, frame_bytes, header_bytes  # noqa: E402
 from fastln.serve.service import Service  # noqa: E402
+from fastln.serve.ws import mux, stream  # noqa: E402
 
 I, H, LAYERS = 12, 24, 2
 
@@ -175,9 +178,9 @@ def test_a_step_past_max_frame_goes_as_several_frames(served):
 
 
 def test_hello_and_frame_encoding():
-    assert [mux.header_bytes(n) for n in (1, 2, 3, 4)] == [8, 16, 16, 24]
-    frame = mux.encode([7, 2], np.ones((2, 3), np.float32))
-    assert len(frame) == mux.frame_bytes(2, 12) == 16 + 24
+    assert [header_bytes(n) for n in (1, 2, 3, 4)] == [8, 16, 16, 24]
+    frame = encode([7, 2], np.ones((2, 3), np.float32))
+    assert len(frame) == frame_bytes(2, 12) == 16 + 24
     head = np.frombuffer(frame[:16], "<u4")
     assert head.tolist() == [2, 7, 2, 0]
     assert np.frombuffer(frame[16:], np.float32).tolist() == [1.0] * 6
@@ -242,10 +245,14 @@ def test_answers_keep_the_order_of_the_frames_and_single_steps_keep_theirs():
         await until(lambda: len(tr.sent) == 2)
         a = svc.streams["a"]
         singles = []
+
+        def answered(y, error):
+            svc.finish((a,), error)
+            return a.t - 1, y.copy()
         for t in range(2):
-            svc.submit(a, xs[0][t], lambda y, e: singles.append((svc.finish(a, e), y.copy())))
-        conn.step(mux.encode([0], xs[0][2:3]))
-        conn.step(mux.encode([1], xs[1][0:1]))
+            svc.submit((a,), xs[0][t], lambda y, e: singles.append(answered(y, e)))
+        conn.step(encode([0], xs[0][2:3]))
+        conn.step(encode([1], xs[1][0:1]))
         await until(lambda: len(tr.sent) == 4)
         sizes = dict(svc.batcher.metrics()["batch_sizes"])
         await svc.batcher.aclose()
@@ -272,13 +279,13 @@ def test_a_gone_stream_is_told_and_its_frames_refused_until_closed():
         tr = conn.transport
         conn.control(b'{"open": [{"stream": "a", "new": true}, {"stream": "b", "new": true}]}')
         await until(lambda: len(tr.sent) == 2)
-        conn.step(mux.encode([0, 1], np.stack([xs[0][0], xs[1][0]])))
+        conn.step(encode([0, 1], np.stack([xs[0][0], xs[1][0]])))
         exported = asyncio.ensure_future(svc.export("a"))   # while the frame runs
         await asyncio.sleep(0)
-        conn.step(mux.encode([1, 0], np.stack([xs[1][1], xs[0][1]])))   # a is leaving
+        conn.step(encode([1, 0], np.stack([xs[1][1], xs[0][1]])))   # a is leaving
         payload = await exported
-        conn.step(mux.encode([0], xs[0][1:2]))                          # a is gone
-        conn.step(mux.encode([1], xs[1][1:2]))                          # b goes on
+        conn.step(encode([0], xs[0][1:2]))                          # a is gone
+        conn.step(encode([1], xs[1][1:2]))                          # b goes on
         await until(lambda: len(tr.sent) == 7)
         conn.control(b'{"close": [0]}')                     # frees index 0
         conn.control(b'{"open": [{"stream": "c", "new": true}]}')
@@ -305,6 +312,47 @@ def test_a_gone_stream_is_told_and_its_frames_refused_until_closed():
     assert payload["t"] == 1 and "a" not in svc.streams and tr.closed is None
 
 
+def test_a_stream_taken_over_while_its_steps_run_is_greeted_with_their_count():
+    """A stream whose connection drops with steps in flight, taken over at
+    once by a connection of each protocol in turn: the hello (a connection
+    per stream) or the open's answer (multiplexed) waits until those steps
+    are answered, and its t counts them."""
+    model = LNLSTM(I, H, seed=5)
+    xs = inputs(1, 5, seed=5)[0]
+
+    async def take_over(svc, conn, steps):
+        """Submits steps of conn's stream, drops conn, and returns the stream."""
+        a = svc.streams["a"]
+        for x in steps:
+            svc.submit((a,), x, lambda y, e: svc.finish((a,), e))
+        conn.on_ws_disconnected(conn.transport)
+        return a
+
+    async def main():
+        svc = Service(model)
+        first = stream.Connection(svc, "a", new=True)
+        first.on_ws_connected(FakeTransport())
+        token = json.loads(first.transport.sent[0][1])["token"]
+        a = await take_over(svc, first, xs[:3])
+        second = stream.Connection(svc, "a", token=token)
+        second.on_ws_connected(FakeTransport())
+        early = list(second.transport.sent)       # the steps run in the batcher's thread
+        await until(lambda: second.transport.sent)
+        hello = json.loads(second.transport.sent[0][1])
+        await take_over(svc, second, xs[3:])
+        conn = mux.Connection(svc)
+        conn.on_ws_connected(FakeTransport())
+        conn.control(json.dumps({"open": [{"stream": "a", "token": token}]}).encode())
+        opened = list(conn.transport.sent)
+        await until(lambda: len(conn.transport.sent) == 2)
+        await svc.batcher.aclose()
+        return early, hello, opened, conn.transport.texts()[1], a.t
+
+    early, hello, opened, answer, t = run(main())
+    assert early == [] and hello["t"] == 3
+    assert len(opened) == 1 and answer["opened"][0]["t"] == 5 == t
+
+
 # ---------------------------------------------------------------- 3. bad frames
 
 async def close_of(url, payloads=(), text=False, fragment=False, dtype="float32",
@@ -315,7 +363,7 @@ async def close_of(url, payloads=(), text=False, fragment=False, dtype="float32"
     await m.open(list(ids), tokens=tokens)
     for p in payloads:
         if fragment:
-            m._transport.send(mux.BINARY, p, False)
+            m._peer.transport.send(mux.BINARY, p, False)
         else:
             m.send_frame(p, text)
     try:
@@ -344,11 +392,11 @@ def test_bad_frames_get_close_codes_and_the_streams_resume(tmp_path):
         for name, frames in {
                 "short": [b"\1\0\0\0"],
                 "no steps": [bytes(8)],
-                "wrong length": [mux.encode([0], np.zeros((1, I), np.float32))[:-4]],
-                "unknown index": [mux.encode([3], np.zeros((1, I), np.float32))],
-                "index twice": [mux.encode([0, 0], np.zeros((2, I), np.float32))],
-                "nan": [mux.encode([0], nan)],
-                "inf": [mux.encode([0], np.full((1, I), np.inf, np.float32))],
+                "wrong length": [encode([0], np.zeros((1, I), np.float32))[:-4]],
+                "unknown index": [encode([3], np.zeros((1, I), np.float32))],
+                "index twice": [encode([0, 0], np.zeros((2, I), np.float32))],
+                "nan": [encode([0], nan)],
+                "inf": [encode([0], np.full((1, I), np.inf, np.float32))],
                 "oversized": [bytes(5000)]}.items():
             codes[name] = await close_of(url, frames, tokens=tokens)
         for name, text in {"not json": b"{", "bad verb": b'{"step": []}',
@@ -550,7 +598,7 @@ def test_restart_loses_nothing(tmp_path):
                     got[k].append(y.copy())
         except (Closed, FrameRefused):
             pass
-        await m._transport.wait_disconnected()
+        await m._peer.transport.wait_disconnected()
         return m.closed
 
     async def second(url):

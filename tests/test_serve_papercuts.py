@@ -117,12 +117,13 @@ def test_abort_keeps_the_stream(model_file):
 
 
 # the modules of fastln.serve that each package of the serve extra is needed by
-NEEDED_BY = {"picows": {"client", "cluster", "protocol", "mux", "admin", "cli", "loadtest"},
-             "starlette": {"admin", "cli"},
+NEEDED_BY = {"picows": {"client", "cluster", "ws.stream", "ws.mux", "ws.routes", "cli",
+                        "loadtest"},
+             "starlette": {"http", "cli"},
              "uvicorn": {"cli"},
-             "prometheus_client": {"metrics", "admin", "cli"}}
-MODULES = ["client", "cluster", "protocol", "mux", "admin", "metrics", "cli", "loadtest",
-           "service", "model", "errors"]
+             "prometheus_client": {"metrics", "http", "cli"}}
+MODULES = ["client", "cluster", "ws.stream", "ws.mux", "ws.routes", "http", "metrics", "cli",
+           "loadtest", "service", "model", "errors", "frames", "loop"]
 _IMPORTS = """
 import importlib, json, sys
 out = {}

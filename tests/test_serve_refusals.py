@@ -43,8 +43,8 @@ for _name in ("picows", "starlette", "uvicorn", "prometheus_client"):
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from fastln.serve import mux  # noqa: E402
 from fastln.serve.client import run_server  # noqa: E402
+from fastln.serve.frames import encode  # noqa: E402
 from fastln.serve.model import save_model  # noqa: E402
 
 I, H = 8, 16
@@ -720,7 +720,7 @@ def p_gone(c):
     (entry,) = mux_answer(ws, {"open": [{"stream": "g", "new": True}]})["opened"]
     c.delete("g")
     assert ws.text()["gone"][0]["stream"] == "g"
-    ws.send(BINARY, mux.encode([entry["index"]], bytes(4 * I)))
+    ws.send(BINARY, encode([entry["index"]], bytes(4 * I)))
     assert ws.text()["refused"]["code"] == 4410
     ws.end(1000)
 
@@ -805,7 +805,7 @@ def p_drain_mux_open(d):
 
 
 def p_drain_mux_frame(d):
-    d.mux.send(BINARY, mux.encode([0], bytes(4 * I)))
+    d.mux.send(BINARY, encode([0], bytes(4 * I)))
     assert d.mux.text()["refused"]["code"] == 1012
 
 

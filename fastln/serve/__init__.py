@@ -10,28 +10,47 @@ needs the ``serve`` extra: ``pip install "fastln[serve]"``.
 The modules, one concept each:
 
 - :mod:`fastln.serve.errors`: stream ids, close codes and HTTP statuses;
-- :mod:`fastln.serve.service`: the streams, their table and batcher;
-- :mod:`fastln.serve.protocol`: the WebSocket protocol (a connection per stream);
-- :mod:`fastln.serve.admin`: the HTTP endpoints;
-- :mod:`fastln.serve.client`: :class:`StreamClient`, and helpers to start a
-  server and move a stream;
+- :mod:`fastln.serve.model`: model files and the single-stream reference run;
+- :mod:`fastln.serve.service`: the streams, their table and batcher, and what
+  both listeners share: a step's bookkeeping, a stream's leaving, the
+  health probes;
+- :mod:`fastln.serve.frames`: the paths and the multiplexed frame's layout,
+  which the server and the clients both write;
+- :mod:`fastln.serve.ws`: the WebSocket listener: the protocol of a
+  connection per stream (``ws.stream``), the multiplexed one (``ws.mux``),
+  what their connections share, and the routes;
+- :mod:`fastln.serve.http`: the HTTP endpoints;
+- :mod:`fastln.serve.metrics`: the Prometheus metrics;
+- :mod:`fastln.serve.cli`: the command line, which runs the server;
+- :mod:`fastln.serve.loop`: the event loop (uvloop where installed);
+- :mod:`fastln.serve.extra`: the error that names a missing package of the
+  serve extra;
+- :mod:`fastln.serve.client`: :class:`StreamClient`, :class:`MuxClient`, and
+  helpers to start a server and move a stream;
 - :mod:`fastln.serve.cluster`: moving streams when servers come and go behind a
   proxy (``rebalance``, ``drain``);
-- :mod:`fastln.serve.model`: model files and the single-stream reference run;
-- :mod:`fastln.serve.loadtest`: the load generator;
-- :mod:`fastln.serve.cli`: the command line.
+- :mod:`fastln.serve.loadtest`: the load generator, which drives a server
+  through the client's wire.
+
+What each may import: the server's modules (service, ws, http, metrics,
+cli) import nothing of the clients, and the clients (client, cluster)
+nothing of the server; what both ends write alike is in frames. The load
+generator imports the clients, never the server, which it starts as a
+command. errors, frames, model, loop and extra import no other module of
+fastln.serve; this face imports extra, and the rest only when a name of
+theirs is first asked for.
 
 The names below import their module on first use, so that ``import
 fastln.serve`` loads none of the extra's packages; without them, using one,
 or importing a module that needs them (``from fastln.serve.client import
 StreamClient``), raises an ImportError that names the package and the extra.
 """
-import contextlib
 import importlib
 import sys
 from typing import TYPE_CHECKING
 
-from .._optional import EXTRAS, missing
+from .._optional import EXTRAS
+from .extra import needs_extra
 
 if TYPE_CHECKING:   # the names __getattr__ gives, for type checkers
     from .client import (
@@ -57,21 +76,6 @@ _EXPORTS = {**dict.fromkeys(["StreamClient", "MuxClient", "MuxStream", "Closed",
 __all__ = ["Closed", "FrameRefused", "MoveError", "MuxClient", "MuxStream", "Server", "Service",
            "StreamClient", "drain", "load_model", "move_stream", "rebalance", "run_server",
            "save_model"]
-
-
-@contextlib.contextmanager
-def needs_extra(feature):
-    """Makes the ImportError of a package of the serve extra that is not
-    installed, imported within, the one of fastln._optional.missing, which
-    names the package and the extra; each module of fastln.serve imports
-    the extra's packages under it."""
-    try:
-        yield
-    except ImportError as e:
-        package = (e.name or "").split(".")[0]
-        if EXTRAS.get(package) == "serve":
-            raise missing(package, feature) from None
-        raise
 
 
 def _load(module):

@@ -12,7 +12,9 @@ Run::
 file of fastln.serve.model's save_model (float32, float64, bfloat16 or int8),
 an .npz of a forward LNLSTM, LNGRU or LSTM's bare state_dict (float or int8),
 or an .onnx file with one LSTM, GRU or RNN node. The WebSocket protocol is
-fastln.serve.protocol's, the HTTP endpoints fastln.serve.admin's.
+fastln.serve.ws's, the HTTP endpoints fastln.serve.http's. With port 0 the
+server takes a free port; --ports-file tells the program that started it
+which ones (fastln.serve.client.run_server reads it).
 
 Access: each stream has a resume token that its reconnects and HTTP steps
 present; the admin endpoints (list, delete, export, import) take the bearer
@@ -46,7 +48,8 @@ import sys
 
 import fastln
 
-from . import needs_extra
+from .extra import needs_extra
+from .loop import run
 from .model import HelpFormatter, freeze, load_model
 from .service import Service
 
@@ -54,10 +57,9 @@ with needs_extra(__name__):
     import uvicorn
     from picows import ws_create_server
 
-    from . import mux
-    from .admin import create_app
-    from .client import run
-    from .protocol import ws_factory
+    from .http import create_app
+    from .ws.mux import MAX_STREAMS
+    from .ws.routes import ws_factory
 
 ADMIN_TOKEN_ENV = "FASTLN_SERVE_ADMIN_TOKEN"
 
@@ -104,12 +106,16 @@ def make_parser():
                         "does not answer is disconnected and its stream kept")
     p.add_argument("--state-file",
                    help="where SIGTERM writes the streams, and where a start reads them")
+    p.add_argument("--ports-file",
+                   help="where the server writes its ports once it serves, as JSON "
+                        "{\"host\": HOST, \"port\": PORT, \"ws_port\": WS_PORT}: how a "
+                        "program that starts it with port 0 learns them")
     p.add_argument("--threads", type=int, default=1,
                    help="fastln's threads (the event loop and the batch thread need a core too)")
     p.add_argument("--max-connections", type=int, default=4096,
                    help="WebSocket connections open at once at most; one more is closed "
                         "with 1013")
-    p.add_argument("--max-streams-per-connection", type=int, default=mux.MAX_STREAMS,
+    p.add_argument("--max-streams-per-connection", type=int, default=MAX_STREAMS,
                    help="streams one multiplexed connection (/mux) holds at most; an open "
                         "past it is refused with 1013")
     p.add_argument("--admin-token-file",
@@ -207,6 +213,15 @@ def bind(host, port, flag):
     return sockets
 
 
+def write_ports(path, host, ports):
+    """Writes the --ports-file: a new file renamed over any old one, so that
+    a reader sees all of it or nothing."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"host": host, "port": ports[1], "ws_port": ports[0]}, f)
+    os.replace(tmp, path)
+
+
 class HTTPServer(uvicorn.Server):
     """uvicorn's server, leaving SIGTERM and SIGINT to the service."""
 
@@ -239,6 +254,8 @@ async def serve(args, service, token=None):
         loop.add_signal_handler(sig, stop.set)
     print(f"serving {json.dumps(service.config)}{' (echo)' if service.echo else ''} on "
           f"http://{args.host}:{ports[1]} and ws://{args.host}:{ports[0]}/ws/", flush=True)
+    if args.ports_file:
+        write_ports(args.ports_file, args.host, ports)
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), min(args.idle_timeout / 4, 5.0))
@@ -267,6 +284,8 @@ def main(argv=None):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
             p.error(f"--{name.replace('_', '-')} must be finite and above 0, "
                     f"got {getattr(args, name)}")
+    if args.ports_file and not os.path.isdir(os.path.dirname(args.ports_file) or "."):
+        p.error(f"--ports-file {args.ports_file}: its folder does not exist")
     token = admin_token(p, args)
     fastln.set_num_threads(args.threads)
     model = open_model(p, args)

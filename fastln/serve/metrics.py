@@ -25,7 +25,7 @@ name starts with ``fastln_serve_``):
 and prometheus_client's ``process_*`` families (CPU seconds, memory, open
 files) of the server's process.
 """
-from . import needs_extra
+from .extra import needs_extra
 
 with needs_extra(__name__):
     from prometheus_client import (

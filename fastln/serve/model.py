@@ -117,7 +117,11 @@ def save_model(path, model):
 
 
 def freeze(model):
-    """Marks the weights read-only, which lets the engine keep its packed copy across calls."""
+    """Marks the parameters read-only, so that nothing changes the served
+    model by mistake: a write to one raises. The engine keeps a packed copy
+    only of weights that no write can reach, whose memory is a bytes object
+    (a bfloat16 or int8 model's matrices); read-only arrays that own their
+    memory, or view an array that does, it packs again on every call."""
     for a in model.params.values():
         a.flags.writeable = False
     return model

@@ -1,6 +1,10 @@
 """The service: the streams a server holds, their table and batcher, and
-what the WebSocket and the HTTP listeners share (adding, stepping,
-exporting and importing streams; draining and saving on a restart).
+what the WebSocket and the HTTP listeners share: adding and claiming
+streams; the bookkeeping of a step, taken (submit) and answered (finish),
+one for both WebSocket protocols and HTTP; one way for a stream to leave
+(leave: an export or a delete); importing streams; draining and saving on a
+restart; the health probes. A stream's connection holds it through an
+:class:`Attachment`, whatever its protocol.
 
 Each stream has a resume token, 192 random bits (``secrets``) made when the
 stream opens, that its client must present to reconnect or to step it over
@@ -50,16 +54,41 @@ def _bad_state(message):
 class Stream:
     """What the server keeps of one stream besides its state in the table:
     the steps answered, the steps taken and not yet answered, its resume
-    token, the connection that holds it, and when it was last used."""
+    token, the Attachment of the connection that holds it, and when it was
+    last used."""
 
     __slots__ = ("id", "t", "inflight", "token", "conn", "seen", "leaving", "ends")
 
     def __init__(self, stream_id, token, t=0):
         self.id, self.token, self.t, self.inflight = stream_id, token, t, 0
-        self.conn = None        # the Connection attached, if any
+        self.conn = None        # the Attachment of the connection that holds it, if any
         self.seen = time.monotonic()
         self.leaving = False    # being exported or ended: it takes no more steps
         self.ends = False       # ended by its client: removed once its steps are answered
+
+
+class Attachment:
+    """A stream held by a connection (``Stream.conn``): the connection, and
+    the stream's index on it (0 on a connection of one stream). Through it
+    the service tells the connection that the stream leaves the server or
+    that the server restarts (close).
+
+    The connection (fastln.serve.ws) has ``close(code, message, reason=None)``,
+    which closes it, and ``gone(attachment, message)``, which lets go of the
+    one stream that leaves."""
+
+    __slots__ = ("conn", "index")
+
+    def __init__(self, conn, index=0):
+        self.conn, self.index = conn, index
+
+    def close(self, code, message):
+        """A 4410 (the stream leaves: an export, a delete) lets go of this
+        stream alone; any other code (1012, a restart) closes the connection."""
+        if code == GONE:
+            self.conn.gone(self, message)
+        else:
+            self.conn.close(code, message)
 
 
 class Service:
@@ -77,7 +106,7 @@ class Service:
                                      max_pending=capacity * max_queue_per_stream)
         self.streams = {}
         self.max_connections, self.connections = max_connections, 0   # WebSocket connections
-        # a multiplexed connection's limits (fastln.serve.mux): streams attached, frame bytes
+        # a multiplexed connection's limits (fastln.serve.ws.mux): streams attached, frame bytes
         self.max_streams_per_connection, self.max_frame = max_streams_per_connection, max_frame
         # refusals by reason (errors.REASON_NAMES) and streams the server ended by reason
         self.rejections = dict.fromkeys(REASON_NAMES, 0)
@@ -85,6 +114,7 @@ class Service:
         self.steps = 0
         self.draining = False
         self.inflight = 0                # steps taken and not yet answered, all streams
+        self.tasks = set()               # of when_quiet
         self.x_dtypes = {"float32": np.dtype(np.float32)}
         y_dtype = np.dtype(model.dtype)   # float32 for an int8 model, as are its x and state
         if y_dtype.name == "bfloat16":
@@ -98,7 +128,8 @@ class Service:
         self.zeros = bytes(self.y_bytes)       # --echo's reply
         probe = self.table.open()
         self.state_dtypes = [a.dtype for a in self._parts(self.table.export_state(probe))]
-        # one step now: the engine packs its weights before a client's first step waits on it
+        # one step now: a model's first step compiles its step (and packs the weights it
+        # keeps packed) before a client's first step waits on it
         self.table.step([probe], np.zeros((1, model.input_size), input_dtype(model)))
         self.table.close(probe)
         digest = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode())
@@ -161,33 +192,61 @@ class Service:
                                           f"stream {stream_id!r}")
         return stream
 
-    def submit(self, stream, x, callback):
-        """Queues one step of stream; the batcher calls callback(y, error) once
-        it is answered (see StreamBatcher.submit), and the callback calls
-        finish(). False while the server drains: the step is not taken."""
+    def submit(self, streams, x, callback, ids=None):
+        """Queues one step of each of streams (a tuple or list): with ids None,
+        the one stream's x (StreamBatcher.submit); else the rows x of a
+        multiplexed frame, ids the streams' ids (submit_block). The batcher
+        calls callback(y, error) once they are answered, and the callback
+        calls finish(). Refused with 1013 (HTTP 503) when the batcher is full,
+        4404 (404) for a stream the table no longer holds; False while the
+        server drains: no step is taken."""
         if self.draining:
             return False
         try:
-            self.batcher.submit(stream.id, x, callback)
+            if ids is None:
+                self.batcher.submit(streams[0].id, x, callback)
+            else:
+                self.batcher.submit_block(ids, x, callback)
         except OverloadedError as e:
             raise Refused(TRY_LATER, 503, str(e), "queue_full") from None
-        except UnknownStreamError:
-            raise Refused(NOT_FOUND, 404, f"no stream {stream.id!r} here") from None
-        stream.inflight += 1
-        self.inflight += 1
+        except UnknownStreamError as e:
+            raise Refused(NOT_FOUND, 404, str(e)) from None
+        for stream in streams:
+            stream.inflight += 1
+        self.inflight += len(streams)
         return True
 
-    def finish(self, stream, error):
-        """Counts an answered step (a failed one when error is not None);
-        returns the step's index."""
-        stream.inflight -= 1
-        self.inflight -= 1
-        stream.seen = time.monotonic()
-        if error is not None:
-            return stream.t
-        stream.t += 1
-        self.steps += 1
-        return stream.t - 1
+    def finish(self, streams, error, settle=True):
+        """Counts the answered step of each of streams (failed ones when error
+        is not None). With settle, each of them is marked as used now, and
+        one that its client ended while the step ran is removed once its
+        last step is answered; a multiplexed connection passes settle=False
+        while none of its streams has left it with steps in flight."""
+        self.inflight -= len(streams)
+        if error is None:
+            self.steps += len(streams)
+            for stream in streams:
+                stream.inflight -= 1
+                stream.t += 1
+        else:
+            for stream in streams:
+                stream.inflight -= 1
+        if settle:
+            now = time.monotonic()
+            for stream in streams:
+                stream.seen = now
+                if stream.ends and not stream.inflight and self.streams.get(stream.id) is stream:
+                    self.remove(stream)
+
+    def end(self, stream):
+        """Ends stream on its client's word (a close with 1000): it takes no
+        more steps and is removed once those it took are answered; a
+        stream that is leaving already (an export, a delete) is left to that."""
+        if stream.leaving:
+            return
+        stream.leaving = stream.ends = True
+        if not stream.inflight:
+            self.remove(stream)
 
     def remove(self, stream):
         """Forgets stream and closes it in the table."""
@@ -202,16 +261,46 @@ class Service:
         while stream.inflight:
             await asyncio.sleep(0.001)
 
-    async def export(self, stream_id):
-        """The stream's state and step count as JSON-ready values; the stream
-        leaves this server."""
+    def when_quiet(self, streams, then):
+        """Calls then() once none of streams has a step in flight: at once
+        when none has, else from a task (quiet). A connection that takes
+        streams over greets them so, once the steps their connection before
+        took are answered, so that the t it tells them is final."""
+        busy = [stream for stream in streams if stream.inflight]
+        if not busy:
+            then()
+            return
+
+        async def wait():
+            for stream in busy:
+                await self.quiet(stream)
+            then()
+        task = asyncio.get_running_loop().create_task(wait())
+        self.tasks.add(task)       # a task the loop alone holds may be collected
+        task.add_done_callback(self.tasks.discard)
+
+    async def leave(self, stream_id, message):
+        """Takes stream stream_id off this server: it takes no more steps,
+        those it took are answered, its connection is told (4410, message),
+        and it is removed; returns the stream and its state."""
         stream = self.get(stream_id)
         stream.leaving = True               # its frames from now on are not taken
         await self.quiet(stream)            # the steps it took are answered first
         if stream.conn is not None:
-            stream.conn.close(GONE, "the stream was exported to another server")
+            stream.conn.close(GONE, message)
         state = self.table.export_state(stream.id)
         self.remove(stream)
+        return stream, state
+
+    async def delete(self, stream_id):
+        """Ends the stream stream_id (leave); returns it."""
+        stream, _ = await self.leave(stream_id, "the stream was deleted")
+        return stream
+
+    async def export(self, stream_id):
+        """The stream's state and step count as JSON-ready values; the stream
+        leaves this server (leave)."""
+        stream, state = await self.leave(stream_id, "the stream was exported to another server")
         return {"stream": stream.id, "t": stream.t, "token": stream.token,
                 "dtype": self.y_dtype_name, "fingerprint": self.fingerprint,
                 "state": [a.astype(np.float64).tolist() for a in self._parts(state)]}
@@ -321,3 +410,26 @@ class Service:
                 "capacity": self.table.capacity, "port": port, "ws_port": ws_port,
                 "threads": fastln.get_num_threads(), "steps": self.steps,
                 "cpu_seconds": time.process_time(), "batcher": self.batcher.metrics()}
+
+
+# ---- the health probes ------------------------------------------------------
+# both listeners answer them (fastln.serve.ws.routes, fastln.serve.http): the
+# (status, JSON reply) of (service, ports), ports (ws_port, port)
+
+def health(service, ports):
+    """The model, the settings and the counters (Service.health)."""
+    return 200, service.health(*ports)
+
+
+def live(service, ports):
+    """Liveness: the event loop answers."""
+    return 200, {"live": True}
+
+
+def ready(service, ports):
+    """Readiness (Service.readiness): 503 while the server drains or its table is full."""
+    ok, why = service.readiness()
+    return (200, {"ready": True}) if ok else (503, {"ready": False, "why": why})
+
+
+PROBES = {"/health": health, "/health/live": live, "/health/ready": ready}

@@ -14,7 +14,7 @@ frame is a text frame of JSON::
   reconnect, after a restart or a move). The answer holds one entry per
   stream, in order: ``{"stream": ID, "index": k, "t": steps run, "token": T}``,
   or a refusal ``{"stream": ID, "code": c, "error": why}`` with the close code
-  the per-stream protocol (fastln.serve.protocol) would use: 4401 no token,
+  the per-stream protocol (fastln.serve.ws.stream) would use: 4401 no token,
   4403 a wrong one, 4404 no such stream, 4409 it exists (new) or another
   connection holds it, 1008 a bad id, 1012 the server restarts, 1013 the
   table is full or the connection holds --max-streams-per-connection::
@@ -91,7 +91,6 @@ The steps the server took before the close are answered to the stream
 (counted in its t), as in the per-stream protocol; the streams stay for a
 reconnect.
 """
-import asyncio
 import json
 import math
 import operator
@@ -100,10 +99,7 @@ from collections import deque
 
 import numpy as np
 
-from fastln.rnn import OverloadedError, UnknownStreamError
-
-from . import needs_extra
-from .errors import (
+from ..errors import (
     CONFLICT,
     GONE,
     INTERNAL,
@@ -116,58 +112,17 @@ from .errors import (
     Refused,
     check_stream_id,
 )
+from ..extra import needs_extra
+from ..frames import frame_bytes, header_bytes
+from ..service import Attachment
 
 with needs_extra(__name__):
-    from picows import WSCloseCode, WSListener, WSMsgType
+    from .connection import BINARY, TEXT
+    from .connection import Connection as Base
 
-    from .protocol import count_picows_close, send_close
-
-PATH = "/mux"                # the path of the multiplexed protocol on --ws-port
 MAX_STREAMS = 1024           # --max-streams-per-connection's default
-BINARY, TEXT = WSMsgType.BINARY, WSMsgType.TEXT
 _leaving = operator.attrgetter("leaving")
 _FREE, _ATTACHED, _GONE = 0, 1, 2   # what an index holds
-
-
-def header_bytes(n):
-    """Bytes of a frame's header for n steps: n and the n indices, uint32
-    each, padded to a multiple of 8."""
-    return (4 * (n + 1) + 7) // 8 * 8
-
-
-def frame_bytes(n, x_bytes):
-    """Bytes of a frame of n steps whose x rows are x_bytes each."""
-    return header_bytes(n) + n * x_bytes
-
-
-def encode(indices, x):
-    """One frame: the indices (n) and x (n rows) as the protocol's bytes."""
-    indices = np.asarray(indices, "<u4")
-    n = len(indices)
-    head = np.zeros(header_bytes(n) // 4, "<u4")
-    head[0] = n
-    head[1:n + 1] = indices
-    return head.tobytes() + np.ascontiguousarray(x).tobytes()
-
-
-class Attachment:
-    """What a stream's ``conn`` holds while a multiplexed connection has it:
-    the Service closes it (an export, a delete, a restart) as it closes a
-    per-stream Connection."""
-
-    __slots__ = ("conn", "index")
-    hello_due = False             # a per-stream Connection's hello waits on no step here
-
-    def __init__(self, conn, index):
-        self.conn, self.index = conn, index
-
-    def close(self, code, message, reason=None):
-        """A 4410 (the stream leaves) lets go of this stream alone; any
-        other code closes the whole connection."""
-        if code == GONE:
-            self.conn.gone(self, message)
-        else:
-            self.conn.close(code, message, reason)
 
 
 class _Frame:
@@ -186,29 +141,21 @@ class _Frame:
 
 class _Text:
     """An answer of the server's own: ready (data) at once, or made by
-    make() once the answers before it are sent and the streams it waits for
-    (waits of them) have no step in flight."""
+    make() once the answers before it are sent and it no longer waits (for
+    the steps of the streams it answers for to be answered)."""
 
     __slots__ = ("data", "make", "waits", "kind")
 
-    def __init__(self, data=None, make=None, waits=0, kind=TEXT):
+    def __init__(self, data=None, make=None, waits=False, kind=TEXT):
         self.data, self.make, self.waits, self.kind = data, make, waits, kind
 
 
-class Connection(WSListener):
+class Connection(Base):
     """One multiplexed connection and the streams attached to it (see the
     module's docstring)."""
 
     def __init__(self, service, x_dtype=np.float32, refusal=None):
-        super().__init__()
-        self.service = service
-        self.x_dtype = np.dtype(x_dtype)
-        self.size = service.model.input_size
-        self.x_bytes = self.size * self.x_dtype.itemsize
-        self.dot_checks = self.x_dtype.name in ("float32", "float64")
-        self.refusal = refusal
-        self.transport = None
-        self.closed = False
+        super().__init__(service, x_dtype, refusal)
         self.loose = False      # a stream left while its steps ran: answers settle it
         self.answers = deque()  # _Frame and _Text, in the order of the client's frames
         self.frames = 0         # binary frames in flight
@@ -220,80 +167,30 @@ class Connection(WSListener):
 
     # ---- the connection ------------------------------------------------------
 
-    def on_ws_connected(self, transport):
-        self.transport = transport
+    def opened(self):
         svc = self.service
-        svc.connections += 1       # until on_ws_disconnected
-        if self.refusal is not None:
-            self.close(self.refusal.code, self.refusal.message, self.refusal.reason)
-        elif svc.connections > svc.max_connections:
-            self.close(TRY_LATER, f"the server holds {svc.max_connections} connections, its "
-                                  f"--max-connections", "too_many_connections")
-        else:
-            transport.send(TEXT, json.dumps({
-                "mux": 1, "input_size": self.size, "hidden_size": svc.model.hidden_size,
-                "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name,
-                "max_streams": svc.max_streams_per_connection,
-                "max_frame": svc.max_frame}).encode())
+        self.transport.send(TEXT, json.dumps({
+            "mux": 1, "input_size": self.size, "hidden_size": svc.model.hidden_size,
+            "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name,
+            "max_streams": svc.max_streams_per_connection,
+            "max_frame": svc.max_frame}).encode())
 
     def on_ws_frame(self, transport, frame):
-        kind = frame.msg_type
-        if transport.is_close_frame_sent:   # closed: only the client's answering close matters
-            self.picows_closed()
-            if kind == WSMsgType.CLOSE:
-                transport.disconnect()
-        elif kind == BINARY and frame.fin:
+        if frame.msg_type != BINARY or not frame.fin or transport.is_close_frame_sent:
+            self.on_other_frame(transport, frame)
+        else:
             self.step(frame.get_payload_as_bytes())
-        elif kind == WSMsgType.CLOSE:
-            self.client_closed(frame.get_close_code())
-        elif kind == TEXT and frame.fin:
+
+    def text(self, frame):
+        if frame.fin:
             self.control(frame.get_payload_as_bytes())
-        elif kind in (BINARY, TEXT, WSMsgType.CONTINUATION):
-            self.close(UNSUPPORTED, "a frame must come whole, not in fragments")
+        else:
+            self.close(UNSUPPORTED, self.fragments)
 
-    def picows_closed(self):
-        """After a close of picows's own (protocol.count_picows_close), the
-        first time: counts it, and the streams wait for a reconnect."""
-        if not self.closed:
-            self.closed = True
-            count_picows_close(self.service, self.transport)
-            self.release()
-
-    def on_ws_disconnected(self, transport):
-        if transport.is_close_frame_sent:
-            self.picows_closed()
-        self.closed = True
-        self.service.connections -= 1
-        self.release()
-
-    def client_closed(self, code):
-        """The client's close: code 1000 ends every stream attached (each once
-        its steps are answered); any other keeps them."""
-        if code == WSCloseCode.OK:
-            for k in np.flatnonzero(self.state == _ATTACHED).tolist():
-                self.end(self.streams[k])
-        self.closed = True
-        self.transport.send_close(WSCloseCode.OK)
-        self.transport.disconnect()
-
-    def close(self, code, message, reason=None):
-        """Closes the connection with code and message; its streams stay. A
-        refusal (a code of errors.REASONS, or a reason given) counts in the
-        service's rejections."""
-        if self.closed:
-            return
-        self.closed = True
-        send_close(self.service, self.transport, code, message, reason)
-        self.release()             # a reconnect need not wait for that answer
-
-    def end(self, stream):
-        """Ends stream, once its steps are answered (unless it is leaving the
-        server already: an export or a delete removes it)."""
-        if stream.leaving:
-            return
-        stream.leaving = stream.ends = True
-        if not stream.inflight:
-            self.service.remove(stream)
+    def end_streams(self):
+        """Ends every stream attached (Service.end)."""
+        for k in np.flatnonzero(self.state == _ATTACHED).tolist():
+            self.service.end(self.streams[k])
 
     def release(self):
         """Lets go of every stream attached, which waits for its next connection."""
@@ -338,22 +235,16 @@ class Connection(WSListener):
             return
         rec = _Frame(self, streams)
         try:
-            svc.batcher.submit_block(self.ids[idx].tolist(), x.reshape(n, self.size), rec)
+            svc.submit(streams, x.reshape(n, self.size), rec, self.ids[idx].tolist())
         except ValueError:
             if len(set(idx.tolist())) == n:
                 raise
             repeated = int(np.argmax(np.bincount(idx)))
             self.close(INVALID, f"index {repeated} appears twice in one frame")
             return
-        except OverloadedError as e:
-            self.close(TRY_LATER, str(e), "queue_full")
+        except Refused as e:
+            self.close(e.code, e.message, e.reason)
             return
-        except UnknownStreamError as e:   # closed under the connection: not expected
-            self.close(INTERNAL, str(e))
-            return
-        for s in streams:
-            s.inflight += 1
-        svc.inflight += n
         self.frames += 1
         self.answers.append(rec)
 
@@ -392,19 +283,7 @@ class Connection(WSListener):
         """The batcher's answer to a frame: counts its steps, and sends its
         rows when every earlier answer is out."""
         svc = self.service
-        streams = rec.streams
-        n = len(streams)
-        svc.inflight -= n
-        if error is None:
-            for s in streams:
-                s.inflight -= 1
-                s.t += 1
-            svc.steps += n
-        else:
-            for s in streams:
-                s.inflight -= 1
-        if self.loose:
-            self.settle(streams)
+        svc.finish(rec.streams, error, self.loose)
         self.frames -= 1
         if self.closed:
             return
@@ -420,19 +299,6 @@ class Connection(WSListener):
                 self.flush()
         else:
             self.flush()
-
-    def settle(self, streams):
-        """After an answer: the streams that left this connection while the
-        step ran go on (a per-stream hello that waited, an end)."""
-        svc, now = self.service, time.monotonic()
-        for s in streams:
-            s.seen = now
-            if s.inflight:
-                continue
-            if s.conn is not None and s.conn.hello_due:
-                s.conn.hello()
-            elif s.ends and svc.streams.get(s.id) is s:
-                svc.remove(s)
 
     # ---- the answers, in order ---------------------------------------------
 
@@ -496,22 +362,18 @@ class Connection(WSListener):
             entries.append({"stream": stream.id, "index": self.attach(stream),
                             "token": stream.token})
             opened.append((entries[-1], stream))
-        busy = [stream for _, stream in opened if stream.inflight]
 
         def make():
             for entry, stream in opened:
                 entry["t"] = stream.t
             return json.dumps({"opened": entries}).encode()
-        rec = _Text(make=make, waits=len(busy))
-        if busy:
-            asyncio.get_running_loop().create_task(self.await_quiet(rec, busy))
+        rec = _Text(make=make, waits=True)
         self.queue(rec)
+        self.service.when_quiet([stream for _, stream in opened], lambda: self.ready(rec))
 
-    async def await_quiet(self, rec, busy):
-        """Makes rec ready once the streams' steps of earlier connections are answered."""
-        for stream in busy:
-            await self.service.quiet(stream)
-        rec.waits = 0
+    def ready(self, rec):
+        """rec waits no longer: sends it, if every answer before it is out."""
+        rec.waits = False
         self.flush()
 
     def claim(self, spec):
@@ -564,7 +426,7 @@ class Connection(WSListener):
         streams = self.streams[items].tolist()
         for k, stream in zip(items, streams):
             if ends and state[k] == _ATTACHED:
-                self.end(stream)
+                self.service.end(stream)
             self.detach_index(k, now)
 
         def make():
@@ -577,7 +439,7 @@ class Connection(WSListener):
         stream = self.streams[k]
         if self.state[k] == _ATTACHED:
             self.attached -= 1
-            if isinstance(stream.conn, Attachment) and stream.conn.conn is self:
+            if stream.conn is not None and stream.conn.conn is self:
                 stream.conn = None
                 stream.seen = now
             if stream.inflight:
@@ -603,12 +465,3 @@ class Connection(WSListener):
             "index": k, "stream": stream.id, "t": stream.t, "code": GONE,
             "error": message}]}).encode()))
 
-
-def connect(service, query):
-    """The listener of a /mux request, given its parsed query string."""
-    dtype = query.get("dtype", [next(iter(service.x_dtypes))])[-1]
-    refusal = None
-    if dtype not in service.x_dtypes:
-        refusal = Refused(POLICY, 422, f"dtype must be one of {', '.join(service.x_dtypes)}, "
-                                       f"got {dtype[:20]!r}")
-    return Connection(service, service.x_dtypes.get(dtype, np.float32), refusal)

@@ -17,7 +17,7 @@ On --port (JSON bodies)::
                                    stream leaves this server (its WebSocket closes with 4410)
     PUT    /streams/{id}/state     export's JSON -> 201: the stream continues here
 
-T is the stream's resume token (fastln.serve.protocol): a step without it
+T is the stream's resume token (fastln.serve.ws.stream): a step without it
 gets 401, with another stream's 403. An admin request without the bearer
 token gets 401 (with ``WWW-Authenticate: Bearer``), as does an Authorization
 header of another form than ``Bearer TOKEN``; with a wrong token 403. The
@@ -35,9 +35,10 @@ import json
 
 import numpy as np
 
-from . import needs_extra
-from .errors import GONE, RESTART, Refused
+from .errors import RESTART, Refused
+from .extra import needs_extra
 from .model import input_dtype
+from .service import PROBES
 
 with needs_extra(__name__):
     from starlette.applications import Starlette
@@ -47,7 +48,6 @@ with needs_extra(__name__):
     from starlette.routing import Route
 
     from . import metrics
-    from .protocol import PROBES
 
 # the answer to an admin request without the bearer token (RFC 6750, section 3)
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
@@ -188,12 +188,13 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
         if service.echo:
             raise Refused(None, 409, "an --echo server runs no model", "bad_request")
         answered = asyncio.get_running_loop().create_future()
+        steps = (stream,)
 
         def answer(y, failure):
-            t = service.finish(stream, failure)
+            service.finish(steps, failure)
             if not answered.done():    # its request may have been cancelled
-                answered.set_result((y, t, failure))
-        if not service.submit(stream, x, answer):
+                answered.set_result((y, stream.t - (failure is None), failure))
+        if not service.submit(steps, x, answer):
             raise Refused(RESTART, 503, "the server restarts", "draining")
         y, t, failure = await answered
         if failure is not None:
@@ -201,12 +202,7 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
         return JSONResponse({"y": y.astype(np.float64).tolist(), "t": t})
 
     async def delete(request):
-        stream = service.get(request.path_params["stream_id"])
-        stream.leaving = True
-        await service.quiet(stream)
-        if stream.conn is not None:
-            stream.conn.close(GONE, "the stream was deleted")
-        service.remove(stream)
+        stream = await service.delete(request.path_params["stream_id"])
         return JSONResponse({"stream": stream.id, "steps": stream.t})
 
     async def export(request):
