@@ -40,7 +40,7 @@ NumPy feeds and ``run_with_iobinding`` with the inputs bound once (ORT
 allocating the outputs); "ort out=" binds preallocated output buffers too, and
 is compared with fastln's ``out=``.
 
-The copy ceiling is fastln._core._parallel_copy of an x-sized array (the faster
+The copy ceiling is fastln._lib._parallel_copy of an x-sized array (the faster
 of a plain and a non-temporal-store copy, as bench/run.py), timed in the same
 turns. A call's fraction of it counts the N*H-sized arrays the call reads and
 writes (vectors of H and per-row statistics are ignored): add_rms_norm and
@@ -66,7 +66,7 @@ import numpy as np  # noqa: E402
 
 import fastln  # noqa: E402
 from bench import harness  # noqa: E402
-from fastln import _core, _selfcheck  # noqa: E402
+from fastln import _lib, _selfcheck  # noqa: E402
 
 torch = harness._torch           # None when torch is not installed
 _ort = harness._ort
@@ -217,8 +217,8 @@ def _row(key, shape, n, x):
 
 def _copies(x):
     dst = np.empty_like(x)
-    return {"copy": lambda: _core._parallel_copy(dst, x),
-            "copy_nt": lambda: _core._parallel_copy(dst, x, nt=True)}
+    return {"copy": lambda: _lib._parallel_copy(dst, x),
+            "copy_nt": lambda: _lib._parallel_copy(dst, x, nt=True)}
 
 
 def _setup(row, peer, make):

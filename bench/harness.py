@@ -29,7 +29,7 @@ import sys
 import numpy as np
 
 import fastln
-from fastln import _core, _selfcheck
+from fastln import _lib, _selfcheck
 from fastln._selfcheck import (
     ATOL,
     EPS,
@@ -465,8 +465,8 @@ def bench_shape(N, H, *, op="layer_norm", dtype="float32", repeats=15, min_sampl
         fwd["fastln"] = lambda: fastln.add_layer_norm(x, r, w, b, eps=EPS)
         fwd["fastln_out"] = lambda: fastln.add_layer_norm(x, r, w, b, eps=EPS, out=(y_out, s_out))
         got_out = lambda: list(fwd["fastln_out"]())   # noqa: E731
-    fwd["copy"] = lambda: _core._parallel_copy(y_out, x)
-    fwd["copy_nt"] = lambda: _core._parallel_copy(y_out, x, nt=True)
+    fwd["copy"] = lambda: _lib._parallel_copy(y_out, x)
+    fwd["copy_nt"] = lambda: _lib._parallel_copy(y_out, x, nt=True)
     check("fastln", "fwd", got_out(), ref)     # out= path agrees with the allocating one
     if dtype != "float32":
         x32 = c["x32"]

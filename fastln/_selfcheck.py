@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 
 import fastln
-from fastln import _core
+from fastln import _lib
 
 EPS = 1e-5
 SPIN_GAP = 12e-3            # see time_peers: longer than libgomp's default spin
@@ -281,8 +281,8 @@ def layer_norm_row(N, H, seed=0, **kw):
     grads = fastln.layer_norm_backward(dy, x, mean, rstd, w)
     fwd = {"fastln": lambda: fastln.layer_norm(x, w, b, eps=EPS),
            "fastln_out": lambda: fastln.layer_norm(x, w, b, eps=EPS, out=y_out),
-           "copy": lambda: _core._parallel_copy(y_out, x),
-           "copy_nt": lambda: _core._parallel_copy(y_out, x, nt=True),
+           "copy": lambda: _lib._parallel_copy(y_out, x),
+           "copy_nt": lambda: _lib._parallel_copy(y_out, x, nt=True),
            "numpy": lambda: numpy_layer_norm(x, w, b)}
     bwd = {"fastln": lambda: fastln.layer_norm_backward(dy, x, mean, rstd, w),
            "fastln_out": lambda: fastln.layer_norm_backward(dy, x, mean, rstd, w, out=dx_out),

@@ -34,6 +34,7 @@ from collections import deque
 
 import numpy as np
 
+from .._dtypes import bfloat16 as _bf16
 from . import needs_extra
 
 with needs_extra(__name__):
@@ -520,12 +521,6 @@ def run_server(*args, timeout=60.0):
             yield server
         finally:
             server.stop()
-
-
-def _bf16():
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _dtype(name):
