@@ -68,9 +68,7 @@ import fastln  # noqa: E402
 from bench import harness  # noqa: E402
 from fastln import _lib, _selfcheck  # noqa: E402
 
-torch = harness._torch           # None when torch is not installed
-_ort = harness._ort
-_onnx = harness._onnx
+torch = harness.torch           # None when torch is not installed
 
 LN_EPS = 1e-5
 RMS_EPS = 1e-6
@@ -252,7 +250,7 @@ def _fused_fwd(key, shape, n, rng):
     want = list(fns["fastln"]())
     _check(row, "fastln_out", list(fns["fastln_out"]()), want, ("y", "s"))
     fns.update(_copies(x))
-    if _ort is not None and _onnx is not None:
+    if harness.ort is not None and harness.onnx is not None:
         made = _setup(row, "onnxruntime", lambda: _ort_peers(op, feeds, n))
         if made is not None:
             ort_fns, conv = made
@@ -649,8 +647,8 @@ def main(argv=None):
     bad = [c for c in cases if c not in CASES]
     if bad or not cases:
         ap.error(f"--cases: choose from {', '.join(CASES)} (got {args.cases!r})")
-    missing = [p for p, m in (("torch", torch), ("onnxruntime", _ort), ("onnx", _onnx))
-               if m is None]
+    missing = [p for p, m in (("torch", torch), ("onnxruntime", harness.ort),
+                              ("onnx", harness.onnx)) if m is None]
     if missing:
         print(f"not installed: {', '.join(missing)} (their columns are '-')", flush=True)
     harness.warn_if_busy()
