@@ -1,4 +1,5 @@
-"""Builds fastln._core: the Cython wrapper together with the C kernels in src_c/.
+"""Builds fastln._lib, the Cython wrapper together with the C kernels in src_c/,
+and the Cython modules that call those kernels (kernel_user below).
 
 Flags are portable (-O3, no -march=native): the AVX2 and AVX-512 kernels are
 compiled through target attributes and chosen at run time. OpenMP is probed
@@ -7,21 +8,22 @@ No debug information (-g0, over Python's -g): the kernels compile much
 faster without it, and the module is far smaller.
 The C sources compile in parallel (parallel_compile), the slowest first.
 
-A build that is not in place (`pip install .`) also copies the extension into
+A build that is not in place (`pip install .`) also copies the extensions into
 the checkout's fastln/ folder: the README's commands (`pip install . &&
 python -m fastln`, `python -m pytest`) run from the checkout, where ./fastln
-shadows the installed package, so the checkout needs the extension too.
+shadows the installed package, so the checkout needs the extensions too.
 
 What a build leaves in the checkout (all ignored by git): build/ is
 setuptools' work folder (build/temp.*: the object files; build/lib.*: the
 package staged for installing); fastln.egg-info/ is setuptools' metadata of
-the package, written as pip builds it; fastln/_core.c is Cython's output, the
-C translation of fastln/_core.pyx that the compiler builds (regenerated when
-the .pyx changes); fastln/_core.*.so (or .pyd) is the extension, copied there
-as above; fastln/include/ holds copies of the public headers (see
+the package, written as pip builds it; fastln/*.c and fastln/rnn/_engine.c
+are Cython's output, the C translations of the .pyx files that the compiler
+builds (regenerated when a .pyx or a .pxd it cimports changes); fastln/*.so
+(or .pyd) and fastln/rnn/_engine.*.so are the extensions, copied there as
+above; fastln/include/ holds copies of the public headers (see
 copy_public_headers). `git clean -fdX` removes them all. The installed
-package keeps its own copy of the extension, but Python started in the
-checkout imports ./fastln, which then lacks it: run from another folder, or
+package keeps its own copy of the extensions, but Python started in the
+checkout imports ./fastln, which then lacks them: run from another folder, or
 rebuild.
 
 Environment: FASTLN_NO_OPENMP=1 skips OpenMP; FASTLN_NATIVE=1 adds
@@ -153,8 +155,8 @@ class BuildExt(build_ext):
 
 
 ext = Extension(
-    "fastln._core",
-    sources=["fastln/_core.pyx"] + C_SOURCES,
+    "fastln._lib",
+    sources=["fastln/_lib.pyx"] + C_SOURCES,
     include_dirs=["src_c", np.get_include()],
     # NumPy >= 1.22's C API: the allocator interface (PyDataMem_SetHandler)
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
@@ -162,20 +164,30 @@ ext = Extension(
     depends=sorted(glob.glob("src_c/*.h")) + [C_SOURCES_LIST],   # also puts the list in an sdist
 )
 
-# the recurrent engine's binding: compiles no C of its own, it calls the
-# kernels of fastln._core through the functions that fastln/_core.pxd declares
-engine = Extension(
-    "fastln.rnn._engine",
-    sources=["fastln/rnn/_engine.pyx"],
-    include_dirs=["src_c", np.get_include()],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
-                   ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
-    depends=["fastln/_core.pxd", "fastln/_ndarray.pxd", "src_c/fastln_rnn.h"],
-)
+
+def kernel_user(name, depends=()):
+    """An extension that compiles no C of its own: it calls the kernels of
+    fastln._lib through the functions that fastln/_lib.pxd declares."""
+    return Extension(
+        name,
+        sources=[name.replace(".", "/") + ".pyx"],
+        include_dirs=["src_c", np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                       ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
+        depends=["fastln/_lib.pxd", "fastln/_ndarray.pxd", *depends],
+    )
+
+
+# the kernels on canonical arrays, the public functions over them, and the
+# recurrent engine's binding
+users = [kernel_user("fastln._rows"),
+         kernel_user("fastln._norms", ["fastln/_rows.pxd"]),
+         kernel_user("fastln._add_norms", ["fastln/_rows.pxd", "fastln/_norms.pxd"]),
+         kernel_user("fastln.rnn._engine", ["src_c/fastln_rnn.h"])]
 
 copy_public_headers()
 setup(
-    ext_modules=cythonize([ext, engine], language_level=3),
+    ext_modules=cythonize([ext, *users], language_level=3),
     cmdclass={"build_ext": BuildExt},
     # PEP 561: the stubs of the compiled module and the marker that the package is typed
     # the Cython declarations (cimport fastln.kernels) and the C headers they need

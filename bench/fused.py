@@ -40,7 +40,7 @@ NumPy feeds and ``run_with_iobinding`` with the inputs bound once (ORT
 allocating the outputs); "ort out=" binds preallocated output buffers too, and
 is compared with fastln's ``out=``.
 
-The copy ceiling is fastln._core._parallel_copy of an x-sized array (the faster
+The copy ceiling is fastln._lib._parallel_copy of an x-sized array (the faster
 of a plain and a non-temporal-store copy, as bench/run.py), timed in the same
 turns. A call's fraction of it counts the N*H-sized arrays the call reads and
 writes (vectors of H and per-row statistics are ignored): add_rms_norm and
@@ -66,11 +66,9 @@ import numpy as np  # noqa: E402
 
 import fastln  # noqa: E402
 from bench import harness  # noqa: E402
-from fastln import _core, _selfcheck  # noqa: E402
+from fastln import _lib, _selfcheck  # noqa: E402
 
-torch = harness._torch           # None when torch is not installed
-_ort = harness._ort
-_onnx = harness._onnx
+torch = harness.torch           # None when torch is not installed
 
 LN_EPS = 1e-5
 RMS_EPS = 1e-6
@@ -217,8 +215,8 @@ def _row(key, shape, n, x):
 
 def _copies(x):
     dst = np.empty_like(x)
-    return {"copy": lambda: _core._parallel_copy(dst, x),
-            "copy_nt": lambda: _core._parallel_copy(dst, x, nt=True)}
+    return {"copy": lambda: _lib._parallel_copy(dst, x),
+            "copy_nt": lambda: _lib._parallel_copy(dst, x, nt=True)}
 
 
 def _setup(row, peer, make):
@@ -252,7 +250,7 @@ def _fused_fwd(key, shape, n, rng):
     want = list(fns["fastln"]())
     _check(row, "fastln_out", list(fns["fastln_out"]()), want, ("y", "s"))
     fns.update(_copies(x))
-    if _ort is not None and _onnx is not None:
+    if harness.ort is not None and harness.onnx is not None:
         made = _setup(row, "onnxruntime", lambda: _ort_peers(op, feeds, n))
         if made is not None:
             ort_fns, conv = made
@@ -649,8 +647,8 @@ def main(argv=None):
     bad = [c for c in cases if c not in CASES]
     if bad or not cases:
         ap.error(f"--cases: choose from {', '.join(CASES)} (got {args.cases!r})")
-    missing = [p for p, m in (("torch", torch), ("onnxruntime", _ort), ("onnx", _onnx))
-               if m is None]
+    missing = [p for p, m in (("torch", torch), ("onnxruntime", harness.ort),
+                              ("onnx", harness.onnx)) if m is None]
     if missing:
         print(f"not installed: {', '.join(missing)} (their columns are '-')", flush=True)
     harness.warn_if_busy()

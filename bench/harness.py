@@ -29,22 +29,22 @@ import sys
 import numpy as np
 
 import fastln
-from fastln import _core, _selfcheck
+from fastln import _lib, _selfcheck
 from fastln._selfcheck import (
     ATOL,
     EPS,
     RTOL,
     SPIN_GAP,
     SPINNING,
-    _import,
-    _onnx,
-    _ort,
-    _torch,
     close,
+    import_optional,
     numpy_layer_norm,
     numpy_layer_norm_backward,
+    onnx,
+    ort,
     ort_session,
     time_peers,
+    torch,
 )
 
 RMS_EPS = 1e-6              # RMSNorm (fastln.rms_norm's default)
@@ -76,7 +76,7 @@ def numpy_add_layer_norm(x, r, w, b, eps=EPS):
     return numpy_layer_norm(s, w, b, eps), s
 
 
-_ml_dtypes = _import("ml_dtypes")
+ml_dtypes = import_optional("ml_dtypes")
 
 
 def _dist_version(name):
@@ -93,9 +93,9 @@ def have_peer(name):
     if name in ("numpy", "fastln"):
         return True
     if name == "torch":
-        return _torch is not None
+        return torch is not None
     if name == "onnxruntime":
-        return _ort is not None and _onnx is not None
+        return ort is not None and onnx is not None
     if name == "jax":
         return importlib.util.find_spec("jax") is not None
     return False
@@ -108,12 +108,12 @@ def peer_versions():
         "python": platform.python_version(),
         "numpy": np.__version__,
         "fastln": fastln.__version__,
-        "torch": getattr(_torch, "__version__", None),
-        "onnxruntime": getattr(_ort, "__version__", None),
-        "onnx": getattr(_onnx, "__version__", None),
+        "torch": getattr(torch, "__version__", None),
+        "onnxruntime": getattr(ort, "__version__", None),
+        "onnx": getattr(onnx, "__version__", None),
         "jax": _dist_version("jax") if have_peer("jax") else None,
         "jaxlib": _dist_version("jaxlib") if have_peer("jax") else None,
-        "ml_dtypes": getattr(_ml_dtypes, "__version__", None),
+        "ml_dtypes": getattr(ml_dtypes, "__version__", None),
     }
 
 
@@ -129,20 +129,20 @@ def set_peer_threads(n):
     when it is created: the count is recorded here and the backend re-created
     (see :func:`jax_threads`) the next time the JAX peer is used.
     """
-    if _torch is not None:
-        _torch.set_num_threads(n)
+    if torch is not None:
+        torch.set_num_threads(n)
     _JAX["want"] = n
 
 
 def peer_threads():
     """The peers' current thread settings, for :func:`restore_peer_threads`."""
-    return {"torch": _torch.get_num_threads() if _torch is not None else None,
+    return {"torch": torch.get_num_threads() if torch is not None else None,
             "jax": _JAX["want"]}
 
 
 def restore_peer_threads(saved):
-    if _torch is not None and saved.get("torch"):
-        _torch.set_num_threads(saved["torch"])
+    if torch is not None and saved.get("torch"):
+        torch.set_num_threads(saved["torch"])
     _JAX["want"] = saved.get("jax")
 
 
@@ -168,8 +168,8 @@ def _jax_module():
         _JAX["tried"] = True
         if have_peer("jax"):
             os.environ.setdefault("JAX_PLATFORMS", "cpu")   # do not probe for accelerators
-            jax = _import("jax")
-            if jax is not None and _import("jax.numpy") is not None:
+            jax = import_optional("jax")
+            if jax is not None and import_optional("jax.numpy") is not None:
                 _JAX["mod"] = jax
     return _JAX["mod"]
 
@@ -284,22 +284,21 @@ def check_outputs(row, peer, direction, got, want, names, dtype="float32"):
 
 def _np_dtype(dtype):
     if dtype == "bfloat16":
-        if _ml_dtypes is None:
+        if ml_dtypes is None:
             raise RuntimeError("bfloat16 needs ml_dtypes")
-        return np.dtype(_ml_dtypes.bfloat16)
+        return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(dtype)
 
 
 def _to_torch(a):
-    torch = _torch
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
 
 def _from_torch(t):
-    if t.dtype == _torch.bfloat16:
-        return t.view(_torch.int16).numpy().view(_ml_dtypes.bfloat16)
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
 
 
@@ -321,7 +320,6 @@ def _numpy_peer(c):
 
 
 def _torch_peer(c):
-    torch = _torch
     F = torch.nn.functional
     op, H = c["op"], c["H"]
     xt, wt, bt = _to_torch(c["x"]), _to_torch(c["w"]), _to_torch(c["b"])
@@ -340,7 +338,6 @@ def _torch_peer(c):
 
 
 def _torch_bwd(c):
-    torch = _torch
     H = c["H"]
     xt, wt, bt, dyt = (torch.from_numpy(c[k]) for k in ("x", "w", "b", "dy"))
     _, tmean, trstd = torch.ops.aten.native_layer_norm(xt, [H], wt, bt, EPS)
@@ -465,8 +462,8 @@ def bench_shape(N, H, *, op="layer_norm", dtype="float32", repeats=15, min_sampl
         fwd["fastln"] = lambda: fastln.add_layer_norm(x, r, w, b, eps=EPS)
         fwd["fastln_out"] = lambda: fastln.add_layer_norm(x, r, w, b, eps=EPS, out=(y_out, s_out))
         got_out = lambda: list(fwd["fastln_out"]())   # noqa: E731
-    fwd["copy"] = lambda: _core._parallel_copy(y_out, x)
-    fwd["copy_nt"] = lambda: _core._parallel_copy(y_out, x, nt=True)
+    fwd["copy"] = lambda: _lib._parallel_copy(y_out, x)
+    fwd["copy_nt"] = lambda: _lib._parallel_copy(y_out, x, nt=True)
     check("fastln", "fwd", got_out(), ref)     # out= path agrees with the allocating one
     if dtype != "float32":
         x32 = c["x32"]
@@ -500,7 +497,7 @@ def bench_shape(N, H, *, op="layer_norm", dtype="float32", repeats=15, min_sampl
                 lambda: ((lambda: numpy_layer_norm_backward(dy, x, mean, rstd, w)), list), dref)
     # torch tensors from torch.from_numpy need no grad, so no autograd graph is built
     if "torch" in peers and have_peer("torch"):
-        _torch.set_num_threads(nthreads)
+        torch.set_num_threads(nthreads)
         add("torch", fwd, "fwd", lambda: _torch_peer(c), ref)
         if backward:
             add("torch", bwd, "bwd", lambda: _torch_bwd(c), dref)

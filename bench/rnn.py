@@ -82,7 +82,7 @@ from fastln import _selfcheck  # noqa: E402
 from fastln.rnn import _engine as fastln_engine  # noqa: E402
 from fastln.rnn._base import _frozen  # noqa: E402
 
-torch = harness._torch           # None when torch is not installed
+torch = harness.torch           # None when torch is not installed
 
 try:
     from fastln import rnn as fastln_rnn  # noqa: E402
@@ -500,7 +500,7 @@ BF16_STEPS = ("bf16", "bf16_xf32", "f32", "f32_ro")
 
 def _bf16():
     """ml_dtypes.bfloat16, or None where ml_dtypes is missing."""
-    mod = harness._ml_dtypes
+    mod = harness.ml_dtypes
     return None if mod is None else mod.bfloat16
 
 

@@ -67,11 +67,9 @@ import numpy as np  # noqa: E402
 import fastln  # noqa: E402
 from bench import harness  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
-from fastln._selfcheck import _onnx, _ort, _torch  # noqa: E402
 from fastln.rnn import _engine as fastln_engine  # noqa: E402
 
-_ov = _selfcheck._import("openvino")
-_ml_dtypes = harness._ml_dtypes
+_ov = _selfcheck.import_optional("openvino")
 
 INPUT = 128
 HIDDEN = (128, 256, 512, 1024, 2048)
@@ -142,7 +140,7 @@ def _torch_int8(module):
     """A function x (a tensor) -> y of torch's dynamic int8 copy of the
     nn.LSTM ``module``, or None where torch cannot quantize it (no quantized
     engine, or the quantization API gone)."""
-    torch = _torch
+    torch = _selfcheck.torch
     engines = getattr(getattr(torch.backends, "quantized", None), "supported_engines", [])
     if not [e for e in engines if e != "none"] or torch.backends.quantized.engine == "none":
         return None
@@ -184,7 +182,7 @@ def bench_point(cell, H, B, T, nthreads, quick=False, seed=0, bf16=False, int8=F
     peers with ``bf16``, the int8 ones with ``int8`` for an LSTM."""
     from fastln import rnn
 
-    torch = _torch
+    torch = _selfcheck.torch
     torch.manual_seed(seed)
     module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell](
         INPUT, H).eval()
@@ -198,8 +196,8 @@ def bench_point(cell, H, B, T, nthreads, quick=False, seed=0, bf16=False, int8=F
             return module(xt)[0]
     fns = {"fastln": lambda: model.forward(x, cache=False), "torch": lambda: torch_y(xt)}
     checks = {"torch": (lambda: torch_y(xt[:k]).numpy(), TOL)}
-    onnx_model = _onnx_model(cell, module) if _onnx is not None else None
-    if onnx_model is not None and _ort is not None:
+    onnx_model = _onnx_model(cell, module) if _selfcheck.onnx is not None else None
+    if onnx_model is not None and _selfcheck.ort is not None:
         sess = _selfcheck.ort_session_of(onnx_model, nthreads, spin=True)
         fns["onnxruntime"] = lambda: sess.run(None, {"X": x})
         checks["onnxruntime"] = (lambda: sess.run(None, {"X": x[:k]})[0][:, 0], TOL)
@@ -208,7 +206,7 @@ def bench_point(cell, H, B, T, nthreads, quick=False, seed=0, bf16=False, int8=F
         fns["openvino"] = lambda: ov32(x)
         checks["openvino"] = (lambda: ov32(x[:k])[:, 0], TOL)
     if bf16:
-        model16 = model.to(_ml_dtypes.bfloat16)
+        model16 = model.to(harness.ml_dtypes.bfloat16)
         fns["fastln_bf16"] = lambda: model16.forward(x, cache=False)
         checks["fastln_bf16"] = (lambda: model16.forward(x[:k], cache=False)[0], BF16_TOL)
         if onnx_model is not None and _ov is not None:
@@ -220,7 +218,7 @@ def bench_point(cell, H, B, T, nthreads, quick=False, seed=0, bf16=False, int8=F
         q = rnn.quantize(model)
         fns["fastln_int8"] = lambda: q.forward(x, cache=False)
         int8_ys["fastln_int8"] = lambda: q.forward(x, cache=False)[0]
-        if onnx_model is not None and _selfcheck._ort_quant is not None:
+        if onnx_model is not None and _selfcheck.ort_quant is not None:
             sess8 = _selfcheck.ort_session_of(_selfcheck.ort_int8_model(onnx_model), nthreads,
                                               spin=True)
             fns["onnxruntime_int8"] = lambda: sess8.run(None, {"X": x})
@@ -253,15 +251,15 @@ def run(threads=2, cells=CELLS, hidden=HIDDEN, batch=BATCH, steps=STEPS, quick=F
     'int8', 'rows'}; ``bf16`` None: the bfloat16 columns where fastln's bfloat16
     products run on bfloat16 dot products; ``int8`` None: the int8 columns
     where ONNX Runtime is installed."""
-    if _torch is None:
+    if _selfcheck.torch is None:
         raise RuntimeError("bench/rnn_grid.py needs PyTorch (pip install torch): the "
                            "models are built from torch modules")
     if bf16 is None:
-        bf16 = fastln_engine.bf16_products() != "float32" and _ml_dtypes is not None
-    elif bf16 and _ml_dtypes is None:
+        bf16 = fastln_engine.bf16_products() != "float32" and harness.ml_dtypes is not None
+    elif bf16 and harness.ml_dtypes is None:
         raise RuntimeError("the bfloat16 columns need ml_dtypes (pip install ml_dtypes)")
     if int8 is None:
-        int8 = _ort is not None
+        int8 = _selfcheck.ort is not None
     info = harness.machine_info()
     info["openvino"] = _ov.get_version() if _ov is not None else None
     # the kernels that fastln's bfloat16 and int8 models run on here

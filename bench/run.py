@@ -375,7 +375,7 @@ def main(argv=None):
     ops = _parse_list(ap, args.ops, list(OPS), "--ops")
     peers = _parse_list(ap, args.peers, list(harness.PEERS), "--peers")
     shapes = _parse_shapes(ap, args.shapes) if args.shapes else None
-    if "bf16" in ops and harness._ml_dtypes is None:
+    if "bf16" in ops and harness.ml_dtypes is None:
         print("bfloat16 needs ml_dtypes (pip install ml_dtypes): skipping bf16", flush=True)
         ops = [o for o in ops if o != "bf16"]
     command = "python bench/run.py" + "".join(

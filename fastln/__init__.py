@@ -5,9 +5,9 @@ API. See README.md for a tour; ``python -m fastln`` runs a self-check and a
 benchmark against the peers installed.
 
 Functions: :func:`layer_norm`, :func:`layer_norm_backward`,
-:func:`rms_norm`, :func:`rms_norm_backward`, and the fused residual ops
-:func:`add_layer_norm`, :func:`add_rms_norm` and their backward (from
-:mod:`fastln._core`). Layers: :class:`LayerNorm` and :class:`RMSNorm` (from
+:func:`rms_norm`, :func:`rms_norm_backward` (from :mod:`fastln._norms`), and
+the fused residual ops :func:`add_layer_norm`, :func:`add_rms_norm` and their
+backward (from :mod:`fastln._add_norms`). Layers: :class:`LayerNorm` and :class:`RMSNorm` (from
 :mod:`fastln.layers`). Threads: :func:`get_num_threads`,
 :func:`set_num_threads`, :func:`threads` and :func:`get_wait_policy`. Instruction sets:
 :func:`get_isa`, :func:`supported_isas`; :func:`has_openmp`. The cache of
@@ -29,6 +29,20 @@ The environment variable ``FASTLN_ISA`` ("avx512", "avx2" or "generic", in
 any case) forces an instruction-set path; one this CPU cannot run is
 ignored, with a RuntimeWarning at import.
 
+Notes
+-----
+The package's own modules, which a reader of the source meets: the public
+functions are Cython (``_norms``, ``_add_norms``) over the kernels on
+canonical arrays (``_rows``) and the C core (``_lib``, the one extension that
+compiles the C kernels and holds their state); what a fast path does not take
+goes to the general path (``_general``, over ``_layout``). The argument checks
+(``_validate``) and the 16-bit dtypes (``_dtypes``) serve the whole package.
+Imports point one way, from the public functions down to ``_lib``: the
+general path never imports the Cython modules that call it. :mod:`fastln.rnn`
+and :mod:`fastln.serve` may import the top level's shared modules (``_lib``,
+``_validate``, ``_dtypes``, ``_torch``, ``_optional``); of the top level, only
+``dask``, ``_selfcheck`` and ``__main__`` import :mod:`fastln.rnn`.
+
 Examples
 --------
 >>> import numpy as np, fastln
@@ -45,24 +59,25 @@ from types import ModuleType as _ModuleType
 
 from fastln import _wait
 
-# fastln._core first, through _wait: importing it loads the OpenMP runtime, which
+# fastln._lib first, through _wait: importing it loads the OpenMP runtime, which
 # reads its waiting policy from the environment as it starts (see fastln._wait)
-_wait.import_core()
+_wait.import_lib()
 
-from fastln import _core  # noqa: E402
-from fastln._core import (  # noqa: E402
+from fastln import _lib  # noqa: E402
+from fastln._add_norms import (  # noqa: E402
     add_layer_norm,
     add_layer_norm_backward,
     add_rms_norm,
     add_rms_norm_backward,
-    get_isa,
-    has_openmp,
+)
+from fastln._lib import get_isa, has_openmp  # noqa: E402
+from fastln._memory import cache_info, empty_cache, set_cache_limit  # noqa: E402
+from fastln._norms import (  # noqa: E402
     layer_norm,
     layer_norm_backward,
     rms_norm,
     rms_norm_backward,
 )
-from fastln._memory import cache_info, empty_cache, set_cache_limit  # noqa: E402
 from fastln._threads import (  # noqa: E402
     get_num_threads,
     get_wait_policy,
@@ -120,7 +135,7 @@ def supported_isas() -> list[str]:
     >>> fastln.supported_isas()[-1]
     'generic'
     """
-    return [name for name in ISAS if _core.isa_supported(name)]
+    return [name for name in ISAS if _lib.isa_supported(name)]
 
 
 def get_include() -> str:

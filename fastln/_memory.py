@@ -23,7 +23,7 @@ import os
 import warnings
 from typing import NamedTuple
 
-from fastln import _core
+from fastln import _lib
 
 
 class CacheInfo(NamedTuple):
@@ -60,7 +60,7 @@ def cache_info() -> CacheInfo:
     >>> fastln.cache_info().hits - hits
     1
     """
-    limit, nbytes, blocks, hits, misses = (int(v) for v in _core._cache_stats())
+    limit, nbytes, blocks, hits, misses = (int(v) for v in _lib._cache_stats())
     return CacheInfo(hits, misses, limit, nbytes, blocks)
 
 
@@ -99,7 +99,7 @@ def set_cache_limit(nbytes: int) -> None:
         raise TypeError(f"nbytes must be an int, not {type(nbytes).__name__}")
     if nbytes < 0:
         raise ValueError(f"nbytes must be 0 or more, got {nbytes}")
-    _core._cache_set_limit(min(int(nbytes), 2**63 - 1))
+    _lib._cache_set_limit(min(int(nbytes), 2**63 - 1))
 
 
 def empty_cache() -> None:
@@ -115,7 +115,7 @@ def empty_cache() -> None:
     >>> fastln.cache_info().bytes
     0
     """
-    _core._cache_release()
+    _lib._cache_release()
 
 
 def _limit_from_env() -> None:
@@ -125,7 +125,7 @@ def _limit_from_env() -> None:
     text = os.environ.get("FASTLN_CACHE_LIMIT")
     if text is None:
         return
-    nbytes = _core._parse_bytes(text)
+    nbytes = _lib._parse_bytes(text)
     if nbytes is None:
         warnings.warn(f"FASTLN_CACHE_LIMIT={text!r} is not a size in bytes (such as 0, "
                       f"536870912, 512M or 2GiB); the limit stays {cache_info().limit}",

@@ -1,8 +1,10 @@
-# Checks and pointers of NumPy arrays for fastln's extension modules (fastln._core,
-# fastln.rnn._engine): inline functions only, so no module of this name is imported.
-# They live apart from fastln/_core.pxd so that code cimporting the kernels
-# (fastln/kernels.pxd) needs no NumPy headers.
+# Checks and pointers of NumPy arrays for fastln's extension modules (fastln._lib,
+# fastln._rows, fastln._norms, fastln._add_norms, fastln.rnn._engine): inline
+# functions only, so no module of this name is imported. They live apart from
+# fastln/_lib.pxd so that code cimporting the kernels (fastln/kernels.pxd)
+# needs no NumPy headers. The fast paths' predicates are at the end.
 cimport numpy as cnp
+from libc.math cimport isfinite
 from libc.stdint cimport int64_t
 
 
@@ -36,3 +38,57 @@ cdef inline int _arr(object a, int tn, int64_t n, bint writable, str what) excep
             and (not writable or cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a))):
         raise ValueError("internal: bad array for " + what)
     return 0
+
+
+# ---- the fast paths' predicates ----------------------------------------------
+
+cdef inline bint _overlap_any(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """Contiguous a and b share any byte."""
+    cdef char *pa = <char *>cnp.PyArray_DATA(a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(b)
+    return pa < pb + cnp.PyArray_NBYTES(b) and pb < pa + cnp.PyArray_NBYTES(a)
+
+cdef inline bint _overlap_partly(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """Contiguous a and b share memory without being the same buffer."""
+    cdef char *pa = <char *>cnp.PyArray_DATA(a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(b)
+    if pa == pb and cnp.PyArray_NBYTES(a) == cnp.PyArray_NBYTES(b):
+        return False
+    return pa < pb + cnp.PyArray_NBYTES(b) and pb < pa + cnp.PyArray_NBYTES(a)
+
+cdef inline bint _same_shape(cnp.ndarray a, cnp.ndarray b, int nd) noexcept:
+    """The first nd dimensions of a and b agree, and b has exactly nd."""
+    if cnp.PyArray_NDIM(b) != nd:
+        return False
+    for i in range(nd):
+        if cnp.PyArray_DIM(a, i) != cnp.PyArray_DIM(b, i):
+            return False
+    return True
+
+cdef inline bint _fast_vec(object p, int tn, cnp.npy_intp H) noexcept:
+    """p is None, or a fast 1-D array of H elements."""
+    return p is None or (_fast(p, tn) and cnp.PyArray_NDIM(<cnp.ndarray>p) == 1
+                         and cnp.PyArray_DIM(<cnp.ndarray>p, 0) == H)
+
+cdef inline bint _fast_out(object out, cnp.ndarray x, int tn, object others=()) noexcept:
+    """out is None, or a writable fast array of x's shape that is x itself or
+    does not overlap it, and overlaps none of the (fast or None) others."""
+    if out is None:
+        return True
+    if not (_fast(out, tn) and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out)
+            and _same_shape(x, <cnp.ndarray>out, cnp.PyArray_NDIM(x))):
+        return False
+    if _overlap_partly(<cnp.ndarray>out, x):
+        return False
+    for a in others:
+        if a is not None and _overlap_any(<cnp.ndarray>out, <cnp.ndarray>a):
+            return False
+    return True
+
+cdef inline bint _fast_eps(object eps) noexcept:
+    """eps is a Python float, finite and >= 0."""
+    return type(eps) is float and isfinite(<double>eps) and <double>eps >= 0.0
+
+cdef inline bint _last_axis(object axis, int nd):
+    """axis is the Python int -1 or nd - 1."""
+    return type(axis) is int and (axis == -1 or axis == nd - 1)

@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 
 import fastln
-from fastln import _core
+from fastln import _lib
 
 EPS = 1e-5
 SPIN_GAP = 12e-3            # see time_peers: longer than libgomp's default spin
@@ -113,7 +113,9 @@ def time_peers(fns, repeats=15, min_sample=2e-3, budget=None, min_repeats=3,
 
 # ---- the machine --------------------------------------------------------------
 
-def _import(name):
+def import_optional(name):
+    """The module ``name``, or None where it cannot be imported (a peer that is
+    not installed, or a broken install)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -122,18 +124,19 @@ def _import(name):
         return None
 
 
-_torch = _import("torch")
-_ort = _import("onnxruntime")
-_onnx = _import("onnx") if _ort is not None else None
-_ort_quant = _import("onnxruntime.quantization") if _onnx is not None else None
+# the peers timed here (bench/harness.py's too), each None where it is missing
+torch = import_optional("torch")
+ort = import_optional("onnxruntime")
+onnx = import_optional("onnx") if ort is not None else None
+ort_quant = import_optional("onnxruntime.quantization") if onnx is not None else None
 
 
 def versions():
     """{name: version or None} of Python, NumPy, fastln and the peers timed here."""
     return {"python": platform.python_version(), "numpy": np.__version__,
-            "fastln": fastln.__version__, "torch": getattr(_torch, "__version__", None),
-            "onnxruntime": getattr(_ort, "__version__", None),
-            "onnx": getattr(_onnx, "__version__", None)}
+            "fastln": fastln.__version__, "torch": getattr(torch, "__version__", None),
+            "onnxruntime": getattr(ort, "__version__", None),
+            "onnx": getattr(onnx, "__version__", None)}
 
 
 def cpu_model():
@@ -244,13 +247,13 @@ def ort_session_of(model, nthreads, spin=False):
     (spinning, they starve the peer timed next). The model's IR version is
     capped at 9, which every supported ONNX Runtime reads."""
     model.ir_version = min(model.ir_version, 9)
-    so = _ort.SessionOptions()
+    so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = nthreads, 1
     so.log_severity_level = 3
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return _ort.InferenceSession(model.SerializeToString(), so,
-                                 providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
 
 
 def close(a, b, reduction=False, rtol=RTOL, atol=ATOL):
@@ -281,24 +284,24 @@ def layer_norm_row(N, H, seed=0, **kw):
     grads = fastln.layer_norm_backward(dy, x, mean, rstd, w)
     fwd = {"fastln": lambda: fastln.layer_norm(x, w, b, eps=EPS),
            "fastln_out": lambda: fastln.layer_norm(x, w, b, eps=EPS, out=y_out),
-           "copy": lambda: _core._parallel_copy(y_out, x),
-           "copy_nt": lambda: _core._parallel_copy(y_out, x, nt=True),
+           "copy": lambda: _lib._parallel_copy(y_out, x),
+           "copy_nt": lambda: _lib._parallel_copy(y_out, x, nt=True),
            "numpy": lambda: numpy_layer_norm(x, w, b)}
     bwd = {"fastln": lambda: fastln.layer_norm_backward(dy, x, mean, rstd, w),
            "fastln_out": lambda: fastln.layer_norm_backward(dy, x, mean, rstd, w, out=dx_out),
            "numpy": lambda: numpy_layer_norm_backward(dy, x, mean, rstd, w)}
     nthreads = fastln.get_num_threads()
-    torch_threads = _torch.get_num_threads() if _torch is not None else None
+    torch_threads = torch.get_num_threads() if torch is not None else None
     try:
-        if _torch is not None:
-            _torch.set_num_threads(nthreads)
-            F, aten = _torch.nn.functional, _torch.ops.aten
-            xt, wt, bt, dyt = (_torch.from_numpy(a) for a in (x, w, b, dy))
+        if torch is not None:
+            torch.set_num_threads(nthreads)
+            F, aten = torch.nn.functional, torch.ops.aten
+            xt, wt, bt, dyt = (torch.from_numpy(a) for a in (x, w, b, dy))
             _, tm, tr = aten.native_layer_norm(xt, [H], wt, bt, EPS)
             fwd["torch"] = lambda: F.layer_norm(xt, (H,), wt, bt, EPS).numpy()
             bwd["torch"] = lambda: [t.numpy() for t in aten.native_layer_norm_backward(
                 dyt, xt, [H], tm, tr, wt, bt, [True, True, True])]
-        if _ort is not None and _onnx is not None:
+        if ort is not None and onnx is not None:
             sess = ort_session(H, nthreads)
             fwd["onnxruntime"] = lambda: sess.run(None, {"X": x, "Scale": w, "B": b})[0]
         mismatch = [f"{p} fwd" for p in ("numpy", "torch", "onnxruntime")
@@ -317,7 +320,7 @@ def layer_norm_row(N, H, seed=0, **kw):
         return row
     finally:   # torch may share fastln's OpenMP runtime: its count goes back as it was
         if torch_threads is not None:
-            _torch.set_num_threads(torch_threads)
+            torch.set_num_threads(torch_threads)
 
 
 # ---- the int8 LSTM ------------------------------------------------------------
@@ -382,9 +385,9 @@ def ort_int8_model(model):
     models pass through a temporary directory."""
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         src, dst = os.path.join(tmp, "f32.onnx"), os.path.join(tmp, "int8.onnx")
-        _onnx.save(model, src)
-        _ort_quant.quantize_dynamic(src, dst, op_types_to_quantize=["LSTM"])
-        return _onnx.load(dst)
+        onnx.save(model, src)
+        ort_quant.quantize_dynamic(src, dst, op_types_to_quantize=["LSTM"])
+        return onnx.load(dst)
 
 
 def int8_lstm_row(T, B, I, H, seed=0, **kw):
@@ -403,7 +406,7 @@ def int8_lstm_row(T, B, I, H, seed=0, **kw):
            "fastln": lambda: model.forward(x, cache=False)}
     error = {"fastln_int8": float(np.abs(y8 - y32).max())}
     mismatch = []
-    if _ort_quant is not None:
+    if ort_quant is not None:
         sess = ort_session_of(ort_int8_model(onnx_lstm(model)), nthreads)
         fns["onnxruntime_int8"] = lambda: sess.run(None, {"X": x})
         yo = sess.run(None, {"X": x})[0][:, 0]

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from fastln import _cgroup, _core, _wait
+from fastln import _cgroup, _lib, _wait
 
 MAX_THREADS = 4096   # more would only ask OpenMP for an absurd thread pool
 
@@ -62,7 +62,7 @@ def get_num_threads() -> int:
     >>> fastln.get_num_threads() >= 1
     True
     """
-    return _core.get_num_threads()
+    return _lib.get_num_threads()
 
 
 def set_num_threads(n: Optional[int]) -> None:
@@ -96,13 +96,13 @@ def set_num_threads(n: Optional[int]) -> None:
     >>> fastln.set_num_threads(None)    # back to the default
     """
     if n is None:
-        _core.set_num_threads(0)
+        _lib.set_num_threads(0)
         return
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
         raise TypeError(f"n must be an int or None, got {type(n).__name__}")
     if not 1 <= n <= MAX_THREADS:
         raise ValueError(f"n must be between 1 and {MAX_THREADS}, got {n}")
-    _core.set_num_threads(int(n))
+    _lib.set_num_threads(int(n))
 
 
 @contextlib.contextmanager
@@ -136,12 +136,12 @@ def threads(n: Optional[int]) -> Iterator[None]:
     ...     fastln.get_num_threads()
     1
     """
-    previous = _core.get_requested_threads()
+    previous = _lib.get_requested_threads()
     set_num_threads(n)
     try:
         yield
     finally:
-        _core.set_num_threads(previous)
+        _lib.set_num_threads(previous)
 
 
 def get_wait_policy() -> str:
@@ -176,4 +176,4 @@ def get_wait_policy() -> str:
     return _wait.describe()
 
 
-_core._set_default_threads(default_threads())
+_lib._set_default_threads(default_threads())

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _optional
+from . import _dtypes
 
 
 def is_tensor(v: Any) -> bool:
@@ -22,16 +22,8 @@ def to_numpy(v: Any) -> npt.NDArray[Any]:
         return np.asarray(v)
     v = v.detach().cpu()
     if str(v.dtype) == "torch.bfloat16":
-        return np.asarray(v.float().numpy()).astype(_bfloat16())
+        return np.asarray(v.float().numpy()).astype(_dtypes.bfloat16("a bfloat16 tensor"))
     return np.array(v.numpy())
-
-
-def _bfloat16() -> Any:
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise _optional.missing("ml_dtypes", "a bfloat16 tensor") from None
-    return ml_dtypes.bfloat16
 
 
 def module_dtype(module: Any, default: npt.DTypeLike = np.float32) -> np.dtype[Any]:

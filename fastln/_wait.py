@@ -8,7 +8,7 @@ process that calls fastln a few dozen times a second would keep its cores busy
 spinning between the calls, and take them from other processes.
 
 The runtimes read these variables once, as they start: libgomp when it loads,
-libomp when it is first used. :func:`import_core` imports fastln's extension,
+libomp when it is first used. :func:`import_lib` imports fastln's extension,
 which loads the runtime and asks it for its thread count (starting libomp),
 with a short spin in the environment: ``GOMP_SPINCOUNT=SPIN_COUNT`` for
 libgomp on x86, ``KMP_BLOCKTIME=BLOCKTIME_MS`` for libomp. It then restores the
@@ -53,7 +53,7 @@ RUNTIMES = {"libgomp.so.1": ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"),
             "libomp.dylib": ("OMP_WAIT_POLICY", "KMP_BLOCKTIME"),
             "libiomp5.dylib": ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")}
 
-# what import_core saw: see describe()
+# what import_lib saw: see describe()
 _state: dict = {}
 
 
@@ -90,16 +90,16 @@ def loaded_runtimes() -> set[str]:
     return found
 
 
-def import_core(environ: MutableMapping[str, str] = os.environ) -> ModuleType:
-    """Imports fastln._core with fastln's waiting policy (see the module's
+def import_lib(environ: MutableMapping[str, str] = os.environ) -> ModuleType:
+    """Imports fastln._lib with fastln's waiting policy (see the module's
     docstring) and returns it; the environment is as before on return."""
     before = loaded_runtimes()
     settings = defaults_for(environ)
     saved = {name: environ.get(name) for name in settings}
     environ.update(settings)
     try:
-        core = importlib.import_module("fastln._core")
-        core.get_num_threads()   # starts a runtime that reads its settings on first use
+        lib = importlib.import_module("fastln._lib")
+        lib.get_num_threads()   # starts a runtime that reads its settings on first use
     finally:
         for name, value in saved.items():
             if value is None:
@@ -107,14 +107,14 @@ def import_core(environ: MutableMapping[str, str] = os.environ) -> ModuleType:
             else:
                 environ[name] = value
     after = loaded_runtimes()
-    _state.update(openmp=bool(core.has_openmp()), new=sorted(after - before),
+    _state.update(openmp=bool(lib.has_openmp()), new=sorted(after - before),
                   before=sorted(before & after), settings=settings,
                   user={v: environ[v] for v in USER_VARS if environ.get(v)})
-    return core
+    return lib
 
 
 def describe(state: Optional[Mapping] = None) -> str:
-    """One line on how fastln's idle threads wait (``state``: import_core's record).
+    """One line on how fastln's idle threads wait (``state``: import_lib's record).
 
     - ``"serial build (no OpenMP threads)"``;
     - ``"the environment's (OMP_WAIT_POLICY=passive)"``: the user's variables

@@ -38,9 +38,7 @@ try:
 except ImportError:  # pragma: no cover
     raise _optional.missing("dask", "fastln.dask") from None
 
-import fastln
-from fastln import _api
-from fastln._api import _normalize_axes
+from fastln import _norms, _validate
 from fastln.rnn._base import _LNRecurrent
 
 __all__ = ["layer_norm", "rms_norm", "rnn_forward", "RechunkWarning"]
@@ -60,7 +58,7 @@ def _param(p: Any, name: str) -> Optional[npt.NDArray[Any]]:
     """weight / bias as a NumPy array (a dask array is computed), or None."""
     if p is None:
         return None
-    return _api._asarray(p.compute() if isinstance(p, da.Array) else p, name)
+    return _validate.asarray(p.compute() if isinstance(p, da.Array) else p, name)
 
 
 def _prepare(func: Callable[..., Any], x: Any, params: Dict[str, Any], axis: Any, eps: float,
@@ -72,7 +70,7 @@ def _prepare(func: Callable[..., Any], x: Any, params: Dict[str, Any], axis: Any
                         f"use fastln.{func.__name__} for NumPy arrays")
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension")
-    axes = _normalize_axes(axis, x.ndim)
+    axes = _validate.normalize_axes(axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):
         raise ValueError(f"x has size 0 along the normalized axis {axes} (shape {x.shape}); "
                          f"nothing to normalize")
@@ -167,12 +165,12 @@ def layer_norm(x: da.Array, weight: _Param = None, bias: _Param = None, *,
     >>> float(abs(y.mean(axis=-1)).max().compute()) < 1e-5
     True
     """
-    x, p, axes, meta = _prepare(fastln.layer_norm, x, {"weight": weight, "bias": bias},
+    x, p, axes, meta = _prepare(_norms.layer_norm, x, {"weight": weight, "bias": bias},
                                 axis, eps)
-    return _map_blocks(x, fastln.layer_norm, p, axes, eps, meta)
+    return _map_blocks(x, _norms.layer_norm, p, axes, eps, meta)
 
 
-@_api.takes_no_bias
+@_validate.takes_no_bias
 def rms_norm(x: da.Array, weight: _Param = None, *, axis: _Axis = -1,
              eps: float = 1e-6) -> da.Array:
     """RMSNorm of a dask array, block by block with :func:`fastln.rms_norm`.
@@ -208,10 +206,10 @@ def rms_norm(x: da.Array, weight: _Param = None, *, axis: _Axis = -1,
     >>> np.allclose(y.compute(), 1.0, atol=1e-5)
     True
     """
-    # one frame more than layer_norm's: that of the wrapper of _api.takes_no_bias
-    x, p, axes, meta = _prepare(fastln.rms_norm, x, {"weight": weight}, axis, eps,
+    # one frame more than layer_norm's: that of the wrapper of _validate.takes_no_bias
+    x, p, axes, meta = _prepare(_norms.rms_norm, x, {"weight": weight}, axis, eps,
                                 stacklevel=5)
-    return _map_blocks(x, fastln.rms_norm, p, axes, eps, meta)
+    return _map_blocks(x, _norms.rms_norm, p, axes, eps, meta)
 
 
 # ------------------------------------------------------------------ recurrent networks

@@ -11,13 +11,13 @@
 #
 # The extension compiles with fastln.get_include() among its include
 # directories (fastln.h is there) and links nothing of fastln's: the functions
-# are those compiled into fastln._core, which Cython imports when the
+# are those compiled into fastln._lib, which Cython imports when the
 # extension is imported and whose function pointers it looks up then. The
 # extension thus shares fastln's state (the thread count that
 # fastln.set_num_threads and fastln_set_num_threads set, the instruction-set
 # path, the cache of large outputs) instead of loading a copy of its own.
 # fastln.h (in fastln.get_include()) documents every function.
-from fastln._core cimport (
+from fastln._lib cimport (
     FASTLN_BF16, FASTLN_EINVAL, FASTLN_ENOMEM, FASTLN_F16, FASTLN_OK,
     fastln_add_layer_norm_f32, fastln_add_layer_norm_f64, fastln_add_layer_norm_half,
     fastln_add_norm_backward_f32, fastln_add_norm_backward_f64, fastln_add_norm_f32,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Tuple,
 
 import numpy as np
 
-from fastln import _api, _core, _torch
+from fastln import _dtypes, _norms, _torch, _validate
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -88,9 +88,9 @@ class _Norm(abc.ABC):
     def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float,
                  dtype: npt.DTypeLike) -> None:
         self.normalized_shape: Tuple[int, ...] = _shape(normalized_shape)
-        self.eps: float = _api._check_eps(eps)
+        self.eps: float = _validate.check_eps(eps)
         self.dtype: np.dtype[Any] = np.dtype(dtype)
-        if self.dtype.kind != "f" and self.dtype not in _api._LOW_PRECISION:
+        if self.dtype.kind != "f" and self.dtype not in _dtypes.LOW_PRECISION:
             raise TypeError(f"dtype must be a floating dtype, got {self.dtype}")
         self.grads: Dict[str, _Array] = {}
         self._cache: Optional[Tuple[_Array, ...]] = None
@@ -170,7 +170,7 @@ class _Norm(abc.ABC):
             if _is_meta(state[k]):
                 raise ValueError(f"state_dict[{k!r}] is a tensor on the meta device, which "
                                  f"holds no values")
-            v = _api._real_array(_torch.to_numpy(state[k]), f"state_dict[{k!r}]")
+            v = _validate.real_array(_torch.to_numpy(state[k]), f"state_dict[{k!r}]")
             if v.shape != self.normalized_shape:
                 raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, "
                                  f"expected {self.normalized_shape}")
@@ -181,7 +181,7 @@ class _Norm(abc.ABC):
     def _check_input(self, x: Any) -> _Array:
         """x as an ndarray (a torch tensor read as in fastln.layer_norm) whose
         trailing axes are normalized_shape (also without weights)."""
-        a = _api._asarray(x, "x")
+        a = _validate.asarray(x, "x")
         shape = a.shape
         n = len(self.normalized_shape)
         if tuple(shape[len(shape) - n:]) != self.normalized_shape or len(shape) < n:
@@ -287,8 +287,8 @@ class LayerNorm(_Norm):
                  elementwise_affine: bool = True, bias: bool = True,
                  dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine: bool = _api._flag(elementwise_affine, "elementwise_affine")
-        has_bias = _api._flag(bias, "bias")
+        self.elementwise_affine: bool = _validate.flag(elementwise_affine, "elementwise_affine")
+        has_bias = _validate.flag(bias, "bias")
         self.weight = (np.ones(self.normalized_shape, self.dtype) if self.elementwise_affine
                        else None)
         self.bias: Optional[_Array] = (np.zeros(self.normalized_shape, self.dtype)
@@ -363,7 +363,7 @@ class LayerNorm(_Norm):
         (replacing those of an earlier call): do not change x in between.
         """
         x = self._check_input(x)
-        y, mean, rstd = _core.layer_norm(x, self.weight, self.bias, axis=self._axis(),
+        y, mean, rstd = _norms.layer_norm(x, self.weight, self.bias, axis=self._axis(),
                                          eps=self.eps, return_stats=True)
         self._cache = (x, mean, rstd)
         return y
@@ -399,7 +399,7 @@ class LayerNorm(_Norm):
         backward that raises leaves the cache as it was.
         """
         x, mean, rstd = self._take_cache()
-        dx, dw, db = _core.layer_norm_backward(dy, x, mean, rstd, self.weight,
+        dx, dw, db = _norms.layer_norm_backward(dy, x, mean, rstd, self.weight,
                                                axis=self._axis())
         self._cache = None
         self.grads = {}
@@ -460,7 +460,7 @@ class RMSNorm(_Norm):
     def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float = 1e-6,
                  elementwise_affine: bool = True, dtype: npt.DTypeLike = np.float32) -> None:
         super().__init__(normalized_shape, eps, dtype)
-        self.elementwise_affine: bool = _api._flag(elementwise_affine, "elementwise_affine")
+        self.elementwise_affine: bool = _validate.flag(elementwise_affine, "elementwise_affine")
         self.weight = (np.ones(self.normalized_shape, self.dtype) if self.elementwise_affine
                        else None)
 
@@ -534,7 +534,7 @@ class RMSNorm(_Norm):
         (replacing those of an earlier call): do not change x in between.
         """
         x = self._check_input(x)
-        y, rstd = _core.rms_norm(x, self.weight, axis=self._axis(), eps=self.eps,
+        y, rstd = _norms.rms_norm(x, self.weight, axis=self._axis(), eps=self.eps,
                                  return_stats=True)
         self._cache = (x, rstd)
         return y
@@ -569,7 +569,7 @@ class RMSNorm(_Norm):
         that raises leaves the cache as it was.
         """
         x, rstd = self._take_cache()
-        dx, dw = _core.rms_norm_backward(dy, x, rstd, self.weight, axis=self._axis())
+        dx, dw = _norms.rms_norm_backward(dy, x, rstd, self.weight, axis=self._axis())
         self._cache = None
         self.grads = {"weight": dw} if self.weight is not None else {}
         return dx

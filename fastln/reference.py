@@ -34,7 +34,7 @@ from typing import (
 
 import numpy as np
 
-from fastln import _api
+from fastln import _validate
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -208,7 +208,7 @@ def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: 
 @overload
 def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
              return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array]]: ...
-@_api.takes_no_bias
+@_validate.takes_no_bias
 def rms_norm(x: npt.ArrayLike, weight: _Param = None, *, axis: _Axis = -1, eps: float = 1e-6,
              return_stats: bool = False) -> Union[_Array, Tuple[_Array, _Array]]:
     """y = x / sqrt(mean(x**2) + eps) * weight over ``axis``.
@@ -420,7 +420,7 @@ def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = Non
                  input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
                  return_stats: bool = False
                  ) -> Union[Tuple[_Array, _Array], Tuple[_Array, _Array, _Array]]: ...
-@_api.takes_no_bias
+@_validate.takes_no_bias
 def add_rms_norm(x: npt.ArrayLike, residual: npt.ArrayLike, weight: _Param = None, *,
                  input_bias: _Param = None, axis: _Axis = -1, eps: float = 1e-6,
                  return_stats: bool = False

@@ -2,7 +2,7 @@
 
 * ``isa``: every test that takes it runs once per instruction-set path this
   CPU supports (``fastln.supported_isas()``); the path is switched with
-  ``fastln._core._set_isa`` and restored afterwards.
+  ``fastln._lib._set_isa`` and restored afterwards.
 * ``torch``: PyTorch, skipped when missing -- unless FASTLN_REQUIRE_TORCH=1
   (set by CI), where a missing torch is a failure.
 * ``rng``: a seeded NumPy Generator.
@@ -85,12 +85,12 @@ def pytest_generate_tests(metafunc):
 def isa(request):
     """Run the test on ISA path ``request.param``; restore the previous path."""
     previous = fastln.get_isa()
-    fastln._core._set_isa(request.param)
+    fastln._lib._set_isa(request.param)
     try:
         assert fastln.get_isa() == request.param
         yield request.param
     finally:
-        fastln._core._set_isa(previous)
+        fastln._lib._set_isa(previous)
     assert fastln.get_isa() == previous
 
 

@@ -153,7 +153,7 @@ def all_five(tf, dtype=F32, N=5, H=37, seed=0, isas=False):
     previous = fastln.get_isa()
     try:
         for isa in (fastln.supported_isas() if isas else [previous]):
-            fastln._core._set_isa(isa)
+            fastln._lib._set_isa(isa)
             got = {
                 "layer_norm": LN(tf(x), tf(w), tf(b), return_stats=True),
                 "layer_norm_backward": LNB(tf(dy), tf(x), tf(mean), tf(rstd), tf(w)),
@@ -166,7 +166,7 @@ def all_five(tf, dtype=F32, N=5, H=37, seed=0, isas=False):
                 assert got[name][0].dtype == rdt, (name, got[name][0].dtype)
             assert got["layer_norm"][1].dtype == sdt and got["rms_norm"][1].dtype == sdt
     finally:
-        fastln._core._set_isa(previous)
+        fastln._lib._set_isa(previous)
 
 
 def check_out(tf, dtype=F32, N=5, H=37):
@@ -483,12 +483,12 @@ RAISES = [
 
 @pytest.mark.parametrize("exc, arg, call", RAISES)
 def test_raises(exc, arg, call):
-    requested = fastln._core.get_requested_threads()
+    requested = fastln._lib.get_requested_threads()
     try:
         with pytest.raises(exc, match=named(arg)):
             call()
     finally:
-        fastln._core.set_num_threads(requested)
+        fastln._lib.set_num_threads(requested)
 
 
 # ================================================================ table 2: correct results
@@ -606,12 +606,12 @@ def _float32_near_max():
 
 
 def _set_num_threads_numpy_int():
-    requested = fastln._core.get_requested_threads()
+    requested = fastln._lib.get_requested_threads()
     try:
         fastln.set_num_threads(np.int64(1))
         assert fastln.get_num_threads() == 1
     finally:
-        fastln._core.set_num_threads(requested)
+        fastln._lib.set_num_threads(requested)
 
 
 def _rnn_x_layouts():

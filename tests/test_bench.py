@@ -43,7 +43,7 @@ def _matplotlib():
 @pytest.fixture(scope="module")
 def rows():
     cases = [(N, H, op, dt) for op, dt in CASES for N, H in SHAPES]
-    if _bench._ml_dtypes is None:
+    if _bench.ml_dtypes is None:
         cases = [c for c in cases if c[3] != "bfloat16"]
     return _bench.run_grid(cases, threads=[1], peers=_bench.PEERS, **TINY)
 
@@ -83,10 +83,10 @@ def test_rows(rows):
 
 
 def test_thread_settings_restored(rows):
-    if _bench._torch is not None:
-        saved = _bench._torch.get_num_threads()
+    if _bench.torch is not None:
+        saved = _bench.torch.get_num_threads()
         _bench.run_grid([(2, 16)], threads=[1], peers=("torch",), **TINY)
-        assert _bench._torch.get_num_threads() == saved
+        assert _bench.torch.get_num_threads() == saved
 
 
 def test_check_outputs():
@@ -230,8 +230,8 @@ def test_short_table():
     for r in rows:
         assert r["mismatch"] == [], r["mismatch"]
         assert r["fwd_fastln"] > 0 and r["bwd_fastln_out"] > 0 and r["copy"] > 0
-        assert (r.get("fwd_torch") is not None) == (_selfcheck._torch is not None)
-        assert "fwd_onnxruntime" in r or _selfcheck._ort is None
+        assert (r.get("fwd_torch") is not None) == (_selfcheck.torch is not None)
+        assert "fwd_onnxruntime" in r or _selfcheck.ort is None
     text = main_mod.table(rows, "bwd")
     assert "(5, 64)" in text and "bwd/copy" in text and "vs numpy" in text
 
@@ -252,7 +252,7 @@ def test_int8_row():
     assert row["mismatch"] == [], row
     assert row["kernel"] == fastln.rnn.int8_products()
     assert row["fastln_int8"] > 0 and row["fastln"] > 0
-    assert ("onnxruntime_int8" in row) == (_selfcheck._ort_quant is not None)
+    assert ("onnxruntime_int8" in row) == (_selfcheck.ort_quant is not None)
     assert set(row["error"]) == {"fastln_int8"} | ({"onnxruntime_int8"} & set(row))
     assert all(0 < e <= _selfcheck.INT8_TOL for e in row["error"].values()), row["error"]
     text = main_mod.int8_table(row)
@@ -263,7 +263,7 @@ def test_int8_row():
 
 def test_int8_row_without_onnxruntime(monkeypatch):
     """ONNX Runtime missing: its columns go, as the LayerNorm table's do."""
-    monkeypatch.setattr(_selfcheck, "_ort_quant", None)
+    monkeypatch.setattr(_selfcheck, "ort_quant", None)
     with fastln.threads(1):
         row = _selfcheck.int8_lstm_row(**INT8_TINY, **TINY)
     assert "onnxruntime_int8" not in row and set(row["error"]) == {"fastln_int8"}
@@ -275,7 +275,7 @@ def test_int8_row_without_onnxruntime(monkeypatch):
 def test_int8_row_reports_a_wrong_peer(monkeypatch):
     """ONNX Runtime's int8 LSTM given the gate blocks in fastln's order (i, f, g,
     o, not ONNX's i, o, f, c) is reported as a mismatch."""
-    if _selfcheck._ort_quant is None:
+    if _selfcheck.ort_quant is None:
         pytest.skip("needs onnxruntime and onnx")
     onnx_lstm = _selfcheck.onnx_lstm
 
@@ -283,10 +283,10 @@ def test_int8_row_reports_a_wrong_peer(monkeypatch):
         m = onnx_lstm(model)
         for t in m.graph.initializer:
             if t.name in ("W", "R"):
-                a = _selfcheck._onnx.numpy_helper.to_array(t)
+                a = _selfcheck.onnx.numpy_helper.to_array(t)
                 parts = np.split(a[0], 4)
                 a = np.concatenate([parts[k] for k in (0, 2, 3, 1)])[None]
-                t.CopyFrom(_selfcheck._onnx.numpy_helper.from_array(a, t.name))
+                t.CopyFrom(_selfcheck.onnx.numpy_helper.from_array(a, t.name))
         return m
     monkeypatch.setattr(_selfcheck, "onnx_lstm", unordered)
     with fastln.threads(1):
@@ -431,9 +431,10 @@ def test_rnn_grid_points_and_table(torch):
     fastln's, and the table has a row a point; the LSTM points also time
     fastln's, ONNX Runtime's and torch's int8 models and record their errors."""
     grid = _load("fastln_bench_rnn_grid_test", "rnn_grid.py")
-    missing = [name for name, mod in (("onnx", grid._onnx), ("onnxruntime", grid._ort),
-                                      ("onnxruntime.quantization", _selfcheck._ort_quant),
-                                      ("openvino", grid._ov), ("ml_dtypes", grid._ml_dtypes))
+    missing = [name for name, mod in (("onnx", _selfcheck.onnx), ("onnxruntime", _selfcheck.ort),
+                                      ("onnxruntime.quantization", _selfcheck.ort_quant),
+                                      ("openvino", grid._ov),
+                                      ("ml_dtypes", grid.harness.ml_dtypes))
                if mod is None]
     if missing:
         if os.environ.get("CI"):

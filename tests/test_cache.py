@@ -56,8 +56,8 @@ def calls():
         ("layer_norm float64", lambda: (fastln.layer_norm(xd),)),
         ("layer_norm float16", lambda: (fastln.layer_norm(xh, w, b),)),
         ("layer_norm bfloat16", lambda: (fastln.layer_norm(xb, w, b),)),
-        ("layer_norm Fortran order (fastln._api)", lambda: (fastln.layer_norm(xf, w, b),)),
-        ("layer_norm axis 0 (fastln._api)", lambda: (fastln.layer_norm(x, axis=0),)),
+        ("layer_norm Fortran order (fastln._general)", lambda: (fastln.layer_norm(xf, w, b),)),
+        ("layer_norm axis 0 (fastln._general)", lambda: (fastln.layer_norm(x, axis=0),)),
         ("layer_norm_backward", lambda: fastln.layer_norm_backward(dy, x, mean, rstd, w)),
         ("rms_norm", lambda: (fastln.rms_norm(x, w),)),
         ("rms_norm_backward", lambda: fastln.rms_norm_backward(dy, x, r, w)),
@@ -79,7 +79,7 @@ def test_results_are_those_of_fresh_memory(calls, k):
     assert big, name
     assert fastln.cache_info().hits - hits == len(big), name
     for a, f in zip(again, fresh):
-        assert a.flags.writeable and (a.flags.owndata or a.base.flags.owndata)   # _api: a view
+        assert a.flags.writeable and (a.flags.owndata or a.base.flags.owndata)   # _general: a view
         assert a.dtype == f.dtype and a.shape == f.shape
         np.testing.assert_array_equal(a, f, err_msg=name)
 

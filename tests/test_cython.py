@@ -309,16 +309,16 @@ def test_error_codes_come_back_as_the_header_says(ext):
 
 
 def test_the_extension_shares_fastlns_thread_count(ext):
-    before = fastln._core.get_requested_threads()
+    before = fastln._lib.get_requested_threads()
     try:
         fastln.set_num_threads(1)
         assert ext.get_requested_threads() == 1
         ext.set_num_threads(3)
-        assert fastln._core.get_requested_threads() == 3
+        assert fastln._lib.get_requested_threads() == 3
         if fastln.has_openmp():
             assert fastln.get_num_threads() == 3
     finally:
-        fastln._core.set_num_threads(before)
+        fastln._lib.set_num_threads(before)
 
 
 def test_the_extension_shares_fastlns_isa_path(ext):
@@ -329,13 +329,13 @@ def test_the_extension_shares_fastlns_isa_path(ext):
         assert fastln.get_isa() == "generic"
         assert ext.set_isa("no-such-path") == -1
     finally:
-        fastln._core._set_isa(before)
+        fastln._lib._set_isa(before)
     assert ext.get_isa() == before
 
 
 def test_the_extension_holds_no_copy_of_the_kernels(ext):
     """The built module defines no fastln_* C symbol and needs none from a
-    library: its calls go to the functions of the loaded fastln._core."""
+    library: its calls go to the functions of the loaded fastln._lib."""
     nm = shutil.which("nm")
     if nm is None:
         _ci_or_skip("nm (binutils) is not installed")
@@ -370,7 +370,7 @@ def test_the_installed_package_ships_the_declarations_and_headers():
     if dist is None:
         _ci_or_skip("no installed fastln of these sources")
     names = {f.as_posix() for f in dist.files}
-    for needed in ("fastln/kernels.pxd", "fastln/_core.pxd", "fastln/_ndarray.pxd",
+    for needed in ("fastln/kernels.pxd", "fastln/_lib.pxd", "fastln/_ndarray.pxd",
                    "fastln/include/fastln.h", "fastln/include/fastln_rnn.h"):
         assert needed in names, needed
         assert os.path.isfile(dist.locate_file(needed)), needed

@@ -7,12 +7,12 @@
    its parameters when it takes any besides self/cls (for a class, those of
    its constructor), and a "Returns" (or "Yields") section when its code
    returns a value.
-2. The examples in the docstrings of fastln, fastln._core (the Cython
-   module), fastln.layers, fastln.rnn, fastln._threads, fastln._memory,
-   fastln.reference and fastln.rnn_reference run as doctests; each module has
-   some. A docstring
-   whose examples use torch is skipped where torch is missing (unless
-   FASTLN_REQUIRE_TORCH=1, as in tests/conftest.py).
+2. The examples in the docstrings of fastln, fastln._lib, fastln._norms and
+   fastln._add_norms (the Cython modules), fastln.layers, fastln.rnn,
+   fastln._threads, fastln._memory, fastln.reference and fastln.rnn_reference
+   run as doctests; each module has some. A docstring whose examples use torch
+   is skipped where torch is missing (unless FASTLN_REQUIRE_TORCH=1, as in
+   tests/conftest.py).
 
 fastln.dask is covered by tests/test_dask.py.
 """
@@ -32,8 +32,9 @@ import fastln.reference
 import fastln.rnn
 import fastln.rnn_reference
 
-DOCTEST_MODULES = ["fastln", "fastln._core", "fastln.layers", "fastln.rnn", "fastln._threads",
-                   "fastln._memory", "fastln.reference", "fastln.rnn_reference"]
+DOCTEST_MODULES = ["fastln", "fastln._lib", "fastln._norms", "fastln._add_norms",
+                   "fastln.layers", "fastln.rnn", "fastln._threads", "fastln._memory",
+                   "fastln.reference", "fastln.rnn_reference"]
 
 # Public names that need no Parameters/Returns section, with the reason. (None
 # today: LayerNorm's and RMSNorm's __call__ have their own short docstring, and
@@ -247,10 +248,10 @@ def _doctests(module):
 @pytest.fixture
 def restore_global_state():
     """Examples set the thread count; put it (and the ISA) back."""
-    requested, isa = fastln._core.get_requested_threads(), fastln.get_isa()
+    requested, isa = fastln._lib.get_requested_threads(), fastln.get_isa()
     yield
-    fastln._core.set_num_threads(requested)
-    fastln._core._set_isa(isa)
+    fastln._lib.set_num_threads(requested)
+    fastln._lib._set_isa(isa)
 
 
 @pytest.mark.parametrize("module_name", DOCTEST_MODULES)

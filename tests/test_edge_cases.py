@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fastln
-from fastln import _core
+from fastln import _rows
 from fastln import reference as ref
 
 
@@ -78,14 +78,16 @@ def test_private_row_wrappers_check_their_arguments():
     x = np.ones((4, 8), np.float32)
     ro = np.frombuffer(bytes(128), np.float32).reshape(4, 8)
     bad = [
-        lambda: _core._layer_norm_rows(x, None, None, 1e-5, None, None, None),
-        lambda: _core._layer_norm_rows([[1.0, 2.0]], None, None, 1e-5, None, None, None),
-        lambda: _core._layer_norm_rows(x, None, None, 1e-5, ro, None, None),
-        lambda: _core._layer_norm_rows(x, None, None, 1e-5, np.empty((4, 7), np.float32),
-                                       None, None),
-        lambda: _core._layer_norm_backward_rows(x, x, None, np.ones(4, np.float32), None,
-                                                x.copy(), None, None),
-        lambda: _core._rms_norm_backward_rows(x, x, None, None, x.copy(), None),
+        lambda: _rows.norm_rows(False, x, None, None, 1e-5, None, None, None),
+        lambda: _rows.norm_rows(False, [[1.0, 2.0]], None, None, 1e-5, None, None, None),
+        lambda: _rows.norm_rows(False, x, None, None, 1e-5, ro, None, None),
+        lambda: _rows.norm_rows(False, x, None, None, 1e-5, np.empty((4, 7), np.float32),
+                                None, None),
+        lambda: _rows.norm_rows(True, x, None, x[0], 1e-5, x.copy(), None, None),
+        lambda: _rows.norm_backward_rows(False, x, x, None, np.ones(4, np.float32), None,
+                                         x.copy(), np.ones(8, np.float32), None),
+        lambda: _rows.norm_backward_rows(True, x, x, None, None, None, x.copy(),
+                                         np.ones(8, np.float32), None),
     ]
     for call in bad:
         with pytest.raises(ValueError):
@@ -252,8 +254,8 @@ def test_parallel_copy(restore_threads, nt, nbytes, offset):
         fastln.set_num_threads(n)
         buf = np.zeros(nbytes + offset, np.uint8)
         dst = buf[offset:]
-        fastln._core._parallel_copy(dst, src, nt=nt)
+        fastln._lib._parallel_copy(dst, src, nt=nt)
         assert np.array_equal(dst, src)
         assert not buf[:offset].any()
     with pytest.raises(ValueError):
-        fastln._core._parallel_copy(np.zeros(nbytes + 1, np.uint8), src, nt=nt)
+        fastln._lib._parallel_copy(np.zeros(nbytes + 1, np.uint8), src, nt=nt)

@@ -352,13 +352,13 @@ class on_path:
 
     def __enter__(self):
         self.prev = fastln.get_isa()
-        fastln._core._set_isa(self.isa)
+        fastln._lib._set_isa(self.isa)
         self.threads = fastln.threads(self.n)
         self.threads.__enter__()
 
     def __exit__(self, *exc):
         self.threads.__exit__(*exc)
-        fastln._core._set_isa(self.prev)
+        fastln._lib._set_isa(self.prev)
 
 
 # ---------------------------------------------------------------- comparison helpers

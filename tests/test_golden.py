@@ -122,7 +122,7 @@ def _kernel_digests(isas):
                 name = _case_name(fn, dt, H, N, weighted)
                 result[name] = {}
                 for isa in isas:
-                    fastln._core._set_isa(isa)
+                    fastln._lib._set_isa(isa)
                     seen = set()
                     for nt in THREADS:
                         with fastln.threads(nt):
@@ -131,7 +131,7 @@ def _kernel_digests(isas):
                     result[name][isa] = seen.pop()
             del a
     finally:
-        fastln._core._set_isa(before)
+        fastln._lib._set_isa(before)
     return result
 
 
@@ -169,7 +169,7 @@ def _rnn_digests(isas):
                     name = f"rnn/{model}/{np.dtype(dtype).name}/" + "x".join(map(str, shape))
                     result[name] = {}
                     for isa in isas:
-                        fastln._core._set_isa(isa)
+                        fastln._lib._set_isa(isa)
                         seen = set()
                         for nt in THREADS:
                             with fastln.threads(nt):
@@ -177,7 +177,7 @@ def _rnn_digests(isas):
                         assert len(seen) == 1, f"{name} on {isa}: 1 and 2 threads differ"
                         result[name][isa] = seen.pop()
     finally:
-        fastln._core._set_isa(before)
+        fastln._lib._set_isa(before)
     return result
 
 

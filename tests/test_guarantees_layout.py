@@ -1,4 +1,4 @@
-"""The README's promises about layouts, checked on the general path (fastln/_api.py).
+"""The README's promises about layouts, checked on the general path (fastln/_layout.py).
 
 - A forward with ``out=`` allocates nothing that grows with the input: inputs
   and outputs that are not C-contiguous rows of the kernel's dtype (Fortran
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fastln
-from fastln import _api
+from fastln import _layout
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -62,7 +62,7 @@ def _layouts(base):
 
 # ---- 1. bounded scratch -----------------------------------------------------
 
-BOUND = 4 * _api._BLOCK_BYTES + MiB    # four scattered or gathered arrays, and slack
+BOUND = 4 * _layout.BLOCK_BYTES + MiB    # four scattered or gathered arrays, and slack
 
 
 @pytest.fixture(scope="module")
@@ -161,9 +161,9 @@ def test_blocks_change_no_value(isa, monkeypatch):
     blocks) and in blocks of a row or a few: bitwise the same."""
     n = 0
     for name, x, axis, block in _blocked_cases():
-        monkeypatch.setattr(_api, "_BLOCK_BYTES", 1 << 60)
+        monkeypatch.setattr(_layout, "BLOCK_BYTES", 1 << 60)
         whole = [(k, f()) for k, f in _calls(x, axis)]
-        monkeypatch.setattr(_api, "_BLOCK_BYTES", block)
+        monkeypatch.setattr(_layout, "BLOCK_BYTES", block)
         for (k, f), (_, want) in zip(_calls(x, axis), whole):
             got = f()
             try:
@@ -177,7 +177,7 @@ def test_blocks_change_no_value(isa, monkeypatch):
 
 def test_rows_are_those_of_the_contiguous_fast_path(isa, monkeypatch):
     """The general path's rows, blocked, equal the fast path's on a C-contiguous copy."""
-    monkeypatch.setattr(_api, "_BLOCK_BYTES", 700)
+    monkeypatch.setattr(_layout, "BLOCK_BYTES", 700)
     rng = np.random.default_rng(3)
     for dt in [F32, F64, F16, BF16]:
         base = rng.standard_normal((7, 9, 24)).astype(dt)
@@ -196,7 +196,7 @@ def test_rows_are_those_of_the_contiguous_fast_path(isa, monkeypatch):
 def test_out_aliasing_an_input(monkeypatch):
     """out= x itself (any layout) is in place; an out that overlaps x otherwise
     still gives the values of a separate out."""
-    monkeypatch.setattr(_api, "_BLOCK_BYTES", 256)
+    monkeypatch.setattr(_layout, "BLOCK_BYTES", 256)
     rng = np.random.default_rng(4)
     base = rng.standard_normal((40, 24), F32)
     for lname, x in _layouts(base):
@@ -232,7 +232,7 @@ def test_half_is_float32_on_the_widening(isa, dt):
         dy_base = rng.standard_normal(shape).astype(dt)
         axes = list(range(len(shape))) + [(0, 2), (1, len(shape) - 1), (len(shape) - 1, 0)]
         for lname, x in _half_layouts(base):
-            assert _api._c_ordered(x) == x.astype(F32).flags.c_contiguous, lname
+            assert _layout.c_ordered(x) == x.astype(F32).flags.c_contiguous, lname
             dy = dy_base if lname == "C" else np.asfortranarray(dy_base)
             for axis in axes:
                 if shape == (300, 500) and not isinstance(axis, int):
@@ -262,7 +262,7 @@ def test_half_layer_norm_axis0_means():
 
 
 def test_half_with_out_into_any_layout(monkeypatch):
-    monkeypatch.setattr(_api, "_BLOCK_BYTES", 512)
+    monkeypatch.setattr(_layout, "BLOCK_BYTES", 512)
     x = np.random.default_rng(7).standard_normal((5, 16, 40)).astype(F16)
     want = fastln.layer_norm(x.astype(F32), axis=1).astype(F16)
     for order in "CF":

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastln
-from fastln import _core
+from fastln import _lib
 from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM
 
 from _util import named
@@ -47,21 +47,21 @@ def _run(code, env, *args):
 
 @pytest.mark.parametrize("text,value", GOOD_SIZES, ids=repr)
 def test_parse_bytes_accepts(text, value):
-    assert _core._parse_bytes(text) == value
-    assert _core._parse_cache_bytes(text) == (value or None)   # a cache size is >= 1
+    assert _lib._parse_bytes(text) == value
+    assert _lib._parse_cache_bytes(text) == (value or None)   # a cache size is >= 1
 
 
 @pytest.mark.parametrize("text", BAD_SIZES + ["32M\0", "\0", None, 32, b"32M"], ids=repr)
 def test_parse_bytes_rejects(text):
-    assert _core._parse_bytes(text) is None
-    assert _core._parse_cache_bytes(text) is None
+    assert _lib._parse_bytes(text) is None
+    assert _lib._parse_cache_bytes(text) is None
 
 
 _BOTH_PATHS = r"""
 import json, os, sys, warnings
 import fastln
-from fastln import _core, _memory
-base = _core._cache_sizes()["l2"]
+from fastln import _lib, _memory
+base = _lib._cache_sizes()["l2"]
 out = []
 for s in json.loads(sys.argv[1]):
     os.environ["FASTLN_CACHE_LIMIT"] = s   # os.environ puts it in the C environment too
@@ -70,8 +70,8 @@ for s in json.loads(sys.argv[1]):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _memory._limit_from_env()          # Python reads FASTLN_CACHE_LIMIT
-    _core._set_cache_sizes()               # C's getenv reads FASTLN_L2_BYTES again
-    out.append([fastln.cache_info().limit, _core._cache_sizes()["l2"], len(caught)])
+    _lib._set_cache_sizes()               # C's getenv reads FASTLN_L2_BYTES again
+    out.append([fastln.cache_info().limit, _lib._cache_sizes()["l2"], len(caught)])
 print(json.dumps({"base": base, "out": out}))
 """
 
@@ -99,7 +99,7 @@ def test_cache_limit_and_cache_sizes_read_one_grammar():
 
 def test_sizes_and_isa_in_any_case_at_import():
     isa = "avx2" if "avx2" in fastln.supported_isas() else "generic"
-    code = ("import fastln; from fastln import _core; c = _core._cache_sizes(); "
+    code = ("import fastln; from fastln import _lib; c = _lib._cache_sizes(); "
             "print(fastln.cache_info().limit, c['l1'], c['l2'], c['l3'], fastln.get_isa())")
     env = dict(os.environ, FASTLN_CACHE_LIMIT="1G", FASTLN_L1_BYTES="48kB",
                FASTLN_L2_BYTES=" 3mib ", FASTLN_L3_BYTES="64MiB", FASTLN_ISA=f" {isa.upper()} ")
@@ -110,8 +110,8 @@ def test_sizes_and_isa_in_any_case_at_import():
 
 
 def test_bad_sizes_and_isa_warn_at_import():
-    code = ("import fastln; from fastln import _core; "
-            "print(fastln.cache_info().limit, _core._cache_sizes()['l3'] > 0, fastln.get_isa())")
+    code = ("import fastln; from fastln import _lib; "
+            "print(fastln.cache_info().limit, _lib._cache_sizes()['l3'] > 0, fastln.get_isa())")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTLN_")}
     best = _run(code, env).stdout.split()
     run = _run(code, dict(env, FASTLN_CACHE_LIMIT="1T", FASTLN_L3_BYTES="1.5M",
@@ -127,12 +127,12 @@ def test_isa_names_any_case(spelling):
     before = fastln.get_isa()
     try:
         for name in fastln.supported_isas():
-            assert _core.isa_supported(spelling(name))
-            _core._set_isa(spelling(name))
+            assert _lib.isa_supported(spelling(name))
+            _lib._set_isa(spelling(name))
             assert fastln.get_isa() == name
     finally:
-        _core._set_isa(before)
-    assert not _core.isa_supported(spelling("sse"))
+        _lib._set_isa(before)
+    assert not _lib.isa_supported(spelling("sse"))
 
 
 # ---------------------------------------------------------------- flags
@@ -232,10 +232,10 @@ def _on_each_path(run):
     results = {}
     try:
         for name in fastln.supported_isas():
-            _core._set_isa(name)
+            _lib._set_isa(name)
             results[name] = run()
     finally:
-        _core._set_isa(before)
+        _lib._set_isa(before)
     return results
 
 

@@ -260,7 +260,7 @@ def test_half_convert_rounds_as_numpy(isa):
     """fastln's float32 <-> float16 converter (the general path's blocks use
     it) gives NumPy's bits: nearest even, subnormals, overflow to inf, inf,
     and NaN kept NaN; widening is exact."""
-    from fastln import _core
+    from fastln import _lib
 
     rng = np.random.default_rng(9)
     f = (rng.standard_normal(5003) * 2.0 ** rng.integers(-30, 20, 5003)).astype(np.float32)
@@ -268,13 +268,13 @@ def test_half_convert_rounds_as_numpy(isa):
     f[8:12] = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 2.0 ** -24 * 1.5, -2.0 ** -24 * 0.5],
                        np.float32)   # ties to even, subnormal ties
     got = np.empty(f.shape, np.float16)
-    _core._half_convert(f, got)
+    _lib._half_convert(f, got)
     with np.errstate(over="ignore"):
         want = f.astype(np.float16)
     finite = ~np.isnan(f)
     assert np.array_equal(got[finite].view(np.uint16), want[finite].view(np.uint16))
     assert np.isnan(got[~finite]).all()
     back = np.empty(f.shape, np.float32)
-    _core._half_convert(want, back)
+    _lib._half_convert(want, back)
     assert np.array_equal(back[finite].view(np.uint32),
                           want[finite].astype(np.float32).view(np.uint32))

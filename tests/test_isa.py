@@ -52,7 +52,7 @@ def test_env_var_forces_path(name):
 def test_set_isa_rejects_unknown_name():
     before = fastln.get_isa()
     with pytest.raises(ValueError):
-        fastln._core._set_isa("sse9000")
+        fastln._lib._set_isa("sse9000")
     assert fastln.get_isa() == before
 
 
@@ -62,7 +62,7 @@ def test_set_isa_rejects_unsupported_path():
         pytest.skip("this CPU runs every path")
     before = fastln.get_isa()
     with pytest.raises(ValueError):
-        fastln._core._set_isa(missing[0])
+        fastln._lib._set_isa(missing[0])
     assert fastln.get_isa() == before
 
 
@@ -98,10 +98,10 @@ def test_paths_agree(rng, dtype):
     results = {}
     try:
         for name in fastln.supported_isas():
-            fastln._core._set_isa(name)
+            fastln._lib._set_isa(name)
             results[name] = run()
     finally:
-        fastln._core._set_isa(before)
+        fastln._lib._set_isa(before)
     base, tol = results["generic"], PATH_TOL[dtype]
     for name, res in results.items():
         for fn, outs in res.items():

@@ -122,8 +122,9 @@ print("docstrings", count)
 def test_examples_run_without_any_optional_package():
     blocks = [b for b in _readme_blocks() if not _imports_optional(b)]
     assert blocks, "every README block needs an optional package"
-    modules = ["fastln", "fastln._core", "fastln.layers", "fastln.rnn", "fastln._threads",
-               "fastln._memory", "fastln.reference", "fastln.rnn_reference"]
+    modules = ["fastln", "fastln._lib", "fastln._norms", "fastln._add_norms", "fastln.layers",
+               "fastln.rnn", "fastln._threads", "fastln._memory", "fastln.reference",
+               "fastln.rnn_reference"]
     r = run_blocked(OPTIONAL, "-c", _EXAMPLES, repr(blocks), ",".join(modules),
                     ",".join(OPTIONAL))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

@@ -505,7 +505,8 @@ def test_every_example_option_has_help_and_shows_its_default(script):
 
 # ---------------------------------------------------------------- comments
 
-OWNED = ["fastln/__init__.py", "fastln/_api.py", "fastln/layers.py",
+OWNED = ["fastln/__init__.py", "fastln/_general.py", "fastln/_layout.py", "fastln/_validate.py",
+         "fastln/_dtypes.py", "fastln/layers.py",
          *sorted(os.path.relpath(p, ROOT)
                  for p in glob.glob(os.path.join(ROOT, "fastln", "rnn", "*.py"))),
          "fastln/dask.py", "fastln/_memory.py", "fastln/_torch.py", "fastln/reference.py",

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fastln
-from fastln import _core
+from fastln import _lib
 
 from _util import run_python
 
@@ -16,7 +16,7 @@ LAPTOP = dict(l1=48 * KiB, l2=1280 * KiB, l3=8 * MiB)
 
 
 def plan(kind, N, H, itemsize, isa, threads, caches=REF, shared=False):
-    return _core._policy(kind, N, H, itemsize, isa, threads, l3_shared=shared, **caches)
+    return _lib._policy(kind, N, H, itemsize, isa, threads, l3_shared=shared, **caches)
 
 
 def threshold(kind, H, itemsize, isa, threads, caches=REF, shared=False):
@@ -156,7 +156,7 @@ def test_policy_rejects_unknown_arguments():
     ("1", 1), (" 32M", 32 * MiB), ("32m ", 32 * MiB), ("4096B", 4096), ("2gib", 2048 * MiB),
 ])
 def test_parse_cache_bytes(text, value):
-    assert _core._parse_cache_bytes(text) == value
+    assert _lib._parse_cache_bytes(text) == value
 
 
 @pytest.mark.parametrize("text", [
@@ -164,19 +164,19 @@ def test_parse_cache_bytes(text, value):
     "nan", "2P", "99999999999G",
 ])
 def test_parse_cache_bytes_rejects(text):
-    assert _core._parse_cache_bytes(text) is None
+    assert _lib._parse_cache_bytes(text) is None
 
 
 def test_invalid_overrides_are_listed():
     env = {"FASTLN_L1_BYTES": "48K", "FASTLN_L2_BYTES": "lots", "FASTLN_L3_BYTES": "0",
            "PATH": "/bin"}
-    assert _core._invalid_cache_env(env) == [("FASTLN_L2_BYTES", "lots"),
+    assert _lib._invalid_cache_env(env) == [("FASTLN_L2_BYTES", "lots"),
                                             ("FASTLN_L3_BYTES", "0")]
 
 
 def test_overrides_from_the_environment():
-    code = ("import fastln, json; from fastln import _core; "
-            "print(json.dumps(_core._cache_sizes()))")
+    code = ("import fastln, json; from fastln import _lib; "
+            "print(json.dumps(_lib._cache_sizes()))")
     import json
     r = run_python(code, env={**__import__("os").environ, "FASTLN_L1_BYTES": "40K",
                               "FASTLN_L2_BYTES": "3M", "FASTLN_L3_BYTES": "256M"})
@@ -192,7 +192,7 @@ def test_invalid_override_warns_and_is_ignored():
     r = run_python(code, env={**__import__("os").environ, "FASTLN_L3_BYTES": "huge"})
     assert r.returncode == 0, r.stderr
     assert "W FASTLN_L3_BYTES='huge' is not a size" in r.stdout
-    code = "import fastln; print(fastln._core._cache_sizes()['l3'])"
+    code = "import fastln; print(fastln._lib._cache_sizes()['l3'])"
     base = run_python(code, env={k: v for k, v in __import__("os").environ.items()
                                  if not k.startswith("FASTLN_L")})
     r = run_python(code, env={**__import__("os").environ, "FASTLN_L3_BYTES": "huge"})
@@ -200,10 +200,10 @@ def test_invalid_override_warns_and_is_ignored():
 
 
 def test_fallback_when_nothing_can_be_read(tmp_path):
-    d = _core._detect_caches(sysfs_root=tmp_path)
+    d = _lib._detect_caches(sysfs_root=tmp_path)
     assert (d["l1"], d["l2"], d["l3"]) == (32 * KiB, 1 * MiB, 32 * MiB)
     assert d["fallback"] == [1, 2, 3]
-    d = _core._detect_caches()
+    d = _lib._detect_caches()
     assert d["fallback"] == [1, 2, 3] and d["l3"] == 32 * MiB
 
 
@@ -219,7 +219,7 @@ def test_sysfs_detection(tmp_path):
     write_index(tmp_path, 1, 1, "Instruction", "64K")
     write_index(tmp_path, 2, 2, "Unified", "2048K")
     write_index(tmp_path, 3, 3, "Unified", "491520K")
-    d = _core._detect_caches(sysfs_root=tmp_path)
+    d = _lib._detect_caches(sysfs_root=tmp_path)
     assert (d["l1"], d["l2"], d["l3"]) == (48 * KiB, 2 * MiB, 480 * MiB)
     assert d["fallback"] == []
 
@@ -228,27 +228,27 @@ def test_sysfs_detection_missing_l3(tmp_path):
     write_index(tmp_path, 0, 1, "Instruction", "32K")
     write_index(tmp_path, 1, 1, "Data", "32K")
     write_index(tmp_path, 2, 2, "Unified", "garbage")
-    d = _core._detect_caches(sysfs_root=tmp_path)
+    d = _lib._detect_caches(sysfs_root=tmp_path)
     assert (d["l1"], d["l2"], d["l3"]) == (32 * KiB, 1 * MiB, 32 * MiB)
     assert d["fallback"] == [2, 3]
 
 
 def test_machine_detection_finds_sizes():
-    d = _core._detect_caches(sysfs_root="/sys/devices/system/cpu/cpu0/cache",
+    d = _lib._detect_caches(sysfs_root="/sys/devices/system/cpu/cpu0/cache",
                              use_sysconf=True, use_cpuid=True)
     assert 4 * KiB <= d["l1"] <= d["l2"] and d["l3"] >= 1 * MiB
     assert d["l3_usable"] <= d["l3"]
 
 
 def test_set_cache_sizes_round_trip():
-    before = _core._cache_sizes()
+    before = _lib._cache_sizes()
     try:
-        _core._set_cache_sizes(l1=32 * KiB, l2=1 * MiB, l3=32 * MiB)
-        assert _core._cache_sizes() == dict(l1=32 * KiB, l2=1 * MiB, l3=32 * MiB,
+        _lib._set_cache_sizes(l1=32 * KiB, l2=1 * MiB, l3=32 * MiB)
+        assert _lib._cache_sizes() == dict(l1=32 * KiB, l2=1 * MiB, l3=32 * MiB,
                                             l3_shared=False, l3_usable=32 * MiB)
     finally:
-        _core._set_cache_sizes()
-    assert _core._cache_sizes() == before
+        _lib._set_cache_sizes()
+    assert _lib._cache_sizes() == before
 
 
 @pytest.mark.parametrize("shape", [(2048, 1024), (65536, 32)])
@@ -260,13 +260,13 @@ def test_streaming_does_not_change_results(shape):
     out = {}
     try:
         for l3 in (64 * KiB, 1 << 50):
-            _core._set_cache_sizes(l3=l3)
+            _lib._set_cache_sizes(l3=l3)
             y, mean, rstd = fastln.layer_norm(x, return_stats=True)
             dx, dw, db = fastln.layer_norm_backward(dy, x, mean, rstd)
             y2, s = fastln.add_layer_norm(x, dy)
             h = fastln.layer_norm(x.astype(np.float16))
             out[l3] = [a.tobytes() for a in (y, mean, rstd, dx, dw, db, y2, s, h)]
     finally:
-        _core._set_cache_sizes()
+        _lib._set_cache_sizes()
     assert out[64 * KiB] == out[1 << 50]
 

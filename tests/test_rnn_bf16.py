@@ -220,7 +220,7 @@ def test_bfloat16_inputs_any_layout():
 def test_conversions_round_as_ml_dtypes():
     """The engine's float32 <-> bfloat16 conversions give ml_dtypes' bits:
     nearest even, subnormals kept, inf kept, NaN stays NaN."""
-    from fastln import _core
+    from fastln import _lib
 
     rng = np.random.default_rng(5)
     f = (rng.standard_normal(4099) * 10.0 ** rng.integers(-40, 38, 4099)).astype(np.float32)
@@ -229,17 +229,17 @@ def test_conversions_round_as_ml_dtypes():
                        np.uint32).view(np.float32)   # ties to even, and to inf
     want = f.astype(BF16)
     got = np.empty(f.shape, np.uint16)
-    _core._half_convert(f, got)
+    _lib._half_convert(f, got)
     finite = ~np.isnan(f)
     assert np.array_equal(got[finite], _bits(want)[finite])
     assert np.isnan(got.view(BF16)[~finite].astype(np.float32)).all()
     back = np.empty(f.shape, np.float32)
-    _core._half_convert(_bits(want), back)
+    _lib._half_convert(_bits(want), back)
     assert np.array_equal(back.view(np.uint32), want.astype(np.float32).view(np.uint32))
     with pytest.raises(TypeError, match="float32 and float16 or uint16"):
-        _core._half_convert(f, np.empty(f.shape, np.float32))
+        _lib._half_convert(f, np.empty(f.shape, np.float32))
     with pytest.raises(ValueError, match="same size"):
-        _core._half_convert(f, np.empty(3, np.uint16))
+        _lib._half_convert(f, np.empty(3, np.uint16))
 
 
 @pytest.mark.parametrize("make", MODELS)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fastln
-from fastln import _core
+from fastln import _lib
 from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN, _engine
 
 from _util import run_python
@@ -50,11 +50,11 @@ def test_isa_paths_agree(isa, cls, kw, B, dtype):
     lengths = np.random.default_rng(B).integers(1, T + 1, B)
     got = run_all(model(cls, kw, dtype, I=I, H=H), x.astype(dtype), lengths)
     previous = fastln.get_isa()
-    _core._set_isa("generic")
+    _lib._set_isa("generic")
     try:
         want = run_all(model(cls, kw, np.float64, I=I, H=H), x, lengths)
     finally:
-        _core._set_isa(previous)
+        _lib._set_isa(previous)
     rtol = 2e-4 if dtype == np.float32 else 1e-11
     for key, w in want.items():
         scale = max(1.0, np.abs(w).max())

@@ -175,10 +175,10 @@ def test_paths_agree(make, H):
     out = {}
     try:
         for name in fastln.supported_isas():
-            fastln._core._set_isa(name)
+            fastln._lib._set_isa(name)
             out[name] = m.forward(x, cache=False)[0]
     finally:
-        fastln._core._set_isa(before)
+        fastln._lib._set_isa(before)
     x86 = [out[name] for name in X86 if name in out]
     for y in x86[1:]:
         assert np.array_equal(_bits(y), _bits(x86[0]))

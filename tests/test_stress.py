@@ -95,7 +95,7 @@ NTHREADS, NCALLS = 8, 500
 SWITCHERS = {0: (1, 2, 3), 3: (2, 1, 3), 5: (3, 1, 2)}   # these change the thread count
 F16, F32, F64 = np.float16, np.float32, np.float64
 
-requested0 = fastln._core.get_requested_threads()
+requested0 = fastln._lib.get_requested_threads()
 threads0 = fastln.get_num_threads()
 
 # one model shared by all threads: step() and forward(cache=False) may overlap
@@ -301,7 +301,7 @@ elapsed = time.perf_counter() - t0
 
 # restore the thread setting; the serial results still hold afterwards
 fastln.set_num_threads(requested0 or None)
-assert fastln._core.get_requested_threads() == requested0
+assert fastln._lib.get_requested_threads() == requested0
 assert fastln.get_num_threads() == threads0, (fastln.get_num_threads(), threads0)
 for tid, tasks in enumerate(TASKS):
     for j, (name, fn) in enumerate(tasks):
@@ -666,7 +666,7 @@ CASES = [
     ("errors: RNN, set_num_threads (6 kinds)", errors_rnn, 30_000),
 ]
 
-requested0 = fastln._core.get_requested_threads()
+requested0 = fastln._lib.get_requested_threads()
 for name, fn, n in CASES:            # warm-up: caches, arenas, OpenMP pools
     for _ in range(min(3000, max(30, n // 10))):
         fn()

@@ -155,17 +155,17 @@ def test_default_caps_the_openmp_count_and_the_overrides_win():
     require("threadpoolctl")
     code = """
 import fastln
-from fastln import _core
-_core._set_default_threads(1)
+from fastln import _lib
+_lib._set_default_threads(1)
 a = fastln.get_num_threads()
 fastln.set_num_threads(3)
 b = fastln.get_num_threads()
 fastln.set_num_threads(None)
 c = fastln.get_num_threads()
-_core._set_default_threads(0)
+_lib._set_default_threads(0)
 d = fastln.get_num_threads()
 from threadpoolctl import threadpool_limits
-_core._set_default_threads(1)
+_lib._set_default_threads(1)
 with threadpool_limits(2, "openmp"):
     e = fastln.get_num_threads()
 print(a, b, c, d, e)

@@ -1,11 +1,11 @@
-"""Typing: the stubs of the compiled module, fastln/_core.pyi, and the py.typed marker.
+"""Typing: the stubs of the compiled modules (fastln/*.pyi) and the py.typed marker.
 
 * ``python -m mypy.stubtest fastln`` checks every stub against the built
   module (names, parameters, defaults) and the pure-Python modules against
   themselves; it must find nothing beyond tests/stubtest_allowlist.txt.
 * mypy on a snippet of correct user code passes, and on a snippet of wrong
   code reports exactly the errors marked in it: the stubs are in use.
-* An installed fastln ships _core.pyi and py.typed.
+* An installed fastln ships the stubs and py.typed.
 
 mypy is a test dependency: under CI (the environment variable CI set) a
 missing mypy fails these tests; elsewhere they are skipped.
@@ -36,6 +36,9 @@ import fastln
 
 HERE = Path(__file__).resolve().parent
 ALLOWLIST = HERE / "stubtest_allowlist.txt"
+
+# the compiled modules of fastln/, each with its stub (fastln.rnn._engine has one too)
+COMPILED = ("_lib", "_rows", "_norms", "_add_norms")
 
 # submodules that need an optional dependency to import: stubtest cannot check
 # them without it (their allowlist entries are then replaced by the module's)
@@ -170,7 +173,8 @@ def _allowlist(pkg, tmp_path):
 @pytest.mark.parametrize("target", _targets())
 def test_stubtest(target, tmp_path, cache_dir, require_mypy):
     pkg, cwd, env = _setting(target, tmp_path)
-    assert (pkg / "_core.pyi").is_file() and (pkg / "py.typed").is_file(), pkg
+    assert all((pkg / f"{name}.pyi").is_file() for name in COMPILED), pkg
+    assert (pkg / "py.typed").is_file(), pkg
     config = tmp_path / "mypy.ini"
     config.write_text(STUBTEST_CONFIG.replace("{cache_dir}", str(cache_dir)))
     cmd = [sys.executable, "-m", "mypy.stubtest", "fastln",
@@ -186,18 +190,26 @@ def test_stubtest(target, tmp_path, cache_dir, require_mypy):
 
 
 def test_stub_defaults_match_runtime():
-    """Default values in _core.pyi are the module's (stubtest skips the
-    defaults of overloaded functions)."""
+    """Default values in the compiled modules' stubs are the modules' (stubtest
+    skips the defaults of overloaded functions)."""
+    pkg, _ = _imported()
+    checked = 0
+    for name in COMPILED:
+        checked += _check_defaults(pkg / f"{name}.pyi", importlib.import_module(f"fastln.{name}"))
+    assert checked >= 30, checked
+
+
+def _check_defaults(stub, module):
+    """Asserts the defaults of stub's functions are module's; returns how many it checked."""
     import ast
     import inspect
 
-    pkg, _ = _imported()
-    tree = ast.parse((pkg / "_core.pyi").read_text())
+    tree = ast.parse(stub.read_text())
     checked = 0
     for fn in tree.body:
         if not isinstance(fn, ast.FunctionDef):
             continue
-        params = inspect.signature(getattr(fastln._core, fn.name)).parameters
+        params = inspect.signature(getattr(module, fn.name)).parameters
         args = fn.args
         pairs = list(zip(args.args[len(args.args) - len(args.defaults):], args.defaults))
         pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
@@ -208,7 +220,7 @@ def test_stub_defaults_match_runtime():
             got = ast.literal_eval(default)
             assert type(got) is type(want) and got == want, (fn.name, arg.arg, got, want)
             checked += 1
-    assert checked >= 30, checked
+    return checked
 
 
 def _mypy(code, tmp_path, cache_dir):
@@ -236,7 +248,7 @@ GOOD = """\
     from typing_extensions import assert_type
 
     import fastln
-    from fastln import _core
+    from fastln import _lib
     from fastln.rnn import _engine
 
     A = npt.NDArray[Any]
@@ -261,9 +273,9 @@ GOOD = """\
     assert_type(fastln.add_layer_norm(x, x, return_stats=True), Tuple[A, A, A, A])
     isa: str = fastln.get_isa()
     openmp: bool = fastln.has_openmp()
-    ok: bool = _core.isa_supported("avx2")
-    n: int = _core.get_num_threads() + _core.get_requested_threads()
-    _core.set_num_threads(n)
+    ok: bool = _lib.isa_supported("avx2")
+    n: int = _lib.get_num_threads() + _lib.get_requested_threads()
+    _lib.set_num_threads(n)
     cells: Dict[str, int] = _engine.CELLS
     size: int = _engine.cache_size("lstm", 5, 2, 8) + _engine.work_size("gru", 5, 2, 8)
 """
@@ -276,7 +288,7 @@ BAD = """\
     import numpy.typing as npt
 
     import fastln
-    from fastln import _core
+    from fastln import _lib
 
     x = np.ones((4, 8), np.float32)
     fastln.layer_norm(x, eps="a")  # E: call-overload
@@ -288,7 +300,7 @@ BAD = """\
     y, mean = fastln.layer_norm(x, return_stats=True)  # E: misc
     z: npt.NDArray[Any] = fastln.rms_norm(x, return_stats=True)  # E: assignment
     s: str = fastln.has_openmp()  # E: assignment
-    _core.set_num_threads("4")  # E: arg-type
+    _lib.set_num_threads("4")  # E: arg-type
 """
 
 
@@ -316,7 +328,8 @@ def test_installed_package_is_typed():
     files = {str(f).replace(os.sep, "/") for f in dist.files or ()}
     if "fastln/__init__.py" not in files:
         pytest.skip("fastln is installed in editable mode (the checkout's files are used)")
-    assert {"fastln/_core.pyi", "fastln/py.typed"} <= files, sorted(files)
+    assert {f"fastln/{name}.pyi" for name in COMPILED} | {"fastln/py.typed"} <= files, \
+        sorted(files)
 
 
 # A user's script over the public API (functions, layers, an RNN model,

@@ -211,8 +211,8 @@ def test_describe(state, expect):
     assert _wait.describe(state) == expect
 
 
-def test_import_core_restores_a_given_environment():
-    """import_core (fastln._core is imported already: this checks the
+def test_import_lib_restores_a_given_environment():
+    """import_lib (fastln._lib is imported already: this checks the
     bookkeeping) sets fastln's variables only for the import and puts the
     environment back as it was, values and absences alike."""
     environ = {"GOMP_SPINCOUNT": "", "OTHER": "x"}
@@ -225,7 +225,7 @@ def test_import_core_restores_a_given_environment():
     env = Recording(environ)
     saved = dict(_wait._state)
     try:
-        assert _wait.import_core(env) is fastln._core
+        assert _wait.import_lib(env) is fastln._lib
         assert dict(env) == environ
         assert seen == _wait.defaults_for(environ)
     finally:
@@ -234,7 +234,7 @@ def test_import_core_restores_a_given_environment():
 
 
 def test_runtime_info_reports_the_policy():
-    """get_wait_policy is import_core's record put in words; machine_info and
+    """get_wait_policy is import_lib's record put in words; machine_info and
     ``python -m fastln``'s header carry it."""
     assert fastln.get_wait_policy() == _wait.describe()
     info = _selfcheck.machine_info(peer_versions={})

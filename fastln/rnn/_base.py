@@ -23,7 +23,7 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .. import _api, _torch
+from .. import _dtypes, _torch, _validate
 from . import _engine
 from ._bf16 import _BF16, _from_bf16, _is_bf16, _model_dtype, _to_bf16
 
@@ -138,12 +138,12 @@ class _LNRecurrent(Generic[_State]):
         self.input_size = _positive_int(input_size, "input_size")
         self.hidden_size = _positive_int(hidden_size, "hidden_size")
         self.num_layers = _positive_int(num_layers, "num_layers")
-        self.batch_first = _api._flag(batch_first, "batch_first")
-        self.bidirectional = _api._flag(bidirectional, "bidirectional")
+        self.batch_first = _validate.flag(batch_first, "batch_first")
+        self.bidirectional = _validate.flag(bidirectional, "bidirectional")
         # a unidirectional model whose one direction runs each sequence from
         # its last valid step back to its first (ONNX's direction="reverse")
         self.reverse = False
-        self.eps = _api._check_eps(eps)
+        self.eps = _validate.check_eps(eps)
         dt = _model_dtype(dtype, "dtype")
         self.dtype: np.dtype[Any] = dt
         # the dtype of the state, the arrays between layers and every parameter
@@ -299,10 +299,10 @@ class _LNRecurrent(Generic[_State]):
             if isinstance(p, np.ndarray) and type(p) is not np.ndarray:
                 p = p.view(np.ndarray)   # a subclass (np.memmap, say): its memory, read in place
             if self._int8 and key in self._matrices:
-                p = np.require(_int8_values(_api._asarray(p, f"params[{key!r}]"), key),
+                p = np.require(_int8_values(_validate.asarray(p, f"params[{key!r}]"), key),
                                None, ["C", "A"])
             elif _is_bf16(self._param_dtype(key)):
-                p = np.require(_api._asarray(p, f"params[{key!r}]"), _BF16, ["C", "A"])
+                p = np.require(_validate.asarray(p, f"params[{key!r}]"), _BF16, ["C", "A"])
             elif key in self._matrices:   # C or Fortran order: the engine reads both
                 p = np.require(self._array(p, f"params[{key!r}]", layout=False), self._dt, ["A"])
                 if not (p.flags.c_contiguous or p.flags.f_contiguous):
@@ -414,7 +414,7 @@ class _LNRecurrent(Generic[_State]):
                              f"unexpected {unexpected}")
         new = {}
         for key, shape in self._shapes.items():
-            value = _api._asarray(state_dict[key], f"state_dict[{key!r}]")
+            value = _validate.asarray(state_dict[key], f"state_dict[{key!r}]")
             if value.shape != shape:
                 raise ValueError(f"state_dict[{key!r}] has shape {value.shape}, "
                                  f"expected {shape}")
@@ -459,11 +459,11 @@ class _LNRecurrent(Generic[_State]):
         dt = self._dt
         tensor = _torch.is_tensor(a)
         if tensor:
-            a = _api._tensor(a, name)
+            a = _validate.tensor(a, name)
         if data and isinstance(a, np.ndarray) and _is_bf16(a.dtype) and _is_bf16(self.dtype):
             a = _from_bf16(a)
         if isinstance(a, np.ndarray):
-            kind = "f" if a.dtype in _api._LOW_PRECISION else a.dtype.kind
+            kind = "f" if a.dtype in _dtypes.LOW_PRECISION else a.dtype.kind
             if kind not in "fiub":
                 raise TypeError(f"{name} must hold real numbers, got dtype {a.dtype}")
             if strict and (kind != "f" or a.dtype.itemsize != dt.itemsize):
@@ -632,7 +632,7 @@ class _LNRecurrent(Generic[_State]):
         >>> bool(np.all(y[2:, 1] == 0))          # sequence 1 ended after 2 steps
         True
         """
-        cache = _api._flag(cache, "cache")
+        cache = _validate.flag(cache, "cache")
         if self.reverse and self.bidirectional:
             raise ValueError("reverse=True runs the one direction of a unidirectional model "
                              "backwards; a bidirectional model already runs both")

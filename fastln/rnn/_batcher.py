@@ -29,7 +29,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Sequenc
 import numpy as np
 import numpy.typing as npt
 
-from .. import _api, _torch
+from .. import _torch, _validate
 from ._base import _Array, _positive_int
 from ._bf16 import _is_bf16
 from ._streams import StreamTable, UnknownStreamError, _repeated, _unknown
@@ -177,7 +177,7 @@ class StreamBatcher:
         if not (delay >= 0 and math.isfinite(delay)):
             raise ValueError(f"max_delay must be finite and at least 0, got {max_delay}")
         self.max_delay = delay
-        self.run_when_all_waiting = _api._flag(run_when_all_waiting, "run_when_all_waiting")
+        self.run_when_all_waiting = _validate.flag(run_when_all_waiting, "run_when_all_waiting")
         self.max_queue_per_stream = _positive_int(max_queue_per_stream, "max_queue_per_stream")
         self.max_pending = 4 * table.capacity if max_pending is None else _positive_int(
             max_pending, "max_pending")
@@ -581,7 +581,7 @@ class StreamBatcher:
         rule), a list is converted."""
         tensor = _torch.is_tensor(x)
         if tensor:
-            x = _api._tensor(x, "x")
+            x = _validate.tensor(x, "x")
         if isinstance(x, np.ndarray):
             if x.dtype not in self._xdtypes:
                 how = f"x.to(torch.{self._xdtype})" if tensor else f"x.astype(np.{self._xdtype})"

@@ -10,15 +10,10 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .. import _core, _optional
+from .. import _lib, _optional
+from .._dtypes import BFLOAT16 as _BF16
 
 _Array = npt.NDArray[Any]
-
-try:  # bfloat16 models, where ml_dtypes is installed
-    import ml_dtypes as _ml_dtypes
-    _BF16: Optional[np.dtype[Any]] = np.dtype(_ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover
-    _BF16 = None
 
 
 def _is_bf16(dtype: Any) -> bool:
@@ -34,14 +29,14 @@ def _to_bf16(a: _Array, out: Optional[_Array] = None) -> _Array:
     a = np.require(a, requirements=["C", "A"])
     if out is None:
         out = np.empty(a.shape, _BF16)
-    _core._half_convert(a, out.view(np.uint16))
+    _lib._half_convert(a, out.view(np.uint16))
     return out
 
 
 def _from_bf16(a: _Array) -> _Array:
     """A new C-contiguous float32 array of a's values (bfloat16)."""
     out = np.empty(a.shape, np.float32)
-    _core._half_convert(np.require(a, requirements=["C", "A"]).view(np.uint16), out)
+    _lib._half_convert(np.require(a, requirements=["C", "A"]).view(np.uint16), out)
     return out
 
 

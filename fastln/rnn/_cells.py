@@ -14,7 +14,7 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .. import _api, _torch
+from .. import _torch, _validate
 from ._base import _DIRECTIONS, _Array, _LNRecurrent, _State
 from ._bf16 import _is_bf16
 from ._from_torch import _lnlstm_from_torch
@@ -614,7 +614,7 @@ class GRU(_Plain[_Array]):
                  batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
                  seed: Optional[int] = None, bidirectional: bool = False,
                  linear_before_reset: bool = True) -> None:
-        self.linear_before_reset = _api._flag(linear_before_reset, "linear_before_reset")
+        self.linear_before_reset = _validate.flag(linear_before_reset, "linear_before_reset")
         super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
                          bidirectional)
 

@@ -15,7 +15,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 cimport numpy as cnp
 import numpy as np
 
-from fastln._core cimport (
+from fastln._lib cimport (
     FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T, FASTLN_RNN_W_INT8,
     fastln_rnn_args, fastln_rnn_step_args,
     rnn_backward2_f32, rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products, rnn_int8_products,

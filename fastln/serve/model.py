@@ -40,6 +40,7 @@ import re
 import numpy as np
 
 from fastln import rnn
+from fastln._dtypes import bfloat16
 from fastln.rnn._base import _LAYOUTS
 
 CLASSES = {name: getattr(rnn, name) for name in ("LNLSTM", "LNGRU", "LNRNN", "LSTM", "GRU", "RNN")}
@@ -54,13 +55,6 @@ HIDDEN_SETTINGS = {"RNN": "nonlinearity ('tanh' or 'relu')",
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """--help keeps the description's line breaks and shows every option's default."""
-
-
-def bfloat16():
-    """ml_dtypes.bfloat16, imported only when a bfloat16 model is asked for."""
-    import ml_dtypes
-
-    return ml_dtypes.bfloat16
 
 
 def dtype_name(model):

@@ -9,6 +9,7 @@ from collections import deque
 
 import numpy as np
 
+from ..._dtypes import bfloat16
 from ..extra import needs_extra
 from ..frames import MUX_PATH, STREAM_PATH
 
@@ -52,12 +53,8 @@ def open_message(stream_ids, new=False, tokens=None):
 
 
 def dtype_of(name):
-    """The NumPy dtype a hello names (bfloat16: ml_dtypes', imported then)."""
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    """The NumPy dtype a hello names (bfloat16: ml_dtypes')."""
+    return bfloat16() if name == "bfloat16" else np.dtype(name)
 
 
 class Peer(WSListener):

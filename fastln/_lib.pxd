@@ -1,10 +1,10 @@
-# The C-level interface of fastln._core. The kernels are compiled into
-# fastln._core alone; fastln's other extension modules (fastln.rnn._engine)
-# and other packages' Cython code (through fastln/kernels.pxd) call them
-# through the functions declared here, which Cython exports from fastln._core
-# and resolves when the calling module is imported. The process thus holds one
-# copy of the kernels' state: the thread count, the instruction-set path and
-# the cache of large outputs.
+# The C-level interface of fastln._lib. The kernels are compiled into
+# fastln._lib alone; fastln's other extension modules (fastln._rows,
+# fastln.rnn._engine) and other packages' Cython code (through
+# fastln/kernels.pxd) call them through the functions declared here, which
+# Cython exports from fastln._lib and resolves when the calling module is
+# imported. The process thus holds one copy of the kernels' state: the thread
+# count, the instruction-set path and the cache of large outputs.
 from libc.stdint cimport int64_t, uint16_t
 
 # The C functions of fastln.h under Cython names of their own (_c_ for
