@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover
 import fastln
 from fastln import _api
 from fastln._api import _normalize_axes
-from fastln.rnn._base import _LNRecurrent
+from fastln.rnn import RecurrentModel as _LNRecurrent
 
 __all__ = ["layer_norm", "rms_norm", "rnn_forward", "RechunkWarning"]
 

@@ -58,16 +58,16 @@ True
 from ._batcher import OverloadedError, StreamBatcher
 from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
 from ._engine import int8_products
-from ._int8 import quantize
 from ._onnx import from_onnx
 from ._streams import StreamTable, TableFullError, UnknownStreamError
+from .base import RecurrentModel, quantize
 
-__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx", "quantize",
-           "int8_products", "StreamTable", "TableFullError", "UnknownStreamError",
+__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "RecurrentModel", "from_onnx",
+           "quantize", "int8_products", "StreamTable", "TableFullError", "UnknownStreamError",
            "StreamBatcher", "OverloadedError"]
 
 # the public names say where users import them from (reprs, pickles, docs)
-for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, from_onnx, quantize, StreamTable,
-             TableFullError, UnknownStreamError, StreamBatcher, OverloadedError):
+for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, RecurrentModel, from_onnx, quantize,
+             StreamTable, TableFullError, UnknownStreamError, StreamBatcher, OverloadedError):
     _obj.__module__ = __name__
 del _obj

@@ -30,11 +30,13 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _api, _torch
-from ._base import _Array, _positive_int
 from ._bf16 import _is_bf16
+from ._inputs import positive_int
 from ._streams import StreamTable, UnknownStreamError, _repeated, _unknown
 
 __all__ = ["StreamBatcher", "OverloadedError"]
+
+_Array = npt.NDArray[Any]
 
 # a waiting step: (its future, its x row, its arrival time on the loop's clock)
 _Item = Tuple["asyncio.Future[_Array]", _Array, float]
@@ -167,7 +169,7 @@ class StreamBatcher:
         if not isinstance(table, StreamTable):
             raise TypeError(f"table must be a fastln.rnn.StreamTable, got {type(table).__name__}")
         self.table = table
-        self.max_batch = table.capacity if max_batch is None else _positive_int(
+        self.max_batch = table.capacity if max_batch is None else positive_int(
             max_batch, "max_batch")
         try:
             delay = float(max_delay)
@@ -178,8 +180,8 @@ class StreamBatcher:
             raise ValueError(f"max_delay must be finite and at least 0, got {max_delay}")
         self.max_delay = delay
         self.run_when_all_waiting = _api._flag(run_when_all_waiting, "run_when_all_waiting")
-        self.max_queue_per_stream = _positive_int(max_queue_per_stream, "max_queue_per_stream")
-        self.max_pending = 4 * table.capacity if max_pending is None else _positive_int(
+        self.max_queue_per_stream = positive_int(max_queue_per_stream, "max_queue_per_stream")
+        self.max_pending = 4 * table.capacity if max_pending is None else positive_int(
             max_pending, "max_pending")
         self._own_executor = executor is None
         self._executor = executor

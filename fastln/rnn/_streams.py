@@ -21,9 +21,12 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequ
 import numpy as np
 import numpy.typing as npt
 
-from ._base import _Array, _LNRecurrent, _positive_int
+from ._inputs import positive_int
+from .base import RecurrentModel
 
 __all__ = ["StreamTable", "TableFullError", "UnknownStreamError"]
+
+_Array = npt.NDArray[Any]
 
 # a stream's state as export_state returns it: h, or (h, c), each (layers, 1, H)
 StreamState = Union[_Array, Tuple[_Array, _Array]]
@@ -106,16 +109,16 @@ class StreamTable:
     1
     """
 
-    def __init__(self, model: _LNRecurrent[Any], capacity: int, *,
+    def __init__(self, model: RecurrentModel[Any], capacity: int, *,
                  idle_timeout: Optional[float] = None,
                  on_evict: Optional[Callable[[Hashable, StreamState], Any]] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not isinstance(model, _LNRecurrent):
+        if not isinstance(model, RecurrentModel):
             raise TypeError(f"model must be a fastln.rnn model, got {type(model).__name__}")
         if model.bidirectional or model.reverse:
             raise ValueError("model must run forward in time (not bidirectional nor reverse): "
                              "a table steps its streams one step at a time")
-        self.capacity = _positive_int(capacity, "capacity")
+        self.capacity = positive_int(capacity, "capacity")
         if idle_timeout is not None:
             idle_timeout = float(idle_timeout)
             if not idle_timeout >= 0:
