@@ -11,7 +11,7 @@ parameters the new format converts."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -20,9 +20,6 @@ from .. import _api
 from . import _engine
 from ._bf16 import _BF16, _is_bf16, _model_dtype, _to_bf16
 from ._inputs import as_array
-
-if TYPE_CHECKING:
-    from ._params import Schema
 
 _Array = npt.NDArray[Any]
 _Shape = Tuple[int, ...]
@@ -120,6 +117,13 @@ class Format:
         """A weight matrix of the weight dtype as params keeps it: as it is."""
         return a
 
+    def param(self, key: str, value: Any, matrix: bool) -> _Array:
+        """value as params[key]: a new array of the compute dtype, or for a
+        weight matrix (matrix True) the format's own (see matrix)."""
+        if matrix:
+            return self.matrix(np.asarray(value), key)
+        return np.array(value, dtype=self.compute)
+
     def matrix(self, value: _Array, key: str) -> _Array:
         """value as params[key], a weight matrix: a new array of the weight
         dtype in the format's order, aligned to 64 bytes."""
@@ -152,11 +156,11 @@ class Format:
         """The parameters that go with the weight matrix key of shape: none."""
         return []
 
-    def convert(self, params: Mapping[str, Any], schema: Schema,
+    def convert(self, params: Mapping[str, Any], matrices: AbstractSet[str],
                 source: Format) -> Dict[str, _Array]:
-        """The parameters of a model of format source (params) as a model
-        of this format and schema holds them."""
-        return {key: schema.param(key, value) for key, value in params.items()}
+        """The parameters of a model of format source (params; matrices the
+        keys of its weight matrices) as a model of this format holds them."""
+        return {key: self.param(key, value, key in matrices) for key, value in params.items()}
 
     def gradients(self, shapes: Mapping[str, _Shape]) -> Dict[str, _Array]:
         """A new model's grads: zeros of the parameters' shapes."""
@@ -259,7 +263,7 @@ class Int8(_Frozen):
         two after its other parameters)."""
         return [(_scale_key(key), shape[:1])]
 
-    def convert(self, params: Mapping[str, Any], schema: Schema,
+    def convert(self, params: Mapping[str, Any], matrices: AbstractSet[str],
                 source: Format) -> Dict[str, _Array]:
         """A float model's parameters quantized: each weight matrix as int8
         values and row scales (quantize_rows), the others in float32."""
@@ -267,7 +271,7 @@ class Int8(_Frozen):
             raise ValueError("model is int8 already")
         out = {}
         for key, value in params.items():
-            if key in schema.matrices:
+            if key in matrices:
                 w = value.astype(np.float32) if isinstance(value, np.ndarray) and \
                     _is_bf16(value.dtype) else value
                 q, scale = quantize_rows(w)

@@ -89,9 +89,7 @@ class Schema:
     def param(self, key: str, value: Any) -> _Array:
         """value as params[key]: a new array of the parameter's dtype (a
         weight matrix as the format keeps it)."""
-        if key in self.matrices:
-            return self.format.matrix(np.asarray(value), key)
-        return np.array(value, dtype=self.dtype(key))
+        return self.format.param(key, value, key in self.matrices)
 
     def initial(self, key: str, rng: np.random.Generator, bound: float) -> _Array:
         """params[key]'s initial value: a weight matrix of U(-bound, bound)

@@ -128,12 +128,12 @@ class Stepping(Parameters, Generic[State]):
             for o, st in zip(outs, start):
                 o[...] = st
             outs = outs or start
-        o = given[0] if given else None
-        y = self._format.engine_y(o, (B, self.hidden_size))
+        into = given[0] if given else None
+        y = self._format.engine_y(into, (B, self.hidden_size))
         if B:
             run.run(B, xs, ins[0], ins[-1] if cell else None, y, outs[0],
                     outs[-1] if cell else None)
-        return self._format.output(y, o), self._pack_state(outs)
+        return self._format.output(y, into), self._pack_state(outs)
 
     def _step_input(self, x: Any, name: str) -> Tuple[Any, _Array]:
         """The compiled step for the parameters params holds now, and x as
@@ -172,8 +172,8 @@ class Stepping(Parameters, Generic[State]):
             raise ValueError(f"x must have shape (len(ids), input_size) = "
                              f"{(B, self.input_size)}, got {xs.shape}")
         given = self._outputs(out, (B, self.hidden_size), "out")
-        o = given[0] if given else None
-        y = self._format.engine_y(o, (B, self.hidden_size))
+        into = given[0] if given else None
+        y = self._format.engine_y(into, (B, self.hidden_size))
         if B:
             run.table(xs, rows, h_table, c_table, y)
-        return self._format.output(y, o)
+        return self._format.output(y, into)

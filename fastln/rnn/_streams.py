@@ -330,7 +330,7 @@ class StreamTable:
                     rows = list(map(self._lookup, ids))   # raises the error for the bad id
                 busy = set(rows)
                 if len(busy) != B:
-                    raise ValueError(f"ids names a stream more than once: {_repeated(ids)!r}")
+                    raise ValueError(f"ids names a stream more than once: {repeated(ids)!r}")
                 slots = np.array(rows, np.int64)
                 self._busy = busy
                 self._last[slots] = self._clock()
@@ -358,7 +358,7 @@ class StreamTable:
         try:
             return self._slot[stream_id]
         except KeyError:
-            raise UnknownStreamError(_unknown(stream_id)) from None
+            raise unknown_stream(stream_id) from None
         except TypeError:
             raise TypeError(f"stream ids must be hashable, got "
                             f"{type(stream_id).__name__}") from None
@@ -421,12 +421,14 @@ def _call_each(on_evict: Callable[[Hashable, StreamState], Any],
         raise first
 
 
-def _unknown(stream_id: Hashable) -> str:
-    """UnknownStreamError's message for stream_id."""
-    return f"no open stream has id {stream_id!r} (never opened, closed, or evicted)"
+def unknown_stream(stream_id: Hashable) -> UnknownStreamError:
+    """The UnknownStreamError of stream_id."""
+    return UnknownStreamError(f"no open stream has id {stream_id!r} (never opened, closed, "
+                              f"or evicted)")
 
 
-def _repeated(ids: Iterable[Hashable]) -> Hashable:
+def repeated(ids: Iterable[Hashable]) -> Hashable:
+    """The first id that ids names a second time (None if none does)."""
     seen = set()
     for sid in ids:
         if sid in seen:

@@ -147,7 +147,7 @@ class RecurrentModel(Stepping[State]):
         new = copy.copy(self)
         new.__dict__.update(self._call_state())
         new._use_format(fmt)
-        new.params = fmt.convert(self.params, new._schema, self._format)
+        new.params = fmt.convert(self.params, new._schema.matrices, self._format)
         new.grads = fmt.gradients(new._schema.shapes)
         return new
 
