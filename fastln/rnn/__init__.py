@@ -42,6 +42,16 @@ cache of its forward: each ``forward`` (with ``cache=True``) serves one
 RuntimeError (as in :class:`fastln.LayerNorm`). Data (x, dy, states) may be
 CPU torch tensors that do not require grad; results are NumPy arrays.
 
+The package's modules (docs/design.md, "Architecture"): ``base.py``
+(:class:`RecurrentModel`, the six models' base, on the layers ``_step.py``,
+``_params.py`` and ``_inputs.py``, and :func:`quantize`), ``_formats.py``
+(the formats of the weight matrices), ``_cells.py`` (the six models),
+``_from_torch.py`` and ``_onnx.py`` (the loaders), ``_streams.py``
+(:class:`StreamTable`), ``_batcher/`` (:class:`StreamBatcher`), ``_bf16.py``
+and the engine's binding ``_engine.pyx``. They import NumPy and fastln's
+``_core``, ``_api``, ``_torch`` and ``_optional`` (torch and onnx only when
+a loader runs), never fastln.serve or fastln.dask.
+
 Examples
 --------
 >>> import numpy as np
