@@ -619,6 +619,3 @@ class GRU(_Plain[_Array]):
         """
         _torch.check_module(module, "GRU")
         return rnn_from_torch(cls, module, {})
-
-
-# PyTorch's benchmark LayerNormLSTMCell (benchmarks/fastrnns/custom_lstms.py)
