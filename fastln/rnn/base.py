@@ -3,7 +3,6 @@ configuration, forward and backward over the C engine layer by layer, and
 copies in another dtype), and quantize, their int8 copies."""
 from __future__ import annotations
 
-import copy
 import math
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, TypeVar
 
@@ -91,7 +90,7 @@ class RecurrentModel(Stepping[State]):
         self.reverse = False
         self.eps = _api._check_eps(eps)
         self._use_format(format_of(dtype))
-        self.__dict__.update(self._call_state())
+        self._reset_calls()
         schema = self._schema
         rng = np.random.default_rng(seed)
         bound = 1.0 / np.sqrt(self.hidden_size)
@@ -127,6 +126,16 @@ class RecurrentModel(Stepping[State]):
         # _work: the backward's scratch per direction, likewise
         return dict(_checked={}, _packs={}, _cache=None, _spare=[], _work=[], _step=None)
 
+    def _set(self, attributes: Dict[str, Any]) -> None:
+        """Sets the attributes one by one: a model whose __dict__ is never
+        read keeps CPython's faster attribute access (its values inline)."""
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+    def _reset_calls(self) -> None:
+        """Empties what calls keep (see _call_state)."""
+        self._set(self._call_state())
+
     def __getstate__(self) -> Dict[str, Any]:
         """Pickles the configuration and parameters, not what a call keeps
         (see _call_state), which an unpickled model rebuilds."""
@@ -135,7 +144,7 @@ class RecurrentModel(Stepping[State]):
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self._set(state)
         for key in self._schema.matrices:   # frozen weights stay frozen
             value = self.params.get(key)
             if isinstance(value, np.ndarray):
@@ -144,8 +153,8 @@ class RecurrentModel(Stepping[State]):
     def _with_format(self, fmt: Format) -> Self:
         """A copy of the model in format fmt, its parameters converted by
         fmt, without what this one's calls keep (its cache and gradients)."""
-        new = copy.copy(self)
-        new.__dict__.update(self._call_state())
+        new = type(self).__new__(type(self))
+        new._set(self.__getstate__())
         new._use_format(fmt)
         new.params = fmt.convert(self.params, new._schema.matrices, self._format)
         new.grads = fmt.gradients(new._schema.shapes)
