@@ -125,11 +125,9 @@ class Format:
         return np.array(value, dtype=self.compute)
 
     def matrix(self, value: _Array, key: str) -> _Array:
-        """value as params[key], a weight matrix: a new array of the weight
-        dtype in the format's order, aligned to 64 bytes."""
-        new = aligned_empty(value.shape, self.weight, self.order)
-        new[...] = value
-        return new
+        """value as params[key], a weight matrix: a new array, as the format
+        keeps it."""
+        raise NotImplementedError
 
     def initial(self, shape: _Shape, rng: np.random.Generator, bound: float) -> _Array:
         """A new weight matrix of U(-bound, bound) draws: made in float64 a
@@ -145,12 +143,8 @@ class Format:
 
     def engine_matrix(self, p: Any, name: str, key: str) -> _Array:
         """params[key] (p, a weight matrix; name says it in errors) as the
-        engine reads it: C- or Fortran-ordered, of the compute dtype."""
-        p = np.require(as_array(p, name, self.compute, self.dtype, layout=False),
-                       self.compute, ["A"])
-        if not (p.flags.c_contiguous or p.flags.f_contiguous):
-            p = np.asfortranarray(p)
-        return p
+        engine reads it, or a TypeError or ValueError naming it."""
+        raise NotImplementedError
 
     def companions(self, key: str, shape: _Shape) -> List[Tuple[str, _Shape]]:
         """The parameters that go with the weight matrix key of shape: none."""
@@ -186,12 +180,27 @@ class Float(Format):
     def __init__(self, dtype: np.dtype[Any]) -> None:
         super().__init__(dtype, dtype, dtype)
 
+    def matrix(self, value: _Array, key: str) -> _Array:
+        """A new array of the model's dtype in Fortran order, aligned to 64 bytes."""
+        new = aligned_empty(value.shape, self.weight, self.order)
+        new[...] = value
+        return new
+
+    def engine_matrix(self, p: Any, name: str, key: str) -> _Array:
+        """p of the model's dtype, C- or Fortran-ordered (the engine reads both)."""
+        p = np.require(as_array(p, name, self.compute, self.dtype, layout=False),
+                       self.compute, ["A"])
+        if not (p.flags.c_contiguous or p.flags.f_contiguous):
+            p = np.asfortranarray(p)
+        return p
+
 
 class _Frozen(Format):
     """A format whose weight matrices are frozen (see frozen): the model
     packs them for the kernels once and keeps the packed copy."""
 
     def keep(self, a: _Array) -> _Array:
+        """A frozen copy of a."""
         return frozen(a)
 
 
@@ -212,6 +221,7 @@ class BFloat16(_Frozen):
         self.rounds_to = dtype
 
     def matrix(self, value: _Array, key: str) -> _Array:
+        """value rounded to bfloat16, frozen."""
         return frozen(value.astype(self.weight, copy=False))
 
     def engine_matrix(self, p: Any, name: str, key: str) -> _Array:
@@ -219,6 +229,7 @@ class BFloat16(_Frozen):
         return np.require(_api._asarray(p, name), _BF16, ["C", "A"]).view(np.uint16)
 
     def engine_y(self, out: Optional[_Array], shape: _Shape) -> _Array:
+        """A new float32 array (output rounds it into out)."""
         return np.empty(shape, self.compute)
 
     def output(self, y: _Array, out: Optional[_Array] = None) -> _Array:
@@ -253,9 +264,11 @@ class Int8(_Frozen):
                         "quantize the float model instead")
 
     def matrix(self, value: _Array, key: str) -> _Array:
+        """value's integers as int8, frozen."""
         return frozen(int8_values(value, key))
 
     def engine_matrix(self, p: Any, name: str, key: str) -> _Array:
+        """p's integers as int8, C-contiguous."""
         return np.require(int8_values(_api._asarray(p, name), key), None, ["C", "A"])
 
     def companions(self, key: str, shape: _Shape) -> List[Tuple[str, _Shape]]:
@@ -282,7 +295,7 @@ class Int8(_Frozen):
         return out
 
     def gradients(self, shapes: Mapping[str, _Shape]) -> Dict[str, _Array]:
-        """None: an int8 model does not train."""
+        """None: an int8 model does not train, and keeps no gradients."""
         return {}
 
 
