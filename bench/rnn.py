@@ -80,7 +80,7 @@ import fastln  # noqa: E402
 from bench import harness  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
 from fastln.rnn import _engine as fastln_engine  # noqa: E402
-from fastln.rnn._base import _frozen  # noqa: E402
+from fastln.rnn._formats import frozen as _frozen  # noqa: E402
 
 torch = harness.torch           # None when torch is not installed
 

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fastln  # noqa: E402
 from fastln import _selfcheck  # noqa: E402
 from fastln.rnn import LNLSTM  # noqa: E402
-from fastln.rnn._base import _frozen  # noqa: E402
+from fastln.rnn._formats import frozen as _frozen  # noqa: E402
 
 try:
     import torch

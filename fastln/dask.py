@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover
     raise _optional.missing("dask", "fastln.dask") from None
 
 from fastln import _norms, _validate
-from fastln.rnn._base import _LNRecurrent
+from fastln.rnn import RecurrentModel
 
 __all__ = ["layer_norm", "rms_norm", "rnn_forward", "RechunkWarning"]
 
@@ -214,7 +214,7 @@ def rms_norm(x: da.Array, weight: _Param = None, *, axis: _Axis = -1,
 
 # ------------------------------------------------------------------ recurrent networks
 
-def _rnn_block(x: npt.NDArray[Any], model: _LNRecurrent[Any],
+def _rnn_block(x: npt.NDArray[Any], model: RecurrentModel[Any],
                lengths: Optional[npt.NDArray[Any]] = None) -> npt.NDArray[Any]:
     """model's y over one block of whole sequences (the final state is dropped)."""
     if x.shape[0 if model.batch_first else 1] == 0:   # an empty chunk of the batch
@@ -223,7 +223,7 @@ def _rnn_block(x: npt.NDArray[Any], model: _LNRecurrent[Any],
     return model.forward(x, lengths=lengths, cache=False)[0]
 
 
-def _snapshot(model: _LNRecurrent[Any]) -> _LNRecurrent[Any]:
+def _snapshot(model: RecurrentModel[Any]) -> RecurrentModel[Any]:
     """A copy of model with copies of its parameters and none of what it keeps
     for backward (cache, scratch, gradients): what the graph holds. Later
     changes to model's parameters do not reach a lazy result."""
@@ -232,7 +232,7 @@ def _snapshot(model: _LNRecurrent[Any]) -> _LNRecurrent[Any]:
     return snap
 
 
-def rnn_forward(model: _LNRecurrent[Any], x: da.Array,
+def rnn_forward(model: RecurrentModel[Any], x: da.Array,
                 lengths: Optional[Union[npt.ArrayLike, da.Array]] = None) -> da.Array:
     """A :mod:`fastln.rnn` model's output over a dask array of sequences, block by block.
 
@@ -296,7 +296,7 @@ def rnn_forward(model: _LNRecurrent[Any], x: da.Array,
     >>> bool(np.allclose(y.compute(), want, rtol=1e-5, atol=1e-6))
     True
     """
-    if not isinstance(model, _LNRecurrent):
+    if not isinstance(model, RecurrentModel):
         raise TypeError(f"model must be a fastln.rnn model (LNLSTM, LNGRU, LNRNN, LSTM, GRU "
                         f"or RNN), got {type(model).__module__}.{type(model).__name__}")
     if not isinstance(x, da.Array):

@@ -23,7 +23,7 @@ from fastln.rnn import (
     StreamTable,
     UnknownStreamError,
 )
-from fastln.rnn._batcher import TIME_BUCKETS, _Histogram
+from fastln.rnn._batcher.stats import TIME_BUCKETS, Histogram
 
 I, H = 5, 7
 
@@ -525,7 +525,7 @@ def test_metrics():
 
 
 def test_histogram_buckets_hold_their_upper_bound():
-    h = _Histogram()
+    h = Histogram()
     h.add(np.array([0.0, TIME_BUCKETS[0], np.nextafter(TIME_BUCKETS[0], 1), TIME_BUCKETS[-1],
                     TIME_BUCKETS[-1] * 2]))
     counts = h.as_dict()["counts"]
@@ -621,7 +621,7 @@ def test_submit_errors():
     b = StreamBatcher(table)
     with pytest.raises(RuntimeError, match="no running event loop"):
         b.submit(sid, np.ones(I, np.float32))
-    assert b.metrics()["pending"] == 0 and not b._waiting
+    assert b.metrics()["pending"] == 0 and not b._queues.waiting
 
     async def main():
         with pytest.raises(UnknownStreamError):

@@ -150,7 +150,7 @@ def test_int8_model_file(tmp_path):
     ys = serve_model.reference_run(model, xs)
     assert ys.dtype == np.float32
     for loaded in (serve_model.load_model(path), serve_model.load_model(tmp_path / "bare.npz")):
-        assert loaded._int8 and serve_model.dtype_name(loaded) == "int8"
+        assert "weights=int8" in repr(loaded) and serve_model.dtype_name(loaded) == "int8"
         assert serve_model.config_of(loaded) == cfg
         for key, value in model.params.items():
             assert loaded.params[key].dtype == value.dtype, key

@@ -42,6 +42,16 @@ cache of its forward: each ``forward`` (with ``cache=True``) serves one
 RuntimeError (as in :class:`fastln.LayerNorm`). Data (x, dy, states) may be
 CPU torch tensors that do not require grad; results are NumPy arrays.
 
+The package's modules (docs/design.md, "Architecture"): ``base.py``
+(:class:`RecurrentModel`, the six models' base, on the layers ``_step.py``,
+``_params.py`` and ``_inputs.py``, and :func:`quantize`), ``_formats.py``
+(the formats of the weight matrices), ``_cells.py`` (the six models),
+``_from_torch.py`` and ``_onnx.py`` (the loaders), ``_streams.py``
+(:class:`StreamTable`), ``_batcher/`` (:class:`StreamBatcher`), ``_bf16.py``
+and the engine's binding ``_engine.pyx``. They import NumPy and fastln's
+``_lib``, ``_validate``, ``_dtypes``, ``_torch`` and ``_optional`` (torch and onnx only when
+a loader runs), never fastln.serve or fastln.dask.
+
 Examples
 --------
 >>> import numpy as np
@@ -58,16 +68,16 @@ True
 from ._batcher import OverloadedError, StreamBatcher
 from ._cells import GRU, LNGRU, LNLSTM, LNRNN, LSTM, RNN
 from ._engine import int8_products
-from ._int8 import quantize
 from ._onnx import from_onnx
 from ._streams import StreamTable, TableFullError, UnknownStreamError
+from .base import RecurrentModel, quantize
 
-__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "from_onnx", "quantize",
-           "int8_products", "StreamTable", "TableFullError", "UnknownStreamError",
+__all__ = ["LNRNN", "LNLSTM", "LNGRU", "LSTM", "RNN", "GRU", "RecurrentModel", "from_onnx",
+           "quantize", "int8_products", "StreamTable", "TableFullError", "UnknownStreamError",
            "StreamBatcher", "OverloadedError"]
 
 # the public names say where users import them from (reprs, pickles, docs)
-for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, from_onnx, quantize, StreamTable,
-             TableFullError, UnknownStreamError, StreamBatcher, OverloadedError):
+for _obj in (LNRNN, LNLSTM, LNGRU, LSTM, RNN, GRU, RecurrentModel, from_onnx, quantize,
+             StreamTable, TableFullError, UnknownStreamError, StreamBatcher, OverloadedError):
     _obj.__module__ = __name__
 del _obj

@@ -2,28 +2,23 @@
 2016), and the plain LSTM, RNN and GRU, the same engine without LayerNorm."""
 from __future__ import annotations
 
-import warnings
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Dict,
-    Optional,
-    Tuple,
-)
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
 
 from .. import _torch, _validate
-from ._base import _DIRECTIONS, _Array, _LNRecurrent, _State
-from ._bf16 import _is_bf16
-from ._from_torch import _lnlstm_from_torch
+from ._from_torch import lnlstm_from_torch, rnn_from_torch
+from ._inputs import State
+from .base import RecurrentModel
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+_Array = npt.NDArray[Any]
 
-class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
+
+class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
     """Layer-normalized LSTM (Ba, Kiros & Hinton 2016, supplementary equations 20-22).
 
     ``gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias`` (each LN over all
@@ -164,10 +159,10 @@ class LNLSTM(_LNRecurrent[Tuple[_Array, _Array]]):
         LNLSTM(input_size=3, hidden_size=4, num_layers=1, batch_first=False, eps=1e-05,
                dtype=float32)
         """
-        return _lnlstm_from_torch(cls, module, eps)
+        return lnlstm_from_torch(cls, module, eps)
 
 
-class LNGRU(_LNRecurrent[_Array]):
+class LNGRU(RecurrentModel[_Array]):
     """Layer-normalized GRU (Ba, Kiros & Hinton 2016, supplementary equations 23-28).
 
     ``[z; r] = LN(x W_ih[z,r]^T; ln_ih) + LN(h W_hh[z,r]^T; ln_hh)`` (each LN over
@@ -228,7 +223,7 @@ class LNGRU(_LNRecurrent[_Array]):
                          bidirectional)
 
 
-class LNRNN(_LNRecurrent[_Array]):
+class LNRNN(RecurrentModel[_Array]):
     """Layer-normalized Elman RNN (Ba, Kiros & Hinton 2016, equation 4).
 
     ``h' = f(LN(x W_ih^T + h W_hh^T; ln))``, f = tanh or relu.
@@ -300,53 +295,16 @@ def _nonlinearity(value: Any) -> str:
     return str(value)
 
 
-# ---- the plain cells, and loading torch modules ----
+# ---- the plain cells ----
 
-class _Plain(_LNRecurrent[_State]):
-    """LSTM and RNN: the engine's cells without LayerNorm (hence no eps)."""
+class _Plain(RecurrentModel[State]):
+    """LSTM, GRU and RNN: the engine's cells without LayerNorm (hence no eps)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
                  seed: Optional[int] = None, bidirectional: bool = False) -> None:
         super().__init__(input_size, hidden_size, num_layers, batch_first, 0.0, dtype, seed,
                          bidirectional)
-
-    @classmethod
-    def _torch_model(cls, module: Any, extra: Dict[str, Any]) -> Self:
-        """A model of module's sizes and directions whose parameters are
-        module's, the two biases of each layer summed where the cell's
-        equations allow (in float64, then rounded once)."""
-        if getattr(module, "proj_size", 0):
-            raise ValueError("module must be without proj_size")
-        dtype = _torch.module_dtype(module)
-        if dtype not in (np.float32, np.float64) and not _is_bf16(dtype):
-            raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32, "
-                            f"float64 or bfloat16: convert it first, e.g. module.float()")
-        if module.num_layers > 1 and module.dropout:
-            warnings.warn(f"module has dropout={module.dropout} between layers; fastln's "
-                          f"RNNs apply no dropout (as torch in eval mode)", stacklevel=3)
-        model = cls(module.input_size, module.hidden_size, module.num_layers,
-                    module.batch_first, dtype=dtype, bidirectional=bool(module.bidirectional),
-                    **extra)
-        sd = {k: _torch.to_numpy(v) for k, v in module.state_dict().items()}
-        H, state = model.hidden_size, {}
-        for k in range(model.num_layers):
-            for sfx in _DIRECTIONS[:model.num_directions]:
-                layer = f"_l{k}{sfx}"
-                state["weight_ih" + layer] = sd["weight_ih" + layer]
-                state["weight_hh" + layer] = sd["weight_hh" + layer]
-                b_ih = b_hh = np.zeros(model._shapes["weight_ih" + layer][0])
-                if module.bias:
-                    b_ih = sd["bias_ih" + layer].astype(np.float64)
-                    b_hh = sd["bias_hh" + layer].astype(np.float64)
-                if model._kind == "gru_plain":   # b_hn stays inside r * (...)
-                    state["bias" + layer] = np.concatenate([b_ih[:2 * H] + b_hh[:2 * H],
-                                                            b_ih[2 * H:]])
-                    state["bias_hn" + layer] = b_hh[2 * H:]
-                else:
-                    state["bias" + layer] = b_ih + b_hh
-        model.load_state_dict(state)
-        return model
 
 
 class LSTM(_Plain[Tuple[_Array, _Array]]):
@@ -451,7 +409,7 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         True
         """
         _torch.check_module(module, "LSTM")
-        return cls._torch_model(module, {})
+        return rnn_from_torch(cls, module, {})
 
 
 class RNN(_Plain[_Array]):
@@ -545,7 +503,7 @@ class RNN(_Plain[_Array]):
             nonlinearity='relu')
         """
         _torch.check_module(module, "RNN")
-        return cls._torch_model(module, {"nonlinearity": module.nonlinearity})
+        return rnn_from_torch(cls, module, {"nonlinearity": module.nonlinearity})
 
 
 class GRU(_Plain[_Array]):
@@ -660,7 +618,4 @@ class GRU(_Plain[_Array]):
         True
         """
         _torch.check_module(module, "GRU")
-        return cls._torch_model(module, {})
-
-
-# PyTorch's benchmark LayerNormLSTMCell (benchmarks/fastrnns/custom_lstms.py)
+        return rnn_from_torch(cls, module, {})

@@ -4,7 +4,7 @@
 fastln.rnn calls these with canonical arrays (time-major, C-contiguous, the
 model's dtype); the sizes are re-checked here so that no caller can make the
 engine read or write past a buffer. The engine itself is compiled into
-fastln._core, whose entry points this module cimports (fastln/_core.pxd).
+fastln._lib, whose entry points this module cimports (fastln/_lib.pxd).
 No math lives here.
 """
 cimport cython

@@ -1,25 +1,19 @@
-"""Loading PyTorch's benchmark LayerNormLSTMCell (benchmarks/fastrnns/
-custom_lstms.py) into LNLSTM; the cells' own from_torch methods load
-torch.nn.LSTM, GRU and RNN."""
+"""Loading torch modules into the recurrent models: torch.nn.LSTM, GRU and
+RNN into the plain models, and PyTorch's benchmark LayerNormLSTMCell
+(benchmarks/fastrnns/custom_lstms.py) into LNLSTM, for the models'
+from_torch methods."""
 from __future__ import annotations
 
 import re
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Dict,
-    Optional,
-    Type,
-    TypeVar,
-)
+import warnings
+from typing import Any, Dict, Optional, Type, TypeVar
 
 import numpy as np
 
 from .. import _torch
 from ._bf16 import _is_bf16
-
-if TYPE_CHECKING:
-    from ._cells import LNLSTM
+from ._params import DIRECTIONS
+from .base import RecurrentModel
 
 _BENCH_KEY = re.compile(r"^(?:layers\.(\d+)\.)?(?:cell\.)?"
                         r"(weight_ih|weight_hh|layernorm_[ihc]\.(?:weight|bias))$")
@@ -29,10 +23,49 @@ _BENCH_NAMES = {"weight_ih": "weight_ih", "weight_hh": "weight_hh",
                 "layernorm_c.weight": "ln_c_weight", "layernorm_c.bias": "ln_c_bias"}
 
 
-_M = TypeVar("_M", bound="LNLSTM")
+_M = TypeVar("_M", bound=RecurrentModel[Any])
 
 
-def _lnlstm_from_torch(cls: Type[_M], module: Any, eps: Optional[float] = None) -> _M:
+def rnn_from_torch(cls: Type[_M], module: Any, extra: Dict[str, Any]) -> _M:
+    """A model of class cls (LSTM, GRU or RNN; extra: its further arguments)
+    of module's sizes and directions whose parameters are module's, the two
+    biases of each layer summed where the cell's equations allow (in
+    float64, then rounded once)."""
+    if getattr(module, "proj_size", 0):
+        raise ValueError("module must be without proj_size")
+    dtype = _torch.module_dtype(module)
+    if dtype not in (np.float32, np.float64) and not _is_bf16(dtype):
+        raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32, "
+                        f"float64 or bfloat16: convert it first, e.g. module.float()")
+    if module.num_layers > 1 and module.dropout:
+        warnings.warn(f"module has dropout={module.dropout} between layers; fastln's "
+                      f"RNNs apply no dropout (as torch in eval mode)", stacklevel=3)
+    model = cls(module.input_size, module.hidden_size, module.num_layers,
+                module.batch_first, dtype=dtype, bidirectional=bool(module.bidirectional),
+                **extra)
+    sd = {k: _torch.to_numpy(v) for k, v in module.state_dict().items()}
+    H, state = model.hidden_size, {}
+    for k in range(model.num_layers):
+        for sfx in DIRECTIONS[:model.num_directions]:
+            layer = f"_l{k}{sfx}"
+            state["weight_ih" + layer] = sd["weight_ih" + layer]
+            state["weight_hh" + layer] = sd["weight_hh" + layer]
+            b_ih = b_hh = np.zeros(model.params["weight_ih" + layer].shape[0])
+            if module.bias:
+                b_ih = sd["bias_ih" + layer].astype(np.float64)
+                b_hh = sd["bias_hh" + layer].astype(np.float64)
+            if "bias_hn" + layer in model.params:   # a GRU: b_hn stays inside r * (...)
+                state["bias" + layer] = np.concatenate([b_ih[:2 * H] + b_hh[:2 * H],
+                                                        b_ih[2 * H:]])
+                state["bias_hn" + layer] = b_hh[2 * H:]
+            else:
+                state["bias" + layer] = b_ih + b_hh
+    model.load_state_dict(state)
+    return model
+
+
+def lnlstm_from_torch(cls: Type[_M], module: Any, eps: Optional[float] = None) -> _M:
+    """An LNLSTM (cls) of PyTorch's benchmark LN-LSTM: see LNLSTM.from_torch."""
     if hasattr(module, "state_dict") and callable(module.state_dict):
         state = module.state_dict()
         if eps is None:   # a torch LayerNorm's eps; the benchmark's own LayerNorm has none

@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _optional
+from ._cells import GRU, LSTM, RNN
+from .base import quantize
 
 _Array = npt.NDArray[Any]
 
@@ -274,9 +276,10 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
         ``direction="reverse"`` it is a unidirectional model with
         ``reverse = True``: its one direction runs from each sequence's last
         step back to its first, and its parameters keep the unsuffixed names.
-        A DynamicQuantizeLSTM gives an int8 LSTM (``m._int8``, float32
-        inputs, outputs and state), which runs ``forward(x, state, lengths,
-        cache=False)`` and :meth:`step`.
+        A DynamicQuantizeLSTM gives an int8 LSTM (as
+        :func:`fastln.rnn.quantize` gives: float32 inputs, outputs and
+        state), which runs ``forward(x, state, lengths, cache=False)`` and
+        :meth:`step`.
 
     Raises
     ------
@@ -398,9 +401,6 @@ def from_onnx(model: Any, node: Optional[str] = None) -> Any:
     [True, True, True]
     """
     onnx = _import_onnx()
-    from ._cells import GRU, LSTM, RNN  # not at the top: it imports the cells lazily too
-    from ._int8 import quantize
-
     if isinstance(model, (str, os.PathLike)):
         model = onnx.load(os.fspath(model))
     elif not isinstance(model, onnx.ModelProto):

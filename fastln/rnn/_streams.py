@@ -21,9 +21,12 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequ
 import numpy as np
 import numpy.typing as npt
 
-from ._base import _Array, _LNRecurrent, _positive_int
+from ._inputs import positive_int
+from .base import RecurrentModel
 
 __all__ = ["StreamTable", "TableFullError", "UnknownStreamError"]
+
+_Array = npt.NDArray[Any]
 
 # a stream's state as export_state returns it: h, or (h, c), each (layers, 1, H)
 StreamState = Union[_Array, Tuple[_Array, _Array]]
@@ -106,16 +109,16 @@ class StreamTable:
     1
     """
 
-    def __init__(self, model: _LNRecurrent[Any], capacity: int, *,
+    def __init__(self, model: RecurrentModel[Any], capacity: int, *,
                  idle_timeout: Optional[float] = None,
                  on_evict: Optional[Callable[[Hashable, StreamState], Any]] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not isinstance(model, _LNRecurrent):
+        if not isinstance(model, RecurrentModel):
             raise TypeError(f"model must be a fastln.rnn model, got {type(model).__name__}")
         if model.bidirectional or model.reverse:
             raise ValueError("model must run forward in time (not bidirectional nor reverse): "
                              "a table steps its streams one step at a time")
-        self.capacity = _positive_int(capacity, "capacity")
+        self.capacity = positive_int(capacity, "capacity")
         if idle_timeout is not None:
             idle_timeout = float(idle_timeout)
             if not idle_timeout >= 0:
@@ -327,7 +330,7 @@ class StreamTable:
                     rows = list(map(self._lookup, ids))   # raises the error for the bad id
                 busy = set(rows)
                 if len(busy) != B:
-                    raise ValueError(f"ids names a stream more than once: {_repeated(ids)!r}")
+                    raise ValueError(f"ids names a stream more than once: {repeated(ids)!r}")
                 slots = np.array(rows, np.int64)
                 self._busy = busy
                 self._last[slots] = self._clock()
@@ -355,7 +358,7 @@ class StreamTable:
         try:
             return self._slot[stream_id]
         except KeyError:
-            raise UnknownStreamError(_unknown(stream_id)) from None
+            raise unknown_stream(stream_id) from None
         except TypeError:
             raise TypeError(f"stream ids must be hashable, got "
                             f"{type(stream_id).__name__}") from None
@@ -418,12 +421,14 @@ def _call_each(on_evict: Callable[[Hashable, StreamState], Any],
         raise first
 
 
-def _unknown(stream_id: Hashable) -> str:
-    """UnknownStreamError's message for stream_id."""
-    return f"no open stream has id {stream_id!r} (never opened, closed, or evicted)"
+def unknown_stream(stream_id: Hashable) -> UnknownStreamError:
+    """The UnknownStreamError of stream_id."""
+    return UnknownStreamError(f"no open stream has id {stream_id!r} (never opened, closed, "
+                              f"or evicted)")
 
 
-def _repeated(ids: Iterable[Hashable]) -> Hashable:
+def repeated(ids: Iterable[Hashable]) -> Hashable:
+    """The first id that ids names a second time (None if none does)."""
     seen = set()
     for sid in ids:
         if sid in seen:

@@ -41,7 +41,6 @@ import numpy as np
 
 from fastln import rnn
 from fastln._dtypes import bfloat16
-from fastln.rnn._base import _LAYOUTS
 
 CLASSES = {name: getattr(rnn, name) for name in ("LNLSTM", "LNGRU", "LNRNN", "LSTM", "GRU", "RNN")}
 # a model file's dtype: the model's dtype, or "int8" for a quantized model (whose
@@ -60,7 +59,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 def dtype_name(model):
     """The model's dtype as one of DTYPES: "int8" for a model of
     fastln.rnn.quantize, else model.dtype's name."""
-    return "int8" if getattr(model, "_int8", False) else np.dtype(model.dtype).name
+    int8 = model.params["weight_ih_l0"].dtype == np.int8   # its weight matrices say so
+    return "int8" if int8 else np.dtype(model.dtype).name
 
 
 def input_dtype(model):
@@ -139,6 +139,13 @@ def _read_npz(path):
         return {key: f[key] for key in f.files}
 
 
+def _layout(cls):
+    """The parameter names of cls's models (without the layer's _l{k}), and
+    the rows of weight_hh per hidden unit (the gates), from a model of one unit."""
+    params = cls(1, 1).params
+    return {key[:-len("_l0")] for key in params}, params["weight_hh_l0"].shape[0]
+
+
 def infer_config(arrays, path="the file"):
     """The config of a forward model whose state_dict is ``arrays`` (a dict of
     parameter name to array, as np.savez(path, **model.state_dict()) writes it):
@@ -175,9 +182,7 @@ def infer_config(arrays, path="the file"):
                          f"are not the weight matrices of a fastln.rnn model")
     hidden = w_hh.shape[1]
     gates = w_hh.shape[0] // hidden
-    fits = [name for name, cls in CLASSES.items()
-            if {n for n, _, _ in _LAYOUTS[cls._kind][1]} == names
-            and _LAYOUTS[cls._kind][0] == gates]
+    fits = [name for name, cls in CLASSES.items() if _layout(cls) == (names, gates)]
     if len(fits) != 1:
         raise ValueError(f"{path} has no config entry, and its parameters "
                          f"({', '.join(sorted(names))}; weight_hh_l0 {w_hh.shape}) fit "
