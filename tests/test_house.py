@@ -8,9 +8,12 @@
 2. No source file under fastln/ or src_c/ is longer than 700 lines, except a
    module that holds only documentation (its body is a docstring and string
    assignments). Cython's generated C files are not sources.
-3. No module imports a private name (one with a leading underscore) from a
-   module of another folder of the package, except from the modules that
-   exist to share such names (SHARING below).
+3. A private name (one with a leading underscore) is private to its folder
+   and the folders inside it: no module takes one from a module of another
+   folder, except from the modules that exist to share such names (SHARING
+   below).
+4. pyproject.toml names every folder of the package, so that an installed
+   copy has them all.
 """
 import ast
 import os
@@ -196,8 +199,9 @@ def test_private_names_cross_folders_only_through_sharing_modules():
     reaches = []
     for mod, edges in graph.items():
         for target, name in edges:
+            inside = (_folder(mod) + ".").startswith(_folder(target) + ".")
             if (name and name.startswith("_") and not name.startswith("__")
-                    and target not in SHARING and _folder(target) != _folder(mod)
+                    and target not in SHARING and not inside
                     and not target.startswith(mod + ".")):
                 reaches.append(f"{mod} -> {target}.{name}")
     assert reaches == []
@@ -209,3 +213,15 @@ def test_documentation_only_recognises_a_docstring_module(tmp_path):
     assert _documentation_only(str(probe))
     probe.write_text('"""Doc."""\nA = 1\n')
     assert not _documentation_only(str(probe))
+
+
+def test_every_package_folder_installs():
+    """pyproject.toml lists each folder of the package (an installed copy
+    holds only the packages listed there)."""
+    import tomllib
+
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    folders = {os.path.relpath(folder, REPO_ROOT).replace(os.sep, ".")
+               for folder, dirs, files in os.walk(PACKAGE) if "__init__.py" in files}
+    assert listed == folders
