@@ -172,10 +172,10 @@ typedef __m256i SFX(i8v);
  * with VPMADDWD. */
 #if VEC_BYTES == 64
 #define I8_VNNI 1
-#include "gemm_int8_tile.h"
+#include "gemm/int8_tile.h"
 #endif
 #define I8_VNNI 0
-#include "gemm_int8_tile.h"
+#include "gemm/int8_tile.h"
 #undef I8VL
 #undef I8_LOAD
 #undef I8_SET1

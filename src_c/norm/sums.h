@@ -5,7 +5,7 @@
  * are added in double. The AVX-512 kernels (avx512_*.c) keep these lanes, so
  * that their rows get the bits of the one-row code.
  */
-#include "simd.h"
+#include "isa/simd.h"
 
 #define NACC ((int)(4 * VEC_BYTES / sizeof(T)))
 #define CHUNK 1024

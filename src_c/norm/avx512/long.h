@@ -4,7 +4,7 @@
  * the lane masks of a chunk's tail, the horizontal sum in the lane order of
  * the one-row code (norm_stats.h), and the staging row of streamed rows.
  */
-#include "simd.h"
+#include "isa/simd.h"
 
 /* Streamed forward rows of up to this many bytes (backward: shorter, see
  * fastln_avx512_long_bwd) are written to an L1 staging row and streamed out

@@ -2,4 +2,4 @@
 #define ISA generic
 #define VEC_BYTES 16
 #define ISA_HAS_FMA 0
-#include "kernels_isa.h"
+#include "paths/kernels.h"

@@ -5,7 +5,7 @@
  * is in rnn_engine.h, its products in rnn_products.h and rnn_pack.h.
  */
 #include <limits.h>
-#include "internal.h"
+#include "api/internal.h"
 #if defined(FASTLN_X86)
 #include <xmmintrin.h>
 #endif

@@ -3,15 +3,15 @@
  * float or float16/bfloat16 rows of up to BWD16_MAX_H elements (avx512.h).
  */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#include "isa_avx512.h"
-#include "isa_begin.h"
-#include "simd.h"
-#include "avx512.h"
+#include "isa/target_avx512.h"
+#include "isa/begin.h"
+#include "isa/simd.h"
+#include "norm/avx512/avx512.h"
 #define IS_F32 1
-#include "type_begin.h"
-#include "norm_sums.h"
-#include "norm_bwd_stats.h"
-#include "avx512_rows16.h"
+#include "isa/type_begin.h"
+#include "norm/sums.h"
+#include "norm/bwd_stats.h"
+#include "norm/avx512/rows16.h"
 
 
 /* ln_bwd_scalars (LN) or rms_bwd_scalars of a row of half storage elem,
@@ -360,6 +360,6 @@ void fastln_avx512_bwd_rows16(int elem, void *dx, float *pw, float *pb, const vo
 #undef G16
 }
 
-#include "type_end.h"
-#include "isa_end.h"
+#include "isa/type_end.h"
+#include "isa/end.h"
 #endif

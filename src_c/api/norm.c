@@ -5,7 +5,7 @@
 #if defined(__linux__) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE   /* syscall (the AMX permission), under -std=c99 */
 #endif
-#include "internal.h"
+#include "api/internal.h"
 #ifdef FASTLN_X86
 #include <emmintrin.h>
 #endif

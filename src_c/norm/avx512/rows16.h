@@ -15,7 +15,7 @@
  * [1e-30, 1e30]) the row is redone by the one-row code with its double
  * fallback.
  */
-#include "simd.h"
+#include "isa/simd.h"
 
 /* The forwards go sixteen rows at a time up to rows of FWD16_MAX_H, where
  * that beats four rows at a time (norm_rows.h) and the long-row forward; the

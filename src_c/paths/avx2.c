@@ -4,5 +4,5 @@
 #define ISA_TARGET "avx2,fma,f16c"
 #define VEC_BYTES 32
 #define ISA_HAS_FMA 1
-#include "kernels_isa.h"
+#include "paths/kernels.h"
 #endif

@@ -9,15 +9,15 @@
  * after a masked head up to the store alignment.
  */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#include "isa_avx512.h"
-#include "isa_begin.h"
-#include "simd.h"
-#include "avx512.h"
+#include "isa/target_avx512.h"
+#include "isa/begin.h"
+#include "isa/simd.h"
+#include "norm/avx512/avx512.h"
 #define IS_F32 1
-#include "type_begin.h"
-#include "norm_sums.h"
-#include "norm_bwd_stats.h"
-#include "avx512_long.h"
+#include "isa/type_begin.h"
+#include "norm/sums.h"
+#include "norm/bwd_stats.h"
+#include "norm/avx512/long.h"
 
 #define PF_LONG_BWD 4096   /* the prefetch distance of the sums, bytes */
 
@@ -205,6 +205,6 @@ void fastln_avx512_long_bwd(int elem, void *dx, float *pw, float *pb, const void
 }
 #undef TAILMASK
 
-#include "type_end.h"
-#include "isa_end.h"
+#include "isa/type_end.h"
+#include "isa/end.h"
 #endif

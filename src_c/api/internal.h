@@ -6,9 +6,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "fastln.h"
-#include "fastln_rnn.h"
-#include "policy.h"
+#include "api/fastln.h"
+#include "api/fastln_rnn.h"
+#include "runtime/policy.h"
 
 #ifdef _OPENMP
 #include <omp.h>

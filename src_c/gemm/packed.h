@@ -7,7 +7,7 @@
  * products depend on the path alone: no BLAS library, CPU model or thread
  * count changes a bit. Included by rnn_products.h.
  */
-#include "simd.h"
+#include "isa/simd.h"
 /* C (M, N) (+)= A (M, K) P, P packed by PACK_NT/PACK_NN: register tiles of
  * MR rows x NRT columns (AVX-512: 8 x 2 zmm; AVX2: 3 x 4 ymm; the generic
  * path: 2 x 8 vectors of VEC_BYTES, which spills on x86's 16 registers
@@ -137,7 +137,7 @@ static inline __attribute__((always_inline)) void SFX(tile)(
         }
 }
 
-#include "gemm_bf16.h"
+#include "gemm/bf16.h"
 
 /* C (M, N) (+)= op(A) (M, K) P. T values (bf 0): element (m, k) of op(A) at
  * A[m*ars + k*aks], or, with ars == 0, A packed by pack_at: blocks of MR

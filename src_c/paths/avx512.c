@@ -2,6 +2,6 @@
  * double kernels, the drivers and the LN-RNN engine; the float row kernels
  * are in avx512_*.c. */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#include "isa_avx512.h"
-#include "kernels_isa.h"
+#include "isa/target_avx512.h"
+#include "paths/kernels.h"
 #endif

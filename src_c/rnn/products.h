@@ -7,8 +7,8 @@
  * rec_init_bwd for the backward's packed W_hh^T). Every product is the
  * engine's own, inside the parallel region of its steps.
  */
-#include "simd.h"
-#include "pool.h"
+#include "isa/simd.h"
+#include "runtime/pool.h"
 
 /* Runs the statements on a team of nt threads, or directly when nt == 1: an
  * OpenMP region costs time to set up even for one thread, which matters to
@@ -51,8 +51,8 @@ static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
     }
 }
 
-#include "gemm_packed.h"
-#include "gemm_int8.h"
+#include "gemm/packed.h"
+#include "gemm/int8.h"
 
 /* How a layer does its recurrent products. */
 typedef struct {

@@ -3,14 +3,14 @@
  * add + LayerNorm of rows of up to FWD16_MAX_H elements (avx512.h).
  */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#include "isa_avx512.h"
-#include "isa_begin.h"
-#include "simd.h"
-#include "avx512.h"
+#include "isa/target_avx512.h"
+#include "isa/begin.h"
+#include "isa/simd.h"
+#include "norm/avx512/avx512.h"
 #define IS_F32 1
-#include "type_begin.h"
-#include "avx512_rows16.h"
-#include "avx512_rows16_fwd.h"
+#include "isa/type_begin.h"
+#include "norm/avx512/rows16.h"
+#include "norm/avx512/rows16_fwd.h"
 
 /* s = x + res over n elements; with pf, prefetching x and res n elements on */
 static void add16(float *s, const float *x, const float *res, int64_t n, int pf)
@@ -150,6 +150,6 @@ void fastln_avx512_fwd_rows16(int rms, float *y, float *s, float *mean, float *r
 #undef F
 }
 
-#include "type_end.h"
-#include "isa_end.h"
+#include "isa/type_end.h"
+#include "isa/end.h"
 #endif

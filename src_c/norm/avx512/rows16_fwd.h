@@ -3,7 +3,7 @@
  * avx512_rows16_fwd_half.c): the LayerNorm and RMSNorm of one group of
  * sixteen or thirty-two rows, float or float16/bfloat16 storage.
  */
-#include "simd.h"
+#include "isa/simd.h"
 
 /* In the group kernels below (XE, YE, YI, NV, tail, xr, yr, nt theirs): the
  * mask of vector v of a row, vector v of row k (float, or half storage XE

@@ -14,7 +14,7 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
-#include "pool.h"
+#include "runtime/pool.h"
 
 #define HEAD 64                            /* header bytes before the caller's */
 #define SLOTS 8                            /* kept blocks, at most */

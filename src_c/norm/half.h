@@ -8,7 +8,7 @@
  * run through the float row kernels, and rounded back (nearest even) on the
  * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
  * never depend on their block, so neither do results. */
-#include "simd.h"
+#include "isa/simd.h"
 
 /* x, dy, dx of a backward in half storage elem (FASTLN_F16 or FASTLN_BF16);
  * declared for double too, whose backward passes NULL */

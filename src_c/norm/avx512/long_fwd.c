@@ -25,15 +25,15 @@
  * gains nothing from the writer).
  */
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#include "isa_avx512.h"
-#include "isa_begin.h"
-#include "simd.h"
-#include "avx512.h"
+#include "isa/target_avx512.h"
+#include "isa/begin.h"
+#include "isa/simd.h"
+#include "norm/avx512/avx512.h"
 #define IS_F32 1
-#include "type_begin.h"
-#include "norm_sums.h"
-#include "norm_stats.h"
-#include "avx512_long.h"
+#include "isa/type_begin.h"
+#include "norm/sums.h"
+#include "norm/stats.h"
+#include "norm/avx512/long.h"
 
 #define PF_AHEAD 4096   /* the y sweep's prefetch distance, bytes */
 
@@ -416,6 +416,6 @@ void fastln_avx512_long_fwd(int elem, int rms, void *y, void *s, float *mean, fl
 #undef F_
 }
 
-#include "type_end.h"
-#include "isa_end.h"
+#include "isa/type_end.h"
+#include "isa/end.h"
 #endif

@@ -11,7 +11,7 @@
  * The AVX-512 float path has its own forwards (avx512_*.c) and calls these
  * for the rows their fallbacks take.
  */
-#include "simd.h"
+#include "isa/simd.h"
 
 /* ---- forward row ranges ------------------------------------------------ */
 

@@ -8,7 +8,7 @@
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
 #endif
-#include "policy.h"
+#include "runtime/policy.h"
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
 #if defined(__GNUC__) || defined(__clang__)
