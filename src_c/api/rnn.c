@@ -1,14 +1,14 @@
 /*
- * LN-RNN engine, the parts every instruction-set path shares: argument
- * checks and dispatch, the cache layout, and weight packing for the product
- * kernels. The per-step work
- * is in rnn_engine.h, its products in rnn_products.h and rnn_pack.h.
+ * The entry points of the LN-RNN engine (fastln_rnn.h): argument checks,
+ * weights copied into the layout the path reads, the thread count of a
+ * layer, both directions of a bidirectional layer side by side, and
+ * fastln_rnn_pack. The layer itself runs on the path in use (rnn/).
  */
 #include <limits.h>
 #include "api/internal.h"
-#if defined(FASTLN_X86)
-#include <xmmintrin.h>
-#endif
+#include "gemm/gemm.h"
+#include "paths/table.h"
+#include "rnn/rnn.h"
 #if defined(_OPENMP) && (defined(__unix__) || defined(__APPLE__))
 #include <pthread.h>
 #define HAVE_PTHREADS 1
@@ -16,56 +16,9 @@
 #define HAVE_PTHREADS 0
 #endif
 
-/* ---- cache layout ---- */
-
-int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H)
-{
-    int plain = (cell & FASTLN_CELL_PLAIN) != 0, rf = (cell & FASTLN_CELL_RESET_FIRST) != 0;
-    cell &= ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST);
-    if (cell < 0 || cell > FASTLN_CELL_GRU || (rf && !(plain && cell == FASTLN_CELL_GRU)))
-        return FASTLN_EINVAL;
-    L->reset_first = rf;
-    int lstm = cell == FASTLN_CELL_LSTM, gru = cell == FASTLN_CELL_GRU, ln = !plain;
-    L->cell = cell;
-    L->plain = plain;
-    L->gates = lstm ? 4 : gru ? 3 : 1;
-    L->gw = (lstm ? 5 : gru ? 4 : 1) * H;
-    L->nrstd = plain ? 0 : lstm ? 3 : gru ? 4 : 1;
-    L->split = (ln && lstm) || gru;
-    L->G = L->gates * H;
-    int64_t tbg = T * B * L->G, tbh = T * B * H, seq = (T + 1) * B * H, off = 0;
-    int xih = ln || lstm, xhh = ln && L->split, xc = lstm ? ln : gru && plain;
-    L->xih = xih ? off : -1;           off += xih ? tbg : 0;
-    L->xhh = xhh ? off : -1;           off += xhh ? tbg : 0;
-    L->act = gru ? off : -1;           off += gru ? tbg : 0;   /* LSTM: recomputed */
-    L->hseq = off;                     off += seq;
-    L->cseq = lstm ? off : -1;         off += lstm ? seq : 0;
-    L->xc = xc ? off : -1;             off += xc ? tbh : 0;
-    L->rstd = off;                     off += T * B * L->nrstd;
-    L->size = off;
-    return FASTLN_OK;
-}
-
-int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
-{
-    fastln_rnn_layout L;
-    if (T < 0 || B < 0 || H < 0 || fastln_rnn_layout_for(&L, cell, T, B, H)) return -1;
-    return L.size;
-}
-
-/* dA_ih and dA_hh (one array unless split), a step's LN-output gradients, a
- * step's rows of dA_ih in L1/L2 before they are streamed out, and a step's
- * recomputed LSTM gate activations */
-int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
-{
-    fastln_rnn_layout L;
-    if (T < 0 || B < 0 || H < 0 || fastln_rnn_layout_for(&L, cell, T, B, H)) return -1;
-    return (L.split ? 2 : 1) * T * B * L.G + B * (L.gw + 2 * L.G);
-}
-
 /* ---- BLAS: none ---- */
 
-/* The engine computes every product itself, in a fixed order (gemm_packed.h),
+/* The engine computes every product itself, in a fixed order (gemm/packed.h),
  * so that its results do not depend on a BLAS library or its kernels. The
  * hook stays for programs built against the earlier interface. */
 void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
@@ -74,100 +27,9 @@ void fastln_rnn_set_blas(fastln_sgemm_fn sgemm, fastln_dgemm_fn dgemm)
     (void)dgemm;
 }
 
-/* ---- packing ---- */
-
-int64_t fastln_packed_size(int64_t N, int64_t K)
-{
-    return (N + FASTLN_NR - 1) / FASTLN_NR * K * FASTLN_NR;
-}
-
-/* Panels are shared among the threads of an enclosing parallel region
- * (orphaned omp for, with its barrier); serial outside one. Row n of W
- * becomes column j of its panel: on x86, 4 rows and 4 values of k at a
- * time through a 4 x 4 transpose in SSE registers (the baseline of every
- * x86-64 build), which makes packing a small matrix, as a single step with
- * writable weights needs, cost a fraction of the scalar copy. */
-void fastln_pack_nt(float *P, const float *W, int64_t N, int64_t K, int64_t ldw)
-{
-    int64_t np = (N + FASTLN_NR - 1) / FASTLN_NR;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; p++) {
-        float *panel = P + p * K * FASTLN_NR;
-        for (int j = 0; j < FASTLN_NR; j += 4) {
-            int64_t n = p * FASTLN_NR + j, k = 0;
-#if defined(FASTLN_X86)
-            if (n + 4 <= N)
-                for (; k + 4 <= K; k += 4) {
-                    const float *w = W + n * ldw + k;
-                    __m128 r0 = _mm_loadu_ps(w), r1 = _mm_loadu_ps(w + ldw);
-                    __m128 r2 = _mm_loadu_ps(w + 2 * ldw), r3 = _mm_loadu_ps(w + 3 * ldw);
-                    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-                    float *d = panel + k * FASTLN_NR + j;
-                    _mm_storeu_ps(d, r0);
-                    _mm_storeu_ps(d + FASTLN_NR, r1);
-                    _mm_storeu_ps(d + 2 * FASTLN_NR, r2);
-                    _mm_storeu_ps(d + 3 * FASTLN_NR, r3);
-                }
-#endif
-            for (; k < K; k++)
-                for (int i = 0; i < 4; i++)
-                    panel[k * FASTLN_NR + j + i] = n + i < N ? W[(n + i) * ldw + k] : 0.0f;
-        }
-    }
-}
-
-/* Panels of nr columns from W (K, N), element size es: panel row k is a
- * slice of row k of W, zero past N (all-zero bytes: 0.0 in float and
- * double). Shared by the team as fastln_pack_nt. */
-static void pack_nn_any(char *P, const char *W, int64_t K, int64_t N, int64_t ldw, size_t es,
-                        int64_t nr)
-{
-    int64_t np = (N + nr - 1) / nr;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; p++) {
-        char *panel = P + (size_t)(p * K * nr) * es;
-        int64_t n0 = p * nr, w = N - n0 < nr ? N - n0 : nr;
-        for (int64_t k = 0; k < K; k++) {
-            char *row = panel + (size_t)(k * nr) * es;
-            memcpy(row, W + (size_t)(k * ldw + n0) * es, (size_t)w * es);
-            memset(row + (size_t)w * es, 0, (size_t)(nr - w) * es);
-        }
-    }
-}
-
-void fastln_pack_nn(float *P, const float *W, int64_t K, int64_t N, int64_t ldw)
-{
-    pack_nn_any((char *)P, (const char *)W, K, N, ldw, sizeof(float), FASTLN_NR);
-}
-
-int64_t fastln_packed_size_f64(int64_t N, int64_t K)
-{
-    return (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64 * K * FASTLN_NR_F64;
-}
-
-/* The double panels, as fastln_pack_nt makes the float ones: a panel's row
- * k holds W[n][k] for its FASTLN_NR_F64 rows n, zero past N. */
-void fastln_pack_nt_f64(double *P, const double *W, int64_t N, int64_t K, int64_t ldw)
-{
-    int64_t np = (N + FASTLN_NR_F64 - 1) / FASTLN_NR_F64;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; p++) {
-        double *panel = P + p * K * FASTLN_NR_F64;
-        int64_t n0 = p * FASTLN_NR_F64, w = N - n0 < FASTLN_NR_F64 ? N - n0 : FASTLN_NR_F64;
-        for (int64_t k = 0; k < K; k++)
-            for (int64_t j = 0; j < FASTLN_NR_F64; j++)
-                panel[k * FASTLN_NR_F64 + j] = j < w ? W[(n0 + j) * ldw + k] : 0.0;
-    }
-}
-
-void fastln_pack_nn_f64(double *P, const double *W, int64_t K, int64_t N, int64_t ldw)
-{
-    pack_nn_any((char *)P, (const char *)W, K, N, ldw, sizeof(double), FASTLN_NR_F64);
-}
-
 /* ---- entry points ---- */
 
-/* The largest K of an int8 product (gemm_int8.h: its int32 sums stay exact). */
+/* The largest K of an int8 product (gemm/int8.h: its int32 sums stay exact). */
 #define RNN_I8_MAX_K 65535
 
 /* Sizes the engine takes (T * B, G and I within int); bfloat16 and
@@ -202,9 +64,9 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
 /* Whether this call reads transposed weights where they are, both matrices
  * transposed: a forward where every block of columns the product reads is a
  * multiple of the panels' width (FASTLN_NR floats, FASTLN_NR_F64 doubles;
- * rnn_pack.h reads or packs them); a backward over a batch, which packs W_hh
- * from W_hh^T and takes dx = dA W_ih from W_ih^T (rnn_products.h,
- * rnn_engine.h: the same panels, so the same results). A backward of one
+ * rnn/pack.h reads or packs them); a backward over a batch, which packs W_hh
+ * from W_hh^T and takes dx = dA W_ih from W_ih^T (rnn/products.h,
+ * rnn/engine.h: the same panels, so the same results). A backward of one
  * sequence takes axpys over rows of W_hh, and a copy. */
 static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
 {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "api/internal.h"
+#include "rnn/rnn.h"
 
 /* Whether s is a valid step: every layer is valid for a forward at T = 1,
  * with the same cell and H; layer 0 reads I0 = layers[0].input, layer k > 0

@@ -2,7 +2,7 @@
  * bfloat16 products for the LN-RNN engine's inference with bfloat16
  * weights: AMX tiles (TDPBF16PS) where the process may use them, else
  * AVX512-BF16's VDPBF16PS, which multiplies pairs of bfloat16 values and
- * adds both products to float accumulators. Included by gemm_packed.h,
+ * adds both products to float accumulators. Included by packed.h,
  * whose packed_gemm_any runs these tiles.
  *
  * Pair panels (pack_nt_bf16): W (N, K) bfloat16 in panels of FASTLN_NR = 32
@@ -14,6 +14,7 @@
  * bfloat16 first (rows_to_bf16), into rows of Kp, zero past K; AMX reads
  * it 16 rows at a time, so its buffer has whole blocks of 16 rows.
  */
+#include "gemm/gemm.h"
 #if IS_F32 && defined(FASTLN_X86) && VEC_BYTES == 64
 #define HAVE_BF16DOT 1
 
@@ -169,7 +170,7 @@ static inline __attribute__((always_inline)) void SFX(tile_amx)(
 }
 #undef AMX_OUT
 
-/* One tile of C (see SFX(tile) in gemm_packed.h): rows [0, mr) of A (bfloat16,
+/* One tile of C (see SFX(tile) in packed.h): rows [0, mr) of A (bfloat16,
  * lda apart) against npn pair panels (pst values apart), Q pairs of k. Every
  * element of C is one chain of VDPBF16PS over the pairs from zero, then
  * stored (or added with acc), whatever mr and npn are. */

@@ -2,7 +2,7 @@
  * int8 products for the LN-RNN engine's inference with int8 weights, on
  * every path (float engine only): C (M, N) = A (M, K) W^T with A quantized
  * per row at run time and W (N, K) int8 with a scale per row (per output
- * column of C). Included by rnn_products.h after gemm_packed.h.
+ * column of C). Included by rnn/products.h after packed.h.
  *
  * The scheme. A row a of A (the input, or h) becomes q = rint(a * 127 /
  * max|a|) in [-127, 127] and its scale s_a = max|a| / 127; the kernels read
@@ -27,6 +27,7 @@
  * never saturates (VPMADDUBSW would: two products of 255 * 127 pass 32767);
  * plain C on the generic path.
  */
+#include "gemm/gemm.h"
 #if IS_F32
 #define HAVE_I8 1
 
@@ -167,7 +168,7 @@ typedef __m256i SFX(i8v);
 #define I8NV (FASTLN_NR / I8VL)
 #define I8_NPN_MAX 4
 
-/* The tiles and their driver (gemm_int8_tile.h): once with VPDPBUSD
+/* The tiles and their driver (int8_tile.h): once with VPDPBUSD
  * (AVX512-VNNI, under its own target, run where the CPU has it) and once
  * with VPMADDWD. */
 #if VEC_BYTES == 64

@@ -1,5 +1,5 @@
 /*
- * The x86 tiles of the int8 products and their driver (see gemm_int8.h),
+ * The x86 tiles of the int8 products and their driver (see int8.h),
  * included twice by it: with I8_VNNI 1 (VPDPBUSD, AVX512-VNNI; functions
  * suffixed _t1) and 0 (VPMADDWD; _t0). Both compute every int32 sum
  * exactly, so the two agree bitwise with each other and with the C kernel.
@@ -153,7 +153,7 @@ static inline __attribute__((always_inline)) I8_ATTR void I8F(gemm_i8_item)(
 #undef I8_TILE
 }
 
-/* C (M, N) = A W^T (see gemm_i8 in gemm_int8.h): the (panels, block of
+/* C (M, N) = A W^T (see gemm_i8 in int8.h): the (panels, block of
  * rows) work items shared by the enclosing team in a static schedule, as
  * the float kernel shares them (so a thread keeps the same panels from step
  * to step), with a barrier at the end; or, with alone, all of them on this

@@ -1,12 +1,13 @@
 /*
  * The packed GEMM of the LN-RNN engine, for float and double on every
  * path: register tiles over weights packed in panels of NRT columns (128
- * bytes a panel row: 32 floats or 16 doubles; rnn.c packs them), for the
+ * bytes a panel row: 32 floats or 16 doubles; pack.c packs them), for the
  * recurrent product of each step and the large products of a layer. Every
  * element of C is one chain of multiply-adds over k in a fixed order, so the
  * products depend on the path alone: no BLAS library, CPU model or thread
- * count changes a bit. Included by rnn_products.h.
+ * count changes a bit. Included by rnn/products.h.
  */
+#include "gemm/gemm.h"
 #include "isa/simd.h"
 /* C (M, N) (+)= A (M, K) P, P packed by PACK_NT/PACK_NN: register tiles of
  * MR rows x NRT columns (AVX-512: 8 x 2 zmm; AVX2: 3 x 4 ymm; the generic
@@ -144,7 +145,7 @@ static inline __attribute__((always_inline)) void SFX(tile)(
  * rows, k-major; P packed in panels (ldp == NRT), or read in place:
  * K rows ldp apart of N columns, N a multiple of NRT (a row-major
  * (K, N) matrix, or a block of columns of a wider one).
- * bfloat16 pairs (gemm_bf16.h; bf 1: VDPBF16PS, 2: AMX): A rows of
+ * bfloat16 pairs (bf16.h; bf 1: VDPBF16PS, 2: AMX): A rows of
  * bfloat16 ars apart (aks 1), K a multiple of 32, P packed by pack_nt_bf16
  * (ldp unused).
  * The (panels, block of MB rows) tiles are shared among the threads of the

@@ -8,7 +8,7 @@
  * Then type_begin.h selects the element type of the kernels that follow;
  * the SIMD helpers (simd.h) come after this file, which sets their target.
  */
-#include "api/internal.h"
+#include "isa/isa.h"
 
 #define CAT3_(a, b, c) a##b##c
 #define CAT3(a, b, c) CAT3_(a, b, c)

@@ -1,4 +1,4 @@
-/* Closes the code of the instruction-set path that isa_begin.h opened. */
+/* Closes the code of the instruction-set path that begin.h opened. */
 #ifdef ISA_TARGET
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -4,13 +4,13 @@
  * and vectors), and on AVX-512 the transposing reduction of sixteen vectors,
  * the prefetch helpers, the loads and stores of float16/bfloat16 vectors and
  * the streaming writer of a float output (ntw).
- * Include it after isa_begin.h, which sets the target: VEC_BYTES says the
+ * Include it after begin.h, which sets the target: VEC_BYTES says the
  * vector width, FASTLN_X86 whether intrinsics are available.
  */
 #ifndef FASTLN_SIMD_H
 #define FASTLN_SIMD_H
 #ifndef VEC_BYTES
-#error "simd.h: include isa_begin.h first (it sets the target)"
+#error "isa/simd.h: include isa/begin.h first (it sets the target)"
 #endif
 #include <float.h>
 

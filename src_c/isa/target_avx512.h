@@ -1,5 +1,5 @@
-/* The AVX-512 target (x86-64 only), for kernels_avx512.c and the
- * avx512_*.c row kernels: 512-bit vectors, chosen at run time. */
+/* The AVX-512 target (x86-64 only), for paths/avx512.c and the
+ * norm/avx512/ row kernels: 512-bit vectors, chosen at run time. */
 #define ISA avx512
 #if defined(__clang__)
 #define ISA_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma"

@@ -1,6 +1,6 @@
 /*
  * Selects the element type of the kernels that follow, for the path that
- * isa_begin.h opened: the includer defines IS_F32 (1: float, 0: double).
+ * begin.h opened: the includer defines IS_F32 (1: float, 0: double).
  *   T          the storage and vector-math type
  *   SFX(f)     name mangling, e.g. f##_f32_avx512
  *   FMA(a,b,c) a*b + c, fused where the ISA has FMA
@@ -8,9 +8,10 @@
  *              kernels, where the ISA has one (else HSUM_BY_COMPILER)
  *   NRT        the packed products' panel width in elements (FASTLN_NR or
  *              FASTLN_NR_F64), and PACK_NT, PACK_NN, PACKED_SIZE the packers
- *              of rnn.c for T
- *   AVX512_F32 1 for float on AVX-512: the row kernels of avx512_*.c
- * type_end.h undoes them.
+ *              of gemm/pack.c for T
+ *   AVX512_F32 1 for float on AVX-512: the row kernels of norm/avx512/
+ * type_end.h undoes them. Headers of declarations come before this one: T is
+ * a macro up to type_end.h.
  */
 #if IS_F32
 #define T float

@@ -1,19 +1,22 @@
 /*
  * The row ranges of the fused residual ops, written once per (element type,
- * ISA) (type_begin.h): the general add + norm (a residual that repeats every
+ * ISA) (isa/type_begin.h): the general add + norm (a residual that repeats every
  * R rows, an input bias, LayerNorm or RMSNorm) and the backward that adds an
  * incoming gradient of the sum.
  *
  * Each form leaves y bitwise the norm of s, as layer_norm(s) or rms_norm(s)
  * would give it, and reads x and the residual and writes s and y once:
  * rows go in blocks of cache_block(H) rows, which stay in L1/L2, whose sums
- * the path's own row kernels then normalize (norm_rows.h and, on AVX-512,
- * avx512_*.c); or one at a time (add_ln_row, add_rms_row), summed and then
+ * the path's own row kernels then normalize (rows.h and, on AVX-512,
+ * norm/avx512/); or one at a time (add_ln_row, add_rms_row), summed and then
  * normalized from L1; or, for add + RMSNorm of long float rows on AVX-512,
  * through the long-row kernel itself. Shape legend: x, y, s, dy, ds, dsum (N, H); residual
  * (R, H) with N a multiple of R, row n adding residual row n % R; input_bias,
  * weight, bias (H); mean, rstd (N).
  */
+#if AVX512_F32
+#include "norm/avx512/avx512.h"
+#endif
 
 /* Rows per block: about 8192 elements, a multiple of 16 rows (the AVX-512
  * kernels' groups) where more than 16 fit. */

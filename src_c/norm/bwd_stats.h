@@ -1,8 +1,8 @@
 /*
  * The backward scalars of one row, written once per (element type, ISA)
- * (type_begin.h): with xhat = ((x - m) - dm) * r and g = dy * weight,
+ * (isa/type_begin.h): with xhat = ((x - m) - dm) * r and g = dy * weight,
  * dx = r * (g - c1 - xhat * c2); RMSNorm is m = dm = c1 = 0. Sums that are
- * not finite are redone in double. Needs norm_sums.h.
+ * not finite are redone in double. Needs sums.h.
  */
 
 

@@ -1,6 +1,6 @@
 /*
  * Channels-first LayerNorm and RMSNorm, written once per (element type, ISA)
- * (type_begin.h): x, y (N, C, S) contiguous, normalized over the C channels
+ * (isa/type_begin.h): x, y (N, C, S) contiguous, normalized over the C channels
  * at each of the N * S positions (the LayerNorm of ConvNeXt-style networks,
  * axis 1 of (N, C, H, W)); mean, rstd (N, S) or NULL; weight, bias (C) or
  * NULL.
@@ -42,7 +42,7 @@ static int64_t SFX(cf_tile_len)(int64_t C)
 }
 
 /* Position j of a tile redone in double straight from x, as ln_row_double
- * does a row (norm_stats.h): for statistics that T may have lost (overflow,
+ * does a row (stats.h): for statistics that T may have lost (overflow,
  * underflow, a non-finite value). */
 static void SFX(cf_column_double)(T *y, T *mean, T *rstd, const T *x, const T *w,
                                   const T *b, int64_t C, int64_t S, double eps, int rms)
@@ -169,7 +169,7 @@ static int SFX(norm_channels)(T *y, T *mean, T *rstd, const T *x, const T *w, co
 /* ---- backward ------------------------------------------------------------ */
 
 /* The backward of one tile, positions [s0, s0 + m) of sample n, with the
- * row backward's scalars (norm_bwd_stats.h) for each position: sweep 1 sums
+ * row backward's scalars (bwd_stats.h) for each position: sweep 1 sums
  * d = x - mean, g = dy * weight and g * d over the channels (RMSNorm: g * x),
  * one lane a position; sweep 2 writes dx = r * (g - c1 - xhat * c2) and the
  * tile's own sums of dy * xhat and dy per channel into pw, pb (C each; pb

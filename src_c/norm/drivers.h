@@ -1,10 +1,12 @@
 /*
- * The drivers, written once per (element type, ISA) (type_begin.h): they
+ * The drivers, written once per (element type, ISA) (isa/type_begin.h): they
  * split the rows over nt threads (1: no OpenMP region) and run a path's row
- * ranges (norm_rows.h, norm_half.h) on them. Threads take contiguous row
- * ranges (forward) or row blocks (backward); the dispatcher (dispatch.c)
+ * ranges (range.h, half.h) on them. Threads take contiguous row
+ * ranges (forward) or row blocks (backward); the entry points (api/norm.c)
  * chooses their number and whether to stream.
  */
+#include "norm/norm.h"
+#include "runtime/policy.h"
 
 /* ---- forwards ------------------------------------------------------------ */
 
@@ -70,7 +72,7 @@ static int SFX(rms_norm)(T *y, T *rstd, const T *x, const T *w,
     return FASTLN_OK;
 }
 
-/* The general fused add + norm (norm_add.h), contiguous row ranges a thread */
+/* The general fused add + norm (add.h), contiguous row ranges a thread */
 static int SFX(add_norm)(const fastln_add_args *g, int nt, int stream)
 {
     const SFX(add_args) a = {g->rms,       g->elem, stream,           g->y,
@@ -94,8 +96,8 @@ static int SFX(add_norm)(const fastln_add_args *g, int nt, int stream)
 }
 
 #if IS_F32
-static int SFX(half_fwd)(int op, int elem, uint16_t *y, uint16_t *s, float *mean, float *rstd,
-                         const uint16_t *x, const uint16_t *res, const float *w,
+static int SFX(half_fwd)(fastln_norm_op op, int elem, uint16_t *y, uint16_t *s, float *mean,
+                         float *rstd, const uint16_t *x, const uint16_t *res, const float *w,
                          const float *b, int64_t N, int64_t H, double eps, int nt, int stream)
 {
     SFX(half_fwd_args) a = {op, elem, stream, y, s, mean, rstd, x, res, w, b, H, eps};
@@ -128,7 +130,7 @@ static int64_t SFX(part_stride)(int64_t H)
 }
 
 /* The fused add's extras of a backward: ds, an incoming gradient added to dx
- * (may be NULL), and with di the column sums of that dx (norm_add.h) */
+ * (may be NULL), and with di the column sums of that dx (add.h) */
 typedef struct {
     const T *ds;
     T *di;

@@ -2,13 +2,17 @@
  * The row ranges of half storage (float16 and bfloat16: FASTLN_F16,
  * FASTLN_BF16; compiled for float only), written once per ISA: half the
  * bytes of float32 in and out, the same float math. On AVX-512 the kernels
- * of avx512_*.c convert in registers. Elsewhere rows go in blocks of about
- * 8192 elements (cache_block, norm_add.h),
+ * of norm/avx512/ convert in registers. Elsewhere rows go in blocks of about
+ * 8192 elements (cache_block, add.h),
  * widened into float scratch that stays in L1/L2 (F16C/AVX-512 conversions),
  * run through the float row kernels, and rounded back (nearest even) on the
  * way out. Blocks are a multiple of 16 rows where more than 16 fit; rows
  * never depend on their block, so neither do results. */
+#if AVX512_F32
+#include "norm/avx512/avx512.h"
+#endif
 #include "isa/simd.h"
+#include "norm/norm.h"
 
 /* x, dy, dx of a backward in half storage elem (FASTLN_F16 or FASTLN_BF16);
  * declared for double too, whose backward passes NULL */
@@ -40,7 +44,7 @@ static void SFX(half_put)(int elem, uint16_t *dst, const float *src, int64_t n, 
 }
 
 /* Backward rows [r0, r1) in half storage (prefetching up to row re, as
- * bwd_range): converted in registers on AVX-512 (avx512.h); elsewhere, and
+ * bwd_range): converted in registers on AVX-512 (norm/avx512/avx512.h); elsewhere, and
  * rows of one element everywhere (bwd_range's bwd_rows1), bwd_range on
  * widened blocks. */
 static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb, const float *mean,
@@ -78,7 +82,8 @@ static void SFX(half_bwd_rows)(const SFX(half_bwd_args) *a, float *pw, float *pb
  * FASTLN_OP_ADD (s = x + res and y = LN(s) in float, both stored rounded, as
  * the float32 kernels do). */
 typedef struct {
-    int op, elem, stream;
+    fastln_norm_op op;
+    int elem, stream;
     uint16_t *y, *s;
     float *mean, *rstd;
     const uint16_t *x, *res;

@@ -1,10 +1,10 @@
 /*
  * The forward statistics of one row, written once per (element type, ISA)
- * (type_begin.h): the shifted two-pass mean and variance, the normalize
+ * (isa/type_begin.h): the shifted two-pass mean and variance, the normalize
  * sweep, and the double fallback for float rows whose statistics overflow or
  * underflow. x0 = x[0] is a shift: x - x0 is exact for values close to each
  * other, so a huge mean next to a small spread loses no precision (Sterbenz
- * lemma). Needs norm_sums.h.
+ * lemma). Needs sums.h.
  */
 
 static inline double SFX(sum_shifted)(const T *x, int64_t H, T shift)

@@ -1,8 +1,8 @@
 /*
  * The lane sums of the row statistics, written once per (element type, ISA)
- * (type_begin.h): sums are taken in NACC independent lanes (four vector
+ * (isa/type_begin.h): sums are taken in NACC independent lanes (four vector
  * registers of VEC_BYTES) per chunk of CHUNK elements, and the chunk sums
- * are added in double. The AVX-512 kernels (avx512_*.c) keep these lanes, so
+ * are added in double. The AVX-512 kernels (norm/avx512/) keep these lanes, so
  * that their rows get the bits of the one-row code.
  */
 #include "isa/simd.h"

@@ -1,45 +1,24 @@
 /*
- * One instruction-set path: the row kernels, their drivers and the LN-RNN
- * engine compiled for float and double, and the path's kernel table. The
- * includer defines the target (isa_begin.h lists the macros). On AVX-512 the
- * float row kernels live in avx512_*.c (avx512.h).
+ * One instruction-set path: the norms' row kernels and drivers and the LN-RNN
+ * engine compiled for float and double (typed.h), and the path's kernel
+ * table. The includer (generic.c, avx2.c, avx512.c) defines the target
+ * (isa/begin.h lists the macros). On AVX-512 the float row kernels live in
+ * norm/avx512/, compiled apart.
  */
+/* the declarations the kernels use, ahead of the path's code: from
+ * isa/type_begin.h on, T is a macro */
+#include "gemm/gemm.h"
+#include "paths/table.h"
+#include "rnn/rnn.h"
+#include "runtime/policy.h"
+#include "runtime/pool.h"
+
 #include "isa/begin.h"
-#if defined(FASTLN_X86) && VEC_BYTES == 64
-#include "norm/avx512/avx512.h"
-#endif
 
 #define IS_F32 1
-#include "isa/type_begin.h"
-#include "norm/sums.h"
-#include "norm/stats.h"
-#include "norm/bwd_stats.h"
-#include "norm/rows.h"
-#include "norm/add.h"
-#include "norm/half.h"
-#include "norm/drivers.h"
-#include "norm/channels.h"
-#include "rnn/cells.h"
-#include "rnn/products.h"
-#include "rnn/pack.h"
-#include "rnn/engine.h"
-#include "isa/type_end.h"
-
+#include "paths/typed.h"
 #define IS_F32 0
-#include "isa/type_begin.h"
-#include "norm/sums.h"
-#include "norm/stats.h"
-#include "norm/bwd_stats.h"
-#include "norm/rows.h"
-#include "norm/add.h"
-#include "norm/half.h"
-#include "norm/drivers.h"
-#include "norm/channels.h"
-#include "rnn/cells.h"
-#include "rnn/products.h"
-#include "rnn/pack.h"
-#include "rnn/engine.h"
-#include "isa/type_end.h"
+#include "paths/typed.h"
 
 #include "isa/end.h"
 

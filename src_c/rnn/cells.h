@@ -1,10 +1,11 @@
 /*
  * The cells of the LN-RNN engine, one row at a time, written once per
- * (element type, ISA) (type_begin.h): the activations, LayerNorm over one
- * vector (the statistics of norm_stats.h), and the fused forward and
- * backward row kernels of each cell (fwd_row, bwd_row). rnn_engine.h runs
+ * (element type, ISA) (isa/type_begin.h): the activations, LayerNorm over one
+ * vector (the statistics of norm/stats.h), and the fused forward and
+ * backward row kernels of each cell (fwd_row, bwd_row). engine.h runs
  * them over the rows and steps of a layer.
  */
+#include "rnn/rnn.h"
 
 /* ---- elementwise activations ------------------------------------------- */
 
@@ -87,7 +88,7 @@ static inline double SFX(sum_fixed)(const T *a, int64_t n, T shift, T dm, int sq
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-/* The shifted two-pass statistics of layer_norm (norm_stats.h), or with
+/* The shifted two-pass statistics of layer_norm (norm/stats.h), or with
  * fixed those of sum_fixed: *s1 = the sum of a - shift, *var. */
 static inline void SFX(ln_sums)(double *s1, T *dm, double *var, const T *a, int64_t n, T shift,
                                 int fixed)

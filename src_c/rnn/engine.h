@@ -1,8 +1,8 @@
 /*
  * The LN-RNN engine: the time loop and the layer drivers, written once per
- * (element type, ISA) (type_begin.h: IS_F32, NRT), after the cells' row
- * kernels (rnn_cells.h), the recurrent products (rnn_products.h) and the
- * forward's packed weights (rnn_pack.h).
+ * (element type, ISA) (isa/type_begin.h: IS_F32, NRT), after the cells' row
+ * kernels (cells.h), the recurrent products (products.h) and the
+ * forward's packed weights (pack.h).
  *
  * Shape legend (one layer, time-major; G = gates * H; see fastln_rnn.h):
  *   x (T, B, I), y (T, B, H); state h, c (B, H)
@@ -21,6 +21,7 @@
  * parameter gradients in double, rows in order, so that they do not depend
  * on the thread count, and ends with the products for dW_ih, dW_hh, dx.
  */
+#include "rnn/rnn.h"
 
 /* ---- layer drivers ----------------------------------------------------- */
 
@@ -365,7 +366,7 @@ typedef struct {
     SFX(layer) ly;
     SFX(rec) rc;
     const T *w_hh, *dy;
-    int wt;     /* the weight matrices are W^T, row-major (F-ordered W): see rnn.c */
+    int wt;     /* the weight matrices are W^T, row-major (F-ordered W): see api/rnn.c */
     T *dai, *dah, *dg, *dh, *dc;
     T *dai_s;   /* (B, G) scratch for a step's dA_ih rows, or NULL (RNN: dA_ih is dA_hh) */
     T *act_s;   /* (B, G) scratch for the LSTM's recomputed gates */

@@ -1,11 +1,14 @@
 /*
  * The packed weights of the LN-RNN forward, written once per (element type,
- * ISA) after the recurrent products (rnn_products.h): the format and layout
+ * ISA) after the recurrent products (products.h): the format and layout
  * of the packed blob (pack_format, pack_layout, pack_parts), fastln_rnn_pack
  * on this path (rnn_pack, float only), and the forward's recurrent products
  * set up from caller-packed or freshly packed weights (prepacked,
  * rec_init_fwd).
  */
+#include "gemm/gemm.h"
+#include "rnn/rnn.h"
+#include "runtime/pool.h"
 
 /* When a forward packs transposed weights (see packs_transposed), by the
  * bytes of W_hh (G x H elements): a call of RNN_PACK_SHORT_STEPS steps or
@@ -160,7 +163,7 @@ static float *SFX(widened)(const void *src, int64_t n)
     return w;
 }
 
-/* fastln_rnn_pack on this path (rnn.c checks the arguments): out NULL
+/* fastln_rnn_pack on this path (api/rnn.c checks the arguments): out NULL
  * returns the size in bytes. */
 static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t I,
                              int64_t H, const void *w_ih, const void *w_hh, int nt)
@@ -213,7 +216,7 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
  * with a->transposed, W_ih^T and W_hh^T read where they are or packed from
  * that layout (packs_transposed decides; the packed kernels' panels are
  * row-major (K, N) blocks of NRT columns, so reading the whole rows of W^T
- * does the same operations in the same order; rnn.c passes transposed
+ * does the same operations in the same order; api/rnn.c passes transposed
  * weights only where G, and H for RESET_FIRST, are multiples of NRT); w_ih,
  * w_hh are T, or bfloat16 for the bfloat16 format. abuf gets room for Tc
  * steps of input in bfloat16, hbuf for h (RESET_FIRST, whose products round
@@ -266,7 +269,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         rc->ldp = rc->ldp_ih = L.G;
         return FASTLN_OK;
     }
-    /* from the cache of large buffers (pool.h): 64-byte aligned, without
+    /* from the cache of large buffers (runtime/pool.h): 64-byte aligned, without
      * the page faults of fresh memory each call */
     char *buf =
         (char *)fastln_pool_alloc((size_t)((fresh ? total : 0) + 2 * (nab + nhb) + nq + nhq));

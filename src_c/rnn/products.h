@@ -1,29 +1,15 @@
 /*
  * The recurrent products of the LN-RNN engine, written once per (element
- * type, ISA) (type_begin.h: IS_F32, NRT): the axpy kernel for a backward of
- * one sequence (small_nn), the packed-weight kernels (gemm_packed.h:
+ * type, ISA) (isa/type_begin.h: IS_F32, NRT): the axpy kernel for a backward of
+ * one sequence (small_nn), the packed-weight kernels (gemm/packed.h:
  * packed_gemm, and gemm_big for the large products of a layer), and how a
  * layer does its products (rec: rec_part, rec_product per step,
  * rec_init_bwd for the backward's packed W_hh^T). Every product is the
  * engine's own, inside the parallel region of its steps.
  */
 #include "isa/simd.h"
+#include "rnn/rnn.h"
 #include "runtime/pool.h"
-
-/* Runs the statements on a team of nt threads, or directly when nt == 1: an
- * OpenMP region costs time to set up even for one thread, which matters to
- * a step. The orphaned omp for/single/barrier constructs in
- * the statements bind to the team, or run serially without one. */
-#ifndef ON_TEAM
-#define ON_TEAM(nt, ...)                                  \
-    do {                                                  \
-        if ((nt) > 1) {                                   \
-            _Pragma("omp parallel num_threads(nt)") { __VA_ARGS__ } \
-        } else {                                          \
-            __VA_ARGS__                                   \
-        }                                                 \
-    } while (0)
-#endif
 
 /* B == 1, unpacked W (the backward of one sequence):
  * C (M, K) (+)= A (M, N) W, W (N, K): four axpys at a time */
@@ -78,7 +64,7 @@ typedef struct {
                                each step's rows for the next step's product */
     float *hqs;             /* and its rows' scales */
 #endif
-    void *own;              /* what rec_free gives back to pool.h's cache */
+    void *own;              /* what rec_free gives back to runtime/pool.h's cache */
 } SFX(rec);
 
 /* A recurrent product by rc's method: C (B, N) (+)= A (B, K) W^T, W (N, K)

@@ -1,6 +1,6 @@
 /* A cache of large buffers, for the Python layer's NumPy allocator
  * (fastln/_core.pyx) and the recurrent engine's packed weights
- * (rnn_pack.h, rnn_products.h): a block freed here is kept and handed to
+ * (rnn/pack.h, rnn/products.h): a block freed here is kept and handed to
  * the next allocation of about its size, so that a loop of allocating calls
  * does not pay the page faults of fresh memory each call
  * (docs/performance.md, "Output memory", has the cost), and blocks of

@@ -1,13 +1,18 @@
 /*
- * The float row kernels of the AVX-512 path, one family per file, for rows of
- * float or of float16/bfloat16 storage converted in registers:
- *   avx512_rows16_fwd.c       forwards, float rows of up to FWD16_MAX_H, sixteen at a time
- *   avx512_rows16_fwd_half.c  the same for float16/bfloat16 rows
- *   avx512_rows16_bwd.c       backward, rows of up to BWD16_MAX_H, sixteen at a time
- *   avx512_long_fwd.c         forwards of longer rows, one sweep a row
- *   avx512_long_bwd.c         backward of longer rows, one sweep a row
- * kernels_avx512.c calls them from its row ranges (norm_rows.h, norm_half.h)
- * and gives them the one-row code they fall back to.
+ * norm/avx512/: the float row kernels of the AVX-512 path, one family per
+ * file, for rows of float or of float16/bfloat16 storage converted in
+ * registers, each file compiled for AVX-512 apart from the path's other code:
+ *   rows16_fwd.c       forwards, float rows of up to FWD16_MAX_H, sixteen at a time
+ *   rows16_fwd_half.c  the same for float16/bfloat16 rows
+ *   rows16_bwd.c       backward, rows of up to BWD16_MAX_H, sixteen at a time
+ *   long_fwd.c         forwards of longer rows, one sweep a row
+ *   long_bwd.c         backward of longer rows, one sweep a row
+ *   rows16.h, rows16_fwd.h, long.h   the pieces their families share
+ * This header declares them. paths/avx512.c calls them from its row ranges
+ * (norm/range.h, add.h, half.h) and gives them the one-row code they fall
+ * back to (norm/rows.h). The kernels include isa/, runtime/, the public
+ * headers and the lane sums and statistics of norm/ (sums.h, stats.h,
+ * bwd_stats.h), so that their rows get the bits of the one-row code.
  *
  * elem: the storage of x, y, dx, dy, residual and s: ELEM_F32, FASTLN_F16 or
  * FASTLN_BF16. mean, rstd, weight, bias and the dweight/dbias partials pw, pb
@@ -17,6 +22,7 @@
 #ifndef FASTLN_AVX512_H
 #define FASTLN_AVX512_H
 #include <stdint.h>
+#include "runtime/policy.h"
 
 
 #define BWD16_MAX_H 128   /* the backward goes sixteen rows at a time up to this */
@@ -59,7 +65,7 @@ void fastln_avx512_long_bwd(int elem, void *dx, float *pw, float *pb, const void
                             const float *w, int64_t r0, int64_t r1, int64_t H, float *buf,
                             int stream);
 
-/* One row of the portable float kernels (norm_rows.h, in kernels_avx512.c):
+/* One row of the portable float kernels (norm/rows.h, in paths/avx512.c):
  * the rows whose float statistics the kernels above cannot trust */
 void fastln_avx512_ln_row(float *y, float *mean, float *rstd, const float *x, const float *w,
                           const float *b, int64_t H, double eps);

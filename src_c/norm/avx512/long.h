@@ -1,8 +1,8 @@
 /*
- * The pieces shared by the long-row kernels of AVX-512 (avx512_long_fwd.c,
- * avx512_long_bwd.c): loads and stores of a row's elements in any storage,
+ * The pieces shared by the long-row kernels of AVX-512 (long_fwd.c,
+ * long_bwd.c): loads and stores of a row's elements in any storage,
  * the lane masks of a chunk's tail, the horizontal sum in the lane order of
- * the one-row code (norm_stats.h), and the staging row of streamed rows.
+ * the one-row code (norm/stats.h), and the staging row of streamed rows.
  */
 #include "isa/simd.h"
 

@@ -140,7 +140,7 @@ static inline __attribute__((always_inline)) void bwd_vscalars(
 
 /* Backward rows [r0, r1): LayerNorm when pb != NULL, else RMSNorm (as
  * bwd_rows). buf: 2H floats of scratch for half-storage rows; bf16i: see
- * simd.h; nt: non-temporal dx
+ * isa/simd.h; nt: non-temporal dx
  * (fenced here), from the sweep, or with stg (as long_rows_k's) staged;
  * pf (a constant): prefetch x and dy PF_LONG_BWD bytes ahead of the sums,
  * short of r1. */

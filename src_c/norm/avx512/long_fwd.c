@@ -14,7 +14,7 @@
  * With nt, y (and s) go out by non-temporal stores from a 64-byte boundary
  * (the row's first vectors masked up to it), or for rows of up to
  * STAGE_ROW_BYTES through an L1 staging row, and the y sweep prefetches the
- * rows ahead into L1. The sums follow the lanes of norm_sums.h (four
+ * rows ahead into L1. The sums follow the lanes of norm/sums.h (four
  * vectors, chunks of CHUNK added in double), so a row's results do not
  * depend on where its range starts, and half-storage rows get those of the
  * float kernels on the widened row, rounded once. Rows whose statistics need
@@ -248,7 +248,7 @@ static inline __attribute__((always_inline)) double norm_row(
  * first sums it, and its later sweeps read s instead of x + res (one load
  * and add fewer); not with nt, where the y sweep streams s out, nor for
  * half-storage s, whose rounded values are not the float sums. bf16i: see
- * simd.h. buf: 2H floats of scratch for half-storage rows that take the
+ * isa/simd.h. buf: 2H floats of scratch for half-storage rows that take the
  * fallbacks; nt: non-temporal stores (the caller fences), straight from the
  * y sweep, or with stg (STAGE_ROW_BYTES, 64-byte aligned; not with res) a
  * row's y stored there and then streamed out. */

@@ -1,15 +1,15 @@
 /*
- * The pieces shared by the sixteen-row kernels of AVX-512 (avx512_rows16_*.c).
+ * The pieces shared by the sixteen-row kernels of AVX-512 (rows16_*.c).
  * One row's vector is at most FWD16_MAX_H / 16 registers, so per-row
  * horizontal sums and scalar statistics would dominate. Each row's sums stay
- * in one vector accumulator, a transposing reduction tree (reduce16, simd.h)
+ * in one vector accumulator, a transposing reduction tree (reduce16, isa/simd.h)
  * turns sixteen of them into one vector holding the sixteen row sums, and
  * the statistics are computed for the sixteen rows in vector lanes. A group
  * short of sixteen rows repeats its last row in the spare lanes (their
  * results are dropped), so a row's arithmetic does not depend on its group:
  * results are bitwise the same for any split of the rows over threads.
  *
- * The statistics follow the one-row code of norm_stats.h: shifted two-pass
+ * The statistics follow the one-row code of norm/stats.h: shifted two-pass
  * forward (x - x0, then the centred squares), rstd in double, and for float
  * sums that may have lost the row (not finite, or a variance outside
  * [1e-30, 1e30]) the row is redone by the one-row code with its double
@@ -18,7 +18,7 @@
 #include "isa/simd.h"
 
 /* The forwards go sixteen rows at a time up to rows of FWD16_MAX_H, where
- * that beats four rows at a time (norm_rows.h) and the long-row forward; the
+ * that beats four rows at a time (norm/rows.h) and the long-row forward; the
  * backward beats the others only up to BWD16_MAX_H. The half-storage
  * forwards take some row lengths thirty-two at a time (fwd16h_nv). */
 #define NV16 (BWD16_MAX_H / 16)   /* vectors in a row of the backward, at most */
@@ -52,6 +52,10 @@ static inline __mmask16 tail16(int64_t H)
 {
     return H % 16 ? (__mmask16)((1u << (H % 16)) - 1) : (__mmask16)0xFFFF;
 }
+
+/* In the group kernels (NV and tail theirs: a row's vectors, and the mask of
+ * its last): the mask of vector v of a row */
+#define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
 
 /* w and b (NULL: ones, zeros) as nv vectors, the last one masked by tail */
 static inline void load_wb16(__m512 *wv, __m512 *bv, const float *w, const float *b,

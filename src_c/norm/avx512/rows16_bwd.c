@@ -42,9 +42,8 @@ static inline const void *group_rows16(const void *p, int64_t n, int64_t r1, int
     return tile;
 }
 
-/* In the group kernels below (E, NV, tail, rowb theirs): the mask of vector
- * v of a row, row k of the rows at p, and vector v of that row as floats. */
-#define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
+/* In the group kernels below (E, NV, tail, rowb theirs): row k of the rows
+ * at p, and vector v of that row as floats (MASK: rows16.h). */
 #define ROW(p, k) ((const char *)(p) + (k) * rowb)
 #define LDB(p, k, v) (E ? ld_half(E, (const uint16_t *)ROW(p, k) + 16 * (v), MASK(v)) \
                         : _mm512_maskz_loadu_ps(MASK(v), (const float *)ROW(p, k) + 16 * (v)))
@@ -266,7 +265,6 @@ static inline __attribute__((always_inline)) void bwd_group16(
 }
 #undef LDB
 #undef ROW
-#undef MASK
 
 /* The backward over rows [r0, r1) of rows of NV vectors (pb == NULL:
  * RMSNorm), H <= BWD16_MAX_H, sixteen rows at a time; rows of E (a

@@ -122,7 +122,7 @@ static inline __attribute__((always_inline)) void fwd16_nv(
 /* fwd16_nv for each (NV, OP) a function of its own (OP 0 LayerNorm, 1
  * RMSNorm, 2 add + LayerNorm), as fwd16h_ and the backward's bwd16_; rows of
  * one and two vectors hold their groups of 32 too (once a function of their
- * own, group32, so that kernels_avx512.c compiled in reasonable time) */
+ * own, group32, so that paths/avx512.c compiled in reasonable time) */
 #define FWD16_FN(NV, OP)                                                                   \
     static __attribute__((noinline)) void CAT3(fwd16_, NV, OP)(                            \
         float *y, float *s, float *mean, float *rstd, const float *x, const float *res,    \

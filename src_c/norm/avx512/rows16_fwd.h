@@ -1,15 +1,14 @@
 /*
- * The group kernels of the sixteen-row forwards of AVX-512 (avx512_rows16_fwd.c,
- * avx512_rows16_fwd_half.c): the LayerNorm and RMSNorm of one group of
+ * The group kernels of the sixteen-row forwards of AVX-512 (rows16_fwd.c,
+ * rows16_fwd_half.c): the LayerNorm and RMSNorm of one group of
  * sixteen or thirty-two rows, float or float16/bfloat16 storage.
  */
 #include "isa/simd.h"
 
-/* In the group kernels below (XE, YE, YI, NV, tail, xr, yr, nt theirs): the
- * mask of vector v of a row, vector v of row k (float, or half storage XE
- * widened), and y to vector v of row k (float, or half storage YE narrowed
- * with bf16i YI; nt as st_half). */
-#define MASK(v) ((v) == NV - 1 ? tail : (__mmask16)0xFFFF)
+/* In the group kernels below (XE, YE, YI, NV, tail, xr, yr, nt theirs):
+ * vector v of row k (float, or half storage XE widened), and y to vector v
+ * of row k (float, or half storage YE narrowed with bf16i YI; nt as
+ * st_half); MASK: rows16.h. */
 #define LD(k, v) (XE ? ld_half(XE, (const uint16_t *)xr[k] + 16 * (v), MASK(v))    \
                        : _mm512_maskz_loadu_ps(MASK(v), (const float *)xr[k] + 16 * (v)))
 #define ST(k, v, y)                                                                       \
@@ -192,4 +191,3 @@ static inline __attribute__((always_inline)) uint32_t rms_group16(
 #undef PUT_OR_ST
 #undef ST
 #undef LD
-#undef MASK

@@ -51,7 +51,7 @@ static inline __attribute__((always_inline)) void add16_half(
     }
 }
 
-/* The float forwards' LayerNorm (avx512_rows16_fwd.c), or with rms RMSNorm
+/* The float forwards' LayerNorm (rows16_fwd.c), or with rms RMSNorm
  * (mean and b unused), or with res add + LayerNorm (into y and s), on rows of
  * half storage elem, converted in registers (bfloat16 narrowed as bf16i
  * says): the float32 arithmetic of the float forwards exactly (a group's
@@ -85,7 +85,7 @@ static inline __attribute__((always_inline)) void fwd16h_nv(
      * groups' reductions and rstd, latency chains between the sweeps,
      * overlap. Longer rows, and RMSNorm rows of one vector, are faster 16 at
      * a time. The float forwards take 32 rows only for rows of one vector,
-     * and of two where not streamed (avx512_rows16_fwd.c). */
+     * and of two where not streamed (rows16_fwd.c). */
 #define NG_LN(NV) ((NV) <= 6 ? 2 : 1)
 #define NG_RMS(NV) ((NV) >= 2 && (NV) <= 6 ? 2 : 1)
     const int NGR = add ? 1 : rms ? NG_RMS(NV) : NG_LN(NV), G = 16 * NGR;
