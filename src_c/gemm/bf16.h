@@ -107,7 +107,7 @@ static inline void SFX(amx_setup)(void)
             _tile_stored(ta, out_[0], FASTLN_NR * 4);                                   \
             _tile_stored(tb, out_[0] + 16, FASTLN_NR * 4);                              \
             for (int r_ = 0; r_ < (mr); r_++) {                                         \
-                __m512 v_[2] = {_mm512_load_ps(out_[r_]), _mm512_load_ps(out_[r_] + 16)};\
+                SFX(vec) v_[2] = {_mm512_load_ps(out_[r_]), _mm512_load_ps(out_[r_] + 16)};\
                 SFX(tile_store)((C) + r_ * (ldc), v_, ncols, acc);                      \
             }                                                                           \
         }                                                                               \
@@ -178,23 +178,23 @@ static inline __attribute__((always_inline)) void SFX(tile_bf16)(
     float *C, int64_t ldc, const uint16_t *A, int64_t lda, const uint16_t *P, int64_t pst,
     int64_t Q, int mr, int npn, int ncols, int acc)
 {
-    __m512 c[MR][NPN_MAX * 2];
+    SFX(vec) c[MR][NPN_MAX * 2];
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < npn * 2; v++) c[r][v] = _mm512_setzero_ps();
+        for (int v = 0; v < npn * 2; v++) c[r][v] = V_ZERO();
     for (int64_t q = 0; q < Q; q++) {
         __m512bh b[NPN_MAX * 2];
         for (int v = 0; v < npn * 2; v++)
-            b[v] = (__m512bh)_mm512_loadu_si512(P + v / 2 * pst + q * 2 * FASTLN_NR + v % 2 * 32);
+            b[v] = (__m512bh)VI_LOAD(P + v / 2 * pst + q * 2 * FASTLN_NR + v % 2 * 32);
         for (int r = 0; r < mr; r++) {
             uint32_t pair;
             memcpy(&pair, A + r * lda + 2 * q, 4);
-            __m512bh a = (__m512bh)_mm512_set1_epi32((int)pair);
+            __m512bh a = (__m512bh)VI_SET1((int)pair);
             for (int v = 0; v < npn * 2; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
         }
     }
     for (int r = 0; r < mr; r++)
         for (int q = 0; q < npn; q++) {
-            __m512 v[2] = {c[r][2 * q], c[r][2 * q + 1]};   /* c stays in registers */
+            SFX(vec) v[2] = {c[r][2 * q], c[r][2 * q + 1]};   /* c stays in registers */
             SFX(tile_store)(C + r * ldc + q * FASTLN_NR, v, q == npn - 1 ? ncols : FASTLN_NR, acc);
         }
 }

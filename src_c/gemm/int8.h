@@ -128,44 +128,9 @@ static inline float i8_dequant(int32_t acc, int32_t corr, float sa, float sw)
     return (float)(acc + corr) * (sa * sw);
 }
 
-#if defined(FASTLN_X86) && VEC_BYTES >= 32
-/* The x86 vectors: int32 lanes, I8NV vectors a panel. */
-#if VEC_BYTES == 64
-typedef __m512i SFX(i8v);
-#define I8VL 16
-#define I8_LOAD(p) _mm512_loadu_si512((const void *)(p))
-#define I8_SET1(x) _mm512_set1_epi32(x)
-#define I8_ADD(a, b) _mm512_add_epi32((a), (b))
-#define I8_MADD(a, b) _mm512_madd_epi16((a), (b))
-#define I8_LOW16(a) _mm512_and_si512((a), _mm512_set1_epi32(0x00FF00FF))
-#define I8_SRLI16(a) _mm512_srli_epi16((a), 8)
-#define I8_SRAI16(a) _mm512_srai_epi16((a), 8)
-#define I8_SLLI16(a) _mm512_slli_epi16((a), 8)
-#define I8_ZERO() _mm512_setzero_si512()
-#define I8_TOF(a) _mm512_cvtepi32_ps(a)
-#define F_MUL(a, b) _mm512_mul_ps((a), (b))
-#define F_SET1(x) _mm512_set1_ps(x)
-#define F_LOAD(p) _mm512_loadu_ps(p)
-#define F_STORE(p, v) _mm512_storeu_ps((p), (v))
-#else
-typedef __m256i SFX(i8v);
-#define I8VL 8
-#define I8_LOAD(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
-#define I8_SET1(x) _mm256_set1_epi32(x)
-#define I8_ADD(a, b) _mm256_add_epi32((a), (b))
-#define I8_MADD(a, b) _mm256_madd_epi16((a), (b))
-#define I8_LOW16(a) _mm256_and_si256((a), _mm256_set1_epi32(0x00FF00FF))
-#define I8_SRLI16(a) _mm256_srli_epi16((a), 8)
-#define I8_SRAI16(a) _mm256_srai_epi16((a), 8)
-#define I8_SLLI16(a) _mm256_slli_epi16((a), 8)
-#define I8_ZERO() _mm256_setzero_si256()
-#define I8_TOF(a) _mm256_cvtepi32_ps(a)
-#define F_MUL(a, b) _mm256_mul_ps((a), (b))
-#define F_SET1(x) _mm256_set1_ps(x)
-#define F_LOAD(p) _mm256_loadu_ps(p)
-#define F_STORE(p, v) _mm256_storeu_ps((p), (v))
-#endif
-#define I8NV (FASTLN_NR / I8VL)
+#if HAVE_IVEC
+/* VIL int32 lanes a vector, I8NV vectors a panel */
+#define I8NV (FASTLN_NR / VIL)
 #define I8_NPN_MAX 4
 
 /* The tiles and their driver (int8_tile.h): once with VPDPBUSD
@@ -177,26 +142,11 @@ typedef __m256i SFX(i8v);
 #endif
 #define I8_VNNI 0
 #include "gemm/int8_tile.h"
-#undef I8VL
-#undef I8_LOAD
-#undef I8_SET1
-#undef I8_ADD
-#undef I8_MADD
-#undef I8_LOW16
-#undef I8_SRLI16
-#undef I8_SRAI16
-#undef I8_SLLI16
-#undef I8_ZERO
-#undef I8_TOF
-#undef F_MUL
-#undef F_SET1
-#undef F_LOAD
-#undef F_STORE
 #undef I8NV
 #undef I8_NPN_MAX
 #endif
 
-#if !(defined(FASTLN_X86) && VEC_BYTES >= 32)
+#if !HAVE_IVEC
 /* Panel p of the C kernel: C's columns of that panel for rows [0, M). */
 static void SFX(gemm_i8_panel)(float *C, int64_t ldc, const uint8_t *q, const float *s,
                                const SFX(i8w) *W, int64_t M, int64_t N, int64_t kp, int64_t p)
@@ -225,7 +175,7 @@ static void SFX(gemm_i8)(float *C, int64_t ldc, const uint8_t *q, const float *s
 #if defined(FASTLN_X86) && VEC_BYTES == 64
     if (fastln_cpu_has_avx512vnni()) SFX(gemm_i8_t1)(C, ldc, q, s, W, M, N, K, alone);
     else SFX(gemm_i8_t0)(C, ldc, q, s, W, M, N, K, alone);
-#elif defined(FASTLN_X86) && VEC_BYTES >= 32
+#elif HAVE_IVEC
     SFX(gemm_i8_t0)(C, ldc, q, s, W, M, N, K, alone);
 #else
     const int64_t kp = i8_kp(K), np = (N + FASTLN_NR - 1) / FASTLN_NR;

@@ -12,7 +12,7 @@
  * array in memory. */
 #define I8_DPBUSD(acc, a, w)                                                       \
     do {                                                                           \
-        SFX(i8v) t_ = (acc);                                                       \
+        SFX(ivec) t_ = (acc);                                                       \
         __asm__("vpdpbusd %2, %1, %0" : "+v"(t_) : "v"(a), "v"(w));               \
         (acc) = t_;                                                                \
     } while (0)
@@ -37,48 +37,48 @@ static inline __attribute__((always_inline)) I8_ATTR void I8F(i8_tile)(
     float *C, int64_t ldc, const uint8_t *q, int64_t kp, const float *s, const int8_t *P,
     int64_t pst, const SFX(i8w) *W, int64_t n0, int mr, int npn, int ncols)
 {
-    SFX(i8v) c[I8MR][I8_NPN_MAX * I8NV];
+    SFX(ivec) c[I8MR][I8_NPN_MAX * I8NV];
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < npn * I8NV; v++) c[r][v] = I8_ZERO();
+        for (int v = 0; v < npn * I8NV; v++) c[r][v] = VI_ZERO();
     for (int64_t k = 0; k < kp; k += 4) {
 #if I8_VNNI
         if (mr == 1) {   /* one row against npn panels: each vector of W once */
             int32_t quad;
             memcpy(&quad, q + k, 4);
-            SFX(i8v) a = I8_SET1(quad);
+            SFX(ivec) a = VI_SET1(quad);
             for (int v = 0; v < npn * I8NV; v++)
                 I8_DPBUSD(c[0][v], a,
-                          I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL));
+                          VI_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * VIL));
             continue;
         }
-        SFX(i8v) w[I8_NPN_MAX * I8NV];
+        SFX(ivec) w[I8_NPN_MAX * I8NV];
         for (int v = 0; v < npn * I8NV; v++)
-            w[v] = I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL);
+            w[v] = VI_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * VIL);
         for (int r = 0; r < mr; r++) {
             int32_t quad;
             memcpy(&quad, q + r * kp + k, 4);
-            SFX(i8v) a = I8_SET1(quad);
+            SFX(ivec) a = VI_SET1(quad);
             for (int v = 0; v < npn * I8NV; v++) I8_DPBUSD(c[r][v], a, w[v]);
         }
 #else
-        SFX(i8v) a[I8MR];
+        SFX(ivec) a[I8MR];
         for (int r = 0; r < mr; r++) {
             int32_t quad;
             memcpy(&quad, q + r * kp + k, 4);
-            a[r] = I8_SET1(quad);
+            a[r] = VI_SET1(quad);
         }
         /* u0 w0 + u2 w2 and u1 w1 + u3 w3 in each lane, from the even and
          * odd bytes widened to 16 bits (u zero-extended, w sign-extended) */
-        SFX(i8v) ae[I8MR], ao[I8MR];
+        SFX(ivec) ae[I8MR], ao[I8MR];
         for (int r = 0; r < mr; r++) {
-            ae[r] = I8_LOW16(a[r]);
-            ao[r] = I8_SRLI16(a[r]);
+            ae[r] = VI_AND(a[r], VI_SET1(0x00FF00FF));
+            ao[r] = VI_SRL16(a[r], 8);
         }
         for (int v = 0; v < npn * I8NV; v++) {
-            SFX(i8v) w = I8_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * I8VL);
-            SFX(i8v) we = I8_SRAI16(I8_SLLI16(w)), wo = I8_SRAI16(w);
+            SFX(ivec) w = VI_LOAD(P + v / I8NV * pst + k * FASTLN_NR + v % I8NV * 4 * VIL);
+            SFX(ivec) we = VI_SRA16(VI_SLL16(w, 8), 8), wo = VI_SRA16(w, 8);
             for (int r = 0; r < mr; r++)
-                c[r][v] = I8_ADD(c[r][v], I8_ADD(I8_MADD(ae[r], we), I8_MADD(ao[r], wo)));
+                c[r][v] = VI_ADD(c[r][v], VI_ADD(VI_MADD16(ae[r], we), VI_MADD16(ao[r], wo)));
         }
 #endif
     }
@@ -95,9 +95,9 @@ static inline __attribute__((always_inline)) I8_ATTR void I8F(i8_tile)(
             float out[FASTLN_NR];
             float *dst = nc == FASTLN_NR ? C + r * ldc + n : out;
             for (int v = 0; v < I8NV; v++) {
-                SFX(i8v) sum = I8_ADD(c[r][g * I8NV + v], I8_LOAD(W->corr + n + v * I8VL));
-                F_STORE(dst + v * I8VL, F_MUL(I8_TOF(sum),
-                                              F_MUL(F_SET1(s[r]), F_LOAD(scale + v * I8VL))));
+                SFX(ivec) sum = VI_ADD(c[r][g * I8NV + v], VI_LOAD(W->corr + n + v * VIL));
+                V_STORE(dst + v * VIL, V_MUL(VI_TO_V(sum),
+                                              V_MUL(V_SET1(s[r]), V_LOAD(scale + v * VIL))));
             }
             if (nc < FASTLN_NR) memcpy(C + r * ldc + n, out, (size_t)nc * sizeof(float));
         }

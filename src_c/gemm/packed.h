@@ -14,64 +14,6 @@
  * path: 2 x 8 vectors of VEC_BYTES, which spills on x86's 16 registers
  * but still beats 1 x 8),
  * the k loop broadcasting one A value per row against the panel's columns. */
-#if defined(FASTLN_X86) && VEC_BYTES == 64 && IS_F32
-typedef __m512 SFX(vf);
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VSTORE(p, v) _mm512_storeu_ps((p), (v))
-#define VSET1(x) _mm512_set1_ps(x)
-#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
-#define VADD(a, b) _mm512_add_ps((a), (b))
-#elif defined(FASTLN_X86) && VEC_BYTES == 64
-typedef __m512d SFX(vf);
-#define VZERO() _mm512_setzero_pd()
-#define VLOAD(p) _mm512_loadu_pd(p)
-#define VSTORE(p, v) _mm512_storeu_pd((p), (v))
-#define VSET1(x) _mm512_set1_pd(x)
-#define VFMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
-#define VADD(a, b) _mm512_add_pd((a), (b))
-#elif defined(FASTLN_X86) && VEC_BYTES == 32 && IS_F32
-typedef __m256 SFX(vf);
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VSTORE(p, v) _mm256_storeu_ps((p), (v))
-#define VSET1(x) _mm256_set1_ps(x)
-#define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define VADD(a, b) _mm256_add_ps((a), (b))
-#elif defined(FASTLN_X86) && VEC_BYTES == 32
-typedef __m256d SFX(vf);
-#define VZERO() _mm256_setzero_pd()
-#define VLOAD(p) _mm256_loadu_pd(p)
-#define VSTORE(p, v) _mm256_storeu_pd((p), (v))
-#define VSET1(x) _mm256_set1_pd(x)
-#define VFMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
-#define VADD(a, b) _mm256_add_pd((a), (b))
-#else
-/* The generic path: GCC's vector extensions, which compile to the target's
- * vectors (SSE2, NEON) or to scalars. a * b + c is one instruction where the
- * target fuses it, the same one for every element. */
-typedef T SFX(vf) __attribute__((vector_size(VEC_BYTES)));
-static inline SFX(vf) SFX(vload)(const T *p)
-{
-    SFX(vf) v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void SFX(vstore)(T *p, SFX(vf) v) { memcpy(p, &v, sizeof v); }
-static inline SFX(vf) SFX(vset1)(T x)
-{
-    SFX(vf) v;
-    for (int i = 0; i < (int)(VEC_BYTES / sizeof(T)); i++) v[i] = x;
-    return v;
-}
-#define VZERO() ((SFX(vf)){0})
-#define VLOAD(p) SFX(vload)(p)
-#define VSTORE(p, v) SFX(vstore)((p), (v))
-#define VSET1(x) SFX(vset1)(x)
-#define VFMA(a, b, c) ((a) * (b) + (c))
-#define VADD(a, b) ((a) + (b))
-#endif
-#define VL ((int)(VEC_BYTES / sizeof(T)))
 #if defined(FASTLN_X86) && VEC_BYTES == 64
 #define MR 8
 #elif defined(FASTLN_X86) && VEC_BYTES == 32
@@ -87,15 +29,15 @@ static inline SFX(vf) SFX(vset1)(T x)
 #define NPN(mr) (8 / ((mr) * NV) >= NPN_MAX ? NPN_MAX : 8 / ((mr) * NV) > 1 ? 8 / ((mr) * NV) : 1)
 
 /* Columns [0, ncols) of one row of a tile's panel: c = acc ? c + v : v. */
-static inline __attribute__((always_inline)) void SFX(tile_store)(T *c, const SFX(vf) *v,
+static inline __attribute__((always_inline)) void SFX(tile_store)(T *c, const SFX(vec) *v,
                                                                  int ncols, int acc)
 {
     if (ncols == NRT) {
         for (int j = 0; j < NV; j++)
-            VSTORE(c + j * VL, acc ? VADD(v[j], VLOAD(c + j * VL)) : v[j]);
+            V_STORE(c + j * VL, acc ? V_ADD(v[j], V_LOAD(c + j * VL)) : v[j]);
     } else {   /* the last, partial panel */
         T tmp[NRT];
-        for (int j = 0; j < NV; j++) VSTORE(tmp + j * VL, v[j]);
+        for (int j = 0; j < NV; j++) V_STORE(tmp + j * VL, v[j]);
         for (int j = 0; j < ncols; j++) c[j] = acc ? c[j] + tmp[j] : tmp[j];
     }
 }
@@ -110,29 +52,29 @@ static inline __attribute__((always_inline)) void SFX(tile)(
     T *C, int64_t ldc, const T *A, int64_t ars, int64_t aks, const T *P,
     int64_t ldp, int64_t pst, int64_t K, int mr, int npn, int ncols, int acc)
 {
-    SFX(vf) c[MR][NPN_MAX * NV];
+    SFX(vec) c[MR][NPN_MAX * NV];
     for (int r = 0; r < mr; r++)
-        for (int v = 0; v < npn * NV; v++) c[r][v] = VZERO();
+        for (int v = 0; v < npn * NV; v++) c[r][v] = V_ZERO();
     for (int64_t k = 0; k < K; k++) {
         if (npn == 1) {   /* each panel vector serves every row */
-            SFX(vf) b[NV];
-            for (int v = 0; v < NV; v++) b[v] = VLOAD(P + k * ldp + v * VL);
+            SFX(vec) b[NV];
+            for (int v = 0; v < NV; v++) b[v] = V_LOAD(P + k * ldp + v * VL);
             for (int r = 0; r < mr; r++) {
-                SFX(vf) a = VSET1(A[r * ars + k * aks]);
-                for (int v = 0; v < NV; v++) c[r][v] = VFMA(a, b[v], c[r][v]);
+                SFX(vec) a = V_SET1(A[r * ars + k * aks]);
+                for (int v = 0; v < NV; v++) c[r][v] = V_FMA(a, b[v], c[r][v]);
             }
         } else {
             for (int r = 0; r < mr; r++) {
-                SFX(vf) a = VSET1(A[r * ars + k * aks]);
+                SFX(vec) a = V_SET1(A[r * ars + k * aks]);
                 for (int v = 0; v < npn * NV; v++)
-                    c[r][v] = VFMA(a, VLOAD(P + v / NV * pst + k * ldp + v % NV * VL), c[r][v]);
+                    c[r][v] = V_FMA(a, V_LOAD(P + v / NV * pst + k * ldp + v % NV * VL), c[r][v]);
             }
         }
     }
     for (int r = 0; r < mr; r++)
         for (int q = 0; q < npn; q++) {
             /* a copy: c's address is never taken, so c stays in registers */
-            SFX(vf) v[NV];
+            SFX(vec) v[NV];
             for (int j = 0; j < NV; j++) v[j] = c[r][q * NV + j];
             SFX(tile_store)(C + r * ldc + q * NRT, v, q == npn - 1 ? ncols : NRT, acc);
         }
@@ -324,14 +266,7 @@ static int SFX(gemm_big)(char ta, char tb, int64_t M, int64_t N, int64_t K, cons
     free(P);
     return FASTLN_OK;
 }
-#undef VL
 #undef MR
-#undef VZERO
-#undef VLOAD
-#undef VSTORE
-#undef VSET1
-#undef VFMA
-#undef VADD
 #undef NV
 #undef NPN
 #undef NPN_MAX

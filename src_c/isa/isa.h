@@ -6,7 +6,10 @@
  *   begin.h, end.h   open and close the code of one instruction-set path
  *                    (its target, FMA); target_avx512.h is the AVX-512 one
  *   type_begin.h, type_end.h   select the element type (float, double) of
- *                    the kernels that follow
+ *                    the kernels that follow, and its vectors (vec.h)
+ *   vec.h            the one SIMD vocabulary of the kernels written once for
+ *                    every path: vectors of T and of int32, and their
+ *                    operations
  *   simd.h           SIMD helpers: streaming copies, horizontal sums,
  *                    float16/bfloat16 conversions, and the AVX-512 reductions,
  *                    prefetches and streaming writer

@@ -10,6 +10,7 @@
  *              FASTLN_NR_F64), and PACK_NT, PACK_NN, PACKED_SIZE the packers
  *              of gemm/pack.c for T
  *   AVX512_F32 1 for float on AVX-512: the row kernels of norm/avx512/
+ *   and the vectors of T (and of int32) and their operations: vec.h
  * type_end.h undoes them. Headers of declarations come before this one: T is
  * a macro up to type_end.h.
  */
@@ -37,3 +38,4 @@
 #else
 #define AVX512_F32 0
 #endif
+#include "isa/vec.h"

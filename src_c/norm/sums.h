@@ -16,12 +16,12 @@
  * stores instead. */
 static inline void SFX(acc_zero)(T *acc)
 {
-#if defined(FASTLN_X86) && VEC_BYTES == 32
-    __m256i z = _mm256_setzero_si256(), *a = (__m256i *)acc;
-    _mm256_storeu_si256(a, z);
-    _mm256_storeu_si256(a + 1, z);
-    _mm256_storeu_si256(a + 2, z);
-    _mm256_storeu_si256(a + 3, z);
+#if HAVE_IVEC && VEC_BYTES == 32
+    SFX(ivec) z = VI_ZERO(), *a = (SFX(ivec) *)acc;
+    VI_STORE(a, z);
+    VI_STORE(a + 1, z);
+    VI_STORE(a + 2, z);
+    VI_STORE(a + 3, z);
 #else
     for (int k = 0; k < NACC; k++) acc[k] = 0;
 #endif
