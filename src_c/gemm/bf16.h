@@ -201,14 +201,15 @@ static inline __attribute__((always_inline)) void SFX(tile_bf16)(
 
 /* C (M, N) (+)= A (M, K) W^T: A bfloat16 rows from rows_to_bf16, P the pair
  * panels of W; on AMX tiles with amx, else VDPBF16PS. See packed_gemm_any. */
-static void SFX(packed_gemm_any)(int bf, float *C, int64_t ldc, const void *A, int64_t ars,
-                                 int64_t aks, const void *P, int64_t ldp, int64_t M, int64_t N,
-                                 int64_t K, int acc);
+static void SFX(packed_gemm_any)(fastln_gemm_kind bf, float *C, int64_t ldc, const void *A,
+                                 int64_t ars, int64_t aks, const void *P, int64_t ldp, int64_t M,
+                                 int64_t N, int64_t K, int acc);
 static inline void SFX(packed_gemm_bf16)(int amx, float *C, int64_t ldc, const uint16_t *A,
                                          const uint16_t *P, int64_t M, int64_t N, int64_t K,
                                          int acc)
 {
-    SFX(packed_gemm_any)(amx ? 2 : 1, C, ldc, A, bf16_kp(K), 1, P, 0, M, N, bf16_kp(K), acc);
+    SFX(packed_gemm_any)(amx ? FASTLN_GEMM_AMX : FASTLN_GEMM_BF16, C, ldc, A, bf16_kp(K), 1, P, 0,
+                         M, N, bf16_kp(K), acc);
 }
 #else
 #define HAVE_BF16DOT 0

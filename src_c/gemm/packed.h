@@ -82,14 +82,14 @@ static inline __attribute__((always_inline)) void SFX(tile)(
 
 #include "gemm/bf16.h"
 
-/* C (M, N) (+)= op(A) (M, K) P. T values (bf 0): element (m, k) of op(A) at
- * A[m*ars + k*aks], or, with ars == 0, A packed by pack_at: blocks of MR
- * rows, k-major; P packed in panels (ldp == NRT), or read in place:
- * K rows ldp apart of N columns, N a multiple of NRT (a row-major
- * (K, N) matrix, or a block of columns of a wider one).
- * bfloat16 pairs (bf16.h; bf 1: VDPBF16PS, 2: AMX): A rows of
- * bfloat16 ars apart (aks 1), K a multiple of 32, P packed by pack_nt_bf16
- * (ldp unused).
+/* C (M, N) (+)= op(A) (M, K) P, operands of kind bf. FASTLN_GEMM_T, values
+ * of T: element (m, k) of op(A) at A[m*ars + k*aks], or, with ars == 0, A
+ * packed by pack_at: blocks of MR rows, k-major; P packed in panels (ldp ==
+ * NRT), or read in place: K rows ldp apart of N columns, N a multiple of
+ * NRT (a row-major (K, N) matrix, or a block of columns of a wider one).
+ * FASTLN_GEMM_BF16 (VDPBF16PS) and FASTLN_GEMM_AMX, bfloat16 pairs (bf16.h):
+ * A rows of bfloat16 ars apart (aks 1), K a multiple of 32, P packed by
+ * pack_nt_bf16 (ldp unused).
  * The (panels, block of MB rows) tiles are shared among the threads of the
  * enclosing parallel region (orphaned omp for; serial outside one) in a
  * static schedule: in the recurrent products each thread keeps the same
@@ -99,31 +99,32 @@ static inline __attribute__((always_inline)) void SFX(tile)(
  * same order whatever M, the row's place and the thread count are. */
 #define MB ((64 / MR) * MR)
 #define KC 256   /* k per pass: a panel's slice (32 KiB) and A's stay in L1/L2 */
-static void SFX(packed_gemm_any)(int bf, T *C, int64_t ldc, const void *A, int64_t ars,
-                                 int64_t aks, const void *P, int64_t ldp, int64_t M, int64_t N,
-                                 int64_t K, int acc)
+static void SFX(packed_gemm_any)(fastln_gemm_kind bf, T *C, int64_t ldc, const void *A,
+                                 int64_t ars, int64_t aks, const void *P, int64_t ldp, int64_t M,
+                                 int64_t N, int64_t K, int acc)
 {
     /* panel to panel, in elements of P */
-    int64_t pst = bf ? K * NRT : ldp == NRT ? K * NRT : NRT;
+    int64_t pst = bf != FASTLN_GEMM_T ? K * NRT : ldp == NRT ? K * NRT : NRT;
     int64_t np = (N + NRT - 1) / NRT, nmb = (M + MB - 1) / MB;
     int64_t rs = ars ? ars : 1, ks = ars ? aks : MR;
     /* panels per work item: few rows take several at once */
-    int gp = bf == 2 ? (M <= 16 ? 2 : 1) : M < MR ? NPN(M) : 1;
+    int gp = bf == FASTLN_GEMM_AMX ? (M <= 16 ? 2 : 1) : M < MR ? NPN(M) : 1;
 #if HAVE_BF16DOT
-    if (bf == 2) SFX(amx_setup)();
+    if (bf == FASTLN_GEMM_AMX) SFX(amx_setup)();
 #endif
     int64_t ng = (np + gp - 1) / gp;
     /* Tile (rows from mm, r rows, n panels from p; ncols: the last panel's) */
 #define A_AT(mm) ((ars ? (const T *)A + (mm) * ars : (const T *)A + (mm) / MR * K * MR) \
                   + k0 * ks)
 #if HAVE_BF16DOT
-#define TILE(mm, r, n)                                                                        \
-    (bf ? SFX(tile_bf16)(C + (mm) * ldc + p * NRT, ldc,                                 \
-                         (const uint16_t *)A + (mm) * ars + k0, ars,                          \
-                         (const uint16_t *)P + p * pst + k0 * NRT, pst, kn / 2, r, n,   \
-                         ncols, ac)                                                           \
-        : SFX(tile)(C + (mm) * ldc + p * NRT, ldc, A_AT(mm), rs, ks,                    \
-                    (const T *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac))
+#define TILE(mm, r, n)                                                                  \
+    (bf != FASTLN_GEMM_T                                                                \
+         ? SFX(tile_bf16)(C + (mm) * ldc + p * NRT, ldc,                                \
+                          (const uint16_t *)A + (mm) * ars + k0, ars,                   \
+                          (const uint16_t *)P + p * pst + k0 * NRT, pst, kn / 2, r, n,  \
+                          ncols, ac)                                                    \
+         : SFX(tile)(C + (mm) * ldc + p * NRT, ldc, A_AT(mm), rs, ks,                   \
+                     (const T *)P + p * pst + k0 * ldp, ldp, pst, kn, r, n, ncols, ac))
 #else
 #define TILE(mm, r, n)                                                                        \
     SFX(tile)(C + (mm) * ldc + p * NRT, ldc, A_AT(mm), rs, ks,                          \
@@ -139,7 +140,7 @@ static void SFX(packed_gemm_any)(int bf, T *C, int64_t ldc, const void *A, int64
             int64_t p0 = q % ng * gp, m = q / ng * MB, m1 = m + MB < M ? m + MB : M;
             int cnt = np - p0 < gp ? (int)(np - p0) : gp;
 #if HAVE_BF16DOT
-            if (bf == 2) {   /* AMX: 32 rows at a time, or 16 against two panels */
+            if (bf == FASTLN_GEMM_AMX) {   /* 32 rows at a time, or 16 against two panels */
                 int64_t p = p0, pl = p0 + cnt - 1;
                 int ncols = N - pl * NRT < NRT ? (int)(N - pl * NRT) : NRT;
                 for (int64_t mm = m; mm < m1; mm += 32)
@@ -202,7 +203,7 @@ static inline void SFX(packed_gemm)(T *C, int64_t ldc, const T *A, int64_t ars,
                                     int64_t aks, const T *P, int64_t ldp, int64_t M,
                                     int64_t N, int64_t K, int acc)
 {
-    SFX(packed_gemm_any)(0, C, ldc, A, ars, aks, P, ldp, M, N, K, acc);
+    SFX(packed_gemm_any)(FASTLN_GEMM_T, C, ldc, A, ars, aks, P, ldp, M, N, K, acc);
 }
 #undef KC
 #undef MB

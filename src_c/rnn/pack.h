@@ -262,7 +262,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         (fmt != SFX(pack_format)(FASTLN_RNN_W_SAME) || L.G % NRT || (L.reset_first && H % NRT)))
         return FASTLN_EINVAL;
     if (fresh && a->transposed && !SFX(packs_transposed)(a, L.G)) {
-        rc->method = 1;
+        rc->method = FASTLN_REC_PACKED;
         rc->packed = w_hh;
         rc->packed_n = L.reset_first ? (const T *)w_hh + 2 * H : NULL;
         rc->packed_ih = w_ih;
@@ -299,14 +299,14 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
             rc->hq = rc->qa + nq;
             rc->hqs = (float *)(rc->hq + (B * i8_kp(H) + 63) / 64 * 64);
         }
-        rc->method = 4;
+        rc->method = FASTLN_REC_INT8;
         rc->packed = &rc->i8[0];
         rc->packed_n = L.reset_first ? &rc->i8[1] : NULL;
         rc->packed_ih = &rc->i8[2];
         return FASTLN_OK;
     }
 #endif
-    rc->method = fmt == FASTLN_PACK_BF16 ? 3 : 1;
+    rc->method = fmt == FASTLN_PACK_BF16 ? FASTLN_REC_BF16 : FASTLN_REC_PACKED;
     rc->packed = blob + off[0];
     rc->packed_n = L.reset_first ? blob + off[1] : NULL;
     rc->packed_ih = blob + off[2];

@@ -42,25 +42,24 @@ static void SFX(small_nn)(T *C, const T *A, const T *W, int64_t M, int64_t N, in
 
 /* How a layer does its recurrent products. */
 typedef struct {
-    int method;      /* 1: packed T, 2: small (the backward at B == 1), 3: packed
-                        bfloat16, 4: packed int8 */
-    const void *packed;     /* methods 1, 3: the packed W_hh (forward) or W_hh^T (backward);
+    fastln_rec_method method;
+    const void *packed;     /* PACKED, BF16: the packed W_hh (forward) or W_hh^T (backward);
                                RESET_FIRST: only its [r, z] blocks */
-    const void *packed_n;   /* methods 1, 3, RESET_FIRST: the n block W_hn, likewise */
+    const void *packed_n;   /* PACKED, BF16, RESET_FIRST: the n block W_hn, likewise */
     const void *packed_ih;  /* forward on the packed path: W_ih packed, else NULL */
-    int64_t ldp, ldp_ih;    /* method 1: the row strides of packed and packed_n, and of
+    int64_t ldp, ldp_ih;    /* PACKED: the row strides of packed and packed_n, and of
                                packed_ih: FASTLN_NR for packed panels, or the row of
                                W_hh^T, W_ih^T (G) where the forward reads them in place */
-    uint16_t *abuf;         /* method 3: the product's A rounded to bfloat16 */
-    uint16_t *hbuf;         /* method 3, not RESET_FIRST: h (B, H) rounded to bfloat16,
+    uint16_t *abuf;         /* BF16: the product's A rounded to bfloat16 */
+    uint16_t *hbuf;         /* BF16, not RESET_FIRST: h (B, H) rounded to bfloat16,
                                written by each step's rows for the next step's product */
-    int amx;                /* method 3: on AMX tiles */
+    int amx;                /* BF16: on AMX tiles */
 #if HAVE_I8
-    SFX(i8w) i8[3];         /* method 4: W_hh (or its [r, z] blocks), W_hn, W_ih; packed,
+    SFX(i8w) i8[3];         /* INT8: W_hh (or its [r, z] blocks), W_hn, W_ih; packed,
                                packed_n and packed_ih point to these */
-    uint8_t *qa;            /* method 4: the product's A quantized (rows_to_i8) */
+    uint8_t *qa;            /* INT8: the product's A quantized (rows_to_i8) */
     float *qs;              /* and its rows' scales */
-    uint8_t *hq;            /* method 4, not RESET_FIRST: h (B, H) quantized, written by
+    uint8_t *hq;            /* INT8, not RESET_FIRST: h (B, H) quantized, written by
                                each step's rows for the next step's product */
     float *hqs;             /* and its rows' scales */
 #endif
@@ -69,28 +68,28 @@ typedef struct {
 
 /* A recurrent product by rc's method: C (B, N) (+)= A (B, K) W^T, W (N, K)
  * (forward), or A W, W (K, N) (backward); rows ldc, lda apart; P the packed
- * panels of W (methods 1, 3 and 4), or the axpy kernel over W at B == 1
- * (method 2, backward). The team of the enclosing region shares the work.
+ * panels of W (PACKED, BF16, INT8), or the axpy kernel over W at B == 1
+ * (AXPY, backward). The team of the enclosing region shares the work.
  * rec_product is the whole step's; a GRU with RESET_FIRST takes its step's
  * in two parts. */
 static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, const T *A,
                           int64_t lda, const T *W, int64_t B, int64_t N, int64_t K, int acc)
 {
-    int method = rc->method;
+    const fastln_rec_method method = rc->method;
 #if HAVE_I8
-    if (method == 4) {   /* forward only: C = A W^T, acc 0 */
+    if (method == FASTLN_REC_INT8) {   /* forward only: C = A W^T, acc 0 */
         SFX(product_i8)(C, ldc, rc->qa, rc->qs, A, lda, (const SFX(i8w) *)P, B, N, K, 0);
         return;
     }
 #endif
 #if HAVE_BF16DOT
-    if (method == 3) {
+    if (method == FASTLN_REC_BF16) {
         SFX(rows_to_bf16)(rc->abuf, A, lda, B, K);
         SFX(packed_gemm_bf16)(rc->amx, C, ldc, rc->abuf, (const uint16_t *)P, B, N, K, acc);
         return;
     }
 #endif
-    if (method == 2) {   /* blocks of 64 output columns over the team */
+    if (method == FASTLN_REC_AXPY) {   /* blocks of 64 output columns over the team */
         int64_t nb = (N + 63) / 64;
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < nb; j++)
@@ -108,7 +107,7 @@ static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int wt, int64_t B, int
                              int64_t H, int rf, int nt)
 {
     memset(rc, 0, sizeof *rc);
-    rc->method = 2;
+    rc->method = FASTLN_REC_AXPY;
     if (B == 1) return FASTLN_OK;
     int64_t Gh = rf ? 2 * H : G;   /* the gates of the product with h */
     int64_t nh = PACKED_SIZE(H, Gh), nn = rf ? PACKED_SIZE(H, H) : 0;
@@ -118,7 +117,7 @@ static int SFX(rec_init_bwd)(SFX(rec) *rc, const T *w_hh, int wt, int64_t B, int
     rc->packed = buf;
     rc->packed_n = rf ? buf + nh : NULL;
     rc->ldp = NRT;
-    rc->method = 1;
+    rc->method = FASTLN_REC_PACKED;
     if (wt)
         ON_TEAM(nt,
             PACK_NT(buf, w_hh, H, Gh, G);

@@ -38,6 +38,22 @@ typedef struct {
 } fastln_rnn_layout;
 int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H);
 
+/* How a layer does its recurrent products (products.h): the packed
+ * kernels over panels of T (gemm/packed.h), the axpy kernel over W_hh (the
+ * backward of one sequence), bfloat16 pair panels (gemm/bf16.h) or int8
+ * quad panels (gemm/int8.h). Set up by rec_init_fwd (pack.h) and
+ * rec_init_bwd (products.h). */
+typedef enum {
+    FASTLN_REC_PACKED = 1,
+    FASTLN_REC_AXPY,
+    FASTLN_REC_BF16,
+    FASTLN_REC_INT8
+} fastln_rec_method;
+
+/* The cached normalized values that a backward's LN-parameter sums pair
+ * with the LN-output gradients (engine.h): A_ih, A_hh or c normalized */
+typedef enum { FASTLN_SEG_XIH, FASTLN_SEG_XHH, FASTLN_SEG_XC } fastln_seg_src;
+
 /* The header of fastln_rnn_pack's output: what it packed, and how (the
  * format of one path's kernels). The engine uses packed weights only when
  * all of it matches the layer and the path. */
