@@ -66,7 +66,7 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
  * multiple of the panels' width (FASTLN_NR floats, FASTLN_NR_F64 doubles;
  * rnn/pack.h reads or packs them); a backward over a batch, which packs W_hh
  * from W_hh^T and takes dx = dA W_ih from W_ih^T (rnn/products.h,
- * rnn/engine.h: the same panels, so the same results). A backward of one
+ * rnn/backward.h: the same panels, so the same results). A backward of one
  * sequence takes axpys over rows of W_hh, and a copy. */
 static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
 {

@@ -73,7 +73,7 @@ typedef struct {
     int (*cf_bwd_f64)(double *, double *, double *, const double *, const double *,
                       const double *, const double *, const double *, int64_t, int64_t,
                       int64_t, int, int);
-    /* LN-RNN layer (rnn/engine.h); nt as above */
+    /* LN-RNN layer (rnn/forward.h, backward.h); nt as above */
     int (*rnn_fwd_f32)(const fastln_rnn_args *, int);
     int (*rnn_fwd_f64)(const fastln_rnn_args *, int);
     int (*rnn_bwd_f32)(const fastln_rnn_args *, int);

@@ -17,5 +17,11 @@
 #include "rnn/cells.h"
 #include "rnn/products.h"
 #include "rnn/pack.h"
-#include "rnn/engine.h"
+#include "rnn/layer.h"
+#include "rnn/forward_step.h"
+#include "rnn/forward_own_rows.h"
+#include "rnn/forward.h"
+#include "rnn/backward.h"
+#undef HAVE_BF16DOT   /* gemm/bf16.h's and int8.h's, for T */
+#undef HAVE_I8
 #include "isa/type_end.h"

@@ -2,8 +2,8 @@
  * The cells of the LN-RNN engine, one row at a time, written once per
  * (element type, ISA) (isa/type_begin.h): the activations, LayerNorm over one
  * vector (the statistics of norm/stats.h), and the fused forward and
- * backward row kernels of each cell (fwd_row, bwd_row). engine.h runs
- * them over the rows and steps of a layer.
+ * backward row kernels of each cell (fwd_row, bwd_row), which forward_step.h
+ * and backward.h run over the rows and steps of a layer.
  */
 #include "rnn/rnn.h"
 
@@ -196,6 +196,34 @@ static inline void SFX(col_acc)(double *aw, double *ab, const T *g, int64_t ldg,
 }
 
 /* ---- fused row kernels ------------------------------------------------- */
+
+/* One layer's sizes and parameters, and where step t's rows live. */
+typedef struct {
+    int cell, plain;       /* plain: no LayerNorm (FASTLN_CELL_PLAIN) */
+    int reverse;           /* fastln_rnn_args.reverse */
+    int64_t steps, B, H, G, gw;   /* gw: width of a dg row (backward scratch) */
+    int64_t ldy;           /* row stride of y and dy */
+    double eps;
+    const T *const *p;     /* parameters, fastln_rnn.h order */
+    int fixed;             /* LN sums in one order on every path (sum_fixed): int8 weights */
+    const int64_t *len;
+    fastln_rnn_layout L;
+    T *cache;              /* NULL: inference */
+} SFX(layer);
+
+static inline int SFX(active)(const SFX(layer) *ly, int64_t t, int64_t b)
+{
+    return !ly->len || t < ly->len[b];
+}
+
+/* The time that step s of row b reads and writes: s, or in a reverse layer
+ * the sequence's times backwards while it is active, then s (fastln_rnn.h). */
+static inline int64_t SFX(time_of)(const SFX(layer) *ly, int64_t s, int64_t b)
+{
+    if (!ly->reverse) return s;
+    int64_t n = ly->len ? ly->len[b] : ly->steps;
+    return s < n ? n - 1 - s : s;
+}
 
 /* Forward, one row: ai, ah = A_ih, A_hh (G), normalized in place; act (G)
  * activations; xc (H) normalized c (plain GRU: h W_hn^T + bias_hn); rs rstds; hp, cp -> hn, cn the state

@@ -17,34 +17,6 @@
  */
 #include "rnn/rnn.h"
 
-/* One layer's sizes and parameters, and where step t's rows live. */
-typedef struct {
-    int cell, plain;       /* plain: no LayerNorm (FASTLN_CELL_PLAIN) */
-    int reverse;           /* fastln_rnn_args.reverse */
-    int64_t steps, B, H, G, gw;   /* gw: width of a dg row (backward scratch) */
-    int64_t ldy;           /* row stride of y and dy */
-    double eps;
-    const T *const *p;     /* parameters, fastln_rnn.h order */
-    int fixed;             /* LN sums in one order on every path (sum_fixed): int8 weights */
-    const int64_t *len;
-    fastln_rnn_layout L;
-    T *cache;              /* NULL: inference */
-} SFX(layer);
-
-static inline int SFX(active)(const SFX(layer) *ly, int64_t t, int64_t b)
-{
-    return !ly->len || t < ly->len[b];
-}
-
-/* The time that step s of row b reads and writes: s, or in a reverse layer
- * the sequence's times backwards while it is active, then s (fastln_rnn.h). */
-static inline int64_t SFX(time_of)(const SFX(layer) *ly, int64_t s, int64_t b)
-{
-    if (!ly->reverse) return s;
-    int64_t n = ly->len ? ly->len[b] : ly->steps;
-    return s < n ? n - 1 - s : s;
-}
-
 /* Steps per chunk: about 256 rows, so that a chunk's input projections
  * stay in L2 until its steps use them. interrupt() is polled between chunks,
  * and a chunk runs in one parallel region. */

@@ -2,14 +2,20 @@
  * rnn/: the LN-RNN engine: one layer of a (layer-normalized) RNN, LSTM or GRU
  * over a whole sequence, forward and backward. layout.c holds what every
  * path shares (the cache layout); the rest is written once per (element
- * type, ISA) and compiled by each instruction-set path (paths/kernels.h
- * includes them in this order):
- *   cells.h     the cells, one row at a time: activations, LayerNorm over a
- *               vector, the fused forward and backward row kernels
- *   products.h  how a layer does its recurrent products (gemm/)
- *   pack.h      the forward's packed weights: fastln_rnn_pack's format on
- *               this path, and the products set up from them
- *   engine.h    the time loop and the layer drivers, forward and backward
+ * type, ISA) and compiled by each instruction-set path (paths/typed.h
+ * includes them in this order, each needing those before it):
+ *   layer.h        a layer's sizes and parameters, its active rows, its
+ *                  chunks of steps
+ *   cells.h        the cells, one row at a time: activations, LayerNorm over
+ *                  a vector, the fused forward and backward row kernels
+ *   products.h     how a layer does its recurrent products (gemm/)
+ *   pack.h         the forward's packed weights: fastln_rnn_pack's format on
+ *                  this path, and the products set up from them
+ *   forward_step.h a forward's steps: the product, then the rows
+ *   forward_own_rows.h  int8: each thread its own rows, steps without
+ *                  barriers
+ *   forward.h      the forward of a layer, chunk by chunk
+ *   backward.h     the backward of a layer
  * api/rnn.c and api/rnn_step.c are the entry points that call them.
  * rnn/ includes gemm/, norm/ (the row statistics), isa/, runtime/ and the
  * public headers.
@@ -51,7 +57,7 @@ typedef enum {
 } fastln_rec_method;
 
 /* The cached normalized values that a backward's LN-parameter sums pair
- * with the LN-output gradients (engine.h): A_ih, A_hh or c normalized */
+ * with the LN-output gradients (backward.h): A_ih, A_hh or c normalized */
 typedef enum { FASTLN_SEG_XIH, FASTLN_SEG_XHH, FASTLN_SEG_XC } fastln_seg_src;
 
 /* The header of fastln_rnn_pack's output: what it packed, and how (the
