@@ -28,7 +28,8 @@ QEMU_LIBS = "/usr/aarch64-linux-gnu"
 
 SRC = os.path.join(ROOT, "src_c")
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(SRC), reason="the C sources are not next to tests/")
+pytestmark = pytest.mark.skipif(not os.path.isdir(SRC),
+                                reason="the C sources are not next to tests/")
 
 
 def _sources():
