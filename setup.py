@@ -43,18 +43,26 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# every C source of src_c/, the slowest to compile first (parallel_compile
+# every C source under src_c/, the slowest to compile first (parallel_compile
 # starts them in this order): the list CMakeLists.txt builds too
 C_SOURCES_LIST = "src_c/sources.txt"
 with open(C_SOURCES_LIST, encoding="utf-8") as f:
     C_SOURCES = ["src_c/" + line.strip() for line in f
                  if line.strip() and not line.startswith("#")]
 
-assert sorted(C_SOURCES) == sorted(glob.glob("src_c/*.c")), "C_SOURCES and src_c/*.c differ"
+assert sorted(C_SOURCES) == sorted(glob.glob("src_c/**/*.c", recursive=True)), \
+    "src_c/sources.txt and the .c files under src_c/ differ"
+C_HEADERS = sorted(glob.glob("src_c/**/*.h", recursive=True))
 
 # the public C headers: copied into fastln/include/, which fastln.get_include()
 # names and the package installs, for extensions that cimport fastln.kernels
-PUBLIC_HEADERS = ["src_c/fastln.h", "src_c/fastln_rnn.h"]
+PUBLIC_HEADERS = ["src_c/api/fastln.h", "src_c/api/fastln_rnn.h"]
+
+# The C sources name the headers they include from src_c/ ("isa/simd.h"); the
+# Cython modules name theirs by file name alone ("fastln.h", "pool.h"), from
+# the folders of the public and the Python package's internal headers
+# (src_c/api/) and of the run-time ones (src_c/runtime/).
+C_INCLUDE_DIRS = ["src_c", "src_c/api", "src_c/runtime"]
 
 
 def copy_public_headers():
@@ -157,11 +165,11 @@ class BuildExt(build_ext):
 ext = Extension(
     "fastln._lib",
     sources=["fastln/_lib.pyx"] + C_SOURCES,
-    include_dirs=["src_c", np.get_include()],
+    include_dirs=C_INCLUDE_DIRS + [np.get_include()],
     # NumPy >= 1.22's C API: the allocator interface (PyDataMem_SetHandler)
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                    ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
-    depends=sorted(glob.glob("src_c/*.h")) + [C_SOURCES_LIST],   # also puts the list in an sdist
+    depends=C_HEADERS + [C_SOURCES_LIST],   # also puts the list in an sdist
 )
 
 
@@ -171,7 +179,7 @@ def kernel_user(name, depends=()):
     return Extension(
         name,
         sources=[name.replace(".", "/") + ".pyx"],
-        include_dirs=["src_c", np.get_include()],
+        include_dirs=C_INCLUDE_DIRS + [np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                        ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION")],
         depends=["fastln/_lib.pxd", "fastln/_ndarray.pxd", *depends],
@@ -183,7 +191,7 @@ def kernel_user(name, depends=()):
 users = [kernel_user("fastln._rows"),
          kernel_user("fastln._norms", ["fastln/_rows.pxd"]),
          kernel_user("fastln._add_norms", ["fastln/_rows.pxd", "fastln/_norms.pxd"]),
-         kernel_user("fastln.rnn._engine", ["src_c/fastln_rnn.h"])]
+         kernel_user("fastln.rnn._engine", PUBLIC_HEADERS)]
 
 copy_public_headers()
 setup(

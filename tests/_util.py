@@ -292,7 +292,7 @@ def assert_every_option_shows_its_default(parser):
 
 
 def declared_functions(*headers):
-    """The names of the functions that the C headers declare (src_c/fastln.h's
+    """The names of the functions that the C headers declare (src_c/api/fastln.h's
     style: one declaration a line start, the return type first)."""
     names = set()
     for header in headers:

@@ -17,7 +17,7 @@ C or C++ project builds it, in three configurations:
   one (the program it links needs no libfastln.so and defines the kernels
   itself);
 * FASTLN_SANITIZE=ON: ctest runs tests/c/sanitize.c (the whole C API and the
-  cache of large outputs, src_c/pool.c, from 3 threads at once) and the two
+  cache of large outputs, src_c/runtime/pool.c, from 3 threads at once) and the two
   programs above under AddressSanitizer, UndefinedBehaviorSanitizer and
   LeakSanitizer: any invalid access, undefined behaviour or leak fails;
 * FASTLN_OPENMP=OFF: the serial library (at -O1, which compiles in a third
@@ -47,7 +47,7 @@ from _util import declared_functions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "c")
-HEADERS = [os.path.join(ROOT, "src_c", name) for name in ("fastln.h", "fastln_rnn.h")]
+HEADERS = [os.path.join(ROOT, "src_c", "api", name) for name in ("fastln.h", "fastln_rnn.h")]
 STRICT = "-Wall -Wextra -Werror"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "CMakeLists.txt")),

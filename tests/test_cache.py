@@ -1,4 +1,4 @@
-"""The cache of large outputs (fastln._memory, src_c/pool.c).
+"""The cache of large outputs (fastln._memory, src_c/runtime/pool.c).
 
 Outputs of 4 MiB or more that fastln allocates come from blocks earlier
 outputs gave back: the tests check that a freed block is taken again, that

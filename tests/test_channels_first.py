@@ -1,6 +1,6 @@
 """layer_norm and rms_norm, and their backward, over one axis that is not the
 last (channels first, e.g. axis 1 of (N, C, H, W)): the kernels that read
-such an array in place (src_c/norm_channels.h), against the float64
+such an array in place (src_c/norm/channels.h), against the float64
 reference and PyTorch, on every ISA path and thread count, with NaN, inf,
 large offsets, one channel, many channels, tails of tiles and empty batches;
 and the general path they stand in for (taken with out=, or a non-contiguous

@@ -1,5 +1,5 @@
 """fastln's C core checked without Python by tests/c/check_kernels.c: every
-function of src_c/fastln.h and src_c/fastln_rnn.h against plain double loops,
+function of src_c/api/fastln.h and fastln_rnn.h against plain double loops,
 for odd sizes, on every ISA path, 1 and 3 threads, built for aarch64 with
 aarch64-linux-gnu-gcc and run under qemu-aarch64, so a core that only builds
 or only computes right on x86 fails here. (Natively, ctest runs the same
@@ -8,7 +8,7 @@ the environment variable CI is set (then a failure): .ci/run installs
 gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, libgomp1-arm64-cross and
 qemu-user.
 
-The build compiles every src_c/*.c and starts in the background once the
+The build compiles every .c file under src_c/ and starts in the background once the
 tests are collected (tests/conftest.py), or when the test asks for it.
 """
 import glob
@@ -26,12 +26,14 @@ CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
 QEMU_LIBS = "/usr/aarch64-linux-gnu"
 
-pytestmark = pytest.mark.skipif(not glob.glob(os.path.join(ROOT, "src_c", "*.c")),
+SRC = os.path.join(ROOT, "src_c")
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(SRC),
                                 reason="the C sources are not next to tests/")
 
 
 def _sources():
-    return sorted(glob.glob(os.path.join(ROOT, "src_c", "*.c"))) + [DRIVER]
+    return sorted(glob.glob(os.path.join(SRC, "**", "*.c"), recursive=True)) + [DRIVER]
 
 
 def _compilers():
@@ -39,7 +41,9 @@ def _compilers():
     return {"aarch64": shutil.which(CROSS_CC)}
 
 
-FLAGS = ["-O2", "-fopenmp", "-std=gnu99", "-Wall", "-Wextra", "-I" + os.path.join(ROOT, "src_c")]
+# the sources name their headers from src_c/, the driver the public ones by name
+FLAGS = ["-O2", "-fopenmp", "-std=gnu99", "-Wall", "-Wextra", "-I" + SRC,
+         "-I" + os.path.join(SRC, "api")]
 
 
 _started = {}   # name: (process, exe, log path)

@@ -380,7 +380,7 @@ def test_the_installed_package_ships_the_declarations_and_headers():
 
 def test_kernels_pxd_declares_every_function_of_fastln_h():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    header = declared_functions(os.path.join(root, "src_c", "fastln.h"))
+    header = declared_functions(os.path.join(root, "src_c", "api", "fastln.h"))
     with open(os.path.join(root, "fastln", "kernels.pxd"), encoding="utf-8") as f:
         declared = set(re.findall(r"\b(fastln_\w+)\b", f.read().split("cimport (", 1)[1]))
     assert len(header) > 30

@@ -15,7 +15,7 @@
    whole: it does not end in an abbreviation (``eq.``, ``e.g.``, ``cf.``) nor
    with a parenthesis or a literal left open.
 2. The C reference pages are generated from the public headers
-   (src_c/fastln*.h) at build time by docs/_ext/c_reference.py. Each header
+   (src_c/api/fastln*.h) at build time by docs/_ext/c_reference.py. Each header
    has its page, and the header reader docs/_ext/cheader.py finds every
    function, macro, enumerator, struct (with every member) and type that a
    plain scan of the header finds, and attaches the comments as the
@@ -67,7 +67,7 @@ PUBLIC_MODULES = ["fastln", "fastln.rnn", "fastln.dask", "fastln.reference",
 # modules whose reference is their docstring alone (automodule, no names listed)
 DOCSTRING_MODULES = ["fastln.serve.ws.stream", "fastln.serve.ws.mux", "fastln.serve.http",
                      "fastln.serve.metrics"]
-HEADERS = sorted(glob.glob(os.path.join(ROOT, "src_c", "fastln*.h")))
+HEADERS = sorted(glob.glob(os.path.join(ROOT, "src_c", "api", "fastln*.h")))
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(REFERENCE),
                                 reason="docs/ is not next to tests/")

@@ -1,5 +1,5 @@
 """float16 and bfloat16 storage: the kernels read and write 16-bit values and
-compute in float32 (src_c/norm_half.h, and the AVX-512 kernels of src_c/avx512_*.c).
+compute in float32 (src_c/norm/half.h, and the AVX-512 kernels of src_c/norm/avx512/).
 
 The float32 kernels on the widened input, rounded to nearest even by NumPy
 (float16) or ml_dtypes (bfloat16), are the yardstick: every result must equal
@@ -171,8 +171,8 @@ def test_streamed_outputs(streamed_pool, dt, H):
 def test_streamed_rows_at_any_alignment(restore_threads, dt, H):
     """Streamed LayerNorm, RMSNorm and add + LayerNorm rows of an even number of vectors
     (AVX-512: H = 32, 64, ... 256; streamed from 4 MiB out, add + LayerNorm 8 MiB of y and
-    s, src_c/internal.h) are narrowed two vectors at a time and written by the
-    writer of whole 64-byte lines (src_c/simd.h, ntw; add + LayerNorm: one for y,
+    s, src_c/runtime/policy.h) are narrowed two vectors at a time and written by the
+    writer of whole 64-byte lines (src_c/isa/simd.h, ntw; add + LayerNorm: one for y,
     one for s), with ordinary stores for the partial lines at the two ends of each
     thread's rows; outputs that start at an odd 2-byte step take plain stores. At starts
     all over a line (every one at H = 64), on 1 to 3 threads and in place, with rows that

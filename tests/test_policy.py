@@ -1,4 +1,4 @@
-"""The run-time policy (src_c/policy.c): thresholds as multiples of the cache
+"""The run-time policy (src_c/runtime/policy.c): thresholds as multiples of the cache
 sizes, the cache-size overrides and their parsing, the detection's fallback,
 and that a call's results do not depend on the policy's choices."""
 import numpy as np

@@ -216,7 +216,7 @@ def test_transposed_weights_match_plain_ones_on_every_path(cls, H, T, B, dtype, 
     assert np.array_equal(_bits(f.step(x[0])[0]), _bits(c.step(x[0])[0]))
 
 
-# (H, T) on either side of the thresholds of src_c/rnn_pack.h's packs_transposed:
+# (H, T) on either side of the thresholds of src_c/rnn/pack.h's packs_transposed:
 # W_hh of G x H = 0.2, 1.98, 2.17 and 8.7 million elements, against 2**19, 2**21
 # and 2**23, and the steps against 16 and 48
 @pytest.mark.parametrize("H,T", [(224, 32), (704, 15), (704, 16), (736, 47), (736, 48),

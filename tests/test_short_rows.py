@@ -1,5 +1,5 @@
 """Short rows: the AVX-512 float32 kernels normalize sixteen rows at once
-(src_c/avx512_rows16_*.c; the forwards, add + LayerNorm included, up to H = 256,
+(src_c/norm/avx512/rows16_*.c; the forwards, add + LayerNorm included, up to H = 256,
 the backwards up to 128; the LayerNorm and RMSNorm forwards take rows of up
 to 16, and unstreamed rows of 17-32, as two groups of sixteen). Checked on
 every ISA path against the float64 reference, at group tails and odd H; and
@@ -274,7 +274,7 @@ def test_streamed_rows_at_any_alignment(restore_threads, H):
 @pytest.mark.parametrize("N", [5, 16, 37])
 def test_short_backward_in_place_and_group_tails(isa, dt, H, N):
     """The sixteen-row backward reads a group's rows one after another; a last
-    group of fewer than sixteen goes through copies (src_c/avx512_rows16_bwd.c,
+    group of fewer than sixteen goes through copies (src_c/norm/avx512/rows16_bwd.c,
     group_rows16), its dx staged. Over x or dy in place, and with rows ahead
     and behind that must stay untouched, dx, dweight and dbias equal the
     out-of-place ones bitwise; and they are close to the float64 reference."""
@@ -310,7 +310,7 @@ def test_short_backward_in_place_and_group_tails(isa, dt, H, N):
 @pytest.mark.parametrize("H", [16, 17, 64, 128])
 def test_short_backward_overflowing_rows(isa, dt, H):
     """Rows whose backward sums overflow float take the one-row scalars in
-    double (src_c/avx512_rows16_bwd.c, bwd_group16 walks the bits of those rows):
+    double (src_c/norm/avx512/rows16_bwd.c, bwd_group16 walks the bits of those rows):
     two in one group of sixteen, and the last row of a group of five, whose
     spare rows repeat it. Each such row's dx equals the row computed alone,
     bitwise, and every row is close to the float64 reference, for LayerNorm
@@ -348,7 +348,7 @@ def test_short_backward_overflowing_rows(isa, dt, H):
 def test_short_rows_stream_from_4_mib(restore_threads, nt, dt, H):
     """The AVX-512 LayerNorm and RMSNorm forwards of rows of up to 512 bytes stream
     from 4 MiB out in 16-bit storage, and in float32 on one thread (add + LayerNorm: 8 MiB
-    of s and y; src_c/internal.h, FASTLN_STREAM_BYTES_SHORT); longer rows from 8 MiB on
+    of s and y; src_c/runtime/policy.h, FASTLN_STREAM_SHORT_L3); longer rows from 8 MiB on
     one thread (test below) and from 16 MiB on two (add + LayerNorm 32). A call of 5 MiB
     out equals its two halves (2.5 MiB, never streamed), bitwise, and the float64
     reference on its first and last rows."""
@@ -361,8 +361,8 @@ def test_short_rows_stream_from_4_mib(restore_threads, nt, dt, H):
                                   (np.dtype(ml_dtypes.bfloat16), 4096)], ids=str)
 def test_long_rows_stream_from_8_mib_on_one_thread(restore_threads, nt, dt, H):
     """Rows longer than 512 bytes, float32 or 16-bit, stream from 8 MiB out on one thread
-    on AVX-512 (add + LayerNorm: 16 MiB of s and y; src_c/internal.h,
-    FASTLN_STREAM_BYTES_1T), from 16 MiB on two. A call of 9 MiB out equals its halves
+    on AVX-512 (add + LayerNorm: 16 MiB of s and y; src_c/runtime/policy.h,
+    FASTLN_STREAM_1T_L3), from 16 MiB on two. A call of 9 MiB out equals its halves
     (4.5 MiB, not streamed), bitwise, and the float64 reference on its first and last
     rows."""
     _check_stream_split(nt, dt, H, 9)

@@ -171,9 +171,9 @@ def test_streamed_half_rows_match_torch(torch, rng, name, H):
                          ids=str)
 def test_rows_streamed_from_4_or_8_mib_match_torch(torch, rng, restore_threads, nt, name, H):
     """Short rows of 5 MiB out, which stream from 4 MiB on AVX-512 in 16-bit storage, and
-    in float32 on one thread (src_c/internal.h, FASTLN_STREAM_BYTES_SHORT; test_short_rows
+    in float32 on one thread (src_c/runtime/policy.h, FASTLN_STREAM_SHORT_L3; test_short_rows
     checks them against their unstreamed halves), and longer rows (float32 and bfloat16,
-    H = 1024), 9 MiB out, which stream from 8 MiB on one thread (FASTLN_STREAM_BYTES_1T),
+    H = 1024), 9 MiB out, which stream from 8 MiB on one thread (FASTLN_STREAM_1T_L3),
     against torch: LayerNorm, RMSNorm and add + LayerNorm (its s and its y, the LayerNorm of
     x + residual added in float) on the same tensors, on 1 and 2 threads.
     float32 as assert_close; 16-bit within one unit in the last place of the type."""

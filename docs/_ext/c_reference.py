@@ -1,6 +1,6 @@
 """The ``c-header`` directive: a reference page generated from a C header.
 
-``.. c-header:: ../../src_c/fastln.h`` reads the header at build time
+``.. c-header:: ../../src_c/api/fastln.h`` reads the header at build time
 (cheader.py) and writes its leading comment, then a section per
 ``/* ---- Title ---- */`` part, each declaration group as Sphinx C-domain
 objects (``c:function``, ``c:macro``, ``c:struct`` with its ``c:member``\\ s,

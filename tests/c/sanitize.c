@@ -20,8 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "fastln_rnn.h"
-#include "pool.h"
+#include "api/fastln_rnn.h"
+#include "runtime/pool.h"
 
 static void *fill(size_t n, size_t es, unsigned seed) {
     void *p = malloc(n * es);
@@ -346,8 +346,8 @@ int main(void) {
         }
         /* past the streaming thresholds (32 MiB forward, 16 MiB on AVX-512, 8
          * MiB backward); short rows of whole vectors (16-bit: an even number)
-         * stream from registers (the ntw writer of src_c/simd.h), with partial lines at
-         * both ends */
+         * stream from registers (the ntw writer of src_c/isa/simd.h), with partial
+         * lines at both ends */
         bad |= ln_f32(3100, 4096);
         bad |= ln_f32(65541, 64);
         bad |= ln_half(FASTLN_BF16, 6200, 4096);
