@@ -31,15 +31,15 @@ ignored, with a RuntimeWarning at import.
 
 Notes
 -----
-The package's own modules, which a reader of the source meets: the public
-functions are Cython (``_norms``, ``_add_norms``) over the kernels on
-canonical arrays (``_rows``) and the C core (``_lib``, the one extension that
-compiles the C kernels and holds their state); what a fast path does not take
-goes to the general path (``_general``, over ``_layout``). The argument checks
-(``_validate``) and the 16-bit dtypes (``_dtypes``) serve the whole package.
-Imports point one way, from the public functions down to ``_lib``: the
-general path never imports the Cython modules that call it. :mod:`fastln.rnn`
-and :mod:`fastln.serve` may import the top level's shared modules (``_lib``,
+The private modules of the top level: the public functions are Cython
+(``_norms``, ``_add_norms``) over the kernels on canonical arrays (``_rows``)
+and the C core (``_lib``, the one extension that compiles the C kernels and
+holds their state); what a fast path does not take goes to the general path
+(``_general``, over ``_layout``). The argument checks (``_validate``) and
+the 16-bit dtypes (``_dtypes``) serve the whole package. Imports point one
+way, from the public functions down to ``_lib``: the general path never
+imports the Cython modules that call it. :mod:`fastln.rnn` and
+:mod:`fastln.serve` may import the top level's shared modules (``_lib``,
 ``_validate``, ``_dtypes``, ``_torch``, ``_optional``); of the top level, only
 ``dask``, ``_selfcheck`` and ``__main__`` import :mod:`fastln.rnn`.
 
