@@ -47,7 +47,7 @@ def _module_files():
     return found
 
 
-_FROM = re.compile(r"^\s*from\s+([\w.]+)\s+c?import\s+\(?([^#]*)", re.M)
+_FROM = re.compile(r"^\s*from\s+([\w.]+)\s+c?import\s+(\([^)]*\)|[^\n#]*)", re.M)
 _IMPORT = re.compile(r"^\s*c?import\s+([\w.]+)", re.M)
 
 
@@ -79,8 +79,10 @@ def _imports(path, modules):
                 and n.value.id in aliases and n.attr.startswith("_")]
     else:
         for m in _FROM.finditer(text):
-            names = re.split(r"[\s,()]+", m.group(2).split(" as ")[0])
-            out += [(m.group(1), n) for n in names if n.isidentifier()]
+            for item in re.split(r"[,()]", m.group(2)):   # "name" or "name as alias"
+                name = item.split(" as ")[0].strip()
+                if name.isidentifier():
+                    out.append((m.group(1), name))
         out += [(m.group(1), None) for m in _IMPORT.finditer(text)]
     edges = []
     for mod, name in out:
