@@ -170,7 +170,7 @@ def get_include() -> str:
 
 
 # The names are case-insensitive and white space around them is ignored, as
-# in the C core's reading of FASTLN_ISA (src_c/dispatch.c).
+# in the C core's reading of FASTLN_ISA (src_c/paths/select.c).
 _env_isa = _os.environ.get("FASTLN_ISA")
 _env_isa_key = (_env_isa or "").strip(" \t\n\v\f\r").lower()
 if _env_isa_key and _env_isa_key != get_isa():

@@ -160,7 +160,7 @@ cdef extern from "fastln_rnn.h" nogil:
     int FASTLN_RNN_W_HH_T
 
 # fastln.h's functions under their C names, with the same arguments and
-# results: each calls the C function of the same name (src_c/fastln.h
+# results: each calls the C function of the same name (src_c/api/fastln.h
 # documents them)
 cdef int fastln_layer_norm_f32(float *y, float *mean, float *rstd, const float *x,
                                const float *weight, const float *bias, int64_t N, int64_t H,
@@ -264,7 +264,7 @@ cdef int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, c
                                        const uint16_t *x, const float *rstd, const float *weight,
                                        int64_t N, int64_t H) noexcept nogil
 
-# the engine's entry points (src_c/fastln_rnn.h), as the header names them less "fastln_"
+# the engine's entry points (src_c/api/fastln_rnn.h), as the header names them less "fastln_"
 cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden) noexcept nogil
 cdef int rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input, int64_t hidden,
                   const void *w_ih, const void *w_hh) noexcept nogil

@@ -188,7 +188,7 @@ def _set_isa(name):
         raise ValueError(f"isa {name!r} is not supported on this CPU")
 
 
-# ---- the run-time policy (src_c/policy.h) ---------------------------------
+# ---- the run-time policy (src_c/runtime/policy.h) ---------------------------------
 
 _CACHE_ENV = ("FASTLN_L1_BYTES", "FASTLN_L2_BYTES", "FASTLN_L3_BYTES")
 _CALL_KINDS = {"forward": FASTLN_CALL_FWD, "add": FASTLN_CALL_ADD, "backward": FASTLN_CALL_BWD}
@@ -202,7 +202,7 @@ def _set_default_threads(int n):
 
 def _parse_bytes(s):
     """The bytes a size gives ("33554432", "48K", " 32MiB ", "1g", "0"), or
-    None where s is not one: fastln_parse_bytes (src_c/policy.h) reads it,
+    None where s is not one: fastln_parse_bytes (src_c/runtime/policy.h) reads it,
     the one parser of FASTLN_CACHE_LIMIT and the FASTLN_L*_BYTES variables."""
     if not isinstance(s, str) or "\0" in s:
         return None
@@ -282,7 +282,7 @@ def _invalid_cache_env(environ):
             if k in environ and _parse_cache_bytes(environ[k]) is None]
 
 
-# ---- the cache of large outputs (src_c/pool.h) -----------------------------
+# ---- the cache of large outputs (src_c/runtime/pool.h) -----------------------------
 
 def _cache_set_limit(size_t nbytes):
     """Sets the cache's limit in bytes, unchecked (0: keep nothing); the

@@ -8,7 +8,7 @@ gains and biases shared by every time step. The exact equations are in
 docs/design.md ("Recurrent networks") and in :mod:`fastln.rnn_reference`, the
 slow float64 reference these models are tested against.
 
-Each layer runs in the C engine (src_c/fastln_rnn.h): one product for the
+Each layer runs in the C engine (src_c/api/fastln_rnn.h): one product for the
 input projections of a chunk of time steps, then per step one recurrent product and
 one fused row kernel (LN statistics, gates, state update, LN(c), output).
 Backward runs the steps in reverse the same way and ends with the products

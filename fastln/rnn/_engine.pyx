@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, binding=True, embedsignature=True
-"""The Cython binding of the LN-RNN engine (src_c/fastln_rnn.h) for fastln.rnn.
+"""The Cython binding of the LN-RNN engine (src_c/api/fastln_rnn.h) for fastln.rnn.
 
 fastln.rnn calls these with canonical arrays (time-major, C-contiguous, the
 model's dtype); the sizes are re-checked here so that no caller can make the
