@@ -291,7 +291,13 @@ class RecurrentModule(torch.nn.Module):
         B = x.shape[1]
         state_dtype = torch.float32 if self._runs_on_model() else self._weight().dtype
         states = self._states(hx, B, unbatched, state_dtype)
-        if self._runs_on_model():
+        if B == 0:   # no sequences: empty results
+            D, w = self.num_directions, self._weight()
+            y = x.new_zeros((x.shape[0], 0, D * self.hidden_size),
+                            dtype=w.dtype if w.is_floating_point() else torch.float32)
+            finals = [x.new_zeros((D * self.num_layers, 0, self.hidden_size), dtype=state_dtype)
+                      for _ in states]
+        elif self._runs_on_model():
             y, finals = _engine_model.forward(self, x, states, lengths)
         else:
             y, finals = self._forward_ops(x, states, lengths)
