@@ -30,11 +30,12 @@ import pytest
 import fastln
 import fastln.reference
 import fastln.rnn
+import fastln.rnn.functional
 import fastln.rnn_reference
 
 DOCTEST_MODULES = ["fastln", "fastln._lib", "fastln._norms", "fastln._add_norms",
-                   "fastln.layers", "fastln.rnn", "fastln._threads", "fastln._memory",
-                   "fastln.reference", "fastln.rnn_reference"]
+                   "fastln.layers", "fastln.rnn", "fastln.rnn.functional", "fastln._threads",
+                   "fastln._memory", "fastln.reference", "fastln.rnn_reference"]
 
 # Public names that need no Parameters/Returns section, with the reason. (None
 # today: LayerNorm's and RMSNorm's __call__ have their own short docstring, and
@@ -67,12 +68,16 @@ def _public_methods(cls):
     return names
 
 
-def _public_objects():
-    """(qualified name, object) for every public name checked."""
+def _public_objects(modules=None):
+    """(qualified name, object) for every public name checked: of fastln,
+    fastln.rnn and the reference modules, or of (module, names) pairs."""
     items = []
-    for module, names in [(fastln, fastln.__all__), (fastln.rnn, fastln.rnn.__all__),
-                          (fastln.reference, _module_functions(fastln.reference)),
-                          (fastln.rnn_reference, _module_functions(fastln.rnn_reference))]:
+    if modules is None:
+        modules = [(fastln, fastln.__all__), (fastln.rnn, fastln.rnn.__all__),
+                   (fastln.rnn.functional, _module_functions(fastln.rnn.functional)),
+                   (fastln.reference, _module_functions(fastln.reference)),
+                   (fastln.rnn_reference, _module_functions(fastln.rnn_reference))]
+    for module, names in modules:
         for name in names:
             obj = getattr(module, name)
             if not callable(obj):
@@ -192,6 +197,20 @@ def _gives_value(func):
 def test_numpydoc_sections(name, obj):
     if name in EXEMPT:
         pytest.skip(EXEMPT[name])
+    _check_sections(name, obj)
+
+
+def test_numpydoc_sections_of_fastln_torch(torch):
+    import fastln.torch
+
+    objects = _public_objects([(fastln.torch, fastln.torch.__all__)])
+    assert "fastln.torch.LNLSTM.forward" in {name for name, _ in objects}
+    for name, obj in objects:
+        if getattr(obj, "__module__", "").startswith("fastln"):   # not torch.nn.Module's own
+            _check_sections(name, obj)
+
+
+def _check_sections(name, obj):
     doc = _doc(obj)
     assert doc.strip(), f"{name} has no docstring"
     sections = _sections(doc)
@@ -270,3 +289,11 @@ def test_examples(module_name, restore_global_state):
     results = runner.summarize(verbose=False)
     assert results.failed == 0, f"{results.failed} example(s) failed:\n{report.getvalue()}"
     assert results.attempted > 0, f"no examples ran in {module_name} (skipped: {skipped})"
+    if skipped:   # logged as a skip, so that a run with torch runs them
+        pytest.skip(f"the examples of {skipped} need torch, which is missing")
+
+
+def test_examples_of_fastln_torch(torch, restore_global_state):
+
+    test_module_docstring("fastln.torch")
+    test_examples("fastln.torch", None)

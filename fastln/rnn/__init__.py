@@ -42,10 +42,14 @@ cache of its forward: each ``forward`` (with ``cache=True``) serves one
 RuntimeError (as in :class:`fastln.LayerNorm`). Data (x, dy, states) may be
 CPU torch tensors that do not require grad; results are NumPy arrays.
 
+:mod:`fastln.rnn.functional` runs one layer at a time as functions over
+arrays (what the models and :mod:`fastln.torch` run their layers through).
+
 The package's modules (docs/design.md, "Architecture"): ``base.py``
 (:class:`RecurrentModel`, the six models' base, on the layers ``_step.py``,
 ``_params.py`` and ``_inputs.py``, and :func:`quantize`), ``_formats.py``
 (the formats of the weight matrices), ``_cells.py`` (the six models),
+``functional.py`` (one layer's forward and backward),
 ``_from_torch.py`` and ``_onnx.py`` (the loaders), ``_streams.py``
 (:class:`StreamTable`), ``_batcher/`` (:class:`StreamBatcher`), ``_bf16.py``
 and the engine's binding ``_engine.pyx``. They import NumPy and fastln's

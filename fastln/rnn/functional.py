@@ -62,6 +62,15 @@ def param_names(cell: str) -> Tuple[str, ...]:
     """The names of one layer's parameters of cell, in the order the engine
     takes them (a model's keys without their ``_l{k}`` suffix).
 
+    Parameters
+    ----------
+    cell : str
+        One of the engine's cells (see the module's docstring).
+
+    Returns
+    -------
+    tuple of str
+
     Raises
     ------
     ValueError
@@ -71,22 +80,60 @@ def param_names(cell: str) -> Tuple[str, ...]:
 
 
 def param_shapes(cell: str, input_size: int, hidden_size: int) -> Tuple[Tuple[int, ...], ...]:
-    """The shapes of one layer's parameters of cell, in :func:`param_names`' order."""
+    """The shapes of one layer's parameters of cell, in :func:`param_names`' order.
+
+    Parameters
+    ----------
+    cell : str
+        One of the engine's cells.
+    input_size, hidden_size : int
+        The layer's input features I and hidden units H.
+
+    Returns
+    -------
+    tuple of tuple of int
+        A weight matrix is (gates * H, I) or (gates * H, H); a gain or bias
+        (units * H,).
+    """
     gates, layout = LAYOUTS[_layout(cell)]
     return tuple((gates * hidden_size, input_size if name == "weight_ih" else hidden_size)
                  if units is None else (units * hidden_size,) for name, units, _ in layout)
 
 
 def cache_size(cell: str, T: int, B: int, H: int) -> int:
-    """The elements of the cache one direction of a layer keeps for its
-    backward (the forward's dtype), over T steps of B sequences of H units."""
+    """The elements of the cache one direction of a layer keeps for its backward.
+
+    Parameters
+    ----------
+    cell : str
+        One of the engine's cells.
+    T, B, H : int
+        Steps, sequences and hidden units.
+
+    Returns
+    -------
+    int
+        Elements of the forward's dtype.
+    """
     _layout(cell)
     return int(_engine.cache_size(cell, T, B, H))
 
 
 def work_size(cell: str, T: int, B: int, H: int) -> int:
-    """The elements of scratch one direction of a layer's backward uses
-    (``works`` of :func:`layer_backward`), in the forward's dtype."""
+    """The elements of scratch one direction of a layer's backward uses.
+
+    Parameters
+    ----------
+    cell : str
+        One of the engine's cells.
+    T, B, H : int
+        Steps, sequences and hidden units.
+
+    Returns
+    -------
+    int
+        Elements of the forward's dtype (``works`` of :func:`layer_backward`).
+    """
     _layout(cell)
     return int(_engine.work_size(cell, T, B, H))
 

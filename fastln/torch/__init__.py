@@ -33,7 +33,6 @@ Examples
 --------
 >>> import torch
 >>> from fastln.torch import LNLSTM
->>> model = torch.nn.Sequential()
 >>> lstm = LNLSTM(4, 8)
 >>> y, (h, c) = lstm(torch.randn(6, 2, 4, requires_grad=True))
 >>> y.mean().backward()

@@ -37,8 +37,40 @@ def _cpu(device: Any) -> torch.device:
 
 
 class RecurrentModule(torch.nn.Module):
-    """The base of fastln.torch's modules; construct one of LNLSTM, LNGRU,
-    LNRNN, LSTM, GRU and RNN (their docstrings give the arguments)."""
+    """The base of fastln.torch's modules: LNLSTM, LNGRU, LNRNN, LSTM, GRU and RNN.
+
+    It holds what the six share: the configuration, the parameters, the
+    forward, :meth:`step`, and the conversions :meth:`to_rnn` and
+    :meth:`from_rnn`. It is not constructed itself (TypeError): construct
+    one of the six, whose docstrings give their arguments in torch.nn's
+    order. ``isinstance(m, RecurrentModule)`` tells a fastln.torch module.
+
+    Parameters
+    ----------
+    input_size, hidden_size, num_layers : int
+        The input features, the hidden units H and the stacked layers.
+    bias, batch_first, bidirectional : bool
+        As in torch.nn.LSTM.
+    dropout : float
+        Dropout on every layer's output but the last, in training mode.
+    eps : float
+        Added to the variance in every LayerNorm.
+    device : torch.device, str or None
+        The CPU.
+    dtype : torch.dtype or None
+        torch.float32, torch.float64 or torch.bfloat16 (None: torch's default).
+    cell : str
+        The engine's cell (see :mod:`fastln.rnn.functional`).
+
+    Notes
+    -----
+    Every call runs the engine with the GIL released, on fastln's thread
+    pool. A float32 or float64 module's forward and backward run through the
+    operators ``torch.ops.fastln.rnn_layer`` and ``rnn_layer_backward``;
+    bfloat16 and int8 modules and :meth:`step` run on a fastln.rnn model
+    built from the module's tensors, which is rebuilt when a tensor
+    changes.
+    """
 
     _rnn_class: Type[Any] = type(None)   # the fastln.rnn model of the same cell
     _has_cell = False                    # the state is (h, c)
@@ -147,6 +179,12 @@ class RecurrentModule(torch.nn.Module):
         return out
 
     def extra_repr(self) -> str:
+        """The arguments that differ from their defaults, for the module's repr.
+
+        Returns
+        -------
+        str
+        """
         s = f"{self.input_size}, {self.hidden_size}"
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
