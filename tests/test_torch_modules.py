@@ -406,6 +406,19 @@ def test_plain_lstm_refuses_a_projection_and_rnn_a_bad_nonlinearity(torch, ft):
         ft.RecurrentModule(3, 4, 1, True, False, 0.0, False, 1e-5, None, None, "lstm")
 
 
+def test_weight_matrices_are_column_major_and_stay_so(torch, ft):
+    """The engine reads column-major weight matrices in place; loading a
+    state_dict, an optimizer's step and .to() keep the layout."""
+    m = ft.LSTM(3, 4)
+    assert m.weight_ih_l0.stride() == (1, 16) and m.weight_hh_l0.stride() == (1, 16)
+    m.load_state_dict(torch.nn.LSTM(3, 4).state_dict())
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.randn(2, 1, 3))[0].sum().backward()
+    opt.step()
+    assert m.weight_hh_l0.grad.stride() == (1, 16)
+    assert m.double().weight_hh_l0.stride() == (1, 16)
+
+
 def test_repr_and_module_names(torch, ft):
     assert repr(ft.LNLSTM(3, 4, num_layers=2, bidirectional=True)) == \
         "LNLSTM(3, 4, num_layers=2, bidirectional=True, eps=1e-05)"
@@ -426,10 +439,16 @@ def test_conversions_share_memory_where_layouts_allow(torch, ft):
     assert (model.params["ln_c_weight_l0"] == 2.0).all()
     back = ft.LNLSTM.from_rnn(model)
     assert back.weight_hh_l0.data_ptr() == m.weight_hh_l0.data_ptr()
-    fresh = R.LNLSTM(3, 4, seed=0)   # Fortran-ordered weight matrices: copied
+    fresh = R.LNLSTM(3, 4, seed=0)   # a model's own weight matrices, column-major
+    module = ft.LNLSTM.from_rnn(fresh)
+    assert all(np.shares_memory(_np(p), fresh.params[n]) for n, p in module.named_parameters())
+    assert module.weight_ih_l0.stride() == (1, 16)
+    fresh.params["weight_ih_l0"] = np.ascontiguousarray(fresh.params["weight_ih_l0"][:, ::-1])
+    module = ft.LNLSTM.from_rnn(fresh)   # a row-major one is shared as it is
+    assert np.shares_memory(_np(module.weight_ih_l0), fresh.params["weight_ih_l0"])
+    fresh.params["weight_ih_l0"] = fresh.params["weight_ih_l0"][:, ::-1]   # copied
     module = ft.LNLSTM.from_rnn(fresh)
     np.testing.assert_array_equal(_np(module.weight_ih_l0), fresh.params["weight_ih_l0"])
-    assert np.shares_memory(_np(module.ln_ih_weight_l0), fresh.params["ln_ih_weight_l0"])
     with pytest.raises(TypeError, match="fastln.rnn.LNLSTM"):
         ft.LNLSTM.from_rnn(R.LSTM(3, 4))
     g = R.GRU(3, 4, linear_before_reset=False)

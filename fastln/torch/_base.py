@@ -36,6 +36,15 @@ def _cpu(device: Any) -> torch.device:
     return dev
 
 
+def _column_major(shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """An uninitialized tensor of shape, a weight matrix in column-major
+    (Fortran) order: the layout the engine's products read in place, as
+    fastln.rnn's models keep theirs (a row-major one is repacked on every
+    call)."""
+    return torch.empty(shape[::-1], dtype=dtype).t() if len(shape) == 2 else \
+        torch.empty(shape, dtype=dtype)
+
+
 class RecurrentModule(torch.nn.Module):
     """The base of fastln.torch's modules: LNLSTM, LNGRU, LNRNN, LSTM, GRU and RNN.
 
@@ -118,7 +127,7 @@ class RecurrentModule(torch.nn.Module):
             for d in range(self.num_directions):
                 for name, shape in self._layer_shapes(k, d).items():
                     self.register_parameter(name, torch.nn.Parameter(
-                        torch.empty(shape, dtype=dtype)))
+                        _column_major(shape, dtype)))
         self.reset_parameters()
 
     # ---- configuration and parameters ----
@@ -152,8 +161,8 @@ class RecurrentModule(torch.nn.Module):
         bound = 1.0 / math.sqrt(self.hidden_size)
         with torch.no_grad():
             for name, p in self.named_parameters(recurse=False):
-                if self._plain or name.startswith("weight_"):
-                    p.uniform_(-bound, bound)
+                if self._plain or name.startswith("weight_"):   # drawn in row-major order
+                    p.copy_(torch.empty(p.shape, dtype=p.dtype).uniform_(-bound, bound))
                 else:
                     p.fill_(1.0 if "_weight_" in name else 0.0)
 
@@ -356,6 +365,8 @@ class RecurrentModule(torch.nn.Module):
         keep = torch.is_grad_enabled() and (
             x.requires_grad or any(p.requires_grad for ps in params for p in ps)
             or any(s is not None and s.requires_grad for s in states))
+        # an inference call outside tracing runs the operator's implementation itself
+        run = _ops.layer if not keep and not torch.compiler.is_compiling() else _ops.rnn_layer
         zeros = x.new_zeros((D, B, H))
         finals: List[List[Tensor]] = [[] for _ in states]
         for k in range(L):
@@ -363,8 +374,8 @@ class RecurrentModule(torch.nn.Module):
             c0 = None
             if self._has_cell:
                 c0 = zeros if states[1] is None else states[1][D * k:D * k + D].contiguous()
-            y, h, c, _ = _ops.rnn_layer(x.contiguous(), h0, c0, params[k], lengths,
-                                        self.cell, self.eps, D, keep)
+            y, h, c, _ = run(x.contiguous(), h0, c0, params[k], lengths, self.cell, self.eps,
+                             D, keep)
             finals[0].append(h)
             if self._has_cell:
                 finals[1].append(c)

@@ -147,15 +147,16 @@ def _torch_dtype(model: Any) -> Tuple[torch.dtype, bool]:
 
 
 def _parameter(a: Any, dtype: torch.dtype) -> torch.nn.Parameter:
-    """a as a parameter of dtype, on a's memory where a is a C-contiguous
-    writable array of that dtype."""
+    """a as a parameter of dtype, on a's memory where a is a writable array
+    of that dtype, C-contiguous or a Fortran-ordered matrix (a copy keeps a's
+    order)."""
     if _dtypes.is_half(a.dtype):
-        return torch.nn.Parameter(_tensor(np.array(a)))
-    if a.flags.c_contiguous and a.flags.writeable and a.dtype.isnative and \
-            torch.from_numpy(a[:0]).dtype == dtype:
+        return torch.nn.Parameter(_tensor(np.array(a, order="K")))
+    if (a.flags.c_contiguous or a.flags.f_contiguous) and a.flags.writeable and \
+            a.dtype.isnative and torch.from_numpy(a[:0]).dtype == dtype:
         return torch.nn.Parameter(torch.from_numpy(a))
     return torch.nn.Parameter(torch.from_numpy(np.array(a, dtype=a.dtype.newbyteorder("="),
-                                                        order="C")).to(dtype))
+                                                        order="K")).to(dtype))
 
 
 def module_from(cls: Any, model: Any) -> Any:

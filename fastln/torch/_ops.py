@@ -52,12 +52,13 @@ def cache_numel(cell: str, T: Any, B: Any, H: int) -> Any:
     return T * B * (two - one) + B * (2 * one - two)
 
 
-@torch.library.custom_op("fastln::rnn_layer", mutates_args=(), device_types="cpu")
-def rnn_layer(x: Tensor, h0: Tensor, c0: Optional[Tensor], params: List[Tensor],
-              lengths: Optional[Tensor], cell: str, eps: float, directions: int,
-              keep_cache: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def layer(x: Tensor, h0: Tensor, c0: Optional[Tensor], params: List[Tensor],
+          lengths: Optional[Tensor], cell: str, eps: float, directions: int,
+          keep_cache: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """One layer forward: (y (T, B, D*H), h_n (D, B, H), c_n (D, B, H), or
-    empty without a cell state, cache (D, n), or (D, 0) without keep_cache)."""
+    empty without a cell state, cache (D, n), or (D, 0) without keep_cache).
+    The operator's implementation, which an inference call outside tracing
+    runs directly (the dispatcher's work is most of a short call's)."""
     T, B, _ = x.shape
     H = h0.shape[2]
     h = h0.clone()
@@ -70,6 +71,10 @@ def rnn_layer(x: Tensor, h0: Tensor, c0: Optional[Tensor], params: List[Tensor],
                              h.numpy(), None if c0 is None else c.numpy(),
                              lengths=_np(lengths), eps=eps, caches=caches, out=y.numpy())
     return y, h, c, cache
+
+
+rnn_layer = torch.library.custom_op("fastln::rnn_layer", layer, mutates_args=(),
+                                    device_types="cpu")
 
 
 @rnn_layer.register_fake
