@@ -40,7 +40,7 @@
    package itself, or a fastln extra that holds it).
 5. The install guide's table of extras has a row for each extra of
    pyproject.toml, naming every distribution the extra installs and nothing
-   else (``test``: "the packages of every extra above but ``docs``", then the
+   else (``test``: "the packages of every extra above but ``torch`` and ``docs``", then the
    rest), and a size in MB for each.
 """
 import ast
@@ -62,8 +62,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 REFERENCE = os.path.join(DOCS, "reference")
 TEMPLATES = os.path.join(DOCS, "_templates", "autosummary")
-PUBLIC_MODULES = ["fastln", "fastln.rnn", "fastln.dask", "fastln.reference",
-                  "fastln.rnn_reference", "fastln.serve"]
+PUBLIC_MODULES = ["fastln", "fastln.rnn", "fastln.rnn.functional", "fastln.torch",
+                  "fastln.dask", "fastln.reference", "fastln.rnn_reference", "fastln.serve"]
 # modules whose reference is their docstring alone (automodule, no names listed)
 DOCSTRING_MODULES = ["fastln.serve.ws.stream", "fastln.serve.ws.mux", "fastln.serve.http",
                      "fastln.serve.metrics"]
@@ -161,7 +161,8 @@ def test_layers_classes_are_documented_as_fastlns():
 def test_class_pages_list_the_public_methods():
     with open(os.path.join(TEMPLATES, "class.rst"), encoding="utf-8") as f:
         template = f.read()
-    for option in (":members:", ":inherited-members:", ":special-members: __call__"):
+    # inherited members up to torch.nn.Module's own (fastln.torch's modules)
+    for option in (":members:", ":inherited-members: Module", ":special-members: __call__"):
         assert re.search(r"^\s+" + re.escape(option) + r"\s*$", template, re.M), option
 
 
@@ -214,7 +215,9 @@ def _summarized():
         if inspect.isclass(obj):
             items += [(f"{name}.{m}", getattr(obj, m)) for m in dir(obj)
                       if (not m.startswith("_") or m == "__call__")
-                      and any(m in vars(c) for c in obj.__mro__ if c.__module__ != "builtins")
+                      and any(m in vars(c) for c in obj.__mro__   # as the class template:
+                              if c.__module__ != "builtins"            # not torch.nn.Module's
+                              and not c.__module__.startswith("torch."))
                       and callable(getattr(obj, m))]
     return items
 
@@ -575,10 +578,11 @@ def test_install_guide_names_what_each_extra_installs_and_its_size():
         named = {_normalized(n) for n in re.split(r",\s*(?:and\s+)?", installs.strip())}
         want = set(extras[extra])
         if extra == "test":
-            prefix = _normalized("the packages of every extra above but `docs`")
+            prefix = _normalized("the packages of every extra above but `torch` and `docs`")
             assert prefix in named, installs
             named.discard(prefix)
-            named |= set().union(*(v for k, v in extras.items() if k not in ("test", "docs")))
+            named |= set().union(*(v for k, v in extras.items()
+                                   if k not in ("test", "docs", "torch")))
         assert named == want, (extra, sorted(named - want), sorted(want - named))
 
 

@@ -15,7 +15,8 @@ a missing extra is tested on every run, whatever this environment holds.
 3. Every import of a package outside the standard library, in fastln/,
    bench/, examples/ and tests/, is of numpy, a first-party module, or
    a package that pyproject.toml declares in an extra, and ``[test]`` holds
-   every extra's packages but ``[docs]``'s (the site's build tools).
+   every extra's packages but ``[docs]``'s (the site's build tools) and the
+   peers' (torch, which ``[torch]`` installs for fastln.torch).
    fastln/_optional.py names only declared extras.
 """
 import ast
@@ -123,8 +124,8 @@ def test_examples_run_without_any_optional_package():
     blocks = [b for b in _readme_blocks() if not _imports_optional(b)]
     assert blocks, "every README block needs an optional package"
     modules = ["fastln", "fastln._lib", "fastln._norms", "fastln._add_norms", "fastln.layers",
-               "fastln.rnn", "fastln._threads", "fastln._memory", "fastln.reference",
-               "fastln.rnn_reference"]
+               "fastln.rnn", "fastln.rnn.functional", "fastln._threads", "fastln._memory",
+               "fastln.reference", "fastln.rnn_reference"]
     r = run_blocked(OPTIONAL, "-c", _EXAMPLES, repr(blocks), ",".join(modules),
                     ",".join(OPTIONAL))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
@@ -168,6 +169,7 @@ _NEEDS = {
     "dask": [("dask", "import fastln.dask"),
              ("dask", "import fastln; fastln.dask.layer_norm")],
     "picows": [("serve", "import fastln.serve; fastln.serve.StreamClient")],
+    "torch": [("torch", "import fastln.torch")],
 }
 
 _RAISES = r"""
@@ -272,8 +274,10 @@ def test_every_optional_import_maps_to_a_declared_extra():
     project = _pyproject()["project"]
     extras = {name: {_distribution(r) for r in reqs}
               for name, reqs in project["optional-dependencies"].items()}
-    # [docs] holds the site's build tools, which no test or example imports
-    declared = set().union(*(v for k, v in extras.items() if k not in ("test", "docs")))
+    # [docs] holds the site's build tools, which no test or example imports; the
+    # peers (torch, in [torch]) stay out of [test], whose tests skip without them
+    declared = set().union(*(v for k, v in extras.items() if k not in ("test", "docs"))) \
+        - PEERS
     first_party = _first_party()
     stdlib = set(sys.stdlib_module_names)
     unknown, undeclared = {}, {}

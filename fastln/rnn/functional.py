@@ -42,8 +42,12 @@ import numpy.typing as npt
 from . import _engine
 from ._params import LAYOUTS
 
+__all__ = ["layer_forward", "layer_backward", "param_names", "param_shapes", "cache_size",
+           "work_size"]
+
 _Array = npt.NDArray[Any]
 
+# the engine's cells, by name
 CELLS = tuple(_engine.CELLS)
 
 
