@@ -175,3 +175,15 @@ def test_export_for_inference(torch, ft):
         ep = torch.export.export(net, (x,))
         assert torch.equal(ep.module()(x), net(x))
     assert any("fastln.rnn_layer" in str(n.target) for n in ep.graph.nodes)
+
+
+def test_inference_mode(torch, ft):
+    m = _module(torch, ft, "LNLSTM", num_layers=2)
+    x = torch.randn(5, 2, 6)
+    with torch.no_grad():
+        want = m(x)[0]
+    with torch.inference_mode():
+        q = ft.quantize(m)   # its buffers are inference tensors, without versions
+        assert torch.equal(m(x)[0], want)
+        assert q(x)[0].shape == want.shape
+        assert torch.equal(m.step(x[0])[0], want[0])

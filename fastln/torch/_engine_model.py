@@ -16,8 +16,10 @@ from ..rnn import functional
 
 
 def _key(module: Any) -> Tuple[Any, ...]:
-    """What a model built from module depends on: its tensors' memory and versions."""
-    return tuple((t.data_ptr(), t._version, t.dtype)
+    """What a model built from module depends on: its tensors' memory and
+    versions (an inference-mode tensor has no version: it is changed in
+    place only inside inference mode, which the model does not see)."""
+    return tuple((t.data_ptr(), None if t.is_inference() else t._version, t.dtype)
                  for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
 
 
