@@ -187,3 +187,14 @@ def test_inference_mode(torch, ft):
         assert torch.equal(m(x)[0], want)
         assert q(x)[0].shape == want.shape
         assert torch.equal(m.step(x[0])[0], want[0])
+
+
+def test_step_of_a_bidirectional_module_and_bfloat16_states(torch, ft):
+    with pytest.raises(ValueError, match="bidirectional"):
+        ft.LNGRU(3, 4, bidirectional=True).step(torch.randn(2, 3))
+    pytest.importorskip("ml_dtypes")
+    m = ft.LNLSTM(3, 4).to(torch.bfloat16)
+    x = torch.randn(5, 2, 3)
+    h = torch.randn(1, 2, 4).to(torch.bfloat16)
+    with torch.no_grad():   # a bfloat16 state is taken as the float32 state it equals
+        assert torch.equal(m(x, (h, h))[0], m(x, (h.float(), h.float()))[0])

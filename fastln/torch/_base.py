@@ -306,7 +306,9 @@ class RecurrentModule(torch.nn.Module):
             if tuple(part.shape) != shape:
                 raise ValueError(f"{name} must have shape (D * num_layers, B, hidden_size) "
                                  f"= {shape}, got {tuple(part.shape)}")
-            if part.dtype != dtype:
+            if part.dtype == torch.bfloat16 and dtype == torch.float32:
+                part = part.float()   # a bfloat16 module's state is float32 (exactly)
+            elif part.dtype != dtype:
                 raise TypeError(f"{name} has dtype {part.dtype}, expected {dtype}")
             out.append(part)
         return out
@@ -454,9 +456,15 @@ class RecurrentModule(torch.nn.Module):
 
         Returns
         -------
-        h : Tensor, shape (B, D * hidden_size)
+        h : Tensor, shape (B, hidden_size)
             The top layer's output.
         state : Tensor or tuple (h, c)
             The state after the step, new tensors.
+
+        Raises
+        ------
+        ValueError
+            The module is bidirectional: its reverse direction needs the
+            whole sequence (call the module instead).
         """
         return _engine_model.step(self, input, hx)
