@@ -3,6 +3,7 @@ weights (outputs, states and every gradient), torch.nn's LSTM/GRU/RNN for the
 plain cells (and their state_dicts both ways), gradcheck, dropout, packed
 sequences, torch.compile and the errors."""
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -460,3 +461,21 @@ def test_conversions_share_memory_where_layouts_allow(torch, ft):
     with torch.no_grad():
         np.testing.assert_array_equal(_np(mg(torch.from_numpy(x))[0]),
                                       plain.forward(x, cache=False)[0])
+
+
+def test_torch_set_num_threads_caps_fastln_where_they_share_openmp(torch, ft):
+    """One libgomp in the process (torch's Linux wheels and fastln both load
+    libgomp.so.1): torch.set_num_threads caps fastln's count, as the module's
+    docstring says; with two OpenMP runtimes it leaves fastln's alone."""
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("reads the process's libraries from Linux's /proc/self/maps")
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        runtimes = {line.split()[-1] for line in f if "libgomp" in line.split()[-1]}
+    before, fastln_before = torch.get_num_threads(), fastln.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = 1 if len(runtimes) == 1 else fastln_before
+        assert fastln.get_num_threads() == want, runtimes
+    finally:
+        torch.set_num_threads(before)
+    assert fastln.get_num_threads() == fastln_before

@@ -19,9 +19,11 @@ For inference, ``module.to(torch.bfloat16)`` runs fastln's bfloat16 engine
 and :func:`quantize` gives an int8 module on its int8 engine, both under
 ``torch.no_grad()``; :meth:`RecurrentModule.step` runs one step of a stream.
 
-Threads: the engine runs on fastln's own thread pool
-(:func:`fastln.set_num_threads`, ``FASTLN_NUM_THREADS``), not on torch's
-(``torch.set_num_threads`` does not change it).
+Threads: the engine runs on fastln's thread count (:func:`fastln.set_num_threads`;
+by default the CPUs available, or ``OMP_NUM_THREADS`` where set, as torchrun
+sets it). Where torch and fastln load the same OpenMP runtime (one
+``libgomp.so.1`` in the process, as with the Linux wheels of torch),
+``torch.set_num_threads(n)`` caps fastln's count at n too.
 
 The package's modules: ``_ops.py`` (the operators), ``_base.py``
 (:class:`RecurrentModule`), ``_cells.py`` (the six modules) and
