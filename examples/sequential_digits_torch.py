@@ -112,6 +112,7 @@ def batch_first(x):
 
 
 def accuracy(model, x, y):
+    """The fraction of the images x (N, T, I) that model classifies as y."""
     model.eval()
     with torch.no_grad():
         return float((model(x).argmax(dim=1) == y).double().mean())
