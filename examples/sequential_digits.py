@@ -98,8 +98,10 @@ def epochs_to(accs, threshold):
     return int(hits[0]) + 1 if hits.size else None
 
 
-def summarize(results, args, walls):
-    """Prints the summary table (markdown) and returns its lines."""
+def summarize(results, args, walls, labels=None):
+    """Prints the summary table (markdown) of the models labels (default: those
+    of MODELS) and returns its lines."""
+    labels = labels or [label for label, _ in MODELS]
     lines = []
     E = args.epochs
     shown = sorted({1, 2, 3, 4, 5, 8, 10, 12, 15, E} & set(range(1, E + 1)))
@@ -109,7 +111,7 @@ def summarize(results, args, walls):
         lines.append("| model | " + " | ".join(f"ep {e}" for e in shown)
                      + f" | epochs to {args.threshold:g} | train time (s) |")
         lines.append("|---" * (len(shown) + 3) + "|")
-        for label, _ in MODELS:
+        for label in labels:
             accs = np.array([[a for _, a in results[lr, label, s]] for s in args.seeds])
             cells = [C.fmt_ms(accs[:, e - 1]) for e in shown]
             reach = [epochs_to(a, args.threshold) for a in accs]
@@ -121,9 +123,19 @@ def summarize(results, args, walls):
     return lines
 
 
-def make_parser():
-    """The command line's parser (every option shows its default in --help)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def pixels_per_step(text):
+    """A positive divisor of 64 (the pixels fed per time step)."""
+    value = C.positive_int(text)
+    if 64 % value:
+        raise argparse.ArgumentTypeError(f"expected a divisor of 64, got {text!r}")
+    return value
+
+
+def make_parser(description=__doc__, png=True):
+    """The command line's parser (every option shows its default in --help):
+    its description is the first paragraph of description; --out, the PNG,
+    only with png."""
+    p = argparse.ArgumentParser(description=description.split("\n\n")[0],
                                 formatter_class=C.HelpFormatter)
     p.add_argument("--epochs", type=C.positive_int, default=15,
                    help="passes over the training images")
@@ -132,8 +144,8 @@ def make_parser():
     p.add_argument("--lrs", type=C.float_list, default="3e-3,1e-2",
                    help="comma-separated learning rates, each a run")
     p.add_argument("--hidden", type=C.positive_int, default=128,
-                   help="hidden size H of both models")
-    p.add_argument("--pixels-per-step", type=C.positive_int, default=4,
+                   help="hidden size H of the recurrent models")
+    p.add_argument("--pixels-per-step", type=pixels_per_step, default=4,
                    help="pixels fed per time step, a divisor of 64; T = 64 / this")
     p.add_argument("--batch-size", type=C.positive_int, default=32,
                    help="images per training batch")
@@ -148,20 +160,18 @@ def make_parser():
     p.add_argument("--subset", type=C.positive_int, default=None,
                    help="train on this many images and test on a third as many (smoke "
                    "tests); None uses all")
-    p.add_argument("--out", default=argparse.SUPPRESS,
-                   help="the PNG to write (default: sequential_digits.png in the current "
-                   "directory, with _<n>px and _binary added to the name for another "
-                   "--pixels-per-step and for --binarize)")
+    if png:
+        p.add_argument("--out", default=argparse.SUPPRESS,
+                       help="the PNG to write (default: sequential_digits.png in the current "
+                       "directory, with _<n>px and _binary added to the name for another "
+                       "--pixels-per-step and for --binarize)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     C.add_threads_arg(p)
     return p
 
 
 def parse_args(argv):
-    p = make_parser()
-    args = p.parse_args(argv)
-    if 64 % args.pixels_per_step:
-        p.error(f"--pixels-per-step must divide 64, got {args.pixels_per_step}")
+    args = make_parser().parse_args(argv)
     if not hasattr(args, "out"):
         name = "sequential_digits"
         if args.pixels_per_step != 4:

@@ -1,9 +1,12 @@
-"""The training examples (examples/sequential_digits.py, examples/longer_sequences.py)
-run end to end with tiny settings, and their shared pieces (examples/_common.py:
+"""The training examples (examples/sequential_digits.py, its PyTorch loop
+examples/sequential_digits_torch.py, examples/longer_sequences.py) run end to end
+with tiny settings, and their shared pieces (examples/_common.py:
 NumPy Adam, the linear readout, the losses) are right.
 
 The examples need scikit-learn, tqdm and matplotlib: skipped when one is
-missing, unless the CI variable is set (as in CI), where that is a failure.
+missing, unless the CI variable is set (as in CI), where that is a failure; the
+PyTorch loop needs torch too (the ``torch`` fixture: a failure under
+FASTLN_REQUIRE_TORCH=1).
 """
 import os
 import re
@@ -81,6 +84,45 @@ def test_sequential_digits_smoke(example_deps, tmp_path, capsys):
     # deterministic: the same run again gives the same numbers
     again = sequential_digits.main(DIGITS_ARGS + ["--out", str(tmp_path / "again.png")])
     assert again["results"] == res["results"]
+
+
+def test_sequential_digits_torch_smoke(torch, example_deps, capsys):
+    """The PyTorch loop trains from the NumPy example's start: the same initial
+    model and batches; its first epoch's loss is the NumPy run's up to float32
+    rounding outside the engine."""
+    import sequential_digits_torch as DT
+
+    from _util import assert_every_option_shows_its_default
+
+    res = DT.main(DIGITS_ARGS + ["--numpy"])
+    out = capsys.readouterr().out
+    lines = re.findall(r"^lr=0\.01 seed=0 LN-LSTM \((torch|NumPy)\) epoch +(\d+)  train loss "
+                       r"(\d+\.\d+)  test acc (\d\.\d{4})$", out, re.M)
+    assert [(m, int(e)) for m, e, _, _ in lines] == [
+        ("torch", 1), ("torch", 2), ("NumPy", 1), ("NumPy", 2)], out
+    assert "| LN-LSTM (torch) |" in out and "| LN-LSTM (NumPy) |" in out, out
+    assert re.search(r"^wall time: \d+\.\d s$", out, re.M), out
+    mine, numpy_run = (res["results"][0.01, label, 0] for label in (DT.TORCH, DT.NUMPY))
+    assert mine[1][0] < mine[0][0], mine                     # the loss moved down
+    assert abs(mine[0][0] - numpy_run[0][0]) < 1e-4, (mine, numpy_run)
+
+    # the initial model: fastln.rnn's seeded LN-LSTM (bitwise, through the same
+    # engine) and the NumPy example's readout
+    x = sequential_digits.load_data(4, subset=40)[0]
+    model = DT.make_model(4, 16, seed=3)
+    rnn = C.rnn_class("LNLSTM")(4, 16, seed=3)
+    head = C.Linear(16, 10, np.random.default_rng([3, 1]))
+    y, _ = rnn.forward(x, cache=False)
+    with torch.no_grad():
+        np.testing.assert_array_equal(model.lstm(DT.batch_first(x))[0][:, -1].numpy(), y[-1])
+        np.testing.assert_allclose(model(DT.batch_first(x)).numpy(), head(y[-1]),
+                                   rtol=0, atol=1e-6)
+    # the batches of the NumPy example, epoch after epoch
+    sampler, rng = DT.SeededBatches(70, 32, seed=3), np.random.default_rng([3, 2])
+    for _ in range(3):
+        assert list(sampler) == [b.tolist() for b in C.minibatches(70, 32, rng)]
+    assert len(sampler) == 3
+    assert_every_option_shows_its_default(DT.make_parser())
 
 
 def test_sequential_digits_pixels_per_step(example_deps):
