@@ -42,7 +42,7 @@ COMPILED = ("_lib", "_rows", "_norms", "_add_norms")
 
 # submodules that need an optional dependency to import: stubtest cannot check
 # them without it (their allowlist entries are then replaced by the module's)
-OPTIONAL_MODULES = {"dask": "dask"}
+OPTIONAL_MODULES = {"dask": "dask", "torch": "torch"}
 
 # mypy configuration for stubtest (written to a temporary file).
 STUBTEST_CONFIG = """\
@@ -161,7 +161,8 @@ def _allowlist(pkg, tmp_path):
     """tests/stubtest_allowlist.txt, adapted to the optional dependencies present."""
     lines = ALLOWLIST.read_text().splitlines()
     for sub, dep in OPTIONAL_MODULES.items():
-        if (pkg / (sub + ".py")).exists() and importlib.util.find_spec(dep) is None:
+        present = (pkg / (sub + ".py")).exists() or (pkg / sub / "__init__.py").exists()
+        if present and importlib.util.find_spec(dep) is None:
             name = re.escape("fastln." + sub)
             lines = [ln for ln in lines if not ln.strip().startswith(name)]
             lines.append(f"{name}  # needs {dep}, which is not installed")

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _validate
-from . import _engine
+from . import _engine, functional
 from ._formats import Format, Int8, format_of
 from ._inputs import State, StateArg, positive_int
 from ._params import Schema
@@ -277,21 +277,15 @@ class RecurrentModel(Stepping[State]):
         size = _engine.cache_size(cell, T, B, H)
         wtype = self._format.wtype
         for k in range(self.num_layers):
-            I = xs.shape[2]
             y = np.empty((T, B, D * H), self._dt)
             store = [self._cache_array(size) for _ in range(D)] if cache else None
             h = states[0][D * k:D * k + D]
             c = states[1][D * k:D * k + D] if self._has_cell else None
             ps = [self._layer_params(k, d) for d in range(D)]
             packed = [self._packed(k, d, ps[d]) for d in range(D)]
-            if D == 1:
-                _engine.forward(cell, T, B, I, H, self.eps, xs, ps[0], lens,
-                                None if store is None else store[0], y, h[0],
-                                None if c is None else c[0], bool(self.reverse), wtype,
-                                packed[0])
-            else:
-                _engine.forward2(cell, T, B, I, H, self.eps, xs, ps, lens, store, y, h, c,
-                                 wtype, packed)
+            functional.layer_forward(cell, xs, ps, h, c, lengths=lens, eps=self.eps,
+                                     caches=store, reverse=self.reverse, out=y, wtype=wtype,
+                                     packed=packed)
             if store is not None:
                 inputs.append(xs)
                 caches.extend(store)
@@ -386,16 +380,12 @@ class RecurrentModel(Stepping[State]):
             dx = np.empty((T, B, I), self.dtype)
             dh = dstates[0][D * k:D * k + D]
             dc = dstates[1][D * k:D * k + D] if self._has_cell else None
-            if D == 1:
-                _engine.backward(cell, T, B, I, H, self.eps, inputs[k],
-                                 self._layer_params(k), lens, caches[k], g, dh[0],
-                                 None if dc is None else dc[0], dx, self._layer_grads(k),
-                                 work[0], bool(self.reverse))
-            else:
-                _engine.backward2(cell, T, B, I, H, self.eps, inputs[k],
-                                  (self._layer_params(k, 0), self._layer_params(k, 1)), lens,
-                                  caches[2 * k:2 * k + 2], g, dh, dc, dx,
-                                  (self._layer_grads(k, 0), self._layer_grads(k, 1)), work)
+            functional.layer_backward(cell, inputs[k],
+                                      [self._layer_params(k, d) for d in range(D)],
+                                      caches[D * k:D * k + D], g, dh, dc,
+                                      grads=[self._layer_grads(k, d) for d in range(D)],
+                                      lengths=lens, eps=self.eps, reverse=self.reverse,
+                                      out=dx, works=work)
             g = dx
         self._release_cache()
         dx = g.transpose(1, 0, 2).copy() if self.batch_first else g
