@@ -33,7 +33,10 @@ Cases, one layer, float32 unless said:
 - Inference under ``torch.no_grad()``, T=100, I=128, H=256, B = 1, 8, 256:
   ``fastln.torch.LNLSTM.from_rnn(m)`` against ``m.forward(x, cache=False)`` in
   float32; in bfloat16 (the module's ``.to(torch.bfloat16)`` on bfloat16 x
-  against ``m.to(ml_dtypes.bfloat16)`` on the same values; needs ml_dtypes);
+  against the model's ``.to(ml_dtypes.bfloat16)`` on the same x; needs
+  ml_dtypes: torch's ``.to`` rounds the LN gains and biases to bfloat16 as
+  well, which the model's keeps in float32, so that model is loaded with the
+  module's values first);
   and int8 (``fastln.torch.quantize(module)`` against
   ``fastln.rnn.quantize(m)``). The module's y must match the model's (first
   10 steps, rtol = atol = 1e-4; bfloat16 1e-2); whether it is bitwise the same
@@ -364,28 +367,34 @@ def _train_ratios(t):
 def _infer_pair(dtype, m, x):
     """(fastln.torch callable or None, fastln.rnn callable) of one dtype: each
     returns y; fastln.torch's under torch.no_grad()."""
-    if dtype == "float32":
-        ref, xr = m, x
-    elif dtype == "bfloat16":
-        ref, xr = m.to(harness.ml_dtypes.bfloat16), x.astype(harness.ml_dtypes.bfloat16)
-    else:
-        ref, xr = fastln_rnn.quantize(m), x
+    mod, xt = None, torch.from_numpy(x)
+    if fastln_torch is not None:
+        mod = fastln_torch.LNLSTM.from_rnn(m)
+        if dtype == "bfloat16":
+            mod, xt = mod.to(torch.bfloat16), xt.to(torch.bfloat16)
+        elif dtype == "int8":
+            mod = fastln_torch.quantize(mod)
+    ref, xr = m, x
+    if dtype == "bfloat16":
+        if mod is not None:
+            # torch's .to(torch.bfloat16) rounds every parameter, the LN gains and
+            # biases too, where model.to(ml_dtypes.bfloat16) rounds the weight matrices
+            # only: the reference gets the module's values
+            ref = type(m)(m.input_size, m.hidden_size, dtype=np.float32)
+            ref.load_state_dict({name: p.detach().float().numpy()
+                                 for name, p in mod.named_parameters()})
+        bf = harness.ml_dtypes.bfloat16
+        ref, xr = ref.to(bf), x.astype(bf)
+    elif dtype == "int8":
+        ref = fastln_rnn.quantize(m)
 
     def numpy_fwd():
         return ref.forward(xr, cache=False)[0]
-    if fastln_torch is None:
-        return None, numpy_fwd
-    mod = fastln_torch.LNLSTM.from_rnn(m)
-    xt = torch.from_numpy(x)
-    if dtype == "bfloat16":
-        mod, xt = mod.to(torch.bfloat16), xt.to(torch.bfloat16)
-    elif dtype == "int8":
-        mod = fastln_torch.quantize(mod)
 
     def torch_fwd():
         with torch.no_grad():
             return mod(xt)[0]
-    return torch_fwd, numpy_fwd
+    return (None if mod is None else torch_fwd), numpy_fwd
 
 
 def _bench_infer(B, kw, gap, case=INFER_CASE, seed=0):
