@@ -3,7 +3,7 @@ trained and run for inference, against fastln's NumPy call on the same weights
 and the LN-LSTM a PyTorch user writes.
 
     python bench/torch_modules.py [--quick] [--threads 2] [--hidden 256,512,1024]
-                                  [--no-compile] [--json PATH]
+                                  [--no-compile] [--train-only | --infer-only] [--json PATH]
 
 Cases, one layer, float32 unless said:
 
@@ -542,25 +542,33 @@ def format_table(result, markdown=False):
         n = res["threads"]
         title = f"{n} thread{'s' if n > 1 else ''}"
         lines += [f"### {title}" if markdown else f"{title}:", ""]
-        lines.append(f"training step (forward + backward of (y * g).sum(), dx too), "
-                     f"T={c['T']} B={c['B']} I={c['I']}, ms per call:")
-        lines.append("")
-        lines += harness.table_lines(*train_rows(res["train"]), markdown)
-        notes = []
-        for r in res["train"]:
-            b = r["bitwise"]
-            if b:
-                notes.append(f"{r['cell']} H={r['H']}: fastln.torch bitwise the same as "
-                             f"fastln.rnn: y {_yes(b['y'])}, dx and gradients "
-                             f"{_yes(b['grads'])}; LN peers' y first {CHECK_STEPS} steps max|diff| "
-                             + ", ".join(f"{k} {v:.1e}" for k, v in r["maxdiff"].items()))
-            notes += [f"!! {note}" for note in r["notes"]]
-        lines += [""] + notes if notes else []
-        lines += ["", f"inference (torch.no_grad()), T={ci['T']} I={ci['I']} H={ci['H']}, "
-                  "ms per call:", ""]
-        lines += harness.table_lines(*infer_rows(res["infer"]), markdown)
-        lines.append("")
+        if res["train"]:
+            lines += [f"training step (forward + backward of (y * g).sum(), dx too), "
+                      f"T={c['T']} B={c['B']} I={c['I']}, ms per call:", ""]
+            lines += harness.table_lines(*train_rows(res["train"]), markdown)
+            lines += _train_notes(res["train"])
+            lines.append("")
+        if res["infer"]:
+            lines += [f"inference (torch.no_grad()), T={ci['T']} I={ci['I']} H={ci['H']}, "
+                      "ms per call:", ""]
+            lines += harness.table_lines(*infer_rows(res["infer"]), markdown)
+            lines.append("")
     return "\n".join(lines).rstrip("\n")
+
+
+def _train_notes(rows):
+    """The lines under the training table: fastln.torch's bitwise agreement, the
+    LN peers' differences, and what could not be set up."""
+    notes = []
+    for r in rows:
+        b = r["bitwise"]
+        if b:
+            notes.append(f"{r['cell']} H={r['H']}: fastln.torch bitwise the same as "
+                         f"fastln.rnn: y {_yes(b['y'])}, dx and gradients "
+                         f"{_yes(b['grads'])}; LN peers' y first {CHECK_STEPS} steps max|diff| "
+                         + ", ".join(f"{k} {v:.1e}" for k, v in r["maxdiff"].items()))
+        notes += [f"!! {note}" for note in r["notes"]]
+    return [""] + notes if notes else []
 
 
 def main(argv=None):
@@ -572,6 +580,9 @@ def main(argv=None):
                     "(default 256,512,1024; --quick: 256)")
     ap.add_argument("--no-compile", action="store_true",
                     help="leave out the torch.compile peers (each compiles for 10-30 s)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--train-only", action="store_true", help="only the training cases")
+    only.add_argument("--infer-only", action="store_true", help="only the inference cases")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args(argv)
     nthreads = harness.parse_threads(ap, args.threads)
@@ -596,7 +607,8 @@ def main(argv=None):
     print(f"fastln {fastln.__version__}, torch {torch.__version__}, fastln.torch benchmark, "
           f"threads {nthreads}{' (quick)' if args.quick else ''} ...", flush=True)
     result = run(threads=nthreads, quick=args.quick, hidden=hidden,
-                 compile_cells=not args.no_compile)
+                 compile_cells=not args.no_compile, cells=() if args.infer_only else CELLS,
+                 batches=() if args.train_only else INFER_BATCHES)
     print()
     print(format_table(result))
     harness.report_and_save(result, args.json)

@@ -552,7 +552,10 @@ def test_torch_modules_main(torch, torch_modules, monkeypatch, tmp_path, capsys)
     assert [r["times"]["fastln.torch"] for r in res["results"][0]["train"]] == [None, None]
     out = capsys.readouterr().out
     assert "fastln.torch cannot be imported (ImportError: none here)" in out
-    assert "LNLSTM H=16 fastln.torch  " in out
+    assert "LNLSTM H=16 fastln.torch  " in out and "inference (torch.no_grad())" in out
+    assert tm.main(["--threads", "1", "--infer-only"]) == 0
+    out = capsys.readouterr().out
+    assert "training step" not in out and "LNLSTM int8 B=1 " in out
     with pytest.raises(SystemExit):
         tm.main(["--hidden", "0"])
     assert "--hidden must be" in capsys.readouterr().err
