@@ -101,7 +101,10 @@ PEERS = {"fastln.torch": "fastln.torch", "fastln.rnn": "fastln.rnn (NumPy)",
          "eager": "eager PyTorch", "script": "TorchScript", "compile": "torch.compile",
          "nn": "nn.{cls} (no LN)"}
 LN_CELLS = ("eager", "script", "compile")   # the PyTorch LN layers the target compares with
-GROUPS = {"fastln.rnn": "fastln", "fastln.torch": "fastln.torch"}   # the rest: "torch"
+# the thread pools a training step's callable runs on (see _selfcheck.time_peers: a
+# pause follows a switch of pool): a fastln.torch step runs torch's elementwise ops
+# and autograd besides fastln's engine; the rest of the torch peers run on torch's
+GROUPS = {"fastln.rnn": "fastln", "fastln.torch": "fastln.torch"}
 
 
 # ---- the PyTorch LN peers -----------------------------------------------------
@@ -421,7 +424,7 @@ def _bench_infer(B, kw, gap, case=INFER_CASE, seed=0):
             row["maxdiff"] = _check_y(f"fastln.torch.LNLSTM {dtype} B={B}", y, want, TOL[dtype])
             row["bitwise"] = _bitwise(y, want)
             fns["fastln.torch"] = torch_fwd
-        groups = {k: GROUPS[k] for k in fns}
+        groups = dict.fromkeys(fns, "fastln")   # under no_grad, the module runs the engine only
         row["times"].update(_selfcheck.time_peers(fns, gap=gap, groups=groups, **kw))
         t = row["times"]
         if t["fastln.torch"] is not None:
