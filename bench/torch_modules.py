@@ -582,7 +582,7 @@ def main(argv=None):
     ap.add_argument("--hidden", help="comma-separated hidden sizes of the training cases "
                     "(default 256,512,1024; --quick: 256)")
     ap.add_argument("--no-compile", action="store_true",
-                    help="leave out the torch.compile peers (each compiles for 10-30 s)")
+                    help="leave out the torch.compile peers (each compiles for 7-20 s)")
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--train-only", action="store_true", help="only the training cases")
     only.add_argument("--infer-only", action="store_true", help="only the inference cases")
