@@ -477,3 +477,85 @@ def test_rnn_grid_points_and_table(torch):
     # without the int8 columns the table is as before
     plain = dict(result, int8=False)
     assert "int8" not in grid.format_table(plain)
+
+
+# ---- bench/torch_modules.py: fastln.torch against fastln.rnn and the PyTorch LN layers --
+
+TM_SIZES = dict(hidden=(16,), train_case=dict(T=5, B=3, I=8), infer_case=dict(T=5, I=8, H=16),
+                batches=(1, 2), timing=FUSED_TINY)
+
+
+@pytest.fixture(scope="module")
+def torch_modules():
+    return _load("fastln_bench_torch_modules_test", "torch_modules.py")
+
+
+def test_torch_modules_rows(torch, torch_modules):
+    """At tiny sizes, every peer but torch.compile's (left out: it compiles for
+    seconds) is checked and timed, and the tables have a row for each."""
+    tm = torch_modules
+    have = tm.fastln_torch is not None
+    saved = torch.get_num_threads()
+    result = tm.run(threads=[1], compile_cells=False, **TM_SIZES)
+    assert torch.get_num_threads() == saved
+    (res,) = result["results"]
+    assert res["threads"] == 1
+    assert [(r["cell"], r["H"]) for r in res["train"]] == [("LNLSTM", 16), ("LNGRU", 16)]
+    for r in res["train"]:
+        t = r["times"]
+        assert all(t[k] > 0 for k in ("fastln.rnn", "eager", "script", "nn")), t
+        assert t["compile"] is None and r["compile_s"] is None
+        assert (t["fastln.torch"] is not None) == have
+        assert r["ratios"]["fastln.rnn"] == 1.0 and r["ratios"]["best_cell"] in ("eager", "script")
+        assert set(r["maxdiff"]) == {"eager", "script"} | ({"fastln.torch"} if have else set())
+        assert all(d <= 1e-4 for d in r["maxdiff"].values()), r["maxdiff"]
+        assert set(r["bitwise"]) == ({"y", "grads"} if have else set())
+        assert r["notes"] == [], r["notes"]
+    assert [(r["dtype"], r["B"]) for r in res["infer"]] == [
+        (d, B) for B in (1, 2) for d in tm.INFER_DTYPES]
+    for r in res["infer"]:
+        if r["dtype"] == "bfloat16" and _bench.ml_dtypes is None:
+            assert r["skipped"] and r["times"]["fastln.rnn"] is None
+            continue
+        assert r["times"]["fastln.rnn"] > 0
+        assert (r["ratio"] is not None) == have and (r["bitwise"] is not None) == have
+    text = tm.format_table(result)
+    assert "LNLSTM H=16 fastln.torch / best LN cell" in text and "LNGRU H=16 nn.GRU" in text
+    assert "LNLSTM int8 B=2" in text and ("cannot be imported" in text) == (not have)
+    md = tm.format_table(result, markdown=True)
+    assert "### 1 thread" in md and "| case | ms | / fastln.rnn | target | met |" in md
+    json.loads(json.dumps(result))
+
+
+def test_torch_modules_catches_a_wrong_peer(torch, torch_modules, monkeypatch):
+    """An LN layer that computes something else stops the run before timing."""
+    def wrong(self, gx_t, h):
+        return torch.tanh(gx_t[:, :h.shape[1]])
+    monkeypatch.setattr(torch_modules.EagerLNGRU, "_cell", wrong)
+    with pytest.raises(AssertionError, match=r"eager PyTorch LNGRU H=16: y \(first 5 steps\)"):
+        torch_modules.run(threads=[1], compile_cells=False, cells=("LNGRU",),
+                          **dict(TM_SIZES, batches=()))
+
+
+def test_torch_modules_main(torch, torch_modules, monkeypatch, tmp_path, capsys):
+    """The command line, with fastln.torch missing: its rows are empty, the
+    rest is timed and written as JSON."""
+    tm = torch_modules
+    monkeypatch.setattr(tm, "fastln_torch", None)
+    monkeypatch.setattr(tm, "TORCH_MODULES_ERROR", "ImportError: none here")
+    run = tm.run
+    monkeypatch.setattr(tm, "run", lambda **kw: run(**dict(kw, **dict(TM_SIZES, batches=(1,)))))
+    path = tmp_path / "tm.json"
+    assert tm.main(["--quick", "--threads", "1", "--no-compile", "--json", str(path)]) == 0
+    res = json.loads(path.read_text())
+    assert res["quick"] and res["fastln_torch"] == "ImportError: none here"
+    assert [r["times"]["fastln.torch"] for r in res["results"][0]["train"]] == [None, None]
+    out = capsys.readouterr().out
+    assert "fastln.torch cannot be imported (ImportError: none here)" in out
+    assert "LNLSTM H=16 fastln.torch  " in out and "inference (torch.no_grad())" in out
+    assert tm.main(["--threads", "1", "--infer-only"]) == 0
+    out = capsys.readouterr().out
+    assert "training step" not in out and "LNLSTM int8 B=1 " in out
+    with pytest.raises(SystemExit):
+        tm.main(["--hidden", "0"])
+    assert "--hidden must be" in capsys.readouterr().err
