@@ -169,12 +169,12 @@ class RecurrentModule(torch.nn.Module):
     def _engine_params(self, k: int, d: int) -> List[Tensor]:
         """Layer k, direction d's parameters in the engine's order (a plain
         cell's two biases summed where its equations allow, as torch ops)."""
-        sfx, H = self._suffix(k, d), self.hidden_size
-        w_ih, w_hh = getattr(self, "weight_ih" + sfx), getattr(self, "weight_hh" + sfx)
+        sfx, H, own = self._suffix(k, d), self.hidden_size, self._parameters
+        w_ih, w_hh = own["weight_ih" + sfx], own["weight_hh" + sfx]
         G = self._gates * H
         if self._plain:
             if self.bias:
-                b_ih, b_hh = getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)
+                b_ih, b_hh = own["bias_ih" + sfx], own["bias_hh" + sfx]
             else:
                 b_ih = b_hh = w_ih.new_zeros(G)
             if self._gates == 3:   # a GRU: b_hh's n block stays inside r * (...)
@@ -183,7 +183,7 @@ class RecurrentModule(torch.nn.Module):
             return [w_ih, w_hh, b_ih + b_hh]
         out = []
         for name in functional.param_names(self.cell):
-            p = getattr(self, name + sfx, None)
+            p = own.get(name + sfx)
             out.append(w_ih.new_zeros(G) if p is None else p)
         return out
 
@@ -230,8 +230,9 @@ class RecurrentModule(torch.nn.Module):
     # ---- what a call hands in ----
 
     def _weight(self) -> Tensor:
-        """The first layer's W_ih: its dtype is the module's."""
-        return self.weight_ih_l0
+        """The first layer's W_ih (a buffer of an int8 module): its dtype is the module's."""
+        w = self._parameters.get("weight_ih_l0")
+        return self._buffers["weight_ih_l0"] if w is None else w
 
     def _input(self, input: Any) -> Tuple[Tensor, Optional[Tensor], bool]:
         """input as a time-major (T, B, I) tensor, the lengths of a packed
@@ -338,7 +339,8 @@ class RecurrentModule(torch.nn.Module):
         """
         x, lengths, unbatched = self._input(input)
         B = x.shape[1]
-        state_dtype = torch.float32 if self._runs_on_model() else self._weight().dtype
+        on_model = self._runs_on_model()
+        state_dtype = torch.float32 if on_model else self._weight().dtype
         states = self._states(hx, B, unbatched, state_dtype)
         if B == 0:   # no sequences: empty results
             D, w = self.num_directions, self._weight()
@@ -346,7 +348,7 @@ class RecurrentModule(torch.nn.Module):
                             dtype=w.dtype if w.is_floating_point() else torch.float32)
             finals = [x.new_zeros((D * self.num_layers, 0, self.hidden_size), dtype=state_dtype)
                       for _ in states]
-        elif self._runs_on_model():
+        elif on_model:
             y, finals = _engine_model.forward(self, x, states, lengths)
         else:
             y, finals = self._forward_ops(x, states, lengths)
@@ -356,6 +358,13 @@ class RecurrentModule(torch.nn.Module):
         """Whether calls run on a fastln.rnn model (bfloat16 and int8 modules)."""
         return self.quantized or self._weight().dtype == torch.bfloat16
 
+    def _tracked(self, x: Tensor, states: List[Optional[Tensor]]) -> bool:
+        """Whether autograd records a call on x and states (and so the
+        forward must keep its cache for a backward)."""
+        return torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in self._parameters.values())
+            or any(s is not None and s.requires_grad for s in states))
+
     def _forward_ops(self, x: Tensor, states: List[Optional[Tensor]],
                      lengths: Optional[Tensor]) -> Tuple[Tensor, List[Tensor]]:
         """Every layer through the engine's operators; dropout between layers
@@ -364,11 +373,10 @@ class RecurrentModule(torch.nn.Module):
         D, L, H = self.num_directions, self.num_layers, self.hidden_size
         B = x.shape[1]
         params = [[p for d in range(D) for p in self._engine_params(k, d)] for k in range(L)]
-        keep = torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for ps in params for p in ps)
-            or any(s is not None and s.requires_grad for s in states))
-        # an inference call outside tracing runs the operator's implementation itself
-        run = _ops.layer if not keep and not torch.compiler.is_compiling() else _ops.rnn_layer
+        keep = self._tracked(x, states)
+        # a call outside tracing runs the operator's implementation itself: what
+        # the dispatcher adds is most of a short inference call's cost
+        run = _ops.rnn_layer if keep or torch.compiler.is_compiling() else _ops.layer
         zeros = x.new_zeros((D, B, H))
         finals: List[List[Tensor]] = [[] for _ in states]
         for k in range(L):

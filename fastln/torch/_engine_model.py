@@ -20,7 +20,7 @@ def _key(module: Any) -> Tuple[Any, ...]:
     versions (an inference-mode tensor has no version: it is changed in
     place only inside inference mode, which the model does not see)."""
     return tuple((t.data_ptr(), None if t.is_inference() else t._version, t.dtype)
-                 for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+                 for t in (*module._parameters.values(), *module._buffers.values()))
 
 
 def _to_numpy(t: Tensor, share: bool) -> Any:
@@ -85,7 +85,7 @@ def _cached(module: Any) -> Any:
 def _inference_only(module: Any, *tensors: Optional[Tensor]) -> None:
     if torch.is_grad_enabled() and (
             any(t is not None and t.requires_grad for t in tensors)
-            or any(p.requires_grad for p in module.parameters())):
+            or any(p.requires_grad for p in module._parameters.values())):
         kind = "int8" if module.quantized else "bfloat16"
         raise TypeError(f"a {kind} module runs fastln's {kind} inference engine, which has no "
                         f"backward: call it under torch.no_grad(), or train in float32")
@@ -108,15 +108,13 @@ def _state_tensors(state: Any, has_cell: bool) -> List[Tensor]:
 
 def forward(module: Any, x: Tensor, states: List[Optional[Tensor]],
             lengths: Optional[Tensor]) -> Tuple[Tensor, List[Tensor]]:
-    """A bfloat16 or int8 module's forward, time-major, on its model."""
+    """A forward without autograd on module's model, time-major: every call
+    of a bfloat16 or int8 module, and a float module's inference."""
     _inference_only(module, x, *states)
-    model = _cached(module)
-    xs = x.detach()
-    xs = xs.float() if module.quantized and xs.dtype != torch.float32 else xs
-    y, state = model.forward(_to_numpy(xs, share=True) if xs.dtype != torch.bfloat16
-                             else xs.float().numpy(),
-                             _state_arrays(states, module._has_cell),
-                             lengths=None if lengths is None else lengths.numpy(), cache=False)
+    y, state = _cached(module).forward(_to_numpy(x, share=True),
+                                       _state_arrays(states, module._has_cell),
+                                       lengths=None if lengths is None else lengths.numpy(),
+                                       cache=False)
     return _tensor(y), _state_tensors(state, module._has_cell)
 
 
@@ -130,11 +128,8 @@ def step(module: Any, input: Tensor, hx: Any) -> Tuple[Tensor, Any]:
                          f"got {tuple(input.shape)}")
     dtype = torch.float32 if module._runs_on_model() else module._weight().dtype
     states = module._states(hx, input.shape[0], False, dtype)
-    model = _cached(module)
-    x = input.detach()
-    x_np = x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
-    with torch.no_grad():
-        y, state = model.step(x_np, _state_arrays(states, module._has_cell))
+    y, state = _cached(module).step(_to_numpy(input, share=True),
+                                    _state_arrays(states, module._has_cell))
     finals = _state_tensors(state, module._has_cell)
     return _tensor(y), (tuple(finals) if module._has_cell else finals[0])
 

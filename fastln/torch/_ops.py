@@ -56,9 +56,9 @@ def layer(x: Tensor, h0: Tensor, c0: Optional[Tensor], params: List[Tensor],
           lengths: Optional[Tensor], cell: str, eps: float, directions: int,
           keep_cache: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """One layer forward: (y (T, B, D*H), h_n (D, B, H), c_n (D, B, H), or
-    empty without a cell state, cache (D, n), or (D, 0) without keep_cache).
-    The operator's implementation, which an inference call outside tracing
-    runs directly (the dispatcher's work is most of a short call's)."""
+    empty without a cell state, cache (D, n), or (D, 0) without keep_cache):
+    the operator's implementation, which a call outside tracing that
+    autograd does not record runs directly."""
     T, B, _ = x.shape
     H = h0.shape[2]
     h = h0.clone()
