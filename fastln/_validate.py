@@ -35,6 +35,15 @@ def flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
+def positive_int(value: Any, name: str) -> int:
+    """value as an int of at least 1 (not a bool), else a TypeError or ValueError naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
 def check_eps(eps: Any) -> float:
     """eps as a float: a real number (not a bool), finite and >= 0."""
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):

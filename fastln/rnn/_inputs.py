@@ -3,7 +3,6 @@ dy, states, lengths, out arrays, sizes) checked and made into the arrays the
 engine reads, or a TypeError or ValueError naming the argument."""
 from __future__ import annotations
 
-import numbers
 from typing import Any, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
@@ -18,15 +17,6 @@ _Array = npt.NDArray[Any]
 State = TypeVar("State", _Array, Tuple[_Array, _Array])
 # a state argument: None for zeros; either part of (h, c) may be None too
 StateArg = Union[None, npt.ArrayLike, Tuple[Optional[npt.ArrayLike], Optional[npt.ArrayLike]]]
-
-
-def positive_int(value: Any, name: str) -> int:
-    """value as an int of at least 1, else a TypeError or ValueError naming it."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return int(value)
 
 
 def as_array(a: Any, name: str, dt: np.dtype[Any], dtype: np.dtype[Any],

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequ
 import numpy as np
 import numpy.typing as npt
 
-from ._inputs import positive_int
+from .. import _validate
 from .base import RecurrentModel
 
 __all__ = ["StreamTable", "TableFullError", "UnknownStreamError"]
@@ -118,7 +118,7 @@ class StreamTable:
         if model.bidirectional or model.reverse:
             raise ValueError("model must run forward in time (not bidirectional nor reverse): "
                              "a table steps its streams one step at a time")
-        self.capacity = positive_int(capacity, "capacity")
+        self.capacity = _validate.positive_int(capacity, "capacity")
         if idle_timeout is not None:
             idle_timeout = float(idle_timeout)
             if not idle_timeout >= 0:

@@ -12,7 +12,7 @@ import numpy.typing as npt
 from .. import _validate
 from . import _engine, functional
 from ._formats import Format, Int8, format_of
-from ._inputs import State, StateArg, positive_int
+from ._inputs import State, StateArg
 from ._params import Schema
 from ._step import Stepping
 
@@ -80,9 +80,9 @@ class RecurrentModel(Stepping[State]):
         if not self._kind:
             raise TypeError("RecurrentModel is the base of fastln.rnn's models: construct "
                             "LNRNN, LNLSTM, LNGRU, LSTM, GRU or RNN")
-        self.input_size = positive_int(input_size, "input_size")
-        self.hidden_size = positive_int(hidden_size, "hidden_size")
-        self.num_layers = positive_int(num_layers, "num_layers")
+        self.input_size = _validate.positive_int(input_size, "input_size")
+        self.hidden_size = _validate.positive_int(hidden_size, "hidden_size")
+        self.num_layers = _validate.positive_int(num_layers, "num_layers")
         self.batch_first = _validate.flag(batch_first, "batch_first")
         self.bidirectional = _validate.flag(bidirectional, "bidirectional")
         # a unidirectional model whose one direction runs each sequence from

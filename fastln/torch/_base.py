@@ -21,14 +21,6 @@ from . import _engine_model, _ops
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def _positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return int(value)
-
-
 def _cpu(device: Any) -> torch.device:
     dev = torch.device("cpu" if device is None else device)
     if dev.type != "cpu":
@@ -104,9 +96,9 @@ class RecurrentModule(torch.nn.Module):
         if type(self)._rnn_class is type(None):
             raise TypeError("RecurrentModule is the base of fastln.torch's modules: construct "
                             "LNLSTM, LNGRU, LNRNN, LSTM, GRU or RNN")
-        self.input_size = _positive(input_size, "input_size")
-        self.hidden_size = _positive(hidden_size, "hidden_size")
-        self.num_layers = _positive(num_layers, "num_layers")
+        self.input_size = _validate.positive_int(input_size, "input_size")
+        self.hidden_size = _validate.positive_int(hidden_size, "hidden_size")
+        self.num_layers = _validate.positive_int(num_layers, "num_layers")
         self.bias = _validate.flag(bias, "bias")
         self.batch_first = _validate.flag(batch_first, "batch_first")
         self.bidirectional = _validate.flag(bidirectional, "bidirectional")

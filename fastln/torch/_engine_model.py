@@ -183,7 +183,6 @@ def module_from(cls: Any, model: Any) -> Any:
             p = dict(zip(functional.param_names(module.cell),
                          (model.params[key] for key in _model_keys(module, k, d))))
             if module._plain:
-                w_dtype = dtype
                 new = {"weight_ih": p["weight_ih"], "weight_hh": p["weight_hh"],
                        "bias_ih": p["bias"]}
                 if "bias_hn" in p:
@@ -200,9 +199,8 @@ def module_from(cls: Any, model: Any) -> Any:
     return module
 
 
-
 def quantize(module: Any) -> Any:
-    """An int8 copy of the fastln.torch module module (see fastln.torch.quantize)."""
+    """An int8 copy of a fastln.torch module (see fastln.torch.quantize)."""
     if module.quantized:
         raise ValueError("module is int8 already")
     return module_from(type(module), _rnn.quantize(build(module, share=False)))

@@ -27,7 +27,6 @@ import numpy.typing as npt
 
 from ... import _torch, _validate
 from .._bf16 import _is_bf16
-from .._inputs import positive_int
 from .._streams import StreamTable, repeated, unknown_stream
 from .batch import Batch
 from .queues import StepQueues
@@ -125,7 +124,7 @@ class StreamBatcher:
         if not isinstance(table, StreamTable):
             raise TypeError(f"table must be a fastln.rnn.StreamTable, got {type(table).__name__}")
         self.table = table
-        self.max_batch = table.capacity if max_batch is None else positive_int(
+        self.max_batch = table.capacity if max_batch is None else _validate.positive_int(
             max_batch, "max_batch")
         try:
             delay = float(max_delay)
@@ -136,8 +135,9 @@ class StreamBatcher:
             raise ValueError(f"max_delay must be finite and at least 0, got {max_delay}")
         self.max_delay = delay
         self.run_when_all_waiting = _validate.flag(run_when_all_waiting, "run_when_all_waiting")
-        self.max_queue_per_stream = positive_int(max_queue_per_stream, "max_queue_per_stream")
-        self.max_pending = 4 * table.capacity if max_pending is None else positive_int(
+        self.max_queue_per_stream = _validate.positive_int(max_queue_per_stream,
+                                                           "max_queue_per_stream")
+        self.max_pending = 4 * table.capacity if max_pending is None else _validate.positive_int(
             max_pending, "max_pending")
         self._own_executor = executor is None
         self._executor = executor
