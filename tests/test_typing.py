@@ -165,7 +165,7 @@ def _allowlist(pkg, tmp_path):
         if present and importlib.util.find_spec(dep) is None:
             name = re.escape("fastln." + sub)
             lines = [ln for ln in lines if not ln.strip().startswith(name)]
-            lines.append(f"{name}  # needs {dep}, which is not installed")
+            lines.append(f"{name}(\\..+)?  # needs {dep}, which is not installed")
     path = tmp_path / "allowlist.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
