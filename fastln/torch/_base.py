@@ -202,11 +202,13 @@ class RecurrentModule(torch.nn.Module):
     def _extra_repr_cell(self) -> str:
         return ""
 
-    _cell_kwargs: Tuple[str, ...] = ()   # the fastln.rnn model's further arguments
+    # the further arguments of the module and of its fastln.rnn model, held
+    # under the same names by both
+    _cell_kwargs: Tuple[str, ...] = ()
 
     def _rnn_kwargs(self) -> Dict[str, Any]:
         """The further arguments of the fastln.rnn model of this module."""
-        return {}
+        return {name: getattr(self, name) for name in self._cell_kwargs}
 
     def _hold_int8(self, params: Dict[str, Any]) -> None:
         """Makes this module int8: an int8 fastln.rnn model's params (int8

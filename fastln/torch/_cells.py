@@ -3,7 +3,7 @@ layer-normalized cells under fastln.rnn's parameter names, and LSTM, GRU
 and RNN, the plain cells under torch.nn's."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 from .. import rnn as _rnn
 from ._base import RecurrentModule
@@ -81,9 +81,6 @@ class LNLSTM(RecurrentModule):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, eps, device, dtype, "lstm")
 
-    def _rnn_kwargs(self) -> Dict[str, Any]:
-        return {"eps": self.eps}
-
 
 class LNGRU(RecurrentModule):
     __doc__ = """The layer-normalized GRU, as a torch module.
@@ -113,9 +110,6 @@ class LNGRU(RecurrentModule):
                  dtype: Any = None) -> None:
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, eps, device, dtype, "gru")
-
-    def _rnn_kwargs(self) -> Dict[str, Any]:
-        return {"eps": self.eps}
 
 
 def _nonlinearity(value: Any) -> str:
@@ -150,8 +144,6 @@ class LNRNN(RecurrentModule):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, eps, device, dtype, "rnn_" + self.nonlinearity)
 
-    def _rnn_kwargs(self) -> Dict[str, Any]:
-        return {"eps": self.eps, "nonlinearity": self.nonlinearity}
 
     def _extra_repr_cell(self) -> str:
         return f", nonlinearity={self.nonlinearity!r}"
@@ -245,8 +237,6 @@ class RNN(RecurrentModule):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, 1e-5, device, dtype, f"rnn_{self.nonlinearity}_plain")
 
-    def _rnn_kwargs(self) -> Dict[str, Any]:
-        return {"nonlinearity": self.nonlinearity}
 
     def _extra_repr_cell(self) -> str:
         return f", nonlinearity={self.nonlinearity!r}"

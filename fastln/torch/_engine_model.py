@@ -167,9 +167,7 @@ def module_from(cls: Any, model: Any) -> Any:
     if getattr(model, "linear_before_reset", True) is False:
         raise ValueError("model has linear_before_reset=False, which torch's GRU does not")
     dtype, int8 = _torch_dtype(model)
-    extra = {"eps": model.eps} if "eps" in cls._cell_kwargs else {}
-    if "nonlinearity" in cls._cell_kwargs:
-        extra["nonlinearity"] = model.nonlinearity
+    extra = {name: getattr(model, name) for name in cls._cell_kwargs}
     module = cls(model.input_size, model.hidden_size, model.num_layers,
                  batch_first=model.batch_first, bidirectional=model.bidirectional,
                  dtype=torch.float32 if _dtypes.is_half(model.dtype) else dtype, **extra)
