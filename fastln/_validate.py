@@ -44,6 +44,13 @@ def positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
+def nonlinearity(value: Any) -> str:
+    """value as an RNN cell's activation, 'tanh' or 'relu', else a ValueError."""
+    if value not in ("tanh", "relu"):
+        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {value!r}")
+    return str(value)
+
+
 def check_eps(eps: Any) -> float:
     """eps as a float: a real number (not a bool), finite and >= 0."""
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):

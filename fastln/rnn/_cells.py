@@ -278,7 +278,7 @@ class LNRNN(RecurrentModel[_Array]):
                  batch_first: bool = False, eps: float = 1e-5,
                  dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
                  nonlinearity: str = "tanh", bidirectional: bool = False) -> None:
-        self.nonlinearity = _nonlinearity(nonlinearity)
+        self.nonlinearity = _validate.nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
                          bidirectional)
 
@@ -287,12 +287,6 @@ class LNRNN(RecurrentModel[_Array]):
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", nonlinearity={self.nonlinearity!r})"
-
-
-def _nonlinearity(value: Any) -> str:
-    if value not in ("tanh", "relu"):
-        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {value!r}")
-    return str(value)
 
 
 # ---- the plain cells ----
@@ -465,7 +459,7 @@ class RNN(_Plain[_Array]):
                  batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
                  seed: Optional[int] = None, nonlinearity: str = "tanh",
                  bidirectional: bool = False) -> None:
-        self.nonlinearity = _nonlinearity(nonlinearity)
+        self.nonlinearity = _validate.nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
                          bidirectional)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _validate
 from .. import rnn as _rnn
 from ._base import RecurrentModule
 
@@ -112,12 +113,6 @@ class LNGRU(RecurrentModule):
                          bidirectional, eps, device, dtype, "gru")
 
 
-def _nonlinearity(value: Any) -> str:
-    if value not in ("tanh", "relu"):
-        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {value!r}")
-    return str(value)
-
-
 class LNRNN(RecurrentModule):
     __doc__ = """The layer-normalized RNN, h' = act(LN(W_ih x + W_hh h)), as a torch module.
 
@@ -140,7 +135,7 @@ class LNRNN(RecurrentModule):
                  nonlinearity: str = "tanh", bias: bool = True, batch_first: bool = False,
                  dropout: float = 0.0, bidirectional: bool = False, *, eps: float = 1e-5,
                  device: Any = None, dtype: Any = None) -> None:
-        self.nonlinearity = _nonlinearity(nonlinearity)
+        self.nonlinearity = _validate.nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, eps, device, dtype, "rnn_" + self.nonlinearity)
 
@@ -233,7 +228,7 @@ class RNN(RecurrentModule):
                  nonlinearity: str = "tanh", bias: bool = True, batch_first: bool = False,
                  dropout: float = 0.0, bidirectional: bool = False, device: Any = None,
                  dtype: Any = None) -> None:
-        self.nonlinearity = _nonlinearity(nonlinearity)
+        self.nonlinearity = _validate.nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, 1e-5, device, dtype, f"rnn_{self.nonlinearity}_plain")
 
