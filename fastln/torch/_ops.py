@@ -160,8 +160,3 @@ def _setup_backward(ctx: Any, inputs: Tuple[Any, ...], output: Any) -> None:
 
 rnn_layer.register_autograd(_backward, setup_context=_setup)
 rnn_layer_backward.register_autograd(_no_double_backward, setup_context=_setup_backward)
-
-
-def dtype_ok(t: Tensor) -> bool:
-    """Whether the engine's float operators take t's dtype."""
-    return t.dtype in (torch.float32, torch.float64)
