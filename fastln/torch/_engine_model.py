@@ -23,11 +23,10 @@ def _key(module: Any) -> Tuple[Any, ...]:
                  for t in (*module._parameters.values(), *module._buffers.values()))
 
 
-def _to_numpy(t: Tensor, share: bool) -> Any:
+def _to_numpy(t: Tensor) -> Any:
+    """t as an ndarray on its memory; a bfloat16 tensor as float32 (exactly)."""
     t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.float().numpy()   # exact; the model rounds nothing further
-    return t.numpy() if share else t.numpy().copy()
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def _model_keys(module: Any, k: int, d: int) -> List[str]:
@@ -47,7 +46,7 @@ def build(module: Any, share: bool, batch_first: Optional[bool] = None) -> Any:
         dtype = np.float32 if w.dtype == torch.float32 else np.float64
     model = module._rnn_class(module.input_size, module.hidden_size, module.num_layers,
                               batch_first=module.batch_first if batch_first is None
-                              else batch_first, dtype=np.float32 if module.quantized else dtype,
+                              else batch_first, dtype=dtype,
                               bidirectional=module.bidirectional, **module._rnn_kwargs())
     if module.quantized:
         for name, buf in module.named_buffers(recurse=False):
@@ -63,10 +62,10 @@ def build(module: Any, share: bool, batch_first: Optional[bool] = None) -> Any:
         for k in range(module.num_layers):
             for d in range(module.num_directions):
                 for key, p in zip(_model_keys(module, k, d), module._engine_params(k, d)):
-                    values[key] = _to_numpy(p, share)
+                    values[key] = _to_numpy(p)
     if share and dtype in (np.float32, np.float64):
         model.params.update(values)
-    else:
+    else:   # copies, as a bfloat16 model stores them
         model.load_state_dict(values)
     return model
 
@@ -111,7 +110,7 @@ def forward(module: Any, x: Tensor, states: List[Optional[Tensor]],
     """A forward without autograd on module's model, time-major: every call
     of a bfloat16 or int8 module, and a float module's inference."""
     _inference_only(module, x, *states)
-    y, state = _cached(module).forward(_to_numpy(x, share=True),
+    y, state = _cached(module).forward(_to_numpy(x),
                                        _state_arrays(states, module._has_cell),
                                        lengths=None if lengths is None else lengths.numpy(),
                                        cache=False)
@@ -128,7 +127,7 @@ def step(module: Any, input: Tensor, hx: Any) -> Tuple[Tensor, Any]:
                          f"got {tuple(input.shape)}")
     dtype = torch.float32 if module._runs_on_model() else module._weight().dtype
     states = module._states(hx, input.shape[0], False, dtype)
-    y, state = _cached(module).step(_to_numpy(input, share=True),
+    y, state = _cached(module).step(_to_numpy(input),
                                     _state_arrays(states, module._has_cell))
     finals = _state_tensors(state, module._has_cell)
     return _tensor(y), (tuple(finals) if module._has_cell else finals[0])
