@@ -37,6 +37,12 @@ def _column_major(shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
         torch.empty(shape, dtype=dtype)
 
 
+def _on_cpu(t: Tensor, name: str) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device}; fastln's engine runs on the CPU: "
+                         f"move it with {name}.cpu()")
+
+
 class RecurrentModule(torch.nn.Module):
     """The base of fastln.torch's modules: LNLSTM, LNGRU, LNRNN, LSTM, GRU and RNN.
 
@@ -258,9 +264,7 @@ class RecurrentModule(torch.nn.Module):
         return x, lengths, unbatched
 
     def _check_tensor(self, t: Tensor, name: str) -> None:
-        if t.device.type != "cpu":
-            raise ValueError(f"{name} is on {t.device}; fastln's engine runs on the CPU: "
-                             f"move it with {name}.cpu()")
+        _on_cpu(t, name)
         want = self._weight().dtype
         accepts = (torch.float32,) if self.quantized else \
             (torch.bfloat16, torch.float32) if want == torch.bfloat16 else (want,)
@@ -269,9 +273,13 @@ class RecurrentModule(torch.nn.Module):
                             f"{' (int8)' if self.quantized else ''}: convert it with "
                             f"{name}.to({accepts[0]})")
 
-    def _states(self, hx: Any, B: int, unbatched: bool, dtype: torch.dtype
-                ) -> List[Optional[Tensor]]:
+    def _state_dtype(self) -> torch.dtype:
+        """The state's dtype: float32 for modules that run on a model, else the weights'."""
+        return torch.float32 if self._runs_on_model() else self._weight().dtype
+
+    def _states(self, hx: Any, B: int, unbatched: bool) -> List[Optional[Tensor]]:
         """hx as [h0] or [h0, c0], each (D * num_layers, B, H) or None for zeros."""
+        dtype = self._state_dtype()
         shape = (self.num_directions * self.num_layers, B, self.hidden_size)
         n = 2 if self._has_cell else 1
         if hx is None:
@@ -291,8 +299,7 @@ class RecurrentModule(torch.nn.Module):
             name = "hx" if n == 1 else ("hx[0]", "hx[1]")[i]
             if not isinstance(part, torch.Tensor):
                 raise TypeError(f"{name} must be a tensor, got {type(part).__name__}")
-            if part.device.type != "cpu":
-                raise ValueError(f"{name} is on {part.device}; move it with {name}.cpu()")
+            _on_cpu(part, name)
             if unbatched:
                 if part.dim() != 2:
                     raise ValueError(f"{name} of an unbatched input must have shape "
@@ -333,16 +340,14 @@ class RecurrentModule(torch.nn.Module):
         """
         x, lengths, unbatched = self._input(input)
         B = x.shape[1]
-        on_model = self._runs_on_model()
-        state_dtype = torch.float32 if on_model else self._weight().dtype
-        states = self._states(hx, B, unbatched, state_dtype)
+        states = self._states(hx, B, unbatched)
         if B == 0:   # no sequences: empty results
             D, w = self.num_directions, self._weight()
             y = x.new_zeros((x.shape[0], 0, D * self.hidden_size),
                             dtype=w.dtype if w.is_floating_point() else torch.float32)
-            finals = [x.new_zeros((D * self.num_layers, 0, self.hidden_size), dtype=state_dtype)
-                      for _ in states]
-        elif on_model:
+            finals = [x.new_zeros((D * self.num_layers, 0, self.hidden_size),
+                                  dtype=self._state_dtype()) for _ in states]
+        elif self._runs_on_model():
             y, finals = _engine_model.forward(self, x, states, lengths)
         else:
             y, finals = self._forward_ops(x, states, lengths)

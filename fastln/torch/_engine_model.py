@@ -125,8 +125,7 @@ def step(module: Any, input: Tensor, hx: Any) -> Tuple[Tensor, Any]:
     if input.dim() != 2 or input.shape[1] != module.input_size:
         raise ValueError(f"input must have shape (B, input_size) = (B, {module.input_size}), "
                          f"got {tuple(input.shape)}")
-    dtype = torch.float32 if module._runs_on_model() else module._weight().dtype
-    states = module._states(hx, input.shape[0], False, dtype)
+    states = module._states(hx, input.shape[0], False)
     y, state = _cached(module).step(_to_numpy(input),
                                     _state_arrays(states, module._has_cell))
     finals = _state_tensors(state, module._has_cell)
