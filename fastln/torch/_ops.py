@@ -123,7 +123,7 @@ def _rnn_layer_backward_fake(x: Tensor, params: List[Tensor], lengths: Optional[
 def _setup(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, ...]) -> None:
     x, _, c0, params, lengths, cell, eps, directions, keep_cache = inputs
     ctx.cell, ctx.eps, ctx.directions = cell, eps, directions
-    ctx.has_cell, ctx.keep_cache, ctx.n_params = c0 is not None, keep_cache, len(params)
+    ctx.has_cell, ctx.keep_cache = c0 is not None, keep_cache
     ctx.save_for_backward(x, lengths, output[3], *params)
     ctx.mark_non_differentiable(output[3])
     ctx.set_materialize_grads(False)   # no zeros for the cache and unused outputs
