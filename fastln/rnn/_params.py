@@ -40,6 +40,15 @@ LAYOUTS = {
                       ("bias", 3, "zeros"), ("bias_hn", 1, "zeros")]),
 }
 
+def layer_shape(gates: int, name: str, units: Optional[int], I: int, H: int) -> Tuple[int, ...]:
+    """The shape of a layer's parameter of LAYOUTS: a weight matrix (units
+    None) is (gates * H, I) for weight_ih and (gates * H, H) for weight_hh,
+    any other parameter (units * H,)."""
+    if units is None:
+        return (gates * H, I if name == "weight_ih" else H)
+    return (units * H,)
+
+
 # the directions of a bidirectional layer: parameter-name suffixes, in state order
 DIRECTIONS = ("", "_reverse")
 
@@ -69,12 +78,10 @@ class Schema:
                 keys, extra = [], []
                 for name, units, init in layout:
                     key = f"{name}_l{k}{sfx}"
+                    shape = layer_shape(gates, name, units, I, H)
                     if units is None:
-                        shape: _Shape = (gates * H, I if name == "weight_ih" else H)
                         self.matrices.add(key)
                         extra += fmt.companions(key, shape)
-                    else:
-                        shape = (units * H,)
                     self.shapes[key] = shape
                     self.inits[key] = init
                     keys.append(key)

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _engine
-from ._params import LAYOUTS
+from ._params import LAYOUTS, layer_shape
 
 __all__ = ["layer_forward", "layer_backward", "param_names", "param_shapes", "cache_size",
            "work_size"]
@@ -100,8 +100,8 @@ def param_shapes(cell: str, input_size: int, hidden_size: int) -> Tuple[Tuple[in
         (units * H,).
     """
     gates, layout = LAYOUTS[_layout(cell)]
-    return tuple((gates * hidden_size, input_size if name == "weight_ih" else hidden_size)
-                 if units is None else (units * hidden_size,) for name, units, _ in layout)
+    return tuple(layer_shape(gates, name, units, input_size, hidden_size)
+                 for name, units, _ in layout)
 
 
 def cache_size(cell: str, T: int, B: int, H: int) -> int:
