@@ -91,7 +91,7 @@ CELLS = ("LNLSTM", "LNGRU")
 INFER_DTYPES = ("float32", "bfloat16", "int8")
 CHECK_STEPS = bench_rnn.CHECK_STEPS
 TOL = {"float32": 1e-4, "int8": 1e-4, "bfloat16": 1e-2}   # rtol = atol, first CHECK_STEPS
-# the targets: fastln.torch's time over the reference's at most this
+# the targets the tables hold the ratios to: fastln.torch's time over the reference's at most this
 TARGET_OVER_NUMPY = 1.1
 TARGET_OVER_BEST_CELL = 0.45
 TARGET_INFER = 1.1
