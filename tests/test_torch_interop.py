@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fastln
-from fastln.rnn import LNLSTM, LSTM, RNN
+from fastln.rnn import LSTM, RNN
 
 from _util import F32, F64, named
 
@@ -161,102 +161,3 @@ def test_rnn_from_torch_rejects_what_it_cannot_run(torch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         LSTM.from_torch(torch.nn.LSTM(3, 4, num_layers=2))
-
-
-# ---------------------------------------------------------------- the benchmark LN-LSTM layout
-
-def _bench_modules(torch, carry_ln_c):
-    """A cell with the names of PyTorch's benchmarks/fastrnns LayerNormLSTMCell
-    (written here from its equations), carrying LN(c) as its cell state as the
-    benchmark does, or c as the paper does (carry_ln_c=False)."""
-    nn = torch.nn
-
-    class Cell(nn.Module):
-        def __init__(self, I, H):
-            super().__init__()
-            self.weight_ih = nn.Parameter(torch.randn(4 * H, I, dtype=torch.float64))
-            self.weight_hh = nn.Parameter(torch.randn(4 * H, H, dtype=torch.float64))
-            self.layernorm_i = nn.LayerNorm(4 * H, eps=1e-4, dtype=torch.float64)
-            self.layernorm_h = nn.LayerNorm(4 * H, eps=1e-4, dtype=torch.float64)
-            self.layernorm_c = nn.LayerNorm(H, eps=1e-4, dtype=torch.float64)
-
-        def forward(self, x, state):
-            h, c = state
-            gates = (self.layernorm_i(x @ self.weight_ih.t())
-                     + self.layernorm_h(h @ self.weight_hh.t()))
-            i, f, g, o = gates.chunk(4, 1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            nc = self.layernorm_c(c)
-            h = torch.sigmoid(o) * torch.tanh(nc)
-            return h, (h, nc if carry_ln_c else c)
-
-    class Layer(nn.Module):
-        def __init__(self, I, H):
-            super().__init__()
-            self.cell = Cell(I, H)
-
-        def forward(self, x, state):
-            outs = []
-            for x_t in x.unbind(0):
-                out, state = self.cell(x_t, state)
-                outs.append(out)
-            return torch.stack(outs), state
-
-    class Stacked(nn.Module):
-        def __init__(self, I, H, L):
-            super().__init__()
-            self.layers = nn.ModuleList([Layer(I if k == 0 else H, H) for k in range(L)])
-
-        def forward(self, x, states):
-            out = []
-            for layer, s in zip(self.layers, states):
-                x, s = layer(x, s)
-                out.append(s)
-            return x, out
-
-    return Cell, Stacked
-
-
-@pytest.mark.parametrize("L", [1, 2])
-def test_lnlstm_from_benchmark_layout(torch, L, rng):
-    """The paper's cell under the benchmark's names: every step matches."""
-    I, H, B, T = 4, 6, 3, 5
-    _, Stacked = _bench_modules(torch, carry_ln_c=False)
-    torch.manual_seed(0)
-    tm = _randomize(torch, Stacked(I, H, L))
-    m = LNLSTM.from_torch(tm)
-    assert (m.input_size, m.hidden_size, m.num_layers, m.eps) == (I, H, L, 1e-4)
-    assert np.all(m.params["bias_l0"] == 0)
-    x = rng.standard_normal((T, B, I))
-    zeros = torch.zeros(B, H, dtype=torch.float64)
-    yt, st = tm(torch.from_numpy(x), [(zeros, zeros)] * L)
-    y, (h, c) = m.forward(x)
-    np.testing.assert_allclose(y, _np(yt), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(h, np.stack([_np(s[0]) for s in st]), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(c, np.stack([_np(s[1]) for s in st]), rtol=1e-12, atol=1e-12)
-    # the state_dict loads the same way
-    m2 = LNLSTM.from_torch(tm.state_dict(), eps=1e-4)
-    assert all(np.array_equal(m.params[k], m2.params[k]) for k in m.params)
-
-
-def test_lnlstm_from_benchmark_cell_first_step(torch, rng):
-    """The benchmark cell itself carries LN(c): its first step's output is
-    fastln's, and later steps differ (the docstring says so)."""
-    I, H, B = 4, 6, 3
-    Cell, _ = _bench_modules(torch, carry_ln_c=True)
-    tm = _randomize(torch, Cell(I, H))
-    m = LNLSTM.from_torch(tm)
-    x = rng.standard_normal((2, B, I))
-    zeros = torch.zeros(B, H, dtype=torch.float64)
-    h1, state = tm(torch.from_numpy(x[0]), (zeros, zeros))
-    h2, _ = tm(torch.from_numpy(x[1]), state)
-    y, _ = m.forward(x)
-    np.testing.assert_allclose(y[0], _np(h1), rtol=1e-12, atol=1e-12)
-    assert not np.allclose(y[1], _np(h2), rtol=1e-6, atol=1e-6)
-
-
-def test_lnlstm_from_torch_rejects_unmapped_names(torch):
-    with pytest.raises(ValueError, match=named("module")):
-        LNLSTM.from_torch(torch.nn.LSTM(3, 4))
-    with pytest.raises(TypeError, match=named("module")):
-        LNLSTM.from_torch(42)

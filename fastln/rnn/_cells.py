@@ -2,12 +2,13 @@
 2016), and the plain LSTM, RNN and GRU, the same engine without LayerNorm."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
 
 from .. import _torch, _validate
+from ._from_keras import lnlstm_from_keras
 from ._from_torch import lnlstm_from_torch, rnn_from_torch
 from ._inputs import State
 from .base import RecurrentModel
@@ -103,31 +104,46 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
 
     @classmethod
     def from_torch(cls, module: Any, eps: Optional[float] = None) -> Self:
-        """An LNLSTM with the weights of PyTorch's benchmark LN-LSTM.
+        """An LNLSTM with the weights and the cell of a torch LN-LSTM.
 
-        Loads modules built from ``LayerNormLSTMCell`` of PyTorch's
-        ``benchmarks/fastrnns/custom_lstms.py``: a cell, an ``LSTMLayer`` or a
-        ``StackedLSTM``, or their ``state_dict()``. The names map as
-        ``weight_ih``, ``weight_hh`` -> ``weight_ih_l{k}``, ``weight_hh_l{k}``;
-        ``layernorm_i``, ``layernorm_h``, ``layernorm_c`` -> ``ln_ih_*``,
-        ``ln_hh_*``, ``ln_c_*`` (weight and bias); ``bias_l{k}``, which the
-        benchmark lacks, is 0.
+        Recognizes, by the names of their parameters, the LN-LSTMs of
+
+        * PyTorch's fastrnns benchmark (``LayerNormLSTMCell`` of
+          ``benchmarks/fastrnns/custom_lstms.py``) and NVIDIA NeMo
+          (``LayerNormLSTMCell`` of ``nemo/collections/common/parts/rnn.py``,
+          which ``rnn(norm="layer")`` stacks): a cell, an ``LSTMLayer``, a
+          ``StackedLSTM`` (also scripted), or their ``state_dict()``. Loaded
+          with ``gate_norm="pair", carry="normalized", gate_bias=False``:
+          ``weight_ih``, ``weight_hh`` -> ``weight_ih_l{k}``,
+          ``weight_hh_l{k}``; ``layernorm_i``, ``layernorm_h``,
+          ``layernorm_c`` -> ``ln_ih_*``, ``ln_hh_*``, ``ln_c_*`` (weight and
+          bias), under ``layers.{k}.cell.``.
+        * torchaudio (``_CustomLSTM(layer_norm=True)`` of
+          ``torchaudio/models/rnnt.py``): one layer, a ModuleList of them such
+          as the RNN-T predictor's ``lstm_layers``, or their ``state_dict()``.
+          Loaded with ``gate_norm="sum", carry="normalized", gate_bias=False``:
+          ``x2g.weight``, ``p2g.weight`` -> ``weight_ih_l{k}``,
+          ``weight_hh_l{k}``; ``g_norm``, ``c_norm`` -> ``ln_*``, ``ln_c_*``
+          (weight and bias), under ``{k}.`` or ``lstm_layers.{k}.``.
 
         Parameters
         ----------
         module : torch.nn.Module or mapping
-            The module or its state_dict (names optionally under ``layers.{k}.cell.``).
+            The module or its state_dict.
         eps : float, optional
-            Defaults to the eps of the module's ``layernorm_i`` (0 for the
-            benchmark's decomposed LayerNorm, which has none), or 1e-5 for a
-            state_dict.
+            Defaults to the eps of the module's LayerNorms, which must all
+            agree (0 for the fastrnns benchmark's decomposed LayerNorm,
+            ``decompose_layernorm=True``, which adds none); for a state_dict,
+            to 1e-5 (the eps of ``torch.nn.LayerNorm``, which the fastrnns
+            and NeMo cells make), and it must be given for torchaudio's
+            (whose models set their own: 1e-3 in ``emformer_rnnt_base``).
 
         Returns
         -------
         LNLSTM
-            Of the sizes of the weights, the number of layers found and the
-            dtype of ``weight_ih`` (float32, float64, or bfloat16 for
-            an inference model).
+            Of the sizes of the weights, the number of layers found, the cell
+            of the implementation and the dtype of the input weight (float32,
+            float64, or bfloat16 for an inference model).
 
         Raises
         ------
@@ -135,31 +151,124 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
             module is neither a torch module nor a mapping, or its weights are
             not float32, float64 or bfloat16.
         ValueError
-            Keys that do not map to LNLSTM's, layers not numbered 0..n-1, no
-            ``weight_ih``/``weight_hh``, or shapes that disagree.
+            Keys of neither implementation (torchaudio's ``_CustomLSTM``
+            without ``layer_norm``, a plain LSTM, is for :class:`LSTM`),
+            layers not numbered 0..n-1, a layer without its two weights,
+            shapes that disagree, LayerNorms of different eps, or a
+            torchaudio state_dict without eps.
 
         Notes
         -----
-        The benchmark cell carries ``LN(c')`` as its cell state, where the
-        paper (and fastln) carries ``c'`` and normalizes only inside
-        ``h' = o * tanh(LN(c'))``. The first step's output is therefore the
-        same, and later steps differ unless the torch cell follows the paper.
+        All of these cells carry the normalized cell state
+        ``LN(f*c + i*g; ln_c)`` and take the gate biases from their
+        LayerNorms' biases; they differ in where the gate LayerNorm sits (two,
+        on the input and the hidden products, or one over their sum). The
+        state is theirs: (h, c) of each layer, stacked.
 
         Examples
         --------
-        A state_dict of the benchmark cell's names (without the LayerNorm
-        entries, which then keep their defaults):
+        A state_dict of torchaudio's names (two layers; random weights):
 
         >>> import numpy as np
         >>> from fastln.rnn import LNLSTM
         >>> rng = np.random.default_rng(0)
-        >>> sd = {"weight_ih": rng.standard_normal((16, 3)).astype(np.float32),
-        ...       "weight_hh": rng.standard_normal((16, 4)).astype(np.float32)}
-        >>> LNLSTM.from_torch(sd)
-        LNLSTM(input_size=3, hidden_size=4, num_layers=1, batch_first=False, eps=1e-05,
-               dtype=float32)
+        >>> I, H = 3, 4
+        >>> sd = {}
+        >>> for k, n_in in enumerate([I, H]):
+        ...     sd.update({f"{k}.x2g.weight": rng.standard_normal((4 * H, n_in)),
+        ...                f"{k}.p2g.weight": rng.standard_normal((4 * H, H)),
+        ...                f"{k}.g_norm.weight": rng.standard_normal(4 * H),
+        ...                f"{k}.g_norm.bias": rng.standard_normal(4 * H),
+        ...                f"{k}.c_norm.weight": rng.standard_normal(H),
+        ...                f"{k}.c_norm.bias": rng.standard_normal(H)})
+        >>> m = LNLSTM.from_torch(sd, eps=1e-3)
+        >>> m.num_layers, m.gate_norm, m.carry, m.dtype
+        (2, 'sum', 'normalized', dtype('float64'))
         """
         return lnlstm_from_torch(cls, module, eps)
+
+    @classmethod
+    def from_keras(cls, weights: Sequence[Any], cell: str = "LayerNormLSTMCell", *,
+                   eps: Optional[float] = None, forget_bias: Optional[float] = None) -> Self:
+        """An LNLSTM with the weights and the cell of a TensorFlow LN-LSTM.
+
+        * ``cell="LayerNormLSTMCell"``: TF Addons' Keras cell
+          (``tensorflow_addons/rnn/layer_norm_lstm_cell.py``), its
+          ``get_weights()``: ``kernel`` (I, 4H), ``recurrent_kernel`` (H, 4H),
+          ``bias`` (4H; absent with ``use_bias=False``), then the gamma and
+          beta of ``kernel_norm``, ``recurrent_norm`` (4H) and ``state_norm``
+          (H). Loaded with ``gate_norm="pair", carry="normalized"`` and a gate
+          bias where the weights have one: the kernels transposed into
+          ``weight_ih_l{k}``, ``weight_hh_l{k}``, ``bias`` into ``bias_l{k}``,
+          the three norms into ``ln_ih_*``, ``ln_hh_*``, ``ln_c_*``. Keras'
+          gate order i, f, c, o is fastln's.
+        * ``cell="LayerNormBasicLSTMCell"``: TF1's
+          ``tf.contrib.rnn.LayerNormBasicLSTMCell`` (with its default
+          ``layer_norm=True``), its variables in the order the cell makes
+          them: ``kernel`` (I + H, 4H) over ``[x, h]``, then the ``gamma`` and
+          ``beta`` (H) of ``input``, ``transform``, ``forget``, ``output`` and
+          ``state``. Loaded with ``gate_norm="per_gate", carry="normalized",
+          gate_bias=False``: the kernel's gate blocks i, j, f, o reordered to
+          i, f, g (= j), o and split into ``weight_ih_l{k}`` and
+          ``weight_hh_l{k}``, the four gate gammas and betas into ``ln_weight``
+          and ``ln_bias`` (forget_bias added to the forget gate's betas), the
+          state's into ``ln_c_*``.
+
+        Parameters
+        ----------
+        weights : list of ndarray
+            One cell's weights, in the order above; for stacked layers (a
+            ``StackedRNNCells``, or one RNN layer after another), the layers'
+            lists one after the other. float32 or float64, of one dtype.
+        cell : {"LayerNormLSTMCell", "LayerNormBasicLSTMCell"}, default "LayerNormLSTMCell"
+            Which cell the weights are of.
+        eps : float, optional
+            The cell's LayerNorm epsilon: by default the cells' own, 1e-3
+            (TF Addons' ``norm_epsilon``) and 1e-12 (TF1's ``layer_norm``).
+        forget_bias : float, optional
+            LayerNormBasicLSTMCell's ``forget_bias``, default 1.0, added to
+            the forget gate after its LayerNorm. Not for TF Addons' cell, whose
+            ``unit_forget_bias`` is already in its ``bias``.
+
+        Returns
+        -------
+        LNLSTM
+            Of the sizes of the weights, their dtype, ``batch_first=True`` (x
+            is (B, T, I), as Keras' RNN layer takes it) and the cell's options.
+
+        Raises
+        ------
+        TypeError
+            weights is not a list of float32 or float64 arrays of one dtype.
+        ValueError
+            An unknown cell, forget_bias with TF Addons' cell, or weights of
+            other shapes or counts than the cell's.
+
+        Notes
+        -----
+        The activations must be the cells' defaults (sigmoid gates, tanh), and
+        any dropout is left out (as in inference). The state is (h, c), where
+        TF1's state tuple is (c, h).
+
+        Examples
+        --------
+        TF Addons' weights of a cell of 4 units on 3 features (random here;
+        from Keras, ``layer.cell.get_weights()``):
+
+        >>> import numpy as np
+        >>> from fastln.rnn import LNLSTM
+        >>> rng = np.random.default_rng(0)
+        >>> I, H = 3, 4
+        >>> shapes = [(I, 4 * H), (H, 4 * H), (4 * H,)] + [(4 * H,)] * 4 + [(H,)] * 2
+        >>> weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        >>> m = LNLSTM.from_keras(weights)
+        >>> m.eps, m.gate_norm, m.carry, m.batch_first
+        (0.001, 'pair', 'normalized', True)
+        >>> y, (h, c) = m(rng.standard_normal((2, 5, I)).astype(np.float32))
+        >>> y.shape
+        (2, 5, 4)
+        """
+        return lnlstm_from_keras(cls, weights, cell, eps, forget_bias)
 
 
 class LNGRU(RecurrentModel[_Array]):
