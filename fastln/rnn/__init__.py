@@ -20,8 +20,9 @@ cache kept for backward, so a model runs on sequences of any length.
 All six models share one interface: ``forward`` (also ``model(x)``),
 ``backward``, ``step``, ``state_dict`` and ``load_state_dict``, with the
 parameters in the dict ``params`` and their gradients in ``grads``; LNLSTM,
-LSTM, GRU and RNN also have a ``from_torch`` constructor, and
-:func:`from_onnx` loads an ONNX LSTM, GRU or RNN node.
+LSTM, GRU and RNN also have a ``from_torch`` constructor, LNLSTM a
+``from_keras`` one (TensorFlow's LN-LSTMs), and :func:`from_onnx` loads an
+ONNX LSTM, GRU or RNN node.
 
 For serving many streams of one model: :class:`StreamTable` keeps their
 states in one preallocated table and steps any subset of them in one batched
@@ -50,7 +51,7 @@ The package's modules (docs/design.md, "Architecture"): ``base.py``
 ``_params.py`` and ``_inputs.py``, and :func:`quantize`), ``_formats.py``
 (the formats of the weight matrices), ``_cells.py`` (the six models),
 ``functional.py`` (one layer's forward and backward),
-``_from_torch.py`` and ``_onnx.py`` (the loaders), ``_streams.py``
+``_from_torch.py``, ``_from_keras.py`` and ``_onnx.py`` (the loaders), ``_streams.py``
 (:class:`StreamTable`), ``_batcher/`` (:class:`StreamBatcher`), ``_bf16.py``
 and the engine's binding ``_engine.pyx``. They import NumPy and fastln's
 ``_lib``, ``_validate``, ``_dtypes``, ``_torch`` and ``_optional`` (torch and onnx only when
