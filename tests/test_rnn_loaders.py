@@ -6,6 +6,8 @@ and biases included, and a random initial state; over 50 steps, float64
 within 1e-10, and float32 within 1e-5 over the first 10 (the float32 rounding
 grows with the steps); for the torch modules, the gradients of backward
 against torch's autograd likewise."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -147,7 +149,9 @@ def _build(torch, impl, L):
         prefix = "" if impl == "torchaudio-cell" else "{k}."
     else:
         if impl == "nemo":   # the stack NeMo's rnn(norm="layer") makes, scripted
-            module = _upstream.nemo_rnn().rnn(I, H, L, norm="layer", forget_gate_bias=1.0)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", ".*torch.jit.script", DeprecationWarning)
+                module = _upstream.nemo_rnn().rnn(I, H, L, norm="layer", forget_gate_bias=1.0)
         else:
             module = _fastrnns(torch, L, decompose=impl == "fastrnns-decomposed")
 
@@ -226,8 +230,8 @@ def test_from_torch_takes_the_state_dict(torch, impl, L):
 
 def test_from_torch_eps(torch):
     rnnt = _upstream.torchaudio_rnnt()
-    layers = torch.nn.ModuleList([rnnt._CustomLSTM(I, H, layer_norm=True, layer_norm_epsilon=e)
-                                  for e in (1e-3, 1e-4)])
+    layers = torch.nn.ModuleList([rnnt._CustomLSTM(n_in, H, layer_norm=True, layer_norm_epsilon=e)
+                                  for n_in, e in [(I, 1e-3), (H, 1e-4)]])
     with pytest.raises(ValueError, match=named("module")):   # one eps per model
         LNLSTM.from_torch(layers)
     assert LNLSTM.from_torch(layers, eps=1e-4).eps == 1e-4
