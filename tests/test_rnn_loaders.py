@@ -246,9 +246,9 @@ def test_from_torch_bfloat16(torch, rng):
     """A bfloat16 module gives a bfloat16 model (inference), close to the float32 one."""
     pytest.importorskip("ml_dtypes")
     module = _randomize(torch, _build(torch, "torchaudio-layers", 2)[0])
+    m32 = LNLSTM.from_torch(module)
     m16 = LNLSTM.from_torch(module.to(torch.bfloat16))
     assert m16.dtype.name == "bfloat16" and m16.gate_norm == "sum"
-    m32 = LNLSTM.from_torch(module.float())
     x = rng.standard_normal((4, B, I)).astype(np.float32)
     y16, _ = m16.forward(x, cache=False)
     y32, _ = m32.forward(x)
