@@ -3,6 +3,7 @@ LNLSTM.from_keras: TF Addons' Keras LayerNormLSTMCell and TF1's
 LayerNormBasicLSTMCell, each with the options of its cell."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
@@ -19,8 +20,8 @@ _EPS = {"LayerNormLSTMCell": 1e-3, "LayerNormBasicLSTMCell": 1e-12}
 _TF1_ORDER = (0, 2, 1, 3)
 
 
-def _tfa_layer(w: List[_Array], k: int, I: Optional[int], H: Optional[int],
-               forget_bias: float) -> Tuple[Dict[str, _Array], int]:
+def _tfa_layer(w: List[_Array], k: int, I: Optional[int],
+               H: Optional[int]) -> Tuple[Dict[str, _Array], int]:
     """Layer k's parameters from the front of w (TF Addons' get_weights() order:
     kernel, recurrent_kernel, bias if use_bias, then the gamma and beta of
     kernel_norm, recurrent_norm and state_norm) and how many arrays it took;
@@ -45,7 +46,7 @@ def _tf1_layer(w: List[_Array], k: int, I: Optional[int], H: Optional[int],
     """Layer k's parameters from the front of w (TF1's variables in the order its
     cell makes them: kernel over [x, h], then the gamma and beta of input,
     transform, forget, output and state) and how many arrays it took; I, H as
-    for _tfa_layer."""
+    for _tfa_layer; forget_bias goes into the forget gate's LayerNorm bias."""
     if H is None:
         H = w[0].shape[1] // 4 if w[0].ndim == 2 else 0
     _check(w[:11], [(None if I is None else I + H, 4 * H)] + [(H,)] * 10, k,
@@ -60,7 +61,7 @@ def _tf1_layer(w: List[_Array], k: int, I: Optional[int], H: Optional[int],
             "ln_c_weight": w[9], "ln_c_bias": w[10]}, 11
 
 
-def _check(w: List[_Array], shapes: List[Tuple[Optional[int], ...]], k: int,
+def _check(w: List[_Array], shapes: Sequence[Tuple[Optional[int], ...]], k: int,
            cell: str, fits: bool = True) -> None:
     """A ValueError unless fits and w has the shapes (None: any size)."""
     got = [a.shape for a in w]
@@ -92,23 +93,24 @@ def lnlstm_from_keras(cls: Type[_M], weights: Sequence[Any], cell: str = "LayerN
     if not dtypes <= {np.dtype(np.float32), np.dtype(np.float64)} or len(dtypes) > 1:
         raise TypeError(f"weights must be float32 or float64 arrays of one dtype, "
                         f"got {sorted(map(str, dtypes))}")
-    read = _tfa_layer if cell == "LayerNormLSTMCell" else _tf1_layer
+    read = (_tfa_layer if cell == "LayerNormLSTMCell" else
+            functools.partial(_tf1_layer, forget_bias=1.0 if forget_bias is None else forget_bias))
     layers: List[Dict[str, _Array]] = []
     I = H = None
     while w:
-        p, n = read(w, len(layers), I, H, 1.0 if forget_bias is None else forget_bias)
+        p, n = read(w, len(layers), I, H)
         layers.append(p)
         I = H = p["weight_hh"].shape[1]
         w = w[n:]
     first = layers[0]
-    options: Dict[str, Any] = (
+    options: Dict[str, Any] = {"carry": "normalized", **(
         {"gate_norm": "pair", "gate_bias": "bias" in first} if cell == "LayerNormLSTMCell"
-        else {"gate_norm": "per_gate", "gate_bias": False})
+        else {"gate_norm": "per_gate", "gate_bias": False})}
     if any(("bias" in p) != options["gate_bias"] for p in layers):
         raise ValueError("weights must have a bias in every layer or in none")
     model = cls(first["weight_ih"].shape[1], first["weight_hh"].shape[1], len(layers),
                 batch_first=True, eps=_EPS[cell] if eps is None else eps,
-                dtype=first["weight_ih"].dtype, carry="normalized", **options)
+                dtype=first["weight_ih"].dtype, **options)
     model.load_state_dict({f"{name}_l{k}": np.ascontiguousarray(v)
                            for k, p in enumerate(layers) for name, v in p.items()})
     return model
