@@ -380,6 +380,37 @@ def test_from_keras_against_the_cell(cell, L, dtype, rng):
         _close(y, y_ref, tol)
 
 
+@pytest.mark.parametrize("cell", ["LayerNormLSTMCell", "LayerNormBasicLSTMCell"])
+def test_from_keras_gives_the_published_outputs(cell):
+    """The outputs that TensorFlow's own tests assert for each cell: TF Addons'
+    tensorflow_addons/rnn/tests/layer_norm_lstm_cell_test.py (test_cell_output,
+    norm_epsilon=1e-12) and TF1's tensorflow/contrib/rnn/python/kernel_tests/
+    rnn_cell_test.py (LayerNormBasicLSTMCellTest.testBasicLSTMCell): kernels
+    (and TF Addons' bias) 0.5, LayerNorm gains 1 and biases 0; two stacked cells of 2 units
+    on x = [1, 1], from h = [.2, .3], c = [0, .1] and h = [.6, .7], c = [.4, .5];
+    one cell on x = [1, 1, 1] from the first state."""
+    n = 2
+    if cell == "LayerNormLSTMCell":
+        def weights(n_in):
+            return ([np.full((n_in, 4 * n), 0.5), np.full((n, 4 * n), 0.5), np.full(4 * n, 0.5)]
+                    + [np.ones(4 * n), np.zeros(4 * n)] * 2 + [np.ones(n), np.zeros(n)])
+        want_h, eps = [-0.47406167, 0.47406143], 1e-12
+    else:
+        def weights(n_in):
+            return [np.full((n_in + n, 4 * n), 0.5)] + [np.ones(n), np.zeros(n)] * 5
+        want_h, eps = [-0.38079708, 0.38079708], None
+    h0, c0 = np.array([[[.2, .3]], [[.6, .7]]]), np.array([[[0, .1]], [[.4, .5]]])
+    for dtype in (np.float32, np.float64):
+        for n_in, L in [(2, 2), (3, 1)]:
+            w = [a.astype(dtype) for k in range(L) for a in weights(n_in if k == 0 else n)]
+            m = LNLSTM.from_keras(w, cell, eps=eps)
+            y, (h, c) = m.forward(np.ones((1, 1, n_in), dtype),
+                                  (h0[:L].astype(dtype), c0[:L].astype(dtype)))
+            np.testing.assert_allclose(y[0, 0], want_h, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(h[:, 0], [want_h] * L, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(c[:, 0], [[-1.0, 1.0]] * L, rtol=1e-5, atol=1e-6)
+
+
 def test_from_keras_options(rng):
     w = _tfa_weights(rng, 1, np.float64)[0]
     no_bias = LNLSTM.from_keras(w[:2] + w[3:])   # use_bias=False: 8 weights
