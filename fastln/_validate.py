@@ -44,11 +44,18 @@ def positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
+def choice(value: Any, name: str, options: Sequence[str]) -> str:
+    """value as one of the strings options, else a ValueError naming it."""
+    if not isinstance(value, str) or value not in options:
+        quoted = [repr(o) for o in options]
+        raise ValueError(f"{name} must be {', '.join(quoted[:-1])} or {quoted[-1]}, "
+                         f"got {value!r}")
+    return value
+
+
 def nonlinearity(value: Any) -> str:
     """value as an RNN cell's activation, 'tanh' or 'relu', else a ValueError."""
-    if value not in ("tanh", "relu"):
-        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {value!r}")
-    return str(value)
+    return choice(value, "nonlinearity", ("tanh", "relu"))
 
 
 def check_eps(eps: Any) -> float:

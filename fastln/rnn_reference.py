@@ -7,7 +7,10 @@ value in float64:
 
 * ``lnrnn_forward``:  h_t = f(LN(x_t W_ih^T + h_{t-1} W_hh^T; ln))
 * ``lnlstm_forward``: gates = LN(x_t W_ih^T; ln_ih) + LN(h_{t-1} W_hh^T; ln_hh) + bias
-  (gate order i, f, g, o);  c_t = f*c_{t-1} + i*g;  h_t = o*tanh(LN(c_t; ln_c))
+  (gate order i, f, g, o);  c_t = f*c_{t-1} + i*g;  h_t = o*tanh(LN(c_t; ln_c)); and
+  its variants: gates = LN(x_t W_ih^T + h_{t-1} W_hh^T; ln) + bias (``gate_norm="sum"``)
+  or that LN taken over each gate's block of H apart (``"per_gate"``); the state
+  carried c_t = LN(f*c_{t-1} + i*g; ln_c) with h_t = o*tanh(c_t) (``carry="normalized"``)
 * ``lngru_forward``:  [z;r] = LN(x_t W_ih[z,r]^T; ln_ih) + LN(h_{t-1} W_hh[z,r]^T; ln_hh);
   n = tanh(LN(x_t W_ih[n]^T; ln_in) + sigmoid(r)*LN(h_{t-1} W_hh[n]^T; ln_hn));
   h_t = (1-sigmoid(z))*h_{t-1} + sigmoid(z)*n
@@ -63,6 +66,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
+from ._int8_reference import Int8Matrix, int8_product
+
 if TYPE_CHECKING:
     import numpy.typing as npt
     from typing_extensions import TypeAlias
@@ -78,12 +83,13 @@ __all__ = ["param_shapes", "layer_norm", "lnrnn_forward", "lnlstm_forward", "lng
 
 def param_shapes(cell: str, input_size: int, hidden_size: int, num_layers: int,
                  bidirectional: bool = False) -> Dict[str, Tuple[int, ...]]:
-    """{name: shape} of the parameters of ``cell`` in "rnn", "lstm", "gru" (the LN cells)
-    and "rnn_plain", "lstm_plain", "gru_plain" (the plain ones).
+    """{name: shape} of the parameters of ``cell`` in "rnn", "lstm", "gru" (the LN cells),
+    "lstm_sum" (LNLSTM with ``gate_norm`` "sum" or "per_gate") and "rnn_plain",
+    "lstm_plain", "gru_plain" (the plain ones).
 
     Parameters
     ----------
-    cell : {"rnn", "lstm", "gru", "rnn_plain", "lstm_plain", "gru_plain"}
+    cell : {"rnn", "lstm", "lstm_sum", "gru", "rnn_plain", "lstm_plain", "gru_plain"}
         The cell: LNRNN, LNLSTM, LNGRU, RNN, LSTM or GRU of :mod:`fastln.rnn`.
     input_size, hidden_size, num_layers : int
         I, H and the number of layers.
@@ -123,6 +129,10 @@ def param_shapes(cell: str, input_size: int, hidden_size: int, num_layers: int,
                      "ln_ih_weight": (4 * H,), "ln_ih_bias": (4 * H,),
                      "ln_hh_weight": (4 * H,), "ln_hh_bias": (4 * H,),
                      "ln_c_weight": (H,), "ln_c_bias": (H,)}
+        elif cell == "lstm_sum":
+            layer = {"weight_ih": (4 * H, I), "weight_hh": (4 * H, H), "bias": (4 * H,),
+                     "ln_weight": (4 * H,), "ln_bias": (4 * H,),
+                     "ln_c_weight": (H,), "ln_c_bias": (H,)}
         elif cell == "gru":
             layer = {"weight_ih": (3 * H, I), "weight_hh": (3 * H, H),
                      "ln_ih_weight": (2 * H,), "ln_ih_bias": (2 * H,),
@@ -136,8 +146,8 @@ def param_shapes(cell: str, input_size: int, hidden_size: int, num_layers: int,
             layer = {"weight_ih": (3 * H, I), "weight_hh": (3 * H, H), "bias": (3 * H,),
                      "bias_hn": (H,)}
         else:
-            raise ValueError("cell must be 'rnn', 'lstm', 'gru', 'rnn_plain', 'lstm_plain' or "
-                             "'gru_plain', got %r" % (cell,))
+            raise ValueError("cell must be 'rnn', 'lstm', 'lstm_sum', 'gru', 'rnn_plain', "
+                             "'lstm_plain' or 'gru_plain', got %r" % (cell,))
         for suffix in _suffixes(bidirectional):
             shapes.update({"%s_l%d%s" % (name, k, suffix): shape for name, shape in layer.items()})
     return shapes
@@ -190,82 +200,17 @@ def _sigmoid(a: _Array) -> _Array:
     return 1.0 / (1.0 + np.exp(-a))
 
 
-def int8_product(a: npt.ArrayLike, q: npt.ArrayLike, scale: npt.ArrayLike) -> _Array:
-    """a W^T for an int8 W, as fastln's int8 kernels compute it.
-
-    Each row of a, in float32, is quantized to rint(a * (127 / max|a|))
-    (float32 operations, ties to even) with the scale max|a| / 127; the
-    int8 products are summed exactly; each sum is converted to float32 and
-    multiplied by (its row's scale times scale[n]) in float32.
-
-    Parameters
-    ----------
-    a : array_like, shape (M, K)
-        The product's input rows (x, or h), read as float32.
-    q : array_like, shape (N, K)
-        W's int8 values.
-    scale : array_like, shape (N,)
-        The scale of each row of W (float32): W[n] = scale[n] * q[n].
-
-    Returns
-    -------
-    ndarray of float64, shape (M, N)
-        The products, each a float32 value. A row of a with NaN or
-        infinity gives NaN, a row of zeros 0.
-    """
-    a = np.asarray(a, np.float32)
-    q = np.asarray(q, np.int64)
-    scale = np.asarray(scale, np.float32)
-    amax = np.abs(a).max(axis=1) if a.shape[1] else np.zeros(a.shape[0], np.float32)
-    bad = ~np.isfinite(a).all(axis=1)
-    ok = ~bad & (amax > 0)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv = np.float32(127) / np.where(ok, amax, np.float32(1))
-        r = np.clip(np.rint(a * inv[:, None]), -127, 127)
-        sa = np.where(bad, np.float32(np.nan), np.where(ok, amax / np.float32(127),
-                                                        np.float32(0)))
-    qa = np.where(ok[:, None], r, 0).astype(np.int64)
-    acc = (qa @ q.T).astype(np.float32)
-    with np.errstate(invalid="ignore"):
-        out = acc * (sa.astype(np.float32)[:, None] * scale[None, :])
-    return out.astype(np.float64)
-
-
-class _Int8Matrix:
-    """An int8 weight matrix with its row scales, standing for W in the
-    steps above: W[rows] keeps the rows' scales, and ``a @ W.T`` is
-    int8_product (NumPy defers the product to this class)."""
-
-    __array_ufunc__ = None
-
-    def __init__(self, q: Any, scale: Any, transposed: bool = False) -> None:
-        self.q, self.scale, self.transposed = q, scale, transposed
-
-    def __getitem__(self, rows: Any) -> "_Int8Matrix":
-        return _Int8Matrix(self.q[rows], self.scale[rows])
-
-    @property
-    def T(self) -> "_Int8Matrix":
-        return _Int8Matrix(self.q, self.scale, True)
-
-    def __rmatmul__(self, a: Any) -> _Array:
-        if not self.transposed:
-            raise TypeError("an int8 weight matrix is used as W^T in products")
-        return int8_product(np.asarray(a).reshape(-1, self.q.shape[1]), self.q,
-                            self.scale).reshape(np.shape(a)[:-1] + (self.q.shape[0],))
-
-
 def _layer_params(params: Mapping[str, npt.ArrayLike], k: int, suffix: str = "") -> _Params:
     """Layer k's parameters of one direction (``suffix`` "" or "_reverse") as float64,
     without the "_l{k}{suffix}" suffix; an int8 weight matrix (with a
-    ``..._scale`` entry) as an _Int8Matrix."""
+    ``..._scale`` entry) as an Int8Matrix."""
     end = "_l%d%s" % (k, suffix)
     p: Dict[str, Any] = {name[:-len(end)]: np.asarray(v, np.float64)
                          for name, v in params.items() if name.endswith(end)}
     for name in ("weight_ih", "weight_hh"):
         scale = p.pop(name + "_scale", None)
         if scale is not None:
-            p[name] = _Int8Matrix(p[name], scale.astype(np.float32))
+            p[name] = Int8Matrix(p[name], scale.astype(np.float32))
     return p
 
 
@@ -396,14 +341,17 @@ def lnlstm_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
                    state: Optional[Tuple[npt.ArrayLike, npt.ArrayLike]] = None,
                    lengths: Optional[npt.ArrayLike] = None, num_layers: int = 1,
                    eps: float = 1e-5, batch_first: bool = False, bidirectional: bool = False,
-                   reverse: bool = False) -> Tuple[_Array, Tuple[_Array, _Array]]:
+                   reverse: bool = False, gate_norm: str = "pair", carry: str = "raw"
+                   ) -> Tuple[_Array, Tuple[_Array, _Array]]:
     """LN-LSTM: returns y (T, B, H) and (h_n, c_n), each (num_layers, B, H).
 
     Parameters
     ----------
     params : mapping of str to ndarray
         The model's parameters, as :func:`param_shapes` names them for
-        ``"lstm"``.
+        ``"lstm"`` (``gate_norm="pair"``) or ``"lstm_sum"`` (the other two).
+        A missing ``bias`` or LN bias reads as 0 (a model made with
+        ``gate_bias=False`` or ``ln_bias=False``).
     x : array_like, shape (T, B, I), or (B, T, I) with batch_first
         The input.
     state : tuple of ndarray, optional
@@ -422,6 +370,14 @@ def lnlstm_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
     reverse : bool, default False
         Run the single direction backwards in time (the reverse half of a
         bidirectional model, with unsuffixed names). Not with bidirectional.
+    gate_norm : {"pair", "sum", "per_gate"}, default "pair"
+        Where the gates' LayerNorm sits: LN(x W_ih^T; ln_ih) + LN(h W_hh^T;
+        ln_hh) (the paper), one LN(x W_ih^T + h W_hh^T; ln) over all 4H, or
+        one LN of that sum per gate block of H (gains and biases ln[k*H:(k+1)*H]).
+    carry : {"raw", "normalized"}, default "raw"
+        The cell state carried: c_t = f*c_{t-1} + i*g, with h_t =
+        o*tanh(LN(c_t; ln_c)) (the paper), or c_t = LN(f*c_{t-1} + i*g; ln_c)
+        with h_t = o*tanh(c_t).
 
     Returns
     -------
@@ -433,16 +389,28 @@ def lnlstm_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
     Raises
     ------
     ValueError
-        A state of the wrong shape, or reverse with bidirectional.
+        A state of the wrong shape, reverse with bidirectional, or another
+        gate_norm or carry.
     """
+    if gate_norm not in ("pair", "sum", "per_gate"):
+        raise ValueError("gate_norm must be 'pair', 'sum' or 'per_gate', got %r" % (gate_norm,))
+    if carry not in ("raw", "normalized"):
+        raise ValueError("carry must be 'raw' or 'normalized', got %r" % (carry,))
+
     def step(p: _Params, x_t: _Array, states: Tuple[_Array, ...]) -> Tuple[_Array, ...]:
         h, c = states
-        gates = (layer_norm(x_t @ p["weight_ih"].T, p["ln_ih_weight"], p["ln_ih_bias"], eps)
-                 + layer_norm(h @ p["weight_hh"].T, p["ln_hh_weight"], p["ln_hh_bias"], eps)
-                 + p["bias"])
-        o, c_new = _lstm_update(gates, c)
-        h_new = o * np.tanh(layer_norm(c_new, p["ln_c_weight"], p["ln_c_bias"], eps))
-        return h_new, c_new
+        a_ih, a_hh = x_t @ p["weight_ih"].T, h @ p["weight_hh"].T
+        if gate_norm == "pair":
+            gates = (layer_norm(a_ih, p["ln_ih_weight"], p.get("ln_ih_bias", 0.0), eps)
+                     + layer_norm(a_hh, p["ln_hh_weight"], p.get("ln_hh_bias", 0.0), eps))
+        else:
+            a, w, b = a_ih + a_hh, p["ln_weight"], p.get("ln_bias", np.zeros_like(p["ln_weight"]))
+            blocks = 4 if gate_norm == "per_gate" else 1
+            gates = np.concatenate([layer_norm(ak, wk, bk, eps) for ak, wk, bk in zip(
+                np.split(a, blocks, axis=-1), np.split(w, blocks), np.split(b, blocks))], axis=-1)
+        o, c_new = _lstm_update(gates + p.get("bias", 0.0), c)
+        c_ln = layer_norm(c_new, p["ln_c_weight"], p.get("ln_c_bias", 0.0), eps)
+        return o * np.tanh(c_ln), (c_new if carry == "raw" else c_ln)
 
     return _run(step, 2, params, x, state, lengths, num_layers, batch_first,
                 bidirectional, reverse)

@@ -36,6 +36,10 @@ MODELS = [
     pytest.param(lambda I, H: GRU(I, H, seed=5), id="GRU"),
     pytest.param(lambda I, H: GRU(I, H, seed=6, linear_before_reset=False), id="GRU-rf"),
     pytest.param(lambda I, H: RNN(I, H, seed=7, nonlinearity="relu"), id="RNN"),
+    pytest.param(lambda I, H: LNLSTM(I, H, num_layers=2, seed=8, gate_norm="sum",
+                                     carry="normalized", gate_bias=False), id="LNLSTM-sum"),
+    pytest.param(lambda I, H: LNLSTM(I, H, seed=9, gate_norm="per_gate", ln_bias=False),
+                 id="LNLSTM-per-gate"),
 ]
 
 

@@ -11,8 +11,11 @@ from fastln.rnn import LNGRU, LNLSTM, LNRNN, LSTM, RNN, _engine
 from _util import run_python
 
 CELLS = [(LNLSTM, {}), (LNGRU, {}), (LNRNN, {}), (LNRNN, {"nonlinearity": "relu"}),
-         (LSTM, {}), (RNN, {}), (RNN, {"nonlinearity": "relu"})]
-IDS = ["lstm", "gru", "rnn_tanh", "rnn_relu", "plain_lstm", "plain_rnn_tanh", "plain_rnn_relu"]
+         (LSTM, {}), (RNN, {}), (RNN, {"nonlinearity": "relu"}),
+         (LNLSTM, {"gate_norm": "sum", "carry": "normalized", "gate_bias": False}),
+         (LNLSTM, {"gate_norm": "per_gate", "carry": "normalized", "ln_bias": False})]
+IDS = ["lstm", "gru", "rnn_tanh", "rnn_relu", "plain_lstm", "plain_rnn_tanh", "plain_rnn_relu",
+       "lstm_sum_carry_ln", "lstm_per_gate_carry_ln"]
 
 
 def model(cls, kw, dtype, I=5, H=40, L=2, seed=3):

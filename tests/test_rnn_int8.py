@@ -35,6 +35,11 @@ MODELS = [
     pytest.param(lambda I, H, **kw: GRU(I, H, seed=6, linear_before_reset=False, **kw),
                  id="GRU-rf"),
     pytest.param(lambda I, H, **kw: RNN(I, H, seed=7, **kw), id="RNN"),
+    pytest.param(lambda I, H, **kw: LNLSTM(I, H, num_layers=2, seed=8, gate_norm="sum",
+                                           carry="normalized", gate_bias=False, **kw),
+                 id="LNLSTM-sum"),
+    pytest.param(lambda I, H, **kw: LNLSTM(I, H, seed=9, gate_norm="per_gate", **kw),
+                 id="LNLSTM-per-gate"),
 ]
 
 REFERENCE = {LNLSTM: "lnlstm_forward", LNGRU: "lngru_forward", LNRNN: "lnrnn_forward",
@@ -50,6 +55,8 @@ def _reference(m, x, **kw):
         extra["nonlinearity"] = m.nonlinearity
     if isinstance(m, (LNLSTM, LNGRU, LNRNN)):
         extra["eps"] = m.eps
+    if isinstance(m, LNLSTM):
+        extra.update(gate_norm=m.gate_norm, carry=m.carry)
     return fn(m.params, x, num_layers=m.num_layers, bidirectional=m.bidirectional,
               **extra, **kw)
 

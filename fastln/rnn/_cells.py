@@ -2,7 +2,7 @@
 2016), and the plain LSTM, RNN and GRU, the same engine without LayerNorm."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, FrozenSet, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -19,11 +19,20 @@ if TYPE_CHECKING:
 _Array = npt.NDArray[Any]
 
 
+# LNLSTM's gate_norm values, each with its engine cell's suffix, and the
+# variant settings with their defaults (the paper's cell)
+_GATE_NORMS = {"pair": "", "sum": "_sum", "per_gate": "_per_gate"}
+_VARIANT = (("gate_norm", "pair"), ("carry", "raw"), ("gate_bias", True), ("ln_bias", True))
+
+
 class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
     """Layer-normalized LSTM (Ba, Kiros & Hinton 2016, supplementary equations 20-22).
 
     ``gates = LN(x W_ih^T; ln_ih) + LN(h W_hh^T; ln_hh) + bias`` (each LN over all
     4H gates, order i, f, g, o), ``c' = f*c + i*g``, ``h' = o*tanh(LN(c'; ln_c))``.
+    The keyword arguments select the variants that trained LN-LSTMs use
+    (where the gates' LayerNorm sits, which c is carried, which biases
+    exist): see the Notes.
 
     Parameters
     ----------
@@ -52,6 +61,19 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
         Run every layer in both directions (see the module's notes): y has
         2 * hidden_size features, states 2 * num_layers layers, and the
         reverse direction's parameters the suffix ``_reverse``.
+    gate_norm : {"pair", "sum", "per_gate"}, default "pair"
+        Where the gates' LayerNorm sits: ``LN(x W_ih^T; ln_ih) + LN(h W_hh^T;
+        ln_hh)`` (the paper), ``LN(x W_ih^T + h W_hh^T; ln)`` over all 4H
+        (``"sum"``), or that LN over each gate's block of H apart
+        (``"per_gate"``, the four blocks' gains and biases in one 4H ``ln``).
+    carry : {"raw", "normalized"}, default "raw"
+        The cell state carried to the next step: ``c'`` (the paper), or
+        ``LN(c'; ln_c)`` (gain and bias applied), which then gives
+        ``h' = o*tanh(c)`` directly.
+    gate_bias : bool, default True
+        Whether ``bias_l{k}`` exists (added after the gates' LayerNorm).
+    ln_bias : bool, default True
+        Whether the LayerNorms have biases (``ln_*_bias``).
 
     Attributes
     ----------
@@ -59,8 +81,14 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
         ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}``,
         ``ln_ih_weight_l{k}``, ``ln_ih_bias_l{k}``, ``ln_hh_weight_l{k}``,
         ``ln_hh_bias_l{k}`` (4H), ``ln_c_weight_l{k}``, ``ln_c_bias_l{k}`` (H);
-        a bidirectional model also has each with the suffix ``_reverse``.
+        with gate_norm "sum" or "per_gate", ``ln_weight_l{k}`` and
+        ``ln_bias_l{k}`` (4H) in place of the ``ln_ih_*`` and ``ln_hh_*``
+        ones; without the biases that gate_bias or ln_bias turn off. A
+        bidirectional model also has each with the suffix ``_reverse``.
         May be updated in place or replaced (by arrays of these shapes).
+    gate_norm, carry : str
+    gate_bias, ln_bias : bool
+        As given.
     reverse : bool
         False; set it to True on a unidirectional model to run each sequence
         from its last valid step back to its first (ONNX's
@@ -74,12 +102,29 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
         A size that is not an int, eps that is not a real number, or a dtype
         other than float32 and float64.
     ValueError
-        A size below 1, or eps negative or not finite.
+        A size below 1, eps negative or not finite, or another gate_norm or
+        carry.
 
     Notes
     -----
     The state is a tuple (h, c), each (D * num_layers, B, H), D = 2 if
     bidirectional else 1.
+
+    Every variant runs in the engine (forward and backward in float32 and
+    float64, bfloat16 and int8 inference, :meth:`step` and
+    :class:`~fastln.rnn.StreamTable`) with the paper cell's guarantees. The
+    variants of published implementations, whose weights the loaders map
+    (gate order included):
+
+    ============================================  ==========  ===========  =========  =======
+    implementation                                gate_norm   carry        gate_bias  ln_bias
+    ============================================  ==========  ===========  =========  =======
+    the paper; Lingvo ``LayerNormalizedLSTMCellLean``  pair    raw          True       True
+    torchaudio ``_CustomLSTM`` (Emformer RNN-T)   sum         normalized   False      True
+    fastrnns / NeMo ``LayerNormLSTMCell``         pair        normalized   False      True
+    TF Addons ``LayerNormLSTMCell``               pair        normalized   True       True
+    TF1 ``LayerNormBasicLSTMCell``                per_gate    normalized   False      True
+    ============================================  ==========  ===========  =========  =======
 
     Examples
     --------
@@ -98,9 +143,31 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, eps: float = 1e-5,
                  dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
-                 bidirectional: bool = False) -> None:
+                 bidirectional: bool = False, *, gate_norm: str = "pair", carry: str = "raw",
+                 gate_bias: bool = True, ln_bias: bool = True) -> None:
+        self.gate_norm = _validate.choice(gate_norm, "gate_norm", tuple(_GATE_NORMS))
+        self.carry = _validate.choice(carry, "carry", ("raw", "normalized"))
+        self.gate_bias = _validate.flag(gate_bias, "gate_bias")
+        self.ln_bias = _validate.flag(ln_bias, "ln_bias")
+        if self.gate_norm != "pair":
+            self._kind = "lstm_sum"
         super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
                          bidirectional)
+
+    def _cell_name(self) -> str:
+        return "lstm" + _GATE_NORMS[self.gate_norm] + (
+            "_carry_ln" if self.carry == "normalized" else "")
+
+    def _omitted(self) -> FrozenSet[str]:
+        omit = set() if self.gate_bias else {"bias"}
+        if not self.ln_bias:
+            omit.update(("ln_ih_bias", "ln_hh_bias", "ln_bias", "ln_c_bias"))
+        return frozenset(omit)
+
+    def __repr__(self) -> str:
+        variant = "".join(f", {name}={getattr(self, name)!r}" for name, default in _VARIANT
+                          if getattr(self, name) != default)
+        return super().__repr__()[:-1] + variant + ")"
 
     @classmethod
     def from_torch(cls, module: Any, eps: Optional[float] = None) -> Self:

@@ -68,10 +68,14 @@ cdef int _poll_signals(void *ctx) noexcept nogil:
 cdef int _pending() except -1:
     return -1   # re-raises the exception _poll_signals left set
 
-# the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN
+# the engine's cell codes; "_plain": FASTLN_CELL_PLAIN (8), the cell without LN;
+# the LN LSTM's variants: "_sum" FASTLN_CELL_LN_SUM (32), "_per_gate"
+# FASTLN_CELL_LN_GATE (64), "_carry_ln" FASTLN_CELL_CARRY_LN (128)
 CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,
          "rnn_tanh_plain": 8, "rnn_relu_plain": 9, "lstm_plain": 10, "gru_plain": 11,
-         "gru_plain_reset_first": 27}
+         "gru_plain_reset_first": 27,
+         "lstm_sum": 34, "lstm_per_gate": 66, "lstm_carry_ln": 130,
+         "lstm_sum_carry_ln": 162, "lstm_per_gate_carry_ln": 194}
 
 _SIZES = {}
 
@@ -80,8 +84,10 @@ def param_sizes(str cell, int64_t I, int64_t H):
     key = (cell, I, H)
     sizes = _SIZES.get(key)
     if sizes is None:
-        if cell == "lstm":
+        if cell in ("lstm", "lstm_carry_ln"):
             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 5 + (H,) * 2
+        elif cell.startswith(("lstm_sum", "lstm_per_gate")):
+            sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 3 + (H,) * 2
         elif cell == "gru":
             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
         elif cell == "lstm_plain":

@@ -4,7 +4,7 @@ in ``params`` and hands them to the engine."""
 from __future__ import annotations
 
 import operator
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, cast
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,10 @@ LAYOUTS = {
                  ("ln_ih_weight", 4, "ones"), ("ln_ih_bias", 4, "zeros"),
                  ("ln_hh_weight", 4, "ones"), ("ln_hh_bias", 4, "zeros"),
                  ("ln_c_weight", 1, "ones"), ("ln_c_bias", 1, "zeros")]),
+    # LNLSTM's gate_norm "sum" and "per_gate": one LN's gain and bias over all gates
+    "lstm_sum": (4, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                     ("bias", 4, "zeros"), ("ln_weight", 4, "ones"), ("ln_bias", 4, "zeros"),
+                     ("ln_c_weight", 1, "ones"), ("ln_c_bias", 1, "zeros")]),
     "gru": (3, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
                 ("ln_ih_weight", 2, "ones"), ("ln_ih_bias", 2, "zeros"),
                 ("ln_hh_weight", 2, "ones"), ("ln_hh_bias", 2, "zeros"),
@@ -59,10 +63,12 @@ class Schema:
     """The parameters of one model: their keys, per layer and direction in
     engine order (a format's companions of a weight matrix, as int8 row
     scales, after the layout's), their shapes, which are weight matrices,
-    their initial values and their dtypes in the model's format."""
+    their initial values and their dtypes in the model's format. The
+    layout's names in ``omit`` (biases a model goes without) have no key:
+    the engine takes zeros in their place (``zeros``)."""
 
     def __init__(self, kind: str, input_size: int, hidden_size: int, num_layers: int,
-                 num_directions: int, fmt: Format) -> None:
+                 num_directions: int, fmt: Format, omit: FrozenSet[str] = frozenset()) -> None:
         gates, layout = LAYOUTS[kind]
         H = hidden_size
         self.format = fmt
@@ -70,6 +76,10 @@ class Schema:
         self.shapes: Dict[str, _Shape] = {}
         self.matrices: Set[str] = set()
         self.inits: Dict[str, str] = {}          # the layout's keys -> init
+        # the engine's position and shape of each omitted parameter, in order
+        self.zeros: List[Tuple[int, _Shape]] = [
+            (i, (units * H,)) for i, (name, units, _) in enumerate(layout)
+            if name in omit and units is not None]
         companions: Dict[str, _Shape] = {}
         for k in range(num_layers):
             I = input_size if k == 0 else num_directions * H
@@ -77,6 +87,8 @@ class Schema:
             for sfx in DIRECTIONS[:num_directions]:
                 keys, extra = [], []
                 for name, units, init in layout:
+                    if name in omit:
+                        continue
                     key = f"{name}_l{k}{sfx}"
                     shape = layer_shape(gates, name, units, I, H)
                     if units is None:
@@ -130,6 +142,9 @@ class Parameters(Inputs):
     _checked: Dict[Tuple[int, int], Tuple[List[Any], List[_Array]]]
     # (layer, direction) -> (W_ih, W_hh, their packed form): see _packed
     _packs: Dict[Tuple[int, int], Tuple[_Array, _Array, Optional[_Array]]]
+    # the zeros of the schema's omitted parameters and their gradients' scratch
+    _zero_params: Optional[List[_Array]]
+    _zero_grads: Optional[List[_Array]]
 
     _kind: str   # the model's key of LAYOUTS
 
@@ -168,8 +183,27 @@ class Parameters(Inputs):
                 raise ValueError(f"params[{key!r}] has shape {p.shape}, "
                                  f"expected {schema.shapes[key]}")
             out.append(p)
-        if all(map(_same_data, out, current)):
+        same = all(map(_same_data, out, current))
+        if self._schema.zeros:
+            out = self._with_zeros(out, "_zero_params")
+        if same:
             self._checked[(k, d)] = (current, out)
+        return out
+
+    def _with_zeros(self, arrays: List[_Array], attr: str) -> List[_Array]:
+        """arrays (a layer's, in key order) with the schema's omitted
+        parameters in their engine positions: zero arrays kept in attr (read
+        only, for params; scratch whose sums are dropped, for grads)."""
+        fill = getattr(self, attr)
+        if fill is None:
+            fill = [np.zeros(shape, self._dt) for _, shape in self._schema.zeros]
+            if attr == "_zero_params":
+                for a in fill:
+                    a.flags.writeable = False
+            setattr(self, attr, fill)
+        out = list(arrays)
+        for (i, _), a in zip(self._schema.zeros, fill):
+            out.insert(i, a)
         return out
 
     def _packed(self, k: int, d: int, params: List[_Array]) -> Optional[_Array]:
@@ -206,7 +240,7 @@ class Parameters(Inputs):
                     and g.flags.writeable):
                 g = self.grads[key] = np.empty(shapes[key], self._dt)
             out.append(g)
-        return out
+        return self._with_zeros(out, "_zero_grads") if self._schema.zeros else out
 
     def state_dict(self) -> Dict[str, _Array]:
         """A dict of copies of the parameters (plain ndarrays, ``np.savez``-friendly).

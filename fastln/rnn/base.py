@@ -4,7 +4,7 @@ copies in another dtype), and quantize, their int8 copies."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -115,7 +115,12 @@ class RecurrentModel(Stepping[State]):
         # but the weight matrices: float32 for bfloat16 and int8 models
         self._dt = fmt.compute
         self._schema = Schema(self._kind, self.input_size, self.hidden_size, self.num_layers,
-                              self.num_directions, fmt)
+                              self.num_directions, fmt, self._omitted())
+
+    def _omitted(self) -> FrozenSet[str]:
+        """The names of the layout's parameters this model goes without (the
+        engine adds zeros in their place)."""
+        return frozenset()
 
     @staticmethod
     def _call_state() -> Dict[str, Any]:
@@ -124,7 +129,8 @@ class RecurrentModel(Stepping[State]):
         # _cache: (T, B, each layer's input, each layer's cache array, lengths);
         # _spare: the cache arrays of a finished forward, reused by the next;
         # _work: the backward's scratch per direction, likewise
-        return dict(_checked={}, _packs={}, _cache=None, _spare=[], _work=[], _step=None)
+        return dict(_checked={}, _packs={}, _cache=None, _spare=[], _work=[], _step=None,
+                    _zero_params=None, _zero_grads=None)
 
     def _set(self, attributes: Dict[str, Any]) -> None:
         """Sets the attributes one by one: a model whose __dict__ is never

@@ -94,6 +94,9 @@ def config_of(model):
         cfg["nonlinearity"] = model.nonlinearity
     if name == "GRU":
         cfg["linear_before_reset"] = model.linear_before_reset
+    if name == "LNLSTM":
+        cfg.update(gate_norm=model.gate_norm, carry=model.carry, gate_bias=model.gate_bias,
+                   ln_bias=model.ln_bias)
     return cfg
 
 

@@ -74,6 +74,19 @@ enum { FASTLN_CELL_RNN_TANH = 0, FASTLN_CELL_RNN_RELU = 1, FASTLN_CELL_LSTM = 2,
 #define FASTLN_CELL_PLAIN 8
 /* Or'ed into a plain GRU: the reset gate scales h before W_hn (ONNX's default form). */
 #define FASTLN_CELL_RESET_FIRST 16
+/* Or'ed into the LN LSTM: the variants of its gate LayerNorm and state that
+ * trained LN-LSTMs use. With FASTLN_CELL_LN_SUM or FASTLN_CELL_LN_GATE (not
+ * both) the parameters are W_ih, W_hh, bias (4H), ln_w, ln_b (4H), ln_c_w,
+ * ln_c_b (H), and
+ *   LN_SUM:  gates = LN(x W_ih^T + h W_hh^T; ln) + bias, one LN over 4H;
+ *   LN_GATE: the same with one LN over each gate's block of H (ln_w, ln_b
+ *            hold the four blocks' gains and biases in gate order).
+ * FASTLN_CELL_CARRY_LN: the cell state carried to the next step is
+ * c = LN(c'; ln_c), c' = f c_prev + i g, and h' = o tanh(c); without it c'
+ * is carried and h' = o tanh(LN(c'; ln_c)) (the paper). */
+#define FASTLN_CELL_LN_SUM 32
+#define FASTLN_CELL_LN_GATE 64
+#define FASTLN_CELL_CARRY_LN 128
 
 typedef struct {
     int cell;                     /* FASTLN_CELL_*, with FASTLN_CELL_PLAIN and flags */

@@ -198,6 +198,11 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
         memcpy(k.seg, s, sizeof s);
         k.nseg = 1;
         nacc = G;
+    } else if (lstm && L->norm != FASTLN_NORM_PAIR) {   /* sum dgates, ln w (G); c w, c b (H) */
+        SFX(seg) s[2] = {{0, G, G, 0, FASTLN_SEG_XIH, 0}, {G, H, 2 * G, 2 * G + H, FASTLN_SEG_XC, 0}};
+        memcpy(k.seg, s, sizeof s);
+        k.nseg = 2;
+        nacc = 2 * G + 2 * H;
     } else if (lstm) {          /* sum dgates, ih w, hh w (G); c w, c b (H) */
         SFX(seg) s[3] = {{0, G, G, 0, FASTLN_SEG_XIH, 0}, {0, G, 2 * G, -1, FASTLN_SEG_XHH, 0},
                          {G, H, 3 * G, 3 * G + H, FASTLN_SEG_XC, 0}};
@@ -254,6 +259,8 @@ static int SFX(rnn_backward)(const fastln_rnn_args *a, int nt)
             GRAD(2, 0, G) GRAD(3, G, H)
         } else if (ly->plain) {
             GRAD(2, 0, G)
+        } else if (lstm && L->norm != FASTLN_NORM_PAIR) {
+            GRAD(2, 0, G) GRAD(3, G, G) GRAD(4, 0, G) GRAD(5, 2 * G, H) GRAD(6, 2 * G + H, H)
         } else if (lstm) {
             GRAD(2, 0, G) GRAD(3, G, G) GRAD(4, 0, G) GRAD(5, 2 * G, G) GRAD(6, 0, G)
             GRAD(7, 3 * G, H) GRAD(8, 3 * G + H, H)

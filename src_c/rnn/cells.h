@@ -146,6 +146,35 @@ static inline __attribute__((always_inline)) void SFX(lstm_gates)(
     }
 }
 
+/* LSTM gates over columns [j0, j1) from one sum a = A_ih + A_hh (the
+ * FASTLN_CELL_LN_SUM and _LN_GATE variants): act = f(LN(a) + bias), with
+ * the statistics of the LN that covers these columns; keep stores the
+ * normalized a back for the cache. */
+static inline __attribute__((always_inline)) void SFX(lstm_gates_sum)(
+    T *act, T *a, const T *const *p, T s, T d, T r, int64_t j0, int64_t j1, int tanh_gate,
+    int keep)
+{
+#pragma omp simd
+    for (int64_t j = j0; j < j1; j++) {
+        T xa = ((a[j] - s) - d) * r;
+        if (keep) a[j] = xa;
+        T v = FMA(xa, p[3][j], p[4][j]) + p[2][j];
+        act[j] = tanh_gate ? SFX(tanh1)(v) : SFX(sigmoid1)(v);
+    }
+}
+
+/* All four gate blocks of lstm_gates_sum (i, f: sigmoid; g: tanh; o:
+ * sigmoid), block k with the statistics st[k] (s, d, r) under LN_GATE, else
+ * st[0] (one LN over the sum). */
+static inline __attribute__((always_inline)) void SFX(lstm_gates_blocks)(
+    T *act, T *a, const T *const *p, const T (*st)[3], int per_gate, int64_t H, int keep)
+{
+    for (int k = 0; k < 4; k++) {
+        const T *q = st[per_gate ? k : 0];
+        SFX(lstm_gates_sum)(act, a, p, q[0], q[1], q[2], k * H, (k + 1) * H, k == 2, keep);
+    }
+}
+
 /* Plain LSTM: act = the gates (i, f: sigmoid; g: tanh; o: sigmoid) of the
  * pre-activations pre (4H); forward and backward share it, so the gates
  * backward recomputes are bitwise those of forward. */
@@ -225,6 +254,113 @@ static inline int64_t SFX(time_of)(const SFX(layer) *ly, int64_t s, int64_t b)
     return s < n ? n - 1 - s : s;
 }
 
+/* The LN LSTM's forward of one active row (fwd_row's arguments). Its gate
+ * LNs (ly->L.norm):
+ *   pair: p 0 W_ih, 1 W_hh, 2 bias, 3-4 ln_ih, 5-6 ln_hh, 7-8 ln_c;
+ *         ai, ah normalized in place
+ *   sum, per gate: p 0 W_ih, 1 W_hh, 2 bias, 3-4 ln, 5-6 ln_c; ai <- the
+ *         normalized sum ai + ah
+ * then c' = f c + i g, xc = LN(c') normalized, and h' = o tanh(xc w + b),
+ * carrying c' or, with carry_ln, xc w + b. rs: the gate LNs' rstds, then c's. */
+static inline void SFX(lnlstm_fwd)(const SFX(layer) *ly, T *ai, T *ah, T *act, T *xc, T *rs,
+                                   const T *cp, T *hn, T *cn)
+{
+    const int64_t H = ly->H, G = ly->G;
+    const T *const *p = ly->p;
+    const fastln_rnn_layout *L = &ly->L;
+    if (L->norm == FASTLN_NORM_PAIR) {
+        T si, di, ri, sh, dh, rh;
+        SFX(ln_prep)(ai, &si, &di, &ri, &rs[0], G, ly->eps, ly->fixed);
+        SFX(ln_prep)(ah, &sh, &dh, &rh, &rs[1], G, ly->eps, ly->fixed);
+        if (ly->cache) {   /* i, f: sigmoid; g: tanh; o: sigmoid */
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 0, 2 * H, 0, 1);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 2 * H, 3 * H, 1, 1);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 3 * H, G, 0, 1);
+        } else {
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 0, 2 * H, 0, 0);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 2 * H, 3 * H, 1, 0);
+            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 3 * H, G, 0, 0);
+        }
+    } else {
+        int per_gate = L->norm == FASTLN_NORM_GATE;
+        int64_t n = per_gate ? H : G;
+        T st[4][3];
+#pragma omp simd
+        for (int64_t j = 0; j < G; j++) ai[j] += ah[j];
+        for (int k = 0; k < (per_gate ? 4 : 1); k++)
+            SFX(ln_prep)(ai + k * n, &st[k][0], &st[k][1], &st[k][2], &rs[k], n, ly->eps,
+                         ly->fixed);
+        if (ly->cache) SFX(lstm_gates_blocks)(act, ai, p, (const T (*)[3])st, per_gate, H, 1);
+        else SFX(lstm_gates_blocks)(act, ai, p, (const T (*)[3])st, per_gate, H, 0);
+    }
+    const T *wc = p[L->norm == FASTLN_NORM_PAIR ? 7 : 5], *bc = p[L->norm == FASTLN_NORM_PAIR ? 8 : 6];
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) cn[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
+    SFX(ln_vec)(xc, &rs[L->nrstd - 1], cn, H, ly->eps, ly->fixed);
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) hn[j] = FMA(xc[j], wc[j], bc[j]);
+    if (L->carry_ln) memcpy(cn, hn, (size_t)H * sizeof(T));
+    SFX(tanh_n)(hn, H);
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) hn[j] *= act[3 * H + j];
+}
+
+/* The LN LSTM's backward of one active row (bwd_row's arguments; for the
+ * sum and per-gate norms dai is dah). dg: [dgates (G) | dn (H)], dn =
+ * dL/d(xc w + b); act: scratch for the gates, recomputed from the cached
+ * normalized values as forward computed them. */
+static inline void SFX(lnlstm_bwd)(const SFX(layer) *ly, T *dai, T *dah, T *dg, T *dh, T *dc,
+                                   const T *dy, const T *xi, const T *xh, const T *act,
+                                   const T *xc, const T *rs, const T *cp)
+{
+    const int64_t H = ly->H, G = ly->G;
+    const T *const *p = ly->p;
+    const fastln_rnn_layout *L = &ly->L;
+    int pair = L->norm == FASTLN_NORM_PAIR;
+    T *a = (T *)act;
+    if (pair) {
+        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 0, 2 * H, 0, 0);
+        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 2 * H, 3 * H, 1, 0);
+        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 3 * H, G, 0, 0);
+    } else {
+        const T unit[1][3] = {{0, 0, 1}};
+        SFX(lstm_gates_blocks)(a, (T *)xi, p, unit, 0, H, 0);
+    }
+    const T *wc = p[pair ? 7 : 5], *bc = p[pair ? 8 : 6];
+    T *dn = dg + G;
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) dn[j] = FMA(xc[j], wc[j], bc[j]);
+    SFX(tanh_n)(dn, H);                  /* tanh(LN(c')) */
+    /* a carried LN(c') takes dc there; a carried c' takes it after the LN */
+    const int carry_ln = L->carry_ln;
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) {
+        T o = act[3 * H + j], th = dn[j], d = dy[j] + dh[j];
+        dg[3 * H + j] = d * th * o * (1 - o);
+        dn[j] = carry_ln ? FMA(d * o, 1 - th * th, dc[j]) : d * o * (1 - th * th);
+    }
+    SFX(ln_vec_bwd)(dh, dn, wc, xc, rs[L->nrstd - 1], H);   /* dh: scratch for dL/dc' */
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) {
+        T i = act[j], f = act[H + j], g = act[2 * H + j];
+        T d = carry_ln ? dh[j] : dc[j] + dh[j];
+        dg[j] = d * g * i * (1 - i);
+        dg[H + j] = d * cp[j] * f * (1 - f);
+        dg[2 * H + j] = d * i * (1 - g * g);
+        dc[j] = d * f;
+        dh[j] = 0;
+    }
+    if (pair) {
+        SFX(ln_vec_bwd)(dah, dg, p[5], xh, rs[1], G);
+        SFX(ln_vec_bwd)(dai, dg, p[3], xi, rs[0], G);
+    } else if (L->norm == FASTLN_NORM_SUM) {
+        SFX(ln_vec_bwd)(dai, dg, p[3], xi, rs[0], G);
+    } else {
+        for (int k = 0; k < 4; k++)
+            SFX(ln_vec_bwd)(dai + k * H, dg + k * H, p[3] + k * H, xi + k * H, rs[k], H);
+    }
+}
+
 /* Forward, one row: ai, ah = A_ih, A_hh (G), normalized in place; act (G)
  * activations; xc (H) normalized c (plain GRU: h W_hn^T + bias_hn); rs rstds; hp, cp -> hn, cn the state
  * (hn may be hp, cn may be cp); y (H). */
@@ -273,27 +409,7 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
             for (int64_t j = 0; j < H; j++) hn[j] = ai[j] > 0 ? ai[j] : 0;
         }
     } else if (ly->cell == FASTLN_CELL_LSTM) {
-        /* p: 0 W_ih, 1 W_hh, 2 bias, 3-4 ln_ih, 5-6 ln_hh, 7-8 ln_c */
-        T si, di, ri, sh, dh, rh;
-        SFX(ln_prep)(ai, &si, &di, &ri, &rs[0], G, ly->eps, ly->fixed);
-        SFX(ln_prep)(ah, &sh, &dh, &rh, &rs[1], G, ly->eps, ly->fixed);
-        if (ly->cache) {   /* i, f: sigmoid; g: tanh; o: sigmoid */
-            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 0, 2 * H, 0, 1);
-            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 2 * H, 3 * H, 1, 1);
-            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 3 * H, G, 0, 1);
-        } else {
-            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 0, 2 * H, 0, 0);
-            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 2 * H, 3 * H, 1, 0);
-            SFX(lstm_gates)(act, ai, ah, p, si, di, ri, sh, dh, rh, 3 * H, G, 0, 0);
-        }
-#pragma omp simd
-        for (int64_t j = 0; j < H; j++) cn[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
-        SFX(ln_vec)(xc, &rs[2], cn, H, ly->eps, ly->fixed);
-#pragma omp simd
-        for (int64_t j = 0; j < H; j++) hn[j] = FMA(xc[j], p[7][j], p[8][j]);
-        SFX(tanh_n)(hn, H);
-#pragma omp simd
-        for (int64_t j = 0; j < H; j++) hn[j] *= act[3 * H + j];
+        SFX(lnlstm_fwd)(ly, ai, ah, act, xc, rs, cp, hn, cn);
     } else if (ly->cell == FASTLN_CELL_GRU) {
         /* p: 0 W_ih, 1 W_hh, 2-3 ln_ih, 4-5 ln_hh (2H), 6-7 ln_in, 8-9 ln_hn (H) */
         SFX(ln_vec)(ai, &rs[0], ai, 2 * H, ly->eps, ly->fixed);
@@ -451,34 +567,7 @@ static void SFX(bwd_row)(const SFX(layer) *ly, int active, T *dai, T *dah, T *dg
             dh[j] = 0;
         }
     } else if (ly->cell == FASTLN_CELL_LSTM) {
-        /* dg: [dgates (G) | dn (H)], dn = dL/dLN(c); act: scratch for the
-         * gates, recomputed from the cached xih, xhh as forward did */
-        T *a = (T *)act;
-        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 0, 2 * H, 0, 0);
-        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 2 * H, 3 * H, 1, 0);
-        SFX(lstm_gates)(a, (T *)xi, (T *)xh, p, 0, 0, 1, 0, 0, 1, 3 * H, G, 0, 0);
-        T *dn = dg + G;
-#pragma omp simd
-        for (int64_t j = 0; j < H; j++) dn[j] = FMA(xc[j], p[7][j], p[8][j]);
-        SFX(tanh_n)(dn, H);                  /* tanh(LN(c)) */
-#pragma omp simd
-        for (int64_t j = 0; j < H; j++) {
-            T o = act[3 * H + j], th = dn[j], d = dy[j] + dh[j];
-            dg[3 * H + j] = d * th * o * (1 - o);
-            dn[j] = d * o * (1 - th * th);
-        }
-        SFX(ln_vec_bwd)(dh, dn, p[7], xc, rs[2], H);   /* dh: scratch for dL/dc via LN */
-#pragma omp simd
-        for (int64_t j = 0; j < H; j++) {
-            T i = act[j], f = act[H + j], g = act[2 * H + j], d = dc[j] + dh[j];
-            dg[j] = d * g * i * (1 - i);
-            dg[H + j] = d * cp[j] * f * (1 - f);
-            dg[2 * H + j] = d * i * (1 - g * g);
-            dc[j] = d * f;
-            dh[j] = 0;
-        }
-        SFX(ln_vec_bwd)(dah, dg, p[5], xh, rs[1], G);
-        SFX(ln_vec_bwd)(dai, dg, p[3], xi, rs[0], G);
+        SFX(lnlstm_bwd)(ly, dai, dah, dg, dh, dc, dy, xi, xh, act, xc, rs, cp);
     } else if (ly->cell == FASTLN_CELL_GRU) {
         /* dg: [d[z,r] pre-activation (2H) | dLN_in (H) | dLN_hn (H)] */
         const T *z = act, *r = act + H, *n = act + 2 * H;

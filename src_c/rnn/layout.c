@@ -8,17 +8,25 @@
 int fastln_rnn_layout_for(fastln_rnn_layout *L, int cell, int64_t T, int64_t B, int64_t H)
 {
     int plain = (cell & FASTLN_CELL_PLAIN) != 0, rf = (cell & FASTLN_CELL_RESET_FIRST) != 0;
-    cell &= ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST);
-    if (cell < 0 || cell > FASTLN_CELL_GRU || (rf && !(plain && cell == FASTLN_CELL_GRU)))
+    int sum = (cell & FASTLN_CELL_LN_SUM) != 0, per_gate = (cell & FASTLN_CELL_LN_GATE) != 0;
+    int carry_ln = (cell & FASTLN_CELL_CARRY_LN) != 0;
+    cell &= ~(FASTLN_CELL_PLAIN | FASTLN_CELL_RESET_FIRST | FASTLN_CELL_LN_SUM |
+              FASTLN_CELL_LN_GATE | FASTLN_CELL_CARRY_LN);
+    if (cell < 0 || cell > FASTLN_CELL_GRU || (rf && !(plain && cell == FASTLN_CELL_GRU)) ||
+        ((sum || per_gate || carry_ln) && (plain || cell != FASTLN_CELL_LSTM)) ||
+        (sum && per_gate))
         return FASTLN_EINVAL;
     L->reset_first = rf;
+    L->norm = sum ? FASTLN_NORM_SUM : per_gate ? FASTLN_NORM_GATE : FASTLN_NORM_PAIR;
+    L->carry_ln = carry_ln;
     int lstm = cell == FASTLN_CELL_LSTM, gru = cell == FASTLN_CELL_GRU, ln = !plain;
     L->cell = cell;
     L->plain = plain;
     L->gates = lstm ? 4 : gru ? 3 : 1;
     L->gw = (lstm ? 5 : gru ? 4 : 1) * H;
-    L->nrstd = plain ? 0 : lstm ? 3 : gru ? 4 : 1;
-    L->split = (ln && lstm) || gru;
+    /* the gate LNs' (a pair, one, or one per gate), then c's */
+    L->nrstd = plain ? 0 : lstm ? (sum ? 1 : per_gate ? 4 : 2) + 1 : gru ? 4 : 1;
+    L->split = (ln && lstm && L->norm == FASTLN_NORM_PAIR) || gru;
     L->G = L->gates * H;
     int64_t tbg = T * B * L->G, tbh = T * B * H, seq = (T + 1) * B * H, off = 0;
     int xih = ln || lstm, xhh = ln && L->split, xc = lstm ? ln : gru && plain;

@@ -33,12 +33,17 @@
  * hseq, cseq (T+1, B, H): h_{t-1} and c_{t-1} at index t; xc (T, B, H): the
  * normalized c (LSTM), h W_hn^T + bias_hn (plain GRU) or r h (RESET_FIRST); rstd (T, B,
  * nrstd). A plain LSTM keeps its gates' pre-activations in xih, and h, c; a
- * plain GRU its gates (r, z, n) in act; a plain RNN only h. Indexed by step,
+ * plain GRU its gates (r, z, n) in act; a plain RNN only h. An LN LSTM with
+ * FASTLN_CELL_LN_SUM or _LN_GATE keeps its normalized sum in xih and has no
+ * xhh, and its rstd rows end with c's, as the pair's do. Indexed by step,
  * which is time run backwards in a reverse layer.
  * fastln_rnn_layout_for (layout.c) returns FASTLN_EINVAL for an unknown cell. */
+typedef enum { FASTLN_NORM_PAIR = 0, FASTLN_NORM_SUM, FASTLN_NORM_GATE } fastln_gate_norm;
 typedef struct {
-    int cell, plain;   /* the cell without FASTLN_CELL_PLAIN, and that flag */
+    int cell, plain;   /* the cell without its flags, and FASTLN_CELL_PLAIN */
     int reset_first;   /* FASTLN_CELL_RESET_FIRST (plain GRU): xc holds r h_{t-1} */
+    fastln_gate_norm norm;   /* LN LSTM: FASTLN_CELL_LN_SUM, _LN_GATE, or the pair */
+    int carry_ln;      /* LN LSTM: FASTLN_CELL_CARRY_LN */
     int gates, nrstd, split;   /* split: dA_ih and dA_hh are separate arrays */
     int64_t G, gw, xih, xhh, act, hseq, cseq, xc, rstd, size;   /* gw: see cells.h */
 } fastln_rnn_layout;
