@@ -5,7 +5,7 @@ NumPy transcriptions of TensorFlow's cells. Random weights, LayerNorm gains
 and biases included, and a random initial state; over 50 steps, float64
 within 1e-10, and float32 within 1e-5 over the first 10 (the float32 rounding
 grows with the steps); for the torch modules, the gradients of backward
-against torch's autograd likewise."""
+against torch's autograd likewise (float32's within 1e-4, see GRAD_TOL)."""
 import warnings
 
 import numpy as np
@@ -19,6 +19,9 @@ from _util import named
 
 I, H, B, T, F32_STEPS = 5, 8, 3, 50, 10
 TOL = {"float64": 1e-10, "float32": 1e-5}
+# float32 gradients back through 10 steps and up to 3 layers of LayerNorms lose
+# more: torch's own float32 gradients are as far from the exact ones
+GRAD_TOL = {"float64": 1e-10, "float32": 1e-4}
 
 
 def _close(got, want, tol, err_msg=""):
@@ -190,9 +193,12 @@ def test_from_torch_against_the_implementation(torch, impl, L, dtype, rng):
     assert sorted(names) == sorted(sd) and all(
         np.array_equal(m.params[names[k]], v.numpy()) for k, v in sd.items())
 
+    # the module's own code runs in float64 on the same values: what a float32
+    # model is compared to is the exact result, not torch's float32 rounding
+    module.double()
     x = rng.standard_normal((T, B, I)).astype(dtype)
     h0, c0 = (rng.standard_normal((L, B, H)).astype(dtype) for _ in range(2))
-    xt, h0t, c0t = (torch.from_numpy(a).requires_grad_() for a in (x, h0, c0))
+    xt, h0t, c0t = (torch.from_numpy(a).double().requires_grad_() for a in (x, h0, c0))
     yt, hnt, cnt = run(xt, h0t, c0t)
     y, (hn, cn) = m.forward(x, (h0, c0))
     tol, steps = TOL[dtype], T if dtype == "float64" else F32_STEPS
@@ -206,10 +212,11 @@ def test_from_torch_against_the_implementation(torch, impl, L, dtype, rng):
     dy[:steps] = rng.standard_normal(dy[:steps].shape)
     dh, dc = (rng.standard_normal(hn.shape).astype(dtype) * (dtype == "float64")
               for _ in range(2))
-    loss = (yt * torch.from_numpy(dy)).sum()
-    loss = loss + (hnt * torch.from_numpy(dh)).sum() + (cnt * torch.from_numpy(dc)).sum()
+    loss = sum((a * torch.from_numpy(b).double()).sum()
+               for a, b in [(yt, dy), (hnt, dh), (cnt, dc)])
     loss.backward()
     dx, (dh0, dc0) = m.backward(dy, (dh, dc))
+    tol = GRAD_TOL[dtype]
     _close(dx, xt.grad.numpy(), tol, "dx")
     _close(dh0, h0t.grad.numpy(), tol, "dh0")
     _close(dc0, c0t.grad.numpy(), tol, "dc0")
