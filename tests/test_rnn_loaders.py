@@ -15,7 +15,7 @@ import fastln.rnn_reference as ref
 from fastln.rnn import LNLSTM
 
 import _upstream
-from _util import named
+from _util import named, require
 
 I, H, B, T, F32_STEPS = 5, 8, 3, 50, 10
 TOL = {"float64": 1e-10, "float32": 1e-5}
@@ -251,7 +251,7 @@ def test_from_torch_eps(torch):
 
 def test_from_torch_bfloat16(torch, rng):
     """A bfloat16 module gives a bfloat16 model (inference), close to the float32 one."""
-    pytest.importorskip("ml_dtypes")
+    require("ml_dtypes")
     module = _randomize(torch, _build(torch, "torchaudio-layers", 2)[0])
     m32 = LNLSTM.from_torch(module)
     m16 = LNLSTM.from_torch(module.to(torch.bfloat16))
