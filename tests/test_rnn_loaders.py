@@ -275,6 +275,9 @@ def test_from_torch_refuses(torch):
     with pytest.raises(ValueError, match=named("module")):   # layers 0 and 2
         LNLSTM.from_torch({k: v for k, v in _fastrnns(torch, 3, False).state_dict().items()
                            if not k.startswith("layers.1.")})
+    with pytest.raises(ValueError, match=named("module")):   # layer 1 without weight_hh
+        LNLSTM.from_torch({k: v for k, v in _fastrnns(torch, 2, False).state_dict().items()
+                           if k != "layers.1.cell.weight_hh"})
     with pytest.raises(TypeError, match=named("module")):
         LNLSTM.from_torch(42)
     with pytest.raises(TypeError, match=named("module")):

@@ -153,10 +153,10 @@ def lnlstm_from_torch(cls: Type[_M], module: Any, eps: Optional[float] = None) -
                              f"LayerNorms' eps (1e-3 in torchaudio's emformer_rnnt_base)")
     if sorted(layers) != list(range(len(layers))):
         raise ValueError(f"module's layers must be numbered 0..n-1, got {sorted(layers)}")
-    first = {k: _torch.to_numpy(v) for k, v in layers[0].items()}
-    if "weight_ih" not in first or "weight_hh" not in first:
+    if any("weight_ih" not in p or "weight_hh" not in p for p in layers.values()):
         raise ValueError(f"module must have the input and hidden weights of {layout.name} "
                          f"in every layer")
+    first = {k: _torch.to_numpy(v) for k, v in layers[0].items()}
     dtype = first["weight_ih"].dtype
     if dtype not in (np.float32, np.float64) and not _is_bf16(dtype):
         raise TypeError(f"module has dtype {dtype}; the RNN engine runs float32, float64 "
