@@ -173,84 +173,34 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
     def from_torch(cls, module: Any, eps: Optional[float] = None) -> Self:
         """An LNLSTM with the weights and the cell of a torch LN-LSTM.
 
-        Recognizes, by the names of their parameters, the LN-LSTMs of
-
-        * PyTorch's fastrnns benchmark (``LayerNormLSTMCell`` of
-          ``benchmarks/fastrnns/custom_lstms.py``) and NVIDIA NeMo
-          (``LayerNormLSTMCell`` of ``nemo/collections/common/parts/rnn.py``,
-          which ``rnn(norm="layer")`` stacks): a cell, an ``LSTMLayer``, a
-          ``StackedLSTM`` (also scripted), or their ``state_dict()``. Loaded
-          with ``gate_norm="pair", carry="normalized", gate_bias=False``:
-          ``weight_ih``, ``weight_hh`` -> ``weight_ih_l{k}``,
-          ``weight_hh_l{k}``; ``layernorm_i``, ``layernorm_h``,
-          ``layernorm_c`` -> ``ln_ih_*``, ``ln_hh_*``, ``ln_c_*`` (weight and
-          bias), under ``layers.{k}.cell.``.
-        * torchaudio (``_CustomLSTM(layer_norm=True)`` of
-          ``torchaudio/models/rnnt.py``): one layer, a ModuleList of them such
-          as the RNN-T predictor's ``lstm_layers``, or their ``state_dict()``.
-          Loaded with ``gate_norm="sum", carry="normalized", gate_bias=False``:
-          ``x2g.weight``, ``p2g.weight`` -> ``weight_ih_l{k}``,
-          ``weight_hh_l{k}``; ``g_norm``, ``c_norm`` -> ``ln_*``, ``ln_c_*``
-          (weight and bias), under ``{k}.`` or ``lstm_layers.{k}.``.
+        Recognizes by their parameters' names the ``LayerNormLSTMCell`` of
+        PyTorch's fastrnns benchmark and of NeMo (a cell, an ``LSTMLayer`` or a
+        ``StackedLSTM``, scripted or not: ``gate_norm="pair",
+        carry="normalized", gate_bias=False``) and torchaudio's
+        ``_CustomLSTM(layer_norm=True)`` (one, or a ModuleList such as the RNN-T
+        predictor's ``lstm_layers``: ``gate_norm="sum", carry="normalized",
+        gate_bias=False``). The user guide's "Variants of the LN-LSTM" maps them.
 
         Parameters
         ----------
         module : torch.nn.Module or mapping
             The module or its state_dict.
         eps : float, optional
-            Defaults to the eps of the module's LayerNorms, which must all
-            agree (0 for the fastrnns benchmark's decomposed LayerNorm,
-            ``decompose_layernorm=True``, which adds none); for a state_dict,
-            to 1e-5 (the eps of ``torch.nn.LayerNorm``, which the fastrnns
-            and NeMo cells make), and it must be given for torchaudio's
-            (whose models set their own: 1e-3 in ``emformer_rnnt_base``).
+            Default: the module's LayerNorms' eps, which must agree (0 for the
+            fastrnns benchmark's decomposed LayerNorm); for a state_dict, 1e-5
+            (torch.nn.LayerNorm's), and torchaudio's needs it given.
 
         Returns
         -------
         LNLSTM
-            Of the sizes of the weights, the number of layers found, the cell
-            of the implementation and the dtype of the input weight (float32,
-            float64, or bfloat16 for an inference model).
+            Of the weights' sizes and dtype (float32, float64, or bfloat16).
 
         Raises
         ------
-        TypeError
-            module is neither a torch module nor a mapping, or its weights are
-            not float32, float64 or bfloat16.
-        ValueError
-            Keys of neither implementation (torchaudio's ``_CustomLSTM``
-            without ``layer_norm``, a plain LSTM, is for :class:`LSTM`),
-            layers not numbered 0..n-1, a layer without its two weights,
-            shapes that disagree, LayerNorms of different eps, or a
-            torchaudio state_dict without eps.
-
-        Notes
-        -----
-        All of these cells carry the normalized cell state
-        ``LN(f*c + i*g; ln_c)`` and take the gate biases from their
-        LayerNorms' biases; they differ in where the gate LayerNorm sits (two,
-        on the input and the hidden products, or one over their sum). The
-        state is theirs: (h, c) of each layer, stacked.
-
-        Examples
-        --------
-        A state_dict of torchaudio's names (two layers; random weights):
-
-        >>> import numpy as np
-        >>> from fastln.rnn import LNLSTM
-        >>> rng = np.random.default_rng(0)
-        >>> I, H = 3, 4
-        >>> sd = {}
-        >>> for k, n_in in enumerate([I, H]):
-        ...     sd.update({f"{k}.x2g.weight": rng.standard_normal((4 * H, n_in)),
-        ...                f"{k}.p2g.weight": rng.standard_normal((4 * H, H)),
-        ...                f"{k}.g_norm.weight": rng.standard_normal(4 * H),
-        ...                f"{k}.g_norm.bias": rng.standard_normal(4 * H),
-        ...                f"{k}.c_norm.weight": rng.standard_normal(H),
-        ...                f"{k}.c_norm.bias": rng.standard_normal(H)})
-        >>> m = LNLSTM.from_torch(sd, eps=1e-3)
-        >>> m.num_layers, m.gate_norm, m.carry, m.dtype
-        (2, 'sum', 'normalized', dtype('float64'))
+        TypeError, ValueError
+            A module of another type or dtype, keys of neither implementation
+            (a ``_CustomLSTM`` without layer_norm is for :class:`LSTM`), or
+            LayerNorms of different eps.
         """
         return lnlstm_from_torch(cls, module, eps)
 
@@ -259,81 +209,38 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
                    eps: Optional[float] = None, forget_bias: Optional[float] = None) -> Self:
         """An LNLSTM with the weights and the cell of a TensorFlow LN-LSTM.
 
-        * ``cell="LayerNormLSTMCell"``: TF Addons' Keras cell
-          (``tensorflow_addons/rnn/layer_norm_lstm_cell.py``), its
-          ``get_weights()``: ``kernel`` (I, 4H), ``recurrent_kernel`` (H, 4H),
-          ``bias`` (4H; absent with ``use_bias=False``), then the gamma and
-          beta of ``kernel_norm``, ``recurrent_norm`` (4H) and ``state_norm``
-          (H). Loaded with ``gate_norm="pair", carry="normalized"`` and a gate
-          bias where the weights have one: the kernels transposed into
-          ``weight_ih_l{k}``, ``weight_hh_l{k}``, ``bias`` into ``bias_l{k}``,
-          the three norms into ``ln_ih_*``, ``ln_hh_*``, ``ln_c_*``. Keras'
-          gate order i, f, c, o is fastln's.
-        * ``cell="LayerNormBasicLSTMCell"``: TF1's
-          ``tf.contrib.rnn.LayerNormBasicLSTMCell`` (with its default
-          ``layer_norm=True``), its variables in the order the cell makes
-          them: ``kernel`` (I + H, 4H) over ``[x, h]``, then the ``gamma`` and
-          ``beta`` (H) of ``input``, ``transform``, ``forget``, ``output`` and
-          ``state``. Loaded with ``gate_norm="per_gate", carry="normalized",
-          gate_bias=False``: the kernel's gate blocks i, j, f, o reordered to
-          i, f, g (= j), o and split into ``weight_ih_l{k}`` and
-          ``weight_hh_l{k}``, the four gate gammas and betas into ``ln_weight``
-          and ``ln_bias`` (forget_bias added to the forget gate's betas), the
-          state's into ``ln_c_*``.
+        ``"LayerNormLSTMCell"``: TF Addons', its ``get_weights()`` (kernel,
+        recurrent_kernel, bias unless use_bias=False, then gamma and beta of
+        kernel_norm, recurrent_norm, state_norm): ``gate_norm="pair",
+        carry="normalized"``. ``"LayerNormBasicLSTMCell"``: TF1's, its
+        variables as the cell makes them (kernel over [x, h], then gamma and
+        beta of input, transform, forget, output, state): ``gate_norm="per_gate",
+        carry="normalized", gate_bias=False``, with forget_bias added to the
+        forget gate's LayerNorm bias. See the user guide's "Variants of the
+        LN-LSTM".
 
         Parameters
         ----------
         weights : list of ndarray
-            One cell's weights, in the order above; for stacked layers (a
-            ``StackedRNNCells``, or one RNN layer after another), the layers'
-            lists one after the other. float32 or float64, of one dtype.
+            A cell's weights in that order, stacked cells' one after another.
         cell : {"LayerNormLSTMCell", "LayerNormBasicLSTMCell"}, default "LayerNormLSTMCell"
-            Which cell the weights are of.
+            The cell the weights are of.
         eps : float, optional
-            The cell's LayerNorm epsilon: by default the cells' own, 1e-3
-            (TF Addons' ``norm_epsilon``) and 1e-12 (TF1's ``layer_norm``).
+            Default: the cell's, 1e-3 (TF Addons) or 1e-12 (TF1).
         forget_bias : float, optional
-            LayerNormBasicLSTMCell's ``forget_bias``, default 1.0, added to
-            the forget gate after its LayerNorm. Not for TF Addons' cell, whose
-            ``unit_forget_bias`` is already in its ``bias``.
+            LayerNormBasicLSTMCell's, default 1.0.
 
         Returns
         -------
         LNLSTM
-            Of the sizes of the weights, their dtype, ``batch_first=True`` (x
-            is (B, T, I), as Keras' RNN layer takes it) and the cell's options.
+            With ``batch_first=True`` (as Keras), of the weights' sizes and
+            dtype (float32 or float64).
 
         Raises
         ------
-        TypeError
-            weights is not a list of float32 or float64 arrays of one dtype.
-        ValueError
-            An unknown cell, forget_bias with TF Addons' cell, or weights of
-            other shapes or counts than the cell's.
-
-        Notes
-        -----
-        The activations must be the cells' defaults (sigmoid gates, tanh), and
-        any dropout is left out (as in inference). The state is (h, c), where
-        TF1's state tuple is (c, h).
-
-        Examples
-        --------
-        TF Addons' weights of a cell of 4 units on 3 features (random here;
-        from Keras, ``layer.cell.get_weights()``):
-
-        >>> import numpy as np
-        >>> from fastln.rnn import LNLSTM
-        >>> rng = np.random.default_rng(0)
-        >>> I, H = 3, 4
-        >>> shapes = [(I, 4 * H), (H, 4 * H), (4 * H,)] + [(4 * H,)] * 4 + [(H,)] * 2
-        >>> weights = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        >>> m = LNLSTM.from_keras(weights)
-        >>> m.eps, m.gate_norm, m.carry, m.batch_first
-        (0.001, 'pair', 'normalized', True)
-        >>> y, (h, c) = m(rng.standard_normal((2, 5, I)).astype(np.float32))
-        >>> y.shape
-        (2, 5, 4)
+        TypeError, ValueError
+            weights of another type, dtype, shape or count, another cell, or
+            forget_bias for TF Addons' cell.
         """
         return lnlstm_from_keras(cls, weights, cell, eps, forget_bias)
 
