@@ -76,9 +76,34 @@ CASES = [  # (cell, num_layers, bidirectional, batch_first, dtype)
 
 @pytest.mark.parametrize("cell,L,bi,bf,dt", CASES)
 def test_bitwise_the_fastln_rnn_model(torch, ft, cell, L, bi, bf, dt):
+    _check_bitwise_the_model(torch, getattr(ft, cell), {}, L, bi, bf, dt)
+
+
+VARIANTS = [dict(gate_norm="sum", carry="normalized", bias=False),
+            dict(gate_norm="per_gate", ln_bias=False), dict(carry="normalized")]
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=["sum", "per_gate", "carry"])
+@pytest.mark.parametrize("L,bi,bf,dt", [(1, False, False, "float32"),
+                                        (2, True, True, "float64")])
+def test_lnlstm_variants_bitwise_the_fastln_rnn_model(torch, ft, kw, L, bi, bf, dt):
+    """The variants run the fastln.rnn model of the same options (bias as
+    its gate_bias), which has the module's parameters and no others."""
+    model = _check_bitwise_the_model(torch, ft.LNLSTM, kw, L, bi, bf, dt)
+    assert (model.gate_norm, model.carry, model.gate_bias, model.ln_bias) == (
+        kw.get("gate_norm", "pair"), kw.get("carry", "raw"), kw.get("bias", True),
+        kw.get("ln_bias", True))
+    back = ft.LNLSTM.from_rnn(model)
+    assert repr(back) == repr(ft.LNLSTM(5, 7, L, bidirectional=bi, batch_first=bf,
+                                        dtype=getattr(torch, dt), **kw))
+
+
+def _check_bitwise_the_model(torch, cls, kw, L, bi, bf, dt):
+    """Forward and backward of a module of cls bitwise its fastln.rnn
+    model's, whose parameters are the module's: returns the model."""
     torch.manual_seed(0)
     dtype = getattr(torch, dt)
-    m = getattr(ft, cell)(5, 7, num_layers=L, bidirectional=bi, batch_first=bf, dtype=dtype)
+    m = cls(5, 7, num_layers=L, bidirectional=bi, batch_first=bf, dtype=dtype, **kw)
     with torch.no_grad():   # LayerNorm gains and biases away from 1 and 0
         for p in m.parameters():
             p.add_(torch.randn(p.shape, dtype=dtype) * 0.1)
@@ -107,6 +132,9 @@ def test_bitwise_the_fastln_rnn_model(torch, ft, cell, L, bi, bf, dt):
     assert sorted(got["grads"]) == sorted(want)
     for name, grad in got["grads"].items():
         np.testing.assert_array_equal(_np(grad), want[name], err_msg=name)
+    if not m._plain:
+        assert sorted(model.params) == sorted(got["grads"])
+    return model
 
 
 @pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
@@ -138,11 +166,15 @@ def test_same_seed_same_initial_weights_as_torch_nn(torch, ft):
         assert n == n2 and torch.equal(p, q)
 
 
-@pytest.mark.parametrize("cell", ["LNLSTM", "LNGRU", "LNRNN", "LSTM"])
+@pytest.mark.parametrize("cell,kw", [("LNLSTM", {}), ("LNGRU", {}), ("LNRNN", {}),
+                                     ("LSTM", {}), ("LNLSTM", VARIANTS[0]),
+                                     ("LNLSTM", VARIANTS[1])],
+                         ids=["LNLSTM", "LNGRU", "LNRNN", "LSTM", "LNLSTM-sum",
+                              "LNLSTM-per_gate"])
 @pytest.mark.parametrize("bi", [False, True])
-def test_gradcheck_in_float64(torch, ft, cell, bi):
+def test_gradcheck_in_float64(torch, ft, cell, kw, bi):
     torch.manual_seed(2)
-    m = getattr(ft, cell)(3, 4, num_layers=2, bidirectional=bi, dtype=torch.float64)
+    m = getattr(ft, cell)(3, 4, num_layers=2, bidirectional=bi, dtype=torch.float64, **kw)
     with torch.no_grad():
         for p in m.parameters():
             p.add_(torch.randn(p.shape, dtype=torch.float64) * 0.1)

@@ -8,7 +8,10 @@ A caller holds every array: the parameters (in the engine's order, see
 keeps for the backward, and the gradients the backward writes.
 
 Cells, by name: ``"lstm"``, ``"gru"``, ``"rnn_tanh"`` and ``"rnn_relu"``
-(the layer-normalized cells), and ``"lstm_plain"``, ``"gru_plain"``,
+(the layer-normalized cells), LNLSTM's variants ``"lstm_sum"``,
+``"lstm_per_gate"``, ``"lstm_carry_ln"``, ``"lstm_sum_carry_ln"`` and
+``"lstm_per_gate_carry_ln"`` (its ``gate_norm`` and ``carry="normalized"``),
+and ``"lstm_plain"``, ``"gru_plain"``,
 ``"gru_plain_reset_first"`` (ONNX's linear_before_reset=0),
 ``"rnn_tanh_plain"`` and ``"rnn_relu_plain"`` (without LayerNorm).
 docs/design.md ("Recurrent networks") gives their equations.
@@ -55,6 +58,10 @@ def _layout(cell: str) -> str:
     """cell's key of LAYOUTS."""
     if cell not in _engine.CELLS:
         raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
+    if cell.startswith(("lstm_sum", "lstm_per_gate")):
+        return "lstm_sum"
+    if cell == "lstm_carry_ln":
+        return "lstm"
     if cell.startswith("gru_plain"):
         return "gru_plain"
     if cell.startswith("rnn_"):

@@ -149,7 +149,12 @@ class RecurrentModule(torch.nn.Module):
             return {n + sfx: s for n, s in zip(names, [(G, I), (G, H), (G,), (G,)])}
         return {n + sfx: s for n, s in zip(functional.param_names(self.cell),
                                            functional.param_shapes(self.cell, I, H))
-                if self.bias or n != "bias"}
+                if not self._omits(n)}
+
+    def _omits(self, name: str) -> bool:
+        """Whether the LN cell goes without its parameter name (of
+        functional.param_names): the engine then takes zeros."""
+        return name == "bias" and not self.bias
 
     def reset_parameters(self) -> None:
         """Initializes the parameters as torch.nn.LSTM does its own: every
@@ -180,9 +185,10 @@ class RecurrentModule(torch.nn.Module):
                         b_hh[2 * H:]]
             return [w_ih, w_hh, b_ih + b_hh]
         out = []
-        for name in functional.param_names(self.cell):
+        shapes = functional.param_shapes(self.cell, self._layer_input(k), H)
+        for name, shape in zip(functional.param_names(self.cell), shapes):
             p = own.get(name + sfx)
-            out.append(w_ih.new_zeros(G) if p is None else p)
+            out.append(w_ih.new_zeros(shape) if p is None else p)
         return out
 
     def extra_repr(self) -> str:
@@ -215,6 +221,12 @@ class RecurrentModule(torch.nn.Module):
     def _rnn_kwargs(self) -> Dict[str, Any]:
         """The further arguments of the fastln.rnn model of this module."""
         return {name: getattr(self, name) for name in self._cell_kwargs}
+
+    @classmethod
+    def _module_kwargs(cls, model: Any) -> Dict[str, Any]:
+        """The further arguments of a module of this class on the fastln.rnn
+        model (the inverse of _rnn_kwargs)."""
+        return {name: getattr(model, name) for name in cls._cell_kwargs}
 
     def _hold_int8(self, params: Dict[str, Any]) -> None:
         """Makes this module int8: an int8 fastln.rnn model's params (int8

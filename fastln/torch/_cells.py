@@ -3,7 +3,7 @@ layer-normalized cells under fastln.rnn's parameter names, and LSTM, GRU
 and RNN, the plain cells under torch.nn's."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict
 
 from .. import _validate
 from .. import rnn as _rnn
@@ -56,8 +56,14 @@ class LNLSTM(RecurrentModule):
     (4H, I), ``weight_hh_l{k}`` (4H, H), ``bias_l{k}`` (4H), the gains and
     biases of the LayerNorms ``ln_ih_*``, ``ln_hh_*`` (4H) and ``ln_c_*``
     (H), with the suffix ``_reverse`` for the reverse direction; the gates
-    in torch's order (i, f, g, o).
-""" + _doc() + """
+    in torch's order (i, f, g, o). ``gate_norm``, ``carry`` and ``ln_bias``
+    select the variants of fastln.rnn.LNLSTM (``bias`` is its ``gate_bias``),
+    with their parameter names.
+""" + _doc(extra=_EPS + """
+    gate_norm : {'pair', 'sum', 'per_gate'}, default 'pair' (keyword only)
+    carry : {'raw', 'normalized'}, default 'raw' (keyword only)
+    ln_bias : bool, default True (keyword only)
+        As fastln.rnn.LNLSTM's.""") + """
     Examples
     --------
     >>> import torch
@@ -73,14 +79,34 @@ class LNLSTM(RecurrentModule):
     _rnn_class = _rnn.LNLSTM
     _has_cell = True
     _gates = 4
-    _cell_kwargs = ("eps",)
+    _cell_kwargs = ("eps", "gate_norm", "carry", "ln_bias")
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0,
-                 bidirectional: bool = False, *, eps: float = 1e-5, device: Any = None,
+                 bidirectional: bool = False, *, eps: float = 1e-5, gate_norm: str = "pair",
+                 carry: str = "raw", ln_bias: bool = True, device: Any = None,
                  dtype: Any = None) -> None:
+        # fastln.rnn.LNLSTM checks the options and names the engine's cell
+        model = _rnn.LNLSTM(1, 1, gate_norm=gate_norm, carry=carry, ln_bias=ln_bias)
+        self.gate_norm, self.carry, self.ln_bias = model.gate_norm, model.carry, model.ln_bias
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, eps, device, dtype, "lstm")
+                         bidirectional, eps, device, dtype, model._cell_name())
+
+    def _omits(self, name: str) -> bool:
+        return super()._omits(name) or (not self.ln_bias and name.startswith("ln_")
+                                        and name.endswith("_bias"))
+
+    def _rnn_kwargs(self) -> Dict[str, Any]:
+        return dict(super()._rnn_kwargs(), gate_bias=self.bias)
+
+    @classmethod
+    def _module_kwargs(cls, model: Any) -> Dict[str, Any]:
+        return dict(super()._module_kwargs(model), bias=model.gate_bias)
+
+    def _extra_repr_cell(self) -> str:
+        return "".join(f", {name}={getattr(self, name)!r}" for name, default in
+                       (("gate_norm", "pair"), ("carry", "raw"), ("ln_bias", True))
+                       if getattr(self, name) != default)
 
 
 class LNGRU(RecurrentModule):

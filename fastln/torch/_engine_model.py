@@ -62,7 +62,8 @@ def build(module: Any, share: bool, batch_first: Optional[bool] = None) -> Any:
         for k in range(module.num_layers):
             for d in range(module.num_directions):
                 for key, p in zip(_model_keys(module, k, d), module._engine_params(k, d)):
-                    values[key] = _to_numpy(p)
+                    if key in model.params:   # not a bias the model goes without
+                        values[key] = _to_numpy(p)
     if share and dtype in (np.float32, np.float64):
         model.params.update(values)
     else:   # copies, as a bfloat16 model stores them
@@ -165,7 +166,7 @@ def module_from(cls: Any, model: Any) -> Any:
     if getattr(model, "linear_before_reset", True) is False:
         raise ValueError("model has linear_before_reset=False, which torch's GRU does not")
     dtype, int8 = _torch_dtype(model)
-    extra = {name: getattr(model, name) for name in cls._cell_kwargs}
+    extra = cls._module_kwargs(model)
     module = cls(model.input_size, model.hidden_size, model.num_layers,
                  batch_first=model.batch_first, bidirectional=model.bidirectional,
                  dtype=torch.float32 if _dtypes.is_half(model.dtype) else dtype, **extra)
@@ -176,8 +177,9 @@ def module_from(cls: Any, model: Any) -> Any:
     for k in range(model.num_layers):
         for d in range(model.num_directions):
             sfx = module._suffix(k, d)
-            p = dict(zip(functional.param_names(module.cell),
-                         (model.params[key] for key in _model_keys(module, k, d))))
+            p = {name: model.params[key] for name, key in zip(
+                functional.param_names(module.cell), _model_keys(module, k, d))
+                if key in model.params}
             if module._plain:
                 new = {"weight_ih": p["weight_ih"], "weight_hh": p["weight_hh"],
                        "bias_ih": p["bias"]}

@@ -165,14 +165,20 @@ static inline __attribute__((always_inline)) void SFX(lstm_gates_sum)(
 
 /* All four gate blocks of lstm_gates_sum (i, f: sigmoid; g: tanh; o:
  * sigmoid), block k with the statistics st[k] (s, d, r) under LN_GATE, else
- * st[0] (one LN over the sum). */
+ * st[0] (one LN over the sum). Each call has a constant activation, so that
+ * its loop computes only that one. */
 static inline __attribute__((always_inline)) void SFX(lstm_gates_blocks)(
     T *act, T *a, const T *const *p, const T (*st)[3], int per_gate, int64_t H, int keep)
 {
-    for (int k = 0; k < 4; k++) {
-        const T *q = st[per_gate ? k : 0];
-        SFX(lstm_gates_sum)(act, a, p, q[0], q[1], q[2], k * H, (k + 1) * H, k == 2, keep);
+    const T *q0 = st[0], *q1 = st[per_gate], *q2 = st[2 * per_gate], *q3 = st[3 * per_gate];
+    if (per_gate) {
+        SFX(lstm_gates_sum)(act, a, p, q0[0], q0[1], q0[2], 0, H, 0, keep);
+        SFX(lstm_gates_sum)(act, a, p, q1[0], q1[1], q1[2], H, 2 * H, 0, keep);
+    } else {
+        SFX(lstm_gates_sum)(act, a, p, q0[0], q0[1], q0[2], 0, 2 * H, 0, keep);
     }
+    SFX(lstm_gates_sum)(act, a, p, q2[0], q2[1], q2[2], 2 * H, 3 * H, 1, keep);
+    SFX(lstm_gates_sum)(act, a, p, q3[0], q3[1], q3[2], 3 * H, 4 * H, 0, keep);
 }
 
 /* Plain LSTM: act = the gates (i, f: sigmoid; g: tanh; o: sigmoid) of the
