@@ -113,18 +113,9 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
     Every variant runs in the engine (forward and backward in float32 and
     float64, bfloat16 and int8 inference, :meth:`step` and
     :class:`~fastln.rnn.StreamTable`) with the paper cell's guarantees. The
-    variants of published implementations, whose weights the loaders map
-    (gate order included):
-
-    ============================================  ==========  ===========  =========  =======
-    implementation                                gate_norm   carry        gate_bias  ln_bias
-    ============================================  ==========  ===========  =========  =======
-    the paper; Lingvo ``LayerNormalizedLSTMCellLean``  pair    raw          True       True
-    torchaudio ``_CustomLSTM`` (Emformer RNN-T)   sum         normalized   False      True
-    fastrnns / NeMo ``LayerNormLSTMCell``         pair        normalized   False      True
-    TF Addons ``LayerNormLSTMCell``               pair        normalized   True       True
-    TF1 ``LayerNormBasicLSTMCell``                per_gate    normalized   False      True
-    ============================================  ==========  ===========  =========  =======
+    guide's page "Variants of the LN-LSTM and loading trained models" maps the published
+    implementations (torchaudio, NeMo, fastrnns, TF Addons, TF1) onto these
+    options; :meth:`from_torch` and :meth:`from_keras` load their weights.
 
     Examples
     --------
