@@ -30,13 +30,20 @@ and times the module's step. Without it, the weights are random, of the same
 shapes, and fastln runs alone.
 """
 import argparse
+import os
 import statistics
 import time
 
-import numpy as np
+if __name__ == "__main__":
+    # NumPy's product (the Linear) on one OpenBLAS thread, set before NumPy
+    # loads OpenBLAS: a row times a 2 MB matrix gains little from more, and
+    # OpenBLAS's threads and fastln's would contend for the cores
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import fastln
-from fastln.rnn import LNLSTM
+import numpy as np  # noqa: E402
+
+import fastln  # noqa: E402
+from fastln.rnn import LNLSTM  # noqa: E402
 
 NUM_SYMBOLS = 4097   # torchaudio's LibriSpeech pipeline: 4096 word pieces and the blank
 BLANK = 4096         # every hypothesis starts from the blank
@@ -47,6 +54,13 @@ NORM_EPS = 1e-5      # the input and output LayerNorms' (torch.nn.LayerNorm's de
 LSTM_KEYS = {"x2g.weight": "weight_ih", "p2g.weight": "weight_hh",
              "g_norm.weight": "ln_weight", "g_norm.bias": "ln_bias",
              "c_norm.weight": "ln_c_weight", "c_norm.bias": "ln_c_bias"}
+
+
+def frozen(a):
+    """a's values in memory that nothing can write (a bytes object): the engine
+    packs such a weight matrix for its kernels once and keeps it, which at this
+    size (4 MB a matrix) steps faster than reading a writable one in place."""
+    return np.frombuffer(np.ascontiguousarray(a).tobytes(), a.dtype).reshape(a.shape)
 
 
 class Predictor:
@@ -64,6 +78,8 @@ class Predictor:
                            gate_norm="sum", carry="normalized", gate_bias=False)
         self.lstm.load_state_dict({f"{name}_l{k}": w[f"lstm_layers.{k}.{key}"]
                                    for k in layers for key, name in LSTM_KEYS.items()})
+        for key in [k for k in self.lstm.params if k.startswith("weight_")]:
+            self.lstm.params[key] = frozen(self.lstm.params[key])
         self.linear_t = w["linear.weight"].T        # h @ linear_t is torch's linear(h)
         self.linear_bias = w["linear.bias"]
         self.input_norm = w["input_layer_norm.weight"], w["input_layer_norm.bias"]

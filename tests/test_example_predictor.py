@@ -2,7 +2,9 @@
 torchaudio's emformer_rnnt_base against torchaudio's own forward (its
 models/rnnt.py from the pinned wheel: tests/_upstream.py), and bitwise the same
 per stream in any batch; the example's command line, with and without
-torchaudio."""
+torchaudio; and its benchmark, bench/predictor.py, at tiny settings."""
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +135,72 @@ def test_script_runs():
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "every stream bitwise the same as alone: yes" in r.stdout, r.stdout
+
+
+# ---- bench/predictor.py: its latency against torchaudio's and ONNX Runtime's --
+
+TINY = dict(repeats=2, min_sample=1e-4, budget=0.005, min_repeats=1)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("fastln_bench_predictor_test",
+                                                  os.path.join(ROOT, "bench", "predictor.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_rows(torch, bench, predictors):
+    """Every peer is checked against torchaudio's step and timed, at two batch
+    sizes; the table has a row for each and the targets' line."""
+    module, _ = predictors
+    saved = torch.get_num_threads()
+    result = bench.run(threads=[1], batches=(1, 2), timing=TINY, module=module)
+    assert torch.get_num_threads() == saved
+    (res,) = result["results"]
+    have_ort = bench.ort is not None
+    assert result["onnx"] is None if have_ort else "not installed" in result["onnx"]
+    assert [r["B"] for r in res["rows"]] == [1, 2]
+    lossy = {"fastln int8", "fastln bfloat16"}
+    for r in res["rows"]:
+        timed = {p for p, t in r["times"].items() if t is not None}
+        assert timed >= {"fastln", "fastln int8", "torchaudio"} | ({"onnxruntime"} if have_ort
+                                                                    else set())
+        assert all(r["times"][p] > 0 for p in timed)
+        for p in timed - lossy:
+            assert r["maxdiff"][p] <= bench.TOL, r["maxdiff"]
+        for p in timed & lossy:
+            assert 0 < r["maxdiff"][p] < 1, r["maxdiff"]
+    text = bench.format_table(result)
+    assert "fastln, LSTM int8" in text and "targets at B = 1, fastln float32: <= 0.3x" in text
+    assert "| B | case | ms |" in bench.format_table(result, markdown=True)
+    json.loads(json.dumps(result))
+
+
+def test_bench_catches_a_wrong_peer(torch, bench, predictors, monkeypatch):
+    """A fastln step that computes something else stops the run before timing."""
+    module, _ = predictors
+    monkeypatch.setattr(EP.Predictor, "step", lambda self, tokens, state: np.zeros((len(tokens),
+                                                                                     1024)))
+    with pytest.raises(AssertionError, match="fastln B=1: its output or state disagrees"):
+        bench.run(threads=[1], batches=(1,), timing=TINY, module=module)
+
+
+def test_bench_main(torch, bench, predictors, monkeypatch, tmp_path, capsys):
+    module, _ = predictors
+    monkeypatch.setattr(bench, "load_module", lambda: module)
+    run = bench.run
+    monkeypatch.setattr(bench, "run", lambda **kw: run(**dict(kw, timing=TINY)))
+    path = tmp_path / "predictor.json"
+    assert bench.main(["--threads", "1", "--batch", "1", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["results"][0]["rows"][0]["B"] == 1
+    assert "fastln float32" in capsys.readouterr().out
+
+    def unavailable():
+        raise RuntimeError("upstream source not available: no network")
+    monkeypatch.setattr(bench, "load_module", unavailable)
+    assert bench.main(["--threads", "1"]) == 1
+    assert "cannot be had (RuntimeError: upstream source" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--batch", "0"])
