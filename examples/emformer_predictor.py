@@ -78,7 +78,7 @@ class Predictor:
                            gate_norm="sum", carry="normalized", gate_bias=False)
         self.lstm.load_state_dict({f"{name}_l{k}": w[f"lstm_layers.{k}.{key}"]
                                    for k in layers for key, name in LSTM_KEYS.items()})
-        for key in [k for k in self.lstm.params if k.startswith("weight_")]:
+        for key in [k for k in self.lstm.params if k.startswith("weight_")]:   # packed once
             self.lstm.params[key] = frozen(self.lstm.params[key])
         self.linear_t = w["linear.weight"].T        # h @ linear_t is torch's linear(h)
         self.linear_bias = w["linear.bias"]
