@@ -50,11 +50,6 @@ BLANK = 4096         # every hypothesis starts from the blank
 LSTM_EPS = 1e-3      # emformer_rnnt_base's lstm_layer_norm_epsilon
 NORM_EPS = 1e-5      # the input and output LayerNorms' (torch.nn.LayerNorm's default)
 
-# one _CustomLSTM layer's parameters -> LNLSTM's (suffix _l{k})
-LSTM_KEYS = {"x2g.weight": "weight_ih", "p2g.weight": "weight_hh",
-             "g_norm.weight": "ln_weight", "g_norm.bias": "ln_bias",
-             "c_norm.weight": "ln_c_weight", "c_norm.bias": "ln_c_bias"}
-
 
 def frozen(a):
     """a's values in memory that nothing can write (a bytes object): the engine
@@ -71,13 +66,10 @@ class Predictor:
 
     def __init__(self, weights, lstm_eps=LSTM_EPS, eps=NORM_EPS):
         w = {k: np.asarray(v, np.float32) for k, v in weights.items()}
-        layers = sorted({int(k.split(".")[1]) for k in w if k.startswith("lstm_layers.")})
         self.embedding = w["embedding.weight"]
-        E, H = self.embedding.shape[1], w["lstm_layers.0.p2g.weight"].shape[1]
-        self.lstm = LNLSTM(E, H, len(layers), eps=lstm_eps,
-                           gate_norm="sum", carry="normalized", gate_bias=False)
-        self.lstm.load_state_dict({f"{name}_l{k}": w[f"lstm_layers.{k}.{key}"]
-                                   for k in layers for key, name in LSTM_KEYS.items()})
+        # torchaudio's _CustomLSTM stack: gate_norm="sum", carry="normalized", no gate bias
+        self.lstm = LNLSTM.from_torch({k: v for k, v in w.items()
+                                       if k.startswith("lstm_layers.")}, eps=lstm_eps)
         for key in [k for k in self.lstm.params if k.startswith("weight_")]:   # packed once
             self.lstm.params[key] = frozen(self.lstm.params[key])
         self.linear_t = w["linear.weight"].T        # h @ linear_t is torch's linear(h)
