@@ -492,7 +492,9 @@ def run(threads=2, quick=False, batches=BATCHES, case=CASE, export=True, probe=T
     rows = []
     saved = harness.peer_threads()
     try:
-        with _selfcheck.OtherLoad() as load:
+        with _selfcheck.OtherLoad() as load, warnings.catch_warnings():
+            # torch says once that its CPU LSTMP runs its own kernels, not oneDNN's
+            warnings.filterwarnings("ignore", "LSTM with projections is not supported")
             harness.set_peer_threads(threads)     # first: torch may share fastln's libgomp
             gap = _selfcheck.SPIN_GAP if threads > 1 else 0.0
             with fastln.threads(threads):
