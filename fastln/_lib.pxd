@@ -143,6 +143,8 @@ cdef extern from "fastln_rnn.h" nogil:
         const void *packed
         int transposed
         const float *scales[2]
+        int64_t proj
+        const float *scale_hr
     ctypedef struct fastln_rnn_step_args:
         const fastln_rnn_args *layers
         int64_t num_layers, batch, table_rows
@@ -265,9 +267,11 @@ cdef int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, c
                                        int64_t N, int64_t H) noexcept nogil
 
 # the engine's entry points (src_c/api/fastln_rnn.h), as the header names them less "fastln_"
-cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden) noexcept nogil
+cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden,
+                             int64_t proj) noexcept nogil
 cdef int rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input, int64_t hidden,
-                  const void *w_ih, const void *w_hh) noexcept nogil
+                  int64_t proj, const void *w_ih, const void *w_hh,
+                  const void *w_hr) noexcept nogil
 cdef int64_t rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H) noexcept nogil
 cdef int64_t rnn_work_size(int cell, int64_t T, int64_t B, int64_t H) noexcept nogil
 cdef int rnn_forward_f32(const fastln_rnn_args *a) noexcept nogil

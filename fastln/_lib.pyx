@@ -528,9 +528,11 @@ cdef int fastln_rms_norm_backward_half(int kind, uint16_t *dx, float *dweight, c
 # fastln.rnn._engine binds the engine; it calls the C functions through these.
 
 cdef extern from "fastln_rnn.h" nogil:
-    int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden)
-    int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input,
-                        int64_t hidden, const void *w_ih, const void *w_hh)
+    int64_t fastln_rnn_packed_size_proj(int cell, int wtype, int64_t input, int64_t hidden,
+                                        int64_t proj)
+    int fastln_rnn_pack_proj(void *out, int64_t size, int cell, int wtype, int64_t input,
+                             int64_t hidden, int64_t proj, const void *w_ih, const void *w_hh,
+                             const void *w_hr)
     int64_t fastln_rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H)
     int64_t fastln_rnn_work_size(int cell, int64_t T, int64_t B, int64_t H)
     int fastln_rnn_forward_f32(const fastln_rnn_args *a)
@@ -546,12 +548,14 @@ cdef extern from "fastln_rnn.h" nogil:
     const char *fastln_rnn_bf16_products()
     const char *fastln_rnn_int8_products()
 
-cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden) noexcept nogil:
-    return fastln_rnn_packed_size(cell, wtype, input, hidden)
+cdef int64_t rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden,
+                             int64_t proj) noexcept nogil:
+    return fastln_rnn_packed_size_proj(cell, wtype, input, hidden, proj)
 
 cdef int rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input, int64_t hidden,
-                  const void *w_ih, const void *w_hh) noexcept nogil:
-    return fastln_rnn_pack(out, size, cell, wtype, input, hidden, w_ih, w_hh)
+                  int64_t proj, const void *w_ih, const void *w_hh,
+                  const void *w_hr) noexcept nogil:
+    return fastln_rnn_pack_proj(out, size, cell, wtype, input, hidden, proj, w_ih, w_hh, w_hr)
 
 cdef int64_t rnn_cache_size(int cell, int64_t T, int64_t B, int64_t H) noexcept nogil:
     return fastln_rnn_cache_size(cell, T, B, H)

@@ -44,6 +44,18 @@ def positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
+def proj_size(value: Any, hidden_size: Any) -> int:
+    """An LSTM's proj_size as an int in [0, hidden_size), as torch.nn.LSTM
+    takes it, else a TypeError or ValueError naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"proj_size must be an int, got {type(value).__name__}")
+    P = int(value)
+    if not 0 <= P < hidden_size:
+        raise ValueError(f"proj_size must be in [0, hidden_size) = [0, {hidden_size}), "
+                         f"got {P}")
+    return P
+
+
 def choice(value: Any, name: str, options: Sequence[str]) -> str:
     """value as one of the strings options, else a ValueError naming it."""
     if not isinstance(value, str) or value not in options:

@@ -207,7 +207,7 @@ def _layer_params(params: Mapping[str, npt.ArrayLike], k: int, suffix: str = "")
     end = "_l%d%s" % (k, suffix)
     p: Dict[str, Any] = {name[:-len(end)]: np.asarray(v, np.float64)
                          for name, v in params.items() if name.endswith(end)}
-    for name in ("weight_ih", "weight_hh"):
+    for name in ("weight_ih", "weight_hh", "weight_hr"):
         scale = p.pop(name + "_scale", None)
         if scale is not None:
             p[name] = Int8Matrix(p[name], scale.astype(np.float32))
@@ -251,17 +251,19 @@ def _run(step: _Step, nstates: int, params: Mapping[str, npt.ArrayLike], x: npt.
     if batch_first:
         x = x.transpose(1, 0, 2)
     T, B, _ = x.shape
-    H = np.shape(params["weight_hh_l0"])[1]
+    H = np.shape(params["weight_hh_l0"])[1]             # h's features: P with a projection
+    C = np.shape(params["weight_hr_l0"])[1] if "weight_hr_l0" in params else H   # c's
     directions = [("", False), ("_reverse", True)] if bidirectional else [("", reverse)]
     D = len(directions)
+    shapes = [(D * num_layers, B, H), (D * num_layers, B, C)][:nstates]
     if state is None:
-        state = tuple(np.zeros((D * num_layers, B, H)) for _ in range(nstates))
+        state = tuple(np.zeros(shape) for shape in shapes)
     elif nstates == 1:
         state = (state,)
-    state = [np.array(s, np.float64) for s in state]          # copies: (D*num_layers, B, H) each
-    for s in state:
-        if s.shape != (D * num_layers, B, H):
-            raise ValueError("state must be %r, got %r" % ((D * num_layers, B, H), s.shape))
+    state = [np.array(s, np.float64) for s in state]          # copies, of shapes
+    for s, shape in zip(state, shapes):
+        if s.shape != shape:
+            raise ValueError("state must be %r, got %r" % (shape, s.shape))
     lengths = np.full(B, T) if lengths is None else np.asarray(lengths).astype(np.int64)
     inp = x
     for k in range(num_layers):
@@ -491,11 +493,13 @@ def lstm_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
     ----------
     params : mapping of str to ndarray
         The model's parameters, as :func:`param_shapes` names them for
-        ``"lstm_plain"``.
+        ``"lstm_plain"``; with ``weight_hr_l{k}`` (P, H) too, an LSTM with
+        proj_size P: h_t = (o*tanh(c_t)) W_hr^T, and h and y have P features.
     x : array_like, shape (T, B, I), or (B, T, I) with batch_first
         The input.
     state : tuple of ndarray, optional
-        The initial state (h, c), each (D*num_layers, B, H); None means zeros.
+        The initial state (h, c), each (D*num_layers, B, H) (h: P features
+        with a projection); None means zeros.
     lengths : array_like of int, shape (B,), optional
         The length of each sequence of a padded batch.
     num_layers : int, default 1
@@ -524,7 +528,8 @@ def lstm_forward(params: Mapping[str, npt.ArrayLike], x: npt.ArrayLike,
     def step(p: _Params, x_t: _Array, states: Tuple[_Array, ...]) -> Tuple[_Array, ...]:
         h, c = states
         o, c_new = _lstm_update(x_t @ p["weight_ih"].T + h @ p["weight_hh"].T + p["bias"], c)
-        return o * np.tanh(c_new), c_new
+        m = o * np.tanh(c_new)
+        return (m @ p["weight_hr"].T if "weight_hr" in p else m), c_new
 
     return _run(step, 2, params, x, state, lengths, num_layers, batch_first,
                 bidirectional, reverse)

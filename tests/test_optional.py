@@ -47,8 +47,10 @@ DISTRIBUTIONS = {
 # peers that fastln compares itself with or reads objects of, and never
 # installs: torch is a multi-gigabyte wheel of its own build, which a user
 # brings (the tests that need it skip without it, or fail under
-# FASTLN_REQUIRE_TORCH=1); jax is an optional row of the benchmarks
-PEERS = {"torch", "jax"}
+# FASTLN_REQUIRE_TORCH=1); jax is an optional row of the benchmarks;
+# torchaudio's predictor is what examples/emformer_predictor.py runs, where it
+# imports (the tests read its source from the released wheel instead)
+PEERS = {"torch", "jax", "torchaudio"}
 REQUIRED = {"numpy"}
 # SciPy, which other packages bring along, is blocked with the optional packages: fastln
 # needs no BLAS library

@@ -151,8 +151,6 @@ def test_rnn_from_torch_sums_the_biases(torch):
 
 
 def test_rnn_from_torch_rejects_what_it_cannot_run(torch):
-    with pytest.raises(ValueError, match=named("module")):
-        LSTM.from_torch(torch.nn.LSTM(3, 4, proj_size=2))
     assert LSTM.from_torch(torch.nn.LSTM(3, 4, bidirectional=True)).bidirectional
     with pytest.raises(TypeError, match=named("module")):
         RNN.from_torch(torch.nn.RNN(3, 4, dtype=torch.float16))

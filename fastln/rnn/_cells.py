@@ -2,7 +2,7 @@
 2016), and the plain LSTM, RNN and GRU, the same engine without LayerNorm."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, FrozenSet, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -155,9 +155,13 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
             omit.update(("ln_ih_bias", "ln_hh_bias", "ln_bias", "ln_c_bias"))
         return frozenset(omit)
 
+    def _variant(self) -> Dict[str, Any]:
+        """The variant's options that differ from the paper cell's."""
+        return {name: getattr(self, name) for name, default in _VARIANT
+                if getattr(self, name) != default}
+
     def __repr__(self) -> str:
-        variant = "".join(f", {name}={getattr(self, name)!r}" for name, default in _VARIANT
-                          if getattr(self, name) != default)
+        variant = "".join(f", {name}={value!r}" for name, value in self._variant().items())
         return super().__repr__()[:-1] + variant + ")"
 
     @classmethod
@@ -380,7 +384,8 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
 
     ``gates = x W_ih^T + h W_hh^T + bias`` (order i, f, g, o),
     ``c' = sigmoid(f)*c + sigmoid(i)*tanh(g)``, ``h' = sigmoid(o)*tanh(c')``:
-    torch.nn.LSTM's equations with its two biases summed into one.
+    torch.nn.LSTM's equations with its two biases summed into one; with
+    ``proj_size`` P, ``h' = (sigmoid(o)*tanh(c')) W_hr^T`` (LSTMP).
 
     Parameters
     ----------
@@ -396,6 +401,11 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         ``bias`` starts at 0 (as in LNLSTM, so that the two compare fairly).
     bidirectional : bool, default False
         As for :class:`LNLSTM`.
+    proj_size : int, default 0
+        P in [0, hidden_size): with P > 0, h and y have P features (c keeps
+        H), ``weight_hh_l{k}`` is (4H, P), ``weight_hr_l{k}`` (P, H) projects,
+        and the model runs inference only (forward(x, cache=False), step(),
+        StreamTable, bfloat16 and int8), as torch.nn.LSTM's proj_size.
 
     Attributes
     ----------
@@ -407,7 +417,7 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
     Raises
     ------
     TypeError, ValueError
-        As :class:`LNLSTM`.
+        As :class:`LNLSTM`; a proj_size outside [0, hidden_size).
 
     Notes
     -----
@@ -428,7 +438,10 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
                  batch_first: bool = False, dtype: npt.DTypeLike = np.float32,
-                 seed: Optional[int] = None, bidirectional: bool = False) -> None:
+                 seed: Optional[int] = None, bidirectional: bool = False,
+                 proj_size: int = 0) -> None:
+        if _validate.proj_size(proj_size, hidden_size):
+            self.proj_size = int(proj_size)
         super().__init__(input_size, hidden_size, num_layers, batch_first, dtype, seed,
                          bidirectional)
 
@@ -439,8 +452,8 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         Parameters
         ----------
         module : torch.nn.LSTM
-            Without ``proj_size``, float32, float64 or bfloat16 (a
-            bfloat16 module gives a bfloat16 model, for inference). Its ``bias_ih_l{k} +
+            float32, float64 or bfloat16 (a bfloat16 module gives a bfloat16
+            model, for inference), with its proj_size. Its ``bias_ih_l{k} +
             bias_hh_l{k}`` become ``bias_l{k}`` (and likewise with the suffix
             ``_reverse``); ``batch_first`` and ``bidirectional`` are kept;
             dropout between layers is not applied (a warning says so).
@@ -454,8 +467,6 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         ------
         TypeError
             module is not a ``torch.nn.LSTM``, or not float32, float64 or bfloat16.
-        ValueError
-            module has ``proj_size``.
 
         Warns
         -----
@@ -477,7 +488,7 @@ class LSTM(_Plain[Tuple[_Array, _Array]]):
         True
         """
         _torch.check_module(module, "LSTM")
-        return rnn_from_torch(cls, module, {})
+        return rnn_from_torch(cls, module, {"proj_size": module.proj_size})
 
 
 class RNN(_Plain[_Array]):

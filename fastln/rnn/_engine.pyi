@@ -21,10 +21,10 @@ W_INT8: int
 
 # cell name -> the engine's cell code
 CELLS: dict[str, int]
-# (cell, input size, hidden size) -> param_sizes' result
-_SIZES: dict[tuple[str, int, int], tuple[int, ...]]
+# (cell, input size, hidden size, projection) -> param_sizes' result
+_SIZES: dict[tuple[str, int, int, int], tuple[int, ...]]
 
-def param_sizes(cell: str, I: int, H: int) -> tuple[int, ...]: ...
+def param_sizes(cell: str, I: int, H: int, P: int = 0) -> tuple[int, ...]: ...
 def cache_size(cell: str, T: int, B: int, H: int) -> int: ...
 def work_size(cell: str, T: int, B: int, H: int) -> int: ...
 def forward(
@@ -44,9 +44,10 @@ def forward(
     reverse: bool = False,
     wtype: int = 0,
     packed: _Array | None = None,
+    P: int = 0,
 ) -> int: ...
-def pack(cell: str, wtype: int, I: int, H: int, w_ih: _Array, w_hh: _Array
-              ) -> _Array | None: ...
+def pack(cell: str, wtype: int, I: int, H: int, w_ih: _Array, w_hh: _Array,
+         w_hr: _Array | None = None, P: int = 0) -> _Array | None: ...
 def forward2(
     cell: str,
     T: int,
@@ -63,6 +64,7 @@ def forward2(
     c2: Sequence[_Array] | _Array | None,
     wtype: int = 0,
     packed2: Sequence[_Array | None] | None = None,
+    P: int = 0,
 ) -> int: ...
 def backward(
     cell: str,
@@ -111,6 +113,8 @@ class Step:
     def input_size(self) -> int: ...
     @property
     def hidden_size(self) -> int: ...
+    @property
+    def out_size(self) -> int: ...
     def __new__(
         cls,
         cell: str,
@@ -123,6 +127,7 @@ class Step:
         bf16: Any,
         keys: list[str],
         owners: list[Any],
+        P: int = 0,
     ) -> Step: ...
     def valid(self, params: Any) -> bool: ...
     def __call__(

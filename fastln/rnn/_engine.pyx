@@ -79,9 +79,10 @@ CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3,
 
 _SIZES = {}
 
-def param_sizes(str cell, int64_t I, int64_t H):
-    """Element counts of one layer's parameters, in fastln_rnn.h order."""
-    key = (cell, I, H)
+def param_sizes(str cell, int64_t I, int64_t H, int64_t P=0):
+    """Element counts of one layer's parameters, in fastln_rnn.h order (P: a
+    plain LSTM's projection, W_hr (P, H) last)."""
+    key = (cell, I, H, P)
     sizes = _SIZES.get(key)
     if sizes is None:
         if cell in ("lstm", "lstm_carry_ln"):
@@ -90,6 +91,8 @@ def param_sizes(str cell, int64_t I, int64_t H):
             sizes = (4 * H * I, 4 * H * H) + (4 * H,) * 3 + (H,) * 2
         elif cell == "gru":
             sizes = (3 * H * I, 3 * H * H) + (2 * H,) * 4 + (H,) * 4
+        elif cell == "lstm_plain" and P:
+            sizes = (4 * H * I, 4 * H * P, 4 * H, P * H)
         elif cell == "lstm_plain":
             sizes = (4 * H * I, 4 * H * H, 4 * H)
         elif cell.startswith("gru_plain"):
@@ -119,13 +122,15 @@ cdef int _arr_list(void **dst, arrays, int tn, sizes, bint writable, str what) e
 
 cdef int _params(fastln_rnn_args *a, params, int tn, sizes, int wtype) except -1:
     """a.params[k] = the data of params[k], each checked against sizes[k];
-    a.wtype = wtype. W_ih and W_hh (the first two) are bfloat16 bits (uint16)
-    for W_BF16, int8 for W_INT8 (then params ends with the two matrices' row
-    scales, float32, G each, for a.scales), else they may be
-    Fortran-ordered: then they go as transposed (a.transposed)."""
-    cdef int k, n = len(sizes)
-    cdef int64_t G = sizes[1] // a.hidden
-    if len(params) != n + (2 if wtype == W_INT8 else 0):
+    a.wtype = wtype. The weight matrices (W_ih, W_hh, and a projection's W_hr
+    after the bias) are bfloat16 bits (uint16) for W_BF16, int8 for W_INT8
+    (then params ends with the matrices' row scales, float32, G each and P
+    for W_hr, for a.scales and a.scale_hr), else W_ih and W_hh may be
+    Fortran-ordered: then they go as transposed (a.transposed). a.input and
+    a.proj are set."""
+    cdef int k, n = len(sizes), nm = 3 if a.proj else 2
+    cdef int64_t G = sizes[0] // a.input
+    if len(params) != n + (nm if wtype == W_INT8 else 0):
         raise ValueError("internal: wrong number of params")
     a.wtype = wtype
     cdef int wtn = cnp.NPY_UINT16 if wtype == W_BF16 else cnp.NPY_INT8 if wtype == W_INT8 else tn
@@ -136,12 +141,15 @@ cdef int _params(fastln_rnn_args *a, params, int tn, sizes, int wtype) except -1
                 raise ValueError("internal: bad array for params")
             a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
         else:
-            _arr(p, wtn if k < 2 else tn, sizes[k], False, "params")
+            _arr(p, wtn if k < 2 or (a.proj and k == 3) else tn, sizes[k], False, "params")
         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)
     if wtype == W_INT8:
         for k in range(2):
             _arr(params[n + k], cnp.NPY_FLOAT, G, False, "scales")
             a.scales[k] = <const float *>cnp.PyArray_DATA(<cnp.ndarray>params[n + k])
+        if a.proj:
+            _arr(params[n + 2], cnp.NPY_FLOAT, a.proj, False, "scales")
+            a.scale_hr = <const float *>cnp.PyArray_DATA(<cnp.ndarray>params[n + 2])
     return 0
 
 cdef inline bint _fortran(object a, int tn) noexcept:
@@ -153,15 +161,16 @@ cdef inline bint _fortran(object a, int tn) noexcept:
 
 cdef int _rnn_setup(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                     int64_t H, double eps, x, params, lengths, cache, bint cache_required,
-                    int wtype=W_SAME) except -1:
+                    int wtype=W_SAME, int64_t P=0) except -1:
     """Fills the sizes, parameters, x, lengths and cache of a; returns the type number.
-    wtype: the storage of W_ih and W_hh (see _params)."""
+    wtype: the storage of the weight matrices (see _params); P: a plain
+    LSTM's projection, or 0."""
     cdef int tn = _float_type(x)
-    if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1:
+    if tn < 0 or T < 1 or B < 1 or I < 1 or H < 1 or P < 0:
         raise ValueError("internal: bad x or sizes")
     _arr(x, tn, T * B * I, False, "x")
-    a.hidden = H
-    _params(a, params, tn, param_sizes(cell, I, H), wtype)
+    a.input, a.hidden, a.proj = I, H, P
+    _params(a, params, tn, param_sizes(cell, I, H, P), wtype)
     if lengths is not None:
         _arr(lengths, cnp.NPY_INT64, B, False, "lengths")
     cdef int code = CELLS[cell]
@@ -185,42 +194,48 @@ cdef int _set_packed(fastln_rnn_args *a, packed) except -1:
     if packed is not None:
         _arr(packed, cnp.NPY_UINT8, cnp.PyArray_SIZE(<cnp.ndarray>packed), False, "packed")
         if cnp.PyArray_SIZE(<cnp.ndarray>packed) >= rnn_packed_size(
-                a.cell, a.wtype, a.input, a.hidden):
+                a.cell, a.wtype, a.input, a.hidden, a.proj):
             a.packed = _ptr(packed)
     return 0
 
 cdef int _rnn_fill_forward(fastln_rnn_args *a, str cell, int64_t T, int64_t B, int64_t I,
                            int64_t H, double eps, x, params, lengths, cache, y, h, c,
-                           int d, int nd, int wtype=W_SAME, packed=None) except -1:
-    """a = direction d of nd (d = 1: reverse) of one layer forward: y (T, B, nd*H)
-    takes its H columns at offset d*H; h, c (B, H) are updated in place.
-    wtype: the weights' storage (see _params); packed: None or pack's array."""
+                           int d, int nd, int wtype=W_SAME, packed=None,
+                           int64_t P=0) except -1:
+    """a = direction d of nd (d = 1: reverse) of one layer forward: y (T, B,
+    nd*W) takes its W columns at offset d*W, W = P (a projected LSTM) or H;
+    h (B, W), c (B, H) are updated in place. wtype: the weights' storage (see
+    _params); packed: None or pack's array."""
     memset(a, 0, sizeof(a[0]))
     cdef int tn = _rnn_setup(a, cell, T, B, I, H, eps, x, params, lengths, cache, False,
-                             wtype)
+                             wtype, P)
+    cdef int64_t W = P if P else H
     _set_packed(a, packed)
-    _arr(y, tn, T * B * H * nd, True, "y")
-    _arr(h, tn, B * H, True, "h")
+    _arr(y, tn, T * B * W * nd, True, "y")
+    _arr(h, tn, B * W, True, "h")
     if cell.startswith("lstm"):
         _arr(c, tn, B * H, True, "c")
-    a.y = <char *>_ptr(y) + d * H * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
+    a.y = <char *>_ptr(y) + d * W * cnp.PyArray_ITEMSIZE(<cnp.ndarray>y)
     a.h, a.c = _ptr(h), _ptr(c)
-    a.reverse, a.ldy = d, H * nd
+    a.reverse, a.ldy = d, W * nd
     return tn
 
-def pack(str cell, int wtype, int64_t I, int64_t H, w_ih, w_hh):
+def pack(str cell, int wtype, int64_t I, int64_t H, w_ih, w_hh, w_hr=None, int64_t P=0):
     """One layer's weights (stored as wtype) packed for the forward on the
-    path in use (fastln_rnn_pack), a uint8 array; None for float64 weights,
-    which each forward packs (or reads in place) itself."""
+    path in use (fastln_rnn_pack_proj), a uint8 array; None for float64
+    weights, which each forward packs (or reads in place) itself. w_hr: a
+    projected LSTM's W_hr (P, H), else None."""
     cdef int code = CELLS[cell], wt = wtype
     cdef int tn = cnp.NPY_UINT16 if wtype == W_BF16 else cnp.NPY_INT8 if wtype == W_INT8 \
         else _float_type(w_ih)
-    if tn < 0 or I < 1 or H < 1:
+    if tn < 0 or I < 1 or H < 1 or P < 0 or (P > 0) != (w_hr is not None):
         raise ValueError("internal: bad weights for _rnn_pack")
-    sizes = param_sizes(cell, I, H)
+    sizes = param_sizes(cell, I, H, P)
     _arr(w_ih, tn, sizes[0], False, "w_ih")
     _arr(w_hh, tn, sizes[1], False, "w_hh")
-    cdef int64_t n = rnn_packed_size(code, wt, I, H)
+    if P:
+        _arr(w_hr, tn, sizes[3], False, "w_hr")
+    cdef int64_t n = rnn_packed_size(code, wt, I, H, P)
     if n <= 0 or tn == cnp.NPY_DOUBLE:
         return None
     buf = np.empty(n + 64, np.uint8)   # 64-byte aligned: the panels' rows are cache lines
@@ -229,21 +244,23 @@ def pack(str cell, int wtype, int64_t I, int64_t H, w_ih, w_hh):
     cdef void *o = _ptr(out)
     cdef const void *wi = _ptr(w_ih)
     cdef const void *wh = _ptr(w_hh)
+    cdef const void *wr = _ptr(w_hr)
     cdef int rc
     with nogil:
-        rc = rnn_pack(o, n, code, wt, I, H, wi, wh)
+        rc = rnn_pack(o, n, code, wt, I, H, P, wi, wh, wr)
     _check(rc)
     return out
 
 def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
                  x, params, lengths, cache, y, h, c, bint reverse=False, int wtype=W_SAME,
-                 packed=None):
+                 packed=None, int64_t P=0):
     """One layer forward: y (T,B,H), h and c (B,H, c for LSTM only) updated in place;
     with reverse, each sequence runs from its last valid step back to its first.
-    wtype: the weights' storage (see _params); packed: None or pack's."""
+    wtype: the weights' storage (see _params); packed: None or pack's; P: a
+    plain LSTM's projection (y and h then have P features)."""
     cdef fastln_rnn_args a
     cdef int tn = _rnn_fill_forward(&a, cell, T, B, I, H, eps, x, params, lengths, cache,
-                                    y, h, c, 0, 1, wtype, packed)
+                                    y, h, c, 0, 1, wtype, packed, P)
     a.reverse = reverse
     cdef int rc
     with nogil:
@@ -251,17 +268,18 @@ def forward(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
     return _rnn_status(rc)
 
 def forward2(str cell, int64_t T, int64_t B, int64_t I, int64_t H, double eps,
-                  x, params2, lengths, caches2, y, h2, c2, int wtype=W_SAME, packed2=None):
-    """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H);
-    params2, caches2, h2, c2, packed2: a pair each (forward, reverse), caches2
-    and packed2 may be None."""
+                  x, params2, lengths, caches2, y, h2, c2, int wtype=W_SAME, packed2=None,
+                  int64_t P=0):
+    """Both directions of one layer forward (fastln_rnn_forward2): y (T,B,2H),
+    or (T,B,2P) with a projection P; params2, caches2, h2, c2, packed2: a
+    pair each (forward, reverse), caches2 and packed2 may be None."""
     cdef fastln_rnn_args a[2]
     cdef int tn = 0, d
     for d in range(2):
         tn = _rnn_fill_forward(&a[d], cell, T, B, I, H, eps, x, params2[d], lengths,
                                None if caches2 is None else caches2[d], y, h2[d],
                                None if c2 is None else c2[d], d, 2, wtype,
-                               None if packed2 is None else packed2[d])
+                               None if packed2 is None else packed2[d], P)
     cdef int rc
     with nogil:
         rc = rnn_forward2_f32(a) if tn == cnp.NPY_FLOAT else rnn_forward2_f64(a)
@@ -339,9 +357,10 @@ cdef class Step:
     """A model's step, compiled: every layer's arguments checked and filled
     once, then one call into the engine (fastln_rnn_step_*) per step.
 
-    Step(cell, I, H, eps, layers, packs, wtype, bf16, keys, owners): layers[k]
-    is layer k's list of parameter arrays (as forward takes them), packs[k]
-    None or its pack() array; wtype the weights' storage (see _params); bf16
+    Step(cell, I, H, eps, layers, packs, wtype, bf16, keys, owners, P=0):
+    layers[k] is layer k's list of parameter arrays (as forward takes them),
+    packs[k] None or its pack() array; P a plain LSTM's projection (h and y
+    then have P features, c H); wtype the weights' storage (see _params); bf16
     None, or the bfloat16 dtype of a bfloat16 model (its y is bfloat16); keys
     the model's params keys the step reads and owners the arrays they held
     when it was built (kept, and compared by valid()). The weights of a
@@ -349,21 +368,22 @@ cdef class Step:
     they stay immutable.
     """
     cdef fastln_rnn_args *layers
-    cdef readonly int64_t num_layers, input_size, hidden_size
+    cdef readonly int64_t num_layers, input_size, hidden_size, out_size   # out: h's, y's
     cdef int tn
     cdef bint lstm
     cdef object keys, owners, keep, locked, bf16
     cdef list spare
 
     def __cinit__(self, str cell, int64_t I, int64_t H, double eps, list layers, list packs,
-                  int wtype, bf16, list keys, list owners):
+                  int wtype, bf16, list keys, list owners, int64_t P=0):
         cdef int64_t nl = len(layers), k
-        if nl < 1 or len(packs) != nl or I < 1 or H < 1:
+        if nl < 1 or len(packs) != nl or I < 1 or H < 1 or P < 0:
             raise ValueError("internal: bad layers for Step")
         self.layers = <fastln_rnn_args *>PyMem_Malloc(nl * sizeof(fastln_rnn_args))
         if self.layers == NULL:
             raise MemoryError()
         self.num_layers, self.input_size, self.hidden_size = nl, I, H
+        self.out_size = P if P else H
         self.tn = cnp.NPY_FLOAT if wtype != W_SAME else _float_type(layers[0][2])
         if self.tn < 0:
             raise ValueError("internal: bad parameters for Step")
@@ -372,8 +392,8 @@ cdef class Step:
             a = &self.layers[k]
             memset(a, 0, sizeof(a[0]))
             a.cell = CELLS[cell]
-            a.input, a.hidden, a.eps = I if k == 0 else H, H, eps
-            _params(a, layers[k], self.tn, param_sizes(cell, a.input, H), wtype)
+            a.input, a.hidden, a.eps, a.proj = I if k == 0 else self.out_size, H, eps, P
+            _params(a, layers[k], self.tn, param_sizes(cell, a.input, H, P), wtype)
             _set_packed(a, packs[k])
         self.keys, self.owners, self.bf16 = keys, owners, bf16
         self.spare = []
@@ -403,9 +423,11 @@ cdef class Step:
                 and cnp.PyArray_DIM(<cnp.ndarray>x, 1) == self.input_size
                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) > 0):
             return None
-        cdef cnp.npy_intp dims[3]
+        cdef cnp.npy_intp dims[3]   # of h and y; c's: cdims
+        cdef cnp.npy_intp cdims[3]
         dims[0], dims[1], dims[2] = self.num_layers, cnp.PyArray_DIM(<cnp.ndarray>x, 0), \
-            self.hidden_size
+            self.out_size
+        cdims[0], cdims[1], cdims[2] = dims[0], dims[1], self.hidden_size
         if out is not None and not (
                 type(out) is cnp.ndarray and cnp.PyArray_ISCARRAY(<cnp.ndarray>out)
                 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)
@@ -417,11 +439,11 @@ cdef class Step:
             return None        # checked before state_out is written: a refusal writes nothing
         h_in = c_in = h = c = None
         if state is not None:
-            if not self._parts(state, dims, False):
+            if not self._parts(state, dims, cdims, False):
                 return None
             h_in, c_in = (state[0], state[1]) if self.lstm else (state, None)
         if state_out is not None:
-            if not self._parts(state_out, dims, True):
+            if not self._parts(state_out, dims, cdims, True):
                 return None
             h, c = (state_out[0], state_out[1]) if self.lstm else (state_out, None)
             if state is None:
@@ -432,8 +454,8 @@ cdef class Step:
             h = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
                 cnp.PyArray_ZEROS(3, dims, self.tn, 0)
             if self.lstm:
-                c = cnp.PyArray_EMPTY(3, dims, self.tn, 0) if state is not None else \
-                    cnp.PyArray_ZEROS(3, dims, self.tn, 0)
+                c = cnp.PyArray_EMPTY(3, cdims, self.tn, 0) if state is not None else \
+                    cnp.PyArray_ZEROS(3, cdims, self.tn, 0)
         cdef int64_t n = dims[1] * dims[2]
         if self.bf16 is not None:   # float32 y from the spare arrays, rounded into out
             y = self._spare_y(n)
@@ -470,14 +492,14 @@ cdef class Step:
                 return a
         return cnp.PyArray_EMPTY(1, &size, cnp.NPY_FLOAT, 0)
 
-    cdef bint _parts(self, state, cnp.npy_intp *dims, bint writable):
+    cdef bint _parts(self, state, cnp.npy_intp *dims, cnp.npy_intp *cdims, bint writable):
         """Whether state is h, or (h, c) for an LSTM, of arrays the fast path
-        takes (writable ones for an output)."""
+        takes (writable ones for an output): h of dims, c of cdims."""
         if self.lstm:
             if type(state) is not tuple or len(<tuple>state) != 2:
                 return False
             return (self._state_ok(state[0], dims, writable)
-                    and self._state_ok(state[1], dims, writable))
+                    and self._state_ok(state[1], cdims, writable))
         return self._state_ok(state, dims, writable)
 
     cdef bint _state_ok(self, a, cnp.npy_intp *dims, bint writable):
@@ -509,20 +531,22 @@ cdef class Step:
         return True
 
     def run(self, int64_t B, x, h_in, c_in, y, h, c):
-        """One step of B rows: x (B, I) -> y (B, H); the state (num_layers, B,
-        H) goes from h_in, c_in (None: h, c hold it) into h, c."""
+        """One step of B rows: x (B, I) -> y (B, W), W = out_size; the state
+        (num_layers, B, W) and (num_layers, B, H) goes from h_in, c_in (None:
+        h, c hold it) into h, c."""
         cdef fastln_rnn_step_args s
-        cdef int64_t n = self.num_layers * B * self.hidden_size
+        cdef int64_t n = self.num_layers * B * self.out_size
+        cdef int64_t nc = self.num_layers * B * self.hidden_size
         memset(&s, 0, sizeof(s))
         _arr(x, self.tn, B * self.input_size, False, "x")
-        _arr(y, self.tn, B * self.hidden_size, True, "y")
+        _arr(y, self.tn, B * self.out_size, True, "y")
         _arr(h, self.tn, n, True, "h")
         if h_in is not None:
             _arr(h_in, self.tn, n, False, "h_in")
         if self.lstm:
-            _arr(c, self.tn, n, True, "c")
+            _arr(c, self.tn, nc, True, "c")
             if c_in is not None:
-                _arr(c_in, self.tn, n, False, "c_in")
+                _arr(c_in, self.tn, nc, False, "c_in")
             s.c, s.c_in = _ptr(c), _ptr(c_in)
         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, B
         s.h, s.h_in = _ptr(h), _ptr(h_in)
@@ -530,23 +554,24 @@ cdef class Step:
         return self._call(&s)
 
     def table(self, x, rows, h, c, y):
-        """One step of the streams at rows (B) of the state tables h, c
-        (num_layers, S, H): x (B, I) -> y (B, H); the rows are distinct."""
+        """One step of the streams at rows (B) of the state tables h
+        (num_layers, S, W), c (num_layers, S, H): x (B, I) -> y (B, W), W =
+        out_size; the rows are distinct."""
         cdef fastln_rnn_step_args s
         memset(&s, 0, sizeof(s))
         if not _fast(rows, cnp.NPY_INT64):
             raise ValueError("internal: bad rows")
         cdef int64_t B = cnp.PyArray_SIZE(<cnp.ndarray>rows)
-        cdef int64_t per = self.num_layers * self.hidden_size
+        cdef int64_t per = self.num_layers * self.out_size
         if not _fast(h, self.tn) or cnp.PyArray_SIZE(<cnp.ndarray>h) % per:
             raise ValueError("internal: bad h table")
         cdef int64_t S = cnp.PyArray_SIZE(<cnp.ndarray>h) // per
         _arr(h, self.tn, S * per, True, "h")
         if self.lstm:
-            _arr(c, self.tn, S * per, True, "c")
+            _arr(c, self.tn, S * self.num_layers * self.hidden_size, True, "c")
             s.c = _ptr(c)
         _arr(x, self.tn, B * self.input_size, False, "x")
-        _arr(y, self.tn, B * self.hidden_size, True, "y")
+        _arr(y, self.tn, B * self.out_size, True, "y")
         s.layers, s.num_layers, s.batch, s.table_rows = self.layers, self.num_layers, B, S
         s.rows = <const int64_t *>_ptr(rows)
         s.h, s.x, s.y = _ptr(h), _ptr(x), _ptr(y)

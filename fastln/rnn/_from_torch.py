@@ -23,8 +23,6 @@ def rnn_from_torch(cls: Type[_M], module: Any, extra: Dict[str, Any]) -> _M:
     of module's sizes and directions whose parameters are module's, the two
     biases of each layer summed where the cell's equations allow (in
     float64, then rounded once)."""
-    if getattr(module, "proj_size", 0):
-        raise ValueError("module must be without proj_size")
     dtype = _torch.module_dtype(module)
     if dtype not in (np.float32, np.float64) and not _is_bf16(dtype):
         raise TypeError(f"module has dtype {dtype}; fastln's RNN engine runs float32, "
@@ -42,6 +40,8 @@ def rnn_from_torch(cls: Type[_M], module: Any, extra: Dict[str, Any]) -> _M:
             layer = f"_l{k}{sfx}"
             state["weight_ih" + layer] = sd["weight_ih" + layer]
             state["weight_hh" + layer] = sd["weight_hh" + layer]
+            if model.proj_size:
+                state["weight_hr" + layer] = sd["weight_hr" + layer]
             b_ih = b_hh = np.zeros(model.params["weight_ih" + layer].shape[0])
             if module.bias:
                 b_ih = sd["bias_ih" + layer].astype(np.float64)

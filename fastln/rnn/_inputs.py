@@ -3,7 +3,7 @@ dy, states, lengths, out arrays, sizes) checked and made into the arrays the
 engine reads, or a TypeError or ValueError naming the argument."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple, TypeVar, Union
+from typing import Any, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,7 @@ class Inputs:
 
     input_size: int
     hidden_size: int
+    proj_size: int          # LSTM's projection P, or 0
     num_layers: int
     batch_first: bool
     bidirectional: bool
@@ -94,12 +95,26 @@ class Inputs:
                              f"{(x.transpose(1, 0, 2) if self.batch_first else x).shape}")
         return np.require(x, requirements=["C", "A"])
 
+    @property
+    def _out_size(self) -> int:
+        """The features of h and of each direction's y: P with a projection, else H."""
+        return self.proj_size or self.hidden_size
+
+    def _state_shapes(self, B: int, layers: int) -> List[Tuple[int, int, int]]:
+        """The shapes of the state's parts, [h] or [h, c], for B rows and
+        layers (D * num_layers, or num_layers for a step): c has H features,
+        h those of _out_size."""
+        h = (layers, B, self._out_size)
+        return [h, (layers, B, self.hidden_size)] if self._has_cell else [h]
+
     def _states(self, state: Any, B: int, name: str) -> List[_Array]:
-        """The state as a list of (D * num_layers, B, H) arrays (copies): [h] or [h, c]."""
-        shape = (self.num_directions * self.num_layers, B, self.hidden_size)
-        n = 2 if self._has_cell else 1
+        """The state as a list of (D * num_layers, B, H) arrays (copies): [h] or [h, c]
+        (h of P features with a projection)."""
+        shapes = self._state_shapes(B, self.num_directions * self.num_layers)
+        shape = shapes[0]
+        n = len(shapes)
         if state is None:
-            return [np.zeros(shape, self._dt) for _ in range(n)]
+            return [np.zeros(s, self._dt) for s in shapes]
         if not self._has_cell and isinstance(state, tuple):
             raise TypeError(f"{name} of {type(self).__name__} is h itself, an array of shape "
                             f"(D * num_layers, B, H) = {shape}, not a tuple: pass h, "
@@ -112,7 +127,7 @@ class Inputs:
                 if n == 1:
                     return [a.copy()]
                 b = parts[1]
-                if type(b) is np.ndarray and b.dtype is dt and b.shape == shape:
+                if type(b) is np.ndarray and b.dtype is dt and b.shape == shapes[1]:
                     return [a.copy(), b.copy()]
         if self._has_cell:
             if not isinstance(state, (tuple, list)) or len(state) != 2:
@@ -122,13 +137,14 @@ class Inputs:
         else:
             parts = (state,)
         out = []
-        for part in parts:
+        for part, shape in zip(parts, shapes):
             if part is None:
                 out.append(np.zeros(shape, self._dt))
                 continue
             a = as_array(part, name, self._dt, self.dtype, strict=True, layout=False)
             if a.shape != shape:
-                what = "(2 * num_layers, B, H)" if self.bidirectional else "(num_layers, B, H)"
+                what = "(2 * num_layers, B, " if self.bidirectional else "(num_layers, B, "
+                what += "P)" if self.proj_size and shape is shapes[0] else "H)"
                 raise ValueError(f"{name} must have shape {what} = {shape}, got {a.shape}")
             out.append(np.array(a, dtype=self._dt, order="C"))
         return out
@@ -151,11 +167,12 @@ class Inputs:
                              f"got values from {a.min()} to {a.max()}")
         return np.require(a, np.int64, ["C", "A"])
 
-    def _outputs(self, arrays: Any, shape: Tuple[int, ...], name: str) -> List[_Array]:
+    def _outputs(self, arrays: Any, shapes: Sequence[Tuple[int, ...]],
+                 name: str) -> List[_Array]:
         """arrays (an array, or a tuple (h, c) for a model with a cell state
-        when name is state_out) checked as outputs of shape and dtype (the
-        model's for out, the state's for the state): C-contiguous, aligned
-        and writable; [] for None."""
+        when name is state_out) checked as outputs of shapes (one per part)
+        and dtype (the model's for out, the state's for the state):
+        C-contiguous, aligned and writable; [] for None."""
         if arrays is None:
             return []
         n = 2 if self._has_cell and name == "state_out" else 1
@@ -164,7 +181,7 @@ class Inputs:
             raise TypeError(f"{name} must be a tuple (h, c) for {type(self).__name__}, "
                             f"got {type(arrays).__name__}")
         want = self.dtype if name == "out" else self._dt
-        for a in parts:
+        for a, shape in zip(parts, shapes):
             if not isinstance(a, np.ndarray):
                 raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
             if a.dtype != want:

@@ -42,14 +42,21 @@ LAYOUTS = {
                       ("bias", 1, "zeros")]),
     "gru_plain": (3, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
                       ("bias", 3, "zeros"), ("bias_hn", 1, "zeros")]),
+    # LSTM with proj_size (a schema's proj): the projection's W_hr (P, H) last
+    "lstm_plain_proj": (4, [("weight_ih", None, "uniform"), ("weight_hh", None, "uniform"),
+                            ("bias", 4, "zeros"), ("weight_hr", None, "uniform")]),
 }
 
-def layer_shape(gates: int, name: str, units: Optional[int], I: int, H: int) -> Tuple[int, ...]:
+def layer_shape(gates: int, name: str, units: Optional[int], I: int, H: int,
+                P: int = 0) -> Tuple[int, ...]:
     """The shape of a layer's parameter of LAYOUTS: a weight matrix (units
-    None) is (gates * H, I) for weight_ih and (gates * H, H) for weight_hh,
-    any other parameter (units * H,)."""
+    None) is (gates * H, I) for weight_ih, (gates * H, H) for weight_hh, or
+    with a projection P (gates * H, P) and (P, H) for weight_hr; any other
+    parameter (units * H,)."""
+    if name == "weight_hr":
+        return (P, H)
     if units is None:
-        return (gates * H, I if name == "weight_ih" else H)
+        return (gates * H, I if name == "weight_ih" else P or H)
     return (units * H,)
 
 
@@ -68,8 +75,9 @@ class Schema:
     the engine takes zeros in their place (``zeros``)."""
 
     def __init__(self, kind: str, input_size: int, hidden_size: int, num_layers: int,
-                 num_directions: int, fmt: Format, omit: FrozenSet[str] = frozenset()) -> None:
-        gates, layout = LAYOUTS[kind]
+                 num_directions: int, fmt: Format, omit: FrozenSet[str] = frozenset(),
+                 proj: int = 0) -> None:
+        gates, layout = LAYOUTS[kind + ("_proj" if proj else "")]
         H = hidden_size
         self.format = fmt
         self.keys: List[List[List[str]]] = []   # [layer][direction] -> keys
@@ -82,7 +90,7 @@ class Schema:
             if name in omit and units is not None]
         companions: Dict[str, _Shape] = {}
         for k in range(num_layers):
-            I = input_size if k == 0 else num_directions * H
+            I = input_size if k == 0 else num_directions * (proj or H)
             self.keys.append([])
             for sfx in DIRECTIONS[:num_directions]:
                 keys, extra = [], []
@@ -90,7 +98,7 @@ class Schema:
                     if name in omit:
                         continue
                     key = f"{name}_l{k}{sfx}"
-                    shape = layer_shape(gates, name, units, I, H)
+                    shape = layer_shape(gates, name, units, I, H, proj)
                     if units is None:
                         self.matrices.add(key)
                         extra += fmt.companions(key, shape)
@@ -140,8 +148,9 @@ class Parameters(Inputs):
     _schema: Schema
     # (layer, direction) -> (the params arrays, the arrays handed to the engine)
     _checked: Dict[Tuple[int, int], Tuple[List[Any], List[_Array]]]
-    # (layer, direction) -> (W_ih, W_hh, their packed form): see _packed
-    _packs: Dict[Tuple[int, int], Tuple[_Array, _Array, Optional[_Array]]]
+    # (layer, direction) -> (W_ih, W_hh, their packed form, a projection's
+    # W_hr or None): see _packed
+    _packs: Dict[Tuple[int, int], Tuple[_Array, _Array, Optional[_Array], Optional[_Array]]]
     # the zeros of the schema's omitted parameters and their gradients' scratch
     _zero_params: Optional[List[_Array]]
     _zero_grads: Optional[List[_Array]]
@@ -177,6 +186,8 @@ class Parameters(Inputs):
             name = f"params[{key!r}]"
             if key in schema.matrices:
                 p = self._format.engine_matrix(p, name, key)
+                if key.startswith("weight_hr"):   # the engine reads W_hr C-ordered only
+                    p = np.ascontiguousarray(p)
             else:
                 p = as_array(p, name, self._dt, self.dtype)
             if p.shape != schema.shapes[key]:
@@ -215,19 +226,24 @@ class Parameters(Inputs):
         place, and any other that it packs on every call, since it may change
         (a read-only array may still be written through a writable view made
         before, or after its owner is made writable again)."""
-        w_ih, w_hh = (self.params.get(key) for key in self._layer_keys(k, d)[:2])
+        keys = self._layer_keys(k, d)
+        w_ih, w_hh = (self.params.get(key) for key in keys[:2])
+        w_hr = self.params.get(keys[3]) if self.proj_size else None
         if not (_same_data(params[0], w_ih) and _same_data(params[1], w_hh)) or \
                 not (_engine.immutable(w_ih) and _engine.immutable(w_hh)) or \
+                (w_hr is not None and not (_same_data(params[3], w_hr)
+                                           and _engine.immutable(w_hr))) or \
                 (params[0].flags.f_contiguous and params[1].flags.f_contiguous
                  and not params[0].flags.c_contiguous):
             return None
         hit = self._packs.get((k, d))
-        if hit is not None and hit[0] is w_ih and hit[1] is w_hh:
+        if hit is not None and hit[0] is w_ih and hit[1] is w_hh and hit[3] is w_hr:
             return hit[2]
-        I = self.input_size if k == 0 else self.num_directions * self.hidden_size
+        I = self.input_size if k == 0 else self.num_directions * self._out_size
         packed = _engine.pack(self._cell_name(), self._format.wtype, I, self.hidden_size,
-                              params[0], params[1])
-        self._packs[(k, d)] = (cast(_Array, w_ih), cast(_Array, w_hh), packed)
+                              params[0], params[1], params[3] if self.proj_size else None,
+                              self.proj_size)
+        self._packs[(k, d)] = (cast(_Array, w_ih), cast(_Array, w_hh), packed, w_hr)
         return packed
 
     def _layer_grads(self, k: int, d: int = 0) -> List[_Array]:

@@ -111,16 +111,17 @@ class Stepping(Parameters, Generic[State]):
         if len(shape) != 2 or shape[1] != self.input_size:
             raise ValueError(f"x_t must have shape (B, {self.input_size}), got {shape}")
         B = shape[0]
-        full = (self.num_layers, B, self.hidden_size)
-        given = self._outputs(out, (B, self.hidden_size), "out")   # before state_out is written
+        full = self._state_shapes(B, self.num_layers)
+        W = self._out_size
+        given = self._outputs(out, [(B, W)], "out")   # before state_out is written
         cell = self._has_cell
         parts = state if cell and type(state) is tuple else (state,)
         if len(parts) == 1 + cell and all(type(p) is np.ndarray and p.dtype is dt
-                                          and p.shape == full and p.flags.c_contiguous
-                                          and p.flags.aligned for p in parts):
+                                          and p.shape == s and p.flags.c_contiguous
+                                          and p.flags.aligned for p, s in zip(parts, full)):
             ins: List[Optional[_Array]] = list(parts)   # read by the engine, not changed
             outs = self._outputs(state_out, full, "state_out") or \
-                [np.empty(full, dt) for _ in parts]
+                [np.empty(s, dt) for s in full]
         else:   # checked and copied (zeros for None): the step starts from the copies
             ins = [None] * (1 + cell)
             outs = self._outputs(state_out, full, "state_out")
@@ -129,7 +130,7 @@ class Stepping(Parameters, Generic[State]):
                 o[...] = st
             outs = outs or start
         into = given[0] if given else None
-        y = self._format.engine_y(into, (B, self.hidden_size))
+        y = self._format.engine_y(into, (B, W))
         if B:
             run.run(B, xs, ins[0], ins[-1] if cell else None, y, outs[0],
                     outs[-1] if cell else None)
@@ -159,7 +160,7 @@ class Stepping(Parameters, Generic[State]):
         self._step = _engine.Step(self._cell_name(), self.input_size, self.hidden_size,
                                   self.eps, layers, packs, self._format.wtype,
                                   self._format.rounds_to, keys,
-                                  [self.params[key] for key in keys])
+                                  [self.params[key] for key in keys], self.proj_size)
         return self._step
 
     def _table_step(self, h_table: _Array, c_table: Optional[_Array], rows: _Array,
@@ -171,9 +172,9 @@ class Stepping(Parameters, Generic[State]):
         if xs.shape != (B, self.input_size):
             raise ValueError(f"x must have shape (len(ids), input_size) = "
                              f"{(B, self.input_size)}, got {xs.shape}")
-        given = self._outputs(out, (B, self.hidden_size), "out")
+        given = self._outputs(out, [(B, self._out_size)], "out")
         into = given[0] if given else None
-        y = self._format.engine_y(into, (B, self.hidden_size))
+        y = self._format.engine_y(into, (B, self._out_size))
         if B:
             run.table(xs, rows, h_table, c_table, y)
         return self._format.output(y, into)

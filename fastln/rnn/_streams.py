@@ -129,10 +129,10 @@ class StreamTable:
         self.idle_timeout = idle_timeout
         self.on_evict = on_evict
         self._clock = clock
-        shape = (model.num_layers, self.capacity, model.hidden_size)
+        shapes = model._state_shapes(self.capacity, model.num_layers)
         sdt = model._dt   # the state's dtype (float32 for a bfloat16 model)
-        self._h = np.zeros(shape, sdt)
-        self._c = np.zeros(shape, sdt) if model._has_cell else None
+        self._h = np.zeros(shapes[0], sdt)
+        self._c = np.zeros(shapes[1], sdt) if model._has_cell else None
         self._lock = threading.Lock()        # the maps below
         self._step_lock = threading.Lock()   # one step at a time
         self._slot: Dict[Hashable, int] = {}

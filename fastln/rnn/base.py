@@ -68,6 +68,7 @@ class RecurrentModel(Stepping[State]):
 
     _kind = ""         # a key of LAYOUTS (fastln/rnn/_params.py)
     _has_cell = False  # the state is (h, c)
+    proj_size = 0      # LSTM's projection P (h and y then have P features), else 0
     # what calls keep (see _call_state)
     _cache: Optional[Tuple[int, int, List[_Array], List[_Array], Optional[_Array]]]
     _spare: List[_Array]
@@ -115,7 +116,7 @@ class RecurrentModel(Stepping[State]):
         # but the weight matrices: float32 for bfloat16 and int8 models
         self._dt = fmt.compute
         self._schema = Schema(self._kind, self.input_size, self.hidden_size, self.num_layers,
-                              self.num_directions, fmt, self._omitted())
+                              self.num_directions, fmt, self._omitted(), self.proj_size)
 
     def _omitted(self) -> FrozenSet[str]:
         """The names of the layout's parameters this model goes without (the
@@ -265,6 +266,9 @@ class RecurrentModel(Stepping[State]):
                              "backwards; a bidirectional model already runs both")
         if cache:
             self._format.check_trains(backward=False)
+            if self.proj_size:
+                raise TypeError("an LSTM with proj_size runs inference only: call "
+                                "forward(x, cache=False)")
         xs = self._input(x, "x", self.input_size)
         T, B = xs.shape[:2]
         states = self._states(state, B, "state")
@@ -273,17 +277,18 @@ class RecurrentModel(Stepping[State]):
         if not cache:
             self._spare, self._work = [], []   # inference keeps nothing
         H, cell, D = self.hidden_size, self._cell_name(), self.num_directions
+        W = self._out_size   # y's features per direction
         if B == 0:   # no sequences: empty results, and a cache for an empty backward
             if cache:
                 self._cache = (T, 0, [], [], lens)
-            y = np.zeros((0, T, D * H) if self.batch_first else (T, 0, D * H), self.dtype)
+            y = np.zeros((0, T, D * W) if self.batch_first else (T, 0, D * W), self.dtype)
             return y, self._pack_state(states)
         inputs: List[_Array] = []
         caches: List[_Array] = []
         size = _engine.cache_size(cell, T, B, H)
         wtype = self._format.wtype
         for k in range(self.num_layers):
-            y = np.empty((T, B, D * H), self._dt)
+            y = np.empty((T, B, D * W), self._dt)
             store = [self._cache_array(size) for _ in range(D)] if cache else None
             h = states[0][D * k:D * k + D]
             c = states[1][D * k:D * k + D] if self._has_cell else None
@@ -291,7 +296,7 @@ class RecurrentModel(Stepping[State]):
             packed = [self._packed(k, d, ps[d]) for d in range(D)]
             functional.layer_forward(cell, xs, ps, h, c, lengths=lens, eps=self.eps,
                                      caches=store, reverse=self.reverse, out=y, wtype=wtype,
-                                     packed=packed)
+                                     packed=packed, proj=self.proj_size)
             if store is not None:
                 inputs.append(xs)
                 caches.extend(store)
@@ -442,6 +447,8 @@ class RecurrentModel(Stepping[State]):
         eps = "" if self._kind.endswith("_plain") else f"eps={self.eps}, "
         extra = "".join(f", {name}=True" for name in ("bidirectional", "reverse")
                         if getattr(self, name)) + self._format.repr_extra
+        if self.proj_size:
+            extra += f", proj_size={self.proj_size}"
         return (f"{type(self).__name__}(input_size={self.input_size}, "
                 f"hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
                 f"batch_first={self.batch_first}, {eps}dtype={self.dtype}{extra})")

@@ -162,7 +162,8 @@ def layer_forward(cell: str, x: _Array, params: Sequence[Sequence[_Array]], h: _
                   eps: float = 1e-5, caches: Optional[Sequence[_Array]] = None,
                   reverse: bool = False, out: Optional[_Array] = None,
                   wtype: int = _engine.W_SAME,
-                  packed: Optional[Sequence[Optional[_Array]]] = None) -> _Array:
+                  packed: Optional[Sequence[Optional[_Array]]] = None,
+                  proj: int = 0) -> _Array:
     """One layer forward, in one direction or both.
 
     Parameters
@@ -194,6 +195,11 @@ def layer_forward(cell: str, x: _Array, params: Sequence[Sequence[_Array]], h: _
     wtype, packed
         How a model of :mod:`fastln.rnn` stores and packs its weight
         matrices (bfloat16 or int8); leave them for float weights.
+    proj : int
+        A ``"lstm_plain"`` layer's projection P (torch.nn.LSTM's
+        proj_size), or 0: its params then end with W_hr (P, H) and W_hh is
+        (4H, P); h and y have P features, c has H; forward without caches
+        only.
 
     Returns
     -------
@@ -207,16 +213,17 @@ def layer_forward(cell: str, x: _Array, params: Sequence[Sequence[_Array]], h: _
     """
     D = _directions(params, h)
     T, B, I = x.shape
-    H = h.shape[2]
-    y = np.empty((T, B, D * H), x.dtype) if out is None else out
+    W = h.shape[2]
+    H = c.shape[2] if proj and c is not None else W
+    y = np.empty((T, B, D * W), x.dtype) if out is None else out
     if D == 1:
         _engine.forward(cell, T, B, I, H, eps, x, params[0], lengths,
                         None if caches is None else caches[0], y, h[0],
                         None if c is None else c[0], bool(reverse), wtype,
-                        None if packed is None else packed[0])
+                        None if packed is None else packed[0], proj)
     else:
         _engine.forward2(cell, T, B, I, H, eps, x, params, lengths, caches, y, h, c,
-                         wtype, packed)
+                         wtype, packed, proj)
     return y
 
 

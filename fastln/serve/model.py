@@ -80,6 +80,10 @@ def check_streamable(model):
                          "a stream is served one step at a time")
     if dtype_name(model) not in DTYPES:
         raise ValueError(f"model has dtype {dtype_name(model)}, expected one of {DTYPES}")
+    if model.proj_size:
+        raise ValueError("model has proj_size, which the served protocols do not carry (their "
+                         "y has hidden_size features): step it with StreamTable or "
+                         "StreamBatcher in your own service")
 
 
 def config_of(model):
@@ -94,9 +98,8 @@ def config_of(model):
         cfg["nonlinearity"] = model.nonlinearity
     if name == "GRU":
         cfg["linear_before_reset"] = model.linear_before_reset
-    if name == "LNLSTM":
-        cfg.update(gate_norm=model.gate_norm, carry=model.carry, gate_bias=model.gate_bias,
-                   ln_bias=model.ln_bias)
+    if name == "LNLSTM":   # a variant's options, where they differ from the paper cell's
+        cfg.update(model._variant())
     return cfg
 
 

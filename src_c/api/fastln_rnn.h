@@ -112,7 +112,19 @@ typedef struct {
     const void *packed;           /* forward: NULL, or this layer's weights from fastln_rnn_pack */
     int transposed;               /* FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T, or 0 */
     const float *scales[2];       /* FASTLN_RNN_W_INT8: the scales of W_ih's and W_hh's rows (G) */
+    int64_t proj;                 /* 0, or P: a plain LSTM's projection (see below) */
+    const float *scale_hr;        /* FASTLN_RNN_W_INT8 with proj: the scales of W_hr's rows (P) */
 } fastln_rnn_args;
+
+/* A projected LSTM (LSTMP; torch.nn.LSTM with proj_size = P): a plain LSTM
+ * (cell FASTLN_CELL_LSTM | FASTLN_CELL_PLAIN) whose state h and output y
+ * have P features,
+ *   gates = x W_ih^T + h W_hh^T + bias, c' = f c + i g,
+ *   h' = (o tanh(c')) W_hr^T,
+ * with params[3] = W_hr (P, H), of the weights' type (wtype), W_hh (G, P),
+ * h (B, P), y (T, B, P) (ldy: 0 or at least P) and c (B, H). Forward
+ * without a cache only (inference), in every wtype; W_hr is always in the
+ * plain layout (transposed applies to W_ih and W_hh). */
 
 /* The storage of W_ih and W_hh (params[0], params[1]). FASTLN_RNN_W_BF16:
  * bfloat16 (uint16_t bit patterns), for inference: fastln_rnn_forward_f32
@@ -164,6 +176,13 @@ typedef struct {
 int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t input, int64_t hidden);
 int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t input,
                     int64_t hidden, const void *w_ih, const void *w_hh);
+/* The same for a projected LSTM (proj = P >= 1, w_hr (P, H)); with proj 0
+ * they are the two above. */
+int64_t fastln_rnn_packed_size_proj(int cell, int wtype, int64_t input, int64_t hidden,
+                                    int64_t proj);
+int fastln_rnn_pack_proj(void *out, int64_t size, int cell, int wtype, int64_t input,
+                         int64_t hidden, int64_t proj, const void *w_ih, const void *w_hh,
+                         const void *w_hr);
 
 /* Elements of the forward cache of one layer (same type as the data), and of
  * the optional backward scratch. */
@@ -194,7 +213,8 @@ int fastln_rnn_backward2_f64(const fastln_rnn_args a[2]);
  *     reads x (B, layers[0].input), layer k > 0 layer k-1's output.
  *   y (B, H): the top layer's output.
  *   h, c (num_layers, table_rows, H): the state tables (c: LSTM only, else
- *     NULL). With rows (B indices in [0, table_rows), no two alike) stream b's
+ *     NULL). A projected LSTM (every layer with the same proj P) has P
+ *     wherever h, y or a layer's output has H above; its c rows keep H. With rows (B indices in [0, table_rows), no two alike) stream b's
  *     state is row rows[b] of each layer's table, gathered before the step
  *     and written back after it, only when every layer succeeded. Without
  *     rows, table_rows == B and the tables are the batch's state, updated in

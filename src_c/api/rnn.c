@@ -46,7 +46,15 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
                  : !a->x || !a->y || !a->h)
         return FASTLN_EINVAL;
     if (L.cell == FASTLN_CELL_LSTM && !(backward ? a->dc : a->c)) return FASTLN_EINVAL;
-    if (a->ldy < 0 || (a->ldy > 0 && a->ldy < a->hidden)) return FASTLN_EINVAL;
+    /* a projection: a plain LSTM's forward without a cache */
+    if (a->proj < 0 || a->proj > INT_MAX ||
+        (a->proj && (a->cell != (FASTLN_CELL_LSTM | FASTLN_CELL_PLAIN) || backward ||
+                     a->cache || !a->params[3] ||
+                     (a->wtype == FASTLN_RNN_W_INT8 &&
+                      (!a->scale_hr || a->proj > RNN_I8_MAX_K)))))
+        return FASTLN_EINVAL;
+    const int64_t width = a->proj ? a->proj : a->hidden;   /* of h and y */
+    if (a->ldy < 0 || (a->ldy > 0 && a->ldy < width)) return FASTLN_EINVAL;
     if (a->wtype != FASTLN_RNN_W_SAME &&
         ((a->wtype != FASTLN_RNN_W_BF16 && a->wtype != FASTLN_RNN_W_INT8) || backward || !f32 ||
          a->cache))
@@ -67,12 +75,13 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
  * rnn/pack.h reads or packs them); a backward over a batch, which packs W_hh
  * from W_hh^T and takes dx = dA W_ih from W_ih^T (rnn/products.h,
  * rnn/backward.h: the same panels, so the same results). A backward of one
- * sequence takes axpys over rows of W_hh, and a copy. */
+ * sequence takes axpys over rows of W_hh, and a copy. A projected LSTM packs
+ * from the plain layout. */
 static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
 {
     fastln_rnn_layout L;
     const int64_t nr = f32 ? FASTLN_NR : FASTLN_NR_F64;
-    if (a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
+    if (a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) || a->proj ||
         fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden))
         return 0;
     if (backward) return a->batch > 1;
@@ -106,7 +115,7 @@ static int plain_weights(fastln_rnn_args *b, const fastln_rnn_args *a, int backw
     fastln_rnn_layout L;
     fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);   /* checked: a valid cell */
     const size_t es = f32 ? sizeof(float) : sizeof(double);
-    const int64_t G = L.G, K[2] = {a->input, a->hidden};
+    const int64_t G = L.G, K[2] = {a->input, a->proj ? a->proj : a->hidden};
     char *buf = (char *)malloc((size_t)G * (size_t)(K[0] + K[1]) * es);
     if (!buf) return FASTLN_ENOMEM;
     *own = buf;
@@ -151,13 +160,15 @@ ENTRY(fastln_rnn_forward_f64, rnn_fwd_f64, 0, 0)
 ENTRY(fastln_rnn_backward_f32, rnn_bwd_f32, 1, 1)
 ENTRY(fastln_rnn_backward_f64, rnn_bwd_f64, 1, 0)
 
-static int pack_args_ok(int cell, int wtype, int64_t I, int64_t H)
+static int pack_args_ok(int cell, int wtype, int64_t I, int64_t H, int64_t P)
 {
     fastln_rnn_layout L;
     return I >= 1 && H >= 1 && I <= INT_MAX && !fastln_rnn_layout_for(&L, cell, 1, 1, H) &&
-           L.G <= INT_MAX &&
+           L.G <= INT_MAX && P >= 0 && P <= INT_MAX &&
+           (!P || cell == (FASTLN_CELL_LSTM | FASTLN_CELL_PLAIN)) &&
            (wtype == FASTLN_RNN_W_SAME || wtype == FASTLN_RNN_W_BF16 ||
-            (wtype == FASTLN_RNN_W_INT8 && I <= RNN_I8_MAX_K && H <= RNN_I8_MAX_K));
+            (wtype == FASTLN_RNN_W_INT8 && I <= RNN_I8_MAX_K && H <= RNN_I8_MAX_K &&
+             P <= RNN_I8_MAX_K));
 }
 
 const char *fastln_rnn_bf16_products(void)
@@ -174,19 +185,31 @@ const char *fastln_rnn_int8_products(void)
     return strcmp(isa, "avx2") == 0 ? "AVX2 (VPMADDWD)" : "C";
 }
 
+int64_t fastln_rnn_packed_size_proj(int cell, int wtype, int64_t I, int64_t H, int64_t P)
+{
+    if (!pack_args_ok(cell, wtype, I, H, P)) return -1;
+    return fastln_kernels()->rnn_pack(NULL, 0, cell, wtype, I, H, P, NULL, NULL, NULL, 1);
+}
+
+int fastln_rnn_pack_proj(void *out, int64_t size, int cell, int wtype, int64_t I, int64_t H,
+                         int64_t P, const void *w_ih, const void *w_hh, const void *w_hr)
+{
+    if (!out || !w_ih || !w_hh || (P && !w_hr) || !pack_args_ok(cell, wtype, I, H, P))
+        return FASTLN_EINVAL;
+    int64_t n = fastln_kernels()->rnn_pack(out, size, cell, wtype, I, H, P, w_ih, w_hh, w_hr,
+                                           fastln_get_num_threads());
+    return n > 0 ? FASTLN_OK : n == 0 ? FASTLN_EINVAL : (int)-n;
+}
+
 int64_t fastln_rnn_packed_size(int cell, int wtype, int64_t I, int64_t H)
 {
-    if (!pack_args_ok(cell, wtype, I, H)) return -1;
-    return fastln_kernels()->rnn_pack(NULL, 0, cell, wtype, I, H, NULL, NULL, 1);
+    return fastln_rnn_packed_size_proj(cell, wtype, I, H, 0);
 }
 
 int fastln_rnn_pack(void *out, int64_t size, int cell, int wtype, int64_t I, int64_t H,
                     const void *w_ih, const void *w_hh)
 {
-    if (!out || !w_ih || !w_hh || !pack_args_ok(cell, wtype, I, H)) return FASTLN_EINVAL;
-    int64_t n = fastln_kernels()->rnn_pack(out, size, cell, wtype, I, H, w_ih, w_hh,
-                                           fastln_get_num_threads());
-    return n > 0 ? FASTLN_OK : n == 0 ? FASTLN_EINVAL : (int)-n;
+    return fastln_rnn_pack_proj(out, size, cell, wtype, I, H, 0, w_ih, w_hh, NULL);
 }
 
 /* ---- both directions of a layer ---- */

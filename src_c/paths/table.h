@@ -82,8 +82,8 @@ typedef struct {
     int (*half_convert)(int elem, int widen, void *dst, const void *src, int64_t n, int nt);
     /* fastln_rnn_pack on this path (out NULL: the size; see rnn/pack.h) */
     int64_t (*rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t input,
-                        int64_t hidden,
-                        const void *w_ih, const void *w_hh, int nt);
+                        int64_t hidden, int64_t proj, const void *w_ih, const void *w_hh,
+                        const void *w_hr, int nt);
 } fastln_kernel_table;
 
 extern const fastln_kernel_table fastln_kernels_generic;

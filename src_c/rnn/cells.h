@@ -237,6 +237,8 @@ typedef struct {
     int cell, plain;       /* plain: no LayerNorm (FASTLN_CELL_PLAIN) */
     int reverse;           /* fastln_rnn_args.reverse */
     int64_t steps, B, H, G, gw;   /* gw: width of a dg row (backward scratch) */
+    int64_t proj, P;       /* a projected LSTM's P (else 0), and the width of h and y:
+                              P, or H */
     int64_t ldy;           /* row stride of y and dy */
     double eps;
     const T *const *p;     /* parameters, fastln_rnn.h order */
@@ -258,6 +260,24 @@ static inline int64_t SFX(time_of)(const SFX(layer) *ly, int64_t s, int64_t b)
     if (!ly->reverse) return s;
     int64_t n = ly->len ? ly->len[b] : ly->steps;
     return s < n ? n - 1 - s : s;
+}
+
+/* The plain LSTM's forward of one active row: ai <- the pre-activations
+ * ai + ah + bias (the cache), act the gates, cn <- c' = f cp + i g and
+ * hn <- o tanh(c') (the h of the cell, or the input of a projection). */
+static inline void SFX(plain_lstm_row)(const SFX(layer) *ly, T *ai, const T *ah, T *act,
+                                       const T *cp, T *hn, T *cn)
+{
+    const int64_t H = ly->H, G = ly->G;
+    const T *bias = ly->p[2];
+#pragma omp simd
+    for (int64_t j = 0; j < G; j++) ai[j] = (ai[j] + ah[j]) + bias[j];
+    SFX(plain_gates)(act, ai, H);
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) hn[j] = cn[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
+    SFX(tanh_n)(hn, H);
+#pragma omp simd
+    for (int64_t j = 0; j < H; j++) hn[j] *= act[3 * H + j];
 }
 
 /* The LN LSTM's forward of one active row (fwd_row's arguments). Its gate
@@ -398,16 +418,14 @@ static void SFX(fwd_row)(const SFX(layer) *ly, int active, T *ai, T *ah, T *act,
         for (int64_t j = 0; j < H; j++) hn[j] = FMA(act[H + j], hp[j] - n[j], n[j]);
     } else if (ly->plain) {
         /* p: 0 W_ih, 1 W_hh, 2 bias; ai <- the pre-activations (the cache) */
+        if (ly->cell == FASTLN_CELL_LSTM) {
+            SFX(plain_lstm_row)(ly, ai, ah, act, cp, hn, cn);
+            memcpy(y, hn, (size_t)H * sizeof(T));
+            return;
+        }
 #pragma omp simd
         for (int64_t j = 0; j < G; j++) ai[j] = (ai[j] + ah[j]) + p[2][j];
-        if (ly->cell == FASTLN_CELL_LSTM) {
-            SFX(plain_gates)(act, ai, H);
-#pragma omp simd
-            for (int64_t j = 0; j < H; j++) hn[j] = cn[j] = FMA(act[H + j], cp[j], act[j] * act[2 * H + j]);
-            SFX(tanh_n)(hn, H);
-#pragma omp simd
-            for (int64_t j = 0; j < H; j++) hn[j] *= act[3 * H + j];
-        } else if (ly->cell == FASTLN_CELL_RNN_TANH) {
+        if (ly->cell == FASTLN_CELL_RNN_TANH) {
             memcpy(hn, ai, (size_t)H * sizeof(T));
             SFX(tanh_n)(hn, H);
         } else {

@@ -27,6 +27,7 @@ static int SFX(fwd_chunk)(SFX(fwd_ctx) *f, const T *x, int64_t I, int64_t c0, in
         SFX(input_proj)(f, xc, M, I);
         for (int64_t t = c0; t < c1; t++) {
             if (f->ly.L.reset_first) SFX(fwd_step_rf)(f, t);
+            else if (f->ly.proj) SFX(fwd_step_proj)(f, t);
             else SFX(fwd_step)(f, t);
         });
     return FASTLN_OK;
@@ -52,9 +53,10 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     int64_t Tc = SFX(chunk_steps)(B);
     if (Tc > Ts) Tc = Ts;
     int64_t n_aih = Tc * B * G, n_ahh = B * G;
-    int64_t n_act = gated ? B * G : 0, n_xc = L->xc >= 0 ? B * H : 0;
+    int64_t n_act = gated ? B * G : 0, n_xc = L->xc >= 0 || ly->proj ? B * H : 0;
     int64_t n_rs = cache ? 0 : B * L->nrstd, n_xg = ly->reverse ? Tc * B * I : 0;
-    char *raw = (char *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + n_xg + 1) *
+    int64_t n_hs = ly->proj ? B * ly->P : 0;   /* a projected LSTM's new h */
+    char *raw = (char *)malloc((size_t)(n_aih + n_ahh + n_act + n_xc + n_rs + n_xg + n_hs + 1) *
                                    sizeof(T) + 64);
     if (!raw) return FASTLN_ENOMEM;
     T *scratch = (T *)fastln_align64(raw);   /* the product rows on cache lines */
@@ -68,29 +70,36 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     f.rs_s = n_rs ? next : NULL;
     next += n_rs;
     f.xg = n_xg ? next : NULL;
+    next += n_xg;
+    f.hs = n_hs ? next : NULL;
+    f.w_hr = (const T *)ly->p[3];
     /* bfloat16 weights go into pair panels as they are, else widen to float
      * first (unless packed weights are given and hold them already) */
     int fmt = SFX(pack_format)(a->wtype), bf = fmt == FASTLN_PACK_BF16;
     int raw_w = bf || fmt == FASTLN_PACK_I8;   /* packed as stored */
-    T *wi = NULL, *wh = NULL;
+    T *wi = NULL, *wh = NULL, *wr = NULL;
 #if IS_F32
     int widen = a->wtype == FASTLN_RNN_W_BF16 && !bf && !SFX(prepacked)(a, fmt);
     if (widen) {
         wi = SFX(widened)(a->params[0], G * I);
-        wh = SFX(widened)(a->params[1], G * H);
+        wh = SFX(widened)(a->params[1], G * ly->P);
+        wr = ly->proj ? SFX(widened)(a->params[3], ly->P * H) : NULL;
         w_ih = wi;
         f.w_hh = wh;
+        f.w_hr = wr;
     }
 #else
     const int widen = 0;
 #endif
-    int rc = widen && (!wi || !wh)
+    int rc = widen && (!wi || !wh || (ly->proj && !wr))
                  ? FASTLN_ENOMEM
                  : SFX(rec_init_fwd)(&f.rc, a, fmt, raw_w ? a->params[0] : (const void *)w_ih,
-                                     raw_w ? a->params[1] : (const void *)f.w_hh, Tc, nt);
+                                     raw_w ? a->params[1] : (const void *)f.w_hh,
+                                     raw_w ? a->params[3] : (const void *)f.w_hr, Tc, nt);
     if (rc) {
         free(wi);
         free(wh);
+        free(wr);
         free(raw);
         return rc;
     }
@@ -111,6 +120,7 @@ static int SFX(rnn_forward)(const fastln_rnn_args *a, int nt)
     SFX(rec_free)(&f.rc);
     free(wi);
     free(wh);
+    free(wr);
     free(raw);
     return rc;
 }

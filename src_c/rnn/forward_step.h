@@ -17,6 +17,8 @@ typedef struct {
     T *ahh_s, *act_s, *xc_s, *rs_s; /* a step's rows (copied to the cache if any); rs_s: no cache */
     T *h, *c;                       /* the state (updated in place without a cache) */
     T *y;
+    const T *w_hr;                  /* a projected LSTM's W_hr (P, H) */
+    T *hs;                          /* and a step's new h (B, P), before the held rows */
 } SFX(fwd_ctx);
 
 /* Row b of step t, after the step's products: the cell (fwd_row), then h
@@ -122,6 +124,39 @@ static void SFX(fwd_step_rf)(SFX(fwd_ctx) *f, int64_t t)
         }
     }
     if (cache) stream_fence();
+}
+
+/* Step t of a projected LSTM (no cache): the product with h (B, P), the
+ * cells' rows into m = o tanh(c') (xc_s, B x H; a held row's m is 0, so
+ * that the products stay finite), the product hs = m W_hr^T, then each
+ * row's h and y (a held row keeps its h, c and outputs 0). Rows are shared
+ * by the enclosing team. */
+static void SFX(fwd_step_proj)(SFX(fwd_ctx) *f, int64_t t)
+{
+    const SFX(layer) *ly = &f->ly;
+    const int64_t B = ly->B, H = ly->H, G = ly->G, P = ly->P;
+    T *aih = f->aih + (t - f->c0) * B * G, *m = f->xc_s;
+    SFX(rec_part)(&f->rc, f->rc.packed, f->ahh_s, G, f->h, P, f->w_hh, B, G, P, 0);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        T *c = f->c + b * H;
+        if (SFX(active)(ly, t, b))
+            SFX(plain_lstm_row)(ly, aih + b * G, f->ahh_s + b * G, f->act_s + b * G, c,
+                                m + b * H, c);
+        else
+            memset(m + b * H, 0, (size_t)H * sizeof(T));
+    }
+    SFX(rec_part)(&f->rc, f->rc.packed_r, f->hs, P, m, H, f->w_hr, B, P, H, 0);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        T *y = f->y + (SFX(time_of)(ly, t, b) * B + b) * ly->ldy;
+        if (SFX(active)(ly, t, b)) {
+            memcpy(f->h + b * P, f->hs + b * P, (size_t)P * sizeof(T));
+            memcpy(y, f->hs + b * P, (size_t)P * sizeof(T));
+        } else {
+            memset(y, 0, (size_t)P * sizeof(T));
+        }
+    }
 }
 
 /* f->aih (M, G) = x (M, I) W_ih^T on the packed kernels (bfloat16: x

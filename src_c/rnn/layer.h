@@ -31,7 +31,9 @@ static int SFX(layer_init)(SFX(layer) *ly, const fastln_rnn_args *a)
     ly->steps = a->steps;
     ly->B = a->batch;
     ly->H = a->hidden;
-    ly->ldy = a->ldy > 0 ? a->ldy : a->hidden;
+    ly->proj = a->proj;
+    ly->P = a->proj ? a->proj : a->hidden;
+    ly->ldy = a->ldy > 0 ? a->ldy : ly->P;
     ly->eps = a->eps;
     ly->p = (const T *const *)a->params;
     ly->fixed = a->wtype == FASTLN_RNN_W_INT8;

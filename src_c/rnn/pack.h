@@ -48,76 +48,85 @@ static int SFX(pack_format)(int wtype)
 }
 
 /* Byte offsets of a packed layer's parts after its header (W_hh, or its
- * [r, z] blocks with rf; W_hn with rf; W_ih), each 64-byte aligned; returns
- * the whole size. */
-static int64_t SFX(pack_layout)(int64_t off[3], int fmt, int rf, int64_t G, int64_t H, int64_t I)
+ * [r, z] blocks with rf; W_hn with rf; W_ih; W_hr with a projection P > 0),
+ * each 64-byte aligned; returns the whole size. W_hh has K = P columns
+ * with a projection, else H. */
+static int64_t SFX(pack_layout)(int64_t off[4], int fmt, int rf, int64_t G, int64_t H,
+                                int64_t I, int64_t P)
 {
-    int64_t Gh = rf ? 2 * H : G, n[3], at = (int64_t)sizeof(fastln_rnn_pack_header);
+    int64_t Gh = rf ? 2 * H : G, Kh = P ? P : H, n[4], at = (int64_t)sizeof(fastln_rnn_pack_header);
 #if HAVE_I8
     if (fmt == FASTLN_PACK_I8) {
-        n[0] = i8_part_size(Gh, H);
+        n[0] = i8_part_size(Gh, Kh);
         n[1] = rf ? i8_part_size(H, H) : 0;
         n[2] = i8_part_size(G, I);
+        n[3] = P ? i8_part_size(P, H) : 0;
     } else
 #endif
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {
-        n[0] = 2 * SFX(packed_size_bf16)(Gh, H);
+        n[0] = 2 * SFX(packed_size_bf16)(Gh, Kh);
         n[1] = rf ? 2 * SFX(packed_size_bf16)(H, H) : 0;
         n[2] = 2 * SFX(packed_size_bf16)(G, I);
+        n[3] = P ? 2 * SFX(packed_size_bf16)(P, H) : 0;
     } else
 #endif
     {
         (void)fmt;
         const int64_t es = (int64_t)sizeof(T);
-        n[0] = es * PACKED_SIZE(Gh, H);
+        n[0] = es * PACKED_SIZE(Gh, Kh);
         n[1] = rf ? es * PACKED_SIZE(H, H) : 0;
         n[2] = es * PACKED_SIZE(G, I);
+        n[3] = P ? es * PACKED_SIZE(P, H) : 0;
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         off[i] = at;
         at += (n[i] + 63) / 64 * 64;
     }
     return at;
 }
 
-/* The parts of a packed layer (blob + off[i]) from W_ih (G, I) and W_hh
- * (G, H), int8 for FASTLN_PACK_I8, bfloat16 for FASTLN_PACK_BF16, else
- * T: shared by the enclosing team. */
-static void SFX(pack_parts)(char *blob, const int64_t off[3], int fmt, int rf, int64_t G,
-                            int64_t H, int64_t I, const void *w_ih, const void *w_hh)
+/* The parts of a packed layer (blob + off[i]) from W_ih (G, I), W_hh (G,
+ * Kh) and, with a projection P > 0, W_hr (P, H), int8 for FASTLN_PACK_I8,
+ * bfloat16 for FASTLN_PACK_BF16, else T: shared by the enclosing team. */
+static void SFX(pack_parts)(char *blob, const int64_t off[4], int fmt, int rf, int64_t G,
+                            int64_t H, int64_t I, int64_t P, const void *w_ih,
+                            const void *w_hh, const void *w_hr)
 {
-    int64_t Gh = rf ? 2 * H : G;
+    int64_t Gh = rf ? 2 * H : G, Kh = P ? P : H;
 #if HAVE_I8
     if (fmt == FASTLN_PACK_I8) {
         const int8_t *wh = (const int8_t *)w_hh;
-        SFX(pack_nt_i8)(blob + off[0], wh, Gh, H);
+        SFX(pack_nt_i8)(blob + off[0], wh, Gh, Kh);
         if (rf) SFX(pack_nt_i8)(blob + off[1], wh + 2 * H * H, H, H);
         SFX(pack_nt_i8)(blob + off[2], (const int8_t *)w_ih, G, I);
+        if (P) SFX(pack_nt_i8)(blob + off[3], (const int8_t *)w_hr, P, H);
         return;
     }
 #endif
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {
         const uint16_t *wh = (const uint16_t *)w_hh;
-        SFX(pack_nt_bf16)((uint16_t *)(blob + off[0]), wh, Gh, H);
+        SFX(pack_nt_bf16)((uint16_t *)(blob + off[0]), wh, Gh, Kh);
         if (rf) SFX(pack_nt_bf16)((uint16_t *)(blob + off[1]), wh + 2 * H * H, H, H);
         SFX(pack_nt_bf16)((uint16_t *)(blob + off[2]), (const uint16_t *)w_ih, G, I);
+        if (P) SFX(pack_nt_bf16)((uint16_t *)(blob + off[3]), (const uint16_t *)w_hr, P, H);
         return;
     }
 #endif
     (void)fmt;
     const T *wh = (const T *)w_hh;
-    PACK_NT((T *)(blob + off[0]), wh, Gh, H, H);
+    PACK_NT((T *)(blob + off[0]), wh, Gh, Kh, Kh);
     if (rf) PACK_NT((T *)(blob + off[1]), wh + 2 * H * H, H, H, H);
     PACK_NT((T *)(blob + off[2]), (const T *)w_ih, G, I, I);
+    if (P) PACK_NT((T *)(blob + off[3]), (const T *)w_hr, P, H, H);
 }
 
 /* The parts of a packed layer, panels of T, from W_ih^T (I, G) and W_hh^T
  * (H, G) row-major (Fortran-ordered W_ih and W_hh): each panel row is a
  * slice of a row of W^T, so the panels are those pack_parts makes from
  * W_ih and W_hh. Shared by the enclosing team. */
-static void SFX(pack_parts_t)(char *blob, const int64_t off[3], int rf, int64_t G, int64_t H,
+static void SFX(pack_parts_t)(char *blob, const int64_t off[4], int rf, int64_t G, int64_t H,
                               int64_t I, const T *wt_ih, const T *wt_hh)
 {
     PACK_NN((T *)(blob + off[0]), wt_hh, H, rf ? 2 * H : G, G);
@@ -166,22 +175,25 @@ static float *SFX(widened)(const void *src, int64_t n)
 /* fastln_rnn_pack on this path (api/rnn.c checks the arguments): out NULL
  * returns the size in bytes. */
 static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64_t I,
-                             int64_t H, const void *w_ih, const void *w_hh, int nt)
+                             int64_t H, int64_t P, const void *w_ih, const void *w_hh,
+                             const void *w_hr, int nt)
 {
     fastln_rnn_layout L;
     fastln_rnn_layout_for(&L, cell, 1, 1, H);
     int fmt = SFX(pack_format)(wtype);
-    int64_t off[3];
-    int64_t total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
+    int64_t off[4];
+    int64_t total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I, P);
     if (!out) return total;
     if (size < total) return -FASTLN_EINVAL;
-    float *wi = NULL, *wh = NULL;
+    float *wi = NULL, *wh = NULL, *wr = NULL;
     if (wtype == FASTLN_RNN_W_BF16 && fmt == FASTLN_PACK_F32) {
         wi = SFX(widened)(w_ih, L.G * I);
-        wh = SFX(widened)(w_hh, L.G * H);
-        if (!wi || !wh) {
+        wh = SFX(widened)(w_hh, L.G * (P ? P : H));
+        wr = P ? SFX(widened)(w_hr, P * H) : NULL;
+        if (!wi || !wh || (P && !wr)) {
             free(wi);
             free(wh);
+            free(wr);
             return -FASTLN_ENOMEM;
         }
     }
@@ -192,11 +204,14 @@ static int64_t SFX(rnn_pack)(void *out, int64_t size, int cell, int wtype, int64
     hd.cell = cell;
     hd.input = I;
     hd.hidden = H;
+    hd.proj = P;
     memcpy(out, &hd, sizeof hd);
-    ON_TEAM(nt, SFX(pack_parts)((char *)out, off, fmt, L.reset_first, L.G, H, I,
-                                wi ? (const void *)wi : w_ih, wh ? (const void *)wh : w_hh););
+    ON_TEAM(nt, SFX(pack_parts)((char *)out, off, fmt, L.reset_first, L.G, H, I, P,
+                                wi ? (const void *)wi : w_ih, wh ? (const void *)wh : w_hh,
+                                wr ? (const void *)wr : w_hr););
     free(wi);
     free(wh);
+    free(wr);
     return total;
 }
 
@@ -207,7 +222,8 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
 {
     const fastln_rnn_pack_header *hd = (const fastln_rnn_pack_header *)a->packed;
     return fmt && hd && hd->magic == FASTLN_PACK_MAGIC && hd->format == fmt &&
-           hd->cell == a->cell && hd->input == a->input && hd->hidden == a->hidden;
+           hd->cell == a->cell && hd->input == a->input && hd->hidden == a->hidden &&
+           hd->proj == a->proj;
 }
 
 /* Forward: the products of a layer on the packed kernels, for every B (so
@@ -222,23 +238,29 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
  * steps of input in bfloat16, hbuf for h (RESET_FIRST, whose products round
  * h and r h themselves, takes them in abuf). */
 static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
-                             const void *w_hh, int64_t Tc, int nt)
+                             const void *w_hh, const void *w_hr, int64_t Tc, int nt)
 {
     memset(rc, 0, sizeof *rc);
     fastln_rnn_layout L;
     fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);
-    const int64_t B = a->batch, I = a->input, H = a->hidden;
-    int64_t off[3], total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I);
+    const int64_t B = a->batch, I = a->input, H = a->hidden, P = a->proj;
+    /* RESET_FIRST and a projection take the A of each product rounded or
+     * quantized by the product itself, not by the rows */
+    const int own_a = L.reset_first || P;
+    int64_t off[4], total = SFX(pack_layout)(off, fmt, L.reset_first, L.G, H, I, P);
     const char *blob = (const char *)a->packed;
     int64_t nab = 0, nhb = 0;
     (void)B;
     (void)Tc;
+    (void)own_a;
 #if HAVE_BF16DOT
     if (fmt == FASTLN_PACK_BF16) {
         nab = bf16_rows_size(Tc * B, I);
         nhb = bf16_rows_size(B, H);
-        if (L.reset_first) {
+        if (own_a) {   /* h (B, P) is no wider than that */
+            int64_t np = P ? bf16_rows_size(B, P) : 0;
             nab = nab > nhb ? nab : nhb;
+            nab = nab > np ? nab : np;
             nhb = 0;
         }
         rc->amx = fastln_cpu_has_amx_bf16();
@@ -250,11 +272,11 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     int64_t nqr = 0;
     if (fmt == FASTLN_PACK_I8) {
         nqr = Tc * B * i8_kp(I) > B * i8_kp(H) ? Tc * B * i8_kp(I) : B * i8_kp(H);
+        nqr = P && B * i8_kp(P) > nqr ? B * i8_kp(P) : nqr;
         nqr = (nqr + 63) / 64 * 64;
         nq = nqr + (Tc * B * (int64_t)sizeof(float) + 63) / 64 * 64;
-        /* h quantized by the rows, and its scales (not RESET_FIRST, whose
-         * products quantize h and r h themselves) */
-        nhq = L.reset_first ? 0 : (B * i8_kp(H) + 63) / 64 * 64 + B * (int64_t)sizeof(float);
+        /* h quantized by the rows, and its scales (not own_a) */
+        nhq = own_a ? 0 : (B * i8_kp(H) + 63) / 64 * 64 + B * (int64_t)sizeof(float);
     }
 #endif
     int fresh = !SFX(prepacked)(a, fmt);
@@ -284,15 +306,17 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
             ON_TEAM(nt, SFX(pack_parts_t)(buf, off, L.reset_first, L.G, H, I,
                                           (const T *)w_ih, (const T *)w_hh););
         else
-            ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, w_ih, w_hh););
+            ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, P, w_ih,
+                                        w_hh, w_hr););
         blob = buf;
     }
 #if HAVE_I8
     if (fmt == FASTLN_PACK_I8) {   /* the parts with their scales; A's rows after the pack */
         const float *s_ih = a->scales[0], *s_hh = a->scales[1];
-        rc->i8[0] = SFX(i8_part)(blob + off[0], s_hh, L.reset_first ? 2 * H : L.G, H);
+        rc->i8[0] = SFX(i8_part)(blob + off[0], s_hh, L.reset_first ? 2 * H : L.G, P ? P : H);
         rc->i8[1] = SFX(i8_part)(blob + off[1], s_hh + 2 * H, H, H);
         rc->i8[2] = SFX(i8_part)(blob + off[2], s_ih, L.G, I);
+        rc->i8[3] = SFX(i8_part)(blob + off[3], a->scale_hr, P, H);
         rc->qa = (uint8_t *)(buf + (fresh ? total : 0));
         rc->qs = (float *)(rc->qa + nqr);
         if (nhq) {
@@ -303,6 +327,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
         rc->packed = &rc->i8[0];
         rc->packed_n = L.reset_first ? &rc->i8[1] : NULL;
         rc->packed_ih = &rc->i8[2];
+        rc->packed_r = P ? &rc->i8[3] : NULL;
         return FASTLN_OK;
     }
 #endif
@@ -310,6 +335,7 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     rc->packed = blob + off[0];
     rc->packed_n = L.reset_first ? blob + off[1] : NULL;
     rc->packed_ih = blob + off[2];
+    rc->packed_r = P ? blob + off[3] : NULL;
     rc->ldp = rc->ldp_ih = NRT;
     return FASTLN_OK;
 }

@@ -47,6 +47,7 @@ typedef struct {
                                RESET_FIRST: only its [r, z] blocks */
     const void *packed_n;   /* PACKED, BF16, RESET_FIRST: the n block W_hn, likewise */
     const void *packed_ih;  /* forward on the packed path: W_ih packed, else NULL */
+    const void *packed_r;   /* forward of a projected LSTM: W_hr packed, likewise */
     int64_t ldp, ldp_ih;    /* PACKED: the row strides of packed and packed_n, and of
                                packed_ih: FASTLN_NR for packed panels, or the row of
                                W_hh^T, W_ih^T (G) where the forward reads them in place */
@@ -55,8 +56,8 @@ typedef struct {
                                written by each step's rows for the next step's product */
     int amx;                /* BF16: on AMX tiles */
 #if HAVE_I8
-    SFX(i8w) i8[3];         /* INT8: W_hh (or its [r, z] blocks), W_hn, W_ih; packed,
-                               packed_n and packed_ih point to these */
+    SFX(i8w) i8[4];         /* INT8: W_hh (or its [r, z] blocks), W_hn, W_ih, W_hr;
+                               packed, packed_n, packed_ih and packed_r point to these */
     uint8_t *qa;            /* INT8: the product's A quantized (rows_to_i8) */
     float *qs;              /* and its rows' scales */
     uint8_t *hq;            /* INT8, not RESET_FIRST: h (B, H) quantized, written by

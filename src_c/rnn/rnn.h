@@ -76,8 +76,8 @@ typedef enum { FASTLN_SEG_XIH, FASTLN_SEG_XHH, FASTLN_SEG_XC } fastln_seg_src;
 typedef struct {
     uint32_t magic;
     int32_t format, cell, reserved;
-    int64_t input, hidden;
-    char pad[32];   /* the parts start 64 bytes in */
+    int64_t input, hidden, proj;
+    char pad[24];   /* the parts start 64 bytes in */
 } fastln_rnn_pack_header;
 
 #endif
