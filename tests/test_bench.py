@@ -582,7 +582,8 @@ def test_lstmp_rows(torch, lstmp):
     assert [r["B"] for r in result["rows"]] == [1, 2] and result["exporters"] is None
     want = {"torch", "torch_bf16"} | ({"ort_scan"} if _bench.have_peer("onnxruntime") else set())
     if have:
-        want |= {"fastln", "fastln_int8"} | ({"fastln_bf16"} if _bench.ml_dtypes else set())
+        want |= {"fastln", "fastln_once", "fastln_int8"}
+        want |= {"fastln_bf16"} if _bench.ml_dtypes else set()
     for r in result["rows"]:
         for part in ("forward", "step"):
             t = r["times"][part]
@@ -593,7 +594,7 @@ def test_lstmp_rows(torch, lstmp):
         assert (r["ratios"]["fastln f32 / torch f32"]["step"] is not None) == have
         assert any("unrolled export: left out" in n for n in r["notes"])
     text = lstmp.format_table(result)
-    assert "B=2 torch bfloat16 " in text and "fastln int8 / fastln f32  <= 0.50x" in text
+    assert "B=2 torch bfloat16 " in text and "int8 / fastln f32 packed once  <= 0.50x" in text
     assert ("fastln has no LSTMP here" in text) == (not have)
     assert "| ratio | target | B=1 fwd |" in lstmp.format_table(result, markdown=True)
     json.loads(json.dumps(result))
