@@ -66,6 +66,7 @@ without proj_size leaves fastln's rows empty with a note, and times the rest.
 """
 import argparse
 import contextlib
+import copy
 import io
 import os
 import sys
@@ -294,7 +295,8 @@ def _first_line(e):
 # ---- the peers --------------------------------------------------------------------
 
 def _fastln_models(module):
-    """{peer key: fastln model} of the torch module, or {} without LSTMP."""
+    """{peer key: fastln model} of the torch module: float32 as from_torch
+    gives it and with its weights over bytes, int8, and bfloat16 with ml_dtypes."""
     m = fastln_rnn.LSTM.from_torch(module)
     once = fastln_rnn.LSTM.from_torch(module)
     for key, a in once.params.items():      # over bytes: the engine packs them once and keeps
@@ -325,7 +327,7 @@ def _torch_fns(module, x, dtype):
     """The same three functions of a torch nn.LSTM, in dtype (torch's name)."""
     P, H = module.proj_size, module.hidden_size
     dt = getattr(torch, dtype)
-    mod = module if dtype == "float32" else _copy_module(module).to(dt)
+    mod = module if dtype == "float32" else copy.deepcopy(module).to(dt)
     xt = torch.from_numpy(x).to(dt)
     B = x.shape[1]
     zero = (torch.zeros(1, B, P, dtype=dt), torch.zeros(1, B, H, dtype=dt))
@@ -349,16 +351,10 @@ def _torch_fns(module, x, dtype):
     return fwd, step, steps
 
 
-def _copy_module(module):
-    clone = torch.nn.LSTM(module.input_size, module.hidden_size, proj_size=module.proj_size)
-    clone.load_state_dict(module.state_dict())
-    return clone.eval()
-
-
 def _ort_fns(fwd_model, step_model, x, threads):
     """The three functions of an ONNX Runtime forward model and step model,
     each with inputs x, h0 (1, B, P), c0 (1, B, H) and outputs y, h, c."""
-    T, B, _ = x.shape
+    B = x.shape[1]
     fsess = _selfcheck.ort_session_of(fwd_model, threads, spin=True)
     ssess = _selfcheck.ort_session_of(step_model, threads, spin=True)
     shapes = [i.shape for i in fsess.get_inputs()[1:]]
