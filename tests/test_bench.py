@@ -559,3 +559,86 @@ def test_torch_modules_main(torch, torch_modules, monkeypatch, tmp_path, capsys)
     with pytest.raises(SystemExit):
         tm.main(["--hidden", "0"])
     assert "--hidden must be" in capsys.readouterr().err
+
+
+# ---- bench/lstmp.py: LSTMP against torch.nn.LSTM(proj_size) and ONNX Runtime --------
+
+LSTMP_CASE = dict(I=8, H=16, P=4, T=5)
+
+
+@pytest.fixture(scope="module")
+def lstmp():
+    return _load("fastln_bench_lstmp_test", "lstmp.py")
+
+
+def test_lstmp_rows(torch, lstmp):
+    """At tiny sizes every peer set up is checked against torch float32 and
+    timed; fastln's rows are there exactly when this fastln loads proj_size."""
+    have = lstmp.fastln_lstmp_error() is None
+    saved = torch.get_num_threads()
+    result = lstmp.run(threads=1, batches=(1, 2), case=LSTMP_CASE, export=False, probe=False,
+                       timing=FUSED_TINY)
+    assert torch.get_num_threads() == saved
+    assert [r["B"] for r in result["rows"]] == [1, 2] and result["exporters"] is None
+    want = {"torch", "torch_bf16"} | ({"ort_scan"} if _bench.have_peer("onnxruntime") else set())
+    if have:
+        want |= {"fastln", "fastln_once", "fastln_int8"}
+        want |= {"fastln_bf16"} if _bench.ml_dtypes else set()
+    for r in result["rows"]:
+        for part in ("forward", "step"):
+            t = r["times"][part]
+            assert {k for k, v in t.items() if v is not None} == want, (part, t)
+        assert set(r["maxdiff"]) == want
+        for key, d in r["maxdiff"].items():
+            assert max(d.values()) <= lstmp.TOL[lstmp.PEERS[key][1]], (key, d)
+        assert (r["ratios"]["fastln f32 / torch f32"]["step"] is not None) == have
+        assert any("unrolled export: left out" in n for n in r["notes"])
+    text = lstmp.format_table(result)
+    assert "B=2 torch bfloat16 " in text and "int8 / fastln f32 packed once  <= 0.50x" in text
+    assert ("fastln has no LSTMP here" in text) == (not have)
+    assert "| ratio | target | B=1 fwd |" in lstmp.format_table(result, markdown=True)
+    json.loads(json.dumps(result))
+
+
+def test_lstmp_scan_graph_is_the_projected_lstm(torch, lstmp):
+    """The ONNX graphs written here compute nn.LSTM(proj_size)'s y and state."""
+    pytest.importorskip("onnxruntime")
+    module = torch.nn.LSTM(8, 16, proj_size=4).eval()
+    x = np.random.default_rng(0).standard_normal((5, 3, 8), dtype=np.float32)
+    fwd, step, steps = lstmp._ort_fns(*lstmp.ort_scan_models(module), x, 1)
+    with torch.inference_mode():
+        y, (h, c) = module(torch.from_numpy(x))
+    np.testing.assert_allclose(fwd(), y.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(steps(5), y.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_lstmp_catches_a_wrong_peer(torch, lstmp, monkeypatch):
+    """A peer whose y is not the torch module's stops the run before timing."""
+    fns = lstmp._torch_fns
+
+    def wrong(module, x, dtype):
+        fwd, step, steps = fns(module, x, dtype)
+        return (lambda: 2 * fwd()) if dtype == "bfloat16" else fwd, step, steps
+    monkeypatch.setattr(lstmp, "_torch_fns", wrong)
+    with pytest.raises(AssertionError, match=r"torch bfloat16 forward B=1: y \(first 5 steps\)"):
+        lstmp.run(threads=1, batches=(1,), case=LSTMP_CASE, export=False, probe=False,
+                  timing=FUSED_TINY)
+
+
+def test_lstmp_main(torch, lstmp, tmp_path, capsys):
+    """The command line: a tiny case, written as JSON, with what torch.onnx.export does."""
+    path = tmp_path / "lstmp.json"
+    tiny = ["--input", "8", "--hidden", "16", "--proj", "4", "--steps", "5"]
+    assert lstmp.main(["--quick", "--threads", "1", "--batch", "1", *tiny,
+                       "--json", str(path)]) == 0
+    res = json.loads(path.read_text())
+    assert res["quick"] and res["case"] == LSTMP_CASE and res["threads"] == 1
+    out = capsys.readouterr().out
+    assert "LSTMP, one layer, I=8 H=16 P=4, forward over T=5" in out
+    if _bench.have_peer("onnxruntime"):
+        assert set(res["exporters"]) == {"torchscript", "dynamo"}
+        assert "note: torch.onnx.export (torchscript) of nn.LSTM(proj_size): " in out
+    for bad in (["--batch", "0"], ["--proj", "16", "--hidden", "16"]):
+        with pytest.raises(SystemExit):
+            lstmp.main(bad)
+    assert "--proj below --hidden" in capsys.readouterr().err
