@@ -160,6 +160,7 @@ cdef extern from "fastln_rnn.h" nogil:
     int FASTLN_RNN_W_INT8
     int FASTLN_RNN_W_IH_T
     int FASTLN_RNN_W_HH_T
+    int FASTLN_RNN_W_HR_T
 
 # fastln.h's functions under their C names, with the same arguments and
 # results: each calls the C function of the same name (src_c/api/fastln.h

@@ -198,3 +198,23 @@ def test_refusals_name_the_argument():
         check_streamable(m)
     assert repr(m).endswith("dtype=float32, proj_size=7)")
     assert m.params["weight_hr_l1"].shape == (7, 24) and m.params["weight_ih_l1"].shape == (96, 7)
+
+
+@pytest.mark.parametrize("P", [32, 13])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layouts_give_the_same_bits(P, dtype):
+    """Weights in either order (Fortran-ordered ones are read in place where
+    G and P are multiples of the panels' width, else copied) give the same
+    bits, over a call long enough to pack and at T = 1."""
+    m = _model(H=64, P=P, dtype=dtype)
+    x = np.random.default_rng(10).standard_normal((40, 3, 5)).astype(dtype)
+    layouts = {}
+    for order in ("C", "F", "mixed"):
+        for key in m.params:
+            if key.startswith("weight_"):
+                m.params[key] = np.asarray(m.params[key], order="C" if order == "C" or (
+                    order == "mixed" and key.startswith("weight_hr")) else "F")
+        layouts[order] = (m.forward(x, cache=False)[0], m.forward(x[:1], cache=False)[0])
+    for order in ("F", "mixed"):
+        for got, want in zip(layouts[order], layouts["C"]):
+            assert got.tobytes() == want.tobytes(), order

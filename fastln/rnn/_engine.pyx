@@ -16,7 +16,7 @@ cimport numpy as cnp
 import numpy as np
 
 from fastln._lib cimport (
-    FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_IH_T, FASTLN_RNN_W_INT8,
+    FASTLN_EINTR, FASTLN_RNN_W_BF16, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_HR_T, FASTLN_RNN_W_IH_T, FASTLN_RNN_W_INT8,
     fastln_rnn_args, fastln_rnn_step_args,
     rnn_backward2_f32, rnn_backward2_f64, rnn_backward_f32, rnn_backward_f64, rnn_bf16_products, rnn_int8_products,
     rnn_cache_size, rnn_forward2_f32, rnn_forward2_f64, rnn_forward_f32, rnn_forward_f64,
@@ -125,10 +125,10 @@ cdef int _params(fastln_rnn_args *a, params, int tn, sizes, int wtype) except -1
     a.wtype = wtype. The weight matrices (W_ih, W_hh, and a projection's W_hr
     after the bias) are bfloat16 bits (uint16) for W_BF16, int8 for W_INT8
     (then params ends with the matrices' row scales, float32, G each and P
-    for W_hr, for a.scales and a.scale_hr), else W_ih and W_hh may be
-    Fortran-ordered: then they go as transposed (a.transposed). a.input and
-    a.proj are set."""
+    for W_hr, for a.scales and a.scale_hr), else they may be Fortran-ordered:
+    then they go as transposed (a.transposed). a.input and a.proj are set."""
     cdef int k, n = len(sizes), nm = 3 if a.proj else 2
+    cdef bint matrix
     cdef int64_t G = sizes[0] // a.input
     if len(params) != n + (nm if wtype == W_INT8 else 0):
         raise ValueError("internal: wrong number of params")
@@ -136,12 +136,14 @@ cdef int _params(fastln_rnn_args *a, params, int tn, sizes, int wtype) except -1
     cdef int wtn = cnp.NPY_UINT16 if wtype == W_BF16 else cnp.NPY_INT8 if wtype == W_INT8 else tn
     for k in range(n):
         p = params[k]
-        if k < 2 and wtype == W_SAME and _fortran(p, tn) and not _fast(p, tn):
+        matrix = k < 2 or (a.proj and k == 3)
+        if matrix and wtype == W_SAME and _fortran(p, tn) and not _fast(p, tn):
             if cnp.PyArray_SIZE(<cnp.ndarray>p) != sizes[k]:
                 raise ValueError("internal: bad array for params")
-            a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T
+            a.transposed |= FASTLN_RNN_W_IH_T if k == 0 else FASTLN_RNN_W_HH_T if k == 1 \
+                else FASTLN_RNN_W_HR_T
         else:
-            _arr(p, wtn if k < 2 or (a.proj and k == 3) else tn, sizes[k], False, "params")
+            _arr(p, wtn if matrix else tn, sizes[k], False, "params")
         a.params[k] = cnp.PyArray_DATA(<cnp.ndarray>p)
     if wtype == W_INT8:
         for k in range(2):

@@ -186,8 +186,6 @@ class Parameters(Inputs):
             name = f"params[{key!r}]"
             if key in schema.matrices:
                 p = self._format.engine_matrix(p, name, key)
-                if key.startswith("weight_hr"):   # the engine reads W_hr C-ordered only
-                    p = np.ascontiguousarray(p)
             else:
                 p = as_array(p, name, self._dt, self.dtype)
             if p.shape != schema.shapes[key]:

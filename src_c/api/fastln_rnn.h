@@ -110,7 +110,8 @@ typedef struct {
     int64_t ldy;                  /* row stride of y and dy; 0: H */
     int wtype;                    /* FASTLN_RNN_W_SAME, or FASTLN_RNN_W_BF16 (forward, float) */
     const void *packed;           /* forward: NULL, or this layer's weights from fastln_rnn_pack */
-    int transposed;               /* FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T, or 0 */
+    int transposed;               /* FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T | FASTLN_RNN_W_HR_T,
+                                     or 0 */
     const float *scales[2];       /* FASTLN_RNN_W_INT8: the scales of W_ih's and W_hh's rows (G) */
     int64_t proj;                 /* 0, or P: a plain LSTM's projection (see below) */
     const float *scale_hr;        /* FASTLN_RNN_W_INT8 with proj: the scales of W_hr's rows (P) */
@@ -124,7 +125,7 @@ typedef struct {
  * with params[3] = W_hr (P, H), of the weights' type (wtype), W_hh (G, P),
  * h (B, P), y (T, B, P) (ldy: 0 or at least P) and c (B, H). Forward
  * without a cache only (inference), in every wtype; W_hr is always in the
- * plain layout (transposed applies to W_ih and W_hh). */
+ * plain layout, or with FASTLN_RNN_W_HR_T transposed (see below). */
 
 /* The storage of W_ih and W_hh (params[0], params[1]). FASTLN_RNN_W_BF16:
  * bfloat16 (uint16_t bit patterns), for inference: fastln_rnn_forward_f32
@@ -156,9 +157,13 @@ typedef struct {
  * transposed and G (and H for FASTLN_CELL_RESET_FIRST) is a multiple of 32:
  * the product kernels' own layout, so nothing is packed and any change to
  * the weights is seen by the next call. Every other call copies them into
- * the plain layout first. Results do not depend on the layout. */
+ * the plain layout first. Results do not depend on the layout. A projected
+ * LSTM's W_hr takes FASTLN_RNN_W_HR_T likewise (params[3] holds W_hr^T, (H,
+ * P)); with all three transposed, and P a multiple of 32 too, its forward
+ * reads them in place. */
 #define FASTLN_RNN_W_IH_T 1
 #define FASTLN_RNN_W_HH_T 2
+#define FASTLN_RNN_W_HR_T 4
 
 /* Packed weights. A forward packs W_ih and W_hh into the layout of its
  * product kernels on every call; fastln_rnn_pack does it once, for weights

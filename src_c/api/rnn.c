@@ -63,7 +63,8 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
     if (a->wtype == FASTLN_RNN_W_INT8 &&
         (!a->scales[0] || !a->scales[1] || a->input > RNN_I8_MAX_K || a->hidden > RNN_I8_MAX_K))
         return FASTLN_EINVAL;
-    if (a->transposed & ~(FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) ||
+    if (a->transposed & ~(FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T | FASTLN_RNN_W_HR_T) ||
+        ((a->transposed & FASTLN_RNN_W_HR_T) && !a->proj) ||
         (a->transposed && a->wtype != FASTLN_RNN_W_SAME))
         return FASTLN_EINVAL;
     return FASTLN_OK;
@@ -75,17 +76,17 @@ static int check_args(const fastln_rnn_args *a, int backward, int f32)
  * rnn/pack.h reads or packs them); a backward over a batch, which packs W_hh
  * from W_hh^T and takes dx = dA W_ih from W_ih^T (rnn/products.h,
  * rnn/backward.h: the same panels, so the same results). A backward of one
- * sequence takes axpys over rows of W_hh, and a copy. A projected LSTM packs
- * from the plain layout. */
+ * sequence takes axpys over rows of W_hh, and a copy. A projected LSTM's
+ * forward reads W_hr^T too, whose product has P columns. */
 static int reads_transposed(const fastln_rnn_args *a, int backward, int f32)
 {
     fastln_rnn_layout L;
     const int64_t nr = f32 ? FASTLN_NR : FASTLN_NR_F64;
-    if (a->transposed != (FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T) || a->proj ||
-        fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden))
+    const int all = FASTLN_RNN_W_IH_T | FASTLN_RNN_W_HH_T | (a->proj ? FASTLN_RNN_W_HR_T : 0);
+    if (a->transposed != all || fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden))
         return 0;
     if (backward) return a->batch > 1;
-    return L.G % nr == 0 && !(L.reset_first && a->hidden % nr);
+    return L.G % nr == 0 && !(L.reset_first && a->hidden % nr) && a->proj % nr == 0;
 }
 
 /* dst (N, K) = src^T, src (K, N) row-major, float (f32) or double, in
@@ -115,15 +116,19 @@ static int plain_weights(fastln_rnn_args *b, const fastln_rnn_args *a, int backw
     fastln_rnn_layout L;
     fastln_rnn_layout_for(&L, a->cell, 1, 1, a->hidden);   /* checked: a valid cell */
     const size_t es = f32 ? sizeof(float) : sizeof(double);
-    const int64_t G = L.G, K[2] = {a->input, a->proj ? a->proj : a->hidden};
-    char *buf = (char *)malloc((size_t)G * (size_t)(K[0] + K[1]) * es);
+    /* W_ih^T (I, G), W_hh^T (K, G), W_hr^T (H, P): params 0, 1, 3 */
+    const int64_t P = a->proj, K[3] = {a->input, P ? P : a->hidden, a->hidden};
+    const int64_t N[3] = {L.G, L.G, P};
+    const int flag[3] = {FASTLN_RNN_W_IH_T, FASTLN_RNN_W_HH_T, FASTLN_RNN_W_HR_T};
+    char *buf = (char *)malloc((size_t)(N[0] * K[0] + N[1] * K[1] + N[2] * K[2] + 1) * es);
     if (!buf) return FASTLN_ENOMEM;
     *own = buf;
-    for (int i = 0; i < 2; i++) {
-        if (!(a->transposed & (i ? FASTLN_RNN_W_HH_T : FASTLN_RNN_W_IH_T))) continue;
-        char *w = buf + (i ? (size_t)G * (size_t)K[0] * es : 0);
-        transpose(w, a->params[i], K[i], G, f32);
-        b->params[i] = w;
+    for (int i = 0; i < 3; i++) {
+        char *w = buf + (size_t)(i > 0 ? N[0] * K[0] : 0) * es +
+                  (size_t)(i > 1 ? N[1] * K[1] : 0) * es;
+        if (!(a->transposed & flag[i])) continue;
+        transpose(w, a->params[i < 2 ? i : 3], K[i], N[i], f32);
+        b->params[i < 2 ? i : 3] = w;
     }
     b->transposed = 0;
     return FASTLN_OK;

@@ -123,15 +123,18 @@ static void SFX(pack_parts)(char *blob, const int64_t off[4], int fmt, int rf, i
 }
 
 /* The parts of a packed layer, panels of T, from W_ih^T (I, G) and W_hh^T
- * (H, G) row-major (Fortran-ordered W_ih and W_hh): each panel row is a
- * slice of a row of W^T, so the panels are those pack_parts makes from
- * W_ih and W_hh. Shared by the enclosing team. */
+ * (Kh, G) row-major (Fortran-ordered W_ih and W_hh; Kh = P with a
+ * projection, else H), and W_hr^T (H, P): each panel row is a slice of a
+ * row of W^T, so the panels are those pack_parts makes from W_ih, W_hh and
+ * W_hr. Shared by the enclosing team. */
 static void SFX(pack_parts_t)(char *blob, const int64_t off[4], int rf, int64_t G, int64_t H,
-                              int64_t I, const T *wt_ih, const T *wt_hh)
+                              int64_t I, int64_t P, const T *wt_ih, const T *wt_hh,
+                              const T *wt_hr)
 {
-    PACK_NN((T *)(blob + off[0]), wt_hh, H, rf ? 2 * H : G, G);
+    PACK_NN((T *)(blob + off[0]), wt_hh, P ? P : H, rf ? 2 * H : G, G);
     if (rf) PACK_NN((T *)(blob + off[1]), wt_hh + 2 * H, H, H, G);
     PACK_NN((T *)(blob + off[2]), wt_ih, I, G, G);
+    if (P) PACK_NN((T *)(blob + off[3]), wt_hr, H, P, P);
 }
 
 /* Whether a forward packs transposed weights instead of reading them in
@@ -229,12 +232,13 @@ static int SFX(prepacked)(const fastln_rnn_args *a, int fmt)
 /* Forward: the products of a layer on the packed kernels, for every B (so
  * that a row's results do not depend on the batch it is in), with a->packed
  * when it was packed for this path, cell and sizes, else packed here, or,
- * with a->transposed, W_ih^T and W_hh^T read where they are or packed from
- * that layout (packs_transposed decides; the packed kernels' panels are
- * row-major (K, N) blocks of NRT columns, so reading the whole rows of W^T
- * does the same operations in the same order; api/rnn.c passes transposed
- * weights only where G, and H for RESET_FIRST, are multiples of NRT); w_ih,
- * w_hh are T, or bfloat16 for the bfloat16 format. abuf gets room for Tc
+ * with a->transposed, W_ih^T, W_hh^T (and a projection's W_hr^T) read where
+ * they are or packed from that layout (packs_transposed decides; the packed
+ * kernels' panels are row-major (K, N) blocks of NRT columns, so reading the
+ * whole rows of W^T does the same operations in the same order; api/rnn.c
+ * passes transposed weights only where G, H for RESET_FIRST and P are
+ * multiples of NRT); w_ih, w_hh, w_hr are T, or bfloat16 for the bfloat16
+ * format. abuf gets room for Tc
  * steps of input in bfloat16, hbuf for h (RESET_FIRST, whose products round
  * h and r h themselves, takes them in abuf). */
 static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, const void *w_ih,
@@ -281,14 +285,17 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
 #endif
     int fresh = !SFX(prepacked)(a, fmt);
     if (fresh && a->transposed &&
-        (fmt != SFX(pack_format)(FASTLN_RNN_W_SAME) || L.G % NRT || (L.reset_first && H % NRT)))
+        (fmt != SFX(pack_format)(FASTLN_RNN_W_SAME) || L.G % NRT || (L.reset_first && H % NRT) ||
+         P % NRT))
         return FASTLN_EINVAL;
     if (fresh && a->transposed && !SFX(packs_transposed)(a, L.G)) {
         rc->method = FASTLN_REC_PACKED;
         rc->packed = w_hh;
         rc->packed_n = L.reset_first ? (const T *)w_hh + 2 * H : NULL;
         rc->packed_ih = w_ih;
+        rc->packed_r = P ? w_hr : NULL;
         rc->ldp = rc->ldp_ih = L.G;
+        rc->ldp_r = P;
         return FASTLN_OK;
     }
     /* from the cache of large buffers (runtime/pool.h): 64-byte aligned, without
@@ -303,8 +310,9 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     if (nab) memset(rc->abuf, 0, (size_t)(nab + nhb) * sizeof(uint16_t));
     if (fresh) {
         if (a->transposed)
-            ON_TEAM(nt, SFX(pack_parts_t)(buf, off, L.reset_first, L.G, H, I,
-                                          (const T *)w_ih, (const T *)w_hh););
+            ON_TEAM(nt, SFX(pack_parts_t)(buf, off, L.reset_first, L.G, H, I, P,
+                                          (const T *)w_ih, (const T *)w_hh,
+                                          (const T *)w_hr););
         else
             ON_TEAM(nt, SFX(pack_parts)(buf, off, fmt, L.reset_first, L.G, H, I, P, w_ih,
                                         w_hh, w_hr););
@@ -336,6 +344,6 @@ static int SFX(rec_init_fwd)(SFX(rec) *rc, const fastln_rnn_args *a, int fmt, co
     rc->packed_n = L.reset_first ? blob + off[1] : NULL;
     rc->packed_ih = blob + off[2];
     rc->packed_r = P ? blob + off[3] : NULL;
-    rc->ldp = rc->ldp_ih = NRT;
+    rc->ldp = rc->ldp_ih = rc->ldp_r = NRT;
     return FASTLN_OK;
 }

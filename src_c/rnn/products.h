@@ -51,6 +51,7 @@ typedef struct {
     int64_t ldp, ldp_ih;    /* PACKED: the row strides of packed and packed_n, and of
                                packed_ih: FASTLN_NR for packed panels, or the row of
                                W_hh^T, W_ih^T (G) where the forward reads them in place */
+    int64_t ldp_r;          /* PACKED: packed_r's, likewise (W_hr^T's row: P) */
     uint16_t *abuf;         /* BF16: the product's A rounded to bfloat16 */
     uint16_t *hbuf;         /* BF16, not RESET_FIRST: h (B, H) rounded to bfloat16,
                                written by each step's rows for the next step's product */
@@ -97,7 +98,8 @@ static void SFX(rec_part)(const SFX(rec) *rc, const void *P, T *C, int64_t ldc, 
             SFX(small_nn)(C, A, W, 1, K, N, acc, j * 64, j * 64 + 64 < N ? j * 64 + 64 : N);
         return;
     }
-    SFX(packed_gemm)(C, ldc, A, lda, 1, (const T *)P, rc->ldp, B, N, K, acc);
+    SFX(packed_gemm)(C, ldc, A, lda, 1, (const T *)P, P == rc->packed_r ? rc->ldp_r : rc->ldp,
+                     B, N, K, acc);
 }
 
 /* Backward: packs W_hh for the recurrent kernel's dA W_hh when B > 1 (in
