@@ -49,8 +49,9 @@ DISTRIBUTIONS = {
 # brings (the tests that need it skip without it, or fail under
 # FASTLN_REQUIRE_TORCH=1); jax is an optional row of the benchmarks;
 # torchaudio's predictor is what examples/emformer_predictor.py runs, where it
-# imports (the tests read its source from the released wheel instead)
-PEERS = {"torch", "jax", "torchaudio"}
+# imports (the tests read its source from the released wheel instead);
+# onnxscript is torch's dynamo ONNX exporter, an optional row of bench/lstmp.py
+PEERS = {"torch", "jax", "torchaudio", "onnxscript"}
 REQUIRED = {"numpy"}
 # SciPy, which other packages bring along, is blocked with the optional packages: fastln
 # needs no BLAS library
