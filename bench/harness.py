@@ -721,15 +721,21 @@ def table_lines(heads, cells, markdown=False):
     return [fmt(heads), "  ".join("-" * wd for wd in widths)] + [fmt(c) for c in cells]
 
 
-def parse_threads(ap, text):
-    """A comma-separated list of positive thread counts, or argparse's error."""
+def parse_counts(ap, text, flag):
+    """A comma-separated list of positive integers (the option flag's), or
+    argparse's error."""
     try:
         counts = [int(t) for t in text.split(",")]
         if any(t < 1 for t in counts):
             raise ValueError
     except ValueError:
-        ap.error("--threads must be a comma-separated list of positive integers")
+        ap.error(f"{flag} must be a comma-separated list of positive integers")
     return counts
+
+
+def parse_threads(ap, text):
+    """A comma-separated list of positive thread counts, or argparse's error."""
+    return parse_counts(ap, text, "--threads")
 
 
 def format_table(rows, markdown=False, parts=("fwd", "bwd"), detail=False):

@@ -593,12 +593,7 @@ def main(argv=None):
                     help="leave out the unrolled export (it takes a minute or more)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args(argv)
-    try:
-        batches = [int(b) for b in args.batch.split(",")]
-        if any(b < 1 for b in batches):
-            raise ValueError
-    except ValueError:
-        ap.error("--batch must be a comma-separated list of positive integers")
+    batches = harness.parse_counts(ap, args.batch, "--batch")
     case = {"I": args.input, "H": args.hidden, "P": args.proj, "T": args.steps}
     if args.threads < 1 or min(case.values()) < 1 or case["P"] >= case["H"]:
         ap.error("--threads, --input, --hidden, --proj and --steps must be positive, "

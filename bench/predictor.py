@@ -299,12 +299,7 @@ def main(argv=None):
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = ap.parse_args(argv)
     nthreads = harness.parse_threads(ap, args.threads)
-    try:
-        batches = [int(b) for b in args.batch.split(",")]
-        if any(b < 1 for b in batches):
-            raise ValueError
-    except ValueError:
-        ap.error("--batch must be a comma-separated list of positive integers")
+    batches = harness.parse_counts(ap, args.batch, "--batch")
     if args.json is not None:
         _selfcheck.check_output_path(ap, "--json", args.json)
     if torch is None:

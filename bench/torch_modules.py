@@ -591,12 +591,7 @@ def main(argv=None):
     nthreads = harness.parse_threads(ap, args.threads)
     hidden = None
     if args.hidden is not None:
-        try:
-            hidden = [int(h) for h in args.hidden.split(",")]
-            if any(h < 1 for h in hidden):
-                raise ValueError
-        except ValueError:
-            ap.error("--hidden must be a comma-separated list of positive integers")
+        hidden = harness.parse_counts(ap, args.hidden, "--hidden")
     if args.json is not None:
         _selfcheck.check_output_path(ap, "--json", args.json)
     if torch is None:
