@@ -2,7 +2,7 @@
 2016), and the plain LSTM, RNN and GRU, the same engine without LayerNorm."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, FrozenSet, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -11,18 +11,13 @@ from .. import _torch, _validate
 from ._from_keras import lnlstm_from_keras
 from ._from_torch import lnlstm_from_torch, rnn_from_torch
 from ._inputs import State
+from ._variants import Variant, variant
 from .base import RecurrentModel
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 _Array = npt.NDArray[Any]
-
-
-# LNLSTM's gate_norm values, each with its engine cell's suffix, and the
-# variant settings with their defaults (the paper's cell)
-_GATE_NORMS = {"pair": "", "sum": "_sum", "per_gate": "_per_gate"}
-_VARIANT = (("gate_norm", "pair"), ("carry", "raw"), ("gate_bias", True), ("ln_bias", True))
 
 
 class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
@@ -136,33 +131,24 @@ class LNLSTM(RecurrentModel[Tuple[_Array, _Array]]):
                  dtype: npt.DTypeLike = np.float32, seed: Optional[int] = None,
                  bidirectional: bool = False, *, gate_norm: str = "pair", carry: str = "raw",
                  gate_bias: bool = True, ln_bias: bool = True) -> None:
-        self.gate_norm = _validate.choice(gate_norm, "gate_norm", tuple(_GATE_NORMS))
-        self.carry = _validate.choice(carry, "carry", ("raw", "normalized"))
-        self.gate_bias = _validate.flag(gate_bias, "gate_bias")
-        self.ln_bias = _validate.flag(ln_bias, "ln_bias")
-        if self.gate_norm != "pair":
-            self._kind = "lstm_sum"
+        v = variant(gate_norm, carry, gate_bias, ln_bias)
+        self.gate_norm, self.carry, self.gate_bias, self.ln_bias = v
+        self._kind = v.kind()
         super().__init__(input_size, hidden_size, num_layers, batch_first, eps, dtype, seed,
                          bidirectional)
 
+    def _options(self) -> Variant:
+        return Variant(self.gate_norm, self.carry, self.gate_bias, self.ln_bias)
+
     def _cell_name(self) -> str:
-        return "lstm" + _GATE_NORMS[self.gate_norm] + (
-            "_carry_ln" if self.carry == "normalized" else "")
+        return self._options().cell()
 
     def _omitted(self) -> FrozenSet[str]:
-        omit = set() if self.gate_bias else {"bias"}
-        if not self.ln_bias:
-            omit.update(("ln_ih_bias", "ln_hh_bias", "ln_bias", "ln_c_bias"))
-        return frozenset(omit)
-
-    def _variant(self) -> Dict[str, Any]:
-        """The variant's options that differ from the paper cell's."""
-        return {name: getattr(self, name) for name, default in _VARIANT
-                if getattr(self, name) != default}
+        return self._options().omitted()
 
     def __repr__(self) -> str:
-        variant = "".join(f", {name}={value!r}" for name, value in self._variant().items())
-        return super().__repr__()[:-1] + variant + ")"
+        changed = self._options().changed().items()
+        return super().__repr__()[:-1] + "".join(f", {k}={v!r}" for k, v in changed) + ")"
 
     @classmethod
     def from_torch(cls, module: Any, eps: Optional[float] = None) -> Self:

@@ -99,7 +99,7 @@ def config_of(model):
     if name == "GRU":
         cfg["linear_before_reset"] = model.linear_before_reset
     if name == "LNLSTM":   # a variant's options, where they differ from the paper cell's
-        cfg.update(model._variant())
+        cfg.update(model._options().changed())
     return cfg
 
 

@@ -7,6 +7,7 @@ from typing import Any, Dict
 
 from .. import _validate
 from .. import rnn as _rnn
+from ..rnn._variants import Variant, variant
 from ._base import RecurrentModule
 
 _ARGS = """
@@ -86,15 +87,16 @@ class LNLSTM(RecurrentModule):
                  bidirectional: bool = False, *, eps: float = 1e-5, gate_norm: str = "pair",
                  carry: str = "raw", ln_bias: bool = True, device: Any = None,
                  dtype: Any = None) -> None:
-        # fastln.rnn.LNLSTM checks the options and names the engine's cell
-        model = _rnn.LNLSTM(1, 1, gate_norm=gate_norm, carry=carry, ln_bias=ln_bias)
-        self.gate_norm, self.carry, self.ln_bias = model.gate_norm, model.carry, model.ln_bias
+        v = variant(gate_norm, carry, True, ln_bias)   # bias: checked as torch.nn's below
+        self.gate_norm, self.carry, self.ln_bias = v.gate_norm, v.carry, v.ln_bias
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, eps, device, dtype, model._cell_name())
+                         bidirectional, eps, device, dtype, v.cell())
+
+    def _options(self) -> Variant:
+        return Variant(self.gate_norm, self.carry, self.bias, self.ln_bias)
 
     def _omits(self, name: str) -> bool:
-        return super()._omits(name) or (not self.ln_bias and name.startswith("ln_")
-                                        and name.endswith("_bias"))
+        return name in self._options().omitted()
 
     def _rnn_kwargs(self) -> Dict[str, Any]:
         return dict(super()._rnn_kwargs(), gate_bias=self.bias)
@@ -103,10 +105,9 @@ class LNLSTM(RecurrentModule):
     def _module_kwargs(cls, model: Any) -> Dict[str, Any]:
         return dict(super()._module_kwargs(model), bias=model.gate_bias)
 
-    def _extra_repr_cell(self) -> str:
-        return "".join(f", {name}={getattr(self, name)!r}" for name, default in
-                       (("gate_norm", "pair"), ("carry", "raw"), ("ln_bias", True))
-                       if getattr(self, name) != default)
+    def _extra_repr_cell(self) -> str:   # bias shows as torch.nn's
+        return "".join(f", {name}={value!r}" for name, value in
+                       self._options().changed().items() if name != "gate_bias")
 
 
 class LNGRU(RecurrentModule):

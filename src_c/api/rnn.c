@@ -123,9 +123,8 @@ static int plain_weights(fastln_rnn_args *b, const fastln_rnn_args *a, int backw
     char *buf = (char *)malloc((size_t)(N[0] * K[0] + N[1] * K[1] + N[2] * K[2] + 1) * es);
     if (!buf) return FASTLN_ENOMEM;
     *own = buf;
-    for (int i = 0; i < 3; i++) {
-        char *w = buf + (size_t)(i > 0 ? N[0] * K[0] : 0) * es +
-                  (size_t)(i > 1 ? N[1] * K[1] : 0) * es;
+    char *w = buf;
+    for (int i = 0; i < 3; w += (size_t)(N[i] * K[i]) * es, i++) {
         if (!(a->transposed & flag[i])) continue;
         transpose(w, a->params[i < 2 ? i : 3], K[i], N[i], f32);
         b->params[i < 2 ? i : 3] = w;
