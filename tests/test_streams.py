@@ -113,6 +113,36 @@ def test_export_import_continue_bitwise_in_another_table():
         b.import_state((h, c), "s")   # the id is open
 
 
+@pytest.mark.parametrize("cls", CLASSES)
+def test_snapshot_counts_steps_and_matches_export(cls):
+    """snapshot gives each stream's steps since its admission and the state
+    export_state gives, column by column; an import starts at 0 steps, and a
+    failed step counts nothing."""
+    rng = np.random.default_rng(5)
+    m = cls(3, 8, 2, seed=2)
+    table = StreamTable(m, 6)
+    a, b = table.open("a"), table.open("b")
+    for k in range(3):
+        batch = [a] if k == 0 else [a, b]
+        table.step(batch, rng.standard_normal((len(batch), 3)).astype(np.float32))
+    c = table.import_state(table.export_state(a), "c")
+    with pytest.raises(ValueError):
+        table.step([b], np.ones((1, 4), np.float32))
+    steps, state = table.snapshot(["b", "c", "a"])
+    assert steps.dtype == np.int64 and steps.tolist() == [2, 0, 3]
+    parts = state if isinstance(state, tuple) else (state,)
+    for i, sid in enumerate(["b", "c", "a"]):
+        one = table.export_state(sid)
+        for p, q in zip(parts, one if isinstance(one, tuple) else (one,)):
+            assert p.shape == (2, 3, 8) and not np.shares_memory(p, table._h)
+            _check(p[:, i:i + 1], q, m)
+    table.close(c)
+    assert table.open("c") == "c" and table.snapshot([c])[0].tolist() == [0]   # a new stream
+    assert table.snapshot([])[0].shape == (0,)
+    with pytest.raises(UnknownStreamError):
+        table.snapshot([a, "nope"])
+
+
 def test_ids_capacity_and_errors():
     m = LNGRU(3, 8)
     table = StreamTable(m, 2)

@@ -137,6 +137,7 @@ class StreamTable:
         self._step_lock = threading.Lock()   # one step at a time
         self._slot: Dict[Hashable, int] = {}
         self._last = np.zeros(self.capacity)   # per slot: the time of its last step
+        self._steps = np.zeros(self.capacity, np.int64)   # per slot: steps since admitted
         self._free = list(range(self.capacity - 1, -1, -1))   # pop() gives slot 0 first
         self._busy: set[int] = set()          # slots of the step that runs
         self._release: List[int] = []         # slots freed during that step
@@ -228,6 +229,43 @@ class StreamTable:
         """
         with self._step_lock, self._lock:
             return self._state_of(self._lookup(stream_id))
+
+    def snapshot(self, ids: Sequence[Hashable]) -> Tuple[_Array, StreamState]:
+        """The states of several streams, and how many steps each has taken,
+        at one instant between two steps; the streams stay open.
+
+        Parameters
+        ----------
+        ids : sequence of hashable
+            The streams.
+
+        Returns
+        -------
+        steps : ndarray of int64, shape (len(ids),)
+            The steps each stream has taken in this table since it was
+            opened or imported: its state is the state after that many steps.
+        state : ndarray or tuple of ndarray
+            The states, in the form of the model's ``step`` state for a batch
+            of len(ids): h (num_layers, len(ids), H), or (h, c) for an LSTM;
+            column i is stream ids[i]'s, as :meth:`export_state` gives it.
+
+        Raises
+        ------
+        UnknownStreamError
+            For an id the table does not hold.
+
+        Notes
+        -----
+        A server checkpoints its streams with it: the steps tell which of
+        the steps it has answered each state includes, since a step may
+        have run and not yet been answered.
+        """
+        ids = list(ids)
+        with self._step_lock, self._lock:
+            slots = np.fromiter(map(self._lookup, ids), np.int64, len(ids))
+            steps = self._steps[slots]
+            h = self._h[:, slots]
+            return steps, (h if self._c is None else (h, self._c[:, slots]))
 
     def import_state(self, state: StreamState, stream_id: Optional[Hashable] = None) -> Hashable:
         """Opens a stream with the given state.
@@ -335,7 +373,9 @@ class StreamTable:
                 self._busy = busy
                 self._last[slots] = self._clock()
             try:
-                return self.model._table_step(self._h, self._c, slots, x, out)
+                y = self.model._table_step(self._h, self._c, slots, x, out)
+                self._steps[slots] += 1
+                return y
             finally:
                 with self._lock:
                     self._busy = set()
@@ -400,6 +440,7 @@ class StreamTable:
                     self._c[:, slot] = parts[1][:, 0]
             self._slot[stream_id] = slot
             self._last[slot] = self._clock()
+            self._steps[slot] = 0
         return stream_id
 
 
