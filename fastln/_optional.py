@@ -17,6 +17,7 @@ EXTRAS = {
     "starlette": "serve",
     "uvicorn": "serve",
     "prometheus_client": "serve",
+    "redis": "serve",
     "torch": "torch",
 }
 

@@ -40,7 +40,7 @@ DISTRIBUTIONS = {
     "matplotlib": "matplotlib", "sklearn": "scikit-learn", "tqdm": "tqdm",
     "starlette": "starlette", "uvicorn": "uvicorn", "httpx": "httpx",
     "picows": "picows", "uvloop": "uvloop", "openvino": "openvino",
-    "prometheus_client": "prometheus_client",
+    "prometheus_client": "prometheus_client", "redis": "redis",
     "pytest": "pytest", "hypothesis": "hypothesis", "mypy": "mypy", "Cython": "Cython",
     "sniffio": "httpx",   # httpx's own optional dependency, probed by the load test
 }
@@ -172,6 +172,8 @@ _NEEDS = {
     "dask": [("dask", "import fastln.dask"),
              ("dask", "import fastln; fastln.dask.layer_norm")],
     "picows": [("serve", "import fastln.serve; fastln.serve.StreamClient")],
+    "redis": [("serve", "from fastln.serve.store import open_store; "
+                        "open_store('redis://h:1/0', 'f', dtypes=['f4'], shape=(1,))")],
     "torch": [("torch", "import fastln.torch")],
 }
 
