@@ -478,12 +478,14 @@ def test_redis_fenced_writes_ownership_and_release(redis_server):
         assert await a.write([make_record("s2", 3)], []) == []
         assert await a.write([make_record("s2", 2)], []) == []   # older than the stored
         assert same(await a.take("s2", 0), make_record("s2", 3))
-        assert await a.owned(["s1", "s2", "s3"]) == ["s2"]
-        assert await b.owned(["s1", "s2", "s3"]) == ["s1"]
+        # owned: what no other server owns (s3 has no owner)
+        assert await a.owned(["s1", "s2", "s3"]) == ["s2", "s3"]
+        assert await b.owned(["s1", "s2", "s3"]) == ["s1", "s3"]
         got = await b.take("s1", 0)
         assert same(got, make_record("s1", 1))   # A's refused write changed nothing
         await b.release(["s1", "s2"])            # releases only what B owns
-        assert await b.owned(["s1"]) == [] and await a.owned(["s2"]) == ["s2"]
+        assert await b.owned(["s1"]) == ["s1"] and await a.owned(["s2"]) == ["s2"]
+        assert await b.owned(["s2"]) == []
         assert same(await a.take("s1", 0), make_record("s1", 1))
         assert await a.owned(["s1", "s2"]) == ["s1", "s2"]
         assert await b.write([make_record("s1", 4)], []) == ["s1"]
@@ -580,7 +582,7 @@ def test_redis_chunked_writes(redis_server):
         with pytest.raises(Held):
             await b.take("s1999", 0)
         await a.release(ids)
-        assert await a.owned(ids) == []
+        assert await a.owned(ids) == ids == await b.owned(ids)   # no owner now
         assert same(await b.take("s1999", 0), records[1999])
         assert await b.write([], ids) == []   # B owns s1999; the others have no owner
         assert await b.take("s1999", 0) is None and await b.take("s0", 0) is None

@@ -152,7 +152,9 @@ class Store:
         raise NotImplementedError
 
     async def owned(self, ids: list[str]) -> list[str]:
-        """The streams of ``ids`` that this server owns still."""
+        """The streams of ``ids`` that no other server owns: this server's,
+        and those with no owner (a store that lost its data: the next write
+        makes them this server's again)."""
         raise NotImplementedError
 
     async def close(self) -> None:

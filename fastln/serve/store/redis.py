@@ -233,7 +233,7 @@ class RedisStore(Store):
             chunk = ids[i:i + CHUNK]
             owners = await self._call("reading owners", self._redis.mget(
                 [self._key("o", sid) for sid in chunk]))
-            mine += [sid for sid, owner in zip(chunk, owners) if owner == me]
+            mine += [sid for sid, owner in zip(chunk, owners) if owner in (None, me)]
         return mine
 
     async def close(self):
