@@ -25,6 +25,18 @@ def require(module):
     return pytest.importorskip(module)
 
 
+def require_program(name, *places):
+    """The path of the program name (on PATH or at one of places); a skip
+    where it is missing, but a failure under CI, which installs Debian's."""
+    import shutil
+    path = shutil.which(name) or next((p for p in places if os.access(p, os.X_OK)), None)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed: CI installs Debian's")
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
 def named(arg):
     """Regex for ``pytest.raises(match=...)``: ``arg`` appears as a whole word."""
     return r"(?<![A-Za-z0-9_])" + re.escape(arg) + r"(?![A-Za-z0-9_])"

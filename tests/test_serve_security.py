@@ -148,7 +148,7 @@ def test_a_move_with_the_admin_token_keeps_the_resume_token(model_file, token_fi
 def no_serving(monkeypatch):
     served = []
 
-    async def record(args, service, token=None):
+    async def record(args, service, token=None, store=None):
         served.append(token)
     monkeypatch.setattr(cli, "serve", record)
     return served

@@ -28,6 +28,13 @@ lets every step it took finish and answers it, closes every WebSocket with
 then renamed over the old one) and exits; on start it loads that file, so a
 client that reconnects continues bit for bit where it stopped.
 
+Crashes lose nothing either with --checkpoint-dir DIR (one server's) or
+--checkpoint-store redis://HOST:PORT/DB (shared by the servers behind a
+proxy): every --checkpoint-interval seconds the streams that stepped are
+written there (fastln.serve.checkpoint), clients hear of each checkpoint and
+replay the steps after it when a server dies, and with Redis any server
+takes over the streams of one that died.
+
 Every step runs through one StreamBatcher: the frames that one pass of the
 event loop reads are queued with ``submit`` and answered in its callbacks
 (no future or task per frame), and each batch is one ``StreamTable.step`` in
@@ -57,7 +64,9 @@ with needs_extra(__name__):
     import uvicorn
     from picows import ws_create_server
 
+    from .checkpoint import Checkpointer
     from .http import create_app
+    from .store import StoreError, open_store
     from .ws.mux import MAX_STREAMS
     from .ws.routes import ws_factory
 
@@ -106,6 +115,22 @@ def make_parser():
                         "does not answer is disconnected and its stream kept")
     p.add_argument("--state-file",
                    help="where SIGTERM writes the streams, and where a start reads them")
+    store = p.add_mutually_exclusive_group()
+    store.add_argument("--checkpoint-dir",
+                       help="checkpoint the streams to this directory (one server's: a "
+                            "start loads them), so that a server killed loses none")
+    store.add_argument("--checkpoint-store",
+                       help="checkpoint the streams to Redis, redis://HOST:PORT/DB, shared by "
+                            "the servers behind a proxy: any of them takes over the streams "
+                            "of one that died")
+    p.add_argument("--checkpoint-interval", type=float, default=1.0,
+                   help="seconds between two checkpoints")
+    p.add_argument("--checkpoint-steps", type=int,
+                   help="also checkpoint after this many steps of the server")
+    p.add_argument("--lease", type=float, default=5.0,
+                   help="seconds a server's lease on its streams lasts in --checkpoint-store "
+                        "(renewed every quarter of it): how long its streams wait after it "
+                        "is lost, unless its address refuses connections")
     p.add_argument("--ports-file",
                    help="where the server writes its ports once it serves, as JSON "
                         "{\"host\": HOST, \"port\": PORT, \"ws_port\": WS_PORT}: how a "
@@ -230,11 +255,28 @@ class HTTPServer(uvicorn.Server):
         yield
 
 
-async def serve(args, service, token=None):
+def store_flag(args):
+    """The option that names the checkpoint store, and its value."""
+    if args.checkpoint_dir:
+        return f"--checkpoint-dir {args.checkpoint_dir}"
+    return f"--checkpoint-store {args.checkpoint_store}"
+
+
+async def serve(args, service, token=None, store=None):
     loop = asyncio.get_running_loop()
     ws_sockets = bind(args.host, args.ws_port, "--ws-port")
     http_sockets = bind(args.host, args.port, "--port")
     ports = [s[0].getsockname()[1] for s in (ws_sockets, http_sockets)]
+    if store is not None:
+        ck = service.checkpointer = Checkpointer(
+            service, store, args.checkpoint_interval, args.checkpoint_steps, args.lease,
+            f"{args.advertise or args.host}:{ports[0]}")
+        try:
+            n = await ck.start()
+        except StoreError as e:
+            raise SystemExit(f"fastln-serve: error: {store_flag(args)}: {e}") from None
+        if args.checkpoint_dir:
+            print(f"loaded {n} streams from {args.checkpoint_dir}", flush=True)
     factory = ws_factory(service, ports, args.advertise or args.host)
     # pings find a peer that vanished without closing, so that its stream can be resumed
     ws = [await ws_create_server(factory, sock=sock, max_frame_size=args.max_frame,
@@ -263,6 +305,8 @@ async def serve(args, service, token=None):
     await service.drain()
     for server in ws:
         server.close()
+    if service.checkpointer is not None:
+        await service.checkpointer.stop()
     if args.state_file:
         n = service.save(args.state_file)
         print(f"saved {n} streams to {args.state_file}", flush=True)
@@ -280,7 +324,9 @@ def main(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not (args.max_delay_ms >= 0 and math.isfinite(args.max_delay_ms)):
         p.error(f"--max-delay-ms must be finite and at least 0, got {args.max_delay_ms}")
-    for name in ("idle_timeout", "ping"):
+    if args.checkpoint_steps is not None and args.checkpoint_steps < 1:
+        p.error(f"--checkpoint-steps must be at least 1, got {args.checkpoint_steps}")
+    for name in ("idle_timeout", "ping", "checkpoint_interval", "lease"):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
             p.error(f"--{name.replace('_', '-')} must be finite and above 0, "
                     f"got {getattr(args, name)}")
@@ -298,7 +344,14 @@ def main(argv=None):
         except (OSError, ValueError, KeyError) as e:
             p.error(f"--state-file {args.state_file}: {e}")
         print(f"loaded {n} streams from {args.state_file}", flush=True)
-    run(serve(args, service, token))
+    store = None
+    if args.checkpoint_dir or args.checkpoint_store:
+        try:
+            store = open_store(args.checkpoint_dir or args.checkpoint_store, service.fingerprint,
+                               dtypes=service.state_dtypes, shape=service.state_shape)
+        except (OSError, ValueError) as e:
+            p.error(f"{store_flag(args)}: {e}")
+    run(serve(args, service, token, store))
 
 
 if __name__ == "__main__":

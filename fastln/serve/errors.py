@@ -19,7 +19,8 @@ CLOSE_WAIT = 5.0   # seconds a client has to answer the server's close frame
 REASON_NAMES = ("bad_frame", "frame_too_large", "bad_request", "body_too_large",
                 "no_token", "wrong_token", "no_admin_token", "wrong_admin_token",
                 "not_found", "conflict", "gone", "bad_state", "table_full", "queue_full",
-                "too_many_connections", "too_many_streams", "draining")
+                "too_many_connections", "too_many_streams", "draining", "store_down",
+                "lease_lapsed")
 # the reason of a close code that has one meaning; a refusal with another
 # code (1012, 1013: several meanings) names its reason. The closes of a
 # restart (1012) and a move (4410) to connections that hold a stream, and a

@@ -184,6 +184,8 @@ def create_app(service, ports, max_body=1 << 16, admin_token=None):
         token = payload.get("token")
         if token is not None and not isinstance(token, str):
             raise bad_request("token must be a string, the stream's resume token")
+        if service.checkpointer is not None:   # a stream of another server's, from the store
+            await service.checkpointer.fetch(request.path_params["stream_id"])
         stream = service.claim(request.path_params["stream_id"], token)
         if service.echo:
             raise Refused(None, 409, "an --echo server runs no model", "bad_request")

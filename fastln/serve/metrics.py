@@ -17,6 +17,12 @@ name starts with ``fastln_serve_``):
 ``batches_total``               counter    batches run (one ``StreamTable.step`` each)
 ``rejections_total``            counter    refusals, by ``reason`` (errors.REASON_NAMES)
 ``evictions_total``             counter    streams the server ended, by ``reason``
+``checkpoints_total``           counter    checkpoint writes, by ``result`` (ok, failed)
+``checkpoint_streams_total``    counter    stream checkpoints written
+``checkpoint_seconds_total``    counter    seconds in checkpoint writes that succeeded
+``checkpoint_age_seconds``      gauge      since the last checkpoint write that succeeded
+``store_up``                    gauge      1 while the checkpoint store answers
+``takeovers_total``             counter    streams taken over from the store
 ``batch_size``                  histogram  steps per batch
 ``queue_delay_seconds``         histogram  a step's wait from its arrival to its batch
 ``step_latency_seconds``        histogram  from a step's arrival to its batch's result
@@ -25,6 +31,8 @@ name starts with ``fastln_serve_``):
 and prometheus_client's ``process_*`` families (CPU seconds, memory, open
 files) of the server's process.
 """
+import time
+
 from .extra import needs_extra
 
 with needs_extra(__name__):
@@ -104,6 +112,8 @@ class ServiceCollector:
             for reason, n in counts.items():
                 family.add_metric([reason], n)
             yield family
+        if svc.checkpointer is not None:
+            yield from _checkpoint_families(svc.checkpointer)
         bounds, counts = _batch_sizes(svc.batcher.max_batch, m["batch_sizes"])
         yield HistogramMetricFamily(PREFIX + "batch_size", "Steps per batch",
                                     buckets=_buckets(bounds, counts), sum_value=m["steps"])
@@ -111,6 +121,28 @@ class ServiceCollector:
                          m["queue_delay_histogram"])
         yield _histogram("step_latency_seconds", "From a step's arrival to its batch's result",
                          m["latency_histogram"])
+
+
+def _checkpoint_families(ck):
+    """The families of a server with a checkpoint store (fastln.serve.checkpoint)."""
+    family = CounterMetricFamily(PREFIX + "checkpoints", "Checkpoint writes, by result",
+                                 labels=["result"])
+    for result, n in ck.count.items():
+        family.add_metric([result], n)
+    yield family
+    yield CounterMetricFamily(PREFIX + "checkpoint_streams", "Stream checkpoints written",
+                              value=ck.written)
+    yield CounterMetricFamily(PREFIX + "checkpoint_seconds",
+                              "Seconds spent in checkpoint writes that succeeded",
+                              value=ck.seconds)
+    age = float("nan") if ck.last_ok is None else time.monotonic() - ck.last_ok
+    yield GaugeMetricFamily(PREFIX + "checkpoint_age_seconds",
+                            "Seconds since the last checkpoint write that succeeded", value=age)
+    yield GaugeMetricFamily(PREFIX + "store_up",
+                            "1 while the checkpoint store answers (its last write succeeded)",
+                            value=int(ck.error is None))
+    yield CounterMetricFamily(PREFIX + "takeovers", "Streams taken over from the store",
+                              value=ck.takeovers)
 
 
 def registry_of(service):

@@ -46,6 +46,25 @@ TOKEN = re.compile(r"[A-Za-z0-9_-]{1,256}")
 MAX_T = 2 ** 63 - 1   # a step count, as the state file stores it (int64)
 
 
+HASHED = "sha256:"   # the state file's token of a stream that knows only the token's hash
+
+
+def _token_text(stream):
+    """A stream's token as the state file stores it: the token, or HASHED and
+    its hash's hex digits for a stream that knows only the hash."""
+    return stream.token if stream.token is not None else HASHED + stream.token_hash.hex()
+
+
+def _token_hash(payload):
+    """The SHA-256 of an export's ``token_hash`` (64 hex digits), which
+    stands for the token of a stream that knows only its hash; None when
+    there is none."""
+    text = payload.get("token_hash") if isinstance(payload, dict) else None
+    if isinstance(text, str) and re.fullmatch(r"[0-9a-f]{64}", text):
+        return bytes.fromhex(text)
+    return None
+
+
 def _bad_state(message):
     """The refusal of an import whose body is not a state export() wrote."""
     return Refused(INVALID, 422, message, "bad_state")
@@ -54,17 +73,43 @@ def _bad_state(message):
 class Stream:
     """What the server keeps of one stream besides its state in the table:
     the steps answered, the steps taken and not yet answered, its resume
-    token, the Attachment of the connection that holds it, and when it was
-    last used."""
+    token (or, for a stream taken over from a checkpoint store, only its
+    hash until a client presents it), the Attachment of the connection that
+    holds it, when it was last used, and its checkpoints."""
 
-    __slots__ = ("id", "t", "inflight", "token", "conn", "seen", "leaving", "ends")
+    __slots__ = ("id", "t", "inflight", "token", "conn", "seen", "leaving", "ends", "base",
+                 "saved", "owned", "moved", "_hash")
 
-    def __init__(self, stream_id, token, t=0):
+    def __init__(self, stream_id, token, t=0, token_hash=None, saved=None):
         self.id, self.token, self.t, self.inflight = stream_id, token, t, 0
         self.conn = None        # the Attachment of the connection that holds it, if any
         self.seen = time.monotonic()
         self.leaving = False    # being exported or ended: it takes no more steps
         self.ends = False       # ended by its client: removed once its steps are answered
+        self.base = t           # t when the table took it: the table counts its steps from here
+        self.saved = saved      # t of its latest checkpoint in the store; None before one
+        self.owned = False      # a checkpoint of this server's holds it (a shared store's owner)
+        self.moved = False      # it left for another server: the store is that server's
+        self._hash = token_hash
+
+    @property
+    def token_hash(self):
+        """The SHA-256 of the resume token, as a checkpoint stores it."""
+        if self._hash is None:
+            self._hash = hashlib.sha256(self.token.encode()).digest()
+        return self._hash
+
+    def token_is(self, token):
+        """Whether token (any str) is this stream's resume token, compared in
+        constant time; a stream that knows only the token's hash learns the
+        token from the first client that presents it."""
+        got = token.encode("utf-8", "surrogatepass")
+        if self.token is not None:
+            return hmac.compare_digest(got, self.token.encode())
+        if not hmac.compare_digest(hashlib.sha256(got).digest(), self._hash):
+            return False
+        self.token = token
+        return True
 
 
 class Attachment:
@@ -114,7 +159,8 @@ class Service:
         self.steps = 0
         self.draining = False
         self.inflight = 0                # steps taken and not yet answered, all streams
-        self.tasks = set()               # of when_quiet
+        self.tasks = set()               # of spawn
+        self.checkpointer = None         # fastln.serve.checkpoint's, with a checkpoint store
         self.x_dtypes = {"float32": np.dtype(np.float32)}
         y_dtype = np.dtype(model.dtype)   # float32 for an int8 model, as are its x and state
         if y_dtype.name == "bfloat16":
@@ -128,6 +174,7 @@ class Service:
         self.zeros = bytes(self.y_bytes)       # --echo's reply
         probe = self.table.open()
         self.state_dtypes = [a.dtype for a in self._parts(self.table.export_state(probe))]
+        self.state_shape = (model.num_layers, 1, model.hidden_size)   # each state array's
         # one step now: a model's first step compiles its step (and packs the weights it
         # keeps packed) before a client's first step waits on it
         self.table.step([probe], np.zeros((1, model.input_size), input_dtype(model)))
@@ -143,10 +190,12 @@ class Service:
 
     # ---- streams ------------------------------------------------------------
 
-    def add(self, stream_id=None, state=None, t=0, token=None):
+    def add(self, stream_id=None, state=None, t=0, token=None, token_hash=None, saved=None):
         """A new stream: a zero state, or the given one (a list of the table's
         state arrays) after t steps; a random id of 16 hex digits when None,
-        and a new resume token when token is None."""
+        and a new resume token when token and token_hash are None (a stream
+        taken over from a checkpoint knows only token_hash, and saved, the t
+        of that checkpoint)."""
         generated = False
         if stream_id is not None:
             check_stream_id(stream_id)
@@ -164,8 +213,11 @@ class Service:
         else:
             sid = self.table.import_state(state[0] if len(state) == 1 else tuple(state),
                                           stream_id)
-        token = secrets.token_urlsafe(TOKEN_BYTES) if token is None else token
-        stream = self.streams[sid] = Stream(sid, token, t)
+        if token is None and token_hash is None:
+            token = secrets.token_urlsafe(TOKEN_BYTES)
+        stream = self.streams[sid] = Stream(sid, token, t, token_hash, saved)
+        if self.checkpointer is not None:
+            self.checkpointer.added(sid)
         return stream
 
     def get(self, stream_id):
@@ -186,8 +238,7 @@ class Service:
         if token is None:
             raise Refused(UNAUTHORIZED, 401, f"stream {stream_id!r} needs its resume token "
                                              f"(token=, from the hello that opened it)")
-        if not hmac.compare_digest(token.encode("utf-8", "surrogatepass"),
-                                   stream.token.encode()):
+        if not stream.token_is(token):
             raise Refused(FORBIDDEN, 403, f"the token given is not the resume token of "
                                           f"stream {stream_id!r}")
         return stream
@@ -202,6 +253,9 @@ class Service:
         server drains: no step is taken."""
         if self.draining:
             return False
+        if self.checkpointer is not None and self.checkpointer.lapsed():
+            raise Refused(TRY_LATER, 503, "the server's lease on its streams lapsed (it was "
+                                          "paused): it is renewing it; reconnect", "lease_lapsed")
         try:
             if ids is None:
                 self.batcher.submit(streams[0].id, x, callback)
@@ -249,8 +303,11 @@ class Service:
             self.remove(stream)
 
     def remove(self, stream):
-        """Forgets stream and closes it in the table."""
+        """Forgets stream and closes it in the table (and, unless it moved to
+        another server, in the checkpoint store)."""
         self.streams.pop(stream.id, None)
+        if self.checkpointer is not None:
+            self.checkpointer.forget(stream)
         if stream.id in self.table:
             self.table.close(stream.id)
 
@@ -275,21 +332,30 @@ class Service:
             for stream in busy:
                 await self.quiet(stream)
             then()
-        task = asyncio.get_running_loop().create_task(wait())
-        self.tasks.add(task)       # a task the loop alone holds may be collected
+        self.spawn(wait())
+
+    def spawn(self, coro):
+        """Runs coro in a task that the service holds until it ends (a task
+        that the loop alone holds may be collected)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def leave(self, stream_id, message):
+    async def leave(self, stream_id, message, moved=False):
         """Takes stream stream_id off this server: it takes no more steps,
         those it took are answered, its connection is told (4410, message),
-        and it is removed; returns the stream and its state."""
+        and it is removed (moved: it goes on in another server, which
+        becomes its owner in a shared checkpoint store); returns the stream
+        and its state."""
         stream = self.get(stream_id)
-        stream.leaving = True               # its frames from now on are not taken
+        stream.leaving, stream.moved = True, moved   # its frames from now on are not taken
         await self.quiet(stream)            # the steps it took are answered first
         if stream.conn is not None:
             stream.conn.close(GONE, message)
         state = self.table.export_state(stream.id)
         self.remove(stream)
+        if moved and self.checkpointer is not None:
+            await self.checkpointer.release(stream.id)
         return stream, state
 
     async def delete(self, stream_id):
@@ -300,16 +366,22 @@ class Service:
     async def export(self, stream_id):
         """The stream's state and step count as JSON-ready values; the stream
         leaves this server (leave)."""
-        stream, state = await self.leave(stream_id, "the stream was exported to another server")
-        return {"stream": stream.id, "t": stream.t, "token": stream.token,
+        stream, state = await self.leave(stream_id, "the stream was exported to another server",
+                                         moved=True)
+        # a stream taken over from a checkpoint and not yet reconnected knows its token's hash
+        secret = ({"token": stream.token} if stream.token is not None
+                  else {"token_hash": stream.token_hash.hex()})
+        return {"stream": stream.id, "t": stream.t, **secret,
                 "dtype": self.y_dtype_name, "fingerprint": self.fingerprint,
                 "state": [a.astype(np.float64).tolist() for a in self._parts(state)]}
 
     def import_(self, stream_id, payload):
         """Adds the stream that export() gave as payload."""
+        token_hash = _token_hash(payload)
         if not isinstance(payload, dict) or not isinstance(payload.get("state"), list) or (
                 type(payload.get("t")) is not int or not 0 <= payload["t"] <= MAX_T) or not (
-                isinstance(payload.get("token"), str) and TOKEN.fullmatch(payload["token"])):
+                isinstance(payload.get("token"), str) and TOKEN.fullmatch(payload["token"])
+                or token_hash is not None):
             raise _bad_state('the body must be export\'s JSON: {"t": steps (0 to 2**63 - 1), '
                              '"token": the resume token (1 to 256 letters, digits, \'_\' or '
                              '\'-\'), "state": [arrays], ...}')
@@ -335,6 +407,8 @@ class Service:
         state = [a.astype(d) for a, d in zip(arrays, self.state_dtypes)]
         if any(not np.array_equal(s.astype(np.float64), a) for s, a in zip(state, arrays)):
             raise _bad_state(f"the state's values are not exact {self.y_dtype_name} values")
+        if token_hash is not None:
+            return self.add(stream_id, state, payload["t"], token_hash=token_hash)
         return self.add(stream_id, state, payload["t"], payload["token"])
 
     # ---- restarts -----------------------------------------------------------
@@ -352,7 +426,7 @@ class Service:
         new file, readable by its owner only, renamed over the old one)."""
         ids = list(self.streams)
         arrays = {"fingerprint": np.array(self.fingerprint), "ids": np.array(json.dumps(ids)),
-                  "tokens": np.array(json.dumps([self.streams[s].token for s in ids])),
+                  "tokens": np.array(json.dumps([_token_text(self.streams[s]) for s in ids])),
                   "t": np.array([self.streams[s].t for s in ids], np.int64)}
         states = [self._parts(self.table.export_state(s)) for s in ids]
         for k, dtype in enumerate(self.state_dtypes):
@@ -377,7 +451,9 @@ class Service:
             parts = [f[f"state{k}"] for k in range(len(self.state_dtypes))]
         parts = [p.view(d) for p, d in zip(parts, self.state_dtypes)]
         for i, (sid, t, token) in enumerate(zip(ids, ts.tolist(), tokens)):
-            self.add(sid, [p[:, i:i + 1] for p in parts], t, token)
+            known = not token.startswith(HASHED)
+            self.add(sid, [p[:, i:i + 1] for p in parts], t, token if known else None,
+                     None if known else bytes.fromhex(token[len(HASHED):]))
         return len(ids)
 
     def sweep(self, idle_timeout):
@@ -427,9 +503,14 @@ def live(service, ports):
 
 
 def ready(service, ports):
-    """Readiness (Service.readiness): 503 while the server drains or its table is full."""
+    """Readiness (Service.readiness): 503 while the server drains or its table
+    is full; with a checkpoint store, its state (Checkpointer.health), which
+    a store outage does not make unready: the streams go on from memory."""
     ok, why = service.readiness()
-    return (200, {"ready": True}) if ok else (503, {"ready": False, "why": why})
+    reply = {"ready": True} if ok else {"ready": False, "why": why}
+    if service.checkpointer is not None:
+        reply["store"] = service.checkpointer.health()
+    return (200 if ok else 503), reply
 
 
 PROBES = {"/health": health, "/health/live": live, "/health/ready": ready}

@@ -5,14 +5,17 @@ On --ws-port: ``ws://HOST:WS_PORT/mux[?dtype=bfloat16]``. The server's first
 frame is a text frame of JSON::
 
     {"mux": 1, "input_size": I, "hidden_size": H, "x_dtype": "float32",
-     "y_dtype": "float32", "max_streams": S, "max_frame": bytes}
+     "y_dtype": "float32", "max_streams": S, "max_frame": bytes, "checkpoint": true}
+
+(``checkpoint``: whether the server checkpoints its streams, below.)
 
 **Attaching streams.** The client's text frames are JSON control messages:
 
 - ``{"open": [{"stream": ID, "new": true}, {"stream": ID, "token": T}, ...]}``
   opens new streams, or attaches existing ones with their resume tokens (a
   reconnect, after a restart or a move). The answer holds one entry per
-  stream, in order: ``{"stream": ID, "index": k, "t": steps run, "token": T}``,
+  stream, in order: ``{"stream": ID, "index": k, "t": steps run, "token": T,
+  "durable": t or null}``,
   or a refusal ``{"stream": ID, "code": c, "error": why}`` with the close code
   the per-stream protocol (fastln.serve.ws.stream) would use: 4401 no token,
   4403 a wrong one, 4404 no such stream, 4409 it exists (new) or another
@@ -58,6 +61,19 @@ order they came, over all frames and connections. At most
 frame must fit --max-frame bytes (the hello gives both limits), so a
 client with more streams sends several frames.
 
+**Checkpoints.** On a server with --checkpoint-dir or --checkpoint-store,
+``durable`` is the step of a stream's latest checkpoint (null before the
+first), and as later checkpoints complete the server sends, at once and
+outside the order of the answers (it answers no frame of the client's)::
+
+    {"durable": [[k, t], ...]}
+
+A server that dies restores each stream at its latest checkpoint, so a
+client keeps the x of each stream's steps after it, to send again
+(fastln.serve.client's replay). With --checkpoint-store, an open of a stream
+the server does not hold takes it over from the store; while another live
+server holds it the entry is refused with 4409, to retry.
+
 **Leaving.** A stream exported (a move) or deleted while attached is told
 with a text frame, in order among the answers::
 
@@ -91,6 +107,7 @@ The steps the server took before the close are answered to the stream
 (counted in its t), as in the per-stream protocol; the streams stay for a
 reconnect.
 """
+import asyncio
 import json
 import math
 import operator
@@ -173,7 +190,13 @@ class Connection(Base):
             "mux": 1, "input_size": self.size, "hidden_size": svc.model.hidden_size,
             "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name,
             "max_streams": svc.max_streams_per_connection,
-            "max_frame": svc.max_frame}).encode())
+            "max_frame": svc.max_frame, "checkpoint": svc.checkpointer is not None}).encode())
+
+    def durable(self, pairs):
+        """Checkpoints hold streams of this connection: (index, t) pairs, told
+        to the client at once, out of the order of the answers."""
+        if not self.closed:
+            self.transport.send(TEXT, json.dumps({"durable": pairs}).encode())
 
     def on_ws_frame(self, transport, frame):
         if frame.msg_type != BINARY or not frame.fin or transport.is_close_frame_sent:
@@ -347,10 +370,41 @@ class Connection(Base):
 
     def open(self, items):
         """Opens or attaches the streams of an open message; answers once
-        their steps of earlier connections are answered."""
+        their steps of earlier connections are answered. With a shared
+        checkpoint store, the streams this server does not hold are taken
+        over from it first (each entry that fails is refused)."""
+        svc = self.service
+        ck = svc.checkpointer
+        wanted = [] if ck is None or not ck.store.shared else [
+            spec["stream"] for spec in items
+            if isinstance(spec, dict) and not spec.get("new") and isinstance(
+                spec.get("stream"), str) and spec["stream"] not in svc.streams]
+        rec = _Text(waits=True)
+        self.queue(rec)
+        if not wanted:
+            self.attach_all(items, rec)
+            return
+
+        async def take_over():
+            failed = {}
+            for sid, result in zip(wanted, await asyncio.gather(
+                    *map(ck.fetch, wanted), return_exceptions=True)):
+                if isinstance(result, Refused):
+                    failed[sid] = result
+                elif isinstance(result, BaseException):
+                    raise result
+            if not self.closed:
+                self.attach_all(items, rec, failed)
+        svc.spawn(take_over())
+
+    def attach_all(self, items, rec, failed=None):
+        """Claims the streams of an open message (failed: {id: Refused} of
+        those whose takeover failed), and answers with rec."""
         entries, opened = [], []
         for spec in items:
             try:
+                if failed and isinstance(spec, dict) and spec.get("stream") in failed:
+                    raise failed[spec["stream"]]
                 stream = self.claim(spec)
             except Refused as e:
                 self.service.refused(e.reason)
@@ -365,10 +419,9 @@ class Connection(Base):
 
         def make():
             for entry, stream in opened:
-                entry["t"] = stream.t
+                entry["t"], entry["durable"] = stream.t, stream.saved
             return json.dumps({"opened": entries}).encode()
-        rec = _Text(make=make, waits=True)
-        self.queue(rec)
+        rec.make = make
         self.service.when_quiet([stream for _, stream in opened], lambda: self.ready(rec))
 
     def ready(self, rec):

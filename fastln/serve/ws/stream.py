@@ -7,12 +7,22 @@ zero state; without it the stream must exist (a reconnect, after a restart or
 a move) and the client must present the stream's resume token, ``token=``.
 The server's first frame is a text frame of JSON::
 
-    {"stream": id, "t": steps run, "token": the resume token, "input_size": I,
-     "hidden_size": H, "x_dtype": "float32", "y_dtype": "float32"}
+    {"stream": id, "t": steps run, "token": the resume token, "durable": t or null,
+     "input_size": I, "hidden_size": H, "x_dtype": "float32", "y_dtype": "float32"}
 
 The token is 32 URL-safe characters (192 random bits) made when the stream
 opens; it stays the stream's through restarts and moves. Keep it secret: it
 is all a reconnect needs besides the id.
+
+``durable`` is the step of the stream's latest checkpoint (fastln.serve.checkpoint;
+null before the first one, and on a server without --checkpoint-dir or
+--checkpoint-store). As later checkpoints complete, the server sends text
+frames ``{"durable": t}`` between the replies: a server that dies restores
+the stream at its latest checkpoint, so a client keeps the x of the steps
+after it, to send again (fastln.serve.client's replay). A reconnect to a
+server that does not hold the stream, with --checkpoint-store, takes it over
+from the store; while another live server holds it the reconnect is closed
+with 4409, to retry.
 
 Then each binary frame of the client holds one step's x: I little-endian
 values of x_dtype (``dtype=``: float32, the default, or bfloat16 for a bfloat16
@@ -35,13 +45,14 @@ fastln_serve_rejections_total)::
     1008  a bad stream id or query
     1009  a frame over --max-frame bytes (picows closes)
     1012  the server restarts: reconnect without new=1 and resume at t
-    1013  the table is full, too many frames of the stream wait, or --max-connections
-          are open
+    1013  the table is full, too many frames of the stream wait, --max-connections
+          are open, the checkpoint store does not answer a takeover, or the
+          server's lease lapsed (it was paused)
     4401  a reconnect without token=
     4403  a token that is not the stream's
     4404  no such stream
-    4409  the stream exists (new=1), or another connection holds it
-    4410  the stream was exported
+    4409  the stream exists (new=1), or another connection or live server holds it
+    4410  the stream was exported, or another server took it over
 
 GET /health, /health/live and /health/ready on the WebSocket port answer as
 the HTTP ones do (fastln.serve.http), and GET
@@ -73,10 +84,29 @@ class Connection(Base):
         super().__init__(service, x_dtype, refusal)
         self.stream_id, self.new, self.token = stream_id, new, token
         self.stream = self.held = None
+        self.greeted = False
         self.streams = ()          # (stream,): what Service.submit and finish take
         self.answer = self._answer
 
     def opened(self):
+        ck = self.service.checkpointer
+        if self.new or ck is None or not ck.store.shared or self.stream_id in self.service.streams:
+            self.attach()
+            return
+
+        async def take_over():   # a stream this server does not hold: from the store
+            try:
+                await ck.fetch(self.stream_id)
+            except Refused as e:
+                self.close(e.code, e.message, e.reason)
+                return
+            if not self.closed:
+                self.attach()
+        self.service.spawn(take_over())
+
+    def attach(self):
+        """Opens or claims the stream, and greets the client once the steps
+        of the stream's earlier connection are answered."""
         svc = self.service
         try:
             if self.new:
@@ -98,10 +128,18 @@ class Connection(Base):
         if self.closed:
             return
         svc = self.service
+        self.greeted = True
         self.transport.send(TEXT, json.dumps({
             "stream": self.stream.id, "t": self.stream.t, "token": self.stream.token,
-            "input_size": svc.model.input_size, "hidden_size": svc.model.hidden_size,
-            "x_dtype": self.x_dtype.name, "y_dtype": svc.y_dtype_name}).encode())
+            "durable": self.stream.saved, "input_size": svc.model.input_size,
+            "hidden_size": svc.model.hidden_size, "x_dtype": self.x_dtype.name,
+            "y_dtype": svc.y_dtype_name}).encode())
+
+    def durable(self, pairs):
+        """A checkpoint holds the stream at step t ((index, t) pairs, one
+        here): tells the client, once the hello is out."""
+        if self.greeted and not self.closed:
+            self.transport.send(TEXT, b'{"durable": %d}' % pairs[-1][1])
 
     def on_ws_frame(self, transport, frame):
         if frame.msg_type != BINARY or not frame.fin or transport.is_close_frame_sent:
