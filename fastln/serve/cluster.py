@@ -79,9 +79,10 @@ class NginxUpstream:
     An id goes to the server of the first point at or past crc32 of the id,
     and past the points of down servers, as nginx does (after 21 points it
     gives up on the hash: :meth:`route` raises). The result matches nginx
-    while no server is skipped for failing (the docs' ``max_fails=0``) or for
-    ``max_conns``, and while each ADDRESS is one address (a name that
-    resolves to several has them picked in turn, not by the hash).
+    while no server is skipped for failing (``max_fails=0``, or none failed
+    within ``fail_timeout``) or for ``max_conns``, and while each ADDRESS is
+    one address (a name that resolves to several has them picked in turn,
+    not by the hash).
 
     Parameters
     ----------
