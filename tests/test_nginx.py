@@ -41,11 +41,7 @@ import json
 import os
 import random
 import re
-import resource
-import shutil
-import socket
 import socketserver
-import subprocess
 import tempfile
 import threading
 import time
@@ -72,6 +68,7 @@ from fastln.serve.cluster import (  # noqa: E402
     rebalance,
     streams,
 )
+from fastln.serve.loadtest.procs import Nginx, binary  # noqa: E402
 from fastln.serve.model import reference_run, save_model, stream_inputs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,163 +83,12 @@ ADMIN = "nginx-test-admin-token-0123456789"
 
 def nginx_binary():
     """nginx's path; a skip where it is missing, a failure under CI."""
-    path = shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None)
+    path = binary("nginx", "/usr/sbin/nginx", "/usr/local/sbin/nginx")
     if path is None:
         if os.environ.get("CI"):
             pytest.fail("nginx is not installed: CI installs Debian's")
         pytest.skip("nginx is not installed")
     return path
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def children(pid):
-    """{pid: command line} of the processes whose parent is pid."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    found[int(entry)] = f.read().replace(b"\0", b" ").decode().strip()
-        except (OSError, ValueError, IndexError):
-            continue         # it exited meanwhile
-    return found
-
-
-class Nginx:
-    """nginx in a prefix of its own (prefix/nginx.conf includes
-    docs/nginx/fastln.conf, copied with the listen port and the log folder
-    changed, and prefix/fastln/upstream.conf lists the servers), in the
-    foreground as this process's child; ``nginx -s reload`` finds it by its
-    pid file in the prefix."""
-
-    def __init__(self, binary, prefix):
-        self.binary, self.prefix = binary, str(prefix)
-        self.proc, self.port = None, None
-        for folder in ("fastln", "logs", "tmp"):
-            os.makedirs(os.path.join(self.prefix, folder), exist_ok=True)
-        self.error_log = os.path.join(self.prefix, "logs", "error.log")
-        self.upstream_file = os.path.join(self.prefix, "fastln", "upstream.conf")
-        tmp = os.path.join(self.prefix, "tmp")
-        with open(os.path.join(self.prefix, "nginx.conf"), "w") as f:
-            # two connections per stream, and a few more: under the hard limit of open files
-            files = min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-            f.write(f"worker_processes 1;\n"
-                    f"pid {self.prefix}/nginx.pid;\n"
-                    f"worker_rlimit_nofile {files};\n"
-                    f"events {{ worker_connections {files - 64}; }}\n"
-                    "http {\n"
-                    + "".join(f"    {kind}_temp_path {tmp}/{kind};\n"
-                              for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-                    + "    include fastln.conf;\n}\n")
-
-    def configure(self, port):
-        """Copies the docs' fastln.conf with listen 127.0.0.1:port and the logs in the prefix."""
-        with open(CONF, encoding="utf-8") as f:
-            text = f.read()
-        for pattern in (r"listen 80;", r"/var/log/nginx/"):
-            assert len(re.findall(pattern, text)) == 1, f"{CONF} should hold {pattern!r} once"
-        text = text.replace("listen 80;", f"listen 127.0.0.1:{port};")
-        text = text.replace("/var/log/nginx/", os.path.join(self.prefix, "logs") + "/")
-        with open(os.path.join(self.prefix, "fastln.conf"), "w", encoding="utf-8") as f:
-            f.write(text)
-        self.port = port
-
-    def upstream(self, servers):
-        """Writes fastln/upstream.conf as docs/nginx/upstream.conf does: the
-        servers' WebSocket addresses (fastln servers), or lines as they are (str)."""
-        with open(self.upstream_file, "w") as f:
-            for server in servers:
-                f.write(server + "\n" if isinstance(server, str) else
-                        f"server {server.ws.removeprefix('ws://')} max_fails=0;\n")
-
-    def command(self, *args):
-        return [self.binary, "-p", self.prefix + "/", "-e", self.error_log,
-                "-c", os.path.join(self.prefix, "nginx.conf"), *args]
-
-    def check(self):
-        run_ = subprocess.run(self.command("-t"), capture_output=True, text=True, timeout=30)
-        assert run_.returncode == 0, f"nginx -t failed:\n{run_.stderr}\n{self.log()}"
-
-    def start(self, tries=3):
-        for _ in range(tries):
-            self.configure(free_port())
-            self.check()
-            self.proc = subprocess.Popen(self.command("-g", "daemon off;"),
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 10
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                with contextlib.suppress(OSError), socket.create_connection(
-                        ("127.0.0.1", self.port), timeout=1):
-                    if self.workers()[0]:
-                        return
-                time.sleep(0.05)
-            self.stop()
-            if "Address already in use" not in self.log():
-                break            # another port will not help
-        raise AssertionError(f"nginx did not start:\n{self.log()}")
-
-    def workers(self):
-        """(pids of the workers that take connections, pids of those shutting down)."""
-        procs = children(self.proc.pid)
-        return ({p for p, cmd in procs.items() if cmd.endswith("worker process")},
-                {p for p, cmd in procs.items() if cmd.endswith("is shutting down")})
-
-    def reload(self):
-        """``nginx -s reload``, as the guide says: it signals the master and
-        returns; the old workers take connections for a while yet."""
-        self.check()
-        run_ = subprocess.run(self.command("-s", "reload"), capture_output=True, text=True,
-                              timeout=30)
-        assert run_.returncode == 0, f"nginx -s reload failed:\n{run_.stderr}\n{self.log()}"
-
-    def reload_and_wait(self, timeout=30):
-        """Reloads the configuration and waits until only the new worker
-        takes connections: the old ones have closed their listening sockets
-        and serve just the connections they hold."""
-        old, _ = self.workers()
-        self.reload()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            taking, _ = self.workers()
-            if taking and not taking & old:
-                return
-            assert self.proc.poll() is None, f"nginx exited:\n{self.log()}"
-            time.sleep(0.02)
-        raise AssertionError(f"nginx did not reload within {timeout} s:\n{self.log()}")
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()    # SIGTERM: a fast shutdown
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log(self):
-        try:
-            with open(self.error_log, encoding="utf-8", errors="replace") as f:
-                return f.read()[-5000:]
-        except OSError:
-            return "(no error log)"
-
-    @property
-    def http(self):
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws(self):
-        return f"ws://127.0.0.1:{self.port}"
 
 
 class Client(StreamClient):
@@ -388,7 +234,7 @@ def test_upstream_routes_each_id_as_nginx_does(tmp_path):
     """For a thousand ids under each of several upstream lists, nginx (the
     docs' fastln.conf) routes /owner/ID to the server that
     NginxUpstream(list).route(ID) names."""
-    binary = nginx_binary()
+    nginx_path = nginx_binary()
     with contextlib.ExitStack() as stack:
         # a folder that nginx's workers may enter, whatever user they run as
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastln-nginx-"))
@@ -405,7 +251,7 @@ def test_upstream_routes_each_id_as_nginx_does(tmp_path):
                 f"server {a}{' down' if a == tcp[4] else ''};" for a in tcp[::-1]],
             "one server": [f"server {tcp[5]};"],
         }
-        nginx = Nginx(binary, tmp_path / "nginx")
+        nginx = Nginx(nginx_path, tmp_path / "nginx", CONF)
         stack.callback(nginx.stop)
         ids = random_ids(1000, seed=5)
         for i, (what, lines) in enumerate(lists.items()):
@@ -516,7 +362,7 @@ def test_owners_without_the_list_wait_until_the_answers_settle():
 
 
 def test_scale_up_and_drain_as_documented(tmp_path):
-    binary = nginx_binary()
+    nginx_path = nginx_binary()
     model = LNLSTM(I, H, LAYERS, seed=21)
     model_file = tmp_path / "m.npz"
     save_model(model_file, model)
@@ -528,7 +374,7 @@ def test_scale_up_and_drain_as_documented(tmp_path):
                           "--advertise", "127.0.0.1", "--state-file", tmp_path / f"{name}.npz",
                           timeout=300)
 
-    nginx = Nginx(binary, tmp_path / "nginx")
+    nginx = Nginx(nginx_path, tmp_path / "nginx", CONF)
     servers = {}
     clients = [Stream(i, None) for i in range(STREAMS)]
     started = time.monotonic()

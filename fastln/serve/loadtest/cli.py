@@ -36,6 +36,22 @@ The runs, per dtype (--runs picks some of them; all by default):
   with a random phase (its streams keep one schedule, as a client that
   gathers them does).
 
+--checkpoint dir or redis makes the server of those runs checkpoint its
+streams (--checkpoint-interval), for the cost of it. Three runs of a cluster
+are asked for by name only; they need nginx, redis-server and a checkout's
+docs/nginx/fastln.conf (fastln.serve.loadtest.crash):
+
+- crash, mux-crash: --crash-streams closed-loop streams over three servers
+  that checkpoint to Redis, behind nginx (per-stream connections through it;
+  multiplexed ones to each stream's owner); after 40% of the steps the
+  server that holds the most streams is killed with SIGKILL, and its streams
+  are taken over by the others and replay the steps after their latest
+  checkpoint. Reports the streams lost and each moved stream's recovery,
+  from the kill to its first reply.
+- outage: the same cluster, multiplexed; redis-server stops for --outage
+  seconds under load and starts again, empty. Reports the errors, the failed
+  checkpoints, and how soon every server checkpoints again.
+
 Every reply is compared bit for bit with the same stream run alone in this
 process (fastln.serve.model's reference_run: B=1 steps over stream_inputs), echo's with
 zero bytes. A "mismatch" is a reply that differs; an "error" an unexpected
@@ -69,11 +85,15 @@ from ..extra import needs_extra
 from ..model import HelpFormatter
 
 with needs_extra(__name__):
+    from .crash import default_conf
     from .report import FIGURE, RESULTS, largest_line, plot, ratios, table, write_results
     from .runs import run_all
 
 DTYPES = ("float32", "bfloat16", "int8")
 RUNS = ("echo", "closed", "open", "sweep", "restart", "mux-closed", "mux-open")
+# the runs of a cluster (nginx, redis-server, three servers): asked for by name only
+CLUSTER_RUNS = ("crash", "mux-crash", "outage")
+CHECKPOINTS = ("none", "dir", "redis")
 
 
 def names_of(what, choices):
@@ -100,10 +120,12 @@ def make_parser():
                    metavar="DTYPE", help=f"the model's dtypes, of {', '.join(DTYPES)} "
                    f"(int8: the float32 model through fastln.rnn.quantize), separated by "
                    f"spaces or commas")
-    p.add_argument("--runs", nargs="+", type=names_of("run", RUNS), default=list(RUNS),
-                   metavar="RUN", help=f"the runs, of {', '.join(RUNS)}, separated by spaces "
-                   f"or commas; only some of them: writes its files only to an --outdir "
-                   f"given")
+    p.add_argument("--runs", nargs="+", type=names_of("run", RUNS + CLUSTER_RUNS),
+                   default=list(RUNS), metavar="RUN",
+                   help=f"the runs, of {', '.join(RUNS)} (the default), and "
+                   f"{', '.join(CLUSTER_RUNS)} (which need nginx and redis-server), separated "
+                   f"by spaces or commas; only some of them: writes its files only to an "
+                   f"--outdir given")
     p.add_argument("--streams", type=int, default=256, help="streams of closed, echo and open")
     p.add_argument("--steps", type=int, default=400, help="steps per stream of closed and echo")
     p.add_argument("--inflight", type=int, default=1,
@@ -125,6 +147,25 @@ def make_parser():
     p.add_argument("--restart-streams", type=int, default=64, help="streams of the restart run")
     p.add_argument("--restart-steps", type=int, default=400, help="steps per stream of the "
                    "restart run; the server restarts after 40%% of all")
+    p.add_argument("--checkpoint", choices=CHECKPOINTS, default="none",
+                   help="the server of closed, open, sweep, mux-closed and mux-open "
+                        "checkpoints its streams: nowhere, to a directory (--checkpoint-dir), "
+                        "or to a redis-server that the run starts (--checkpoint-store); its "
+                        "rows' names end in +dir or +redis")
+    p.add_argument("--checkpoint-interval", type=float, default=1.0,
+                   help="the servers' --checkpoint-interval, with --checkpoint and in the "
+                        "cluster runs")
+    p.add_argument("--crash-streams", type=int, default=256,
+                   help="closed-loop streams of crash, mux-crash and outage")
+    p.add_argument("--crash-steps", type=int, default=400,
+                   help="steps per stream of crash and outage, and a quarter of mux-crash's "
+                        "(the kill comes after 40%% of all)")
+    p.add_argument("--outage", type=float, default=10.0,
+                   help="seconds redis-server is down in the outage run")
+    p.add_argument("--lease", type=float, default=5.0, help="the cluster's servers' --lease")
+    p.add_argument("--nginx-conf", default=default_conf(),
+                   help="the nginx configuration of the cluster runs: docs/nginx/fastln.conf "
+                        "of the checkout (None outside one)")
     p.add_argument("--input", type=int, default=128, help="the model's input_size I")
     p.add_argument("--hidden", type=int, default=256, help="the model's hidden_size H")
     p.add_argument("--seed", type=int, default=0,
@@ -155,26 +196,32 @@ def main(argv=None):
     if args.quick:
         args.streams, args.steps, args.restart_streams, args.restart_steps = 4, 20, 4, 200
         args.seconds, args.sweep_seconds, args.sweep_streams = 0.5, 0.4, [4, 8]
-        args.connections = 2
+        args.connections, args.crash_streams, args.crash_steps, args.outage = 2, 8, 400, 2.0
+        args.checkpoint_interval = 0.1
+    if set(args.runs) & set(CLUSTER_RUNS) and not (
+            args.nginx_conf and os.path.exists(args.nginx_conf)):
+        p.error(f"--runs {' '.join(set(args.runs) & set(CLUSTER_RUNS))} need --nginx-conf, "
+                f"docs/nginx/fastln.conf of a checkout (got {args.nginx_conf})")
     counts = (args.streams, args.steps, args.inflight, args.restart_streams, args.restart_steps,
               args.threads, args.max_queue_per_stream, args.input, args.hidden,
-              args.connections, *args.sweep_streams)
+              args.connections, args.crash_streams, args.crash_steps, *args.sweep_streams)
     if min(counts) < 1:
         p.error("--streams, --steps, --inflight, --restart-streams, --restart-steps, --threads, "
-                "--max-queue-per-stream, --input, --hidden, --connections and --sweep-streams "
-                "must be at least 1")
+                "--max-queue-per-stream, --input, --hidden, --connections, --crash-streams, "
+                "--crash-steps and --sweep-streams must be at least 1")
     if args.outdir is not None and args.no_write:
         p.error("--outdir names a folder to write to, and --no-write says to write nothing")
     if args.inflight > args.max_queue_per_stream:
         p.error(f"--inflight {args.inflight} is over --max-queue-per-stream "
                 f"{args.max_queue_per_stream}: the server would close the streams")
     if not min(args.hz, args.seconds, args.sweep_hz, args.sweep_seconds, args.p99_ms,
-               args.time_limit, args.timeout) > 0:
-        p.error("--hz, --seconds, --sweep-hz, --sweep-seconds, --p99-ms, --time-limit and "
-                "--timeout must be above 0")
+               args.time_limit, args.timeout, args.checkpoint_interval, args.outage,
+               args.lease) > 0:
+        p.error("--hz, --seconds, --sweep-hz, --sweep-seconds, --p99-ms, --time-limit, "
+                "--timeout, --checkpoint-interval, --outage and --lease must be above 0")
     fastln.set_num_threads(args.threads)
     # a socket per stream on each side: the server inherits this process's limit
-    need = 2 * max(args.streams, *args.sweep_streams) + 256
+    need = 4 * max(args.streams, args.crash_streams, *args.sweep_streams) + 256
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         with contextlib.suppress(ValueError, OSError):

@@ -66,7 +66,8 @@ class Stream(Peer):
     sent (closed loop) or was due (open loop); a reply's latency counts from it.
     Replies come in order, so the next reply is step ``received``."""
 
-    width = 1   # the streams a frame steps
+    width = 1       # the streams a frame steps
+    quiet = False   # set while a failed reconnect closes: its end is no error
 
     def __init__(self, run, sid, refs, index, steps, inflight=0, echo=False):
         super().__init__()
@@ -76,6 +77,8 @@ class Stream(Peer):
         self.run, self.sid, self.steps = run, sid, steps
         self.nx, self.ny, self.inflight = refs.x_bytes, refs.y_bytes, inflight
         self.sent = self.received = 0
+        self.high = 0               # replies received before a crash: those below replay
+        self.first_reply = None     # when the first reply after a reconnect came
         self.sent_at = [0.0] * steps
         self.lat = []
         self.token = None
@@ -86,11 +89,15 @@ class Stream(Peer):
         hello's JSON, or None when that failed (an error). A reconnect
         presents the resume token of the first hello."""
         try:
-            hello = await self.connect(stream_url(ws, self.sid, new, None if new else self.token),
-                                       timeout)
+            return await self.attach(ws, new, timeout)
         except (OSError, WSError, asyncio.TimeoutError) as e:   # Closed is an OSError
             self.end("errors", f"{self.sid}: connect: {type(e).__name__} {e}")
             return None
+
+    async def attach(self, ws, new, timeout):
+        """open() without the error count: the hello, or the exception."""
+        hello = await self.connect(stream_url(ws, self.sid, new, None if new else self.token),
+                                   timeout)
         self.token = hello.get("token")
         return hello
 
@@ -121,16 +128,36 @@ class Stream(Peer):
         ny = self.ny
         if payload != self.yb[t * ny:(t + 1) * ny]:
             self.differs(t, payload)
-        self.lat.append(now - self.sent_at[t])
+        if self.first_reply is None:
+            self.first_reply = now
+        if t >= self.high:          # a replayed step's reply is checked, not counted again
+            self.lat.append(now - self.sent_at[t])
         self.received = t = t + 1
         if t == self.steps:
             self.end()
         elif self.inflight:
             self.pump()
 
+    def resume(self, t):
+        """After a reconnect whose hello restores step t: the steps from t on
+        go again, their replies checked against the stream run alone; False
+        (the stream is lost) when t is past the replies received."""
+        if t is None or t > self.received:
+            self.end("lost", f"{self.sid}: resumed at step {t}, {self.received} replies "
+                             f"received")
+            return False
+        self.high = max(self.high, self.received)
+        self.sent = self.received = t
+        self.first_reply = None
+        if t >= self.steps:
+            self.end()
+        return True
+
     def on_close(self, closed):
         """An error, unless the stream is done, or the server restarts as
         the run expects (a close with 1012, or a drop)."""
+        if self.quiet:
+            return
         if not (self.is_done or self.run.restarting and closed.code in (RESTART, None)):
             self.end("errors", f"{self.sid}: {closed} at step {self.received}")
 
@@ -141,18 +168,21 @@ class Stream(Peer):
 
 
 class MuxConn(Stream):
-    """The streams first .. first + width - 1 of a run on one multiplexed
+    """The streams of a run with the given indices on one multiplexed
     connection (fastln.serve.ws.mux). Each frame holds one step of each of
     them, so the connection runs as one stream of wide frames: xb holds every
     frame's bytes (header and x rows), yb every reply's, and a reply counts
     width steps."""
 
-    def __init__(self, run, tag, refs, first, width, steps, inflight=0, echo=False):
+    def __init__(self, run, tag, refs, indices, steps, inflight=0, echo=False):
         Peer.__init__(self)
+        indices = list(indices)
+        width = len(indices)
         self.run, self.steps, self.inflight, self.width = run, steps, inflight, width
-        self.sids = [f"s{i}-{tag}" for i in range(first, first + width)]
-        self.sid = f"mux{first}-{tag}"
-        pairs = [refs.get(i, steps) for i in range(first, first + width)]
+        self.indices = indices
+        self.sids = [f"s{i}-{tag}" for i in indices]
+        self.sid = f"mux{indices[0]}-{tag}"
+        pairs = [refs.get(i, steps) for i in indices]
 
         def rows(data, size):   # (steps, width, size) of each stream's bytes
             return np.stack([np.frombuffer(d, np.uint8, steps * size).reshape(steps, size)
@@ -164,9 +194,10 @@ class MuxConn(Stream):
         self.ny = width * refs.y_bytes
         self.yb = bytes(steps * self.ny) if echo else rows([yb for _, yb in pairs],
                                                            refs.y_bytes).tobytes()
-        self.sent = self.received = 0
+        self.sent = self.received = self.high = 0
         self.sent_at = [0.0] * steps
         self.lat = []
+        self.first_reply = None
         self.opened = None
         self.tokens = {}
         self.is_done = False
@@ -176,10 +207,7 @@ class MuxConn(Stream):
         returns {"t": their step count}, or None when that failed or the
         streams' counts differ."""
         try:
-            await self.connect(mux_url(ws), timeout)
-            self.opened = asyncio.get_running_loop().create_future()
-            self.send_frame(open_message(self.sids, new, self.tokens), text=True)
-            entries = await asyncio.wait_for(self.opened, timeout)
+            entries = await self.attach(ws, new, timeout)
         except (OSError, WSError, asyncio.TimeoutError) as e:
             self.end("errors", f"{self.sid}: connect: {type(e).__name__} {e}")
             return None
@@ -191,9 +219,18 @@ class MuxConn(Stream):
         ts = {e["t"] for e in entries}
         return {"t": ts.pop() if len(ts) == 1 else None}
 
+    async def attach(self, ws, new, timeout):
+        """Connects and sends the open message: its entries, or the exception."""
+        await self.connect(mux_url(ws), timeout)
+        self.opened = asyncio.get_running_loop().create_future()
+        self.send_frame(open_message(self.sids, new, self.tokens), text=True)
+        return await asyncio.wait_for(self.opened, timeout)
+
     def on_text(self, message):
         if self.opened is not None and not self.opened.done() and "opened" in message:
             self.opened.set_result(message["opened"])
+        elif "durable" in message:
+            pass        # a checkpoint: the run replays from what the server restores
         else:
             self.end("errors", f"{self.sid}: an unexpected text frame at step "
                                f"{self.received}: {str(message)[:200]}")

@@ -125,8 +125,8 @@ async def drive(server, refs, runtag, streams, steps, mode, hz=0.0, inflight=1, 
     if connections:
         parts = split(streams, connections)
         run = Run(len(parts))
-        clients = [MuxConn(run, runtag, refs, first, width, steps, inflight, echo)
-                   for first, width in parts]
+        clients = [MuxConn(run, runtag, refs, range(first, first + width), steps, inflight,
+                           echo) for first, width in parts]
     else:
         run = Run(streams)
         clients = [Stream(run, f"s{i}-{runtag}", refs, i, steps, inflight, echo)

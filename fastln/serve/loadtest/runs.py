@@ -16,10 +16,13 @@ from ..model import bfloat16, load_model, save_model
 with needs_extra(__name__):
     from ..client import run_server
     from .clients import References
+    from .crash import drive_crash, drive_outage, programs
     from .drive import drive, drive_restart, engine_rate, split
+    from .procs import RedisServer
     from .report import summary, table
 
 ENGINE_BATCH = 256   # the engine row's batch: streams stepped together in-process
+MUX_CRASH = 4        # mux-crash's steps per stream, in --crash-steps
 
 
 def make_model(args, dtype):
@@ -61,8 +64,11 @@ def run_dtype(args, dtype, workdir):
     need = [args.steps] if runs & {"echo", "closed", "mux-closed"} else []
     need += [open_steps] if runs & {"open", "mux-open"} else []
     steps, restart = max(need, default=0), "restart" in runs
-    for i in range(max(args.streams if need else 0, args.restart_streams if restart else 0)):
+    crash = runs & {"crash", "mux-crash", "outage"}
+    for i in range(max(args.streams if need else 0, args.restart_streams if restart else 0,
+                       args.crash_streams if crash else 0)):
         refs.get(i, max(steps, args.restart_steps if restart and i < args.restart_streams
+                        else 0, crash_steps(args, runs) if crash and i < args.crash_streams
                         else 0))
     print(f"{dtype}: single-stream references in {time.monotonic() - started:.1f} s",
           flush=True)
@@ -79,25 +85,27 @@ def run_dtype(args, dtype, workdir):
             rows.append(summary("echo", dtype, run(drive(
                 server, refs, "echo", args.streams, args.steps, "closed",
                 inflight=args.inflight, echo=True, **kw))))
+    tag = "" if args.checkpoint == "none" else "+" + args.checkpoint
     with contextlib.ExitStack() as stack:
         if runs & {"closed", "open", "sweep", "mux-closed", "mux-open"}:
-            server = stack.enter_context(run_server("--model", path, "--capacity", capacity,
-                                                    *common))
+            server = stack.enter_context(run_server(
+                "--model", path, "--capacity", capacity, *common,
+                *checkpoint_args(args, stack, os.path.join(workdir, f"ckpt-{dtype}"))))
         if "closed" in runs:
-            rows.append(summary("closed", dtype, run(drive(
+            rows.append(summary("closed" + tag, dtype, run(drive(
                 server, refs, "closed", args.streams, args.steps, "closed",
                 inflight=args.inflight, **kw))))
         if "mux-closed" in runs:
             rows.append(engine_row(args, dtype, refs.model))
-            rows.append(summary("mux-closed", dtype, run(drive(
+            rows.append(summary("mux-closed" + tag, dtype, run(drive(
                 server, refs, "mux", args.streams, args.steps, "closed",
                 inflight=args.inflight, connections=args.connections, **kw))))
         if "open" in runs:
-            rows.append(summary("open", dtype, run(drive(
+            rows.append(summary("open" + tag, dtype, run(drive(
                 server, refs, "open", args.streams, open_steps, "open", hz=args.hz, **kw)),
                 hz=args.hz))
         if "mux-open" in runs:
-            rows.append(summary("mux-open", dtype, run(drive(
+            rows.append(summary("mux-open" + tag, dtype, run(drive(
                 server, refs, "mux-open", args.streams, open_steps, "open", hz=args.hz,
                 connections=args.connections, **kw)), hz=args.hz))
         for n in args.sweep_streams if "sweep" in runs else ():
@@ -107,7 +115,7 @@ def run_dtype(args, dtype, workdir):
             if time.monotonic() - started > 1:
                 print(f"    (references of {n} streams: {time.monotonic() - started:.1f} s)",
                       flush=True)
-            row = summary("sweep", dtype, run(drive(
+            row = summary("sweep" + tag, dtype, run(drive(
                 server, refs, f"w{n}", n, sweep_steps, "open", hz=args.sweep_hz, **kw)),
                 hz=args.sweep_hz)
             rows.append(dict(row, limit_ms=args.p99_ms))
@@ -119,7 +127,40 @@ def run_dtype(args, dtype, workdir):
             path, ["--capacity", capacity, *common], refs, args.restart_streams,
             args.restart_steps, args.inflight, os.path.join(workdir, f"{dtype}.state"),
             time_limit=args.time_limit, timeout=args.timeout))))
+    cluster = ["--capacity", capacity, *common]
+    limits = dict(time_limit=args.time_limit, timeout=args.timeout,
+                  interval=args.checkpoint_interval)
+    for name in ("crash", "mux-crash"):
+        if name in runs:
+            rows.append(summary(name, dtype, run(drive_crash(
+                path, cluster, refs, args.crash_streams, crash_steps(args, {name}),
+                args.inflight, args.nginx_conf, None if name == "crash" else args.connections,
+                lease=args.lease, **limits))))
+    if "outage" in runs:
+        rows.append(summary("outage", dtype, run(drive_outage(
+            path, cluster, refs, args.crash_streams, args.crash_steps, args.inflight,
+            args.nginx_conf, args.outage, connections=args.connections, **limits))))
     return rows, largest
+
+
+def crash_steps(args, runs):
+    """Steps per stream of the cluster runs: --crash-steps, and MUX_CRASH times
+    that for mux-crash, whose steps go several times faster (the kill must
+    come while the streams step)."""
+    return args.crash_steps * (MUX_CRASH if "mux-crash" in runs else 1)
+
+
+def checkpoint_args(args, stack, folder):
+    """The server's options for --checkpoint: none, a directory, or a
+    redis-server started for the runs (stopped when stack closes)."""
+    if args.checkpoint == "none":
+        return []
+    interval = ["--checkpoint-interval", args.checkpoint_interval]
+    if args.checkpoint == "dir":
+        return ["--checkpoint-dir", folder, *interval]
+    redis = RedisServer(programs()[1]).start()
+    stack.callback(redis.close)
+    return ["--checkpoint-store", redis.url, *interval]
 
 
 def run_all(args, workdir):
