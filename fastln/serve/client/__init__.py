@@ -35,7 +35,7 @@ from .testing import Server, run_server
 with needs_extra(__name__):
     from .mux import FrameRefused, MuxClient, MuxStream
     from .stream import StreamClient
-    from .wire import Closed
+    from .wire import Closed, ReplayError
 
-__all__ = ["Closed", "FrameRefused", "MoveError", "MuxClient", "MuxStream", "Server",
-           "StreamClient", "move_stream", "request", "run", "run_server"]
+__all__ = ["Closed", "FrameRefused", "MoveError", "MuxClient", "MuxStream", "ReplayError",
+           "Server", "StreamClient", "move_stream", "request", "run", "run_server"]
