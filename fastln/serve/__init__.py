@@ -59,6 +59,7 @@ if TYPE_CHECKING:   # the names __getattr__ gives, for type checkers
         MoveError,
         MuxClient,
         MuxStream,
+        ReplayError,
         Server,
         StreamClient,
         move_stream,
@@ -69,13 +70,14 @@ if TYPE_CHECKING:   # the names __getattr__ gives, for type checkers
     from .service import Service
 
 _EXPORTS = {**dict.fromkeys(["StreamClient", "MuxClient", "MuxStream", "Closed", "FrameRefused",
-                             "move_stream", "MoveError", "run_server", "Server"], "client"),
+                             "ReplayError", "move_stream", "MoveError", "run_server", "Server"],
+                            "client"),
             "rebalance": "cluster", "drain": "cluster", "Service": "service",
             "save_model": "model", "load_model": "model"}
 
-__all__ = ["Closed", "FrameRefused", "MoveError", "MuxClient", "MuxStream", "Server", "Service",
-           "StreamClient", "drain", "load_model", "move_stream", "rebalance", "run_server",
-           "save_model"]
+__all__ = ["Closed", "FrameRefused", "MoveError", "MuxClient", "MuxStream", "ReplayError", "Server",
+           "Service", "StreamClient", "drain", "load_model", "move_stream", "rebalance",
+           "run_server", "save_model"]
 
 
 def _load(module):
