@@ -1,0 +1,236 @@
+"""Served streams that survive a crash: servers killed with SIGKILL, paused
+with SIGSTOP, and a checkpoint store that goes away, with real processes
+(fastln-serve, redis-server, nginx).
+
+1. Killed mid-checkpoint: a server that writes checkpoints to a directory
+   all the time is killed (SIGKILL) at random moments, three times; each
+   restart on the directory loads every stream at a step between the last
+   durable step its client heard of and the replies it received, and every
+   stream goes on bit for bit.
+2. Another server: a stream checkpointed to Redis by server A is taken over
+   by server B when its client reconnects there (A killed: at once, since
+   A's address refuses connections), at the checkpoint's step and state, and
+   goes on bit for bit; while A lives and holds it, B refuses it (4409) until
+   A stops (SIGTERM gives its streams up at once).
+3. Two servers that both believe they own a stream: A is paused (SIGSTOP),
+   its lease expires, B takes the stream over; A, resumed (SIGCONT), finds
+   its lease lapsed, lets the stream go, and never writes over B's
+   checkpoint; the stream goes on in B alone.
+
+Skipped where redis-server is not installed, but a failure under CI=1, which
+installs Debian's.
+"""
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from fastln.rnn import LNLSTM
+
+from _util import require, require_program
+
+for _name in ("picows", "starlette", "uvicorn", "redis"):
+    require(_name)
+
+from fastln.serve.client import Closed, StreamClient, request, run_server  # noqa: E402
+from fastln.serve.loadtest.procs import RedisServer  # noqa: E402
+from fastln.serve.model import save_model, stream_inputs  # noqa: E402
+
+I, H, LAYERS = 8, 16, 2
+TOKENS = {}   # stream id -> resume token, across a test's servers
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    server = RedisServer(require_program("redis-server", "/usr/bin/redis-server")).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("crash") / "m.npz"
+    save_model(path, LNLSTM(I, H, LAYERS, seed=5))
+    return path
+
+
+def solo(model_file, xs):
+    """The stream run alone: y of every step."""
+    from fastln.serve.model import load_model
+    m = load_model(model_file)
+    ys, state = [], None
+    for x in xs:
+        y, state = m.step(x[None], state)
+        ys.append(y[0])
+    return ys
+
+
+def server_args(model_file, redis_server, *more):
+    return ["--model", model_file, "--checkpoint-store", redis_server.url, "--advertise",
+            "127.0.0.1", "--checkpoint-interval", "0.1", *more]
+
+
+async def steps(client, xs):
+    out = []
+    for x in xs:
+        out.append(await client.step(x))
+    return out
+
+
+async def wait_durable(client, t, timeout=10.0):
+    """Steps nothing; waits until a checkpoint holds the stream at t (the
+    server's {"durable": t} frames come as text, which StreamClient keeps)."""
+    deadline = time.monotonic() + timeout
+    while client.durable is None or client.durable < t:
+        assert time.monotonic() < deadline, f"no checkpoint at {t} (durable {client.durable})"
+        await asyncio.sleep(0.02)
+
+
+def bits(ys):
+    return np.asarray(ys).view(np.uint32)
+
+
+def streams_of(server):
+    return request("GET", server.http + "/streams")[1]["streams"]
+
+
+def test_kills_mid_checkpoint_leave_whole_checkpoints(tmp_path):
+    path = tmp_path / "big.npz"
+    save_model(path, LNLSTM(I, 256, 2, seed=9))
+    n, rounds, steps = 24, 3, 400
+    xs = [stream_inputs(4, i, steps, I) for i in range(n)]
+    want = [solo(path, x) for x in xs]
+    ys = [[] for _ in range(n)]
+    tokens, durable = [None] * n, [0] * n
+    rng = random.Random(0)
+    args = ["--model", path, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-interval",
+            "0.01"]
+
+    async def stream(server, i, stop):
+        new = tokens[i] is None
+        c = await StreamClient.connect(server.ws, f"k{i}", new=new, token=tokens[i])
+        tokens[i], t0 = c.token, c.hello["t"]
+        assert durable[i] <= t0 <= len(ys[i]), (i, durable[i], t0, len(ys[i]))
+        t = t0
+        with contextlib.suppress(Closed):
+            while t < steps and not stop.is_set():
+                y = await c.step(xs[i][t])
+                if t < len(ys[i]):       # a step after the checkpoint, sent again
+                    assert np.array_equal(bits(y), bits(ys[i][t])), (i, t)
+                else:
+                    ys[i].append(y)
+                t += 1
+                durable[i] = max(durable[i], c.durable or 0)
+        return c
+
+    async def main(server, kill):
+        stop = asyncio.Event()
+        tasks = [asyncio.ensure_future(stream(server, i, stop)) for i in range(n)]
+        if kill:
+            await asyncio.sleep(rng.uniform(0.3, 0.8))
+            server.proc.kill()        # mid-write, often: a write every 10 ms
+            server.proc.wait()
+        clients = await asyncio.gather(*tasks)
+        if not kill:
+            for c in clients:
+                await c.close(1000)
+
+    for k in range(rounds + 1):
+        with run_server(*args) as server:
+            asyncio.run(asyncio.wait_for(main(server, k < rounds), 120))
+    for i in range(n):
+        assert len(ys[i]) == steps and np.array_equal(bits(ys[i]), bits(want[i])), i
+
+
+def test_another_server_takes_a_killed_servers_stream_over(model_file, redis_server):
+    xs = stream_inputs(1, 0, 30, I)
+    want = solo(model_file, xs)
+    with run_server(*server_args(model_file, redis_server)) as a, \
+            run_server(*server_args(model_file, redis_server)) as b:
+        async def main():
+            c = await StreamClient.connect(a.ws, "s-1", new=True)
+            got = await steps(c, xs[:10])
+            await wait_durable(c, 10)
+            # A lives and holds it: B refuses it, with 4409, and does not take it
+            with pytest.raises(Closed) as e:
+                await StreamClient.connect(b.ws, "s-1", token=c.token, timeout=20)
+            assert e.value.code == 4409, e.value
+            got += await steps(c, xs[10:14])       # after the checkpoint: lost in the crash
+            a.proc.kill()
+            a.proc.wait()
+            started = time.monotonic()
+            c2 = await StreamClient.connect(b.ws, "s-1", token=c.token, timeout=20)
+            took = time.monotonic() - started
+            assert (c2.hello["t"], c2.hello["durable"]) == (10, 10), c2.hello
+            assert took < 2.0, f"the takeover of a killed server's stream took {took:.2f} s"
+            again = await steps(c2, xs[10:30])      # the client replays steps 10..13
+            assert np.array_equal(bits(again[:4]), bits(got[10:14]))
+            with pytest.raises(Closed) as e:
+                await StreamClient.connect(b.ws, "s-1", token="not-the-token")
+            assert e.value.code == 4403
+            await c2.close(1001)
+            return got[:10] + again, c.token
+        got, token = asyncio.run(asyncio.wait_for(main(), 120))
+        assert np.array_equal(bits(got), bits(want))
+        assert list(streams_of(b)) == ["s-1"]
+        # SIGTERM writes the streams and gives them up: a third server takes them at once
+        assert b.stop() == 0
+    with run_server(*server_args(model_file, redis_server)) as c:
+        async def resume():
+            started = time.monotonic()
+            c3 = await StreamClient.connect(c.ws, "s-1", token=token, timeout=20)
+            assert time.monotonic() - started < 2.0
+            assert (c3.hello["t"], c3.hello["durable"]) == (30, 30), c3.hello
+            await c3.close(1000)       # ends the stream: the store forgets it
+        asyncio.run(asyncio.wait_for(resume(), 60))
+
+
+def test_a_paused_owner_lets_go_of_what_another_took(model_file, redis_server):
+    """SIGSTOP: two servers that both believe they own a stream."""
+    xs = stream_inputs(2, 0, 24, I)
+    want = solo(model_file, xs)
+    lease = ["--lease", "1.0"]
+    with run_server(*server_args(model_file, redis_server, *lease)) as a, \
+            run_server(*server_args(model_file, redis_server, *lease)) as b:
+        async def main():
+            c = await StreamClient.connect(a.ws, "p-1", new=True)
+            TOKENS["p-1"] = c.token
+            got = await steps(c, xs[:8])
+            await wait_durable(c, 8)
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                c2 = await StreamClient.connect(b.ws, "p-1", token=c.token, timeout=20)
+                took = time.monotonic() - started
+                assert c2.hello["t"] == 8, c2.hello
+                assert 0.2 < took < 3.0, f"B took a paused owner's stream in {took:.2f} s"
+                got += await steps(c2, xs[8:16])
+                await wait_durable(c2, 16)
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
+            # A resumes: its lease lapsed; it lets the stream go and writes nothing over B's
+            deadline = time.monotonic() + 10
+            while "p-1" in streams_of(a):
+                assert time.monotonic() < deadline, "A still holds the stream B took"
+                await asyncio.sleep(0.05)
+            got += await steps(c2, xs[16:24])
+            await wait_durable(c2, 24)
+            await asyncio.sleep(0.5)       # A's next checkpoints, were it to write any
+            await c2.close(1001)
+            return got
+        got = asyncio.run(asyncio.wait_for(main(), 120))
+        assert np.array_equal(bits(got), bits(want))
+        assert list(streams_of(b)) == ["p-1"] and "p-1" not in streams_of(a)
+        assert b.stop() == 0
+    # the store holds B's last checkpoint, not one of A's: a third server resumes at 24
+    with run_server(*server_args(model_file, redis_server)) as c:
+        async def resume():
+            c3 = await StreamClient.connect(c.ws, "p-1", token=TOKENS["p-1"], timeout=20)
+            assert c3.hello["t"] == 24, c3.hello
+            await c3.close(1000)
+        asyncio.run(asyncio.wait_for(resume(), 60))
