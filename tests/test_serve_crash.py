@@ -12,7 +12,13 @@ with SIGSTOP, and a checkpoint store that goes away, with real processes
    A's address refuses connections), at the checkpoint's step and state, and
    goes on bit for bit; while A lives and holds it, B refuses it (4409) until
    A stops (SIGTERM gives its streams up at once).
-3. Two servers that both believe they own a stream: A is paused (SIGSTOP),
+3. The clients replay: StreamClients (through nginx) and a MuxClient
+   (through nginx's /mux) with ``resume``, on three servers behind nginx
+   that share Redis; the server that holds the multiplexed connection is
+   killed mid-run; every recv() returns each step's y once, bit for bit the
+   stream run alone. (The load test's crash runs do the same with 256
+   streams: tests/test_cli_papercuts.py.)
+4. Two servers that both believe they own a stream: A is paused (SIGSTOP),
    its lease expires, B takes the stream over; A, resumed (SIGCONT), finds
    its lease lapsed, lets the stream go, and never writes over B's
    checkpoint; the stream goes on in B alone.
@@ -37,11 +43,20 @@ from _util import require, require_program
 for _name in ("picows", "starlette", "uvicorn", "redis"):
     require(_name)
 
-from fastln.serve.client import Closed, StreamClient, request, run_server  # noqa: E402
+from fastln.serve.client import (  # noqa: E402
+    Closed,
+    MuxClient,
+    StreamClient,
+    request,
+    run_server,
+)
+from fastln.serve.loadtest.crash import cluster  # noqa: E402
 from fastln.serve.loadtest.procs import RedisServer  # noqa: E402
 from fastln.serve.model import save_model, stream_inputs  # noqa: E402
 
 I, H, LAYERS = 8, 16, 2
+CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                    "nginx", "fastln.conf")
 TOKENS = {}   # stream id -> resume token, across a test's servers
 
 
@@ -188,6 +203,62 @@ def test_another_server_takes_a_killed_servers_stream_over(model_file, redis_ser
             assert (c3.hello["t"], c3.hello["durable"]) == (30, 30), c3.hello
             await c3.close(1000)       # ends the stream: the store forgets it
         asyncio.run(asyncio.wait_for(resume(), 60))
+
+
+def test_the_clients_replay_through_a_kill_behind_nginx(model_file):
+    require_program("nginx", "/usr/sbin/nginx")
+    require_program("redis-server", "/usr/bin/redis-server")
+    n, steps, pause = 12, 300, 0.005     # paced: the kill comes while they step
+    xs = [stream_inputs(5, i, steps, I) for i in range(2 * n)]
+    want = [solo(model_file, x) for x in xs]
+    with cluster(model_file, [], CONF, interval=0.1, lease=5.0) as (_, servers, nginx):
+        async def per_stream(i, half):
+            c = await StreamClient.connect(nginx.ws, f"r{i}", new=True, resume=30)
+            out = []
+            for t in range(steps):
+                c.send(xs[i][t])
+                if t % 3 == 2 or t == steps - 1:      # three in flight
+                    while c.pending:
+                        out.append(await c.recv())
+                    await asyncio.sleep(pause)
+                if t == steps // 2:
+                    half.set()
+            await c.close(1000)
+            return out
+
+        async def multiplexed(half, ready):
+            m = await MuxClient.connect(nginx.ws, resume=30)
+            ids = [f"m{i}" for i in range(n)]
+            await m.open(ids, new=True)
+            ready.set_result(m)
+            out = []
+            for t in range(steps):
+                m.send(ids, np.stack([xs[n + i][t] for i in range(n)]))
+                out.append(await m.recv())
+                await asyncio.sleep(pause)
+                if t == steps // 2:
+                    half.set()
+            await m.close(1000)
+            return np.stack(out, axis=1)      # (streams, steps, H)
+
+        async def main():
+            halves = [asyncio.Event() for _ in range(n + 1)]
+            ready = asyncio.get_running_loop().create_future()
+            tasks = [asyncio.ensure_future(per_stream(i, halves[i])) for i in range(n)]
+            tasks.append(asyncio.ensure_future(multiplexed(halves[n], ready)))
+            await ready
+            for h in halves:
+                await h.wait()
+            await asyncio.sleep(0.25)         # a checkpoint or two past the half
+            held = [set(streams_of(s)) for s in servers]
+            victim = next(s for s, ids in zip(servers, held) if "m0" in ids)
+            victim.proc.kill()
+            return await asyncio.gather(*tasks)
+        got = asyncio.run(asyncio.wait_for(main(), 180))
+    for i in range(n):
+        assert len(got[i]) == steps and np.array_equal(bits(got[i]), bits(want[i])), i
+    for i in range(n):
+        assert np.array_equal(bits(got[n][i]), bits(want[n + i])), n + i
 
 
 def test_a_paused_owner_lets_go_of_what_another_took(model_file, redis_server):
