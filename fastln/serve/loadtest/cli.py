@@ -48,9 +48,11 @@ docs/nginx/fastln.conf (fastln.serve.loadtest.crash):
   are taken over by the others and replay the steps after their latest
   checkpoint. Reports the streams lost and each moved stream's recovery,
   from the kill to its first reply.
-- outage: the same cluster, multiplexed; redis-server stops for --outage
-  seconds under load and starts again, empty. Reports the errors, the failed
-  checkpoints, and how soon every server checkpoints again.
+- outage: the same cluster, --crash-streams streams at --hz in an open loop
+  on multiplexed connections for 2 x --outage + 4 seconds; redis-server
+  stops for --outage seconds under that load and starts again, empty.
+  Reports the errors, the failed checkpoints, and how soon every server
+  checkpoints again.
 
 Every reply is compared bit for bit with the same stream run alone in this
 process (fastln.serve.model's reference_run: B=1 steps over stream_inputs), echo's with
@@ -156,10 +158,10 @@ def make_parser():
                    help="the servers' --checkpoint-interval, with --checkpoint and in the "
                         "cluster runs")
     p.add_argument("--crash-streams", type=int, default=256,
-                   help="closed-loop streams of crash, mux-crash and outage")
+                   help="streams of crash, mux-crash (closed loops) and outage (at --hz)")
     p.add_argument("--crash-steps", type=int, default=400,
-                   help="steps per stream of crash and outage, and a quarter of mux-crash's "
-                        "(the kill comes after 40%% of all)")
+                   help="steps per stream of crash, and a quarter of mux-crash's (the kill "
+                        "comes after 40%% of all)")
     p.add_argument("--outage", type=float, default=10.0,
                    help="seconds redis-server is down in the outage run")
     p.add_argument("--lease", type=float, default=5.0, help="the cluster's servers' --lease")

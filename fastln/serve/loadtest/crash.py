@@ -11,10 +11,11 @@ fastln.conf, failover included), with closed-loop streams.
   bit for bit and counted once. Reported: the streams lost (none may be),
   the mismatches, and the recovery time of each moved stream, from the kill
   to its first reply.
-- outage: partway, redis-server stops for ``outage`` seconds and starts
-  again (empty: it keeps no data); the streams step on. Reported: the errors
-  (none may be), the failed checkpoints, and how long after Redis returned
-  every server had written a checkpoint again.
+- outage: an open loop (multiplexed connections); a third of the way in,
+  redis-server stops for ``outage`` seconds and starts again (empty: it
+  keeps no data); the streams step on. Reported: the errors (none may be),
+  the failed checkpoints, and how long after Redis returned every server had
+  written a checkpoint again.
 """
 import asyncio
 import contextlib
@@ -33,7 +34,7 @@ with needs_extra(__name__):
 
     from ..client import request, run_server
     from .clients import MuxConn, Run, Stream
-    from .drive import connect_all, result, split, wait_done
+    from .drive import connect_all, result, send_open_loop, split, wait_done
     from .procs import Nginx, RedisServer, binary
 
 SERVERS = 3
@@ -297,36 +298,33 @@ async def opened(c, ws, timeout):
     return entries
 
 
-async def drive_outage(model_path, server_args, refs, streams, steps, inflight, nginx_conf,
-                       outage=10.0, fraction=0.3, time_limit=120.0, timeout=10.0,
-                       interval=1.0, connections=8):
-    """The outage run: multiplexed closed loops on the cluster; partway,
-    redis-server stops for `outage` seconds. Returns the result's dict, with
-    ``failed_checkpoints`` and ``resumed_s`` (from Redis's return to the last
-    server's first checkpoint after it)."""
+async def drive_outage(model_path, server_args, refs, streams, hz, nginx_conf, outage=10.0,
+                       time_limit=120.0, timeout=10.0, interval=1.0, connections=8, seed=0):
+    """The outage run: the streams on multiplexed connections in an open loop
+    at hz (so that the load goes on through the outage), for 2 x outage + 4
+    seconds; after a third of them, redis-server stops for `outage` seconds.
+    Returns the result's dict, with ``failed_checkpoints`` and ``resumed_s``
+    (from Redis's return to the last server's first checkpoint after it)."""
+    seconds = 2 * outage + 4
+    steps = max(1, round(hz * seconds))
     run = Run(0)
-    deadline = time.monotonic() + time_limit
     with cluster(model_path, server_args, nginx_conf, interval) as (redis, servers, nginx):
-        clients = await mux_clients(run, refs, nginx, streams, steps, inflight, connections,
-                                    timeout)
-        start = time.perf_counter()
-        for c in clients:
-            if c.connected:
-                c.pump()
-        await run_until(run, clients, fraction, streams * steps, deadline)
+        clients = await mux_clients(run, refs, nginx, streams, steps, 0, connections, timeout)
+        start = time.perf_counter() + 0.05
+        lags = send_open_loop(clients, hz, np.random.default_rng([seed, streams]), start)
+        await asyncio.sleep(max(0.0, start + seconds / 3 - time.perf_counter()))
         redis.stop()
-        down_until = time.monotonic() + outage
-        while time.monotonic() < down_until and not run.done.done():
-            await asyncio.sleep(0.05)
+        await asyncio.sleep(outage)
         failed = sum(checkpoints(s)["failed"] for s in servers)
         redis.start()
         back = time.monotonic()
-        resumed = await written_since(servers, back, deadline)
-        await wait_done(run, clients, max(1.0, deadline - time.monotonic()))
-        out = result(run, clients, time.perf_counter() - start)
+        resumed = await written_since(servers, back, back + time_limit)
+        await wait_done(run, clients, max(1.0, start + seconds + time_limit
+                                          - time.perf_counter()))
+        out = result(run, clients, time.perf_counter() - start, lags=lags)
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     out["failed_checkpoints"], out["resumed_s"] = failed, resumed
-    print(f"    Redis down {outage:.0f} s: {failed} checkpoint writes failed; every server "
+    print(f"    Redis down {outage:g} s: {failed} checkpoint writes failed; every server "
           f"checkpointed again {resumed:.2f} s after it returned", flush=True)
     return out
 

@@ -138,8 +138,8 @@ def run_dtype(args, dtype, workdir):
                 lease=args.lease, **limits))))
     if "outage" in runs:
         rows.append(summary("outage", dtype, run(drive_outage(
-            path, cluster, refs, args.crash_streams, args.crash_steps, args.inflight,
-            args.nginx_conf, args.outage, connections=args.connections, **limits))))
+            path, cluster, refs, args.crash_streams, args.hz, args.nginx_conf, args.outage,
+            connections=args.connections, seed=args.seed, **limits)), hz=args.hz))
     return rows, largest
 
 
