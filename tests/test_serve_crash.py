@@ -16,9 +16,13 @@ with SIGSTOP, and a checkpoint store that goes away, with real processes
    (through nginx's /mux) with ``resume``, on three servers behind nginx
    that share Redis; the server that holds the multiplexed connection is
    killed mid-run; every recv() returns each step's y once, bit for bit the
-   stream run alone. (The load test's crash runs do the same with 256
-   streams: tests/test_cli_papercuts.py.)
-4. Two servers that both believe they own a stream: A is paused (SIGSTOP),
+   stream run alone.
+4. At scale, the load test's cluster runs: 256 streams in closed loops over
+   three servers behind nginx, per-stream and multiplexed, one server killed
+   (SIGKILL) partway: no stream lost, every reply bitwise the stream run
+   alone, every step counted once; and Redis stopped for seconds under an
+   open loop: no error, and the servers checkpoint again once it returns.
+5. Two servers that both believe they own a stream: A is paused (SIGSTOP),
    its lease expires, B takes the stream over; A, resumed (SIGCONT), finds
    its lease lapsed, lets the stream go, and never writes over B's
    checkpoint; the stream goes on in B alone.
@@ -30,7 +34,10 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -58,6 +65,9 @@ I, H, LAYERS = 8, 16, 2
 CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                     "nginx", "fastln.conf")
 TOKENS = {}   # stream id -> resume token, across a test's servers
+# a lease longer than a reconnect waits (20 s): a takeover under it shows that the
+# owner was found dead, or had given the stream up, not that its lease ran out
+LONG_LEASE = 600
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +95,9 @@ def solo(model_file, xs):
     return ys
 
 
-def server_args(model_file, redis_server, *more):
+def server_args(model_file, redis_server, lease=LONG_LEASE):
     return ["--model", model_file, "--checkpoint-store", redis_server.url, "--advertise",
-            "127.0.0.1", "--checkpoint-interval", "0.1", *more]
+            "127.0.0.1", "--checkpoint-interval", "0.1", "--lease", lease]
 
 
 async def steps(client, xs):
@@ -178,11 +188,9 @@ def test_another_server_takes_a_killed_servers_stream_over(model_file, redis_ser
             got += await steps(c, xs[10:14])       # after the checkpoint: lost in the crash
             a.proc.kill()
             a.proc.wait()
-            started = time.monotonic()
+            # A's address refuses connections: B takes the stream at once, its lease notwithstanding
             c2 = await StreamClient.connect(b.ws, "s-1", token=c.token, timeout=20)
-            took = time.monotonic() - started
             assert (c2.hello["t"], c2.hello["durable"]) == (10, 10), c2.hello
-            assert took < 2.0, f"the takeover of a killed server's stream took {took:.2f} s"
             again = await steps(c2, xs[10:30])      # the client replays steps 10..13
             assert np.array_equal(bits(again[:4]), bits(got[10:14]))
             with pytest.raises(Closed) as e:
@@ -197,9 +205,7 @@ def test_another_server_takes_a_killed_servers_stream_over(model_file, redis_ser
         assert b.stop() == 0
     with run_server(*server_args(model_file, redis_server)) as c:
         async def resume():
-            started = time.monotonic()
             c3 = await StreamClient.connect(c.ws, "s-1", token=token, timeout=20)
-            assert time.monotonic() - started < 2.0
             assert (c3.hello["t"], c3.hello["durable"]) == (30, 30), c3.hello
             await c3.close(1000)       # ends the stream: the store forgets it
         asyncio.run(asyncio.wait_for(resume(), 60))
@@ -261,13 +267,35 @@ def test_the_clients_replay_through_a_kill_behind_nginx(model_file):
         assert np.array_equal(bits(got[n][i]), bits(want[n + i])), n + i
 
 
+def test_the_load_tests_cluster_runs():
+    require_program("nginx", "/usr/sbin/nginx")
+    require_program("redis-server", "/usr/bin/redis-server")
+    done = subprocess.run(
+        [sys.executable, "-m", "fastln.serve.loadtest", "--runs", "crash,mux-crash,outage",
+         "--dtypes", "float32", "--crash-streams", "256", "--crash-steps", "150", "--outage",
+         "2", "--checkpoint-interval", "0.5", "--no-write", "--nginx-conf", CONF],
+        capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    rows = {m[0]: m[1:] for m in re.findall(
+        r"^\| (crash|mux-crash|outage) \| float32 \| (\d+) \|.*\| (\d+) \| (\d+) \| (\d+) \|$",
+        out, re.MULTILINE)}
+    assert set(rows) == {"crash", "mux-crash", "outage"}, out[-3000:]
+    for name, (streams, errors, mismatches, lost) in rows.items():
+        assert (streams, errors, mismatches, lost) == ("256", "0", "0", "0"), (name, out)
+    moved = [int(n) for n in re.findall(r"killed a server that held \d+ streams; (\d+) moved",
+                                        out)]
+    assert len(moved) == 2 and min(moved) > 0, out[-3000:]
+    assert re.search(r"Redis down 2 s: [1-9]\d* checkpoint writes failed; every server "
+                     r"checkpointed again \d+\.\d+ s", out), out[-3000:]
+
+
 def test_a_paused_owner_lets_go_of_what_another_took(model_file, redis_server):
     """SIGSTOP: two servers that both believe they own a stream."""
     xs = stream_inputs(2, 0, 24, I)
     want = solo(model_file, xs)
-    lease = ["--lease", "1.0"]
-    with run_server(*server_args(model_file, redis_server, *lease)) as a, \
-            run_server(*server_args(model_file, redis_server, *lease)) as b:
+    with run_server(*server_args(model_file, redis_server, 1.0)) as a, \
+            run_server(*server_args(model_file, redis_server, 1.0)) as b:
         async def main():
             c = await StreamClient.connect(a.ws, "p-1", new=True)
             TOKENS["p-1"] = c.token
@@ -275,11 +303,9 @@ def test_a_paused_owner_lets_go_of_what_another_took(model_file, redis_server):
             await wait_durable(c, 8)
             os.kill(a.proc.pid, signal.SIGSTOP)
             try:
-                started = time.monotonic()
+                # A's address accepts connections (the kernel's), so B waits out A's lease
                 c2 = await StreamClient.connect(b.ws, "p-1", token=c.token, timeout=20)
-                took = time.monotonic() - started
                 assert c2.hello["t"] == 8, c2.hello
-                assert 0.2 < took < 3.0, f"B took a paused owner's stream in {took:.2f} s"
                 got += await steps(c2, xs[8:16])
                 await wait_durable(c2, 16)
             finally:

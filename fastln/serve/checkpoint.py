@@ -47,6 +47,7 @@ from .store import Held, Record, ServerInfo, StoreError
 
 FULL_EVERY = 64   # a directory's every 64th checkpoint holds every stream: its older files go
 REPLY_WAIT = 0.2  # seconds a checkpoint waits for the replies of the steps its states hold
+TAKE_WAIT = 2.0   # seconds a takeover waits for a live owner's lease before it answers 4409
 
 
 class Checkpointer:
@@ -240,7 +241,8 @@ class Checkpointer:
         """Takes stream_id over from a shared store when this server does not
         hold it, once however many callers wait: nothing when the store
         holds no such stream (the caller's claim then answers 4404).
-        Refused with 4409 while another live server holds it, 1013 while
+        Refused with 4409 while another live server holds it (after
+        waiting up to TAKE_WAIT seconds for its lease to end), 1013 while
         the store does not answer."""
         svc = self.service
         if not self.store.shared or stream_id in svc.streams:
@@ -254,7 +256,7 @@ class Checkpointer:
 
     async def _take(self, stream_id):
         try:
-            rec = await self.store.take(stream_id, self.lease)
+            rec = await self.store.take(stream_id, min(self.lease, TAKE_WAIT))
         except Held as e:
             raise Refused(CONFLICT, 409, f"another server holds stream {stream_id!r}: "
                                          f"retry ({e})", "conflict") from None
