@@ -21,6 +21,10 @@ The modules, one concept each:
   what their connections share, and the routes;
 - :mod:`fastln.serve.http`: the HTTP endpoints;
 - :mod:`fastln.serve.metrics`: the Prometheus metrics;
+- :mod:`fastln.serve.checkpoint`: the checkpoints of the streams, so that a
+  server killed loses none, and their takeover by another server;
+- :mod:`fastln.serve.store`: where checkpoints live: a directory, or Redis
+  shared by the servers behind a proxy;
 - :mod:`fastln.serve.cli`: the command line, which runs the server;
 - :mod:`fastln.serve.loop`: the event loop (uvloop where installed);
 - :mod:`fastln.serve.extra`: the error that names a missing package of the
@@ -30,10 +34,11 @@ The modules, one concept each:
 - :mod:`fastln.serve.cluster`: moving streams when servers come and go behind a
   proxy (``rebalance``, ``drain``);
 - :mod:`fastln.serve.loadtest`: the load generator, which drives a server
-  through the client's wire.
+  through the client's wire (and a cluster behind nginx, one of whose
+  servers it kills).
 
 What each may import: the server's modules (service, ws, http, metrics,
-cli) import nothing of the clients, and the clients (client, cluster)
+checkpoint, store, cli) import nothing of the clients, and the clients (client, cluster)
 nothing of the server; what both ends write alike is in frames. The load
 generator imports the clients, never the server, which it starts as a
 command. errors, frames, model, loop and extra import no other module of
