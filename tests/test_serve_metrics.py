@@ -129,15 +129,30 @@ def test_metrics_count_what_happened(model_file):
     assert one("process_cpu_seconds_total") > 0
 
 
-def test_promtool_finds_nothing(model_file, tmp_path):
+@pytest.mark.parametrize("checkpoints", [False, True], ids=["plain", "checkpoints"])
+def test_promtool_finds_nothing(model_file, tmp_path, checkpoints):
     promtool = shutil.which("promtool")
     if promtool is None:
         if os.environ.get("CI"):
             pytest.fail("promtool (Debian's prometheus package) is not installed")
         pytest.skip("promtool (Debian's prometheus package) is not installed")
-    with run_server("--model", model_file) as server:
+    more = ["--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-interval", 0.05] \
+        if checkpoints else []
+    with run_server("--model", model_file, *more) as server:
         traffic_free = get(f"{server.http}/metrics")[1]
         run(_steps(server.ws))
+        if checkpoints:      # a checkpoint every 50 ms, whether or not a stream stepped
+            for _ in range(200):
+                m = samples(get(f"{server.http}/metrics")[1])
+                if m["fastln_serve_checkpoints_total", frozenset({("result", "ok")})] >= 2:
+                    break
+                asyncio.run(asyncio.sleep(0.02))
+            assert m["fastln_serve_checkpoints_total", frozenset({("result", "ok")})] >= 2
+            assert m["fastln_serve_store_up", frozenset()] == 1
+            assert m["fastln_serve_checkpoints_total", frozenset({("result", "failed")})] == 0
+            assert m["fastln_serve_checkpoint_age_seconds", frozenset()] < 60
+            ready = json.loads(get(f"{server.http}/health/ready")[1])
+            assert ready["ready"] and ready["store"]["ok"], ready
         after = get(f"{server.http}/metrics")[1]
     for text in (traffic_free, after):
         r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
