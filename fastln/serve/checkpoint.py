@@ -307,10 +307,11 @@ class Checkpointer:
     # ---- the probes and the metrics ----------------------------------------------
 
     def health(self):
-        """The store's part of /health/ready's body."""
+        """The store's part of /health/ready's (and /health's) body."""
         age = None if self.last_ok is None else round(time.monotonic() - self.last_ok, 3)
         out = {"ok": self.error is None, "last_checkpoint_age_s": age,
-               "checkpoints": dict(self.count)}
+               "checkpoints": dict(self.count), "streams_written": self.written,
+               "write_seconds": round(self.seconds, 6)}
         if self.error is not None:
             out["error"] = self.error
             out["failing_for_s"] = round(time.monotonic() - self.failing_since, 3)

@@ -481,11 +481,14 @@ class Service:
 
     def health(self, ws_port, port):
         """The JSON of GET /health: the model, the settings and the counters."""
-        return {"status": "draining" if self.draining else "ok", "model": self.config,
-                "echo": self.echo, "streams": len(self.streams),
-                "capacity": self.table.capacity, "port": port, "ws_port": ws_port,
-                "threads": fastln.get_num_threads(), "steps": self.steps,
-                "cpu_seconds": time.process_time(), "batcher": self.batcher.metrics()}
+        out = {"status": "draining" if self.draining else "ok", "model": self.config,
+               "echo": self.echo, "streams": len(self.streams),
+               "capacity": self.table.capacity, "port": port, "ws_port": ws_port,
+               "threads": fastln.get_num_threads(), "steps": self.steps,
+               "cpu_seconds": time.process_time(), "batcher": self.batcher.metrics()}
+        if self.checkpointer is not None:
+            out["store"] = self.checkpointer.health()
+        return out
 
 
 # ---- the health probes ------------------------------------------------------

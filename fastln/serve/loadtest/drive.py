@@ -149,6 +149,12 @@ async def drive(server, refs, runtag, streams, steps, mode, hz=0.0, inflight=1, 
     await close_all(clients)
     out = result(run, clients, seconds, before, after, lags)
     out["client_us"] = cpu / out["steps"] * 1e6 if out["steps"] else None
+    if "store" in after:          # a server that checkpoints: what it wrote meanwhile
+        b, a = before["store"], after["store"]
+        out["checkpoints"] = {"ok": a["checkpoints"]["ok"] - b["checkpoints"]["ok"],
+                              "failed": a["checkpoints"]["failed"] - b["checkpoints"]["failed"],
+                              "streams": a["streams_written"] - b["streams_written"],
+                              "seconds": a["write_seconds"] - b["write_seconds"]}
     return out
 
 

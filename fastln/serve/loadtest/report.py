@@ -35,6 +35,10 @@ def summary(run, dtype, out, hz=None):
             print(f"; frames went out {out['lag_ms'][0]:.2f} ms (p50), "
                   f"{out['lag_ms'][1]:.2f} ms (p99) after their scheduled time", end="")
         print(flush=True)
+    if out.get("checkpoints"):
+        ck = out["checkpoints"]
+        print(f"    checkpoints: {ck['ok']} written ({ck['streams']} streams, "
+              f"{ck['seconds']:.2f} s of writes), {ck['failed']} failed", flush=True)
     for message in out["messages"][:5]:
         print("   ", message, flush=True)
     return row
