@@ -164,7 +164,7 @@ def no_serving(monkeypatch):
     server = serve("cli")
     served = []
 
-    async def record(args, service, token=None):
+    async def record(args, service, token=None, store=None):
         served.append((args, service))
     monkeypatch.setattr(server, "serve", record)
     return served
