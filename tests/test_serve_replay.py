@@ -71,7 +71,13 @@ def straight(xs):
 
 
 def run(coro, timeout=30):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    async def main():
+        try:
+            return await asyncio.wait_for(coro, timeout)
+        finally:
+            while Fake.running:
+                Fake.running.pop().server.close()
+    return asyncio.run(main())
 
 
 async def until(cond, timeout=5.0):
@@ -100,6 +106,8 @@ class Fake:
     next connections (per stream) or open entries (multiplexed) get
     instead."""
 
+    running = []   # the fakes started, which run() stops
+
     def __init__(self, max_frame=1 << 16):
         self.streams, self.conns, self.refuse, self.refused = {}, set(), [], 0
         self.answers, self.max_frame, self.server, self.port = None, max_frame, None, 0
@@ -109,6 +117,7 @@ class Fake:
                                              max_frame_size=self.max_frame)
         self.port = self.server.sockets[0].getsockname()[1]
         self.url = f"ws://127.0.0.1:{self.port}"
+        Fake.running.append(self)
         return self
 
     def factory(self, request):
@@ -124,11 +133,12 @@ class Fake:
         for conn in self.conns:
             conn.durable(ids)
 
-    async def kill(self, down=0.0):
+    async def kill(self, down=0.0, answers=None):
         """Drops every connection without a close frame, restores each stream
         at its checkpoint (one without is lost), and takes no connection for
-        down seconds."""
+        down seconds; then answers that many binary frames (None: all)."""
         self.server.close()
+        Fake.running.remove(self)
         for conn in list(self.conns):
             conn.dead = True
             conn.transport.disconnect()
@@ -139,8 +149,8 @@ class Fake:
             else:
                 st.t, st.s = st.ckpt[0], st.ckpt[1].copy()
                 st.conn = None
-        self.answers = None
         await asyncio.sleep(down)
+        self.answers = answers
         await self.start()
 
     def claim(self, sid, new, token):
@@ -358,6 +368,36 @@ def test_a_restore_older_than_the_replies_received_checks_them():
             for k in range(22, 30):
                 assert (await c.step(xs[k])).tobytes() == ys[k]
             assert c.token == old
+    run(main())
+
+
+def test_a_kill_during_the_replay_replays_again():
+    xs = inputs(40, 8)
+    ys = straight(xs)
+    ids = ["r0", "r1", "r2"]
+
+    async def main():
+        fake = await Fake(max_frame=frame_bytes(2, 4 * I)).start()
+        c = await StreamClient.connect(fake.url, "r", new=True, resume=5)
+        m = await MuxClient.connect(fake.url, resume=5)
+        await m.open(ids, new=True)
+        for k in range(30):
+            c.send(xs[k])
+            m.send(ids, np.stack([xs[k]] * 3))
+            if k == 4:
+                assert [(await c.recv()).tobytes() for _ in range(5)] == ys[:5]
+                assert [(await m.recv()).tobytes() for _ in range(5)] == [y * 3 for y in ys[:5]]
+                fake.checkpoint()
+        assert [(await c.recv()).tobytes() for _ in range(20)] == ys[5:25]
+        assert [(await m.recv()).tobytes() for _ in range(20)] == [y * 3 for y in ys[5:25]]
+        await fake.kill(answers=12)          # the replay stops after 12 frames ...
+        await until(lambda: fake.answers < 0)
+        await fake.kill()                    # ... and the server dies again
+        assert [(await c.recv()).tobytes() for _ in range(5)] == ys[25:30]
+        assert [(await m.recv()).tobytes() for _ in range(5)] == [y * 3 for y in ys[25:30]]
+        assert c.t == 30 and all(s.t == 30 for s in m.streams.values())
+        await c.close()
+        await m.close()
     run(main())
 
 

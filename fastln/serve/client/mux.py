@@ -336,11 +336,11 @@ class MuxClient(Client):
         for :attr:`gone`. Either way their indices are freed."""
         for e in entries:
             s = self._by_index.pop(e["index"], None)
-            if self._keep and s is not None:
-                s.index, s._moved = None, True
-            else:
+            if not self._keep:
                 self.streams.pop(e["stream"], None)
                 self.gone[e["stream"]] = e
+            elif s is not None:
+                s.index, s._moved = None, True
         # frees the indices: the server answers the close, which no one awaits
         self._ask(json.dumps({"close": [e["index"] for e in entries]}).encode())
         if self._keep:

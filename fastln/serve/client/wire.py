@@ -327,8 +327,10 @@ class Client:
             self._fail(closed)
 
     def _recover_soon(self):
-        """Starts the reconnect task, unless it runs; the deadline counts
-        from the end of the last replay that completed."""
+        """Starts the reconnect task, unless it runs. The deadline is resume
+        seconds after the first end since the client was last live (its last
+        replay complete), so that a server that drops every reconnect does
+        not keep the calls waiting for ever."""
         loop = asyncio.get_running_loop()
         if not self._slow or self._deadline is None:
             self._deadline = loop.time() + self.resume
@@ -358,6 +360,9 @@ class Client:
                 last = e
             except (OSError, asyncio.TimeoutError, WSError) as e:
                 last = Closed(None, f"{type(e).__name__}: {e}")
+            except Exception as e:     # a hello not of the protocol: the calls must not wait
+                self._fail(Closed(None, f"reconnecting failed: {type(e).__name__}: {e}"))
+                return
             if loop.time() >= self._deadline:
                 self._fail(Closed(last.code, f"{last.message} (reconnecting gave up after "
                                              f"{self.resume:g} s)"))
@@ -393,7 +398,8 @@ class Client:
                 f.exception()      # marked as seen: recv() raises it, if it is ever called
         peer = self._peer
         if peer.connected:
-            peer.transport.send_close(1001, str(exc).encode()[:123])
+            reason = str(exc).encode()[:123].decode("utf-8", "ignore").encode()
+            peer.transport.send_close(1001, reason)
 
     def _dropped(self, closed):
         """The connection ended and a reconnect follows: keeps what it needs."""
