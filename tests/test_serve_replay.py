@@ -13,13 +13,16 @@ without a checkpoint is lost), the port closed for a while, and refusals
    replayed reply that differs, and a restore older than the steps kept,
    raise ReplayError from the waiting and later calls; a stream killed
    before its first checkpoint (4404) is opened new and replayed from 0;
-   4409 twice, then the reconnect succeeds; when resume runs out the
-   waiting and later calls raise Closed; resume=0 raises Closed at once.
+   4409 twice, then the reconnect succeeds; a second kill during the replay
+   (both clients) is replayed again; when resume runs out the waiting and
+   later calls raise Closed; resume=0 raises Closed at once.
 2. Multiplexed: streams at different durable steps, sends spanning several
-   frames (a small max_frame), a kill with frames in flight, sends queued
-   while the server is down: every send() answered once, bit for bit; a
-   stream the server gives away (gone) is reattached on the same connection
-   and the frames refused meanwhile are replayed; a stream's steps that ran
+   frames (a small max_frame, the open messages in chunks), a kill with
+   frames in flight, sends queued while the server is down: every send()
+   answered once, bit for bit; a stream the server gives away (gone) is
+   reattached on the same connection and the frames refused meanwhile are
+   replayed; one that does not come back, or whose token is refused, leaves
+   for gone (FrameRefused), the others going on; a stream's steps that ran
    out of order (a refused frame, a later one that ran) raise ReplayError.
 """
 import asyncio
@@ -42,6 +45,7 @@ from fastln.serve.client import (  # noqa: E402
     MuxClient,
     ReplayError,
     StreamClient,
+    mux,
 )
 from fastln.serve.frames import frame_bytes, header_bytes  # noqa: E402
 
@@ -605,6 +609,26 @@ def test_mux_a_stream_given_away_is_reattached_and_its_refused_frames_replayed()
             for k in range(10, 12):
                 y = await m.step(ids, np.stack([xs[s][k] for s in ids]))
                 assert [r.tobytes() for r in y] == [ys[s][k] for s in ids]
+    run(main())
+
+
+def test_mux_a_stream_given_away_for_good_leaves_for_gone(monkeypatch):
+    monkeypatch.setattr(mux, "GONE_RETRY", 0.3)
+    xs = inputs(8, 50)
+
+    async def main():
+        fake = await Fake().start()
+        async with await MuxClient.connect(fake.url, resume=5) as m:
+            await m.open(["g", "n"], new=True)
+            next(iter(fake.conns)).give_away("g")
+            del fake.streams["g"]                      # it lives on another server now
+            m.send(["g", "n"], xs[:2])
+            with pytest.raises(FrameRefused) as e:
+                await m.recv()
+            assert e.value.stream == "g" and e.value.code == 4404
+            assert list(m.gone) == ["g"] and list(m.streams) == ["n"]
+            y = await m.step(["n"], xs[2:3])           # n's step of the refused frame ran
+            assert y.tobytes() == straight([xs[1], xs[2]])[1]
     run(main())
 
 
