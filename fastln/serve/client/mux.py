@@ -147,8 +147,8 @@ class MuxClient(Client):
     Each stream keeps at most ``replay`` steps: ``replay * (I + H) *
     itemsize`` bytes and about 100 bytes of Python objects a step."""
 
-    def __init__(self, resume=0.0, replay=4096):
-        super().__init__(resume, replay)
+    def __init__(self):
+        super().__init__()
         self.streams = {}           # id -> MuxStream, the streams attached
         self.gone = {}              # id -> the server's notice, for streams it gave away
         self.tokens = {}            # id -> resume token, of every stream opened here
@@ -168,7 +168,8 @@ class MuxClient(Client):
         raises Closed if the server refuses. ``resume``: the seconds to keep
         reconnecting after a drop (0: none, the calls raise Closed);
         ``replay``: the steps kept per stream for a replay."""
-        self = cls(resume, replay)
+        self = cls()
+        self._reconnects(resume, replay)
         self.url, self.dtype, self.timeout = url, dtype, timeout
         self._greet(await self._connect(mux_url(url, dtype), timeout))
         return self
