@@ -129,9 +129,9 @@ class MuxClient(Client):
     notice) is opened again with its token after 50 ms, on the same
     connection, retried the same way for :data:`GONE_RETRY` seconds (the
     send() calls of every stream wait meanwhile); the frames refused
-    meanwhile are replayed. A stream that stays refused leaves :attr:`streams` for
-    :attr:`gone` (its entry), and the send() calls that hold its rows raise
-    :class:`FrameRefused`. Then the replay (see the module's docstring):
+    meanwhile are replayed. A stream that stays refused leaves
+    :attr:`streams` for :attr:`gone` (its entry), and the send() calls that
+    hold its rows raise :class:`FrameRefused`. Then the replay (see the module's docstring):
     every send() is answered once, bit for bit, with each stream's steps in
     the order sent. send() calls made meanwhile wait, and go after the
     replay; :meth:`open`, :meth:`close_streams` and :meth:`detach` wait for
