@@ -13,13 +13,16 @@ without a checkpoint is lost), the port closed for a while, and refusals
    replayed reply that differs, and a restore older than the steps kept,
    raise ReplayError from the waiting and later calls; a stream killed
    before its first checkpoint (4404) is opened new and replayed from 0;
-   4409 twice, then the reconnect succeeds; when resume runs out the
-   waiting and later calls raise Closed; resume=0 raises Closed at once.
+   4409 twice, then the reconnect succeeds; a second kill during the replay
+   (both clients) is replayed again; when resume runs out the waiting and
+   later calls raise Closed; resume=0 raises Closed at once.
 2. Multiplexed: streams at different durable steps, sends spanning several
-   frames (a small max_frame), a kill with frames in flight, sends queued
-   while the server is down: every send() answered once, bit for bit; a
-   stream the server gives away (gone) is reattached on the same connection
-   and the frames refused meanwhile are replayed; a stream's steps that ran
+   frames (a small max_frame, the open messages in chunks), a kill with
+   frames in flight, sends queued while the server is down: every send()
+   answered once, bit for bit; a stream the server gives away (gone) is
+   reattached on the same connection and the frames refused meanwhile are
+   replayed; one that does not come back, or whose token is refused, leaves
+   for gone (FrameRefused), the others going on; a stream's steps that ran
    out of order (a refused frame, a later one that ran) raise ReplayError.
 """
 import asyncio
@@ -42,6 +45,7 @@ from fastln.serve.client import (  # noqa: E402
     MuxClient,
     ReplayError,
     StreamClient,
+    mux,
 )
 from fastln.serve.frames import frame_bytes, header_bytes  # noqa: E402
 
@@ -71,7 +75,13 @@ def straight(xs):
 
 
 def run(coro, timeout=30):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    async def main():
+        try:
+            return await asyncio.wait_for(coro, timeout)
+        finally:
+            while Fake.running:
+                Fake.running.pop().server.close()
+    return asyncio.run(main())
 
 
 async def until(cond, timeout=5.0):
@@ -100,6 +110,8 @@ class Fake:
     next connections (per stream) or open entries (multiplexed) get
     instead."""
 
+    running = []   # the fakes started, which run() stops
+
     def __init__(self, max_frame=1 << 16):
         self.streams, self.conns, self.refuse, self.refused = {}, set(), [], 0
         self.answers, self.max_frame, self.server, self.port = None, max_frame, None, 0
@@ -109,6 +121,7 @@ class Fake:
                                              max_frame_size=self.max_frame)
         self.port = self.server.sockets[0].getsockname()[1]
         self.url = f"ws://127.0.0.1:{self.port}"
+        Fake.running.append(self)
         return self
 
     def factory(self, request):
@@ -124,11 +137,12 @@ class Fake:
         for conn in self.conns:
             conn.durable(ids)
 
-    async def kill(self, down=0.0):
+    async def kill(self, down=0.0, answers=None):
         """Drops every connection without a close frame, restores each stream
         at its checkpoint (one without is lost), and takes no connection for
-        down seconds."""
+        down seconds; then answers that many binary frames (None: all)."""
         self.server.close()
+        Fake.running.remove(self)
         for conn in list(self.conns):
             conn.dead = True
             conn.transport.disconnect()
@@ -139,8 +153,8 @@ class Fake:
             else:
                 st.t, st.s = st.ckpt[0], st.ckpt[1].copy()
                 st.conn = None
-        self.answers = None
         await asyncio.sleep(down)
+        self.answers = answers
         await self.start()
 
     def claim(self, sid, new, token):
@@ -361,6 +375,36 @@ def test_a_restore_older_than_the_replies_received_checks_them():
     run(main())
 
 
+def test_a_kill_during_the_replay_replays_again():
+    xs = inputs(40, 8)
+    ys = straight(xs)
+    ids = ["r0", "r1", "r2"]
+
+    async def main():
+        fake = await Fake(max_frame=frame_bytes(2, 4 * I)).start()
+        c = await StreamClient.connect(fake.url, "r", new=True, resume=5)
+        m = await MuxClient.connect(fake.url, resume=5)
+        await m.open(ids, new=True)
+        for k in range(30):
+            c.send(xs[k])
+            m.send(ids, np.stack([xs[k]] * 3))
+            if k == 4:
+                assert [(await c.recv()).tobytes() for _ in range(5)] == ys[:5]
+                assert [(await m.recv()).tobytes() for _ in range(5)] == [y * 3 for y in ys[:5]]
+                fake.checkpoint()
+        assert [(await c.recv()).tobytes() for _ in range(20)] == ys[5:25]
+        assert [(await m.recv()).tobytes() for _ in range(20)] == [y * 3 for y in ys[5:25]]
+        await fake.kill(answers=12)          # the replay stops after 12 frames ...
+        await until(lambda: fake.answers < 0)
+        await fake.kill()                    # ... and the server dies again
+        assert [(await c.recv()).tobytes() for _ in range(5)] == ys[25:30]
+        assert [(await m.recv()).tobytes() for _ in range(5)] == [y * 3 for y in ys[25:30]]
+        assert c.t == 30 and all(s.t == 30 for s in m.streams.values())
+        await c.close()
+        await m.close()
+    run(main())
+
+
 def test_a_replayed_reply_that_differs_raises_replay_error():
     xs = inputs(20, 2)
 
@@ -565,6 +609,26 @@ def test_mux_a_stream_given_away_is_reattached_and_its_refused_frames_replayed()
             for k in range(10, 12):
                 y = await m.step(ids, np.stack([xs[s][k] for s in ids]))
                 assert [r.tobytes() for r in y] == [ys[s][k] for s in ids]
+    run(main())
+
+
+def test_mux_a_stream_given_away_for_good_leaves_for_gone(monkeypatch):
+    monkeypatch.setattr(mux, "GONE_RETRY", 0.3)
+    xs = inputs(8, 50)
+
+    async def main():
+        fake = await Fake().start()
+        async with await MuxClient.connect(fake.url, resume=5) as m:
+            await m.open(["g", "n"], new=True)
+            next(iter(fake.conns)).give_away("g")
+            del fake.streams["g"]                      # it lives on another server now
+            m.send(["g", "n"], xs[:2])
+            with pytest.raises(FrameRefused) as e:
+                await m.recv()
+            assert e.value.stream == "g" and e.value.code == 4404
+            assert list(m.gone) == ["g"] and list(m.streams) == ["n"]
+            y = await m.step(["n"], xs[2:3])           # n's step of the refused frame ran
+            assert y.tobytes() == straight([xs[1], xs[2]])[1]
     run(main())
 
 

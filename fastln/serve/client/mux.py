@@ -41,6 +41,11 @@ with needs_extra(__name__):
         trim,
     )
 
+# seconds that a stream the server gave away (a gone notice) is retried on the
+# same connection, at most resume: it comes back where a move failed (the
+# stream returns to its source) or a shared store lets this server take it
+GONE_RETRY = 2.0
+
 
 class FrameRefused(Exception):
     """A multiplexed frame the server refused, none of whose steps ran: a
@@ -122,10 +127,11 @@ class MuxClient(Client):
     new that has no durable step yet, refused with 4404, is opened new again
     and replayed from step 0. A stream the server gives away (a ``gone``
     notice) is opened again with its token after 50 ms, on the same
-    connection, retried the same way; the frames refused meanwhile are
-    replayed. A stream that stays refused leaves :attr:`streams` for
-    :attr:`gone` (its entry), and the send() calls that hold its rows raise
-    :class:`FrameRefused`. Then the replay (see the module's docstring):
+    connection, retried the same way for :data:`GONE_RETRY` seconds (the
+    send() calls of every stream wait meanwhile); the frames refused
+    meanwhile are replayed. A stream that stays refused leaves
+    :attr:`streams` for :attr:`gone` (its entry), and the send() calls that
+    hold its rows raise :class:`FrameRefused`. Then the replay (see the module's docstring):
     every send() is answered once, bit for bit, with each stream's steps in
     the order sent. send() calls made meanwhile wait, and go after the
     replay; :meth:`open`, :meth:`close_streams` and :meth:`detach` wait for
@@ -141,8 +147,8 @@ class MuxClient(Client):
     Each stream keeps at most ``replay`` steps: ``replay * (I + H) *
     itemsize`` bytes and about 100 bytes of Python objects a step."""
 
-    def __init__(self, resume=0.0, replay=4096):
-        super().__init__(resume, replay)
+    def __init__(self):
+        super().__init__()
         self.streams = {}           # id -> MuxStream, the streams attached
         self.gone = {}              # id -> the server's notice, for streams it gave away
         self.tokens = {}            # id -> resume token, of every stream opened here
@@ -162,7 +168,8 @@ class MuxClient(Client):
         raises Closed if the server refuses. ``resume``: the seconds to keep
         reconnecting after a drop (0: none, the calls raise Closed);
         ``replay``: the steps kept per stream for a replay."""
-        self = cls(resume, replay)
+        self = cls()
+        self._reconnects(resume, replay)
         self.url, self.dtype, self.timeout = url, dtype, timeout
         self._greet(await self._connect(mux_url(url, dtype), timeout))
         return self
@@ -336,11 +343,11 @@ class MuxClient(Client):
         for :attr:`gone`. Either way their indices are freed."""
         for e in entries:
             s = self._by_index.pop(e["index"], None)
-            if self._keep and s is not None:
-                s.index, s._moved = None, True
-            else:
+            if not self._keep:
                 self.streams.pop(e["stream"], None)
                 self.gone[e["stream"]] = e
+            elif s is not None:
+                s.index, s._moved = None, True
         # frees the indices: the server answers the close, which no one awaits
         self._ask(json.dumps({"close": [e["index"] for e in entries]}).encode())
         if self._keep:
@@ -471,33 +478,33 @@ class MuxClient(Client):
         (the connection up) the streams the server gave away opened again;
         then the replay. Passes go on until every stream is attached and
         has no refused row."""
+        loop = asyncio.get_running_loop()
         while True:
             if not self._peer.connected:
                 self._greet(await self._connect_again(mux_url(self.url, self.dtype)))
-                todo = list(self.streams.values())
+                todo, deadline = list(self.streams.values()), self._deadline
             else:
-                loop = asyncio.get_running_loop()
                 if loop.time() >= self._deadline:
-                    raise Closed(None, "frames were refused, and streams not reattached, for "
-                                       "longer than resume=")
+                    raise Closed(None, "frames kept being refused")
                 if self._answers:
                     self._emptied = loop.create_future()
                     await self._emptied
                 await asyncio.sleep(FIRST_DELAY)   # a server taking a stream may not hold it yet
                 todo = [s for s in self.streams.values() if s.index is None]
-            restored = await self._reattach(todo)
+                deadline = min(self._deadline, loop.time() + GONE_RETRY)
+            restored = await self._reattach(todo, deadline)
             self._replayed = asyncio.get_running_loop().create_future()
             self._start_replay(restored)
             await self._replayed
             if self._live:
                 return
 
-    async def _reattach(self, todo):
+    async def _reattach(self, todo, deadline):
         """Opens the streams of todo with their tokens, retrying the
-        refusals of RETRIED until the deadline (at once, opened new, a
-        stream that 4404 says its server lost before its first durable step,
-        see the class); the others leave for :attr:`gone`. Returns {stream:
-        the t its entry restored}."""
+        refusals of RETRIED until the loop's time is deadline (at once and
+        opened new: a stream that 4404 says its server lost before its first
+        durable step, see the class); the others leave for :attr:`gone`.
+        Returns {stream: the t its entry restored}."""
         loop, delay, restored, fresh = asyncio.get_running_loop(), FIRST_DELAY, {}, set()
         while todo:
             entries = await self._open(
@@ -513,7 +520,7 @@ class MuxClient(Client):
                       and s.durable is None and len(s._xs) == s._sent):
                     fresh.add(s)   # every step kept, from step 0
                     again.append(s)
-                elif e["code"] in RETRIED and loop.time() < self._deadline:
+                elif e["code"] in RETRIED and loop.time() < deadline:
                     fresh.discard(s)
                     again.append(s)
                     wait = True
@@ -521,7 +528,7 @@ class MuxClient(Client):
                     self._lose(s, e)
             todo = again
             if wait:
-                await asyncio.sleep(max(0.0, min(delay, self._deadline - loop.time())))
+                await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
                 delay = min(2 * delay, MAX_DELAY)
         return restored
 

@@ -62,11 +62,11 @@ class StreamClient(Client):
     that between two durable ones cannot be replayed from before the last
     ``replay`` steps."""
 
-    def __init__(self, resume=0.0, replay=4096):
-        super().__init__(resume, replay)
+    def __init__(self):
+        super().__init__()
         self._inflight = deque()   # futures of the replies not yet arrived, oldest first
         # the x of the last steps sent and the y of the last ones received (resume > 0)
-        self._xs, self._ys = deque(maxlen=replay), deque(maxlen=replay)
+        self._xs, self._ys = deque(maxlen=self.replay), deque(maxlen=self.replay)
         self._resent = self._at = 0   # in a replay: the next step to resend, the next reply's
         self._moved = False        # the last connection ended with 4410
 
@@ -79,7 +79,9 @@ class StreamClient(Client):
         (:attr:`token`); a reconnect presents it as ``token``. ``resume``:
         the seconds to keep reconnecting after a drop (0: none, the calls
         raise Closed); ``replay``: the steps kept for a replay."""
-        self = cls(resume, replay)
+        self = cls()
+        self._reconnects(resume, replay)
+        self._xs, self._ys = deque(maxlen=replay), deque(maxlen=replay)
         self.url, self.id, self.dtype, self.timeout = url, stream_id, dtype, timeout
         self.new = new             # opened new here: a 4404 before a durable step reopens it
         h = await self._connect(stream_url(url, stream_id, new, token, dtype), timeout)

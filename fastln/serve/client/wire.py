@@ -231,14 +231,9 @@ class Client:
     runs, :attr:`closed` is None and the calls wait; when it gives up, they
     raise the last :class:`Closed`."""
 
-    def __init__(self, resume=0.0, replay=4096):
-        if isinstance(resume, bool) or not isinstance(resume, (int, float)) or not (
-                math.isfinite(resume) and resume >= 0):
-            raise ValueError(f"resume must be a number of seconds >= 0, got {resume!r}")
-        if isinstance(replay, bool) or not isinstance(replay, int) or replay < 0:
-            raise ValueError(f"replay must be an int >= 0 (steps kept per stream), got {replay!r}")
-        self.resume, self.replay = float(resume), replay
-        self._keep = resume > 0    # keeps the steps after the last durable one, for a replay
+    def __init__(self):
+        self.resume, self.replay = 0.0, 4096   # connect() sets them (_reconnects)
+        self._keep = False         # keeps the steps after the last durable one, for a replay
         self._peer = _Forward(self)
         self._unread = deque()     # per send(): what recv() returns, oldest first
         self._closed = None        # what ended the client: no reconnect follows
@@ -247,6 +242,15 @@ class Client:
         self._ending = False       # close() or abort() was called
         self._task = None          # the reconnect, while it runs
         self._deadline = None      # the loop's time when the reconnect gives up
+
+    def _reconnects(self, resume, replay):
+        """Sets connect()'s resume and replay (see the class), checked."""
+        if isinstance(resume, bool) or not isinstance(resume, (int, float)) or not (
+                math.isfinite(resume) and resume >= 0):
+            raise ValueError(f"resume must be a number of seconds >= 0, got {resume!r}")
+        if isinstance(replay, bool) or not isinstance(replay, int) or replay < 0:
+            raise ValueError(f"replay must be an int >= 0 (steps kept per stream), got {replay!r}")
+        self.resume, self.replay, self._keep = float(resume), replay, resume > 0
 
     async def _connect(self, url, timeout):
         """The first connection: returns the hello."""
@@ -313,11 +317,11 @@ class Client:
     async def __aexit__(self, *exc):
         await self.close()
 
-    def _end(self, peer, closed):
-        """peer's connection ended: a reconnect starts (resume > 0, an end
-        of RESUMED that the client did not make), or the waiting futures fail
+    def _end(self, closed):
+        """The connection ended: a reconnect starts (resume > 0, an end of
+        RESUMED that the client did not make), or the waiting futures fail
         with closed."""
-        if peer is not self._peer or self._closed is not None:
+        if self._closed is not None:
             return
         self._live = False
         if self._keep and not self._ending and closed.code in RESUMED:
@@ -327,8 +331,10 @@ class Client:
             self._fail(closed)
 
     def _recover_soon(self):
-        """Starts the reconnect task, unless it runs; the deadline counts
-        from the end of the last replay that completed."""
+        """Starts the reconnect task, unless it runs. The deadline is resume
+        seconds after the first end since the client was last live (its last
+        replay complete), so that a server that drops every reconnect does
+        not keep the calls waiting for ever."""
         loop = asyncio.get_running_loop()
         if not self._slow or self._deadline is None:
             self._deadline = loop.time() + self.resume
@@ -358,6 +364,9 @@ class Client:
                 last = e
             except (OSError, asyncio.TimeoutError, WSError) as e:
                 last = Closed(None, f"{type(e).__name__}: {e}")
+            except Exception as e:     # a hello not of the protocol: the calls must not wait
+                self._fail(Closed(None, f"reconnecting failed: {type(e).__name__}: {e}"))
+                return
             if loop.time() >= self._deadline:
                 self._fail(Closed(last.code, f"{last.message} (reconnecting gave up after "
                                              f"{self.resume:g} s)"))
@@ -393,14 +402,17 @@ class Client:
                 f.exception()      # marked as seen: recv() raises it, if it is ever called
         peer = self._peer
         if peer.connected:
-            peer.transport.send_close(1001, str(exc).encode()[:123])
+            reason = str(exc).encode()[:123].decode("utf-8", "ignore").encode()
+            peer.transport.send_close(1001, reason)
 
     def _dropped(self, closed):
         """The connection ended and a reconnect follows: keeps what it needs."""
 
 
 class _Forward(Peer):
-    """The Peer of a StreamClient or a MuxClient: hands its frames on to it."""
+    """The Peer of a StreamClient or a MuxClient: hands its frames on to it,
+    and the end of its connection while it is the client's (not that of a
+    reconnect's attempt that failed)."""
 
     def __init__(self, client):
         super().__init__()
@@ -413,4 +425,5 @@ class _Forward(Peer):
         self.client._text(message)
 
     def on_close(self, closed):
-        self.client._end(self, closed)
+        if self.client._peer is self:
+            self.client._end(closed)
