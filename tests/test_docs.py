@@ -63,10 +63,11 @@ DOCS = os.path.join(ROOT, "docs")
 REFERENCE = os.path.join(DOCS, "reference")
 TEMPLATES = os.path.join(DOCS, "_templates", "autosummary")
 PUBLIC_MODULES = ["fastln", "fastln.rnn", "fastln.rnn.functional", "fastln.torch",
-                  "fastln.dask", "fastln.reference", "fastln.rnn_reference", "fastln.serve"]
+                  "fastln.dask", "fastln.reference", "fastln.rnn_reference", "fastln.serve",
+                  "fastln.serve.store"]
 # modules whose reference is their docstring alone (automodule, no names listed)
 DOCSTRING_MODULES = ["fastln.serve.ws.stream", "fastln.serve.ws.mux", "fastln.serve.http",
-                     "fastln.serve.metrics"]
+                     "fastln.serve.metrics", "fastln.serve.checkpoint"]
 HEADERS = sorted(glob.glob(os.path.join(ROOT, "src_c", "api", "fastln*.h")))
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(REFERENCE),
