@@ -76,28 +76,36 @@ class DirStore(Store):
         return await asyncio.to_thread(serial)
 
     async def start(self, server):
+        """Locks the directory (creating it where missing); a second live server on it is a
+        StoreError."""
         await self._in_thread(self._start)
 
     async def load_all(self):
+        """Every stream of the directory's checkpoint files, later ones winning."""
         return await self._in_thread(self._load_all)
 
     async def write(self, records, removed, full=False):
+        """Writes one checkpoint file (all of it, or nothing); refuses nothing."""
         await self._in_thread(self._write, list(records), list(removed), full)
         return []
 
     async def release(self, ids):
-        pass
+        """Nothing: one server has the directory."""
 
     async def take(self, stream, wait):
+        """None: a start loads every stream of the directory, and no other server takes one."""
         return None
 
     async def renew(self):
+        """True: the directory's lock, not a lease, keeps it one server's."""
         return True
 
     async def owned(self, ids):
+        """Every one of ids: no other server writes the directory."""
         return list(ids)
 
     async def close(self):
+        """Frees the directory's lock."""
         await self._in_thread(self._close)
 
     # ---- the file work, in a thread ------------------------------------------------------
