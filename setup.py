@@ -8,6 +8,11 @@ No debug information (-g0, over Python's -g): the kernels compile much
 faster without it, and the module is far smaller.
 The C sources compile in parallel (parallel_compile), the slowest first.
 
+A second build where no source and no flag changed compiles nothing: it
+reuses the extensions in build/ (see current_translation and
+BuildExt.build_extensions), `pip install .` too, though pip makes a new
+build environment each time.
+
 A build that is not in place (`pip install .`) also copies the extensions into
 the checkout's fastln/ folder: the README's commands (`pip install . &&
 python -m fastln`, `python -m pytest`) run from the checkout, where ./fastln
@@ -15,10 +20,11 @@ shadows the installed package, so the checkout needs the extensions too.
 
 What a build leaves in the checkout (all ignored by git): build/ is
 setuptools' work folder (build/temp.*: the object files; build/lib.*: the
-package staged for installing); fastln.egg-info/ is setuptools' metadata of
+package staged for installing; build/temp.*/flags.txt: the compile and link
+flags of the last build); fastln.egg-info/ is setuptools' metadata of
 the package, written as pip builds it; fastln/*.c and fastln/rnn/_engine.c
 are Cython's output, the C translations of the .pyx files that the compiler
-builds (regenerated when a .pyx or a .pxd it cimports changes); fastln/*.so
+builds (regenerated after a change to a .pyx or .pxd); fastln/*.so
 (or .pyd) and fastln/rnn/_engine.*.so are the extensions, copied there as
 above; fastln/include/ holds copies of the public headers (see
 copy_public_headers). `git clean -fdX` removes them all. The installed
@@ -53,6 +59,9 @@ with open(C_SOURCES_LIST, encoding="utf-8") as f:
 assert sorted(C_SOURCES) == sorted(glob.glob("src_c/**/*.c", recursive=True)), \
     "src_c/sources.txt and the .c files under src_c/ differ"
 C_HEADERS = sorted(glob.glob("src_c/**/*.h", recursive=True))
+# the package's Cython sources: a change to any of them translates every .pyx again
+CYTHON_SOURCES = sorted(glob.glob("fastln/**/*.pyx", recursive=True)
+                        + glob.glob("fastln/**/*.pxd", recursive=True))
 
 # the public C headers: copied into fastln/include/, which fastln.get_include()
 # names and the package installs, for extensions that cimport fastln.kernels
@@ -121,6 +130,23 @@ def parallel_compile(compiler, jobs):
     compiler.compile = compile
 
 
+def current_translation(extension):
+    """extension, its .pyx replaced by the C file that Cython wrote from it
+    where that file is newer than every one of CYTHON_SOURCES. cythonize
+    translates again whenever a .pxd of Cython's or NumPy's is newer than
+    the C file, and pip installs those anew in the build environment of each
+    `pip install .`; the new C file then has setuptools compile the extension
+    again. Without a change to the package's own sources the C file is the
+    same but for the paths of that environment."""
+    newest = max(os.path.getmtime(path) for path in CYTHON_SOURCES)
+    c_files = [src[:-len(".pyx")] + ".c" if src.endswith(".pyx") else src
+               for src in extension.sources]
+    if all(os.path.exists(c) and os.path.getmtime(c) > newest
+           for c, src in zip(c_files, extension.sources) if c != src):
+        extension.sources = c_files
+    return extension
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         # GCC or clang: the kernels use target attributes and __atomic builtins
@@ -140,6 +166,15 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = cflags
             ext.extra_link_args = lflags
+        # setuptools compiles an extension again only where a source is newer than it; a
+        # build with other flags (the variables above, another compiler) compiles them all
+        flags = "\n".join(" ".join(args) for args in
+                          (getattr(self.compiler, "compiler_so", []), cflags, lflags))
+        stamp, last = os.path.join(self.build_temp, "flags.txt"), None
+        if os.path.exists(stamp):
+            with open(stamp, encoding="utf-8") as f:
+                last = f.read()
+        self.force = self.force or last != flags
         jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 \
             else os.cpu_count() or 1
         private = ("_setup_compile", "_get_cc_args", "_compile")   # else: one at a time
@@ -147,6 +182,9 @@ class BuildExt(build_ext):
                 and all(hasattr(self.compiler, name) for name in private)):
             parallel_compile(self.compiler, jobs)
         super().build_extensions()
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(stamp, "w", encoding="utf-8") as f:
+            f.write(flags)
         if not self.inplace:
             self._copy_into_source_tree()
 
@@ -195,7 +233,7 @@ users = [kernel_user("fastln._rows"),
 
 copy_public_headers()
 setup(
-    ext_modules=cythonize([ext, *users], language_level=3),
+    ext_modules=cythonize([current_translation(e) for e in (ext, *users)], language_level=3),
     cmdclass={"build_ext": BuildExt},
     # PEP 561: the stubs of the compiled module and the marker that the package is typed
     # the Cython declarations (cimport fastln.kernels) and the C headers they need
