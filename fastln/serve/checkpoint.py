@@ -42,6 +42,8 @@ import math
 import secrets
 import time
 
+import numpy as np
+
 from .errors import CONFLICT, GONE, TRY_LATER, Refused
 from .store import Held, Record, ServerInfo, StoreError
 
@@ -83,6 +85,7 @@ class Checkpointer:
         self.count = {"ok": 0, "failed": 0}
         self.written = 0          # stream checkpoints written
         self.takeovers = 0
+        self.rewinds = 0          # reconnects that lost replies, rewound to a checkpoint
         self.error = None         # the last write's error, None once one succeeds
         self.failing_since = None
         self.last_ok = None       # time.monotonic() of the last write that succeeded
@@ -164,7 +167,7 @@ class Checkpointer:
             if s.t < t or s.leaving or svc.streams.get(s.id) is not s:
                 continue           # its reply is late, or it left: the next checkpoint's
             records.append(Record(s.id, t, s.token_hash, [p[:, i:i + 1] for p in parts]))
-            written.append((s, t))
+            written.append(s)
         full = full and len(records) == len(streams)
         removed, self.removed = list(self.removed), set()
         rewrite, self.rewrite = self.rewrite, False
@@ -182,16 +185,21 @@ class Checkpointer:
         self.since_full = 0 if full else self.since_full + 1
         self.written += len(written) - len(refused)
         told = {}
-        for s, t in written:
+        for s, rec in zip(written, records):
+            t = rec.t
             if s.id in refused:
                 if s.owned and svc.streams.get(s.id) is s:
                     self.lose(s)
                 continue
             s.owned = True
+            if t > s.t:
+                continue           # rewound since the snapshot: its client replays up to t
             if s.saved is None or t > s.saved:
                 s.saved = t
                 if s.conn is not None:
                     told.setdefault(s.conn.conn, []).append((s.conn.index, t))
+                    if s.conn.greeted:   # copies: views would keep the whole snapshot alive
+                        s.snap = (t, [np.copy(a) for a in rec.state])
         for conn, pairs in told.items():
             conn.durable(pairs)
 
@@ -234,6 +242,27 @@ class Checkpointer:
                 await self.store.release([stream_id])
             except StoreError as e:
                 self._failed(e)
+
+    def rewind(self, stream, received):
+        """A reconnect to stream whose client received `received` replies:
+        when some are lost (received < stream.t: they went to a connection
+        that died) and the stream's snap (its last checkpoint told to a
+        greeted connection) is at or before received, the stream goes back
+        to it, state and t, and its client replays the steps after it bit
+        for bit. Otherwise nothing changes: received at or past t (a server
+        that restored an older checkpoint) needs no rewind, and a snap past
+        received cannot serve (the client raises ReplayError). Called once
+        none of the stream's steps is in flight."""
+        snap = stream.snap
+        if (received >= stream.t or snap is None or snap[0] > received or stream.inflight
+                or stream.leaving):
+            return
+        t, state = snap
+        self.service.restore(stream, state, t)
+        # the durable step the client is told: it keeps its steps from here on
+        # (the store may hold a later checkpoint, of the same steps replayed)
+        stream.saved = t
+        self.rewinds += 1
 
     # ---- takeover ------------------------------------------------------------
 

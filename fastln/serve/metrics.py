@@ -23,6 +23,7 @@ name starts with ``fastln_serve_``):
 ``checkpoint_age_seconds``      gauge      since the last checkpoint write that succeeded
 ``store_up``                    gauge      1 while the checkpoint store answers
 ``takeovers_total``             counter    streams taken over from the store
+``rewinds_total``               counter    reconnects that lost replies, rewound to a checkpoint
 ``batch_size``                  histogram  steps per batch
 ``queue_delay_seconds``         histogram  a step's wait from its arrival to its batch
 ``step_latency_seconds``        histogram  from a step's arrival to its batch's result
@@ -143,6 +144,9 @@ def _checkpoint_families(ck):
                             value=int(ck.error is None))
     yield CounterMetricFamily(PREFIX + "takeovers", "Streams taken over from the store",
                               value=ck.takeovers)
+    yield CounterMetricFamily(PREFIX + "rewinds",
+                              "Reconnects that lost replies, rewound to the stream's checkpoint",
+                              value=ck.rewinds)
 
 
 def registry_of(service):

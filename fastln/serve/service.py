@@ -31,6 +31,7 @@ from .errors import (
     GONE,
     INVALID,
     NOT_FOUND,
+    POLICY,
     REASON_NAMES,
     RESTART,
     TRY_LATER,
@@ -65,6 +66,23 @@ def _token_hash(payload):
     return None
 
 
+def check_received(received, new=False):
+    """A reconnect's count of the replies its client received of a stream
+    (the per-stream query's ``received=``, a multiplexed open entry's
+    ``"received"``), as an int: an int from 0 to 2**63 - 1, or a string of
+    its digits. Refused with 1008 (HTTP 422) for anything else, and with
+    new (a new stream has no replies to count)."""
+    if isinstance(received, str) and received.isascii() and received.isdigit() and len(
+            received) <= 19:
+        received = int(received)
+    if type(received) is not int or not 0 <= received <= MAX_T:
+        raise Refused(POLICY, 422, f"received must be the number of replies received, a whole "
+                                   f"number from 0 to 2**63 - 1, got {repr(received)[:20]}")
+    if new:
+        raise Refused(POLICY, 422, "received goes with a reconnect, not with a new stream")
+    return received
+
+
 def _bad_state(message):
     """The refusal of an import whose body is not a state export() wrote."""
     return Refused(INVALID, 422, message, "bad_state")
@@ -78,7 +96,7 @@ class Stream:
     holds it, when it was last used, and its checkpoints."""
 
     __slots__ = ("id", "t", "inflight", "token", "conn", "seen", "leaving", "ends", "base",
-                 "saved", "owned", "moved", "_hash")
+                 "saved", "owned", "moved", "snap", "_hash")
 
     def __init__(self, stream_id, token, t=0, token_hash=None, saved=None):
         self.id, self.token, self.t, self.inflight = stream_id, token, t, 0
@@ -90,6 +108,9 @@ class Stream:
         self.saved = saved      # t of its latest checkpoint in the store; None before one
         self.owned = False      # a checkpoint of this server's holds it (a shared store's owner)
         self.moved = False      # it left for another server: the store is that server's
+        # (t, state arrays) of its latest checkpoint told to a greeted connection: what a
+        # reconnect that lost replies rewinds it to (fastln.serve.checkpoint)
+        self.snap = None
         self._hash = token_hash
 
     @property
@@ -113,19 +134,20 @@ class Stream:
 
 
 class Attachment:
-    """A stream held by a connection (``Stream.conn``): the connection, and
-    the stream's index on it (0 on a connection of one stream). Through it
-    the service tells the connection that the stream leaves the server or
-    that the server restarts (close).
+    """A stream held by a connection (``Stream.conn``): the connection, the
+    stream's index on it (0 on a connection of one stream), and whether the
+    connection has greeted the stream (Service.greet). Through it the
+    service tells the connection that the stream leaves the server or that
+    the server restarts (close).
 
     The connection (fastln.serve.ws) has ``close(code, message, reason=None)``,
     which closes it, and ``gone(attachment, message)``, which lets go of the
     one stream that leaves."""
 
-    __slots__ = ("conn", "index")
+    __slots__ = ("conn", "index", "greeted")
 
     def __init__(self, conn, index=0):
-        self.conn, self.index = conn, index
+        self.conn, self.index, self.greeted = conn, index, False
 
     def close(self, code, message):
         """A 4410 (the stream leaves: an export, a delete) lets go of this
@@ -208,17 +230,40 @@ class Service:
         if len(self.table) >= self.table.capacity:
             raise Refused(TRY_LATER, 429, f"the server holds {self.table.capacity} streams, "
                                           f"its --capacity", "table_full")
-        if state is None:
-            sid = self.table.open(stream_id)
-        else:
-            sid = self.table.import_state(state[0] if len(state) == 1 else tuple(state),
-                                          stream_id)
+        sid = self.table.open(stream_id) if state is None else self._import(state, stream_id)
         if token is None and token_hash is None:
             token = secrets.token_urlsafe(TOKEN_BYTES)
         stream = self.streams[sid] = Stream(sid, token, t, token_hash, saved)
         if self.checkpointer is not None:
             self.checkpointer.added(sid)
         return stream
+
+    def _import(self, state, stream_id):
+        """Opens stream_id in the table with state (a list of the table's state arrays)."""
+        return self.table.import_state(state[0] if len(state) == 1 else tuple(state), stream_id)
+
+    def restore(self, stream, state, t):
+        """Sets stream's state in the table to state (a list of the table's
+        state arrays) and its step count to t; none of its steps may be in
+        flight. The table has no setter: the stream is closed there and
+        imported again under its id."""
+        self.table.close(stream.id)
+        self._import(state, stream.id)
+        stream.t = stream.base = t
+
+    def greet(self, stream, attachment, received=None):
+        """A connection greets stream, which it holds through attachment, once
+        the steps of the stream's earlier connections are answered (the
+        hello, an opened entry): received, the replies its client says it
+        received of them (a reconnect's), may rewind the stream to its last
+        checkpoint (Checkpointer.rewind); the t that the greeting tells is
+        final then. From then on the stream's checkpoints may be kept for a
+        rewind. Nothing when the connection no longer holds the stream."""
+        if stream.conn is not attachment:
+            return
+        if received is not None and self.checkpointer is not None:
+            self.checkpointer.rewind(stream, received)
+        attachment.greeted = True
 
     def get(self, stream_id):
         """The stream stream_id; Refused with 4404 (HTTP 404) when this server

@@ -45,6 +45,7 @@ with needs_extra(__name__):
 # same connection, at most resume: it comes back where a move failed (the
 # stream returns to its source) or a shared store lets this server take it
 GONE_RETRY = 2.0
+COMPACT = (",", ":")   # json.dumps's separators of an open message
 
 
 class FrameRefused(Exception):
@@ -209,18 +210,19 @@ class MuxClient(Client):
         self._by_index[s.index] = s
 
     async def _open(self, entries):
-        """Sends open messages of entries (as many as --max-frame needs),
-        and returns the server's entries."""
+        """Sends open messages of entries (as many as --max-frame needs, in
+        JSON without spaces), and returns the server's entries."""
         chunks, chunk, size = [], [], 16
         for e in entries:
-            n = len(json.dumps(e)) + 2
+            n = len(json.dumps(e, separators=COMPACT)) + 2
             if chunk and size + n > self._max_frame:
                 chunks.append(chunk)
                 chunk, size = [], 16
             chunk.append(e)
             size += n
         chunks.append(chunk)
-        futs = [self._ask(json.dumps({"open": c}).encode()) for c in chunks]
+        futs = [self._ask(json.dumps({"open": c}, separators=COMPACT).encode())
+                for c in chunks]
         return [e for f in futs for e in (await f)["opened"]]
 
     async def close_streams(self, stream_ids):
@@ -509,7 +511,7 @@ class MuxClient(Client):
         while todo:
             entries = await self._open(
                 [{"stream": s.id, "new": True} if s in fresh else
-                 {"stream": s.id, "token": s.token} for s in todo])
+                 {"stream": s.id, "token": s.token, "received": s.t} for s in todo])
             again, wait = [], False
             for s, e in zip(todo, entries):
                 if "index" in e:

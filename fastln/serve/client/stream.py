@@ -184,7 +184,7 @@ class StreamClient(Client):
         the class), restored at the hello's t, and the replay started."""
         try:
             h = await self._connect_again(stream_url(self.url, self.id, False, self.token,
-                                                     self.dtype))
+                                                     self.dtype, self.t))
             new = False
         except Closed as e:
             if e.code != NOT_FOUND or not (self.new and self.durable is None and not self._moved

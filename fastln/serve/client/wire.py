@@ -78,13 +78,14 @@ def trim(xs, ys, sent, t, durable):
         ys.popleft()
 
 
-def stream_url(url, stream_id, new=False, token=None, dtype=None):
+def stream_url(url, stream_id, new=False, token=None, dtype=None, received=None):
     """The URL of stream stream_id at the server url (``ws://host:port``) in
     the protocol of a connection per stream: ``new=1`` opens it, ``token=``
     reconnects to it, ``dtype=`` names x's dtype (None: the server's
-    default)."""
+    default), ``received=`` tells a reconnect's replies received."""
     query = ([f"dtype={dtype}"] if dtype is not None else []) + (["new=1"] if new else []) + (
-        [f"token={token}"] if token is not None else [])
+        [f"token={token}"] if token is not None else []) + (
+        [f"received={received}"] if received is not None else [])
     return f"{url}{STREAM_PATH}{stream_id}" + ("?" + "&".join(query) if query else "")
 
 

@@ -131,7 +131,7 @@ from ..errors import (
 )
 from ..extra import needs_extra
 from ..frames import frame_bytes, header_bytes
-from ..service import Attachment
+from ..service import Attachment, check_received
 
 with needs_extra(__name__):
     from .connection import BINARY, TEXT
@@ -405,7 +405,7 @@ class Connection(Base):
             try:
                 if failed and isinstance(spec, dict) and spec.get("stream") in failed:
                     raise failed[spec["stream"]]
-                stream = self.claim(spec)
+                stream, received = self.claim(spec)
             except Refused as e:
                 self.service.refused(e.reason)
                 sid = spec.get("stream") if isinstance(spec, dict) else None
@@ -415,14 +415,19 @@ class Connection(Base):
                 continue
             entries.append({"stream": stream.id, "index": self.attach(stream),
                             "token": stream.token})
-            opened.append((entries[-1], stream))
+            opened.append((entries[-1], stream, stream.conn, received))
 
         def make():
-            for entry, stream in opened:
+            for entry, stream, _, _ in opened:
                 entry["t"], entry["durable"] = stream.t, stream.saved
             return json.dumps({"opened": entries}).encode()
+
+        def greet():   # a reconnect that lost replies may rewind its stream (Service.greet)
+            for _, stream, attachment, received in opened:
+                self.service.greet(stream, attachment, received)
+            self.ready(rec)
         rec.make = make
-        self.service.when_quiet([stream for _, stream in opened], lambda: self.ready(rec))
+        self.service.when_quiet([stream for _, stream, _, _ in opened], greet)
 
     def ready(self, rec):
         """rec waits no longer: sends it, if every answer before it is out."""
@@ -430,15 +435,19 @@ class Connection(Base):
         self.flush()
 
     def claim(self, spec):
-        """The stream an open entry names: opened new, or claimed with its token."""
+        """The stream an open entry names, opened new or claimed with its
+        token, and the entry's received (None without one)."""
         svc = self.service
         if not isinstance(spec, dict) or "stream" not in spec:
             raise Refused(POLICY, 422, 'an open entry is {"stream": ID, "new": true} or '
-                                       '{"stream": ID, "token": T}')
+                                       '{"stream": ID, "token": T[, "received": N]}')
         sid = check_stream_id(spec["stream"])
         new, token = spec.get("new", False), spec.get("token")
         if type(new) is not bool or not (token is None or isinstance(token, str)):
             raise Refused(POLICY, 422, "new must be true or false, and token a string")
+        received = spec.get("received")
+        if received is not None:
+            received = check_received(received, new)
         if self.attached >= self.service.max_streams_per_connection:
             raise Refused(TRY_LATER, 503, f"this connection holds {self.attached} streams, "
                                           f"the server's --max-streams-per-connection",
@@ -446,7 +455,7 @@ class Connection(Base):
         stream = svc.add(sid) if new else svc.claim(sid, token)
         if stream.conn is not None:
             raise Refused(CONFLICT, 409, f"another connection holds stream {stream.id!r}")
-        return stream
+        return stream, received
 
     def attach(self, stream):
         """Gives stream the lowest free index, and returns it."""

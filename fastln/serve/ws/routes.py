@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import POLICY, Refused, check_stream_id
 from ..extra import needs_extra
 from ..frames import MUX_PATH, STREAM_PATH
-from ..service import PROBES
+from ..service import PROBES, check_received
 
 with needs_extra(__name__):
     from picows import WSUpgradeResponse, WSUpgradeResponseWithListener
@@ -68,5 +68,12 @@ def ws_factory(service, ports, address):
         if new not in ("0", "1"):
             refusal = Refused(POLICY, 422, f"new must be 0 or 1, got {new[:20]!r}")
         token = q.get("token", [None])[-1]
-        return stream.Connection(service, stream_id, new == "1", x_dtype, refusal, token)
+        received = q.get("received", [None])[-1]
+        if received is not None:
+            try:
+                received = check_received(received, new == "1")
+            except Refused as e:
+                refusal, received = e, None
+        return stream.Connection(service, stream_id, new == "1", x_dtype, refusal, token,
+                                 received)
     return factory

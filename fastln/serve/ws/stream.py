@@ -80,9 +80,10 @@ class Connection(Base):
     fragments = "x must come in one frame, not fragments"
 
     def __init__(self, service, stream_id, new=False, x_dtype=np.float32, refusal=None,
-                 token=None):
+                 token=None, received=None):
         super().__init__(service, x_dtype, refusal)
         self.stream_id, self.new, self.token = stream_id, new, token
+        self.received = received   # a reconnect's replies received, when its client says
         self.stream = self.held = None
         self.greeted = False
         self.streams = ()          # (stream,): what Service.submit and finish take
@@ -124,10 +125,13 @@ class Connection(Base):
         svc.when_quiet(self.streams, self.hello)
 
     def hello(self):
-        """The server's first frame (see the module's docstring), unless closed since."""
+        """The server's first frame (see the module's docstring), unless closed
+        since; a reconnect that lost replies may rewind the stream first
+        (Service.greet)."""
         if self.closed:
             return
         svc = self.service
+        svc.greet(self.stream, self.held, self.received)
         self.greeted = True
         self.transport.send(TEXT, json.dumps({
             "stream": self.stream.id, "t": self.stream.t, "token": self.stream.token,
