@@ -14,7 +14,9 @@ frame is a text frame of JSON::
 - ``{"open": [{"stream": ID, "new": true}, {"stream": ID, "token": T}, ...]}``
   opens new streams, or attaches existing ones with their resume tokens (a
   reconnect, after a restart or a move). The answer holds one entry per
-  stream, in order: ``{"stream": ID, "index": k, "t": steps run, "token": T,
+  stream (a reconnect's entry may add ``"received": N``, the replies its
+  client received, as the per-stream protocol's ``received=``), in order:
+  ``{"stream": ID, "index": k, "t": steps run, "token": T,
   "durable": t or null}``,
   or a refusal ``{"stream": ID, "code": c, "error": why}`` with the close code
   the per-stream protocol (fastln.serve.ws.stream) would use: 4401 no token,

@@ -1,6 +1,7 @@
 """The WebSocket protocol of the served model: one connection per stream.
 
-On --ws-port: ``ws://HOST:WS_PORT/ws/STREAM_ID[?new=1][&token=T][&dtype=bfloat16]``.
+On --ws-port: ``ws://HOST:WS_PORT/ws/STREAM_ID[?new=1][&token=T][&dtype=bfloat16]``
+(and, on a reconnect, ``&received=N``: the replies the client received).
 STREAM_ID is 1 to 64 characters of letters, digits, '_', '.' and '-', chosen by
 the client (so that a proxy can route by it). ``new=1`` opens the stream with a
 zero state; without it the stream must exist (a reconnect, after a restart or
@@ -16,7 +17,11 @@ is all a reconnect needs besides the id.
 
 ``durable`` is the step of the stream's latest checkpoint (fastln.serve.checkpoint;
 null before the first one, and on a server without --checkpoint-dir or
---checkpoint-store). As later checkpoints complete, the server sends text
+--checkpoint-store). A reconnect's ``received=N`` (0 to 2**63 - 1; 1008
+otherwise, and with new=1) lets a server that ran more steps than N, whose
+replies went to a dead connection, rewind the stream to its latest
+checkpoint at or before N, so that the hello's t is one the client can
+replay from. As later checkpoints complete, the server sends text
 frames ``{"durable": t}`` between the replies: a server that dies restores
 the stream at its latest checkpoint, so a client keeps the x of the steps
 after it, to send again (fastln.serve.client's replay). A reconnect to a
