@@ -38,6 +38,7 @@ with needs_extra(__name__):
         dtype_of,
         mux_url,
         open_entries,
+        replayed_differs,
         trim,
     )
 
@@ -422,10 +423,9 @@ class MuxClient(Client):
                     self._fail(self._disorder(s))
                     return
                 if step < s.t:
-                    ys = s._ys
-                    if row != ys[step - s.t + len(ys)]:
-                        self._fail(ReplayError(s.id, f"the replayed reply of step {step} "
-                                                     f"differs from the one received"))
+                    differs = replayed_differs(s.id, step, s.t, s._ys, row)
+                    if differs is not None:
+                        self._fail(differs)
                         return
                 else:
                     s.t += 1

@@ -28,6 +28,7 @@ with needs_extra(__name__):
         ReplayError,
         check_replay,
         dtype_of,
+        replayed_differs,
         stream_url,
         trim,
     )
@@ -132,10 +133,9 @@ class StreamClient(Client):
         step = self._at
         self._at += 1
         if step < self.t:
-            ys = self._ys
-            if payload != ys[step - self.t + len(ys)]:
-                self._fail(ReplayError(self.id, f"the replayed reply of step {step} differs "
-                                                f"from the one received"))
+            differs = replayed_differs(self.id, step, self.t, self._ys, payload)
+            if differs is not None:
+                self._fail(differs)
                 return
         else:
             self.t += 1

@@ -53,6 +53,16 @@ class ReplayError(Exception):
         self.stream, self.message = stream, message
 
 
+def replayed_differs(stream, step, t, ys, got):
+    """The ReplayError of a replayed reply got of step (below t, the replies
+    received) that differs from the one received (ys: the y of the last
+    len(ys) steps received); None when it is the same, bit for bit."""
+    if got == ys[step - t + len(ys)]:
+        return None
+    return ReplayError(stream, f"the replayed reply of step {step} differs from the one "
+                               f"received")
+
+
 def check_replay(stream, t0, t, sent, xs, ys):
     """Raises ReplayError unless a stream restored at step t0 can be replayed:
     t replies received, sent steps sent, xs the x of the last len(xs) steps
