@@ -15,6 +15,14 @@ the store.
    race; the token is checked against its hash; the first service, whose
    write is then refused, lets the stream go (4410); a lapsed lease stops
    steps until it is renewed.
+4. Rewinds: a reconnect whose client received fewer replies than the
+   stream's t goes back to the stream's last checkpoint told to a greeted
+   connection (a copy of its state, not a view of the snapshot), and the
+   steps after it run again bitwise; a checkpoint written while the stream
+   has no connection, or one not yet greeted, keeps the older one; no
+   rewind without such a checkpoint at or before the replies received, for
+   received at or past t, or without a store; a write under way during a
+   rewind tells nothing past the rewound t.
 
 The same, with real processes, Redis, nginx and ``kill -9``:
 tests/test_serve_crash.py.
@@ -54,6 +62,7 @@ class MemoryStore(Store):
         self.db = shared if shared is not None else {"s": {}, "o": {}, "lease": {}}
         self.fail = False
         self.takes = 0
+        self.gate = None    # an asyncio.Event that write() waits for, when set
 
     def _check(self):
         if self.fail:
@@ -69,6 +78,8 @@ class MemoryStore(Store):
     async def write(self, records, removed, full=False):
         self._check()
         await asyncio.sleep(0)
+        if self.gate is not None:
+            await self.gate.wait()
         refused = []
         for rec in records:
             owner = self.db["o"].get(rec.stream)
@@ -298,4 +309,72 @@ def test_takeover_between_two_services():
         await ck2.renew()
         assert not ck2.lapsed()
         await step(two, [b], np.ones((1, I), np.float32))
+    run(main())
+
+
+def test_a_reconnect_that_lost_replies_rewinds_to_the_last_checkpoint():
+    async def main():
+        m = model()
+        svc = Service(m, capacity=8)
+        store = MemoryStore(svc)
+        ck = svc.checkpointer = Checkpointer(svc, store, interval=3600)
+        await ck.start()
+        xs = np.random.default_rng(2).standard_normal((9, 1, I)).astype(np.float32)
+        want, state = [], None
+        for x in xs:
+            y, state = m.step(x, state)
+            want.append(y)
+
+        def connect(received=None):
+            att = a.conn = Attachment(Conn())
+            svc.greet(a, att, received)
+            return att
+        a = svc.add("a")
+        att = Attachment(Conn())
+        a.conn = att
+        for x in xs[:2]:
+            await step(svc, [a], x)
+        await ck.checkpoint()            # told, but the connection has not greeted it yet
+        assert a.saved == 2 and a.snap is None and att.conn.told == [[(0, 2)]]
+        svc.greet(a, att)
+        for x in xs[2:4]:
+            await step(svc, [a], x)
+        await ck.checkpoint()
+        t, snap = a.snap
+        assert t == 4 and all(p.base is None for p in snap)    # copies, not views
+        assert all(np.array_equal(p, q) for p, q in zip(snap, parts(svc.table.export_state("a"))))
+        for x in xs[4:6]:                 # replies that the client does not receive
+            await step(svc, [a], x)
+        a.conn = None                     # its connection died
+        await ck.checkpoint()
+        assert (a.saved, a.snap[0]) == (6, 4)   # no connection: the snap stays
+        for received in (6, 9, 3):        # nothing lost, a restore past it, no snap at or before
+            connect(received)
+            assert (a.t, a.saved, ck.rewinds) == (6, 6, 0)
+        svc.greet(a, Attachment(Conn()), 0)     # a connection that no longer holds it
+        assert (a.t, ck.rewinds) == (6, 0)
+        connect(5)
+        assert (a.t, a.base, a.saved, ck.rewinds) == (4, 4, 4, 1)
+        got = [await step(svc, [a], x) for x in xs[4:]]
+        assert all(np.array_equal(p, q) for p, q in zip(got, want[4:]))
+        await ck.checkpoint()
+        assert a.t == a.saved == a.snap[0] == 9 and store.db["s"]["a"].t == 9
+        # a write under way while the stream rewinds tells nothing past the rewound t
+        connect(9)
+        await step(svc, [a], xs[0])
+        store.gate = asyncio.Event()
+        task = asyncio.ensure_future(ck.checkpoint())
+        await asyncio.sleep(0.01)
+        att = connect(9)
+        assert (a.t, ck.rewinds) == (9, 2)
+        store.gate.set()
+        await task
+        assert a.saved == a.snap[0] == 9 and att.conn.told == [] and store.db["s"]["a"].t == 10
+        # a service without a store keeps no snap and ignores received
+        plain = Service(m, capacity=2)
+        b = plain.add("b")
+        b.conn = Attachment(Conn())
+        await step(plain, [b], xs[0])
+        plain.greet(b, b.conn, 0)
+        assert (b.t, b.snap) == (1, None)
     run(main())

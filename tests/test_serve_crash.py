@@ -26,12 +26,20 @@ with SIGSTOP, and a checkpoint store that goes away, with real processes
    its lease expires, B takes the stream over; A, resumed (SIGCONT), finds
    its lease lapsed, lets the stream go, and never writes over B's
    checkpoint; the stream goes on in B alone.
+6. A network drop to a live server: the server has run steps whose replies
+   went to the dead connection; the client's reconnect says how many it
+   received, and the server rewinds each such stream to its last
+   checkpoint (per stream, and several streams at different durable steps
+   on /mux): every recv() gets each step's y once, bit for bit the stream
+   run alone. received past the stream's t changes nothing; a bad one is
+   refused (1008); a server without a store ignores it.
 
 Skipped where redis-server is not installed, but a failure under CI=1, which
 installs Debian's.
 """
 import asyncio
 import contextlib
+import json
 import os
 import random
 import re
@@ -39,6 +47,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -57,6 +66,7 @@ from fastln.serve.client import (  # noqa: E402
     request,
     run_server,
 )
+from fastln.serve.client.wire import Peer, mux_url, stream_url  # noqa: E402
 from fastln.serve.loadtest.crash import cluster  # noqa: E402
 from fastln.serve.loadtest.procs import RedisServer  # noqa: E402
 from fastln.serve.model import save_model, stream_inputs  # noqa: E402
@@ -331,3 +341,166 @@ def test_a_paused_owner_lets_go_of_what_another_took(model_file, redis_server):
             assert c3.hello["t"] == 24, c3.hello
             await c3.close(1000)
         asyncio.run(asyncio.wait_for(resume(), 60))
+
+
+# ---- 6. a network drop to a live server ----------------------------------------
+# a checkpoint after every 10 steps of the server, and no other: none comes
+# between the replies that a drop loses and the drop, so the rewinds are sure
+DROP_ARGS = ["--checkpoint-interval", 600, "--checkpoint-steps", 10]
+
+
+def until_server_ran(server, want):
+    """Blocks the event loop (the client reads no reply meanwhile) until the
+    server has answered the steps want ({id: t}) says."""
+    deadline = time.monotonic() + 10
+    while any(streams_of(server).get(sid) != t for sid, t in want.items()):
+        assert time.monotonic() < deadline, (streams_of(server), want)
+        time.sleep(0.005)
+
+
+def metrics(server):
+    with urllib.request.urlopen(server.http + "/metrics", timeout=30) as r:
+        return r.read().decode()
+
+
+def rewinds(server):
+    return float(re.search(r"^fastln_serve_rewinds_total (\S+)$", metrics(server), re.M)[1])
+
+
+async def hello_of(url):
+    """The hello of a connection to url, closed with 1001 (the stream stays)."""
+    peer = Peer()
+    hello = await peer.connect(url)
+    await peer.close(1001)
+    return hello
+
+
+def test_a_dropped_connection_rewinds_to_the_last_checkpoint(model_file, tmp_path):
+    xs = stream_inputs(6, 0, 30, I)
+    want = solo(model_file, xs)
+    with run_server("--model", model_file, "--checkpoint-dir", tmp_path / "ckpt",
+                    *DROP_ARGS) as server:
+        async def main():
+            c = await StreamClient.connect(server.ws, "d-1", new=True, resume=30)
+            got = await steps(c, xs[:10])
+            await wait_durable(c, 10)
+            for x in xs[10:15]:
+                c.send(x)
+            until_server_ran(server, {"d-1": 15})
+            c._peer.abort()                 # the replies of steps 10..14 are lost
+            got += [await c.recv() for _ in range(5)]
+            assert c.hello["t"] == 10 and c.closed is None and rewinds(server) == 1
+            await wait_durable(c, 15)       # the replay's steps: a checkpoint at 15
+            for x in xs[15:20]:             # dropped at once: they run, or are lost with it
+                c.send(x)
+            c._peer.abort()
+            got += [await c.recv() for _ in range(5)]
+            got += await steps(c, xs[20:25])
+            await c.close(1001)
+            # received past the stream's t (a server that restored an older checkpoint)
+            hello = await hello_of(stream_url(server.ws, "d-1", token=c.token, received=99))
+            assert hello["t"] == 25, hello
+            c2 = await StreamClient.connect(server.ws, "d-1", token=c.token)
+            got += await steps(c2, xs[25:])
+            await c2.close(1000)
+            return got
+        got = asyncio.run(asyncio.wait_for(main(), 60))
+    assert len(got) == 30 and np.array_equal(bits(got), bits(want))
+
+
+def test_a_dropped_mux_connection_rewinds_each_stream(model_file, tmp_path):
+    ids = ["e0", "e1", "e2"]
+    xs = {sid: stream_inputs(7, i, 40, I) for i, sid in enumerate(ids)}
+    want = {sid: solo(model_file, x) for sid, x in xs.items()}
+    got = {sid: [] for sid in ids}
+    with run_server("--model", model_file, "--checkpoint-dir", tmp_path / "ckpt",
+                    *DROP_ARGS) as server:
+        async def main():
+            m = await MuxClient.connect(server.ws, resume=30)
+            await m.open(ids, new=True)
+            sent, pending = dict.fromkeys(ids, 0), []
+
+            def send(names):
+                m.send(names, np.stack([xs[s][sent[s]] for s in names]))
+                pending.append(names)
+                for s in names:
+                    sent[s] += 1
+
+            async def receive():
+                while pending:
+                    names, y = pending.pop(0), await m.recv()
+                    for s, row in zip(names, y):
+                        got[s].append(row)
+
+            async def durable(want_t):
+                deadline = time.monotonic() + 10
+                while any(m.streams[s].durable != t for s, t in want_t.items()):
+                    assert time.monotonic() < deadline, {s: m.streams[s].durable for s in ids}
+                    await asyncio.sleep(0.01)
+            for _ in range(4):              # 12 steps: a checkpoint of each at 4
+                send(ids)
+            await receive()
+            await durable({"e0": 4, "e1": 4, "e2": 4})
+            for names in [["e0", "e1"]] * 2 + [["e0"]] * 6:   # 10 steps: at 12, 6 (and 4)
+                send(names)
+            await receive()
+            await durable({"e0": 12, "e1": 6, "e2": 4})
+            for _ in range(2):
+                send(ids)
+            until_server_ran(server, {"e0": 14, "e1": 8, "e2": 6})
+            m._peer.abort()                 # 2 replies of each are lost
+            await receive()
+            assert rewinds(server) == 3 and m.closed is None
+            await durable({"e0": 14, "e1": 8, "e2": 6})   # the replay's: at 14, 8, 6
+            for _ in range(2):              # dropped at once: they run, or are lost with it
+                send(ids)
+            m._peer.abort()
+            await receive()
+            for _ in range(3):
+                send(ids)
+            await receive()
+            await m.close(1001)
+            # received past a stream's t changes nothing
+            peer = Peer()
+            await peer.connect(mux_url(server.ws))
+            fut = asyncio.get_running_loop().create_future()
+            peer.on_text = fut.set_result
+            peer.send_frame(json.dumps({"open": [{"stream": "e0", "token": m.tokens["e0"],
+                                                  "received": 99}]}).encode(), text=True)
+            (entry,) = (await fut)["opened"]
+            assert entry["t"] == 19, entry
+            await peer.close(1000)
+        asyncio.run(asyncio.wait_for(main(), 60))
+    for s in ids:
+        n = len(got[s])
+        assert n == {"e0": 19, "e1": 13, "e2": 11}[s]
+        assert np.array_equal(bits(got[s]), bits(want[s][:n])), s
+
+
+def test_received_is_checked_and_a_server_without_a_store_ignores_it(model_file):
+    with run_server("--model", model_file) as server:
+        async def main():
+            c = await StreamClient.connect(server.ws, "n-1", new=True)
+            await steps(c, stream_inputs(8, 0, 3, I))
+            await c.close(1001)
+            hello = await hello_of(stream_url(server.ws, "n-1", token=c.token, received=0))
+            assert hello["t"] == 3, hello
+            for query in ("received=-1", "received=x", "received=99999999999999999999",
+                          "new=1&received=0"):
+                with pytest.raises(Closed) as e:
+                    await hello_of(f"{server.ws}/ws/n-2?token={c.token}&{query}")
+                assert e.value.code == 1008 and "received" in e.value.message, (query, e.value)
+            peer = Peer()
+            await peer.connect(mux_url(server.ws))
+            answers = asyncio.Queue()
+            peer.on_text = answers.put_nowait
+            bad = [-1, "3", True, 1.0]
+            peer.send_frame(json.dumps({"open": [
+                {"stream": "n-1", "token": c.token, "received": r} for r in bad] + [
+                {"stream": "n-3", "new": True, "received": 0}]}).encode(), text=True)
+            entries = (await answers.get())["opened"]
+            assert [e["code"] for e in entries] == [1008] * 5, entries
+            assert all("received" in e["error"] for e in entries), entries
+            await peer.close(1000)
+        asyncio.run(asyncio.wait_for(main(), 60))
+        assert "rewinds" not in metrics(server)

@@ -68,13 +68,10 @@ def _token_hash(payload):
 
 def check_received(received, new=False):
     """A reconnect's count of the replies its client received of a stream
-    (the per-stream query's ``received=``, a multiplexed open entry's
-    ``"received"``), as an int: an int from 0 to 2**63 - 1, or a string of
-    its digits. Refused with 1008 (HTTP 422) for anything else, and with
-    new (a new stream has no replies to count)."""
-    if isinstance(received, str) and received.isascii() and received.isdigit() and len(
-            received) <= 19:
-        received = int(received)
+    (a multiplexed open entry's ``"received"``; the per-stream query's
+    ``received=``, once its digits are read): an int from 0 to 2**63 - 1,
+    else refused with 1008 (HTTP 422), and refused with new (a new stream
+    has no replies to count)."""
     if type(received) is not int or not 0 <= received <= MAX_T:
         raise Refused(POLICY, 422, f"received must be the number of replies received, a whole "
                                    f"number from 0 to 2**63 - 1, got {repr(received)[:20]}")

@@ -70,8 +70,9 @@ def ws_factory(service, ports, address):
         token = q.get("token", [None])[-1]
         received = q.get("received", [None])[-1]
         if received is not None:
+            digits = received.isascii() and received.isdigit() and len(received) <= 19
             try:
-                received = check_received(received, new == "1")
+                received = check_received(int(received) if digits else received, new == "1")
             except Refused as e:
                 refusal, received = e, None
         return stream.Connection(service, stream_id, new == "1", x_dtype, refusal, token,
