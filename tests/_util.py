@@ -4,6 +4,7 @@ Kept out of conftest.py so that tests can import them by name; conftest.py
 puts this directory on sys.path.
 """
 import argparse
+import contextlib
 import importlib
 import os
 import re
@@ -230,6 +231,27 @@ def package_parent():
     """The directory holding the fastln package under test (source tree or site-packages)."""
     import fastln
     return os.path.dirname(os.path.dirname(os.path.abspath(fastln.__file__)))
+
+
+@contextlib.contextmanager
+def started_ahead(request, test, run, cases):
+    """Calls run(value) for each (id, value) in cases whose id is that of a
+    parametrization of the test function named test that the session
+    selected, two at a time in threads of this process: each call's child
+    processes run beside the other's and beside the tests before that one.
+    Yields {id: Future}; the test pops its own. Not under pytest-xdist,
+    whose workers would each start them all (the dict is then empty)."""
+    from concurrent.futures import ThreadPoolExecutor
+    selected = {item.callspec.id for item in request.session.items
+                if getattr(item, "originalname", None) == test}
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {}
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        futures = {id_: pool.submit(run, value) for id_, value in cases if id_ in selected}
+    try:
+        yield futures
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run_python(code, env=None):

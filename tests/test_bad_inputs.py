@@ -34,6 +34,7 @@ from _util import (
     relayout,
     result_dtype,
     run_python,
+    started_ahead,
     stats_dtype,
 )
 
@@ -1031,17 +1032,10 @@ def _run_child(code):
 @pytest.fixture(scope="module")
 def light_children(request):
     """The selected light rows' children, started ahead two at a time (each row still has a
-    process of its own); not under pytest-xdist, whose workers would each start them all."""
-    from concurrent.futures import ThreadPoolExecutor
-    selected = {item.callspec.id for item in request.session.items
-                if getattr(item, "originalname", None) == "test_in_subprocess"}
-    pool = ThreadPoolExecutor(max_workers=2)
-    futures = {}
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        futures = {p.id: pool.submit(_run_child, p.values[0])
-                   for p in SUBPROCESS if p.id in selected}
-    yield futures
-    pool.shutdown(wait=False, cancel_futures=True)
+    process of its own)."""
+    with started_ahead(request, "test_in_subprocess", _run_child,
+                       [(p.id, p.values[0]) for p in SUBPROCESS]) as futures:
+        yield futures
 
 
 @pytest.mark.parametrize("code", SUBPROCESS + SUBPROCESS_HEAVY)

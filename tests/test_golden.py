@@ -51,7 +51,7 @@ def _digest(arrays):
     for a in arrays:
         a = np.ascontiguousarray(a)
         h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.view(np.uint8).tobytes())
+        h.update(a.view(np.uint8))   # the array's own bytes, not a copy
     return h.hexdigest()[:24]
 
 

@@ -28,7 +28,7 @@ import sys
 
 import pytest
 
-from _util import package_parent
+from _util import package_parent, started_ahead
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_blocker.py")
@@ -191,12 +191,28 @@ else:
 """
 
 
+def _without(package):
+    """The runs with package blocked: _WORKS, then _RAISES for each of its _NEEDS."""
+    return [run_blocked([package], "-c", _WORKS)] + [
+        run_blocked([package], "-c", _RAISES, package, extra, code)
+        for extra, code in _NEEDS.get(package, [])]
+
+
+@pytest.fixture(scope="module")
+def runs_without(request):
+    """The selected packages' runs, started ahead two at a time."""
+    with started_ahead(request, "test_each_optional_package_missing_in_turn", _without,
+                       [(package, package) for package in OPTIONAL]) as futures:
+        yield futures
+
+
 @pytest.mark.parametrize("package", OPTIONAL)
-def test_each_optional_package_missing_in_turn(package):
-    r = run_blocked([package], "-c", _WORKS)
-    assert r.returncode == 0 and "WORKS" in r.stdout, (r.stdout + r.stderr)[-4000:]
-    for extra, code in _NEEDS.get(package, []):
-        r = run_blocked([package], "-c", _RAISES, package, extra, code)
+def test_each_optional_package_missing_in_turn(package, runs_without):
+    future = runs_without.pop(package, None)
+    works, *raises = future.result() if future is not None else _without(package)
+    assert works.returncode == 0 and "WORKS" in works.stdout, (
+        works.stdout + works.stderr)[-4000:]
+    for r in raises:
         assert r.returncode == 0 and "RAISES" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
