@@ -111,6 +111,14 @@ class Stream:
         self._hash = token_hash
 
     @property
+    def durable(self):
+        """The durable step a greeting tells the client (None before a
+        checkpoint): its latest checkpoint's, or that of the copy kept for a
+        rewind when that is older, since the client keeps its steps from the
+        step it is told, and a rewind to the copy must find them kept."""
+        return self.saved if self.snap is None else min(self.saved, self.snap[0])
+
+    @property
     def token_hash(self):
         """The SHA-256 of the resume token, as a checkpoint stores it."""
         if self._hash is None:

@@ -421,7 +421,7 @@ class Connection(Base):
 
         def make():
             for entry, stream, _, _ in opened:
-                entry["t"], entry["durable"] = stream.t, stream.saved
+                entry["t"], entry["durable"] = stream.t, stream.durable
             return json.dumps({"opened": entries}).encode()
 
         def greet():   # a reconnect that lost replies may rewind its stream (Service.greet)

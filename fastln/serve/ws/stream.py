@@ -140,7 +140,7 @@ class Connection(Base):
         self.greeted = True
         self.transport.send(TEXT, json.dumps({
             "stream": self.stream.id, "t": self.stream.t, "token": self.stream.token,
-            "durable": self.stream.saved, "input_size": svc.model.input_size,
+            "durable": self.stream.durable, "input_size": svc.model.input_size,
             "hidden_size": svc.model.hidden_size, "x_dtype": self.x_dtype.name,
             "y_dtype": svc.y_dtype_name}).encode())
 
